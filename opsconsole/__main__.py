@@ -1,0 +1,3 @@
+from opsconsole.cli import main
+
+raise SystemExit(main())
