@@ -5,8 +5,21 @@ The dataclasses below are the contract the rest of the code reads.
 
 from __future__ import annotations
 
+import ast
+import difflib
+import math
+import os
+import re
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, NoReturn, Optional, Tuple, Union
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from opsconsole.hostlist import expand_hostlist
 
 
 @dataclass(frozen=True)
@@ -86,3 +99,833 @@ DEFAULT_CONFIG = Config()
 
 class ConfigError(Exception):
     """A config problem, already formatted as one line: `file:line: key: message`."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: Optional[str] = None,
+        line: Optional[int] = None,
+        key: Optional[str] = None,
+    ) -> None:
+        self.message = message
+        self.file = file
+        self.line = line
+        self.key = key
+        head = []
+        if file is not None:
+            head.append(file if line is None else f"{file}:{line}")
+        if key:
+            head.append(key)
+        super().__init__(_one_line(": ".join(head + [message])))
+
+
+# --- finding and reading the file ------------------------------------------
+
+ENV_CONFIG = "OPSCONSOLE_CONFIG"
+
+
+def find_config_file(cli_path: Optional[str], env: Mapping[str, str]) -> Optional[Path]:
+    """Return the config file to read: --config, then $OPSCONSOLE_CONFIG, then XDG; None if none."""
+    found = _locate_config(cli_path, env)
+    return None if found is None else found[1]
+
+
+def load_config(cli_path: Optional[str] = None, env: Mapping[str, str] = os.environ) -> Config:
+    """Find, read and validate the config; DEFAULT_CONFIG when there is no file at all."""
+    found = _locate_config(cli_path, env)
+    if found is None:
+        return DEFAULT_CONFIG
+    shown, path = found
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise ConfigError(f"cannot read config: {reason}", file=shown) from None
+    try:
+        text = data.decode("utf-8-sig")  # tolerate the BOM some editors write
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError("file is not UTF-8 text", file=shown, line=line, key="syntax") from None
+    return parse_config(text, shown, home=env.get("HOME"))
+
+
+def _locate_config(cli_path: Optional[str], env: Mapping[str, str]) -> Optional[Tuple[str, Path]]:
+    # Returns (path as the user gave it, path to open). Explicit paths are returned even
+    # when missing so that reading them fails loudly instead of falling back to defaults.
+    home = env.get("HOME") or None
+    if cli_path is not None:
+        if not cli_path:
+            raise ConfigError("cannot read config: --config was given an empty path")
+        return cli_path, Path(_expand_home(cli_path, home))
+    from_env = env.get(ENV_CONFIG)
+    if from_env:
+        return from_env, Path(_expand_home(from_env, home))
+    xdg = env.get("XDG_CONFIG_HOME")
+    # The XDG spec says to ignore a relative XDG_CONFIG_HOME.
+    if xdg and os.path.isabs(xdg):
+        base = Path(xdg)
+    else:
+        base = Path(_expand_home("~", home)) / ".config"
+    path = base / "opsconsole" / "config.toml"
+    if path.exists():
+        return str(path), path
+    return None
+
+
+def _expand_home(path: str, home: Optional[str]) -> str:
+    if home and (path == "~" or path.startswith("~/")):
+        return home + path[1:]
+    return os.path.expanduser(path)
+
+
+# --- parsing ---------------------------------------------------------------
+
+
+def parse_config(text: str, filename: str, *, home: Optional[str] = None) -> Config:
+    """Parse and validate TOML text; `filename` is only used in error messages."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line, message = _syntax_error_position(exc, text)
+        raise ConfigError(message, file=filename, line=line, key="syntax") from None
+    checker = _Checker(filename, _KeyLines(text), home)
+    return checker.config(data)
+
+
+def _syntax_error_position(exc: Exception, text: str) -> Tuple[int, str]:
+    """Turn tomllib's "msg (at line X, column Y)" into (X, "msg (column Y)")."""
+    raw = str(exc)
+    line = getattr(exc, "lineno", None)  # Python 3.14 has these attributes
+    column = getattr(exc, "colno", None)
+    message = getattr(exc, "msg", None)
+    if message is None:
+        match = re.fullmatch(r"(.*) \(at line (\d+), column (\d+)\)", raw, re.S)
+        if match:
+            message, line, column = match.group(1), int(match.group(2)), int(match.group(3))
+        else:
+            match = re.fullmatch(r"(.*) \(at end of document\)", raw, re.S)
+            message = match.group(1) if match else raw
+    if line is None:
+        line = max(1, len(text.splitlines()))
+    message = _tidy_toml_message(message)
+    if column is not None:
+        message += f" (column {column})"
+    return int(line), message
+
+
+def _tidy_toml_message(message: str) -> str:
+    # "Cannot declare ('console', 'keys') twice" reads better as "[console.keys]".
+    def table_name(match: "re.Match[str]") -> str:
+        try:
+            parts = ast.literal_eval(match.group(1))
+        except (ValueError, SyntaxError):
+            return match.group(0)
+        if isinstance(parts, str):
+            parts = (parts,)
+        return "[" + _format_path(tuple(parts)) + "]"
+
+    message = re.sub(r"(\((?:'[^']*'(?:, )?)+,?\))", table_name, message)
+    if len(message) > 1 and message[0].isupper() and message[1].islower():
+        message = message[0].lower() + message[1:]
+    return message
+
+
+# --- the key locator: which line a key path was written on ------------------
+
+KeyPath = Tuple[Union[str, int], ...]
+
+
+class _KeyLines:
+    """Map key paths like ("nodes", 2, "port") to the line they were written on.
+
+    tomllib keeps no positions, so this scans the (already valid) TOML text:
+    table headers, arrays of tables (the Nth [[nodes]] is nodes[N-1]), key = value
+    lines, dotted keys, inline tables and array elements. A surprise in the text
+    stops the scan; what was found so far is kept and lookups fall back to the
+    nearest enclosing table, then line 1.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.lines: Dict[KeyPath, int] = {}
+        self._text = text
+        self._pos = 0
+        self._line = 1
+        self._array_counts: Dict[KeyPath, int] = {}
+        try:
+            self._scan_document()
+        except _ScanStop:
+            pass
+
+    def line_of(self, path: KeyPath) -> int:
+        """Return the line of `path`, else of its nearest enclosing table, else 1."""
+        for end in range(len(path), 0, -1):
+            line = self.lines.get(tuple(path[:end]))
+            if line is not None:
+                return line
+        return 1
+
+    # scanning helpers
+
+    def _peek(self, count: int = 1) -> str:
+        return self._text[self._pos : self._pos + count]
+
+    def _advance_to(self, end: int) -> None:
+        if end <= self._pos:
+            raise _ScanStop()
+        self._line += self._text.count("\n", self._pos, end)
+        self._pos = end
+
+    def _skip(self, newlines: bool) -> None:
+        text, pos = self._text, self._pos
+        while pos < len(text):
+            ch = text[pos]
+            if ch in " \t":
+                pos += 1
+            elif newlines and ch in "\r\n":
+                pos += 1
+            elif newlines and ch == "#":
+                end = text.find("\n", pos)
+                pos = len(text) if end < 0 else end
+            else:
+                break
+        if pos > self._pos:
+            self._advance_to(pos)
+
+    def _expect(self, token: str) -> None:
+        if not self._text.startswith(token, self._pos):
+            raise _ScanStop()
+        self._advance_to(self._pos + len(token))
+
+    def _record(self, path: KeyPath, line: int) -> None:
+        for end in range(1, len(path) + 1):
+            self.lines.setdefault(tuple(path[:end]), line)
+
+    # grammar
+
+    def _scan_document(self) -> None:
+        table: KeyPath = ()
+        while True:
+            self._skip(newlines=True)
+            if self._pos >= len(self._text):
+                return
+            line = self._line
+            if self._peek(2) == "[[":
+                self._advance_to(self._pos + 2)
+                table = self._array_header(line)
+                self._skip(newlines=False)
+                self._expect("]]")
+            elif self._peek() == "[":
+                self._advance_to(self._pos + 1)
+                table = self._resolve(self._key())
+                self._record(table, line)
+                self._skip(newlines=False)
+                self._expect("]")
+            else:
+                self._key_value(table)
+
+    def _array_header(self, line: int) -> KeyPath:
+        parts = self._key()
+        whole = self._resolve(parts[:-1]) + (parts[-1],)
+        index = self._array_counts.get(whole, 0)
+        self._array_counts[whole] = index + 1
+        path = whole + (index,)
+        self._record(path, line)
+        return path
+
+    def _resolve(self, parts: Tuple[str, ...]) -> KeyPath:
+        # [nodes.sub] after [[nodes]] means the latest nodes entry.
+        path: KeyPath = ()
+        for part in parts:
+            path = path + (part,)
+            count = self._array_counts.get(path)
+            if count:
+                path = path + (count - 1,)
+        return path
+
+    def _key_value(self, table: KeyPath) -> None:
+        line = self._line
+        path = table + self._key()
+        self._record(path, line)
+        self._skip(newlines=False)
+        self._expect("=")
+        self._skip(newlines=False)
+        self._value(path)
+
+    def _key(self) -> Tuple[str, ...]:
+        parts: List[str] = []
+        while True:
+            self._skip(newlines=False)
+            ch = self._peek()
+            if ch in ('"', "'"):
+                start = self._pos
+                self._string_end()
+                raw = self._text[start : self._pos]
+                parts.append(tomllib.loads(f"k = {raw}")["k"])
+            else:
+                match = re.compile(r"[A-Za-z0-9_-]+").match(self._text, self._pos)
+                if not match:
+                    raise _ScanStop()
+                parts.append(match.group(0))
+                self._advance_to(match.end())
+            self._skip(newlines=False)
+            if self._peek() != ".":
+                return tuple(parts)
+            self._advance_to(self._pos + 1)
+
+    def _value(self, path: KeyPath) -> None:
+        ch = self._peek()
+        if ch in ('"', "'"):
+            self._string_end()
+        elif ch == "[":
+            self._array(path)
+        elif ch == "{":
+            self._inline_table(path)
+        else:
+            match = re.compile(r"[^,\]}\r\n#]+").match(self._text, self._pos)
+            if not match:
+                raise _ScanStop()
+            self._advance_to(match.end())
+
+    def _string_end(self) -> None:
+        text, pos = self._text, self._pos
+        for quote in ('"""', "'''"):
+            if text.startswith(quote, pos):
+                end = pos + 3
+                while True:
+                    if quote == '"""' and text.startswith("\\", end):
+                        end += 2
+                        continue
+                    if text.startswith(quote, end):
+                        break
+                    if end >= len(text):
+                        raise _ScanStop()
+                    end += 1
+                end += 3
+                for _ in range(2):  # up to two quotes may end the content: """a"""""
+                    if text.startswith(quote[0], end):
+                        end += 1
+                self._advance_to(end)
+                return
+        quote = text[pos]
+        end = pos + 1
+        while end < len(text) and text[end] != quote:
+            end += 2 if quote == '"' and text[end] == "\\" else 1
+        if end >= len(text):
+            raise _ScanStop()
+        self._advance_to(end + 1)
+
+    def _array(self, path: KeyPath) -> None:
+        self._advance_to(self._pos + 1)
+        index = 0
+        while True:
+            self._skip(newlines=True)
+            if self._peek() == "]":
+                self._advance_to(self._pos + 1)
+                return
+            self._record(path + (index,), self._line)
+            self._value(path + (index,))
+            index += 1
+            self._skip(newlines=True)
+            if self._peek() == ",":
+                self._advance_to(self._pos + 1)
+
+    def _inline_table(self, path: KeyPath) -> None:
+        self._advance_to(self._pos + 1)
+        while True:
+            self._skip(newlines=True)
+            if self._peek() == "}":
+                self._advance_to(self._pos + 1)
+                return
+            self._key_value(path)
+            self._skip(newlines=True)
+            if self._peek() == ",":
+                self._advance_to(self._pos + 1)
+
+
+class _ScanStop(Exception):
+    """The locator met text it does not follow; it keeps what it found."""
+
+
+# --- validation ------------------------------------------------------------
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_MISSING = object()
+
+SECTIONS: Dict[str, Tuple[str, ...]] = {
+    "console": ("interval", "theme", "read_only", "keys"),
+    "nodes": ("name", "host", "hosts", "port", "user", "identity", "jump", "python", "local"),
+    "ssh": (
+        "host_key_policy",
+        "known_hosts",
+        "max_logins",
+        "max_channels",
+        "connect_timeout",
+        "keepalive_interval",
+        "keepalive_count_max",
+        "backoff_initial",
+        "backoff_max",
+    ),
+    "logs": ("paths",),
+    "checkpoints": ("path", "node"),
+    "health": ("gpu_temperature_c", "disk_free_percent", "memory_percent", "disk_paths"),
+    "actions": ("audit_log", "confirm"),
+}
+ARRAY_SECTIONS = ("nodes", "checkpoints")  # written as [[nodes]], [[checkpoints]]
+HOST_KEY_POLICIES = ("strict", "accept-new")
+# Values people try in order to switch checking off; they get a pointed answer.
+_CHECKING_OFF_WORDS = {
+    "off", "no", "none", "false", "0", "disable", "disabled", "ignore", "insecure",
+    "skip", "accept", "accept-any", "accept-all", "auto-add", "autoadd",
+}
+
+
+class _Checker:
+    """Validate parsed TOML into a Config, raising ConfigError at the first problem."""
+
+    def __init__(self, filename: str, lines: _KeyLines, home: Optional[str]) -> None:
+        self.filename = filename
+        self.lines = lines
+        self.home = home
+
+    def fail(self, path: KeyPath, message: str) -> NoReturn:
+        raise ConfigError(
+            message, file=self.filename, line=self.lines.line_of(path), key=_format_path(path)
+        )
+
+    # whole file
+
+    def config(self, data: Dict[str, Any]) -> Config:
+        for name, value in data.items():
+            if name not in SECTIONS:
+                self.unknown_top_level(name, value)
+        parts: Dict[str, Any] = {}
+        for name, value in data.items():
+            parts[name] = getattr(self, "section_" + name)(value)
+        nodes = parts.get("nodes", DEFAULT_CONFIG.nodes)
+        checkpoints = parts.get("checkpoints", ())
+        self.check_checkpoint_nodes(checkpoints, nodes)
+        return Config(
+            source=self.filename,
+            console=parts.get("console", ConsoleConfig()),
+            nodes=nodes,
+            ssh=parts.get("ssh", SshConfig()),
+            logs=parts.get("logs", LogsConfig()),
+            checkpoints=checkpoints,
+            health=parts.get("health", HealthConfig()),
+            actions=parts.get("actions", ActionsConfig()),
+        )
+
+    def unknown_top_level(self, name: str, value: Any) -> NoReturn:
+        path = (name,)
+        if isinstance(value, dict) or (
+            isinstance(value, list) and value and all(isinstance(v, dict) for v in value)
+        ):
+            self.fail(path, "unknown section" + _suggest(name, SECTIONS))
+        owners = [section for section, keys in SECTIONS.items() if name in keys]
+        if owners:
+            where = f"[[{owners[0]}]]" if owners[0] in ARRAY_SECTIONS else f"[{owners[0]}]"
+            self.fail(path, f"unknown top-level key; it belongs under {where}")
+        self.fail(path, "unknown top-level key" + _suggest(name, SECTIONS))
+
+    def table(self, value: Any, path: KeyPath, section: str) -> Dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(path, f"expected a table, got {_show(value)}")
+        allowed = SECTIONS[section]
+        for key in value:
+            if key not in allowed:
+                self.fail(path + (key,), "unknown key" + _suggest(key, allowed))
+        return value
+
+    def array_of_tables(self, value: Any, path: KeyPath) -> List[Dict[str, Any]]:
+        name = path[-1]
+        if not isinstance(value, list):
+            self.fail(path, f"expected an array of tables ([[{name}]]), got {_show(value)}")
+        for index, item in enumerate(value):
+            if not isinstance(item, dict):
+                self.fail(path + (index,), f"expected a table, got {_show(item)}")
+        return value
+
+    # sections
+
+    def section_console(self, value: Any) -> ConsoleConfig:
+        path: KeyPath = ("console",)
+        table = self.table(value, path, "console")
+        default = ConsoleConfig()
+        return ConsoleConfig(
+            interval=self.number(table, path, "interval", default.interval, above=0),
+            theme=self.string(table, path, "theme", default.theme),
+            read_only=self.boolean(table, path, "read_only", default.read_only),
+            keys=self.key_bindings(table.get("keys", _MISSING), path + ("keys",)),
+        )
+
+    def key_bindings(self, value: Any, path: KeyPath) -> Tuple[Tuple[str, str], ...]:
+        if value is _MISSING:
+            return ()
+        if not isinstance(value, dict):
+            self.fail(path, f"expected a table, got {_show(value)}")
+        pairs = []
+        for binding, key in value.items():
+            if not isinstance(key, str):
+                self.fail(path + (binding,), f"expected a key string, got {_show(key)}")
+            if not key.strip():
+                self.fail(path + (binding,), "expected a key string, got an empty string")
+            pairs.append((binding, key))
+        return tuple(pairs)
+
+    def section_ssh(self, value: Any) -> SshConfig:
+        path: KeyPath = ("ssh",)
+        table = self.table(value, path, "ssh")
+        d = SshConfig()
+        known_hosts = self.string(table, path, "known_hosts", None)
+        backoff_initial = self.number(table, path, "backoff_initial", d.backoff_initial, above=0)
+        backoff_max = self.number(table, path, "backoff_max", d.backoff_max, above=0)
+        if backoff_max < backoff_initial:
+            self.fail(
+                path + ("backoff_max",),
+                "must be at least backoff_initial"
+                f" ({_show(table.get('backoff_initial', backoff_initial))}), got {_show(table['backoff_max'])}",
+            )
+        return SshConfig(
+            host_key_policy=self.host_key_policy(table, path),
+            known_hosts=None if known_hosts is None else self.expand(known_hosts),
+            max_logins=self.integer(table, path, "max_logins", d.max_logins, low=1),
+            max_channels=self.integer(table, path, "max_channels", d.max_channels, low=1),
+            connect_timeout=self.number(table, path, "connect_timeout", d.connect_timeout, above=0),
+            keepalive_interval=self.number(
+                table, path, "keepalive_interval", d.keepalive_interval, above=0
+            ),
+            keepalive_count_max=self.integer(
+                table, path, "keepalive_count_max", d.keepalive_count_max, low=1
+            ),
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+        )
+
+    def host_key_policy(self, table: Dict[str, Any], path: KeyPath) -> str:
+        key_path = path + ("host_key_policy",)
+        value = table.get("host_key_policy", SshConfig().host_key_policy)
+        choices = 'use "strict" or "accept-new"'
+        if value is False or (isinstance(value, str) and value.strip().lower() in _CHECKING_OFF_WORDS):
+            self.fail(key_path, f"host key checking cannot be disabled; {choices}")
+        if not isinstance(value, str):
+            self.fail(key_path, f'expected "strict" or "accept-new", got {_show(value)}')
+        if value not in HOST_KEY_POLICIES:
+            self.fail(
+                key_path,
+                f'expected "strict" or "accept-new", got {_show(value)}'
+                + _suggest(value, HOST_KEY_POLICIES),
+            )
+        return value
+
+    def section_nodes(self, value: Any) -> Tuple[NodeConfig, ...]:
+        path: KeyPath = ("nodes",)
+        entries = self.array_of_tables(value, path)
+        if not entries:
+            self.fail(path, "expected at least one node (leave [[nodes]] out for the local node)")
+        nodes: List[NodeConfig] = []
+        first_seen: Dict[str, KeyPath] = {}  # node name -> path of the entry that made it
+        local_entry: Optional[KeyPath] = None
+        for index, entry in enumerate(entries):
+            entry_path = path + (index,)
+            self.table(entry, entry_path, "nodes")
+            made = self.node_entry(entry, entry_path)
+            if made[0].local:
+                if local_entry is not None:
+                    self.fail(
+                        entry_path + ("local",),
+                        f"only one node can be local; {_format_path(local_entry)} already is",
+                    )
+                local_entry = entry_path
+            name_path = entry_path + (self.name_source(entry),)
+            for node in made:
+                if node.name in first_seen:
+                    where = first_seen[node.name]
+                    if where == entry_path:
+                        self.fail(name_path, f"hostlist names {_quote(node.name)} twice")
+                    self.fail(
+                        name_path,
+                        f"duplicate node name {_quote(node.name)}; first defined by {_format_path(where)}",
+                    )
+                first_seen[node.name] = entry_path
+                nodes.append(node)
+        return tuple(nodes)
+
+    @staticmethod
+    def name_source(entry: Dict[str, Any]) -> str:
+        for key in ("name", "hosts", "host", "local"):
+            if key in entry:
+                return key
+        return "name"
+
+    def node_entry(self, entry: Dict[str, Any], path: KeyPath) -> List[NodeConfig]:
+        name = self.string(entry, path, "name", None)
+        host = self.string(entry, path, "host", None)
+        local = self.boolean(entry, path, "local", False)
+        port = self.integer(entry, path, "port", None, low=1, high=65535)
+        user = self.string(entry, path, "user", None)
+        identity = self.string(entry, path, "identity", None)
+        jump = self.string(entry, path, "jump", None)
+        python = self.string(entry, path, "python", "python3")
+        hosts = self.host_patterns(entry, path)
+        if hosts is not None and name is not None:
+            self.fail(
+                path + ("hosts",),
+                '"name" and "hosts" cannot be used together; each host of "hosts" is named after itself',
+            )
+        if hosts is not None and host is not None:
+            self.fail(path + ("hosts",), '"host" and "hosts" cannot be used together')
+        if host is not None:
+            if re.search(r"\s", host):
+                self.fail(path + ("host",), f"host names cannot contain whitespace, got {_show(host)}")
+            if re.search(r"[\[\],]", host):
+                self.fail(path + ("host",), f'{_show(host)} looks like a hostlist; use "hosts" for patterns')
+        if local:
+            if host is not None or hosts is not None:
+                used = "host" if host is not None else "hosts"
+                self.fail(path + ("local",), f'a local node has no host; remove "{used}" or "local"')
+            for key in ("port", "user", "identity", "jump"):
+                if key in entry:
+                    self.fail(path + (key,), "not used by a local node (it is reached without SSH)")
+            return [NodeConfig(name=name or "local", python=python, local=True)]
+        if host is None and hosts is None:
+            self.fail(path, 'a node needs "host", "hosts" or "local = true"')
+        shared = dict(
+            port=port,
+            user=user,
+            identity=None if identity is None else self.expand(identity),
+            jump=jump,
+            python=python,
+        )
+        if hosts is not None:
+            return [NodeConfig(name=h, host=h, **shared) for h in hosts]
+        return [NodeConfig(name=name if name is not None else host, host=host, **shared)]
+
+    def host_patterns(self, entry: Dict[str, Any], path: KeyPath) -> Optional[List[str]]:
+        if "hosts" not in entry:
+            return None
+        value = entry["hosts"]
+        key_path = path + ("hosts",)
+        patterns = value if isinstance(value, list) else [value]
+        if not patterns or not all(isinstance(p, str) for p in patterns):
+            self.fail(key_path, f"expected a hostlist string or an array of strings, got {_show(value)}")
+        hosts: List[str] = []
+        for pattern in patterns:
+            try:
+                hosts.extend(expand_hostlist(pattern, allow_duplicates=True))
+            except ValueError as exc:
+                self.fail(key_path, str(exc))
+        return hosts
+
+    def section_logs(self, value: Any) -> LogsConfig:
+        path: KeyPath = ("logs",)
+        table = self.table(value, path, "logs")
+        return LogsConfig(paths=self.strings(table, path, "paths", ()))
+
+    def section_checkpoints(self, value: Any) -> Tuple[CheckpointDirConfig, ...]:
+        path: KeyPath = ("checkpoints",)
+        dirs = []
+        for index, entry in enumerate(self.array_of_tables(value, path)):
+            entry_path = path + (index,)
+            self.table(entry, entry_path, "checkpoints")
+            if "path" not in entry:
+                self.fail(entry_path, 'missing required key "path"')
+            dirs.append(
+                CheckpointDirConfig(
+                    path=self.string(entry, entry_path, "path", None),
+                    node=self.string(entry, entry_path, "node", None),
+                )
+            )
+        return tuple(dirs)
+
+    def check_checkpoint_nodes(
+        self, dirs: Tuple[CheckpointDirConfig, ...], nodes: Tuple[NodeConfig, ...]
+    ) -> None:
+        """Check that each checkpoint directory names a configured node."""
+        names = [node.name for node in nodes]
+        for index, entry in enumerate(dirs):
+            if entry.node is not None and entry.node not in names:
+                self.fail(
+                    ("checkpoints", index, "node"),
+                    f"no node is named {_quote(entry.node)}" + _suggest(entry.node, names),
+                )
+
+    def section_health(self, value: Any) -> HealthConfig:
+        path: KeyPath = ("health",)
+        table = self.table(value, path, "health")
+        d = HealthConfig()
+        return HealthConfig(
+            gpu_temperature_c=self.number(table, path, "gpu_temperature_c", d.gpu_temperature_c, above=0),
+            disk_free_percent=self.number(
+                table, path, "disk_free_percent", d.disk_free_percent, low=0, high=100
+            ),
+            memory_percent=self.number(table, path, "memory_percent", d.memory_percent, low=0, high=100),
+            disk_paths=self.strings(table, path, "disk_paths", d.disk_paths),
+        )
+
+    def section_actions(self, value: Any) -> ActionsConfig:
+        path: KeyPath = ("actions",)
+        table = self.table(value, path, "actions")
+        audit_log = self.string(table, path, "audit_log", None)
+        return ActionsConfig(
+            audit_log=None if audit_log is None else self.expand(audit_log),
+            confirm=self.boolean(table, path, "confirm", ActionsConfig().confirm),
+        )
+
+    # typed values
+
+    def string(self, table: Dict[str, Any], path: KeyPath, key: str, default: Any) -> Any:
+        if key not in table:
+            return default
+        value = table[key]
+        if not isinstance(value, str):
+            self.fail(path + (key,), f"expected a string, got {_show(value)}")
+        if not value.strip():
+            self.fail(path + (key,), "expected a string, got an empty string")
+        return value
+
+    def boolean(self, table: Dict[str, Any], path: KeyPath, key: str, default: bool) -> bool:
+        value = table.get(key, default)
+        if not isinstance(value, bool):
+            self.fail(path + (key,), f"expected a boolean (true or false), got {_show(value)}")
+        return value
+
+    def integer(
+        self,
+        table: Dict[str, Any],
+        path: KeyPath,
+        key: str,
+        default: Any,
+        low: Optional[int] = None,
+        high: Optional[int] = None,
+    ) -> Any:
+        if key not in table:
+            return default
+        value = table[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path + (key,), f"expected an integer, got {_show(value)}")
+        self.check_range(path + (key,), value, low=low, high=high)
+        return value
+
+    def number(
+        self,
+        table: Dict[str, Any],
+        path: KeyPath,
+        key: str,
+        default: float,
+        low: Optional[float] = None,
+        high: Optional[float] = None,
+        above: Optional[float] = None,
+    ) -> float:
+        if key not in table:
+            return default
+        value = table[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(path + (key,), f"expected a number, got {_show(value)}")
+        if not math.isfinite(value):
+            self.fail(path + (key,), f"expected a finite number, got {_show(value)}")
+        self.check_range(path + (key,), value, low=low, high=high, above=above)
+        return float(value)
+
+    def check_range(
+        self,
+        path: KeyPath,
+        value: Union[int, float],
+        low: Optional[float] = None,
+        high: Optional[float] = None,
+        above: Optional[float] = None,
+    ) -> None:
+        shown = _show(value)
+        if above is not None and not value > above:
+            self.fail(path, f"must be greater than {_show(above)}, got {shown}")
+        if low is not None and high is not None and not low <= value <= high:
+            self.fail(path, f"must be between {_show(low)} and {_show(high)}, got {shown}")
+        if low is not None and value < low:
+            self.fail(path, f"must be at least {_show(low)}, got {shown}")
+
+    def strings(self, table: Dict[str, Any], path: KeyPath, key: str, default: Tuple[str, ...]) -> Tuple[str, ...]:
+        if key not in table:
+            return default
+        value = table[key]
+        if not isinstance(value, list):
+            self.fail(path + (key,), f"expected an array of strings, got {_show(value)}")
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                self.fail(path + (key, index), f"expected an array of strings, got {_show(item)} in it")
+            if not item.strip():
+                self.fail(path + (key, index), "expected an array of strings, got an empty string in it")
+        return tuple(value)
+
+    def expand(self, path: str) -> str:
+        return _expand_home(path, self.home)
+
+
+# --- message formatting ----------------------------------------------------
+
+
+def _suggest(word: str, choices: Any) -> str:
+    """Return '; did you mean "x"?' for a close match, else the list of valid choices."""
+    options = [str(c) for c in choices]
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {_quote(close[0])}?"
+    if options and len(options) <= 12:
+        return "; expected one of: " + ", ".join(options)
+    return ""
+
+
+def _format_path(path: KeyPath) -> str:
+    """Format ("nodes", 2, "port") as nodes[2].port."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            text = part if _BARE_KEY.fullmatch(part) else _quote(part)
+            out += ("." if out else "") + text
+    return out
+
+
+def _show(value: Any) -> str:
+    """Describe a TOML value briefly, on one line, as TOML would spell it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return _quote(value if len(value) <= 60 else value[:57] + "...")
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)  # 22.0 stays 22.0, so "expected an integer" makes sense
+    if isinstance(value, int):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an empty array" if not value else "an array"
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return type(value).__name__
+
+
+def _quote(text: str) -> str:
+    """Double-quote text with backslash escapes, so that it stays on one line."""
+    return '"' + _escape(text, '"\\') + '"'
+
+
+def _escape(text: str, also: str = "") -> str:
+    out = []
+    for ch in text:
+        if ch in also:
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
+
+
+def _one_line(text: str) -> str:
+    # Every message is one line, whatever a file name or value holds.
+    return _escape(text)
