@@ -1,0 +1,130 @@
+"""The Cluster GPUs pane: every GPU of every node in one table, to find idle or hot ones."""
+
+from __future__ import annotations
+
+from typing import List, Mapping, Optional
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from opsconsole.fleet_view import GPU_FILTER, GPU_SORT_KEYS, GpuRow, cluster_gpu_rows, filter_rows
+from opsconsole.model import NodeState
+from opsconsole.tui.formatting import (
+    NA,
+    STALE_ROW_STYLE,
+    format_age,
+    format_memory_pair,
+    format_percent,
+    format_temperature,
+    format_watts,
+    shorten,
+    state_style,
+)
+from opsconsole.tui.table_diff import TableRow
+from opsconsole.tui.table_pane import Column, SortedTable, TablePane
+
+USERS_WIDTH = 20
+
+GPU_COLUMNS = (
+    Column("node", "Node"),
+    Column("index", "GPU", 3),
+    Column("name", "Name"),
+    Column("util", "Util", 5),
+    Column("memory", "Memory", 15),
+    Column("mem_percent", "Mem%", 5),
+    Column("temp", "Temp", 5),
+    Column("power", "Power", 11),
+    Column("users", "Users", USERS_WIDTH),
+    Column("node_state", "Node state", 11),
+)
+
+
+def _power(row: GpuRow) -> str:
+    if row.power is None:
+        return NA
+    if row.power_limit is None:
+        return format_watts(row.power)
+    return "%d/%s" % (round(row.power), format_watts(row.power_limit))
+
+
+def _users(row: GpuRow) -> str:
+    if not row.users:
+        return "-" if row.process_count == 0 else NA
+    return shorten(",".join(row.users), USERS_WIDTH)
+
+
+def node_state_text(row: GpuRow, states: Mapping[str, NodeState], now: float) -> str:
+    """`up`, or `down 2m` (with the age of the kept frame) for a node that is not live."""
+    if row.live:
+        return row.node_state
+    state = states.get(row.node)
+    age = state.age(now) if state is not None else None
+    return row.node_state if age is None else "%s %s" % (row.node_state, format_age(age))
+
+
+def gpu_table_row(row: GpuRow, node_state: str) -> TableRow:
+    """A GPU's cells; GPUs of a node that is not live are dimmed and show the frame's age."""
+    base = "" if row.live else STALE_ROW_STYLE
+
+    def cell(text: str, style: str = base) -> Text:
+        return Text(text, style=style, end="")
+
+    name = (row.name or NA) + (" LOST" if row.lost else "")
+    return TableRow(
+        row.key,
+        (
+            cell(row.node),
+            cell(str(row.index)),
+            cell(name, "bold red" if row.lost else base),
+            cell(format_percent(row.util)),
+            cell(format_memory_pair(row.mem_used, row.mem_total)),
+            cell(format_percent(row.mem_percent)),
+            cell(format_temperature(row.temp)),
+            cell(_power(row)),
+            cell(_users(row)),
+            cell(node_state, state_style(row.node_state)),
+        ),
+    )
+
+
+class ClusterGpusPane(TablePane):
+    """Every GPU of every node: node, index, name, util, memory, temp, power, users, node state.
+
+    Keys: `s` next sort column, `r` reverse, header click sorts. Filter (AND of terms): free
+    text, `node:gpu01`, `user:alice`, `gpu:0`, `util<10`, `util>90`, `mem>80`, `temp>80`, `power>500`.
+    """
+
+    pane_id = "cluster"
+    title = "Cluster GPUs"
+    key = "5"
+    filter_fields = GPU_FILTER
+
+    def make_tables(self) -> List[SortedTable]:
+        table: DataTable = DataTable(cursor_type="row", zebra_stripes=True, id="cluster-table")
+        return [SortedTable(table, GPU_SORT_KEYS)]
+
+    def draw(self) -> List[str]:
+        sorted_table = self.tables[0]
+        sorted_table.set_columns(GPU_COLUMNS)  # once; later calls see the same layout and return
+        rows = cluster_gpu_rows(self.states, self.node)
+        shown = filter_rows(rows, self.filter, self.filter_fields)
+        states, now = self.states, self.now
+        sorted_table.show(
+            shown,
+            lambda row: gpu_table_row(row, node_state_text(row, states, now)),
+            signature=lambda row: (row, node_state_text(row, states, now)),
+        )
+        nodes = len({row.node for row in rows})
+        return [
+            self.count_part(sorted_table, "GPUs"),
+            "%d nodes" % nodes,
+            "sort: " + sorted_table.sort_label(),
+        ]
+
+    def selected_node(self) -> Optional[str]:
+        """The node of the GPU under the cursor (for the app's drill-down), None if none."""
+        table = self.tables[0].table
+        if table.row_count == 0:
+            return None
+        key = table.ordered_rows[table.cursor_row].key.value or ""
+        return key.rsplit("/", 1)[0] or None

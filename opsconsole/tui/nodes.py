@@ -1,0 +1,127 @@
+"""The Nodes pane: one line per node with its connection state and a summary of its GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import List
+
+from rich.text import Text
+from textual import on
+from textual.message import Message
+from textual.widgets import DataTable
+
+from opsconsole.fleet_view import NODE_FILTER, NODE_SORT_KEYS, NodeRow, filter_rows, node_rows
+from opsconsole.tui.formatting import (
+    NA,
+    STALE_ROW_STYLE,
+    format_age,
+    format_count,
+    format_memory_pair,
+    format_ms,
+    format_percent,
+    format_temperature,
+    format_watts,
+    shorten,
+    state_style,
+)
+from opsconsole.tui.table_diff import TableRow
+from opsconsole.tui.table_pane import Column, SortedTable, TablePane
+
+REASON_WIDTH = 32
+
+NODE_COLUMNS = (
+    Column("name", "Node"),
+    Column("state", "State", 10),
+    Column("reason", "Reason", REASON_WIDTH),
+    Column("gpus", "GPUs", 4),
+    Column("util_mean", "Util", 5),
+    Column("util_max", "Max", 5),
+    Column("memory", "Memory", 17),
+    Column("temp", "Hottest", 10),
+    Column("power", "Power", 7),
+    Column("errors", "Errors", 6),
+    Column("age", "Age", 4),
+    Column("rtt", "RTT", 7),
+)
+
+
+def _hottest(row: NodeRow) -> str:
+    if row.hottest_temp is None:
+        return NA
+    return "%s #%d" % (format_temperature(row.hottest_temp), row.hottest_gpu)
+
+
+def node_table_row(row: NodeRow) -> TableRow:
+    """A node's cells; a node not live keeps its last values, dimmed, with their age."""
+    base = "" if row.live else STALE_ROW_STYLE
+    errors_style = "bold red" if row.errors else base
+
+    def cell(text: str, style: str = base) -> Text:
+        return Text(text, style=style, end="")
+
+    state_cell_style = state_style(row.state)
+    return TableRow(
+        row.key,
+        (
+            cell(row.name),
+            cell(row.state, state_cell_style),
+            cell(shorten(row.reason, REASON_WIDTH)),
+            cell(format_count(row.gpu_count)),
+            cell(format_percent(row.util_mean)),
+            cell(format_percent(row.util_max)),
+            cell(format_memory_pair(row.mem_used, row.mem_total)),
+            cell(_hottest(row)),
+            cell(format_watts(row.power_sum)),
+            cell(format_count(row.errors), errors_style),
+            cell(format_age(row.age)),
+            cell(format_ms(row.rtt_ms)),
+        ),
+    )
+
+
+class NodesPane(TablePane):
+    """Every node: state (coloured), reason, GPU count, utilisation, memory, heat, power, age.
+
+    Keys: `s` next sort column, `r` reverse, header click sorts; `enter` on a row posts
+    `NodesPane.Drill(node)`. Filter: free text on name/state/reason, `state:down`, `node:gpu0*`,
+    `util<10`, `temp>80`, `errors>0`, `age>60`.
+    """
+
+    pane_id = "nodes"
+    title = "Nodes"
+    key = "4"
+    filter_fields = NODE_FILTER
+
+    class Drill(Message):
+        """Posted when the user opens a node: the app shows that node's GPUs and processes."""
+
+        def __init__(self, node: str) -> None:
+            self.node = node
+            super().__init__()
+
+    def make_tables(self) -> List[SortedTable]:
+        table: DataTable = DataTable(cursor_type="row", zebra_stripes=True, id="nodes-table")
+        return [SortedTable(table, NODE_SORT_KEYS)]
+
+    def draw(self) -> List[str]:
+        sorted_table = self.tables[0]
+        sorted_table.set_columns(NODE_COLUMNS)  # once; later calls see the same layout and return
+        rows = node_rows(self.states, self.now, self.node)
+        live = sum(1 for row in rows if row.live)
+        sorted_table.show(
+            filter_rows(rows, self.filter, self.filter_fields),
+            node_table_row,
+            # The age ticks every second; the cells change only when its text does.
+            signature=lambda row: (replace(row, age=None), format_age(row.age)),
+        )
+        return [
+            self.count_part(sorted_table, "nodes"),
+            "%d live" % live,
+            "sort: " + sorted_table.sort_label(),
+        ]
+
+    @on(DataTable.RowSelected, "#nodes-table")
+    def drill_into_node(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        if event.row_key.value is not None:
+            self.post_message(self.Drill(event.row_key.value))

@@ -1,0 +1,610 @@
+"""The Processes, Nodes and Cluster GPUs panes, each mounted alone in a tiny real Textual app."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Dict, List
+
+import pytest
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.widgets import DataTable
+
+from h200_fleet import NOW, connecting_node, hung_worker, idle_gpu, load_process, loaded_gpu, three_nodes
+from opsconsole.model import STATE_STALE
+from opsconsole.tui import formatting as fmt
+from opsconsole.tui.cluster import ClusterGpusPane
+from opsconsole.tui.nodes import NodesPane
+from opsconsole.tui.processes import ProcessesPane
+from opsconsole.tui.table_diff import TableRow, apply_rows, row_keys_in_order
+
+SIZE = (200, 40)
+
+
+class PaneApp(App):
+    """Mounts one pane and records the Drill messages it posts."""
+
+    def __init__(self, pane) -> None:
+        super().__init__()
+        self.pane = pane
+        self.drills: List[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield self.pane
+
+    def on_nodes_pane_drill(self, message: NodesPane.Drill) -> None:
+        self.drills.append(message.node)
+
+
+def keys(table: DataTable) -> List[str]:
+    return row_keys_in_order(table)
+
+
+def cells(table: DataTable, key: str) -> Dict[str, str]:
+    """A row's cells as plain text, by column key."""
+    return {column.key.value: cell.plain for column, cell in zip(table.ordered_columns, table.get_row(key))}
+
+
+def styles(table: DataTable, key: str) -> Dict[str, str]:
+    return {column.key.value: str(cell.style) for column, cell in zip(table.ordered_columns, table.get_row(key))}
+
+
+def status_text(pane) -> str:
+    return str(pane.status.render())
+
+
+class Spy:
+    """Counts calls to a table method (and their kwargs) while still calling it."""
+
+    def __init__(self, monkeypatch, table: DataTable, name: str) -> None:
+        self.calls: List[dict] = []
+        original = getattr(table, name)
+
+        def wrapper(*args, **kwargs):
+            self.calls.append(kwargs)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(table, name, wrapper)
+
+
+async def click_header(pilot, table: DataTable, column_key: str) -> None:
+    """Click the header cell of a column, as a user does."""
+    x = 0
+    for column in table.ordered_columns:
+        if column.key.value == column_key:
+            break
+        x += column.get_render_width(table)
+    await pilot.click(table, offset=(x + 1, 0))
+    await pilot.pause()
+
+
+# --- formatting ---------------------------------------------------------------------------------
+
+MIB = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    "func, value, expected",
+    [
+        (fmt.format_bytes, load_process().gpu_memory_bytes, "21.0 GiB"),  # 22525509632 B
+        (fmt.format_bytes, 900 * MIB, "900 MiB"),
+        (fmt.format_bytes, 4096, "4 KiB"),
+        (fmt.format_bytes, None, "N/A"),
+        (fmt.format_percent, 100.0, "100%"),
+        (fmt.format_percent, 0.5, "0.5%"),
+        (fmt.format_percent, None, "N/A"),
+        (fmt.format_temperature, idle_gpu().temperature, "39°C"),
+        (fmt.format_watts, loaded_gpu().power_draw_w, "692 W"),
+        (fmt.format_watts, 12345.0, "12.3 kW"),
+        (fmt.format_age, 3.7, "3s"),
+        (fmt.format_age, 150, "2m"),
+        (fmt.format_age, 7200, "2h"),
+        (fmt.format_age, 3 * 86400, "3d"),
+        (fmt.format_age, None, "N/A"),
+        (fmt.format_duration, 125, "2m05s"),
+        (fmt.format_duration, 4000, "1h06m"),
+        (fmt.format_ms, 0.8, "0.8 ms"),
+        (fmt.format_ms, 1500, "1.5 s"),
+    ],
+)
+def test_formatting(func, value, expected):
+    assert func(value) == expected
+
+
+def test_memory_pair_uses_the_unit_of_the_total():
+    gpu = loaded_gpu()  # 21491 MiB of 150754820096 B
+    assert fmt.format_memory_pair(gpu.memory_used, gpu.memory_total) == "21.0/140.4 GiB"
+    assert fmt.format_memory_pair(512 * MIB, 800 * MIB) == "512/800 MiB"
+    assert fmt.format_memory_pair(None, None) == "N/A"
+
+
+# --- table_diff on its own -------------------------------------------------------------------------
+
+
+class TableApp(App):
+    def compose(self) -> ComposeResult:
+        table: DataTable = DataTable(cursor_type="row")
+        table.add_column("A", key="a")
+        table.add_column("B", key="b")
+        yield table
+
+
+async def test_apply_rows_adds_updates_removes_reorders_and_keeps_cursor(monkeypatch):
+    app = TableApp()
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.query_one(DataTable)
+        first = apply_rows(table, [TableRow("x", ("1", "[b]")), TableRow("y", ("2", "b")), TableRow("z", ("3", "c"))])
+        assert (first.added, first.removed) == (3, 0)
+        assert table.get_cell("x", "b").plain == "[b]"  # a string is never read as markup
+        table.move_cursor(row=1)  # on "y"
+        clear = Spy(monkeypatch, table, "clear")
+        update = Spy(monkeypatch, table, "update_cell")
+        second = apply_rows(table, [TableRow("z", ("3", "C")), TableRow("y", ("2", "b")), TableRow("w", ("4", "d"))])
+        await pilot.pause()
+        assert keys(table) == ["z", "y", "w"]
+        assert (second.added, second.removed, second.updated_cells, second.reordered) == (1, 1, 1, True)
+        assert table.get_cell("z", "b").plain == "C"
+        assert update.calls == [{"update_width": False}]
+        assert clear.calls == []
+        assert table.ordered_rows[table.cursor_row].key.value == "y"
+        third = apply_rows(table, [TableRow("z", ("3", "C")), TableRow("y", ("2", "b")), TableRow("w", ("4", "d"))])
+        assert not third.changed
+
+
+async def test_apply_rows_sees_a_style_only_change():
+    app = TableApp()
+    async with app.run_test(size=SIZE):
+        table = app.query_one(DataTable)
+        apply_rows(table, [TableRow("x", (Text("1"), Text("up")))])
+        diff = apply_rows(table, [TableRow("x", (Text("1"), Text("up", style="dim")))])
+        assert diff.updated_cells == 1
+        assert str(table.get_cell("x", "b").style) == "dim"
+
+
+# --- Nodes pane ---------------------------------------------------------------------------------
+
+
+async def test_nodes_pane_rows_and_cells():
+    pane = NodesPane()
+    app = PaneApp(pane)
+    async with app.run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        await pilot.pause()
+        table = pane.tables[0].table
+        assert keys(table) == ["gpu01", "gpu02", "gpu03"]
+        row = cells(table, "gpu01")
+        assert row["state"] == "up"
+        assert row["gpus"] == "2"
+        assert row["util_mean"] == "50%" and row["util_max"] == "100%"
+        assert row["memory"] == "21.0/280.8 GiB"  # 21491 MiB used of 2 x 140.4 GiB
+        assert row["temp"] == "59°C #0"
+        assert row["power"] == "801 W"  # 692.06 + 109.19
+        assert row["age"] == "1s" and row["rtt"] == "0.8 ms"
+        down = cells(table, "gpu03")
+        assert down["state"] == "down" and down["reason"] == "connection refused"
+        assert down["temp"] == "39°C #0"  # the kept frame's values ...
+        assert down["age"] == "2m" and down["rtt"] == "N/A"
+        down_styles = styles(table, "gpu03")
+        assert down_styles["temp"] == "dim" and down_styles["age"] == "dim"  # ... dimmed
+        assert "red" in down_styles["state"]
+        assert styles(table, "gpu01")["state"] == "green"
+        assert styles(table, "gpu01")["temp"] == ""
+        assert "3 nodes" in status_text(pane) and "2 live" in status_text(pane)
+
+
+async def test_nodes_pane_state_colours():
+    states = three_nodes()
+    states["gpu02"] = replace(states["gpu02"], state=STATE_STALE)
+    states["gpu04"] = connecting_node()
+    pane = NodesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        table = pane.tables[0].table
+        assert styles(table, "gpu02")["state"] == "yellow"
+        assert styles(table, "gpu04")["state"] == "dim"
+        assert cells(table, "gpu04")["gpus"] == "N/A" and cells(table, "gpu04")["age"] == "N/A"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", ["gpu01", "gpu02", "gpu03"]),
+        ("state:down", ["gpu03"]),
+        ("refused", ["gpu03"]),
+        ("gpu02", ["gpu02"]),
+        ("node:gpu0[12]", ["gpu01", "gpu02"]),
+        ("util>20", ["gpu01"]),
+    ],
+)
+async def test_nodes_pane_filter(text, expected):
+    pane = NodesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        pane.apply_filter(text)
+        await pilot.pause()
+        assert keys(pane.tables[0].table) == expected
+
+
+async def test_nodes_pane_bad_filter_term_is_shown_not_raised():
+    pane = NodesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        pane.apply_filter("util<abc state:up")
+        await pilot.pause()
+        assert keys(pane.tables[0].table) == ["gpu01", "gpu02"]
+        assert "'abc' is not a number" in status_text(pane)
+        pane.apply_filter("")
+        await pilot.pause()
+        assert keys(pane.tables[0].table) == ["gpu01", "gpu02", "gpu03"]
+        assert "abc" not in status_text(pane)
+
+
+async def test_nodes_pane_sort_cycle_reverse_and_header_click():
+    pane = NodesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        await pilot.pause()
+        table = pane.tables[0].table
+        await pilot.press("s")  # by name
+        assert pane.tables[0].sort.column == "name"
+        assert keys(table) == ["gpu01", "gpu02", "gpu03"]
+        await pilot.press("r")
+        assert keys(table) == ["gpu03", "gpu02", "gpu01"]
+        assert "▼" in table.columns["name"].label.plain
+        await pilot.press("s")  # by state: down < up
+        assert pane.tables[0].sort.column == "state"
+        assert keys(table) == ["gpu03", "gpu01", "gpu02"]
+        await click_header(pilot, table, "age")
+        assert pane.tables[0].sort.column == "age"
+        assert keys(table) == ["gpu01", "gpu02", "gpu03"]  # 1s, 2s, 2m
+        await click_header(pilot, table, "age")  # again: reversed
+        assert keys(table) == ["gpu03", "gpu02", "gpu01"]
+        await click_header(pilot, table, "rtt")  # gpu03 has no RTT: last both ways
+        assert keys(table) == ["gpu01", "gpu02", "gpu03"]
+        await pilot.press("r")
+        assert keys(table) == ["gpu02", "gpu01", "gpu03"]
+        assert "RTT ▼" in status_text(pane)
+
+
+async def test_nodes_pane_sort_cycles_back_to_config_order():
+    pane = NodesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        await pilot.pause()
+        seen = []
+        for _ in range(len(pane.tables[0].columns) + 1):
+            await pilot.press("s")
+            seen.append(pane.tables[0].sort.column)
+        assert seen[:-1] == [c.key for c in pane.tables[0].columns]
+        assert seen[-1] is None
+
+
+async def test_nodes_pane_enter_posts_drill():
+    pane = NodesPane()
+    app = PaneApp(pane)
+    async with app.run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        await pilot.pause()
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        assert app.drills == ["gpu02"]
+        pane.apply_filter("state:down")
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.drills == ["gpu02", "gpu03"]
+
+
+async def test_nodes_pane_updates_in_place(monkeypatch):
+    pane = NodesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        states = three_nodes()
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        table = pane.tables[0].table
+        clear = Spy(monkeypatch, table, "clear")
+        update = Spy(monkeypatch, table, "update_cell")
+        before = keys(table)
+        # gpu01's load ends: its GPU 0 now reads as the idle capture.
+        frame = replace(states["gpu01"].frame, gpus=(idle_gpu(0), idle_gpu(1)), processes=())
+        states = dict(states, gpu01=replace(states["gpu01"], frame=frame, received_at=NOW))
+        pane.show(states, None, NOW + 1)
+        await pilot.pause()
+        assert keys(table) == before
+        assert cells(table, "gpu01")["util_max"] == "0%"
+        assert cells(table, "gpu01")["temp"] == "39°C #0"
+        assert clear.calls == []
+        assert update.calls and all(call == {"update_width": False} for call in update.calls)
+        assert pane.tables[0].last_diff.added == 0 and pane.tables[0].last_diff.removed == 0
+
+
+async def test_nodes_pane_node_added_and_removed(monkeypatch):
+    pane = NodesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        states = three_nodes()
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        table = pane.tables[0].table
+        clear = Spy(monkeypatch, table, "clear")
+        states = dict(states, gpu04=connecting_node())
+        del states["gpu02"]
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        assert keys(table) == ["gpu01", "gpu03", "gpu04"]
+        assert clear.calls == []
+
+
+# --- Cluster GPUs pane -------------------------------------------------------------------------
+
+
+async def test_cluster_pane_rows_and_cells():
+    pane = ClusterGpusPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        await pilot.pause()
+        table = pane.tables[0].table
+        assert keys(table) == ["gpu01/0", "gpu01/1", "gpu02/0", "gpu03/0"]
+        loaded = cells(table, "gpu01/0")
+        assert loaded == {
+            "node": "gpu01",
+            "index": "0",
+            "name": "NVIDIA H200",
+            "util": "100%",
+            "memory": "21.0/140.4 GiB",
+            "mem_percent": "15%",
+            "temp": "59°C",
+            "power": "692/700 W",
+            "users": "alice",
+            "node_state": "up",
+        }
+        assert cells(table, "gpu01/1")["users"] == "-"
+        assert cells(table, "gpu03/0")["node_state"] == "down 2m"
+        assert styles(table, "gpu03/0")["util"] == "dim"
+        assert styles(table, "gpu01/0")["util"] == ""
+        assert "4 GPUs" in status_text(pane)
+
+
+async def test_cluster_pane_drill_down_shows_one_node():
+    pane = ClusterGpusPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), "gpu01", NOW)
+        await pilot.pause()
+        assert keys(pane.tables[0].table) == ["gpu01/0", "gpu01/1"]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("node:gpu01", ["gpu01/0", "gpu01/1"]),
+        ("user:alice", ["gpu01/0"]),
+        ("util<10", ["gpu01/1", "gpu02/0", "gpu03/0"]),
+        ("util>90", ["gpu01/0"]),
+        ("mem>10", ["gpu01/0"]),
+        ("temp>50", ["gpu01/0"]),
+        ("util<10 node:gpu01", ["gpu01/1"]),
+        ("gpu02", ["gpu02/0"]),
+        ("down", ["gpu03/0"]),
+    ],
+)
+async def test_cluster_pane_filter(text, expected):
+    pane = ClusterGpusPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        pane.apply_filter(text)
+        await pilot.pause()
+        assert keys(pane.tables[0].table) == expected
+        assert text in status_text(pane)
+
+
+async def test_cluster_pane_bad_term_message():
+    pane = ClusterGpusPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        pane.apply_filter("util<abc")
+        await pilot.pause()
+        assert "util<abc: 'abc' is not a number" in status_text(pane)
+        assert len(keys(pane.tables[0].table)) == 4
+
+
+async def test_cluster_pane_sort_and_cursor_follow_the_row():
+    pane = ClusterGpusPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        states = three_nodes()
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        table = pane.tables[0].table
+        await click_header(pilot, table, "util")
+        assert pane.tables[0].sort.column == "util"
+        assert keys(table)[-1] == "gpu01/0"  # 100 % last when ascending
+        await pilot.press("r")
+        assert keys(table)[0] == "gpu01/0"
+        await pilot.press("down")  # cursor on the second row
+        under_cursor = keys(table)[table.cursor_row]
+        # gpu02 takes the load: it moves to the top, the cursor stays on its row.
+        frame = replace(states["gpu02"].frame, gpus=(loaded_gpu(0),))
+        states = dict(states, gpu02=replace(states["gpu02"], frame=frame))
+        frame1 = replace(states["gpu01"].frame, gpus=(idle_gpu(0), idle_gpu(1)))
+        states["gpu01"] = replace(states["gpu01"], frame=frame1)
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        assert keys(table)[0] == "gpu02/0"
+        assert keys(table)[table.cursor_row] == under_cursor
+
+
+async def test_cluster_pane_updates_in_place_and_follows_nodes(monkeypatch):
+    pane = ClusterGpusPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        states = three_nodes()
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        table = pane.tables[0].table
+        clear = Spy(monkeypatch, table, "clear")
+        update = Spy(monkeypatch, table, "update_cell")
+        before = keys(table)
+        frame = replace(states["gpu02"].frame, gpus=(loaded_gpu(0),))
+        states = dict(states, gpu02=replace(states["gpu02"], frame=frame))
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        assert keys(table) == before
+        assert cells(table, "gpu02/0")["util"] == "100%" and cells(table, "gpu02/0")["temp"] == "59°C"
+        # Only the cells that changed were written: util, memory, mem%, temp, power.
+        assert len(update.calls) == 5
+        assert all(call == {"update_width": False} for call in update.calls)
+        # A node with two GPUs joins, one leaves.
+        states["gpu05"] = replace(states["gpu01"], name="gpu05", frame=replace(states["gpu01"].frame, node="gpu05"))
+        del states["gpu03"]
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        assert keys(table) == ["gpu01/0", "gpu01/1", "gpu02/0", "gpu05/0", "gpu05/1"]
+        assert clear.calls == []
+
+
+# --- Processes pane ------------------------------------------------------------------------------
+
+
+async def test_processes_pane_gpu_and_host_rows():
+    pane = ProcessesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        await pilot.pause()
+        gpu, host = pane.gpu_table.table, pane.host_table.table
+        assert keys(gpu) == ["gpu01/421@0"]
+        assert cells(gpu, "gpu01/421@0") == {
+            "node": "gpu01",
+            "pid": "421",
+            "user": "alice",
+            "gpu": "0",
+            "gpu_memory": "21.0 GiB",  # 22525509632 bytes
+            "sm": "96%",
+            "cpu": "99%",
+            "rss": "2.0 GiB",
+            "elapsed": "2m05s",
+            "state": "R",
+            "command": "python3 train.py --bf16-matmul",
+        }
+        assert keys(host) == ["gpu01/421", "gpu01/501", "gpu02/7001"]
+        assert cells(host, "gpu01/501")["command"] == "python3 train.py [dataloader worker 0]"
+        assert "gpu" not in cells(host, "gpu01/501")
+
+
+async def test_processes_pane_highlights_d_state():
+    pane = ProcessesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        states = three_nodes()
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        host = pane.host_table.table
+        assert set(styles(host, "gpu01/501").values()) == {"bold red"}
+        assert set(styles(host, "gpu01/421").values()) == {""}
+        assert "1 in D/Z state" in status_text(pane)
+        # The worker wakes up: the highlight goes, in place.
+        frame = states["gpu01"].frame
+        awake = replace(hung_worker(), state="S")
+        states = dict(states, gpu01=replace(states["gpu01"], frame=replace(frame, top_processes=(awake,))))
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        assert set(styles(host, "gpu01/501").values()) == {""}
+
+
+async def test_processes_pane_node_column_only_for_several_nodes():
+    pane = ProcessesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), "gpu01", NOW)
+        await pilot.pause()
+        gpu = pane.gpu_table.table
+        assert "node" not in cells(gpu, "gpu01/421@0")
+        assert keys(pane.host_table.table) == ["gpu01/421", "gpu01/501"]
+        pane.show(three_nodes(), None, NOW)
+        await pilot.pause()
+        assert cells(gpu, "gpu01/421@0")["node"] == "gpu01"
+
+
+@pytest.mark.parametrize(
+    "text, gpu_keys, host_keys",
+    [
+        ("user:alice", ["gpu01/421@0"], ["gpu01/421", "gpu01/501"]),
+        ("user:bob", [], ["gpu02/7001"]),
+        ("gpu:0", ["gpu01/421@0"], []),
+        ("421", ["gpu01/421@0"], ["gpu01/421"]),
+        ("pid:501", [], ["gpu01/501"]),
+        ("node:gpu02", [], ["gpu02/7001"]),
+        ("TAR", [], ["gpu02/7001"]),
+        ("state:D", [], ["gpu01/501"]),
+        ("user:alice cpu>50", ["gpu01/421@0"], ["gpu01/421"]),
+    ],
+)
+async def test_processes_pane_filter(text, gpu_keys, host_keys):
+    pane = ProcessesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        pane.apply_filter(text)
+        await pilot.pause()
+        assert keys(pane.gpu_table.table) == gpu_keys
+        assert keys(pane.host_table.table) == host_keys
+
+
+async def test_processes_pane_toggle_and_sort_the_focused_table():
+    pane = ProcessesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        await pilot.pause()
+        gpu, host = pane.gpu_table.table, pane.host_table.table
+        assert gpu.display and host.display
+        await pilot.press("t")
+        assert gpu.display and not host.display
+        await pilot.press("t")
+        assert host.display and not gpu.display
+        assert pane.screen.focused is host
+        await click_header(pilot, host, "cpu")
+        assert keys(host) == ["gpu01/501", "gpu02/7001", "gpu01/421"]  # 0 %, 87.5 %, 99 %
+        await pilot.press("r")
+        assert keys(host) == ["gpu01/421", "gpu02/7001", "gpu01/501"]
+        assert pane.gpu_table.sort.column is None  # the other table keeps its own sort
+        await pilot.press("s")  # next column after CPU: RSS
+        assert pane.host_table.sort.column == "rss"
+        assert keys(host) == ["gpu02/7001", "gpu01/501", "gpu01/421"]  # 12 MiB, 900 MiB, 2 GiB
+        await pilot.press("t")
+        assert gpu.display and host.display
+
+
+async def test_processes_pane_updates_in_place(monkeypatch):
+    pane = ProcessesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        states = three_nodes()
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        gpu, host = pane.gpu_table.table, pane.host_table.table
+        clears = [Spy(monkeypatch, gpu, "clear"), Spy(monkeypatch, host, "clear")]
+        frame = states["gpu01"].frame
+        grown = replace(frame.processes[0], gpu_memory_bytes=frame.processes[0].gpu_memory_bytes * 2)
+        states = dict(states, gpu01=replace(states["gpu01"], frame=replace(frame, processes=(grown,))))
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        assert keys(gpu) == ["gpu01/421@0"]
+        assert cells(gpu, "gpu01/421@0")["gpu_memory"] == "42.0 GiB"
+        assert pane.gpu_table.last_diff.updated_cells == 1
+        # gpu02 goes away: its host process row goes with it.
+        del states["gpu02"]
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        assert keys(host) == ["gpu01/421", "gpu01/501"]
+        assert [c.calls for c in clears] == [[], []]
+
+
+async def test_processes_pane_dims_a_down_node():
+    states = three_nodes()
+    frame = replace(states["gpu03"].frame, processes=(load_process(),))
+    states["gpu03"] = replace(states["gpu03"], frame=frame)
+    pane = ProcessesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        assert set(styles(pane.gpu_table.table, "gpu03/421@0").values()) == {"dim"}
+        assert "last frame of gpu03" in status_text(pane)
+
+
+def test_pane_registry_attributes():
+    assert (ProcessesPane.pane_id, ProcessesPane.title, ProcessesPane.key) == ("processes", "Processes", "2")
+    assert (NodesPane.pane_id, NodesPane.title, NodesPane.key) == ("nodes", "Nodes", "4")
+    assert (ClusterGpusPane.pane_id, ClusterGpusPane.title, ClusterGpusPane.key) == ("cluster", "Cluster GPUs", "5")
