@@ -1,0 +1,310 @@
+"""The console app: header, tab bar of panes, filter line, footer; fed by a fleet."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type
+
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.containers import Vertical
+from textual.timer import Timer
+from textual.widget import Widget
+from textual.widgets import Footer, Input, TabbedContent, TabPane
+
+from opsconsole.config import Config
+from opsconsole.model import NodeState
+from opsconsole.tui.cluster import ClusterGpusPane
+from opsconsole.tui.gpus import GpusPane
+from opsconsole.tui.header import ConsoleHeader, header_text
+from opsconsole.tui.help import HelpRow, HelpScreen
+from opsconsole.tui.host import HostPane
+from opsconsole.tui.keys import (
+    APP_KEYS,
+    KeySpec,
+    bindings_from_specs,
+    display_key,
+    effective_key,
+    keymap_from_config,
+    pane_binding_specs,
+    pane_key_specs,
+)
+from opsconsole.tui.nodes import NodesPane
+from opsconsole.tui.pane import Pane
+from opsconsole.tui.processes import ProcessesPane
+from opsconsole.tui import bars
+from opsconsole.tui.themes import DEFAULT_THEME, choose_theme, load_themes
+
+# The pane registry: tab order, number keys and `pane.<id>` bindings all come from it.
+# Later panes (Logs, Checkpoints, Health) are one line each here.
+PANES: List[Type[Pane]] = [
+    GpusPane,
+    ProcessesPane,
+    HostPane,
+    NodesPane,
+    ClusterGpusPane,
+]
+KEY_SPECS: Tuple[KeySpec, ...] = APP_KEYS + pane_key_specs(PANES) + pane_binding_specs(PANES)
+
+MIN_WIDTH = 80
+MIN_HEIGHT = 20
+REDRAW_DELAY_S = 0.1  # fleet changes within this window make one redraw
+TICK_S = 1.0  # clock and frame ages move even when no frame arrives
+
+
+class FleetLike(Protocol):
+    """What the console needs of a fleet (opsconsole.nodes.fleet.Fleet, or a test fake)."""
+
+    def states(self) -> Dict[str, NodeState]: ...
+
+    async def start(self, on_change: Callable[[NodeState], None]) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def totals(self, now: float): ...
+
+
+def tab_id(pane_id: str) -> str:
+    return "tab-" + pane_id
+
+
+class TooSmall(Widget):
+    """Shown instead of the layout when the terminal is under MIN_WIDTH x MIN_HEIGHT."""
+
+    def render(self) -> Text:
+        width, height = self.app.size
+        return Text("terminal too small: need %dx%d, have %dx%d" % (MIN_WIDTH, MIN_HEIGHT, width, height))
+
+
+class ConsoleCommands(Provider):
+    """The command palette over the key registry (every binding is a command) and the themes."""
+
+    def _commands(self) -> Iterator[Tuple[str, Callable[[], object], str]]:
+        app = self.app
+        assert isinstance(app, OpsConsole)
+        visible = app.visible_pane_id
+        for spec in KEY_SPECS:
+            key = display_key(effective_key(spec, app.keymap))
+            if not spec.scope:
+                yield spec.description, partial(app.run_action, spec.action), "%s  (%s)" % (spec.id, key)
+            elif spec.scope == visible:
+                pane = app.panes[spec.scope]
+                yield spec.description, partial(pane.run_action, spec.action), "%s  (%s)" % (spec.id, key)
+        for name in sorted(app.available_themes):
+            if name == "textual-ansi":
+                continue
+            yield "Theme: %s" % name, partial(setattr, app, "theme", name), "switch the colour theme"
+
+    async def discover(self) -> Hits:
+        for text, command, help_text in self._commands():
+            yield DiscoveryHit(text, command, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for text, command, help_text in self._commands():
+            score = max(matcher.match(text), matcher.match(help_text))
+            if score > 0:
+                yield Hit(score, matcher.highlight(text), command, help=help_text)
+
+
+class OpsConsole(App[int]):
+    """The console: one header, a tab per pane, a `/` filter line and a footer."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "opsconsole"
+    BINDINGS = bindings_from_specs(KEY_SPECS)
+    COMMANDS = App.COMMANDS | {ConsoleCommands}
+    HORIZONTAL_BREAKPOINTS = [(0, "-too-narrow"), (MIN_WIDTH, "-wide-enough")]
+    VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_HEIGHT, "-tall-enough")]
+
+    def __init__(self, config: Config, fleet: FleetLike, *, now: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        self.config = config
+        self.fleet = fleet
+        self.now = now
+        self.node: Optional[str] = None  # the node drilled into; None = all nodes
+        self.panes: Dict[str, Pane] = {}
+        self.keymap, self._key_problems = keymap_from_config(config.console.keys, KEY_SPECS)
+        self._pane_filters: Dict[str, str] = {}
+        self._redraw_timer: Optional[Timer] = None
+        self._notes: List[Tuple[str, str]] = []  # (message, severity) to show once mounted
+        self._install_themes(config.console.theme)
+
+    # --- set-up ------------------------------------------------------------
+
+    def _install_themes(self, wanted: str) -> None:
+        themes, problems = load_themes()
+        for theme in themes:
+            self.register_theme(theme)
+        self._notes += [(problem, "error") for problem in problems]
+        fallback = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
+        name, message = choose_theme(wanted, list(self.available_themes), fallback)
+        if message:
+            self._notes.append((message, "warning"))
+        self.theme = name
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="main"):
+            self.header = ConsoleHeader(id="header")
+            yield self.header
+            with TabbedContent(id="panes", initial=tab_id(PANES[0].pane_id)):
+                for cls in PANES:
+                    with TabPane("%s %s" % (cls.key, cls.title), id=tab_id(cls.pane_id)):
+                        pane = cls()
+                        self.panes[cls.pane_id] = pane
+                        yield pane
+            self.filter_input = Input(placeholder="filter (enter keeps it, esc clears it)", id="filter")
+            yield self.filter_input
+            yield Footer()
+        yield TooSmall(id="too-small")
+
+    async def on_mount(self) -> None:
+        self.tabs = self.query_one("#panes", TabbedContent)
+        if self.keymap:
+            self.set_keymap(self.keymap)
+        self._notes += [(problem, "warning") for problem in self._key_problems]
+        for message, severity in self._notes:
+            self.notify(message, severity=severity, timeout=10)
+        await self.fleet.start(self.on_fleet_change)
+        self.redraw()
+        self.focus_pane(self.visible_pane_id)
+        self.set_interval(TICK_S, self.redraw)
+
+    async def on_unmount(self) -> None:
+        await self.fleet.stop()
+
+    # --- feeding -----------------------------------------------------------
+
+    def on_fleet_change(self, state: NodeState) -> None:
+        """Called by the fleet for every new state: store nothing, just schedule one redraw."""
+        if self._redraw_timer is None:
+            self._redraw_timer = self.set_timer(REDRAW_DELAY_S, self.redraw)
+
+    def redraw(self) -> None:
+        """Draw the header and the visible pane from the fleet's current states."""
+        self._redraw_timer = None
+        states = self.fleet.states()
+        now = self.now()
+        palette = bars.palette_from_variables(self.theme_variables)
+        self.header.show(header_text(self.config, states, self.fleet.totals(now), self.node, now, palette))
+        pane = self.panes.get(self.visible_pane_id)
+        if pane is not None:
+            pane.show(states, self.node, now)
+
+    @property
+    def visible_pane_id(self) -> str:
+        active = self.tabs.active if hasattr(self, "tabs") else ""
+        return active[len("tab-"):] if active.startswith("tab-") else PANES[0].pane_id
+
+    @on(TabbedContent.TabActivated)
+    def pane_became_visible(self, event: TabbedContent.TabActivated) -> None:
+        self.close_filter(clear=False)
+        self.redraw()
+        self.focus_pane(self.visible_pane_id)
+
+    def focus_pane(self, pane_id: str) -> None:
+        pane = self.panes.get(pane_id)
+        if pane is None:
+            return
+        for widget in pane.query("*"):
+            if widget.focusable:
+                widget.focus()
+                return
+
+    @on(NodesPane.Drill)
+    def drill_into_node(self, message: NodesPane.Drill) -> None:
+        self.node = message.node
+        self.action_show_pane(GpusPane.pane_id)
+        self.redraw()
+
+    # --- key registry --------------------------------------------------------
+
+    def help_rows(self) -> List[HelpRow]:
+        """Every binding as (id, key as typed after remapping, description); a pane key shared by
+        several panes (table.sort) is one row naming them all."""
+        rows: Dict[str, List] = {}
+        titles = {cls.pane_id: cls.title for cls in PANES}
+        for spec in KEY_SPECS:
+            if spec.id in rows:
+                rows[spec.id][3].append(titles[spec.scope])
+                continue
+            description = spec.description.split(": ", 1)[1] if spec.scope else spec.description
+            scopes = [titles[spec.scope]] if spec.scope else []
+            rows[spec.id] = [spec.id, display_key(effective_key(spec, self.keymap)), description, scopes]
+        return [
+            (binding_id, key, "%s (%s)" % (description, ", ".join(scopes)) if scopes else description)
+            for binding_id, key, description, scopes in rows.values()
+        ]
+
+    # --- actions -------------------------------------------------------------
+
+    def action_show_pane(self, pane_id: str) -> None:
+        if pane_id in self.panes:
+            self.tabs.active = tab_id(pane_id)
+
+    def _step_pane(self, step: int) -> None:
+        ids = [cls.pane_id for cls in PANES]
+        index = ids.index(self.visible_pane_id) if self.visible_pane_id in ids else 0
+        self.action_show_pane(ids[(index + step) % len(ids)])
+
+    def action_next_pane(self) -> None:
+        self._step_pane(1)
+
+    def action_previous_pane(self) -> None:
+        self._step_pane(-1)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.help_rows(), self.config.source or "the config file"))
+
+    def action_filter(self) -> None:
+        self.filter_input.value = self._pane_filters.get(self.visible_pane_id, "")
+        self.filter_input.add_class("-open")
+        self.filter_input.focus()
+
+    def action_back(self) -> None:
+        if self.filter_input.has_class("-open"):
+            self.close_filter(clear=True)
+        elif self.node is not None:
+            self.node = None
+            self.action_show_pane(NodesPane.pane_id)
+            self.redraw()
+
+    async def action_quit(self) -> None:
+        self.exit(0)
+
+    # --- filter ------------------------------------------------------------
+
+    @on(Input.Changed, "#filter")
+    def filter_changed(self, event: Input.Changed) -> None:
+        if self.filter_input.has_class("-open"):
+            self._set_filter(event.value)
+
+    @on(Input.Submitted, "#filter")
+    def filter_submitted(self, event: Input.Submitted) -> None:
+        self.close_filter(clear=False)
+
+    def _set_filter(self, text: str) -> None:
+        pane_id = self.visible_pane_id
+        self._pane_filters[pane_id] = text
+        self.panes[pane_id].apply_filter(text)
+
+    def close_filter(self, clear: bool) -> None:
+        if not self.filter_input.has_class("-open"):
+            return
+        if clear:
+            self._set_filter("")
+        self.filter_input.remove_class("-open")
+        self.focus_pane(self.visible_pane_id)
+
+
+def run_console(config: Config, fleet: FleetLike) -> int:
+    """Run the console until the user quits; returns the exit status."""
+    app = OpsConsole(config, fleet)
+    result = app.run()
+    if app.return_code:
+        return app.return_code
+    return int(result or 0)

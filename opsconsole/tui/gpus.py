@@ -1,0 +1,250 @@
+"""The GPUs pane: one table row per GPU, coloured by the health thresholds."""
+
+from __future__ import annotations
+
+from typing import List, Mapping, Optional, Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.widgets import DataTable, Static
+
+from opsconsole.config import DEFAULT_CONFIG, HealthConfig
+from opsconsole.model import GpuSample, NodeState
+from opsconsole.tui import bars
+from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_OK, LEVEL_PLAIN, LEVEL_WARN, NOT_AVAILABLE, Palette
+from opsconsole.tui.pane import Pane
+from opsconsole.tui.rowsync import Row, RowSync, StyledCell
+
+# (key, label, width): fixed widths so an update never reflows the table.
+COLUMNS = (
+    ("node", "node", 9),
+    ("gpu", "#", 2),
+    ("name", "name", 11),
+    ("util", "util", 11),
+    ("memory", "memory GiB", 18),
+    ("temp", "temp °C", 7),
+    ("power", "power W", 8),
+    ("sm", "SM MHz", 9),
+    ("pstate", "P", 3),
+    ("throttle", "throttle", 12),
+    ("ecc", "ECC", 3),
+    ("pcie", "PCIe", 4),
+    ("fan", "fan", 4),
+    ("status", "status", 10),
+)
+UTIL_BAR = 6
+MEMORY_BAR = 6
+# Below the configured limit by this much a temperature is a warning.
+TEMPERATURE_MARGIN_C = 10.0
+MEMORY_WARN_MARGIN = 10.0
+
+# NVML clock-event reason names (opsconsole.probe.nvml_decode) that cost speed.
+_CRITICAL_REASONS = frozenset(("HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"))
+_WARNING_REASONS = frozenset(("SwPowerCap",))
+_SHORT_REASONS = {"GpuIdle": "idle", "ApplicationsClocksSetting": "app-clocks"}
+
+
+def temperature_level(gpu: GpuSample, health: HealthConfig) -> str:
+    """Critical at the configured limit or the GPU's own slowdown point, warning just below."""
+    if gpu.temperature is None:
+        return LEVEL_PLAIN
+    limit = health.gpu_temperature_c
+    if gpu.temperature_slowdown is not None:
+        limit = min(limit, gpu.temperature_slowdown)
+    return bars.level_for(gpu.temperature, limit - TEMPERATURE_MARGIN_C, limit)
+
+
+def memory_level(gpu: GpuSample, health: HealthConfig) -> str:
+    crit = health.memory_percent
+    return bars.level_for(gpu.memory_percent, crit - MEMORY_WARN_MARGIN, crit)
+
+
+def throttle_text(reasons: Optional[Sequence[str]]) -> StyledCell:
+    """Active clock-event reasons; the level says whether they cost speed."""
+    if reasons is None:
+        return NOT_AVAILABLE, LEVEL_PLAIN
+    if not reasons:
+        return "-", LEVEL_PLAIN
+    text = ",".join(_SHORT_REASONS.get(reason, reason) for reason in reasons)
+    if any(reason in _CRITICAL_REASONS for reason in reasons):
+        return text, LEVEL_CRIT
+    if any(reason in _WARNING_REASONS for reason in reasons):
+        return text, LEVEL_WARN
+    return text, LEVEL_PLAIN
+
+
+def _number(value: Optional[float], fmt: str = "%d") -> str:
+    return NOT_AVAILABLE if value is None else fmt % value
+
+
+def gpu_status(gpu: GpuSample, state: NodeState, now: float) -> StyledCell:
+    """What is wrong with the GPU (or its node), most serious first."""
+    if gpu.lost:
+        return "LOST", LEVEL_CRIT
+    if not state.is_live:
+        return "%s %s" % (state.state, bars.age_text(state.age(now))), LEVEL_DIM
+    if gpu.xid_events:
+        return "XID " + ",".join(str(code) for code in gpu.xid_events), LEVEL_CRIT
+    if gpu.errors:
+        return "err %d" % len(gpu.errors), LEVEL_WARN
+    return "ok", LEVEL_OK
+
+
+def gpu_cells(
+    gpu: GpuSample, state: NodeState, first_of_node: bool, health: HealthConfig, now: float
+) -> List[StyledCell]:
+    """The row of one GPU as (text, level) pairs, in COLUMNS order."""
+    memory_pct = gpu.memory_percent
+    if gpu.memory_total:
+        memory = "%s %s/%s" % (bars.bar(memory_pct, MEMORY_BAR), bars.gib(gpu.memory_used), bars.gib(gpu.memory_total))
+    else:
+        memory = NOT_AVAILABLE
+    temp = _number(gpu.temperature)
+    if gpu.temperature_slowdown is not None:
+        temp += "/%d" % gpu.temperature_slowdown
+    if temperature_level(gpu, health) == LEVEL_CRIT:
+        temp += "!"  # not by colour alone
+    power = _number(gpu.power_draw_w)
+    if gpu.power_limit_w is not None:
+        power += "/%d" % gpu.power_limit_w
+    sm = _number(gpu.clock_sm_mhz)
+    if gpu.clock_sm_max_mhz is not None:
+        sm += "/%d" % gpu.clock_sm_max_mhz
+    ecc = gpu.ecc_volatile_uncorrected
+    pcie = NOT_AVAILABLE if gpu.pcie_gen is None else "%sx%s" % (gpu.pcie_gen, _number(gpu.pcie_width))
+    fan = NOT_AVAILABLE if gpu.fan_percent is None else "%d%%" % gpu.fan_percent
+    return [
+        (state.name if first_of_node else "", LEVEL_PLAIN),
+        (str(gpu.index), LEVEL_PLAIN),
+        (gpu.name or NOT_AVAILABLE, LEVEL_PLAIN),
+        (bars.percent_bar(gpu.utilization_gpu, UTIL_BAR), LEVEL_PLAIN),
+        (memory, memory_level(gpu, health)),
+        (temp, temperature_level(gpu, health)),
+        (power, LEVEL_PLAIN),
+        (sm, LEVEL_PLAIN),
+        (_number(gpu.pstate, "P%d"), LEVEL_PLAIN),
+        throttle_text(gpu.clock_event_reasons),
+        (_number(ecc), LEVEL_CRIT if ecc else LEVEL_PLAIN),
+        (pcie, LEVEL_PLAIN),
+        (fan, LEVEL_PLAIN),
+        gpu_status(gpu, state, now),
+    ]
+
+
+def row_style(cells: List[StyledCell], level: str, palette: Palette, accent_index: int) -> List[StyledCell]:
+    """Turn levels into styles; a row level (lost, dimmed) overrides the cells' own."""
+    out = []
+    for index, (text, cell_level) in enumerate(cells):
+        if level:
+            style = palette.style(level)
+        elif index == accent_index and not cell_level:
+            style = palette.accent
+        else:
+            style = palette.style(cell_level)
+        out.append((text, style))
+    return out
+
+
+def gpu_rows(
+    states: Mapping[str, NodeState],
+    node: Optional[str],
+    health: HealthConfig,
+    palette: Palette,
+    now: float,
+    filter_text: str = "",
+) -> List[Row]:
+    """Rows for the GPUs of `node`, or of every node grouped by node when `node` is None."""
+    names = [node] if node is not None else list(states)
+    needle = filter_text.lower()
+    util_column = [key for key, _, _ in COLUMNS].index("util")
+    rows: List[Row] = []
+    for name in names:
+        state = states.get(name)
+        if state is None or state.frame is None:
+            continue
+        first = True
+        for gpu in state.frame.gpus:
+            cells = gpu_cells(gpu, state, first, health, now)
+            if needle and needle not in (" ".join(text for text, _ in cells) + " " + name).lower():
+                continue
+            first = False
+            level = LEVEL_CRIT if gpu.lost else (LEVEL_DIM if not state.is_live else LEVEL_PLAIN)
+            rows.append(("%s/%d" % (name, gpu.index), row_style(cells, level, palette, util_column)))
+    return rows
+
+
+def gpus_hint(states: Mapping[str, NodeState], node: Optional[str], filter_text: str) -> str:
+    """The line above the table: which GPUs these are, and what is missing."""
+    parts = []
+    if node is not None:
+        parts.append("node %s (esc: all nodes)" % node)
+    elif len(states) > 1:
+        parts.append("%d nodes, GPUs grouped by node (4: pick a node, enter: drill in)" % len(states))
+    waiting = [s.name for s in states.values() if s.frame is None and (node is None or s.name == node)]
+    if waiting:
+        parts.append("no frame yet: " + ", ".join(waiting[:5]) + (" ..." if len(waiting) > 5 else ""))
+    notes = [
+        "%s: %s" % (s.name, s.frame.gpu_note)
+        for s in states.values()
+        if s.frame is not None and not s.frame.gpus and s.frame.gpu_note and (node is None or s.name == node)
+    ]
+    parts.extend(notes[:3])
+    if filter_text:
+        parts.append("filter: %s" % filter_text)
+    return "   ".join(parts)
+
+
+class GpusPane(Pane):
+    """Every GPU of the current node (or of all nodes), updated cell by cell."""
+
+    pane_id = "gpus"
+    title = "GPUs"
+    key = "1"
+
+    DEFAULT_CSS = """
+    GpusPane { height: 1fr; }
+    GpusPane > #gpus-hint { height: 1; color: $text-muted; padding: 0 1; }
+    GpusPane > DataTable { height: 1fr; }
+    """
+
+    def __init__(self, *, id: Optional[str] = None) -> None:
+        super().__init__(id=id)
+        self.filter_text = ""
+        self._last: Optional[tuple] = None
+        self._hint_text = ""
+        self.rows: Optional[RowSync] = None
+
+    def compose(self) -> ComposeResult:
+        hint = Static("", id="gpus-hint")
+        hint.display = False
+        yield hint
+        table: DataTable = DataTable(id="gpus-table", cursor_type="row", zebra_stripes=False)
+        for key, label, width in COLUMNS:
+            table.add_column(label, key=key, width=width)
+        yield table
+
+    def on_mount(self) -> None:
+        self.rows = RowSync(self.query_one(DataTable), [key for key, _, _ in COLUMNS])
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self._redraw())
+
+    def show(self, states: Mapping[str, NodeState], node: Optional[str], now: float) -> None:
+        self._last = (states, node, now)
+        if self.rows is None:
+            return
+        health = getattr(self.app, "config", DEFAULT_CONFIG).health
+        palette = bars.palette_from_variables(self.app.theme_variables)
+        self.rows.sync(gpu_rows(states, node, health, palette, now, self.filter_text))
+        text = gpus_hint(states, node, self.filter_text)
+        if text != self._hint_text:
+            self._hint_text = text
+            hint = self.query_one("#gpus-hint", Static)
+            hint.update(Text(text))
+            hint.display = bool(text)  # one node, no filter: the table gets the line
+
+    def apply_filter(self, text: str) -> None:
+        self.filter_text = text
+        self._redraw()
+
+    def _redraw(self) -> None:
+        if self._last is not None:
+            self.show(*self._last)

@@ -1,0 +1,81 @@
+"""The header: which nodes, read-only or not, the clock, frame age and fleet totals."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Optional
+
+from rich.text import Text
+from textual.widgets import Static
+
+from opsconsole.config import Config
+from opsconsole.model import NodeState
+from opsconsole.tui import bars
+
+
+def console_name(states: Mapping[str, NodeState]) -> str:
+    """One node: its name (and hostname when it differs); several: how many."""
+    if len(states) != 1:
+        return "%d nodes" % len(states)
+    state = next(iter(states.values()))
+    host = state.frame.host if state.frame is not None else None
+    if host is not None and host.hostname and host.hostname != state.name:
+        return "%s (%s)" % (state.name, host.hostname)
+    return state.name
+
+
+def newest_age(states: Mapping[str, NodeState], now: float) -> Optional[float]:
+    """Age of the newest frame over all nodes, None before the first."""
+    ages = [age for age in (s.age(now) for s in states.values()) if age is not None]
+    return min(ages) if ages else None
+
+
+def header_text(
+    config: Config,
+    states: Mapping[str, NodeState],
+    totals: Any,
+    node: Optional[str],
+    now: float,
+    palette: bars.Palette,
+) -> Text:
+    """Two lines: identity, mode, clock and age; then the fleet totals."""
+    text = Text(no_wrap=True, overflow="ellipsis", end="")
+    text.append(" opsconsole ", style="bold reverse")
+    text.append("  " + console_name(states), style="bold")
+    if node is not None and len(states) > 1:
+        text.append("  > " + node, style="bold " + palette.accent)
+    mode = "[R]" if config.console.read_only else "[RW]"
+    text.append("  " + mode, style="bold " + (palette.warn if not config.console.read_only else palette.ok))
+    text.append("   " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)))
+    age = newest_age(states, now)
+    stale = age is None or age > 3 * config.console.interval + 2.0
+    text.append("   newest frame " + (bars.age_text(age) + " ago" if age is not None else "none yet"),
+                style=palette.warn if stale else "")
+    text.append("\n")
+    text.append(" nodes %d" % totals.nodes)
+    text.append("  up %d" % totals.nodes_up, style=palette.ok if totals.nodes_up else "")
+    text.append("  down %d" % totals.nodes_down, style=("bold " + palette.crit) if totals.nodes_down else "")
+    text.append("   GPUs %d" % totals.gpus)
+    util = totals.mean_utilization
+    text.append("   mean util " + (bars.NOT_AVAILABLE if util is None else "%.0f%%" % util))
+    alerts = getattr(totals, "alerts", 0)
+    text.append("   alerts %d" % alerts, style=("bold " + palette.crit) if alerts else "")
+    return text
+
+
+class ConsoleHeader(Static):
+    """Two header lines, redrawn only when their text changes."""
+
+    DEFAULT_CSS = """
+    ConsoleHeader { height: 2; background: $panel; color: $foreground; }
+    """
+
+    def __init__(self, *, id: Optional[str] = None) -> None:
+        super().__init__("", id=id)
+        self._shown: Optional[Text] = None
+
+    def show(self, text: Text) -> None:
+        if self._shown is not None and text == self._shown and text.style == self._shown.style:
+            return
+        self._shown = text
+        self.update(text)

@@ -1,0 +1,240 @@
+"""The Host pane: CPU, load, memory, disks and network of one node, and its busiest processes."""
+
+from __future__ import annotations
+
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.widgets import DataTable, Static
+
+from opsconsole.config import DEFAULT_CONFIG, HealthConfig
+from opsconsole.model import HostSample, NodeState, ProcessSample
+from opsconsole.tui import bars
+from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_PLAIN, LEVEL_WARN, NOT_AVAILABLE, Palette
+from opsconsole.tui.pane import Pane
+from opsconsole.tui.rowsync import Row, RowSync
+
+Segment = Tuple[str, str]  # (text, level); "\n" ends a line
+
+PROCESS_COLUMNS = (
+    ("pid", "pid", 7),
+    ("user", "user", 8),
+    ("state", "S", 1),
+    ("cpu", "cpu%", 5),
+    ("rss", "rss", 6),
+    ("threads", "thr", 4),
+    ("elapsed", "elapsed", 7),
+    ("name", "name", 15),
+    ("command", "command", 60),
+)
+CPU_BAR = 30
+CORE_BAR = 8
+CORE_CELL = 18  # "  12 ████████ 100%" plus a gap
+MANY_CORES = 32  # beyond this, one spark cell per core
+DISK_BAR = 10
+CPU_WARN, CPU_CRIT = 80.0, 95.0
+
+
+def pick_node(states: Mapping[str, NodeState], node: Optional[str]) -> Optional[NodeState]:
+    """The node the pane shows: the one drilled into, else the first in config order."""
+    if node is not None:
+        return states.get(node)
+    return next(iter(states.values()), None)
+
+
+def _bar_segments(label: str, percent: Optional[float], width: int, level: str, tail: str = "") -> List[Segment]:
+    return [(label, LEVEL_PLAIN), (bars.percent_bar(percent, width), level), (tail, LEVEL_PLAIN)]
+
+
+def core_segments(per_core: Sequence[float], width: int) -> List[Segment]:
+    """Per-core bars in a grid that fits `width`, or one spark cell per core when there are many."""
+    if not per_core:
+        return [("cores  " + NOT_AVAILABLE, LEVEL_PLAIN), ("\n", "")]
+    out: List[Segment] = []
+    if len(per_core) > MANY_CORES:
+        per_line = max(8, width - 8)
+        for start in range(0, len(per_core), per_line):
+            out.append(("cores " if start == 0 else "      ", LEVEL_PLAIN))
+            for value in per_core[start:start + per_line]:
+                out.append((bars.spark(value), bars.level_for(value, CPU_WARN, CPU_CRIT)))
+            out.append(("\n", ""))
+        return out
+    per_line = max(1, (width - 6) // CORE_CELL)
+    for start in range(0, len(per_core), per_line):
+        out.append(("cores" if start == 0 else "     ", LEVEL_PLAIN))
+        for index in range(start, min(start + per_line, len(per_core))):
+            value = per_core[index]
+            out.append((" %4d " % index, LEVEL_PLAIN))
+            out.append((bars.percent_bar(value, CORE_BAR), bars.level_for(value, CPU_WARN, CPU_CRIT)))
+        out.append(("\n", ""))
+    return out
+
+
+def host_segments(state: NodeState, health: HealthConfig, now: float, width: int) -> List[Segment]:
+    """The summary above the process table, as styled segments."""
+    frame = state.frame
+    host: Optional[HostSample] = frame.host if frame is not None else None
+    title = "host %s" % state.name
+    if host is not None and host.hostname and host.hostname != state.name:
+        title += " (%s)" % host.hostname
+    out: List[Segment] = [(title, LEVEL_PLAIN)]
+    if not state.is_live:
+        out.append(("   %s, frame %s old%s" % (state.state, bars.age_text(state.age(now)),
+                                                ": " + state.reason if state.reason else ""), LEVEL_CRIT))
+    if host is None:
+        out += [("\n", ""), ("no host readings yet" if frame is None else "the probe sent no host readings",
+                             LEVEL_PLAIN), ("\n", "")]
+        return out
+    load = " ".join("%.2f" % value for value in host.load_avg) or NOT_AVAILABLE
+    iowait = NOT_AVAILABLE if host.iowait_percent is None else "%.1f%%" % host.iowait_percent
+    out.append(("   uptime %s   load %s   iowait %s   via %s" % (bars.duration(host.uptime_s), load, iowait,
+                                                                 host.source), LEVEL_PLAIN))
+    out.append(("\n", ""))
+    cpu = host.cpu_percent
+    out += _bar_segments("cpu   ", cpu, CPU_BAR, bars.level_for(cpu, CPU_WARN, CPU_CRIT),
+                         "   %d cores" % host.cpu_count)
+    out.append(("\n", ""))
+    out += core_segments(host.cpu_per_core, width)
+    mem = host.mem_percent
+    used = None if host.mem_total is None or host.mem_available is None else host.mem_total - host.mem_available
+    out += _bar_segments("mem   ", mem, CPU_BAR,
+                         bars.level_for(mem, health.memory_percent - 10, health.memory_percent),
+                         "   %s of %s" % (bars.human_bytes(used), bars.human_bytes(host.mem_total)))
+    if host.swap_total:
+        swap = 100.0 * (host.swap_used or 0) / host.swap_total
+        out.append(("   swap ", LEVEL_PLAIN))
+        out.append((bars.percent_bar(swap, DISK_BAR), bars.level_for(swap, 50.0, 90.0)))
+        out.append(("  %s of %s" % (bars.human_bytes(host.swap_used), bars.human_bytes(host.swap_total)), LEVEL_PLAIN))
+    else:
+        out.append(("   swap none", LEVEL_PLAIN))
+    out.append(("\n", ""))
+    out.append(("disks", LEVEL_PLAIN))
+    if not host.disks:
+        out.append(("  " + NOT_AVAILABLE, LEVEL_PLAIN))
+    for disk in host.disks:
+        free = disk.free_percent
+        level = LEVEL_CRIT if free < health.disk_free_percent else (
+            LEVEL_WARN if free < 2 * health.disk_free_percent else LEVEL_PLAIN)
+        out.append(("  %s " % disk.path, LEVEL_PLAIN))
+        out.append((bars.bar(100.0 - free, DISK_BAR), level))
+        out.append((" free %.0f%% (%s of %s)" % (free, bars.human_bytes(disk.free), bars.human_bytes(disk.total)),
+                    level))
+    out.append(("\n", ""))
+    out.append(("net  ", LEVEL_PLAIN))
+    if not host.net:
+        out.append(("  " + NOT_AVAILABLE, LEVEL_PLAIN))
+    for rate in host.net:
+        out.append(("  %s rx %s/s tx %s/s" % (rate.interface, bars.human_bytes(rate.rx_bytes_per_s),
+                                              bars.human_bytes(rate.tx_bytes_per_s)), LEVEL_PLAIN))
+    out.append(("\n", ""))
+    return out
+
+
+def segments_text(segments: Sequence[Segment], palette: Palette, dim: bool) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis", end="")
+    for part, level in segments:
+        text.append(part, style=palette.style(LEVEL_DIM if dim and part != "\n" else level))
+    text.rstrip()
+    return text
+
+
+def process_rows(processes: Sequence[ProcessSample], palette: Palette, dim: bool, filter_text: str) -> List[Row]:
+    """Top host processes by CPU; a D (uninterruptible) or Z state is marked, not just coloured."""
+    needle = filter_text.lower()
+    rows: List[Row] = []
+    ordered = sorted(processes, key=lambda p: -(p.cpu_percent or 0.0))
+    for proc in ordered:
+        cells = [
+            (str(proc.pid), LEVEL_PLAIN),
+            (proc.user or NOT_AVAILABLE, LEVEL_PLAIN),
+            (proc.state or "?", LEVEL_CRIT if proc.state in ("D", "Z") else LEVEL_PLAIN),
+            (NOT_AVAILABLE if proc.cpu_percent is None else "%.1f" % proc.cpu_percent,
+             bars.level_for(proc.cpu_percent, CPU_WARN, 10 * CPU_CRIT)),
+            (bars.human_bytes(proc.rss_bytes), LEVEL_PLAIN),
+            (NOT_AVAILABLE if proc.threads is None else str(proc.threads), LEVEL_PLAIN),
+            (bars.duration(proc.elapsed_s), LEVEL_PLAIN),
+            (proc.name, LEVEL_PLAIN),
+            (proc.command.replace("\n", " "), LEVEL_PLAIN),
+        ]
+        if needle and needle not in " ".join(text for text, _ in cells).lower():
+            continue
+        rows.append((str(proc.pid), [(text, palette.style(LEVEL_DIM if dim else level)) for text, level in cells]))
+    return rows
+
+
+class HostPane(Pane):
+    """Host readings of the current node (the drilled-into one, else the first)."""
+
+    pane_id = "host"
+    title = "Host"
+    key = "3"
+
+    DEFAULT_CSS = """
+    HostPane { height: 1fr; }
+    HostPane > #host-summary { height: auto; padding: 0 1; }
+    HostPane > #host-procs-title { height: 1; color: $text-muted; padding: 0 1; }
+    HostPane > DataTable { height: 1fr; }
+    """
+
+    def __init__(self, *, id: Optional[str] = None) -> None:
+        super().__init__(id=id)
+        self.filter_text = ""
+        self._last: Optional[tuple] = None
+        self._summary_key: Optional[tuple] = None
+        self._title_text = ""
+        self.rows: Optional[RowSync] = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="host-summary")
+        yield Static("", id="host-procs-title")
+        table: DataTable = DataTable(id="host-procs", cursor_type="row")
+        for key, label, width in PROCESS_COLUMNS:
+            table.add_column(label, key=key, width=width)
+        yield table
+
+    def on_mount(self) -> None:
+        self.rows = RowSync(self.query_one(DataTable), [key for key, _, _ in PROCESS_COLUMNS])
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self._redraw())
+
+    def on_resize(self) -> None:
+        self._summary_key = None  # the core grid depends on the width
+        self._redraw()
+
+    def show(self, states: Mapping[str, NodeState], node: Optional[str], now: float) -> None:
+        self._last = (states, node, now)
+        if self.rows is None:
+            return
+        health = getattr(self.app, "config", DEFAULT_CONFIG).health
+        palette = bars.palette_from_variables(self.app.theme_variables)
+        state = pick_node(states, node)
+        width = max(40, self.size.width - 2)
+        if state is None:
+            segments: List[Segment] = [("no nodes", LEVEL_PLAIN)]
+            processes: Sequence[ProcessSample] = ()
+            dim = False
+        else:
+            segments = host_segments(state, health, now, width)
+            processes = state.frame.top_processes if state.frame is not None else ()
+            dim = not state.is_live
+        key = (tuple(segments), palette, dim)
+        if key != self._summary_key:
+            self._summary_key = key
+            self.query_one("#host-summary", Static).update(segments_text(segments, palette, dim))
+        title = "top processes by CPU"
+        if node is None and len(states) > 1:
+            title += "   (first of %d nodes; pick another in Nodes with 4, enter)" % len(states)
+        if self.filter_text:
+            title += "   filter: %s" % self.filter_text
+        if title != self._title_text:
+            self._title_text = title
+            self.query_one("#host-procs-title", Static).update(Text(title))
+        self.rows.sync(process_rows(processes, palette, dim, self.filter_text))
+
+    def apply_filter(self, text: str) -> None:
+        self.filter_text = text
+        self._redraw()
+
+    def _redraw(self) -> None:
+        if self._last is not None:
+            self.show(*self._last)

@@ -1,0 +1,107 @@
+"""The console's key registry: one list of bindings with ids, shared by keys, help and palette."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
+
+from textual.binding import Binding
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One binding: a stable id (what `[console.keys]` names), its default key, action and words."""
+
+    id: str
+    key: str
+    action: str
+    description: str
+    show: bool = True  # in the footer
+    priority: bool = False  # checked before the focused widget (tab must beat focus cycling)
+    scope: str = ""  # "" for the app; a pane id for a binding of that pane
+
+
+# App-wide bindings; pane bindings are made from the pane registry (see pane_key_specs).
+APP_KEYS: Tuple[KeySpec, ...] = (
+    KeySpec("app.quit", "q", "quit", "Quit"),
+    KeySpec("app.help", "question_mark", "help", "Help: every key"),
+    KeySpec("app.filter", "slash", "filter", "Filter the pane"),
+    KeySpec("app.back", "escape", "back", "Back: close filter, leave drill-down", show=False),
+    KeySpec("pane.next", "tab", "next_pane", "Next pane", show=False, priority=True),
+    KeySpec("pane.previous", "shift+tab", "previous_pane", "Previous pane", show=False, priority=True),
+    KeySpec("app.palette", "ctrl+p", "command_palette", "Command palette", show=False),
+    KeySpec("app.theme", "ctrl+t", "change_theme", "Change theme", show=False),
+)
+
+
+def pane_key_specs(panes: Sequence[type]) -> Tuple[KeySpec, ...]:
+    """A `pane.<id>` binding for each pane class that has a number key."""
+    return tuple(
+        KeySpec("pane." + pane.pane_id, pane.key, "show_pane(%r)" % pane.pane_id, "Show " + pane.title, show=False)
+        for pane in panes
+        if pane.key
+    )
+
+
+def pane_binding_specs(panes: Sequence[type]) -> Tuple[KeySpec, ...]:
+    """The bindings panes declare themselves (with ids), so help, palette and keymap know them too."""
+    specs: List[KeySpec] = []
+    seen = set()
+    for pane in panes:
+        for cls in pane.__mro__:
+            for binding in cls.__dict__.get("BINDINGS", ()):
+                if not isinstance(binding, Binding) or not binding.id or (pane.pane_id, binding.id) in seen:
+                    continue
+                seen.add((pane.pane_id, binding.id))
+                specs.append(
+                    KeySpec(binding.id, binding.key, binding.action,
+                            "%s: %s" % (pane.title, binding.description or binding.action),
+                            show=binding.show, scope=pane.pane_id)
+                )
+    return tuple(specs)
+
+
+def bindings_from_specs(specs: Iterable[KeySpec]) -> List[Binding]:
+    """Textual Binding objects carrying the spec ids, so App.set_keymap can remap them."""
+    return [
+        Binding(spec.key, spec.action, spec.description, show=spec.show, priority=spec.priority, id=spec.id)
+        for spec in specs
+        if not spec.scope
+    ]
+
+
+def keymap_from_config(
+    pairs: Iterable[Tuple[str, str]], specs: Sequence[KeySpec]
+) -> Tuple[Dict[str, str], List[str]]:
+    """Split `[console.keys]` pairs into a Textual keymap and problems worded for the user."""
+    known = {spec.id for spec in specs}
+    keymap: Dict[str, str] = {}
+    problems: List[str] = []
+    for binding_id, key in pairs:
+        if binding_id not in known:
+            problems.append("console.keys: no binding %r (see ? for the ids)" % binding_id)
+            continue
+        keymap[binding_id] = key.strip()
+    return keymap, problems
+
+
+def effective_key(spec: KeySpec, keymap: Mapping[str, str]) -> str:
+    """The key a binding answers to after remapping (the first, when several are given)."""
+    return keymap.get(spec.id, spec.key)
+
+
+_KEY_NAMES = {
+    "question_mark": "?",
+    "slash": "/",
+    "escape": "esc",
+    "full_stop": ".",
+    "comma": ",",
+    "minus": "-",
+    "plus": "+",
+    "space": "space",
+}
+
+
+def display_key(key: str) -> str:
+    """A key as people type it: `question_mark` as `?`, `a,b` as `a / b`."""
+    return " / ".join(_KEY_NAMES.get(part.strip(), part.strip()) for part in key.split(","))

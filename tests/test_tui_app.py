@@ -1,0 +1,436 @@
+"""The console app driven through Textual's Pilot, on a fake fleet of real captured readings."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from textual.command import CommandPalette
+from textual.widgets import DataTable, Input
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tui_fakes import (  # noqa: E402
+    FROZEN_NOW,
+    FakeFleet,
+    cluster_states,
+    idle_gpu,
+    loaded_gpu,
+    single_node_states,
+    up_state,
+)
+
+from opsconsole.config import Config, ConsoleConfig  # noqa: E402
+from opsconsole.tui import bars  # noqa: E402
+from opsconsole.tui.app import KEY_SPECS, PANES, OpsConsole, TooSmall  # noqa: E402
+from opsconsole.tui.gpus import GpusPane  # noqa: E402
+from opsconsole.tui.help import HelpScreen  # noqa: E402
+from opsconsole.tui.host import HostPane  # noqa: E402
+from opsconsole.tui.keys import APP_KEYS, display_key, keymap_from_config  # noqa: E402
+from opsconsole.tui.themes import THEMES_DIR, choose_theme, load_theme_file, load_themes  # noqa: E402
+
+SIZE = (140, 40)
+OKABE_ITO = {"#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7"}
+
+
+def make_app(states=None, **console) -> OpsConsole:
+    config = Config(console=ConsoleConfig(**console)) if console else Config()
+    fleet = FakeFleet(states if states is not None else single_node_states())
+    return OpsConsole(config, fleet, now=lambda: FROZEN_NOW)
+
+
+def gpu_table(app: OpsConsole) -> DataTable:
+    return app.panes["gpus"].query_one(DataTable)
+
+
+def row_text(table: DataTable, key: str) -> str:
+    return " | ".join(str(cell) for cell in table.get_row(key))
+
+
+# --- launch and data -------------------------------------------------------------------
+
+
+async def test_launch_shows_one_row_per_gpu_with_the_captured_values():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = gpu_table(app)
+        idle, loaded = idle_gpu(0), loaded_gpu(1)
+        assert [key.value for key in table.rows] == ["local/0", "local/1"]
+        first = row_text(table, "local/0")
+        assert idle.name in first
+        assert "%d/%d" % (idle.temperature, idle.temperature_slowdown) in first
+        assert "%d/%d" % (idle.power_draw_w, idle.power_limit_w) in first
+        second = row_text(table, "local/1")
+        assert "%d%%" % loaded.utilization_gpu in second
+        assert "%.1f/%.1f" % (loaded.memory_used / 2**30, loaded.memory_total / 2**30) in second
+        assert "SwPowerCap" in second  # decoded from the capture's clocks_event_reasons 0x4
+
+
+async def test_header_names_the_node_mode_and_totals():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        text = app.header._shown.plain
+        assert "local (h200-box)" in text
+        assert "[RW]" in text
+        assert "GPUs 2" in text
+        mean = (idle_gpu().utilization_gpu + loaded_gpu().utilization_gpu) / 2
+        assert "mean util %.0f%%" % mean in text
+        assert "newest frame 0.4s ago" in text
+        assert "alerts 0" in text
+
+
+async def test_read_only_header_and_several_nodes():
+    app = make_app(cluster_states(), read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        text = app.header._shown.plain
+        assert "[R]" in text and "[RW]" not in text
+        assert "3 nodes" in text
+        assert "up 2  down 1" in text
+
+
+async def test_down_node_rows_are_dimmed_with_their_age():
+    app = make_app(cluster_states())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = gpu_table(app)
+        status = table.get_cell("gpu-a03/0", "status")
+        assert status.plain == "down 42s"
+        assert str(status.style) == "dim"
+        assert table.get_cell("gpu-a01/0", "status").plain == "ok"
+        assert len(table.rows) == 8 + 1 + 2
+
+
+# --- panes and keys ----------------------------------------------------------------------
+
+
+async def test_number_keys_and_tab_switch_panes():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.visible_pane_id == "gpus"
+        for cls in PANES:
+            await pilot.press(cls.key)
+            await pilot.pause()
+            assert app.visible_pane_id == cls.pane_id
+            assert app.panes[cls.pane_id].region.height > 0  # really on screen
+        await pilot.press("tab")
+        await pilot.pause()
+        assert app.visible_pane_id == PANES[0].pane_id  # wraps around
+        await pilot.press("shift+tab")
+        await pilot.pause()
+        assert app.visible_pane_id == PANES[-1].pane_id
+
+
+async def test_clicking_a_tab_switches_pane():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.click("#--content-tab-tab-host")
+        await pilot.pause()
+        assert app.visible_pane_id == "host"
+
+
+async def test_only_the_visible_pane_is_fed(monkeypatch):
+    calls = []
+    original = HostPane.show
+    monkeypatch.setattr(HostPane, "show", lambda self, *a: (calls.append(a), original(self, *a)))
+    fleet = FakeFleet(single_node_states())
+    app = OpsConsole(Config(), fleet, now=lambda: FROZEN_NOW)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        fleet.publish(up_state("local", [loaded_gpu(0), loaded_gpu(1)], hostname="h200-box"))
+        await pilot.pause(0.3)
+        assert calls == []
+        await pilot.press("3")
+        await pilot.pause()
+        assert len(calls) >= 1
+        host_text = str(app.panes["host"].query_one("#host-summary").render())
+        assert "host local (h200-box)" in host_text
+
+
+async def test_help_lists_every_binding_and_escape_closes_it():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        table = app.screen.query_one(DataTable)
+        listed = {key.value for key in table.rows}
+        assert listed == {spec.id for spec in KEY_SPECS}
+        assert table.get_cell("app.quit", "key").plain == "q"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_filter_on_processes_pane_and_escape_clears_it():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("2")
+        await pilot.pause()
+        host_table = app.panes["processes"].query_one("#host-processes", DataTable)
+        before = len(host_table.rows)
+        assert before >= 2  # both captured host processes
+        await pilot.press("slash")
+        await pilot.pause()
+        filter_input = app.query_one("#filter", Input)
+        assert filter_input.has_class("-open") and filter_input.has_focus
+        await pilot.press(*"process_api")
+        await pilot.pause()
+        assert len(host_table.rows) == 1
+        assert "process_api" in " ".join(str(c) for c in host_table.get_row_at(0))
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not filter_input.has_class("-open")
+        assert len(host_table.rows) == before
+
+
+async def test_filter_on_gpus_pane_keeps_matching_rows():
+    app = make_app(cluster_states())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("slash", *"a02", "enter")
+        await pilot.pause()
+        table = gpu_table(app)
+        assert [key.value for key in table.rows] == ["gpu-a02/0"]
+        assert not app.query_one("#filter", Input).has_class("-open")  # enter keeps the filter
+
+
+async def test_config_remaps_a_key_and_the_old_one_stops_working():
+    app = make_app(keys=(("pane.host", "h"),))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("3")
+        await pilot.pause()
+        assert app.visible_pane_id == "gpus"
+        await pilot.press("h")
+        await pilot.pause()
+        assert app.visible_pane_id == "host"
+        assert dict((r[0], r[1]) for r in app.help_rows())["pane.host"] == "h"
+
+
+async def test_unknown_binding_id_in_config_is_reported_not_fatal():
+    app = make_app(keys=(("pane.nope", "x"),))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        messages = [n.message for n in app._notifications]
+        assert any("pane.nope" in m for m in messages)
+
+
+async def test_drill_down_from_nodes_and_escape_back():
+    app = make_app(cluster_states())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("4")
+        await pilot.pause()
+        nodes_table = app.panes["nodes"].query_one("#nodes-table", DataTable)
+        assert nodes_table.has_focus
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        assert app.node == "gpu-a02"
+        assert app.visible_pane_id == "gpus"
+        assert [key.value for key in gpu_table(app).rows] == ["gpu-a02/0"]
+        assert "> gpu-a02" in app.header._shown.plain
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.node is None
+        assert app.visible_pane_id == "nodes"
+
+
+async def test_command_palette_runs_a_binding_and_lists_themes():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert CommandPalette.is_open(app)
+        await pilot.press(*"Show Host")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        assert app.visible_pane_id == "host"
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"Theme: opsconsole-high")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        assert app.theme == "opsconsole-high-contrast"
+
+
+# --- themes ------------------------------------------------------------------------------
+
+
+async def test_theme_from_config_is_applied():
+    app = make_app(theme="opsconsole-light")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.theme == "opsconsole-light"
+        light = load_theme_file(THEMES_DIR / "opsconsole-light.toml")
+        assert app.theme_variables["background"].upper() == light.background.upper()
+        # The cells take their colours from the theme in use.
+        status = gpu_table(app).get_cell("local/0", "status")
+        assert str(status.style).upper() == light.success.upper()
+
+
+async def test_unknown_theme_falls_back_and_names_the_choices():
+    app = make_app(theme="solarized-nope")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.theme == "opsconsole-dark"
+        messages = " ".join(n.message for n in app._notifications)
+        assert "solarized-nope" in messages
+        for name in ("opsconsole-dark", "opsconsole-light", "opsconsole-high-contrast"):
+            assert name in messages
+
+
+async def test_theme_switch_recolours_cells_in_place():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = gpu_table(app)
+        before = str(table.get_cell("local/0", "status").style)
+        app.theme = "opsconsole-light"
+        await pilot.pause(0.2)
+        after = str(table.get_cell("local/0", "status").style)
+        assert before != after
+        assert after.upper() == app.theme_variables["success"].upper()
+
+
+def test_theme_files_load_and_use_okabe_ito_status_colours():
+    themes, problems = load_themes()
+    assert problems == []
+    names = {theme.name for theme in themes}
+    assert {"opsconsole-dark", "opsconsole-light", "opsconsole-high-contrast"} <= names
+    contrast = next(t for t in themes if t.name == "opsconsole-high-contrast")
+    assert {contrast.success.upper(), contrast.warning.upper()} <= OKABE_ITO
+    assert contrast.background == "#000000"
+
+
+def test_broken_theme_file_is_a_problem_not_a_crash(tmp_path):
+    (tmp_path / "bad.toml").write_text('name = "bad"\nprimary = "not-a-colour"\n')
+    (tmp_path / "good.toml").write_text('name = "good"\nprimary = "#0072B2"\n')
+    themes, problems = load_themes(tmp_path)
+    assert [t.name for t in themes] == ["good"]
+    assert len(problems) == 1 and "bad.toml" in problems[0]
+
+
+def test_choose_theme():
+    assert choose_theme("b", ["a", "b"]) == ("b", None)
+    name, message = choose_theme("zz", ["opsconsole-dark", "textual-dark"], "opsconsole-dark")
+    assert name == "opsconsole-dark"
+    assert "zz" in message and "opsconsole-dark" in message and "textual-dark" in message
+
+
+# --- layout and updates ------------------------------------------------------------------
+
+
+async def test_too_small_terminal_gets_a_message_then_the_layout_comes_back():
+    app = make_app()
+    async with app.run_test(size=(70, 15)) as pilot:
+        await pilot.pause()
+        message = app.query_one(TooSmall)
+        assert message.display and message.region.height > 0
+        assert str(message.render()) == "terminal too small: need 80x20, have 70x15"
+        assert app.query_one("#main").region.height == 0
+        await pilot.resize_terminal(120, 30)
+        await pilot.pause(0.2)
+        assert app.query_one(TooSmall).region.height == 0
+        assert gpu_table(app).region.height > 0
+
+
+async def test_update_changes_cells_in_place():
+    fleet = FakeFleet(single_node_states())
+    app = OpsConsole(Config(), fleet, now=lambda: FROZEN_NOW)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = gpu_table(app)
+        rows = app.panes["gpus"].rows
+        cleared = []
+        table.clear = lambda *a, **k: cleared.append(a)  # a spy: an update must not rebuild
+        keys_before = [key.value for key in table.rows]
+        updated_before = rows.cells_updated
+        # GPU 0 goes from the idle capture to the under-load capture.
+        fleet.publish(up_state("local", [loaded_gpu(0), loaded_gpu(1)], hostname="h200-box"))
+        await pilot.pause(0.3)
+        assert [key.value for key in table.rows] == keys_before
+        assert cleared == []
+        loaded = loaded_gpu(0)
+        assert table.get_cell("local/0", "temp").plain.startswith("%d/" % loaded.temperature)
+        assert "%d%%" % loaded.utilization_gpu in table.get_cell("local/0", "util").plain
+        # Only the cells that differ were sent: the node/index/name cells stayed.
+        assert 0 < rows.cells_updated - updated_before < len(table.columns)
+        assert table.get_cell("local/0", "name").plain == loaded.name
+
+
+async def test_fleet_changes_are_coalesced_into_one_redraw(monkeypatch):
+    fleet = FakeFleet(single_node_states())
+    app = OpsConsole(Config(), fleet, now=lambda: FROZEN_NOW)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        redraws = []
+        original = app.redraw
+        monkeypatch.setattr(app, "redraw", lambda: (redraws.append(1), original()))
+        for _ in range(20):
+            app.on_fleet_change(fleet.states()["local"])
+        assert redraws == []  # on_change only schedules
+        await pilot.pause(0.3)
+        assert len(redraws) == 1
+
+
+async def test_q_quits_and_stops_the_fleet():
+    fleet = FakeFleet(single_node_states())
+    app = OpsConsole(Config(), fleet, now=lambda: FROZEN_NOW)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert fleet.started
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+    assert fleet.stopped
+
+
+# --- pure parts --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "percent, width, expected",
+    [(0, 4, "····"), (100, 4, "████"), (50, 4, "██··"), (None, 3, "···"), (150, 2, "██"), (12.5, 2, "▎·")],
+)
+def test_bar(percent, width, expected):
+    assert bars.bar(percent, width) == expected
+
+
+@pytest.mark.parametrize(
+    "value, expected", [(None, ""), (10, "ok"), (80, "warn"), (89.9, "warn"), (90, "crit")]
+)
+def test_level_for(value, expected):
+    assert bars.level_for(value, 80, 90) == expected
+
+
+def test_gpu_temperature_threshold_follows_config_and_slowdown():
+    from opsconsole.config import HealthConfig
+    from opsconsole.tui.gpus import temperature_level
+
+    gpu = replace(idle_gpu(), temperature=80.0)  # slowdown is 89 on the H200
+    assert temperature_level(gpu, HealthConfig(gpu_temperature_c=85.0)) == "warn"
+    assert temperature_level(gpu, HealthConfig(gpu_temperature_c=80.0)) == "crit"
+    assert temperature_level(replace(gpu, temperature=89.0), HealthConfig(gpu_temperature_c=95.0)) == "crit"
+
+
+def test_keymap_from_config_splits_known_and_unknown_ids():
+    keymap, problems = keymap_from_config((("app.quit", "x"), ("no.such", "y")), APP_KEYS)
+    assert keymap == {"app.quit": "x"}
+    assert len(problems) == 1 and "no.such" in problems[0]
+
+
+def test_display_key():
+    assert display_key("question_mark") == "?"
+    assert display_key("slash,f") == "/ / f"

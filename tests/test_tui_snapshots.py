@@ -1,0 +1,87 @@
+"""SVG snapshots of every pane and the help screen, on frozen captured data and a frozen clock.
+
+Regenerate after a deliberate change with:
+    .venv/bin/python -m pytest tests/test_tui_snapshots.py --snapshot-update
+and read the SVGs (tests/__snapshots__/) before committing them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states  # noqa: E402
+
+from opsconsole.config import Config, ConsoleConfig  # noqa: E402
+from opsconsole.tui.app import OpsConsole  # noqa: E402
+
+SIZE = (140, 40)
+
+
+@pytest.fixture(autouse=True)
+def utc_clock(monkeypatch):
+    """The header clock prints local time: pin the zone so the snapshot is the same everywhere."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def console(states=None, **console_options) -> OpsConsole:
+    config = Config(console=ConsoleConfig(**console_options)) if console_options else Config()
+    return OpsConsole(config, FakeFleet(states or cluster_states()), now=lambda: FROZEN_NOW)
+
+
+def test_gpus_pane_cluster(snap_compare):
+    assert snap_compare(console(), terminal_size=SIZE)
+
+
+def test_gpus_pane_single_node(snap_compare):
+    assert snap_compare(console(single_node_states()), terminal_size=SIZE)
+
+
+def test_processes_pane(snap_compare):
+    assert snap_compare(console(single_node_states()), terminal_size=SIZE, press=["2"])
+
+
+def test_host_pane(snap_compare):
+    assert snap_compare(console(single_node_states()), terminal_size=SIZE, press=["3"])
+
+
+def test_nodes_pane(snap_compare):
+    assert snap_compare(console(), terminal_size=SIZE, press=["4"])
+
+
+def test_cluster_gpus_pane(snap_compare):
+    assert snap_compare(console(), terminal_size=SIZE, press=["5"])
+
+
+def test_help_screen(snap_compare):
+    assert snap_compare(console(), terminal_size=SIZE, press=["question_mark"])
+
+
+def test_drill_down_into_a_node(snap_compare):
+    assert snap_compare(console(), terminal_size=SIZE, press=["4", "down", "down", "enter"])
+
+
+def test_light_theme(snap_compare):
+    assert snap_compare(console(theme="opsconsole-light"), terminal_size=SIZE)
+
+
+def test_high_contrast_theme(snap_compare):
+    assert snap_compare(console(theme="opsconsole-high-contrast"), terminal_size=SIZE)
+
+
+def test_terminal_too_small(snap_compare):
+    assert snap_compare(console(), terminal_size=(70, 15))
+
+
+def test_filter_line_open(snap_compare):
+    assert snap_compare(console(), terminal_size=SIZE, press=["slash", "a", "0", "2"])

@@ -1,0 +1,125 @@
+"""The real console in a real terminal: `python -m opsconsole` inside tmux, on the local node."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.tmux,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
+
+REPO = Path(__file__).resolve().parent.parent
+WIDTH, HEIGHT = 140, 45
+WAIT_S = 15.0
+
+
+class Tmux:
+    """One tmux server on its own socket, so the test never touches a user's sessions."""
+
+    def __init__(self) -> None:
+        self.socket = "opsconsole-test-%s" % uuid.uuid4().hex[:8]
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=check)
+
+    def start(self, command: str) -> None:
+        self.run("new-session", "-d", "-s", "console", "-x", str(WIDTH), "-y", str(HEIGHT), command)
+
+    def screen(self) -> str:
+        result = self.run("capture-pane", "-p", "-t", "console", check=False)
+        return result.stdout
+
+    def alive(self) -> bool:
+        return self.run("has-session", "-t", "console", check=False).returncode == 0
+
+    def keys(self, *keys: str) -> None:
+        self.run("send-keys", "-t", "console", *keys)
+
+    def wait_for(self, *needles: str, timeout: float = WAIT_S) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if all(needle in screen for needle in needles):
+                return screen
+            time.sleep(0.2)
+        raise AssertionError("never saw %r on the screen; last screen:\n%s" % (needles, screen))
+
+    def wait_gone(self, timeout: float = WAIT_S) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                return True
+            time.sleep(0.2)
+        return False
+
+    def kill(self) -> None:
+        self.run("kill-server", check=False)
+
+
+@pytest.fixture
+def tmux():
+    server = Tmux()
+    yield server
+    server.kill()
+
+
+def console_command(home: Path, *args: str) -> str:
+    # HOME and XDG_CONFIG_HOME in a temp dir: no user config, known_hosts or ssh config leaks in.
+    # COLUMNS/LINES (set under pytest) would pin the size Textual reads, whatever tmux says.
+    env = "HOME=%s XDG_CONFIG_HOME=%s XDG_STATE_HOME=%s" % tuple(
+        shlex.quote(str(p)) for p in (home, home / ".config", home / ".state")
+    )
+    argv = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "opsconsole") + args)
+    return "cd %s && exec env -u COLUMNS -u LINES %s %s" % (shlex.quote(str(REPO)), env, argv)
+
+
+def test_console_shows_local_node_and_quits(tmux, tmp_path):
+    config = tmp_path / "console.toml"
+    config.write_text(
+        '[console]\ninterval = 1.0\ntheme = "opsconsole-high-contrast"\n\n[console.keys]\n"pane.host" = "h"\n'
+    )
+    tmux.start(console_command(tmp_path, "--config", str(config)))
+    screen = tmux.wait_for("opsconsole", "newest frame", "nodes 1  up 1")
+    lines = screen.splitlines()
+    assert len(lines) == HEIGHT and max(len(line) for line in lines) > 100  # the whole terminal is used
+    header = lines[0]
+    assert "local" in header and "[RW]" in header
+    assert "1 GPUs" in screen and "5 Cluster GPUs" in screen  # the tab bar
+    # The GPUs pane: a row per GPU where NVML is present, else the probe's reason.
+    assert ("NVIDIA" in screen) or ("local:" in screen)
+
+    tmux.keys("h")  # remapped in the config file
+    screen = tmux.wait_for("host local", "cpu ", "top processes by CPU")
+    hostname = socket.gethostname()
+    assert hostname.split(".")[0] in screen or "host local" in screen
+    # The console itself runs on this host, so its own process is among the readings.
+    assert "python" in screen
+
+    tmux.keys("3")  # the old key of the Host pane no longer switches anything
+    tmux.keys("2")
+    screen = tmux.wait_for("GPU compute processes")
+
+    tmux.keys("q")
+    assert tmux.wait_gone(), "console still running after q:\n" + tmux.screen()
+
+
+def test_too_small_terminal_in_tmux(tmux, tmp_path):
+    tmux.start(console_command(tmp_path))
+    tmux.wait_for("newest frame")
+    tmux.run("resize-window", "-t", "console", "-x", "60", "-y", "15")
+    screen = tmux.wait_for("terminal too small: need 80x20, have 60x15")
+    assert "newest frame" not in screen
+    tmux.keys("q")
+    assert tmux.wait_gone()
