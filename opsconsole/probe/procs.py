@@ -1,0 +1,476 @@
+"""Host processes: the top ones by CPU, and GPU compute processes joined with their host info.
+
+Per-tick cost matters (every second on every node), so the /proc path reads one file per
+process per tick (/proc/PID/stat: state, CPU ticks, threads, RSS, start time) and reads
+status and cmdline only for the processes it reports, caching user and command line per
+(pid, start time) so a reused pid never inherits another process's identity. psutil is the
+path where /proc is not mounted (or when asked for); it costs more per process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from opsconsole.model import ProcessSample
+
+try:
+    _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+except (AttributeError, ValueError, OSError):  # not on Linux
+    _CLOCK_TICKS = 100
+try:
+    _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+except (AttributeError, ValueError, OSError):
+    _PAGE_SIZE = 4096
+# A command line longer than this is cut: the console shows one line, and frames stay small.
+MAX_COMMAND_CHARS = 512
+
+
+# --- pure parsers --------------------------------------------------------------
+
+
+def parse_pid_stat(text: str) -> Dict[str, Any]:
+    """The fields of /proc/PID/stat the probe uses (comm may hold spaces and parentheses)."""
+    head, _, tail = text.rpartition(")")
+    comm = head.partition("(")[2]
+    fields = tail.split()
+    # Indices into `fields`, which starts at field 3 (state) of proc(5).
+    return {
+        "pid": int(head.split(None, 1)[0]),
+        "comm": comm,
+        "state": fields[0],
+        "ppid": int(fields[1]),
+        "utime": int(fields[11]),
+        "stime": int(fields[12]),
+        "threads": int(fields[17]),
+        "starttime": int(fields[19]),
+        "rss_pages": int(fields[21]),
+    }
+
+
+def parse_pid_status(text: str) -> Dict[str, Any]:
+    """Name, state letter, real uid, thread count and RSS bytes from /proc/PID/status."""
+    values = {}  # type: Dict[str, Any]
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        rest = rest.strip()
+        if key == "Name":
+            values["name"] = rest
+        elif key == "State":
+            values["state"] = rest[:1]
+        elif key == "Uid":
+            values["uid"] = int(rest.split()[0])
+        elif key == "Threads":
+            values["threads"] = int(rest)
+        elif key == "VmRSS":
+            values["rss_bytes"] = int(rest.split()[0]) * 1024
+    return values
+
+
+def parse_cmdline(data: bytes) -> str:
+    """The command line from /proc/PID/cmdline (NUL-separated arguments) as one string."""
+    args = data.rstrip(b"\0").split(b"\0")
+    return " ".join(a.decode("utf-8", "replace") for a in args if a)[:MAX_COMMAND_CHARS]
+
+
+def top_by_cpu(rows: Sequence[ProcessSample], limit: int) -> Tuple[ProcessSample, ...]:
+    """The `limit` rows with the most CPU %, ties broken by RSS then pid (None counts as 0)."""
+    ranked = sorted(rows, key=lambda r: (-(r.cpu_percent or 0.0), -(r.rss_bytes or 0), r.pid))
+    return tuple(ranked[: max(0, limit)])
+
+
+# --- reading one process ---------------------------------------------------------
+
+
+def _read_bytes(path: str) -> bytes:
+    # os.read on a raw fd: no buffered-file object per process, which shows at 1000 processes.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def _user_name(uid: int, cache: Dict[int, str]) -> str:
+    name = cache.get(uid)
+    if name is None:
+        try:
+            import pwd  # not on every platform; cached because LDAP lookups can be slow
+
+            name = pwd.getpwuid(uid).pw_name
+        except (ImportError, KeyError):
+            name = str(uid)
+        cache[uid] = name
+    return name
+
+
+# Per-process CPU counters kept between samples: pid -> (starttime, cpu ticks, monotonic time).
+_Counters = Dict[int, Tuple[int, int, float]]
+
+
+def _cpu_since(prev: Optional[Tuple[int, int, float]], starttime: int, ticks: int, now: float, elapsed: float, first: bool) -> Optional[float]:
+    """CPU % of one core since the previous reading; a process new since then: over its lifetime."""
+    if prev is not None and prev[0] == starttime and now > prev[2]:
+        return max(0.0, 100.0 * (ticks - prev[1]) / _CLOCK_TICKS / (now - prev[2]))
+    if first or elapsed <= 0:
+        return None  # no baseline yet
+    # Started since the last sample (or a reused pid): its whole life is inside this interval.
+    return min(100.0 * ticks / _CLOCK_TICKS / elapsed, 100.0 * 1024)
+
+
+class ProcessTable:
+    """Keeps per-process CPU counters between calls so CPU % is a delta, not a lifetime average.
+
+    sample(limit) ranks every process by CPU % since the previous sample (first call: CPU %
+    None, ranked by RSS); join(gpu_procs) fills host fields of GPU compute processes, reusing
+    the rows of the sample taken this tick when there is one. Neither raises: an unreadable
+    process is left out of the top list, and a GPU process that cannot be seen keeps its GPU
+    fields with state None.
+
+    use_psutil: None reads /proc when it is mounted (cheapest), psutil otherwise; True
+    prefers psutil; False always reads `proc_root` (a directory of files works too).
+    idle_every: on the /proc path, a process that used no CPU in its last reading is
+    re-read only every idle_every-th sample (1: every sample), which cuts the per-tick
+    cost about that much on a node of mostly sleeping processes; it shows up within
+    idle_every ticks when it wakes (or turns D).
+    """
+
+    def __init__(
+        self,
+        use_psutil: Optional[bool] = None,
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.monotonic,
+        idle_every: int = 3,
+    ) -> None:
+        self.proc_root = proc_root
+        self._prefix = proc_root.rstrip("/") + "/"
+        self._clock = clock
+        self._psutil = None  # type: Any
+        if use_psutil or (use_psutil is None and not os.path.isdir(os.path.join(proc_root, "self"))):
+            try:
+                import psutil  # lazily: compute nodes may not have it
+            except ImportError:
+                psutil = None
+            self._psutil = psutil
+        self._counters = {}  # type: _Counters
+        self._identity = {}  # type: Dict[Tuple[int, int], Tuple[Optional[str], str]]
+        self._users = {}  # type: Dict[int, str]
+        # pid -> (cpu %, rss bytes, payload to build the ProcessSample from, read this tick).
+        self._rows = {}  # type: Dict[int, Tuple[Optional[float], int, Any, bool]]
+        self.idle_every = max(1, int(idle_every))
+        self._tick = 0
+        self._sample_uptime = 0.0
+        self._rows_unjoined = False
+        self._sampled_once = False
+        self.last_errors = ()  # type: Tuple[str, ...]
+
+    @property
+    def source(self) -> str:
+        """"psutil" or "proc"."""
+        return "psutil" if self._psutil is not None else "proc"
+
+    # -- public ---------------------------------------------------------------
+
+    def sample(self, limit: int = 30) -> Tuple[ProcessSample, ...]:
+        """The host's `limit` busiest processes by CPU % since the last sample (first call: None)."""
+        try:
+            rows = self._sample_psutil() if self._psutil is not None else self._sample_proc()
+            self.last_errors = ()
+        except Exception as exc:  # e.g. /proc unreadable: an empty list, reported
+            rows = {}
+            self.last_errors = ("procs: %s: %s" % (type(exc).__name__, exc),)
+        self._rows = rows
+        self._rows_unjoined = True
+        self._sampled_once = True
+        # Only the reported rows become ProcessSamples: building one per process costs too much.
+        ranked = heapq.nsmallest(max(0, limit), rows.items(), key=lambda kv: (-(kv[1][0] or 0.0), -kv[1][1], kv[0]))
+        top = []
+        for pid, row in ranked:
+            try:
+                top.append(self._with_identity(self._build(pid, row)))
+            except Exception:
+                continue  # a malformed line for one process: leave it out
+        return tuple(top)
+
+    def prime(self) -> None:
+        """Take the CPU baseline now, so the next sample() has percentages."""
+        self.sample(0)
+
+    def join(self, gpu_procs: Sequence[ProcessSample]) -> Tuple[ProcessSample, ...]:
+        """GPU compute processes with user, name, command, CPU %, RSS, elapsed, state and threads filled."""
+        rows = self._rows if self._rows_unjoined else {}
+        self._rows_unjoined = False  # a second join this tick reads afresh, with its own delta
+        if not self._sampled_once:
+            # Join-only use: the counters hold just GPU processes; forget those that left.
+            self._forget_except({proc.pid: True for proc in gpu_procs})
+        joined = []
+        for proc in gpu_procs:
+            try:
+                raw = rows.get(proc.pid)
+                fresh = raw is not None and raw[3]  # a held idle row is up to idle_every ticks old
+                row = self._build(proc.pid, raw) if fresh else self._read_one(proc.pid)
+                if row is None:
+                    joined.append(dataclasses.replace(proc, state=None))
+                    continue
+                row = self._with_identity(row)
+                joined.append(
+                    dataclasses.replace(
+                        proc,
+                        name=row.name or proc.name,
+                        user=row.user,
+                        command=row.command or proc.command,
+                        cpu_percent=row.cpu_percent,
+                        rss_bytes=row.rss_bytes,
+                        elapsed_s=row.elapsed_s,
+                        state=row.state,
+                        threads=row.threads,
+                    )
+                )
+            except Exception:  # a process changing under us: keep what NVML said
+                joined.append(dataclasses.replace(proc, state=None))
+        return tuple(joined)
+
+    def _build(self, pid: int, row: Tuple[Optional[float], int, Any, bool]) -> ProcessSample:
+        cpu, rss, payload, _ = row
+        if isinstance(payload, ProcessSample):
+            return payload
+        data, rparen, fields = payload
+        uptime = self._sample_uptime
+        return ProcessSample(
+            pid=pid,
+            name=data[data.index(b"(") + 1 : rparen].decode("utf-8", "replace"),
+            cpu_percent=round(cpu, 1) if cpu is not None else None,
+            rss_bytes=rss,
+            elapsed_s=round(max(0.0, uptime - int(fields[19]) / float(_CLOCK_TICKS)), 1),
+            state=fields[0].decode("ascii", "replace"),
+            threads=int(fields[17]),
+        )
+
+    # -- /proc path ---------------------------------------------------------------
+
+    def _uptime(self) -> float:
+        return float(_read_bytes(self._prefix + "uptime").split()[0])
+
+    def _sample_proc(self) -> Dict[int, Tuple[Optional[float], int, Any, bool]]:
+        # The hot loop of the probe (every process, every tick): one open and one read per
+        # process, bytes parsed only as far as ranking needs; the rest waits for _build.
+        now = self._clock()
+        uptime = self._uptime()
+        first = not self._sampled_once
+        prefix = self._prefix
+        prev_counters = self._counters
+        prev_rows = self._rows
+        counters = {}  # type: _Counters
+        rows = {}
+        hz = float(_CLOCK_TICKS)
+        page = _PAGE_SIZE
+        scale = 100.0 / hz
+        self._tick += 1
+        tick, idle_every = self._tick, self.idle_every
+        self._sample_uptime = uptime
+        for entry in os.listdir(self.proc_root):
+            if not entry.isdigit():
+                continue
+            if idle_every > 1:
+                # Most processes sleep: one that used no CPU last time is re-read only every
+                # idle_every-th tick (staggered by pid); its next delta spans the gap, so stays right.
+                pid = int(entry)
+                held = prev_rows.get(pid)
+                if held is not None and held[0] == 0.0 and (pid + tick) % idle_every and pid in prev_counters:
+                    counters[pid] = prev_counters[pid]
+                    rows[pid] = (0.0, held[1], held[2], False)
+                    continue
+            try:
+                fd = os.open(prefix + entry + "/stat", os.O_RDONLY)
+                try:
+                    data = os.read(fd, 4096)  # a stat line is well under 1 KiB
+                finally:
+                    os.close(fd)
+                rparen = data.rindex(b")")
+                fields = data[rparen + 2 :].split()
+                ticks = int(fields[11]) + int(fields[12])
+                starttime = int(fields[19])
+                rss = int(fields[21]) * page
+            except (OSError, ValueError, IndexError):
+                continue  # gone since listdir, or not ours to read
+            pid = int(entry)
+            prev = prev_counters.get(pid)
+            if prev is not None and prev[0] == starttime and now > prev[2]:
+                cpu = (ticks - prev[1]) * scale / (now - prev[2])  # the common case, inlined
+            else:
+                cpu = _cpu_since(prev, starttime, ticks, now, uptime - starttime / hz, first)
+            counters[pid] = (starttime, ticks, now)
+            rows[pid] = (cpu, rss, (data, rparen, fields), True)
+        self._counters = counters  # processes that exited are forgotten here
+        self._forget_identities(counters)
+        return rows
+
+    def _forget_except(self, live: Dict[int, Any]) -> None:
+        for pid in [p for p in self._counters if p not in live]:
+            del self._counters[pid]
+        self._forget_identities(live)
+
+    def _forget_identities(self, live: Dict[int, Any]) -> None:
+        # Bounded memory: drop identities of processes that are gone.
+        if len(self._identity) > len(live):
+            for key in [k for k in self._identity if k[0] not in live]:
+                del self._identity[key]
+
+    def _read_one(self, pid: int) -> Optional[ProcessSample]:
+        """One process read afresh (a GPU process the last sample did not include)."""
+        if self._psutil is not None:
+            return self._psutil_row(pid, self._clock(), first=False)
+        try:
+            text = _read_bytes(self._prefix + "%d/stat" % pid).decode("utf-8", "replace")
+            stat = parse_pid_stat(text)
+            uptime = self._uptime()
+        except (OSError, ValueError, IndexError):
+            return None  # gone, or not visible in this PID namespace
+        now = self._clock()
+        ticks = stat["utime"] + stat["stime"]
+        elapsed = max(0.0, uptime - stat["starttime"] / float(_CLOCK_TICKS))
+        cpu = _cpu_since(self._counters.get(pid), stat["starttime"], ticks, now, elapsed, first=False)
+        self._counters[pid] = (stat["starttime"], ticks, now)
+        return ProcessSample(
+            pid=pid,
+            name=stat["comm"],
+            cpu_percent=round(cpu, 1) if cpu is not None else None,
+            rss_bytes=stat["rss_pages"] * _PAGE_SIZE,
+            elapsed_s=round(elapsed, 1),
+            state=stat["state"],
+            threads=stat["threads"],
+        )
+
+    def _identity_proc(self, pid: int) -> Tuple[Optional[str], str]:
+        user = None  # type: Optional[str]
+        command = ""
+        base = self._prefix + str(pid)
+        try:
+            status = parse_pid_status(_read_bytes(base + "/status").decode("utf-8", "replace"))
+            if "uid" in status:
+                user = _user_name(status["uid"], self._users)
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            command = parse_cmdline(_read_bytes(base + "/cmdline"))
+        except OSError:
+            pass
+        return user, command
+
+    def _with_identity(self, row: ProcessSample) -> ProcessSample:
+        """The row with user and command line, read once per (pid, start time)."""
+        counters = self._counters.get(row.pid)
+        key = (row.pid, counters[0] if counters is not None else 0)
+        identity = self._identity.get(key)
+        if identity is None:
+            identity = self._identity_psutil(row.pid) if self._psutil is not None else self._identity_proc(row.pid)
+            if identity[0] is not None or identity[1]:
+                self._identity[key] = identity
+        user, command = identity
+        # Kernel threads have no command line: show [name] as ps does.
+        return dataclasses.replace(row, user=user, command=command or "[%s]" % row.name)
+
+    # -- psutil path -------------------------------------------------------------
+
+    def _sample_psutil(self) -> Dict[int, Tuple[Optional[float], int, Any, bool]]:
+        now = self._clock()
+        first = not self._sampled_once
+        rows = {}
+        for pid in self._psutil.pids():
+            row = self._psutil_row(pid, now, first)
+            if row is not None:
+                rows[pid] = (row.cpu_percent, row.rss_bytes or 0, row, True)
+        self._forget_except(rows)
+        return rows
+
+    def _psutil_row(self, pid: int, now: float, first: bool) -> Optional[ProcessSample]:
+        psutil = self._psutil
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                times = proc.cpu_times()
+                created = proc.create_time()
+                name = proc.name()
+                status = proc.status()
+                rss = proc.memory_info().rss
+                threads = proc.num_threads()
+        except Exception:  # NoSuchProcess, AccessDenied, ZombieProcess
+            return None
+        ticks = int(round((times.user + times.system) * _CLOCK_TICKS))
+        starttime = int(round(created * 100))
+        elapsed = max(0.0, time.time() - created)
+        cpu = _cpu_since(self._counters.get(pid), starttime, ticks, now, elapsed, first)
+        self._counters[pid] = (starttime, ticks, now)
+        return ProcessSample(
+            pid=pid,
+            name=name,
+            cpu_percent=round(cpu, 1) if cpu is not None else None,
+            rss_bytes=rss,
+            elapsed_s=round(elapsed, 1),
+            state=_PSUTIL_STATES.get(status, status[:1].upper() if status else None),
+            threads=threads,
+        )
+
+    def _identity_psutil(self, pid: int) -> Tuple[Optional[str], str]:
+        try:
+            proc = self._psutil.Process(pid)
+            user = proc.username()
+        except Exception:
+            user = None
+        try:
+            command = " ".join(self._psutil.Process(pid).cmdline())[:MAX_COMMAND_CHARS]
+        except Exception:
+            command = ""
+        return user, command
+
+
+# psutil status names back to the letters of /proc/PID/stat, so both paths read alike.
+_PSUTIL_STATES = {
+    "running": "R",
+    "sleeping": "S",
+    "disk-sleep": "D",
+    "stopped": "T",
+    "tracing-stop": "t",
+    "zombie": "Z",
+    "dead": "X",
+    "wake-kill": "K",
+    "waking": "W",
+    "parked": "P",
+    "idle": "I",
+    "locked": "L",
+    "waiting": "W",
+}
+
+
+# --- module-level conveniences (one shared table, so consecutive calls give deltas) -----
+
+_DEFAULT_TABLE = None  # type: Optional[ProcessTable]
+_DEFAULT_LOCK = threading.Lock()
+
+
+def _default_table() -> ProcessTable:
+    global _DEFAULT_TABLE
+    if _DEFAULT_TABLE is None:
+        _DEFAULT_TABLE = ProcessTable()
+    return _DEFAULT_TABLE
+
+
+def top_processes(limit: int = 30) -> Tuple[ProcessSample, ...]:
+    """The host's busiest processes by CPU % since the previous call (first call: CPU % None)."""
+    with _DEFAULT_LOCK:
+        return _default_table().sample(limit)
+
+
+def join_gpu_processes(gpu_procs: Sequence[ProcessSample]) -> Tuple[ProcessSample, ...]:
+    """GPU compute processes with their host fields filled in; never raises."""
+    with _DEFAULT_LOCK:
+        return _default_table().join(gpu_procs)
