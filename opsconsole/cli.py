@@ -1,0 +1,215 @@
+"""The `opsconsole` command: the console, and headless subcommands that share its code path."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from dataclasses import replace
+from typing import Callable, List, Optional, Sequence
+
+from opsconsole import __version__
+from opsconsole.config import Config, ConfigError, NodeConfig
+from opsconsole.model import NodeState
+
+EXIT_OK = 0
+EXIT_USAGE = 2  # bad arguments or a bad config: nothing was polled
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell sees from a tool killed by SIGPIPE
+
+
+class UsageError(Exception):
+    """A bad argument, already worded for the user (one line)."""
+
+
+# --- argument parsing ------------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a number of seconds, got %r" % text) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("expected a positive number of seconds, got %r" % text)
+    return value
+
+
+def _add_node_options(parser: argparse.ArgumentParser, in_subcommand: bool) -> None:
+    # In a subcommand the defaults are suppressed, so `opsconsole --config X snapshot`
+    # keeps the X given before the subcommand (argparse would overwrite it with None).
+    default = argparse.SUPPRESS if in_subcommand else None
+    parser.add_argument("--config", metavar="FILE", default=default, help="config file (TOML)")
+    nodes = parser.add_mutually_exclusive_group()
+    nodes.add_argument(
+        "--nodes",
+        metavar="HOSTLIST",
+        default=default,
+        help="watch these SSH nodes instead of the configured ones, e.g. 'gpu[01-04]'",
+    )
+    nodes.add_argument(
+        "--slurm-job", metavar="JOBID", default=default, help="watch the nodes of this Slurm job (via scontrol)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser: console options at the top, one subparser per headless command."""
+    parser = argparse.ArgumentParser(
+        prog="opsconsole",
+        description="A terminal operations console for GPU training clusters.",
+    )
+    parser.add_argument("--version", action="version", version="opsconsole " + __version__)
+    _add_node_options(parser, in_subcommand=False)
+    parser.add_argument("--interval", metavar="S", type=_positive_float, help="seconds between polls")
+    parser.add_argument("--read-only", action="store_true", default=None, help="offer no actions that change anything")
+    parser.add_argument("--theme", metavar="NAME", help="colour theme")
+    parser.set_defaults(handler=command_console)
+
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    snapshot = commands.add_parser(
+        "snapshot",
+        help="poll every node once and print a table (or JSON)",
+        description="Poll every configured node once and print what was seen.",
+    )
+    _add_node_options(snapshot, in_subcommand=True)
+    snapshot.add_argument("--json", action="store_true", help="print the states as JSON")
+    snapshot.add_argument(
+        "--timeout", metavar="S", type=_positive_float, default=10.0, help="give up on a node after S seconds (10)"
+    )
+    snapshot.set_defaults(handler=command_snapshot)
+    return parser
+
+
+# --- config from arguments -------------------------------------------------
+
+
+def nodes_from_hostlist(pattern: str) -> List[NodeConfig]:
+    """SSH nodes named by a Slurm-style hostlist (`gpu[01-04],login1`), shared defaults for the rest."""
+    from opsconsole.hostlist import expand_hostlist
+
+    try:
+        names = expand_hostlist(pattern)
+    except ValueError as exc:
+        raise UsageError("--nodes %s: %s" % (pattern, exc)) from None
+    if not names:
+        raise UsageError("--nodes %r names no nodes" % pattern)
+    return _ssh_nodes(names)
+
+
+def nodes_from_slurm_job(job_id: str) -> List[NodeConfig]:
+    """SSH nodes of a Slurm job, asked of scontrol."""
+    from opsconsole.nodes.slurm import SlurmUnavailable, job_nodes
+
+    try:
+        return _ssh_nodes(job_nodes(job_id))
+    except SlurmUnavailable as exc:
+        raise UsageError("--slurm-job %s: %s" % (job_id, exc)) from None
+
+
+def _ssh_nodes(names: Sequence[str]) -> List[NodeConfig]:
+    unique = list(dict.fromkeys(names))  # a hostlist may name a host twice; one link per node
+    return [NodeConfig(name=name, host=name) for name in unique]
+
+
+def config_from_args(args: argparse.Namespace, load: Optional[Callable[..., Config]] = None) -> Config:
+    """The config file (or default) with the command line's overrides applied."""
+    if load is None:
+        from opsconsole.config import load_config as load
+    config = load(getattr(args, "config", None))
+    if getattr(args, "nodes", None):
+        config = replace(config, nodes=tuple(nodes_from_hostlist(args.nodes)))
+    elif getattr(args, "slurm_job", None):
+        config = replace(config, nodes=tuple(nodes_from_slurm_job(args.slurm_job)))
+    console = config.console
+    if getattr(args, "interval", None) is not None:
+        console = replace(console, interval=args.interval)
+    if getattr(args, "read_only", None):
+        console = replace(console, read_only=True)
+    if getattr(args, "theme", None):
+        console = replace(console, theme=args.theme)
+    return replace(config, console=console)
+
+
+# --- commands ----------------------------------------------------------------
+
+
+def command_console(args: argparse.Namespace) -> int:
+    """Start the interactive console on the configured nodes."""
+    config = config_from_args(args)
+    from opsconsole.nodes.fleet import Fleet
+
+    fleet = Fleet(config)
+    # Imported only here: the headless commands must not load Textual.
+    from opsconsole.tui.app import run_console
+
+    return run_console(config, fleet)
+
+
+async def take_snapshot(config: Config, timeout: float) -> List[NodeState]:
+    """One poll of every node of `config`, links closed afterwards."""
+    from opsconsole.nodes.fleet import Fleet
+
+    fleet = Fleet(config)
+    try:
+        return await fleet.snapshot(timeout)
+    finally:
+        await fleet.stop()
+
+
+def run_without_joining_threads(coro) -> object:
+    """Like asyncio.run, but does not wait for worker threads a timed-out poll left behind."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
+def command_snapshot(args: argparse.Namespace) -> int:
+    """Poll every node once and print the table or the JSON document."""
+    from opsconsole.snapshot_format import snapshot_document, snapshot_table
+
+    config = config_from_args(args)
+    states = run_without_joining_threads(take_snapshot(config, args.timeout))
+    text = json.dumps(snapshot_document(states), indent=2) + "\n" if args.json else snapshot_table(states)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader (`| head`) left early: say nothing, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return EXIT_OK
+
+
+# --- entry point -------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run `opsconsole` with `argv` (default: sys.argv[1:]); returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error argparse already printed
+        return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_USAGE)
+    try:
+        return args.handler(args)
+    except (ConfigError, UsageError) as exc:
+        print("opsconsole: %s" % exc if isinstance(exc, UsageError) else str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The local node: the probe run in-process, in a worker thread, one poll at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Callable, Optional, Sequence
+
+from opsconsole.config import NodeConfig
+from opsconsole.model import STATE_DOWN, STATE_UP, NodeState
+from opsconsole.nodes.base import NodeLink, Publish
+
+ProbeFactory = Callable[[], Any]  # returns an object with poll() -> NodeFrame
+
+
+def _default_probe_factory(node_name: str, disk_paths: Sequence[str]) -> ProbeFactory:
+    def make() -> Any:
+        # Imported here: the probe pulls in pynvml/psutil, which `opsconsole --help` should not pay for.
+        from opsconsole.probe.agent import Probe
+
+        return Probe(node_name=node_name, disk_paths=tuple(disk_paths))
+
+    return make
+
+
+async def run_in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """Run `fn` in a fresh daemon thread and await its result.
+
+    Not `asyncio.to_thread`: the default executor's threads are joined when the
+    interpreter exits, so one probe hung in a driver call would keep
+    `opsconsole snapshot` from exiting after its timeout. A daemon thread does not.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(result: Any, error: Optional[BaseException]) -> None:
+        if future.cancelled():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def work() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as exc:  # handed to the awaiting task, which decides
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass  # the loop closed while we ran: nobody is waiting any more
+
+    threading.Thread(target=work, name="opsconsole-probe", daemon=True).start()
+    return await future
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
+
+
+class LocalLink(NodeLink):
+    """Polls the machine the console runs on with the in-process probe.
+
+    A poll runs in a worker thread so NVML never blocks the event loop.
+    The next poll is armed only after the last one finished (as dolphie does), so polls
+    never overlap: a probe slower than the interval just lowers the rate. A probe that
+    raises turns the node `down` with the reason, and the next interval tries again.
+    """
+
+    def __init__(
+        self,
+        node: NodeConfig,
+        interval: float,
+        disk_paths: Sequence[str] = ("/",),
+        probe_factory: Optional[ProbeFactory] = None,
+    ) -> None:
+        self.name = node.name
+        self.interval = interval
+        self._make_probe = probe_factory or _default_probe_factory(node.name, disk_paths)
+        self._probe: Any = None
+        # Held by the worker thread for the whole poll: even when an awaiting task is
+        # cancelled (its thread keeps running), a second poll waits for the first.
+        self._probe_lock = threading.Lock()
+        self._state = NodeState(name=node.name, address="local", since=time.time())
+
+    @property
+    def state(self) -> NodeState:
+        """The last state this link produced."""
+        return self._state
+
+    def _poll_in_thread(self) -> Any:
+        with self._probe_lock:
+            if self._probe is None:
+                self._probe = self._make_probe()
+            return self._probe.poll()
+
+    async def _poll(self) -> NodeState:
+        """One probe poll turned into a NodeState (never raises, except on cancellation)."""
+        try:
+            frame = await run_in_daemon_thread(self._poll_in_thread)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the probe's failure is the node's state, not a crash
+            return self._enter(STATE_DOWN, reason="probe failed: " + _describe(exc))
+        now = time.time()
+        return self._enter(STATE_UP, reason=None, frame=frame, received_at=now)
+
+    def _enter(self, state: str, reason: Optional[str], **fields: Any) -> NodeState:
+        now = time.time()
+        since = self._state.since if self._state.state == state else now
+        self._state = replace(self._state, state=state, reason=reason, since=since, rtt_ms=None, **fields)
+        return self._state
+
+    async def run(self, publish: Publish) -> None:
+        """Poll every `interval` seconds until cancelled, publishing each result."""
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            publish(await self._poll())
+            # Armed after the poll finished: keep the cadence, never start two at once.
+            await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
+
+    async def poll_once(self, timeout: float) -> NodeState:
+        """One poll, or `down` when the probe gives no answer within `timeout` seconds."""
+        try:
+            return await asyncio.wait_for(self._poll(), timeout)
+        except asyncio.TimeoutError:
+            return self._enter(STATE_DOWN, reason="no answer within %g s" % timeout)
+
+    async def close(self) -> None:
+        """Nothing to release: the probe holds no connection (NVML stays initialised)."""

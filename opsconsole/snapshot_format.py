@@ -1,0 +1,144 @@
+"""The two ways `opsconsole snapshot` prints node states: a JSON document and a gpustat-like table."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from opsconsole.model import STATE_UP, GpuSample, NodeFrame, NodeState, ProcessSample, to_wire
+
+MIB = 1024 * 1024
+MISSING = "?"  # a reading the GPU does not report (gpustat prints "??")
+
+
+# --- JSON --------------------------------------------------------------------
+
+
+def node_document(state: NodeState, now: float) -> Dict[str, Any]:
+    """One node of `snapshot --json`: connection state plus the last frame's contents."""
+    frame = state.frame
+    age = state.age(now)
+    return {
+        "name": state.name,
+        "state": state.state,
+        "reason": state.reason,
+        "address": state.address,
+        "age_s": round(age, 3) if age is not None else None,
+        "rtt_ms": state.rtt_ms,
+        "since": state.since,
+        "fingerprint": state.fingerprint,
+        "time": frame.time if frame else None,
+        "seq": frame.seq if frame else None,
+        "host": to_wire(frame.host) if frame else None,
+        "gpus": to_wire(frame.gpus) if frame else [],
+        "processes": to_wire(frame.processes) if frame else [],
+        "top_processes": to_wire(frame.top_processes) if frame else [],
+        "gpu_source": frame.gpu_source if frame else None,
+        "gpu_note": frame.gpu_note if frame else None,
+        "driver_version": frame.driver_version if frame else None,
+        "probe_ms": frame.probe_ms if frame else None,
+        "errors": list(frame.errors) if frame else [],
+    }
+
+
+def snapshot_document(states: Iterable[NodeState], now: Optional[float] = None) -> Dict[str, Any]:
+    """The whole `snapshot --json` document: `{"nodes": [...]}` in the order given."""
+    now = time.time() if now is None else now
+    return {"nodes": [node_document(state, now) for state in states]}
+
+
+# --- text table ----------------------------------------------------------------
+
+
+def _number(value: Optional[float], fmt: str = "%.0f") -> str:
+    return MISSING if value is None else fmt % value
+
+
+def _mib(value: Optional[int]) -> str:
+    return MISSING if value is None else "%d" % (value // MIB)
+
+
+def format_process(proc: ProcessSample) -> str:
+    """`user(pid) 21482M`, as gpustat lists a GPU's processes."""
+    who = proc.user or proc.name or MISSING
+    memory = "" if proc.gpu_memory_bytes is None else " %dM" % (proc.gpu_memory_bytes // MIB)
+    return "%s(%d)%s" % (who, proc.pid, memory)
+
+
+def processes_on(frame: NodeFrame, gpu: GpuSample) -> List[ProcessSample]:
+    """The compute processes of `frame` that run on `gpu` (matched by index, else by UUID)."""
+    return [
+        p
+        for p in frame.processes
+        if (p.gpu_index is not None and p.gpu_index == gpu.index)
+        or (p.gpu_index is None and gpu.uuid is not None and p.gpu_uuid == gpu.uuid)
+    ]
+
+
+def format_gpu_line(frame: NodeFrame, gpu: GpuSample, name_width: int = 0) -> str:
+    """`[0] NVIDIA H200 | 39°C,   0 % |     0 / 143771 MB | 109 / 700 W | user(pid) 21482M`."""
+    name = (gpu.name or MISSING).ljust(name_width)
+    if gpu.lost:
+        return "[%d] %s | lost: the GPU fell off the bus or NVML lost it" % (gpu.index, name)
+    total = _mib(gpu.memory_total)
+    parts = [
+        "[%d] %s" % (gpu.index, name),
+        "%s°C, %s %%" % (_number(gpu.temperature).rjust(2), _number(gpu.utilization_gpu).rjust(3)),
+        "%s / %s MB" % (_mib(gpu.memory_used).rjust(len(total)), total),
+        "%s / %s W" % (_number(gpu.power_draw_w).rjust(3), _number(gpu.power_limit_w).rjust(3)),
+    ]
+    line = " | ".join(parts) + " |"
+    procs = processes_on(frame, gpu)
+    if procs:
+        line += " " + " ".join(format_process(p) for p in procs)
+    return line
+
+
+def _frame_time(frame: NodeFrame) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(frame.time))
+
+
+def format_node_header(state: NodeState, now: float, name_width: int = 0) -> str:
+    """`name  state  hostname  time  driver`, plus the age of a frame that is not fresh."""
+    frame = state.frame
+    fields = [state.name.ljust(name_width), state.state.ljust(10)]
+    if frame is None:
+        fields.append("-")
+        return "  ".join(fields).rstrip()
+    hostname = frame.host.hostname if frame.host else frame.node
+    fields += [hostname, _frame_time(frame)]
+    if frame.driver_version or frame.gpus:
+        fields.append("driver " + (frame.driver_version or MISSING))
+    line = "  ".join(fields)
+    age = state.age(now)
+    if state.state != STATE_UP and age is not None:
+        line += "  (last frame %.0f s ago)" % age
+    return line
+
+
+def format_node(state: NodeState, now: float, name_width: int = 0, gpu_name_width: int = 0) -> List[str]:
+    """The header line of a node, a line per GPU, and why it is not up (when it is not)."""
+    lines = [format_node_header(state, now, name_width)]
+    frame = state.frame
+    if state.state != STATE_UP and state.reason:
+        lines.append("  %s: %s" % (state.state, state.reason))
+    if frame is not None:
+        for gpu in frame.gpus:
+            lines.append(format_gpu_line(frame, gpu, gpu_name_width))
+        if not frame.gpus:
+            lines.append("  no GPUs" + (": " + frame.gpu_note if frame.gpu_note else ""))
+        for error in frame.errors:
+            if frame.gpus or not frame.gpu_note or frame.gpu_note not in error:  # said once above
+                lines.append("  error: " + error)
+    return lines
+
+
+def snapshot_table(states: Sequence[NodeState], now: Optional[float] = None) -> str:
+    """All nodes as gpustat prints one machine: aligned names, one line per GPU."""
+    now = time.time() if now is None else now
+    name_width = max((len(s.name) for s in states), default=0)
+    gpu_name_width = max((len(g.name or MISSING) for s in states if s.frame for g in s.frame.gpus), default=0)
+    lines: List[str] = []
+    for state in states:
+        lines.extend(format_node(state, now, name_width, gpu_name_width))
+    return "\n".join(lines) + ("\n" if lines else "")
