@@ -1,0 +1,233 @@
+"""SshLink when things go wrong, against real OpenSSH: refused, wrong key, killed, frozen, no python3."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from opsconsole.config import NodeConfig
+from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_FALLBACK, STATE_STALE, STATE_UP
+from opsconsole.nodes.backoff import Backoff
+from opsconsole.nodes.smi_fallback import FallbackPoller, fallback_script, parse_df, split_sections
+from opsconsole.nodes.ssh import SshLink
+from tests.sshd import StateLog, keygen, public_key, ssh_client, sshd_factory  # noqa: F401
+from tests.test_ssh_link import FAST, HOSTNAME, INTERVAL, node_for, running
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+# --- backoff (pure) ------------------------------------------------------------------
+
+
+class FixedRandom(random.Random):
+    """random() returns the given fractions in turn."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = list(values)
+
+    def random(self):
+        return self.values.pop(0)
+
+
+@pytest.mark.parametrize(
+    "initial, maximum, fractions, expected",
+    [
+        (1.0, 60.0, [1.0] * 8, [1, 2, 4, 8, 16, 32, 60, 60]),  # doubles, then capped
+        (1.0, 60.0, [0.5] * 4, [0.5, 1, 2, 4]),  # full jitter: a fraction of the cap
+        (0.1, 0.5, [1.0] * 5, [0.1, 0.2, 0.4, 0.5, 0.5]),
+        (2.0, 1.0, [1.0] * 2, [2.0, 2.0]),  # a maximum below initial is raised to it
+        (1.0, 60.0, [0.0, 0.25], [0.0, 0.5]),
+    ],
+)
+def test_backoff_table(initial, maximum, fractions, expected):
+    backoff = Backoff(initial, maximum, FixedRandom(fractions))
+    assert [backoff.next_delay() for _ in expected] == pytest.approx(expected)
+
+
+def test_backoff_reset_and_many_failures():
+    backoff = Backoff(1.0, 30.0, FixedRandom([1.0] * 2000))
+    for _ in range(1500):  # no overflow after very many failures
+        delay = backoff.next_delay()
+    assert delay == 30.0
+    backoff.reset()
+    assert backoff.next_delay() == 1.0
+    with pytest.raises(ValueError):
+        Backoff(0, 1)
+
+
+# --- fallback parsing (pure, real captures) ---------------------------------------------
+
+
+def proc_output(root: Path, smi_query: str, smi_apps: str) -> str:
+    parts = ["@@opsconsole time", "1796220000"]
+    for name, rel in (("stat", "stat"), ("meminfo", "meminfo"), ("loadavg", "loadavg"), ("uptime", "uptime"), ("net_dev", "net/dev")):
+        parts += ["@@opsconsole " + name, (root / rel).read_text()]
+    parts += ["@@opsconsole hostname", "gpu-node-7"]
+    parts += ["@@opsconsole df:0", "Filesystem 1024-blocks Used Available Capacity Mounted on", "/dev/my disk 1000 400 600 40% /"]
+    parts += ["@@opsconsole smi_gpu", smi_query, "@@opsconsole smi_gpu_rc", "0"]
+    parts += ["@@opsconsole smi_apps", smi_apps, "@@opsconsole smi_apps_rc", "0", "@@opsconsole end"]
+    return "\n".join(parts) + "\n"
+
+
+def test_fallback_frames_from_captured_proc_and_h200_nvidia_smi():
+    # Captured on an H200 with exactly the command lines the fallback runs (noheader, nounits).
+    query = (FIXTURES / "h200_probe" / "smi-query-load.csv").read_text()
+    apps = (FIXTURES / "h200_probe" / "smi-apps-load.csv").read_text()
+    poller = FallbackPoller("n7", ("/",))
+    first = poller.frame_from_output(proc_output(FIXTURES / "proc" / "t0", query, apps))
+    second = poller.frame_from_output(proc_output(FIXTURES / "proc" / "t1", query, apps))
+    assert first.host.cpu_percent is None  # the baseline
+    assert second.host.cpu_percent is not None and 0 <= second.host.cpu_percent <= 100
+    assert second.host.hostname == "gpu-node-7" and second.node == "n7"
+    assert second.host.disks[0].total == 1000 * 1024 and second.host.disks[0].free == 600 * 1024
+    assert second.gpu_source == "nvidia-smi" and len(second.gpus) >= 1
+    assert second.gpus[0].name and "H200" in second.gpus[0].name
+    assert second.driver_version and second.gpus[0].memory_total > 0
+    assert second.processes and second.processes[0].gpu_index == second.gpus[0].index
+    assert second.seq == 2 and second.time == 1796220000
+
+
+def test_fallback_without_nvidia_smi_and_with_a_refused_field():
+    poller = FallbackPoller("n", ("/",))
+    missing = "@@opsconsole smi_gpu\nsh: 1: nvidia-smi: not found\n@@opsconsole smi_gpu_rc\n127\n@@opsconsole end\n"
+    frame = poller.frame_from_output(missing)
+    assert frame.gpu_source == "none" and "not found" in frame.gpu_note
+    refused = '@@opsconsole smi_gpu\nField "memory.reserved" is not a valid field to query.\n@@opsconsole smi_gpu_rc\n2\n@@opsconsole end\n'
+    frame = poller.frame_from_output(refused)
+    assert frame.gpu_source == "none" and frame.errors
+    assert "memory.reserved" not in poller.command()  # the next tick asks the basic fields
+
+
+def test_fallback_script_quotes_disk_paths_and_sections_split():
+    script = fallback_script(["/data/$(reboot)"])
+    assert "'/data/$(reboot)'" in script
+    assert split_sections("junk\n@@opsconsole a\n1\n2\n@@opsconsole b\n@@opsconsole c\nx") == {"a": "1\n2", "b": "", "c": "x"}
+    assert parse_df("df: /x: No such file\n", "/x") is None
+
+
+# --- real sshd ------------------------------------------------------------------------------
+
+
+@pytest.mark.sshd
+async def test_closed_port_is_down_and_retried_with_backoff(sshd_factory):
+    server = sshd_factory.start()
+    port = server.port
+    server.kill()
+    link = SshLink(NodeConfig(name="gone", host="127.0.0.1", port=port), FAST, INTERVAL)
+    log = StateLog()
+    async with running(link, log):
+        state = await log.wait_state(STATE_DOWN, 5)
+        await log.wait_for(lambda s: s.state == STATE_DOWN and link.connect_attempts >= 3, 10)
+    assert state.reason == "connection refused" and state.frame is None
+
+
+@pytest.mark.sshd
+async def test_wrong_client_key_is_auth_and_not_retried_in_a_loop(sshd_factory, ssh_client):
+    other = keygen(ssh_client.home / "someone_else", "other")
+    server = sshd_factory.start(authorized_keys=[public_key(other)])
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    log = StateLog()
+    async with running(link, log):
+        state = await log.wait_state(STATE_AUTH, 10)
+        await asyncio.sleep(1.5)  # 30 backoff periods of FAST: a loop would have retried by now
+        assert link.connect_attempts == 1
+        assert server.count_log("Connection closed by authenticating user") == 1  # one login, as sshd saw it
+        # The user fixes it (the key gets authorized) and asks for a retry.
+        (server.dir / "authorized_keys").write_text(ssh_client.public_key() + "\n")
+        mark = len(log.states)
+        link.retry()
+        await log.wait_state(STATE_UP, 20, start=mark)
+    assert "authentication failed" in state.reason and state.frame is None
+    assert log.names.count(STATE_AUTH) == 1
+
+
+@pytest.mark.sshd
+async def test_sshd_killed_mid_stream_then_restarted_comes_back_up(sshd_factory):
+    server = sshd_factory.start()
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    log = StateLog()
+    async with running(link, log):
+        up = await log.wait_state(STATE_UP, 20)
+        server.kill()
+        down = await log.wait_state(STATE_DOWN, 10)
+        assert down.reason.startswith("connection lost") or down.reason == "connection refused"
+        assert down.frame == up.frame or down.frame.seq >= up.frame.seq  # the last good frame is kept
+        mark = len(log.states)
+        await asyncio.sleep(0.5)
+        server.start()
+        back = await log.wait_state(STATE_UP, 20, start=mark)
+    assert back.frame.seq == 1  # a new probe on a new connection
+    assert back.frame.host.hostname == HOSTNAME
+    assert server.count_log("Accepted publickey") == 2
+
+
+@pytest.mark.sshd
+async def test_frozen_sshd_goes_stale_then_down_within_the_keepalive_window(sshd_factory):
+    server = sshd_factory.start()
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    log = StateLog()
+    loop = asyncio.get_running_loop()
+    try:
+        async with running(link, log):
+            up = await log.wait_state(STATE_UP, 20)
+            mark = len(log.states)
+            server.freeze()
+            frozen_at = loop.time()
+            stale = await log.wait_state(STATE_STALE, 10, start=mark)
+            down = await log.wait_state(STATE_DOWN, 10, start=mark)
+            took = loop.time() - frozen_at
+    finally:
+        server.thaw()
+    assert took < 10  # generous: keepalive 0.5 s x 2 notices it in about 1.5 s
+    assert log.states.index(stale) < log.states.index(down)
+    assert "keepalive" in down.reason
+    assert down.frame is not None and down.frame.seq >= up.frame.seq
+
+
+@pytest.mark.sshd
+async def test_node_without_the_configured_python_uses_the_fallback(sshd_factory):
+    server = sshd_factory.start()
+    link = SshLink(node_for(server, python="/nonexistent/python3"), FAST, INTERVAL)
+    log = StateLog()
+    async with running(link, log):
+        state = await log.wait_for(lambda s: s.state == STATE_FALLBACK and s.frame.seq >= 2, 20)
+    assert state.reason.startswith("no usable python3 on node: ")
+    assert state.reason.endswith("; using nvidia-smi + /proc")
+    assert "/nonexistent/python3" in state.reason
+    host = state.frame.host
+    assert host.hostname == HOSTNAME and host.mem_total > 0 and host.cpu_percent is not None
+    assert host.cpu_count == os.cpu_count()
+    assert state.frame.gpu_source in ("nvidia-smi", "none")
+    assert STATE_UP not in log.names
+
+
+@pytest.mark.sshd
+async def test_node_without_python3_on_path_uses_the_fallback(sshd_factory, tmp_path):
+    # The session's PATH holds only sh; HOME is an empty dir, so no dotfile puts pyenv or the like back.
+    bin_dir, home = tmp_path / "bin", tmp_path / "node_home"
+    bin_dir.mkdir()
+    home.mkdir()
+    (bin_dir / "sh").symlink_to("/bin/sh")
+    server = sshd_factory.start(SetEnv="PATH=%s HOME=%s" % (bin_dir, home))
+    status, out, _ = await _run_on(server, ["/bin/sh", "-c", "echo $PATH; command -v python3 || echo no-python3"])
+    assert out.split() == [str(bin_dir), "no-python3"]  # the premise: python3 really is hidden
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    state = await link.poll_once(20)
+    await link.close()
+    assert state.state == STATE_FALLBACK, state.reason
+    assert "python3" in state.reason and "not found" in state.reason
+    assert state.frame.host.hostname == HOSTNAME and state.frame.host.cpu_percent is not None
+    assert state.frame.host.mem_total > 0 and state.frame.host.disks
+
+
+async def _run_on(server, argv):
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    try:
+        return await link.run_command(argv)
+    finally:
+        await link.close()
