@@ -2,6 +2,7 @@
 
 Values (temperatures, memory, power, utilisation, pid 421 and its GPU memory) come from the
 captures; node names, users and the host processes' states are chosen for the tests.
+The capture readers and `idle_gpu` here are also what tui_fakes builds its fake fleet on.
 """
 
 from __future__ import annotations
@@ -21,21 +22,24 @@ from opsconsole.model import (
     NodeState,
     ProcessSample,
 )
+from opsconsole.probe.nvml_decode import decode_clock_event_reasons
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
 MIB = 1024 * 1024
 NOW = 1_796_000_000.0  # a fixed "now", so ages are deterministic
 
 
-def _nvml_device() -> dict:
-    return json.loads((H200 / "nvml.json").read_text())["devices"][0]
+def nvml_capture() -> dict:
+    """nvml.json: what NVML reported for the idle H200, and the driver version."""
+    return json.loads((H200 / "nvml.json").read_text())
 
 
-def _load_procs() -> dict:
+def load_procs() -> dict:
+    """load-procs.json: NVML's compute processes and utilisation under load."""
     return json.loads((H200 / "under-load" / "load-procs.json").read_text())
 
 
-def _load_query() -> Dict[str, str]:
+def load_query() -> Dict[str, str]:
     """The nvidia-smi --query-gpu line taken under load, by header name."""
     with open(H200 / "under-load" / "load-query.csv", newline="") as handle:
         rows = [[cell.strip() for cell in row] for row in csv.reader(handle)]
@@ -43,37 +47,53 @@ def _load_query() -> Dict[str, str]:
 
 
 def idle_gpu(index: int = 0) -> GpuSample:
-    """The H200 idle, as NVML read it (nvml.json)."""
-    dev = _nvml_device()
+    """The idle H200 exactly as NVML reported it (nvml.json)."""
+    d = nvml_capture()["devices"][0]
     return GpuSample(
         index=index,
-        uuid=dev["uuid"],
-        name=dev["name"],
-        pci_bus_id=dev["pci"],
-        utilization_gpu=float(dev["util"]["gpu"]),
-        utilization_memory=float(dev["util"]["memory"]),
-        memory_total=dev["mem"]["total"],
-        memory_used=dev["mem"]["used"],
-        memory_free=dev["mem"]["free"],
-        memory_reserved=dev["mem"]["reserved"],
-        temperature=float(dev["temp"]),
-        temperature_slowdown=float(dev["temp_thresh_slowdown"]),
-        temperature_shutdown=float(dev["temp_thresh_shutdown"]),
-        power_draw_w=dev["power_mw"] / 1000.0,
-        power_limit_w=dev["power_limit_mw"] / 1000.0,
-        clock_sm_mhz=dev["clock_sm"],
-        clock_mem_mhz=dev["clock_mem"],
-        pstate=dev["pstate"],
+        uuid=d["uuid"],
+        name=d["name"],
+        pci_bus_id=d["pci"],
+        utilization_gpu=float(d["util"]["gpu"]),
+        utilization_memory=float(d["util"]["memory"]),
+        memory_total=d["mem"]["total"],
+        memory_used=d["mem"]["used"],
+        memory_free=d["mem"]["free"],
+        memory_reserved=d["mem"]["reserved"],
+        temperature=float(d["temp"]),
+        temperature_slowdown=float(d["temp_thresh_slowdown"]),
+        temperature_shutdown=float(d["temp_thresh_shutdown"]),
+        power_draw_w=d["power_mw"] / 1000.0,
+        power_limit_w=d["power_limit_mw"] / 1000.0,
+        energy_j=d["energy_mj"] / 1000.0,
+        clock_sm_mhz=d["clock_sm"],
+        clock_mem_mhz=d["clock_mem"],
+        clock_sm_max_mhz=d["clock_sm_max"],
+        clock_event_reasons=decode_clock_event_reasons(d["throttle"]),
+        pstate=d["pstate"],
+        fan_percent=None,  # NVMLError_NotSupported on this board
+        ecc_enabled=bool(d["ecc_mode"][0]),
+        ecc_volatile_corrected=d["ecc_vol_corr"],
+        ecc_volatile_uncorrected=d["ecc_vol_uncorr"],
+        ecc_aggregate_uncorrected=d["ecc_agg_uncorr"],
+        remapped_rows_corrected=d["remapped_rows"][0],
+        remapped_rows_uncorrected=d["remapped_rows"][1],
+        pcie_gen=d["pcie_gen"],
+        pcie_width=d["pcie_width"],
+        pcie_tx_kbs=d["pcie_tx_kbs"],
+        persistence_mode=bool(d["persistence"]),
+        compute_mode="Default",
+        mig_mode=bool(d["mig"][0]),
     )
 
 
 def loaded_gpu(index: int = 0) -> GpuSample:
     """The same H200 at 100 % under a bf16 matmul loop (load-procs.json, load-query.csv)."""
-    query = _load_query()
+    query = load_query()
     used = int(query["memory.used [MiB]"].split()[0]) * MIB
     return replace(
         idle_gpu(index),
-        utilization_gpu=float(_load_procs()["util"][0]),
+        utilization_gpu=float(load_procs()["util"][0]),
         memory_used=used,
         memory_free=idle_gpu().memory_total - used,
         temperature=float(query["temperature.gpu"]),
@@ -83,7 +103,7 @@ def loaded_gpu(index: int = 0) -> GpuSample:
 
 def load_process(gpu_index: int = 0, user: str = "alice") -> ProcessSample:
     """pid 421, the torch process seen by NVML under load, with its memory and SM share."""
-    procs = _load_procs()
+    procs = load_procs()
     proc = procs["procs"][0]
     sm = next(p["sm"] for p in procs["proc_util"] if p["pid"] == proc["pid"])
     return ProcessSample(
@@ -103,7 +123,7 @@ def load_process(gpu_index: int = 0, user: str = "alice") -> ProcessSample:
 
 def hung_worker(pid: Optional[int] = None) -> ProcessSample:
     """A data-loader worker stuck in uninterruptible IO (state D): a host process, no GPU."""
-    worker_pid = pid if pid is not None else _load_procs()["my_pids"][1]
+    worker_pid = pid if pid is not None else load_procs()["my_pids"][1]
     return ProcessSample(
         pid=worker_pid,
         name="pt_data_worker",

@@ -352,11 +352,11 @@ async def test_update_changes_cells_in_place():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         table = gpu_table(app)
-        rows = app.panes["gpus"].rows
+        pane = app.panes["gpus"]
         cleared = []
         table.clear = lambda *a, **k: cleared.append(a)  # a spy: an update must not rebuild
         keys_before = [key.value for key in table.rows]
-        updated_before = rows.cells_updated
+        updated_before = pane.cells_updated
         # GPU 0 goes from the idle capture to the under-load capture.
         fleet.publish(up_state("local", [loaded_gpu(0), loaded_gpu(1)], hostname="h200-box"))
         await pilot.pause(0.3)
@@ -366,7 +366,7 @@ async def test_update_changes_cells_in_place():
         assert table.get_cell("local/0", "temp").plain.startswith("%d/" % loaded.temperature)
         assert "%d%%" % loaded.utilization_gpu in table.get_cell("local/0", "util").plain
         # Only the cells that differ were sent: the node/index/name cells stayed.
-        assert 0 < rows.cells_updated - updated_before < len(table.columns)
+        assert 0 < pane.cells_updated - updated_before < len(table.columns)
         assert table.get_cell("local/0", "name").plain == loaded.name
 
 

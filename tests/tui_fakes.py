@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from h200_fleet import H200, MIB, idle_gpu, load_procs, load_query, nvml_capture
 from opsconsole.model import (
     STATE_DOWN,
     STATE_UP,
@@ -20,17 +20,14 @@ from opsconsole.model import (
 )
 from opsconsole.nodes.fleet import FleetTotals
 from opsconsole.probe.host import host_sample_from_snapshots, snapshot_from_proc_texts
-from opsconsole.probe.nvml_decode import decode_clock_event_reasons, parse_clock_event_mask
+from opsconsole.probe.nvml_decode import parse_clock_event_mask
 from opsconsole.probe.procs import parse_cmdline, parse_pid_stat, parse_pid_status
 
-FIXTURES = Path(__file__).parent / "fixtures"
-H200 = FIXTURES / "h200"
-PROC = FIXTURES / "proc"
+PROC = Path(__file__).parent / "fixtures" / "proc"
 
 # 2026-12-02 12:34:03 UTC, the minute the under-load capture was taken; tests freeze the clock here.
 FROZEN_NOW = 1796214843.0
 CLOCK_TICKS = 100  # USER_HZ of the captured machine
-MIB = 1024 * 1024
 
 # The under-load CSV has no header; these are its columns, in order (see the capture's README).
 UNDER_LOAD_COLUMNS = (
@@ -39,58 +36,11 @@ UNDER_LOAD_COLUMNS = (
 )
 
 
-def _nvml_device() -> dict:
-    return json.loads((H200 / "nvml.json").read_text())["devices"][0]
-
-
-def idle_gpu(index: int = 0) -> GpuSample:
-    """The idle H200 exactly as NVML reported it (nvml.json)."""
-    d = _nvml_device()
-    return GpuSample(
-        index=index,
-        uuid=d["uuid"],
-        name=d["name"],
-        pci_bus_id=d["pci"],
-        utilization_gpu=float(d["util"]["gpu"]),
-        utilization_memory=float(d["util"]["memory"]),
-        memory_total=d["mem"]["total"],
-        memory_used=d["mem"]["used"],
-        memory_free=d["mem"]["free"],
-        memory_reserved=d["mem"]["reserved"],
-        temperature=float(d["temp"]),
-        temperature_slowdown=float(d["temp_thresh_slowdown"]),
-        temperature_shutdown=float(d["temp_thresh_shutdown"]),
-        power_draw_w=d["power_mw"] / 1000.0,
-        power_limit_w=d["power_limit_mw"] / 1000.0,
-        energy_j=d["energy_mj"] / 1000.0,
-        clock_sm_mhz=d["clock_sm"],
-        clock_mem_mhz=d["clock_mem"],
-        clock_sm_max_mhz=d["clock_sm_max"],
-        clock_event_reasons=decode_clock_event_reasons(d["throttle"]),
-        pstate=d["pstate"],
-        fan_percent=None,  # NVMLError_NotSupported on this board
-        ecc_enabled=bool(d["ecc_mode"][0]),
-        ecc_volatile_corrected=d["ecc_vol_corr"],
-        ecc_volatile_uncorrected=d["ecc_vol_uncorr"],
-        ecc_aggregate_uncorrected=d["ecc_agg_uncorr"],
-        remapped_rows_corrected=d["remapped_rows"][0],
-        remapped_rows_uncorrected=d["remapped_rows"][1],
-        pcie_gen=d["pcie_gen"],
-        pcie_width=d["pcie_width"],
-        pcie_tx_kbs=d["pcie_tx_kbs"],
-        persistence_mode=bool(d["persistence"]),
-        compute_mode="Default",
-        mig_mode=bool(d["mig"][0]),
-    )
-
-
 def _under_load_row() -> Dict[str, str]:
-    text = (H200 / "under-load" / "load-query.csv").read_text()
-    mask = next(csv.reader(text.splitlines()[1:2]))[-1].strip()
     text = (H200 / "under-load" / "nvidia-smi-query.csv").read_text().split("--stderr--")[0]
     cells = [cell.strip() for cell in next(csv.reader(text.strip().splitlines()))]
     row = dict(zip(UNDER_LOAD_COLUMNS, cells))
-    row["mask"] = mask
+    row["mask"] = load_query()["clocks_event_reasons.active"]  # the full query has no mask column
     return row
 
 
@@ -121,7 +71,7 @@ def loaded_gpu(index: int = 0) -> GpuSample:
 
 def load_process(gpu: GpuSample) -> ProcessSample:
     """The compute process NVML saw during the load (load-procs.json): pid 421."""
-    data = json.loads((H200 / "under-load" / "load-procs.json").read_text())
+    data = load_procs()
     proc, util = data["procs"][0], data["proc_util"][0]
     return ProcessSample(
         pid=proc["pid"],
@@ -192,7 +142,7 @@ def node_frame(name: str, gpus: Sequence[GpuSample], hostname: Optional[str] = N
         processes=processes,
         top_processes=tuple(captured_top_processes()),
         gpu_source="nvml",
-        driver_version=json.loads((H200 / "nvml.json").read_text())["driver"],
+        driver_version=nvml_capture()["driver"],
     )
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
+from opsconsole.tui.formatting import NA
+
 LEVEL_OK = "ok"
 LEVEL_WARN = "warn"
 LEVEL_CRIT = "crit"
 LEVEL_DIM = "dim"  # a reading from a node that is no longer live
 LEVEL_PLAIN = ""
 
-NOT_AVAILABLE = "N/A"
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 _FULL = "█"
 _EMPTY = "·"
@@ -43,7 +44,7 @@ def bar(percent: Optional[float], width: int) -> str:
 
 def percent_bar(percent: Optional[float], width: int) -> str:
     """A bar followed by the percent, right-aligned in four cells ("N/A" when unknown)."""
-    label = NOT_AVAILABLE if percent is None else "%d%%" % round(percent)
+    label = NA if percent is None else "%d%%" % round(percent)
     return "%s %4s" % (bar(percent, width), label)
 
 
@@ -56,49 +57,6 @@ def spark(percent: Optional[float]) -> str:
         return "?"
     index = int(round(min(max(percent, 0.0), 100.0) / 100.0 * (len(_SPARKS) - 1)))
     return _SPARKS[index] if index else "▁"
-
-
-def gib(value: Optional[int]) -> str:
-    """Bytes as GiB with one decimal, "N/A" when unknown."""
-    if value is None:
-        return NOT_AVAILABLE
-    return "%.1f" % (value / 2**30)
-
-
-def human_bytes(value: Optional[float]) -> str:
-    """Bytes with a binary unit, three significant figures (`1.5G`, `812M`)."""
-    if value is None:
-        return NOT_AVAILABLE
-    for unit in ("B", "K", "M", "G", "T", "P"):
-        if abs(value) < 1024 or unit == "P":
-            if unit == "B":
-                return "%d%s" % (value, unit)
-            return ("%.1f%s" if abs(value) < 10 else "%.0f%s") % (value, unit)
-        value /= 1024.0
-    return NOT_AVAILABLE  # not reached
-
-
-def duration(seconds: Optional[float]) -> str:
-    """Seconds as `45s`, `12m`, `3h05m`, `2d04h`."""
-    if seconds is None:
-        return NOT_AVAILABLE
-    seconds = int(seconds)
-    if seconds < 60:
-        return "%ds" % seconds
-    if seconds < 3600:
-        return "%dm%02ds" % divmod(seconds, 60)
-    if seconds < 86400:
-        return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
-    return "%dd%02dh" % (seconds // 86400, seconds % 86400 // 3600)
-
-
-def age_text(seconds: Optional[float]) -> str:
-    """How old a frame is, short: `0.4s`, `12s`, `5m03s`."""
-    if seconds is None:
-        return "never"
-    if seconds < 10:
-        return "%.1fs" % seconds
-    return duration(seconds)
 
 
 @dataclass(frozen=True)

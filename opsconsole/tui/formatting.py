@@ -58,6 +58,24 @@ def format_bytes(value: Optional[float]) -> str:
     return "%.1f TiB" % (value / TIB)
 
 
+def format_gib(value: Optional[float]) -> str:
+    """`21.0`: bytes as GiB with one decimal, for a column whose header names the unit."""
+    return NA if value is None else "%.1f" % (value / GIB)
+
+
+def format_bytes_short(value: Optional[float]) -> str:
+    """`812M`, `1.5G`: a binary unit in one letter, for the dense Host summary and table."""
+    if value is None:
+        return NA
+    for unit in ("B", "K", "M", "G", "T", "P"):
+        if abs(value) < KIB or unit == "P":
+            if unit == "B":
+                return "%d%s" % (value, unit)
+            return ("%.1f%s" if abs(value) < 10 else "%.0f%s") % (value, unit)
+        value /= float(KIB)
+    return NA  # not reached
+
+
 def format_memory_pair(used: Optional[float], total: Optional[float]) -> str:
     """`21.0/140.4 GiB`: used over total in the unit of the total."""
     if used is None and total is None:
@@ -119,6 +137,15 @@ def format_duration(seconds: Optional[float]) -> str:
     if total < 86400:
         return "%dh%02dm" % (total // 3600, (total % 3600) // 60)
     return "%dd%02dh" % (total // 86400, (total % 86400) // 3600)
+
+
+def format_frame_age(seconds: Optional[float]) -> str:
+    """`0.4s`, `12s`, `5m03s`: how old a frame is, tenths while it is fresh; `never` without one."""
+    if seconds is None:
+        return "never"
+    if seconds < 10:
+        return "%.1fs" % seconds
+    return format_duration(seconds)
 
 
 def format_ms(value: Optional[float]) -> str:

@@ -11,9 +11,10 @@ from textual.widgets import DataTable, Static
 from opsconsole.config import DEFAULT_CONFIG, HealthConfig
 from opsconsole.model import GpuSample, NodeState
 from opsconsole.tui import bars
-from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_OK, LEVEL_PLAIN, LEVEL_WARN, NOT_AVAILABLE, Palette
-from opsconsole.tui.pane import Pane
-from opsconsole.tui.rowsync import Row, RowSync, StyledCell
+from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_OK, LEVEL_PLAIN, LEVEL_WARN, Palette
+from opsconsole.tui.formatting import NA, format_frame_age, format_gib
+from opsconsole.tui.live_pane import LivePane
+from opsconsole.tui.table_diff import StyledCell, TableRow, styled_row
 
 # (key, label, width): fixed widths so an update never reflows the table.
 COLUMNS = (
@@ -62,7 +63,7 @@ def memory_level(gpu: GpuSample, health: HealthConfig) -> str:
 def throttle_text(reasons: Optional[Sequence[str]]) -> StyledCell:
     """Active clock-event reasons; the level says whether they cost speed."""
     if reasons is None:
-        return NOT_AVAILABLE, LEVEL_PLAIN
+        return NA, LEVEL_PLAIN
     if not reasons:
         return "-", LEVEL_PLAIN
     text = ",".join(_SHORT_REASONS.get(reason, reason) for reason in reasons)
@@ -74,7 +75,7 @@ def throttle_text(reasons: Optional[Sequence[str]]) -> StyledCell:
 
 
 def _number(value: Optional[float], fmt: str = "%d") -> str:
-    return NOT_AVAILABLE if value is None else fmt % value
+    return NA if value is None else fmt % value
 
 
 def gpu_status(gpu: GpuSample, state: NodeState, now: float) -> StyledCell:
@@ -82,7 +83,7 @@ def gpu_status(gpu: GpuSample, state: NodeState, now: float) -> StyledCell:
     if gpu.lost:
         return "LOST", LEVEL_CRIT
     if not state.is_live:
-        return "%s %s" % (state.state, bars.age_text(state.age(now))), LEVEL_DIM
+        return "%s %s" % (state.state, format_frame_age(state.age(now))), LEVEL_DIM
     if gpu.xid_events:
         return "XID " + ",".join(str(code) for code in gpu.xid_events), LEVEL_CRIT
     if gpu.errors:
@@ -96,9 +97,9 @@ def gpu_cells(
     """The row of one GPU as (text, level) pairs, in COLUMNS order."""
     memory_pct = gpu.memory_percent
     if gpu.memory_total:
-        memory = "%s %s/%s" % (bars.bar(memory_pct, MEMORY_BAR), bars.gib(gpu.memory_used), bars.gib(gpu.memory_total))
+        memory = "%s %s/%s" % (bars.bar(memory_pct, MEMORY_BAR), format_gib(gpu.memory_used), format_gib(gpu.memory_total))
     else:
-        memory = NOT_AVAILABLE
+        memory = NA
     temp = _number(gpu.temperature)
     if gpu.temperature_slowdown is not None:
         temp += "/%d" % gpu.temperature_slowdown
@@ -111,12 +112,12 @@ def gpu_cells(
     if gpu.clock_sm_max_mhz is not None:
         sm += "/%d" % gpu.clock_sm_max_mhz
     ecc = gpu.ecc_volatile_uncorrected
-    pcie = NOT_AVAILABLE if gpu.pcie_gen is None else "%sx%s" % (gpu.pcie_gen, _number(gpu.pcie_width))
-    fan = NOT_AVAILABLE if gpu.fan_percent is None else "%d%%" % gpu.fan_percent
+    pcie = NA if gpu.pcie_gen is None else "%sx%s" % (gpu.pcie_gen, _number(gpu.pcie_width))
+    fan = NA if gpu.fan_percent is None else "%d%%" % gpu.fan_percent
     return [
         (state.name if first_of_node else "", LEVEL_PLAIN),
         (str(gpu.index), LEVEL_PLAIN),
-        (gpu.name or NOT_AVAILABLE, LEVEL_PLAIN),
+        (gpu.name or NA, LEVEL_PLAIN),
         (bars.percent_bar(gpu.utilization_gpu, UTIL_BAR), LEVEL_PLAIN),
         (memory, memory_level(gpu, health)),
         (temp, temperature_level(gpu, health)),
@@ -152,12 +153,12 @@ def gpu_rows(
     palette: Palette,
     now: float,
     filter_text: str = "",
-) -> List[Row]:
+) -> List[TableRow]:
     """Rows for the GPUs of `node`, or of every node grouped by node when `node` is None."""
     names = [node] if node is not None else list(states)
     needle = filter_text.lower()
     util_column = [key for key, _, _ in COLUMNS].index("util")
-    rows: List[Row] = []
+    rows: List[TableRow] = []
     for name in names:
         state = states.get(name)
         if state is None or state.frame is None:
@@ -169,7 +170,7 @@ def gpu_rows(
                 continue
             first = False
             level = LEVEL_CRIT if gpu.lost else (LEVEL_DIM if not state.is_live else LEVEL_PLAIN)
-            rows.append(("%s/%d" % (name, gpu.index), row_style(cells, level, palette, util_column)))
+            rows.append(styled_row("%s/%d" % (name, gpu.index), row_style(cells, level, palette, util_column)))
     return rows
 
 
@@ -194,7 +195,7 @@ def gpus_hint(states: Mapping[str, NodeState], node: Optional[str], filter_text:
     return "   ".join(parts)
 
 
-class GpusPane(Pane):
+class GpusPane(LivePane):
     """Every GPU of the current node (or of all nodes), updated cell by cell."""
 
     pane_id = "gpus"
@@ -209,10 +210,7 @@ class GpusPane(Pane):
 
     def __init__(self, *, id: Optional[str] = None) -> None:
         super().__init__(id=id)
-        self.filter_text = ""
-        self._last: Optional[tuple] = None
         self._hint_text = ""
-        self.rows: Optional[RowSync] = None
 
     def compose(self) -> ComposeResult:
         hint = Static("", id="gpus-hint")
@@ -223,28 +221,13 @@ class GpusPane(Pane):
             table.add_column(label, key=key, width=width)
         yield table
 
-    def on_mount(self) -> None:
-        self.rows = RowSync(self.query_one(DataTable), [key for key, _, _ in COLUMNS])
-        self.app.theme_changed_signal.subscribe(self, lambda _theme: self._redraw())
-
-    def show(self, states: Mapping[str, NodeState], node: Optional[str], now: float) -> None:
-        self._last = (states, node, now)
-        if self.rows is None:
-            return
+    def draw(self, states: Mapping[str, NodeState], node: Optional[str], now: float) -> None:
         health = getattr(self.app, "config", DEFAULT_CONFIG).health
         palette = bars.palette_from_variables(self.app.theme_variables)
-        self.rows.sync(gpu_rows(states, node, health, palette, now, self.filter_text))
+        self.sync_table(self.query_one(DataTable), gpu_rows(states, node, health, palette, now, self.filter_text))
         text = gpus_hint(states, node, self.filter_text)
         if text != self._hint_text:
             self._hint_text = text
             hint = self.query_one("#gpus-hint", Static)
             hint.update(Text(text))
             hint.display = bool(text)  # one node, no filter: the table gets the line
-
-    def apply_filter(self, text: str) -> None:
-        self.filter_text = text
-        self._redraw()
-
-    def _redraw(self) -> None:
-        if self._last is not None:
-            self.show(*self._last)

@@ -11,6 +11,7 @@ from textual.widgets import Static
 from opsconsole.config import Config
 from opsconsole.model import NodeState
 from opsconsole.tui import bars
+from opsconsole.tui.formatting import NA, format_frame_age
 
 
 def console_name(states: Mapping[str, NodeState]) -> str:
@@ -49,7 +50,7 @@ def header_text(
     text.append("   " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)))
     age = newest_age(states, now)
     stale = age is None or age > 3 * config.console.interval + 2.0
-    text.append("   newest frame " + (bars.age_text(age) + " ago" if age is not None else "none yet"),
+    text.append("   newest frame " + (format_frame_age(age) + " ago" if age is not None else "none yet"),
                 style=palette.warn if stale else "")
     text.append("\n")
     text.append(" nodes %d" % totals.nodes)
@@ -57,7 +58,7 @@ def header_text(
     text.append("  down %d" % totals.nodes_down, style=("bold " + palette.crit) if totals.nodes_down else "")
     text.append("   GPUs %d" % totals.gpus)
     util = totals.mean_utilization
-    text.append("   mean util " + (bars.NOT_AVAILABLE if util is None else "%.0f%%" % util))
+    text.append("   mean util " + (NA if util is None else "%.0f%%" % util))
     alerts = getattr(totals, "alerts", 0)
     text.append("   alerts %d" % alerts, style=("bold " + palette.crit) if alerts else "")
     return text

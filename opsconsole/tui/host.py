@@ -11,9 +11,10 @@ from textual.widgets import DataTable, Static
 from opsconsole.config import DEFAULT_CONFIG, HealthConfig
 from opsconsole.model import HostSample, NodeState, ProcessSample
 from opsconsole.tui import bars
-from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_PLAIN, LEVEL_WARN, NOT_AVAILABLE, Palette
-from opsconsole.tui.pane import Pane
-from opsconsole.tui.rowsync import Row, RowSync
+from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_PLAIN, LEVEL_WARN, Palette
+from opsconsole.tui.formatting import NA, format_bytes_short, format_duration, format_frame_age
+from opsconsole.tui.live_pane import LivePane
+from opsconsole.tui.table_diff import TableRow, styled_row
 
 Segment = Tuple[str, str]  # (text, level); "\n" ends a line
 
@@ -50,7 +51,7 @@ def _bar_segments(label: str, percent: Optional[float], width: int, level: str, 
 def core_segments(per_core: Sequence[float], width: int) -> List[Segment]:
     """Per-core bars in a grid that fits `width`, or one spark cell per core when there are many."""
     if not per_core:
-        return [("cores  " + NOT_AVAILABLE, LEVEL_PLAIN), ("\n", "")]
+        return [("cores  " + NA, LEVEL_PLAIN), ("\n", "")]
     out: List[Segment] = []
     if len(per_core) > MANY_CORES:
         per_line = max(8, width - 8)
@@ -80,15 +81,15 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
         title += " (%s)" % host.hostname
     out: List[Segment] = [(title, LEVEL_PLAIN)]
     if not state.is_live:
-        out.append(("   %s, frame %s old%s" % (state.state, bars.age_text(state.age(now)),
+        out.append(("   %s, frame %s old%s" % (state.state, format_frame_age(state.age(now)),
                                                 ": " + state.reason if state.reason else ""), LEVEL_CRIT))
     if host is None:
         out += [("\n", ""), ("no host readings yet" if frame is None else "the probe sent no host readings",
                              LEVEL_PLAIN), ("\n", "")]
         return out
-    load = " ".join("%.2f" % value for value in host.load_avg) or NOT_AVAILABLE
-    iowait = NOT_AVAILABLE if host.iowait_percent is None else "%.1f%%" % host.iowait_percent
-    out.append(("   uptime %s   load %s   iowait %s   via %s" % (bars.duration(host.uptime_s), load, iowait,
+    load = " ".join("%.2f" % value for value in host.load_avg) or NA
+    iowait = NA if host.iowait_percent is None else "%.1f%%" % host.iowait_percent
+    out.append(("   uptime %s   load %s   iowait %s   via %s" % (format_duration(host.uptime_s), load, iowait,
                                                                  host.source), LEVEL_PLAIN))
     out.append(("\n", ""))
     cpu = host.cpu_percent
@@ -100,33 +101,33 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
     used = None if host.mem_total is None or host.mem_available is None else host.mem_total - host.mem_available
     out += _bar_segments("mem   ", mem, CPU_BAR,
                          bars.level_for(mem, health.memory_percent - 10, health.memory_percent),
-                         "   %s of %s" % (bars.human_bytes(used), bars.human_bytes(host.mem_total)))
+                         "   %s of %s" % (format_bytes_short(used), format_bytes_short(host.mem_total)))
     if host.swap_total:
         swap = 100.0 * (host.swap_used or 0) / host.swap_total
         out.append(("   swap ", LEVEL_PLAIN))
         out.append((bars.percent_bar(swap, DISK_BAR), bars.level_for(swap, 50.0, 90.0)))
-        out.append(("  %s of %s" % (bars.human_bytes(host.swap_used), bars.human_bytes(host.swap_total)), LEVEL_PLAIN))
+        out.append(("  %s of %s" % (format_bytes_short(host.swap_used), format_bytes_short(host.swap_total)), LEVEL_PLAIN))
     else:
         out.append(("   swap none", LEVEL_PLAIN))
     out.append(("\n", ""))
     out.append(("disks", LEVEL_PLAIN))
     if not host.disks:
-        out.append(("  " + NOT_AVAILABLE, LEVEL_PLAIN))
+        out.append(("  " + NA, LEVEL_PLAIN))
     for disk in host.disks:
         free = disk.free_percent
         level = LEVEL_CRIT if free < health.disk_free_percent else (
             LEVEL_WARN if free < 2 * health.disk_free_percent else LEVEL_PLAIN)
         out.append(("  %s " % disk.path, LEVEL_PLAIN))
         out.append((bars.bar(100.0 - free, DISK_BAR), level))
-        out.append((" free %.0f%% (%s of %s)" % (free, bars.human_bytes(disk.free), bars.human_bytes(disk.total)),
+        out.append((" free %.0f%% (%s of %s)" % (free, format_bytes_short(disk.free), format_bytes_short(disk.total)),
                     level))
     out.append(("\n", ""))
     out.append(("net  ", LEVEL_PLAIN))
     if not host.net:
-        out.append(("  " + NOT_AVAILABLE, LEVEL_PLAIN))
+        out.append(("  " + NA, LEVEL_PLAIN))
     for rate in host.net:
-        out.append(("  %s rx %s/s tx %s/s" % (rate.interface, bars.human_bytes(rate.rx_bytes_per_s),
-                                              bars.human_bytes(rate.tx_bytes_per_s)), LEVEL_PLAIN))
+        out.append(("  %s rx %s/s tx %s/s" % (rate.interface, format_bytes_short(rate.rx_bytes_per_s),
+                                              format_bytes_short(rate.tx_bytes_per_s)), LEVEL_PLAIN))
     out.append(("\n", ""))
     return out
 
@@ -139,31 +140,31 @@ def segments_text(segments: Sequence[Segment], palette: Palette, dim: bool) -> T
     return text
 
 
-def process_rows(processes: Sequence[ProcessSample], palette: Palette, dim: bool, filter_text: str) -> List[Row]:
+def process_rows(processes: Sequence[ProcessSample], palette: Palette, dim: bool, filter_text: str) -> List[TableRow]:
     """Top host processes by CPU; a D (uninterruptible) or Z state is marked, not just coloured."""
     needle = filter_text.lower()
-    rows: List[Row] = []
+    rows: List[TableRow] = []
     ordered = sorted(processes, key=lambda p: -(p.cpu_percent or 0.0))
     for proc in ordered:
         cells = [
             (str(proc.pid), LEVEL_PLAIN),
-            (proc.user or NOT_AVAILABLE, LEVEL_PLAIN),
+            (proc.user or NA, LEVEL_PLAIN),
             (proc.state or "?", LEVEL_CRIT if proc.state in ("D", "Z") else LEVEL_PLAIN),
-            (NOT_AVAILABLE if proc.cpu_percent is None else "%.1f" % proc.cpu_percent,
+            (NA if proc.cpu_percent is None else "%.1f" % proc.cpu_percent,
              bars.level_for(proc.cpu_percent, CPU_WARN, 10 * CPU_CRIT)),
-            (bars.human_bytes(proc.rss_bytes), LEVEL_PLAIN),
-            (NOT_AVAILABLE if proc.threads is None else str(proc.threads), LEVEL_PLAIN),
-            (bars.duration(proc.elapsed_s), LEVEL_PLAIN),
+            (format_bytes_short(proc.rss_bytes), LEVEL_PLAIN),
+            (NA if proc.threads is None else str(proc.threads), LEVEL_PLAIN),
+            (format_duration(proc.elapsed_s), LEVEL_PLAIN),
             (proc.name, LEVEL_PLAIN),
             (proc.command.replace("\n", " "), LEVEL_PLAIN),
         ]
         if needle and needle not in " ".join(text for text, _ in cells).lower():
             continue
-        rows.append((str(proc.pid), [(text, palette.style(LEVEL_DIM if dim else level)) for text, level in cells]))
+        rows.append(styled_row(str(proc.pid), [(text, palette.style(LEVEL_DIM if dim else level)) for text, level in cells]))
     return rows
 
 
-class HostPane(Pane):
+class HostPane(LivePane):
     """Host readings of the current node (the drilled-into one, else the first)."""
 
     pane_id = "host"
@@ -179,11 +180,8 @@ class HostPane(Pane):
 
     def __init__(self, *, id: Optional[str] = None) -> None:
         super().__init__(id=id)
-        self.filter_text = ""
-        self._last: Optional[tuple] = None
         self._summary_key: Optional[tuple] = None
         self._title_text = ""
-        self.rows: Optional[RowSync] = None
 
     def compose(self) -> ComposeResult:
         yield Static("", id="host-summary")
@@ -193,18 +191,11 @@ class HostPane(Pane):
             table.add_column(label, key=key, width=width)
         yield table
 
-    def on_mount(self) -> None:
-        self.rows = RowSync(self.query_one(DataTable), [key for key, _, _ in PROCESS_COLUMNS])
-        self.app.theme_changed_signal.subscribe(self, lambda _theme: self._redraw())
-
     def on_resize(self) -> None:
         self._summary_key = None  # the core grid depends on the width
-        self._redraw()
+        self.redraw()
 
-    def show(self, states: Mapping[str, NodeState], node: Optional[str], now: float) -> None:
-        self._last = (states, node, now)
-        if self.rows is None:
-            return
+    def draw(self, states: Mapping[str, NodeState], node: Optional[str], now: float) -> None:
         health = getattr(self.app, "config", DEFAULT_CONFIG).health
         palette = bars.palette_from_variables(self.app.theme_variables)
         state = pick_node(states, node)
@@ -229,12 +220,4 @@ class HostPane(Pane):
         if title != self._title_text:
             self._title_text = title
             self.query_one("#host-procs-title", Static).update(Text(title))
-        self.rows.sync(process_rows(processes, palette, dim, self.filter_text))
-
-    def apply_filter(self, text: str) -> None:
-        self.filter_text = text
-        self._redraw()
-
-    def _redraw(self) -> None:
-        if self._last is not None:
-            self.show(*self._last)
+        self.sync_table(self.query_one(DataTable), process_rows(processes, palette, dim, self.filter_text))

@@ -26,6 +26,20 @@ class TableRow(NamedTuple):
     cells: Optional[Tuple[Any, ...]]
 
 
+StyledCell = Tuple[str, str]  # (text, rich style): the cells the GPUs and Host panes build
+
+
+def styled_text(cell: StyledCell) -> Text:
+    """The Text a DataTable shows for a styled cell (no markup parsing: process names may hold brackets)."""
+    text, style = cell
+    return Text(text, style=style, no_wrap=True, overflow="ellipsis", end="")
+
+
+def styled_row(key: str, cells: Sequence[StyledCell]) -> TableRow:
+    """A TableRow from (text, style) pairs."""
+    return TableRow(key, tuple(styled_text(cell) for cell in cells))
+
+
 @dataclass(frozen=True)
 class TableDiff:
     """What one `apply_rows` changed (for tests and benchmarks)."""
