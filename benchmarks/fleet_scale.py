@@ -3,8 +3,10 @@
 Both clients talk to the same in-process asyncssh server (benchmarks/simulated_nodes.py,
 in its own process, so its CPU is not counted), each in a fresh process of its own:
 
-- ours: a Fleet of SshLink nodes streaming one NodeFrame line per node per interval over
-  one persistent connection each; the callback stores the state, as the TUI's handler does.
+- ours: a Fleet of SshLink nodes streaming one line per node per interval over one
+  persistent connection each (`--delta`: a keyframe, then only what changed, made by the
+  agent's own encoder, decoded into complete NodeFrames); the callback stores the state,
+  as the TUI's handler does. The simulated readings change every tick (simulated_nodes.py).
 - gpustat-web's way (baseline): the same nodes over persistent connections, but a new exec
   channel per node per tick (`conn.run("nvidia-smi --query-gpu=...")`), its CSV parsed.
 - a second baseline, like for like: an exec per node per tick that returns our whole frame
@@ -19,6 +21,9 @@ Targets: ours <= 50 % of one core, p99 frame age <= 2 s, gpustat-way CPU >= 3x o
     .venv/bin/python benchmarks/fleet_scale.py [--nodes 256] [--seconds 30] [--interval 1]
 
 FLEET_SCALE_PROFILE=FILE writes a cProfile of our side's measured window to FILE.
+FLEET_SCALE_TRANSPORT_ONLY=1 (a diagnostic): ours reads every line but decodes none after
+the first, which leaves what SSH and asyncio cost. --ciphers LIST sets the SSH ciphers of
+every client (ours through ~/.ssh/config, as a user would).
 """
 
 from __future__ import annotations
@@ -97,6 +102,17 @@ async def run_ours(keys: SimKeys, ports: Sequence[int], count: int, interval: fl
         for i, name in enumerate(node_names(count))
     )
     config = Config(console=ConsoleConfig(interval=interval), nodes=nodes, ssh=SshConfig(known_hosts=keys.known_hosts))
+    if os.environ.get("FLEET_SCALE_TRANSPORT_ONLY"):
+        # Diagnostic, not a result: lines are read but only the first is decoded (the
+        # node's frame is then republished as it is), so what is left is SSH + asyncio.
+        from opsconsole.probe import wire_delta
+
+        decode_line = wire_delta.StreamDecoder.decode_line
+
+        def transport_only(self, line):
+            return decode_line(self, line) if self.last is None else (self.last, None)
+
+        wire_delta.StreamDecoder.decode_line = transport_only
     fleet = Fleet(config)
     states: Dict[str, object] = {}
     latencies: List[float] = []
@@ -168,6 +184,8 @@ async def run_gpustat_way(keys: SimKeys, ports: Sequence[int], count: int, inter
             return await asyncssh.connect(
                 "127.0.0.1", ports[i % len(ports)], username=name, client_keys=[keys.client_key],
                 known_hosts=keys.known_hosts, config=None,
+                **({"encryption_algs": os.environ["FLEET_SCALE_CIPHERS"].split(",")}
+                   if os.environ.get("FLEET_SCALE_CIPHERS") else {}),
             )
 
     async def poll_forever(name: str, conn) -> None:
@@ -253,14 +271,20 @@ def main() -> int:
     parser.add_argument("--ports", type=int, default=4, help="listening ports of the simulated server")
     parser.add_argument("--ready-timeout", type=float, default=120.0)
     parser.add_argument("--only", choices=["ours", "gpustat", "exec-frames"], help="run one client only")
+    parser.add_argument("--ciphers", default=None, metavar="LIST",
+                        help="SSH ciphers for every client (default: asyncssh's, chacha20-poly1305 first)")
     parser.add_argument("--no-exec-frames", action="store_true",
                         help="skip the second baseline (an exec per tick returning our full frame)")
     args = parser.parse_args()
 
     budget = args.ready_timeout + args.seconds + 60
+    if args.ciphers:
+        os.environ["FLEET_SCALE_CIPHERS"] = args.ciphers  # inherited by the spawned baseline clients
     with tempfile.TemporaryDirectory(prefix="opsconsole-fleet-scale-") as tmp:
         home = Path(tmp) / "home"
         (home / ".ssh").mkdir(parents=True)
+        if args.ciphers:  # ours reads ~/.ssh/config as ssh does; the baselines get the same list directly
+            (home / ".ssh" / "config").write_text("Host *\n    Ciphers %s\n" % args.ciphers)
         with SimulatedNodes(Path(tmp) / "keys", ports=args.ports) as sim:
             common = (sim.keys, sim.ports, args.nodes, args.interval, args.seconds, args.ready_timeout)
             ours = run_client("ours", str(home), *common, timeout=budget) if args.only in (None, "ours") else None
@@ -269,8 +293,10 @@ def main() -> int:
             frames = run_client("exec-frames", str(home), *common, timeout=budget) if want_frames else None
         server = sim.stats
 
-    print("fleet scale: %d simulated 8-GPU nodes, %.0f s interval, %.0f s window, %d cores on this machine"
-          % (args.nodes, args.interval, args.seconds, os.cpu_count() or 0))
+    print("fleet scale: %d simulated 8-GPU nodes, %.0f s interval, %.0f s window, %d cores on this machine, ciphers %s"
+          % (args.nodes, args.interval, args.seconds, os.cpu_count() or 0, args.ciphers or "asyncssh default"))
+    if os.environ.get("FLEET_SCALE_TRANSPORT_ONLY"):
+        print("FLEET_SCALE_TRANSPORT_ONLY: ours decodes no frames (a diagnostic of the transport, not a result)")
     for label, result in (("ours", ours), ("gpustat-web way", theirs), ("exec full frame", frames)):
         if result is None:
             continue

@@ -2,11 +2,16 @@
 
 The server speaks what a node does for the console: a command that starts the probe
 (`python3 - ...`) gets its stdin bundle read and thrown away, then one 8-GPU H200
-NodeFrame JSON line every interval; an `nvidia-smi --query-gpu=...` exec gets the
-8-line CSV once and exits (what gpustat-web-style pollers run). It runs in its own
-process so its CPU is not counted against the client being measured.
+NodeFrame line every interval (with `--delta`: a keyframe, then deltas, made by the
+agent's own encoder, opsconsole.probe.wire_delta); an `nvidia-smi --query-gpu=...` exec
+gets the 8-line CSV once and exits (what gpustat-web-style pollers run). It runs in its
+own process so its CPU is not counted against the client being measured.
 
-Numbers come from the real H200 capture in tests/fixtures/h200/.
+Numbers start from the real H200 capture in tests/fixtures/h200/ and then move every
+tick as a busy training node's do (ChangingNode): every GPU's utilization, memory,
+temperature, power, clocks, PCIe rates and energy; most cores' CPU %; every process's
+CPU %, RSS and elapsed time; top processes re-sorted by CPU, data-loader workers exiting
+and new ones starting, now and then a short-lived extra GPU process.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import random
 import re
 import shlex
 import sys
@@ -35,6 +41,7 @@ from opsconsole.model import (  # noqa: E402
     ProcessSample,
     to_wire,
 )
+from opsconsole.probe.wire_delta import DEFAULT_KEYFRAME_EVERY, DeltaEncoder, round_wire  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200"
 GPUS_PER_NODE = 8
@@ -194,23 +201,150 @@ def nvidia_smi_csv() -> bytes:
     return ("\n".join(rows) + "\n").encode()
 
 
-class FrameLines:
-    """One node's frame as a JSON line, re-stamped per tick without re-encoding it all."""
+class ChangingNode:
+    """One simulated node whose readings move every tick, in the wire form the agent sends (floats rounded).
 
-    def __init__(self, node: str) -> None:
-        wire = to_wire(h200_frame(node, seq=0, now=0.0))
-        wire["time"] = "@TIME@"
-        wire["seq"] = "@SEQ@"
-        text = json.dumps(wire, separators=(",", ":"))
-        before_time, rest = text.split('"@TIME@"')
-        between, after_seq = rest.split('"@SEQ@"')
-        self._parts = (before_time, between, after_seq + "\n")
+    Each tick() returns a fresh wire dict (the encoder keeps the previous one), built
+    from state that drifts as a busy 8-GPU training node's does; see the module docstring.
+    """
+
+    def __init__(self, node: str, interval: float = 1.0, seed: Optional[int] = None) -> None:
+        self.rng = random.Random(seed if seed is not None else node)
+        self.interval = interval
+        self.state = to_wire(h200_frame(node, seq=0, now=time.time()))
         self.seq = 0
+        self.next_pid = 20000
+        self.extra = []  # type: List[list]  # [ticks left, GPU process wire dict]
+        for gpu in self.state["gpus"]:
+            gpu["busy"] = True  # every GPU of a training node works; the template's idle ones ramp up
+        self.idle_cores = set(range(40, 192))
+
+    def _gpus(self) -> List[dict]:
+        rng = self.rng
+        out = []
+        for gpu in self.state["gpus"]:
+            gpu["utilization_gpu"] = float(rng.choice((96, 97, 98, 99, 100, 100, 100)))
+            gpu["utilization_memory"] = float(rng.randint(18, 31))
+            gpu["memory_used"] = min(gpu["memory_total"], max(0, 22525509632 + rng.randint(-64, 64) * 2 * MIB))
+            gpu["memory_free"] = gpu["memory_total"] - gpu["memory_used"]
+            if rng.random() < 0.3:
+                gpu["temperature"] = float(min(75, max(50, int(gpu["temperature"] or 55) + rng.choice((-1, 1)))))
+            gpu["power_draw_w"] = rng.randint(640000, 699990) / 1000.0  # NVML gives mW
+            gpu["energy_j"] = (gpu["energy_j"] or 0.0) + gpu["power_draw_w"] * self.interval + rng.randint(0, 999) / 1000.0
+            gpu["clock_sm_mhz"] = rng.choice(range(1395, 1981, 15))
+            gpu["pcie_tx_kbs"] = rng.randint(800, 40000)
+            gpu["pcie_rx_kbs"] = rng.randint(800, 40000)
+            if rng.random() < 0.05:
+                gpu["clock_event_reasons"] = [] if gpu["clock_event_reasons"] else ["sw_power_cap"]
+            item = dict(gpu)
+            del item["busy"]
+            out.append(item)
+        return out
+
+    def _host(self) -> dict:
+        rng = self.rng
+        host = self.state["host"]
+        cores = []
+        for i in range(host["cpu_count"]):
+            if i in self.idle_cores:
+                cores.append(0.0 if rng.random() < 0.6 else rng.randint(1, 40) / 10.0)
+            elif i < 10:
+                cores.append(rng.randint(950, 1000) / 10.0)  # the ranks' main threads
+            else:
+                cores.append(rng.randint(200, 1000) / 10.0)  # data-loader workers
+        host["cpu_per_core"] = cores
+        host["cpu_percent"] = sum(cores) / len(cores)
+        host["load_avg"] = [max(0.0, v + rng.uniform(-0.5, 0.5)) for v in host["load_avg"]]
+        host["iowait_percent"] = rng.randint(0, 15) / 10.0
+        host["mem_used"] = host["mem_used"] + rng.randint(-256, 256) * MIB
+        host["mem_available"] = host["mem_total"] - host["mem_used"] - 20 * 1024 * MIB
+        host["uptime_s"] = host["uptime_s"] + self.interval + rng.uniform(-0.01, 0.01)
+        host["net"] = [
+            dict(rate, rx_bytes_per_s=rng.uniform(0.5, 1.0) * (2.1e9 if rate["interface"] == "ib0" else 1.2e6),
+                 tx_bytes_per_s=rng.uniform(0.5, 1.0) * (2.0e9 if rate["interface"] == "ib0" else 0.8e6))
+            for rate in host["net"]
+        ]
+        if rng.random() < 0.02:
+            disk = host["disks"][0]
+            used = disk["used"] + rng.randint(1, 100) * MIB
+            host["disks"] = [dict(disk, used=used, free=disk["total"] - used)]
+        return dict(host)
+
+    def _processes(self, gpus: List[dict]) -> List[dict]:
+        rng = self.rng
+        for proc in self.state["processes"]:
+            proc["cpu_percent"] = rng.randint(950, 1010) / 10.0
+            proc["rss_bytes"] = proc["rss_bytes"] + rng.randint(-8, 8) * MIB
+            proc["elapsed_s"] = proc["elapsed_s"] + self.interval + rng.uniform(-0.005, 0.005)
+            proc["gpu_sm_percent"] = float(rng.randint(88, 99))
+        if rng.random() < 0.03:  # a profiler or eval process on one GPU for a few ticks
+            gpu = rng.randrange(len(gpus))
+            self.next_pid += 1
+            self.extra.append([rng.randint(2, 8), dict(
+                self.state["processes"][0], pid=self.next_pid, name="nsys", command="nsys profile -p %d" % self.next_pid,
+                cpu_percent=rng.randint(10, 300) / 10.0, rss_bytes=300 * MIB, elapsed_s=0.0, threads=12,
+                gpu_index=gpu, gpu_uuid=gpus[gpu]["uuid"], gpu_memory_bytes=512 * MIB, gpu_sm_percent=1.0)])
+        for entry in self.extra:
+            entry[0] -= 1
+            entry[1] = dict(entry[1], elapsed_s=entry[1]["elapsed_s"] + self.interval,
+                            cpu_percent=rng.randint(10, 300) / 10.0)
+        self.extra = [entry for entry in self.extra if entry[0] > 0]
+        procs = [dict(p) for p in self.state["processes"]] + [dict(entry[1]) for entry in self.extra]
+        return sorted(procs, key=lambda p: (p["gpu_index"], p["pid"]))
+
+    def _top(self) -> List[dict]:
+        rng = self.rng
+        top = self.state["top_processes"]
+        for proc in top:
+            if proc["name"] == "python3":
+                proc["cpu_percent"] = rng.randint(950, 1010) / 10.0
+            else:
+                proc["cpu_percent"] = rng.randint(150, 950) / 10.0
+                proc["state"] = "R" if rng.random() < 0.7 else "S"
+            proc["rss_bytes"] = proc["rss_bytes"] + rng.randint(-4, 4) * MIB
+            proc["elapsed_s"] = proc["elapsed_s"] + self.interval + rng.uniform(-0.005, 0.005)
+        if rng.random() < 0.1:  # a data-loader worker exits, a new one starts
+            workers = [i for i, p in enumerate(top) if p["name"] != "python3"]
+            i = rng.choice(workers)
+            self.next_pid += 1
+            top[i] = dict(top[i], pid=self.next_pid, elapsed_s=0.0, cpu_percent=rng.randint(150, 950) / 10.0)
+        top.sort(key=lambda p: -p["cpu_percent"])
+        return [dict(p) for p in top]
+
+    def tick(self, now: Optional[float] = None) -> dict:
+        """The next frame's wire dict, rounded as the agent rounds it."""
+        self.seq += 1
+        gpus = self._gpus()
+        wire = dict(self.state)
+        wire.update(
+            time=time.time() if now is None else now,
+            seq=self.seq,
+            probe_ms=self.rng.randint(2500, 4000) / 100.0,
+            host=self._host(),
+            gpus=gpus,
+            processes=self._processes(gpus),
+            top_processes=self._top(),
+        )
+        return round_wire(wire)
+
+
+class FrameLines:
+    """One node's stream lines: full frames of a ChangingNode, or (delta) the agent encoder's keyframes and deltas."""
+
+    def __init__(self, node: str, interval: float = 1.0, delta: bool = False,
+                 keyframe_every: int = DEFAULT_KEYFRAME_EVERY) -> None:
+        self.source = ChangingNode(node, interval)
+        self.encoder = DeltaEncoder(keyframe_every) if delta else None
+
+    @property
+    def seq(self) -> int:
+        return self.source.seq
 
     def next(self) -> bytes:
-        self.seq += 1
-        a, b, c = self._parts
-        return ("%s%.6f%s%d%s" % (a, time.time(), b, self.seq, c)).encode()
+        wire = self.source.tick()
+        if self.encoder is not None:
+            return (self.encoder.encode_wire(wire) + "\n").encode()
+        return (json.dumps(wire, separators=(",", ":")) + "\n").encode()
 
 
 # --- keys and known_hosts --------------------------------------------------
@@ -257,6 +391,7 @@ def write_known_hosts(keys: SimKeys, ports: Sequence[int], address: str = "127.0
 
 _INTERVAL = re.compile(r"--interval[= ]([0-9.]+)")
 _NODE = re.compile(r"--node(?:-name)?[= ](\S+)")
+_KEYFRAME_EVERY = re.compile(r"--keyframe-every[= ]([0-9]+)")
 
 
 def _is_probe(command: str) -> bool:
@@ -269,7 +404,13 @@ async def _serve_probe(process, command: str, stats: Dict[str, int]) -> None:
     interval = float(match.group(1)) if match else 1.0
     named = _NODE.search(command)
     username = process.get_extra_info("username") or "sim"
-    lines = FrameLines(named.group(1) if named else username)
+    every = _KEYFRAME_EVERY.search(command)
+    lines = FrameLines(
+        named.group(1) if named else username,
+        interval,
+        delta="--delta" in command.split(),
+        keyframe_every=int(every.group(1)) if every else DEFAULT_KEYFRAME_EVERY,
+    )
     # The bundle (probe source) arrives on stdin; a real `python3 -` reads it to EOF.
     # Clients that keep stdin open for commands send the source first: read what comes
     # for a moment, then start streaming either way.

@@ -251,6 +251,7 @@ class _Decoder:
         )
         self.names = frozenset(f.name for f in dataclasses.fields(cls))
         self.nested = _NESTED.get(cls, {})
+        self.plain_names = self.names - frozenset(self.nested)  # fields decoded as they are (lists aside)
 
     def decode(self, data: Any) -> Any:
         if data is None:
@@ -293,3 +294,43 @@ def _decoder(cls: type) -> _Decoder:
 def from_wire(cls: type, data: Any) -> Any:
     """Build `cls` from its wire dict, ignoring unknown keys (newer probes add fields)."""
     return _decoder(cls).decode(data)
+
+
+def replace_from_wire(obj: Any, changes: Dict[str, Any]) -> Any:
+    """A copy of dataclass `obj` with the wire-form `changes` applied, each decoded as from_wire decodes it.
+
+    Unknown keys are ignored, as in from_wire; `obj` itself is left as it is. Used to apply
+    a stream delta to the previous frame without decoding the unchanged fields again.
+    """
+    cls = type(obj)
+    decoder = _DECODERS.get(cls) or _decoder(cls)
+    new = object.__new__(cls)
+    values = new.__dict__
+    values.update(obj.__dict__)
+    if changes.keys() <= decoder.plain_names and list not in map(type, changes.values()):
+        values.update(changes)  # the usual delta: a few scalar fields, nothing to convert
+        return new
+    names = decoder.names
+    nested = decoder.nested
+    for key, value in changes.items():
+        if key not in names:
+            continue
+        if key in nested:
+            inner, is_tuple = nested[key]
+            decode = _decoder(inner).decode
+            value = tuple(decode(item) for item in (value or ())) if is_tuple else decode(value)
+        elif type(value) is list:
+            value = tuple(value)
+        values[key] = value
+    return new
+
+
+def replace_decoded(obj: Any, values: Dict[str, Any]) -> Any:
+    """dataclasses.replace for already-decoded field values, without the __init__ (see _Decoder).
+
+    The caller passes only field names of `obj`'s class; `obj` itself is left as it is.
+    """
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(values)
+    return new

@@ -169,8 +169,9 @@ class Fleet:
         while True:
             await asyncio.sleep(period)
             now = time.time()
+            quiet_before = now - self.stale_after  # _is_quiet, without a call per node per period
             for state in list(self._states.values()):
-                if state.state == STATE_UP and self._is_quiet(state, now):
+                if state.state == STATE_UP and state.received_at is not None and state.received_at < quiet_before:
                     self._publish(
                         replace(state, state=STATE_STALE, reason="no frame for %.0f s" % state.age(now), since=now)
                     )

@@ -48,12 +48,14 @@ from opsconsole.model import (
     NodeFrame,
     NodeState,
     from_wire,
+    replace_decoded,
 )
 from opsconsole.nodes.backoff import Backoff
 from opsconsole.nodes.base import NodeLink, Publish
 from opsconsole.nodes.bundle import UNSUPPORTED_MARKER, probe_bundle
 from opsconsole.nodes.hostkeys import HostKeyVerdict, HostKeyVerifier
 from opsconsole.nodes.smi_fallback import FallbackPoller
+from opsconsole.probe.wire_delta import StreamDecoder
 
 DEFAULT_MAX_LOGINS = 8
 LOGIN_JITTER_S = 0.05  # spreads a fleet's logins so they don't hit sshd in one burst
@@ -65,6 +67,9 @@ PROBE_EXIT_WAIT_S = 2.0
 ONCE_SETTLE_S = 0.25  # between the two fallback reads of poll_once, for CPU % and rates
 _RTT_REQUEST = b"keepalive@openssh.com"
 CHANNEL_RETRY_DELAYS = (0.02, 0.05, 0.1, 0.2)
+# The stream sends a full frame this often (and first): a delta that cannot be applied
+# (which a reliable SSH channel should never cause) costs at most this many seconds of frames.
+KEYFRAME_EVERY_S = 10.0
 
 # One limiter per event loop for links made without one (the fleet passes its own).
 _default_limiters: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
@@ -454,9 +459,13 @@ class SshLink(NodeLink):
     # --- the probe stream ------------------------------------------------------------------
 
     def probe_command(self, once: bool = False) -> str:
-        """The quoted command line that runs the bundle on the node."""
+        """The quoted command line that runs the bundle on the node (the stream as keyframes and deltas)."""
         argv = shlex.split(self.node.python) + ["-"]
-        argv += ["--once"] if once else ["--interval", "%g" % self.interval]
+        if once:
+            argv += ["--once"]
+        else:
+            keyframe_every = max(1, min(30, int(KEYFRAME_EVERY_S / self.interval)))
+            argv += ["--interval", "%g" % self.interval, "--delta", "--keyframe-every", str(keyframe_every)]
         argv += ["--node-name", self.node.name]
         for path in self.disk_paths:
             argv += ["--disk", path]
@@ -488,39 +497,44 @@ class SshLink(NodeLink):
                 if self._lost is not None:
                     return "lost", self._lost
                 return "exited", "cannot start the probe: %s" % (getattr(exc, "reason", None) or exc)
-            lines = asyncio.Queue()  # type: asyncio.Queue
-            reader = asyncio.ensure_future(self._read_lines(process, lines))
             stale_after = STALE_INTERVALS * self.interval
-            deadline = loop.time() + stale_after + FIRST_FRAME_GRACE_S
+            # The watcher reads the deadline the loop moves on each frame: no timer per line.
+            deadline = [loop.time() + stale_after + FIRST_FRAME_GRACE_S]
+            watcher = asyncio.ensure_future(self._watch_stale(deadline))
+            decoder = StreamDecoder()
+            readline = process.stdout.readline
             frames = 0
+            dropping = False
             output = []  # type: List[str]
             try:
                 while True:
-                    wait = deadline - loop.time()
                     try:
-                        item = await asyncio.wait_for(lines.get(), wait) if wait > 0 else lines.get_nowait()
-                    except (asyncio.TimeoutError, asyncio.QueueEmpty):
-                        if self._state.state != STATE_STALE:
-                            since = self._state.received_at
-                            age = "no frame for %.1f s" % (time.time() - since) if since else "no frame yet"
-                            self._enter(STATE_STALE, age)
-                        deadline = loop.time() + 3600.0  # keep reading; a frame brings it back
-                        continue
-                    if item is None:
+                        line = await readline()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        break  # the connection went: the caller finds out why from the connection
+                    if not line:
                         break
-                    frame = self._frame_of(item)
+                    frame, dropped = decoder.decode_line(line)
                     if frame is None:
-                        self._note_line(item)
-                        if frames == 0:
-                            output.append(item.rstrip("\n"))
+                        if dropped is None:
+                            self._note_line(line)
+                            if frames == 0:
+                                output.append(line.rstrip("\n"))
+                        else:
+                            if not dropping:  # once per broken chain, not once per delta
+                                self._note_line(dropped)
+                            dropping = True
                         continue
+                    dropping = False
                     frames += 1
                     if frames == 1:
                         self._backoff.reset()
-                    self._enter(STATE_UP, None, frame=frame, received_at=time.time())
-                    deadline = loop.time() + stale_after
+                    self._publish_frame(frame)
+                    deadline[0] = loop.time() + stale_after
             finally:
-                reader.cancel()
+                watcher.cancel()
                 process.close()
             with contextlib.suppress(asyncio.TimeoutError, asyncssh.Error, OSError):
                 await asyncio.wait_for(process.wait_closed(), PROBE_EXIT_WAIT_S)
@@ -534,18 +548,32 @@ class SshLink(NodeLink):
         last = self.last_error or "no output"
         return "exited", "probe exited with status %s: %s" % (status, last)
 
-    async def _read_lines(self, process: Any, lines: asyncio.Queue) -> None:
-        try:
-            while True:
-                line = await process.stdout.readline()
-                if not line:
-                    break
-                lines.put_nowait(line)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            pass  # the connection went: the stream loop finds out why from the connection
-        lines.put_nowait(None)
+    def _publish_frame(self, frame: NodeFrame) -> None:
+        """Enter `up` with a new frame: _enter's result, without dataclasses.replace's cost on the hot path."""
+        if self._state.state != STATE_UP:
+            self._enter(STATE_UP, None, frame=frame, received_at=time.time())
+            return
+        self._state = replace_decoded(
+            self._state, {"reason": None, "fingerprint": None, "frame": frame, "received_at": time.time()}
+        )
+        if self._publish is not None:
+            self._publish(self._state)
+
+    async def _watch_stale(self, deadline: List[float]) -> None:
+        """Enter `stale` when no frame came by deadline[0]; a frame moves the deadline and brings `up` back."""
+        loop = asyncio.get_running_loop()
+        stale_after = STALE_INTERVALS * self.interval
+        while True:
+            wait = deadline[0] - loop.time()
+            if wait > 0:
+                # At most stale_after: the first frame moves the deadline earlier than the grace one.
+                await asyncio.sleep(min(wait, stale_after))
+                continue
+            if self._state.state != STATE_STALE:
+                since = self._state.received_at
+                age = "no frame for %.1f s" % (time.time() - since) if since else "no frame yet"
+                self._enter(STATE_STALE, age)
+            await asyncio.sleep(min(self.interval, 1.0))
 
     # --- the fallback ------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from opsconsole.model import NodeFrame, ProcessSample, to_wire
 from opsconsole.probe.host import HostReader, describe_error
 from opsconsole.probe.procs import ProcessTable
+from opsconsole.probe.wire_delta import DEFAULT_KEYFRAME_EVERY, DeltaEncoder
 
 
 class _MissingGpuReader(object):
@@ -209,6 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top", type=_non_negative_int, default=30, metavar="N", help="host processes by CPU (0: none)")
     parser.add_argument("--slow-every", type=_positive_int, default=5, metavar="N", help="read slow GPU fields every N polls")
     parser.add_argument("--node-name", default=None, metavar="NAME", help="node name in frames (default: hostname)")
+    parser.add_argument(
+        "--delta", action="store_true", help="stream a keyframe, then only what changed (see probe/wire_delta.py)"
+    )
+    parser.add_argument(
+        "--keyframe-every", type=_positive_int, default=DEFAULT_KEYFRAME_EVERY, metavar="N",
+        help="with --delta: a full frame every N lines (default %d)" % DEFAULT_KEYFRAME_EVERY,
+    )
     return parser
 
 
@@ -253,9 +261,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out.write(frame_line(probe.poll()) + "\n")
             out.flush()
             return 0
+        # --delta: a keyframe, then deltas (floats rounded); the default stays one full frame per line.
+        encode = DeltaEncoder(args.keyframe_every).encode if args.delta else frame_line
         deadline = time.monotonic()
         while True:
-            out.write(frame_line(probe.poll()) + "\n")
+            out.write(encode(probe.poll()) + "\n")
             out.flush()
             deadline = next_deadline(deadline, time.monotonic(), args.interval)
             delay = deadline - time.monotonic()

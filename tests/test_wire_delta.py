@@ -1,0 +1,354 @@
+"""Keyframe + delta stream: encoder and decoder together, on mutated real H200 frames and the real agent."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opsconsole.model import NodeFrame, from_wire, to_wire
+from opsconsole.probe import wire_delta
+from opsconsole.probe.agent import Probe
+from opsconsole.probe.wire_delta import (
+    DeltaEncoder,
+    DeltaError,
+    StreamDecoder,
+    apply_delta,
+    delta_of,
+    round_wire,
+    rounded_wire,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "h200_frame.json"
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+def real_wire() -> dict:
+    """The real H200 frame (1 GPU, 1 GPU process, 30 top processes) widened to 8 GPUs, rounded."""
+    wire = json.loads(FIXTURE.read_text())
+    first = wire["gpus"][0]
+    wire["gpus"] = [dict(first, index=i, uuid=first["uuid"][:-2] + "%02x" % i) for i in range(8)]
+    proc = wire["processes"][0]
+    wire["processes"] = [dict(proc, pid=proc["pid"] + i, gpu_index=i, gpu_uuid=wire["gpus"][i]["uuid"]) for i in range(8)]
+    return round_wire(wire)
+
+
+class Mutator:
+    """Moves a wire frame on by one tick with random changes of every kind the stream must carry."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.spare_host = None
+        self.next_pid = 90000
+
+    def step(self, wire: dict) -> dict:
+        rng = self.rng
+        new = copy.deepcopy(wire)
+        new["seq"] += 1
+        new["time"] += 1.0 + rng.random() / 100
+        new["probe_ms"] = rng.randint(100, 9000) / 100.0
+        for gpu in new["gpus"]:
+            if rng.random() < 0.8:
+                gpu["utilization_gpu"] = float(rng.randint(0, 100))
+                gpu["memory_used"] = rng.randint(0, gpu["memory_total"] or 1)
+                gpu["power_draw_w"] = rng.randint(60000, 700000) / 1000.0
+                gpu["energy_j"] = (gpu["energy_j"] or 0) + rng.randint(0, 700000) / 1000.0
+                gpu["clock_sm_mhz"] = rng.choice((345, 1410, 1755, 1980))
+            if rng.random() < 0.2:
+                gpu["temperature"] = float(rng.randint(30, 80))
+            if rng.random() < 0.05:
+                gpu["clock_event_reasons"] = rng.choice(([], ["SwPowerCap"], ["HwSlowdown", "SwThermalSlowdown"]))
+            if rng.random() < 0.03:
+                gpu["lost"] = not gpu["lost"]
+                gpu["errors"] = ["utilization: GPU is lost"] if gpu["lost"] else []
+            if rng.random() < 0.02:
+                gpu["xid_events"] = [79]
+            if rng.random() < 0.02:  # same value, other type: the console must see 55 become 55.0
+                gpu["temperature"] = int(gpu["temperature"]) if type(gpu["temperature"]) is float else float(gpu["temperature"])
+        if rng.random() < 0.05 and len(new["gpus"]) > 1:
+            del new["gpus"][rng.randrange(len(new["gpus"]))]  # a GPU fell off the bus
+        if rng.random() < 0.05:
+            top = max(g["index"] for g in new["gpus"]) + 1 if new["gpus"] else 0
+            new["gpus"].append(dict(wire["gpus"][0] if wire["gpus"] else real_wire()["gpus"][0], index=top))
+        if rng.random() < 0.05:
+            rng.shuffle(new["gpus"])
+        self._processes(new["processes"], gpu=True)
+        self._processes(new["top_processes"], gpu=False)
+        host = new["host"]
+        if host is not None:
+            host["cpu_per_core"] = [rng.randint(0, 1000) / 10.0 if rng.random() < 0.6 else v for v in host["cpu_per_core"]]
+            host["cpu_percent"] = rng.randint(0, 1000) / 10.0
+            host["mem_used"] += rng.randint(-100, 100) * 4096
+            host["net"][0]["rx_bytes_per_s"] = float(rng.randint(0, 10**9))
+            if rng.random() < 0.1:
+                host["disks"].append(dict(host["disks"][0], path="/scratch%d" % rng.randint(0, 9)))
+        if rng.random() < 0.05:
+            self.spare_host, new["host"] = new["host"], self.spare_host  # host readings fail, then come back
+        if rng.random() < 0.1:
+            new["errors"] = [] if new["errors"] else ["host: PermissionError: /proc/stat", "procs: boom"]
+        if rng.random() < 0.03:
+            new["gpu_note"] = None if new["gpu_note"] else "NVML: driver not loaded"
+        return new
+
+    def _processes(self, procs: list, gpu: bool) -> None:
+        rng = self.rng
+        for proc in procs:
+            if rng.random() < 0.7:
+                proc["cpu_percent"] = rng.randint(0, 1000) / 10.0
+                proc["elapsed_s"] = (proc["elapsed_s"] or 0) + 1.0
+            if gpu and rng.random() < 0.3:
+                proc["gpu_memory_bytes"] = rng.randint(0, 2 ** 34)
+        if procs and rng.random() < 0.2:
+            del procs[rng.randrange(len(procs))]
+        if rng.random() < 0.2:
+            self.next_pid += 1
+            template = dict(procs[0]) if procs else {"pid": 0, "name": "x", "command": "x"}
+            template.update(pid=self.next_pid, name="new%d" % self.next_pid, cpu_percent=1.5)
+            if gpu:
+                template["gpu_index"] = rng.randint(0, 7)
+            procs.insert(rng.randint(0, len(procs)), template)
+        if not gpu and rng.random() < 0.5:
+            procs.sort(key=lambda p: -(p["cpu_percent"] or 0))
+
+
+def exact(frame) -> str:
+    # repr shows types too: 55 and 55.0 compare equal but are not the same reading.
+    return repr(frame)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_sequences_decode_to_the_full_frames(seed):
+    mutate = Mutator(seed)
+    encoder = DeltaEncoder(keyframe_every=random.Random(seed).choice((1, 3, 7, 30, 1000)))
+    decoder = StreamDecoder()
+    wire = real_wire()
+    for _ in range(60):
+        line = encoder.encode_wire(copy.deepcopy(wire))
+        frame, dropped = decoder.decode_line(line + "\n")
+        assert dropped is None
+        expected = from_wire(NodeFrame, json.loads(json.dumps(wire)))
+        assert frame == expected
+        assert exact(frame) == exact(expected)
+        wire = round_wire(mutate.step(wire))
+    assert decoder.dropped == 0
+    assert decoder.keyframes == encoder.keyframes and decoder.deltas == encoder.deltas
+    if encoder.keyframe_every > 1:
+        assert encoder.deltas > encoder.keyframes
+
+
+def test_deltas_are_much_shorter_than_keyframes():
+    mutate = Mutator(99)
+    encoder = DeltaEncoder(keyframe_every=1000)
+    wire = real_wire()
+    keyframe = encoder.encode_wire(wire)
+    delta = encoder.encode_wire(round_wire(mutate.step(wire)))
+    assert not keyframe.startswith('{"delta"') and delta.startswith('{"delta":1,')
+    assert len(delta) < len(keyframe) / 2
+
+
+def test_unchanged_objects_are_the_same_objects():
+    wire = real_wire()
+    encoder, decoder = DeltaEncoder(), StreamDecoder()
+    first, _ = decoder.decode_line(encoder.encode_wire(wire))
+    new = copy.deepcopy(wire)
+    new["seq"] += 1
+    new["gpus"][3]["utilization_gpu"] = 12.0
+    new["top_processes"][5]["cpu_percent"] = 77.7
+    new["top_processes"][0], new["top_processes"][1] = new["top_processes"][1], new["top_processes"][0]
+    second, _ = decoder.decode_line(encoder.encode_wire(new))
+    assert second == from_wire(NodeFrame, new)
+    assert second.host is first.host
+    assert second.processes is first.processes  # the whole tuple: nothing in it changed
+    assert [a is b for a, b in zip(second.gpus, first.gpus)] == [i != 3 for i in range(8)]
+    assert second.gpus[3].utilization_gpu == 12.0 and first.gpus[3].utilization_gpu != 12.0
+    assert second.top_processes[0] is first.top_processes[1] and second.top_processes[1] is first.top_processes[0]
+    assert second.top_processes[5] is not first.top_processes[5]
+    assert all(second.top_processes[i] is first.top_processes[i] for i in range(2, 30) if i != 5)
+
+
+def test_a_delta_carries_only_what_changed():
+    wire = real_wire()
+    new = copy.deepcopy(wire)
+    new["seq"] += 1
+    new["gpus"][2]["power_draw_w"] = 123.45
+    delta = delta_of(wire, new)
+    assert delta == {"delta": 1, "base": wire["seq"], "f": {"seq": wire["seq"] + 1}, "gpus": [0, 1, {"power_draw_w": 123.45, "@": 2}, 3, 4, 5, 6, 7]}
+
+
+def test_rounding_makes_noise_below_the_precision_unchanged():
+    wire = real_wire()
+    new = copy.deepcopy(wire)
+    new["seq"] += 1
+    new["gpus"][0]["power_draw_w"] += 0.0004  # below 0.01 W
+    new["gpus"][0]["energy_j"] += 0.0001  # below 0.001 J
+    new["host"]["cpu_per_core"][0] += 0.04  # below 0.1 %
+    delta = delta_of(wire, round_wire(new))
+    assert "gpus" not in delta and "host" not in delta
+    rounded = round_wire({"gpus": [{"power_draw_w": 690.70649, "energy_j": 1.23456, "utilization_gpu": 98.26}],
+                          "host": {"cpu_per_core": [26.83, 0.0], "load_avg": [0.4712]}, "probe_ms": 1.23456})
+    assert rounded["gpus"][0] == {"power_draw_w": 690.71, "energy_j": 1.235, "utilization_gpu": 98.3}
+    assert rounded["host"] == {"cpu_per_core": [26.8, 0.0], "load_avg": [0.47]} and rounded["probe_ms"] == 1.23
+
+
+def stream_lines(count: int, keyframe_every: int, seed: int = 5):
+    mutate, encoder, wire = Mutator(seed), DeltaEncoder(keyframe_every), real_wire()
+    lines, wires = [], []
+    for _ in range(count):
+        lines.append(encoder.encode_wire(copy.deepcopy(wire)))
+        wires.append(json.loads(json.dumps(wire)))
+        wire = round_wire(mutate.step(wire))
+    return lines, wires
+
+
+def test_a_missing_delta_drops_the_chain_until_the_next_keyframe():
+    lines, wires = stream_lines(12, keyframe_every=5)  # keyframes at 0, 5, 10
+    decoder = StreamDecoder()
+    results = [decoder.decode_line(line) for i, line in enumerate(lines) if i != 2]  # line 2 lost
+    kept = [i for i in range(12) if i != 2]
+    for i, (frame, dropped) in zip(kept, results):
+        if i in (3, 4):
+            assert frame is None and "the last frame is seq %d" % wires[1]["seq"] in dropped
+            assert dropped.endswith("waiting for a keyframe")
+        else:
+            assert dropped is None and frame == from_wire(NodeFrame, wires[i])
+    assert decoder.dropped == 2
+
+
+def test_an_undecodable_line_is_no_frame_and_the_next_delta_is_dropped():
+    lines, wires = stream_lines(8, keyframe_every=4)
+    decoder = StreamDecoder()
+    assert decoder.decode_line(lines[0])[0] == from_wire(NodeFrame, wires[0])
+    assert decoder.decode_line(lines[1][: len(lines[1]) // 2]) == (None, None)  # cut in half
+    frame, dropped = decoder.decode_line(lines[2])
+    assert frame is None and "delta on seq %d" % wires[1]["seq"] in dropped
+    assert decoder.decode_line(lines[3])[0] is None
+    assert decoder.decode_line(lines[4]) == (from_wire(NodeFrame, wires[4]), None)  # the keyframe
+    assert decoder.decode_line(lines[5]) == (from_wire(NodeFrame, wires[5]), None)
+    assert decoder.decode_line("Traceback (most recent call last):\n") == (None, None)
+
+
+def test_a_delta_before_any_keyframe_is_dropped():
+    lines, _ = stream_lines(3, keyframe_every=30)
+    frame, dropped = StreamDecoder().decode_line(lines[1])
+    assert frame is None and "delta before any keyframe" in dropped
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"delta": 2}, "unknown delta format 2"),
+        ({"gpus": [0, 99]}, "gpus: no item 99"),
+        ({"gpus": [-1]}, "gpus: no item -1"),
+        ({"gpus": [{"@": 42, "utilization_gpu": 1.0}]}, "gpus: no item 42"),
+        ({"gpus": "0,1"}, "gpus: expected a list"),
+        ({"top_processes": [True]}, "top_processes: bad item True"),
+        ({"host": 5}, "host: expected an object"),
+        ({"f": [1]}, "bad top-level fields"),
+        ({"f": {"gpus": []}}, "bad top-level fields"),
+        ({"gpus": [{"name": "no index"}]}, "missing field 'index'"),
+    ],
+)
+def test_a_bad_delta_is_rejected_with_its_reason(change, message):
+    base = from_wire(NodeFrame, real_wire())
+    delta = {"delta": 1, "base": base.seq, "f": {"seq": base.seq + 1}}
+    delta.update(change)
+    with pytest.raises(DeltaError, match=message.replace("(", r"\(")):
+        apply_delta(base, delta)
+
+
+def test_host_changes_to_a_missing_host_are_rejected():
+    base = from_wire(NodeFrame, dict(real_wire(), host=None))
+    with pytest.raises(DeltaError, match="host: changes to a host"):
+        apply_delta(base, {"delta": 1, "base": base.seq, "f": {}, "host": {"@": 0, "cpu_percent": 1.0}})
+
+
+def test_the_encoder_sends_a_keyframe_when_a_delta_cannot_be_made():
+    wire = real_wire()
+    encoder = DeltaEncoder(keyframe_every=100)
+    encoder.encode_wire(wire)
+    same_seq = copy.deepcopy(wire)  # a seq that does not move would hide a lost line
+    assert not encoder.encode_wire(same_seq).startswith('{"delta"')
+    other = copy.deepcopy(wire)
+    other["seq"] += 1
+    other["new_field_of_a_newer_probe"] = 1
+    assert not encoder.encode_wire(other).startswith('{"delta"')
+    broken = copy.deepcopy(other)
+    broken["seq"] += 1
+    broken["gpus"] = "not a list"
+    assert not encoder.encode_wire(broken).startswith('{"delta"')
+    assert encoder.keyframes == 4 and encoder.deltas == 0
+    encoder.force_keyframe()
+    assert not encoder.encode_wire(dict(broken, seq=broken["seq"] + 1)).startswith('{"delta"')
+
+
+def test_real_probe_frames_round_trip_through_the_encoder():
+    probe = Probe(node_name="delta-node", top=10, gpu_reader=None)
+    probe.prime(0.05)
+    encoder, decoder = DeltaEncoder(keyframe_every=4), StreamDecoder()
+    try:
+        for _ in range(6):
+            frame = probe.poll()
+            decoded, dropped = decoder.decode_line(encoder.encode(frame))
+            assert dropped is None
+            expected = from_wire(NodeFrame, json.loads(json.dumps(rounded_wire(frame))))
+            assert decoded == expected and exact(decoded) == exact(expected)
+    finally:
+        probe.close()
+    assert encoder.deltas == 4 and encoder.keyframes == 2
+
+
+def test_agent_with_delta_streams_a_keyframe_then_deltas():
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "opsconsole.probe.agent", "--interval", "0.1", "--delta", "--keyframe-every", "4",
+         "--top", "5", "--node-name", "delta-agent"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=ENV, text=True,
+    )
+    try:
+        lines = [agent.stdout.readline() for _ in range(9)]
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)
+    kinds = ["delta" if line.startswith('{"delta":1,') else "key" for line in lines]
+    assert kinds == ["key", "delta", "delta", "delta"] * 2 + ["key"]
+    decoder = StreamDecoder()
+    frames = []
+    for line in lines:
+        frame, dropped = decoder.decode_line(line)
+        assert dropped is None and frame is not None
+        frames.append(frame)
+    assert [f.seq for f in frames] == list(range(1, 10))
+    assert all(f.node == "delta-agent" and f.host is not None for f in frames)
+    assert all(f.host.cpu_count == os.cpu_count() for f in frames)
+    assert all(len(f.host.cpu_per_core) == os.cpu_count() for f in frames[1:])  # the first has no CPU baseline yet
+    assert all(a.time < b.time for a, b in zip(frames, frames[1:]))
+    # What the deltas built matches what the next keyframe says of the things that do not move.
+    built, keyframe = frames[7], frames[8]
+    assert (built.host.hostname, built.host.mem_total, built.driver_version, built.gpu_source) == (
+        keyframe.host.hostname, keyframe.host.mem_total, keyframe.driver_version, keyframe.gpu_source)
+    for frame in frames:  # every decoded frame is what its own full wire form decodes to
+        assert from_wire(NodeFrame, json.loads(json.dumps(to_wire(frame)))) == frame
+
+
+def test_plain_agent_lines_stay_full_frames():
+    agent = subprocess.run(
+        [sys.executable, "-m", "opsconsole.probe.agent", "--once", "--top", "3"],
+        capture_output=True, cwd=ROOT, env=ENV, text=True, timeout=30,
+    )
+    assert agent.returncode == 0
+    assert "delta" not in json.loads(agent.stdout)
+
+
+def test_wire_delta_is_python_38_and_stdlib_only():
+    source = Path(wire_delta.__file__).read_text()
+    tree = ast.parse(source, feature_version=(3, 8))
+    imported = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= {"__future__", "json", "typing", "opsconsole"}
