@@ -16,9 +16,18 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 
+from opsconsole.actions.audit import (
+    OUTCOME_CANCELLED,
+    OUTCOME_CONFIRMED,
+    OUTCOME_FAILED,
+    OUTCOME_REFUSED,
+    AuditLog,
+    audit_path,
+)
 from opsconsole.config import Config
-from opsconsole.model import NodeState
+from opsconsole.model import STATE_HOSTKEY, NodeState
 from opsconsole.tui.cluster import ClusterGpusPane
+from opsconsole.tui.confirm import ConfirmScreen
 from opsconsole.tui.gpus import GpusPane
 from opsconsole.tui.header import ConsoleHeader, header_text
 from opsconsole.tui.help import HelpRow, HelpScreen
@@ -133,6 +142,7 @@ class OpsConsole(App[int]):
         self._redraw_timer: Optional[Timer] = None
         self._first_frame_file: Optional[str] = os.environ.get("OPSCONSOLE_FIRST_FRAME_FILE")
         self._notes: List[Tuple[str, str]] = []  # (message, severity) to show once mounted
+        self._audit: Optional[AuditLog] = None  # opened on the first action
         self._install_themes(config.console.theme)
 
     # --- set-up ------------------------------------------------------------
@@ -226,6 +236,84 @@ class OpsConsole(App[int]):
         self.action_show_pane(GpusPane.pane_id)
         self.redraw()
 
+    # --- host keys -----------------------------------------------------------
+
+    @on(NodesPane.TrustHostKey)
+    def trust_host_key_asked(self, message: NodesPane.TrustHostKey) -> None:
+        message.stop()
+        self.ask_to_trust_host_key(message.node)
+
+    def ask_to_trust_host_key(self, name: str) -> None:
+        """`T` on a node: refuse, or show the key and the known_hosts line and ask (see nodes/trust.py)."""
+        # Imported here: it loads asyncssh, which a local-only console never needs.
+        from opsconsole.nodes.trust import ACTION_TRUST_HOSTKEY, plan_trust, ssh_link_of
+
+        state = self.fleet.states().get(name)
+        link = self._link_of(name)
+        if state is None or ssh_link_of(link) is None:
+            self.notify("%s is not reached over SSH: no host key to trust" % name, severity="warning")
+            return
+        if state.state != STATE_HOSTKEY:
+            self.notify("%s is %s: no host key waits to be trusted" % (name, state.state), severity="warning")
+            return
+        if self.config.console.read_only:
+            self.audit(ACTION_TRUST_HOSTKEY, name, "read-only console; fingerprint %s" % state.fingerprint, OUTCOME_REFUSED)
+            self.notify("read-only console [R]: trusting host keys is off", severity="warning")
+            return
+        plan = plan_trust(state, link)
+        if isinstance(plan, str):
+            self.audit(ACTION_TRUST_HOSTKEY, name, plan, OUTCOME_REFUSED)
+            self.notify(plan, severity="warning")
+            return
+        if plan.changed:
+            self.audit(ACTION_TRUST_HOSTKEY, name, "changed key, known_hosts not edited: " + plan.detail(), OUTCOME_REFUSED)
+            self.push_screen(ConfirmScreen("HOST KEY CHANGED for %s: not trusted" % name, changed_key_text(plan),
+                                           confirm_label=None, cancel_label="Close", danger=True))
+            return
+        self.push_screen(
+            ConfirmScreen("Trust the host key of %s?" % name, trust_text(plan), confirm_label="Trust and connect"),
+            callback=partial(self._trust_answered, plan),
+        )
+
+    async def _trust_answered(self, plan, confirmed: Optional[bool]) -> None:
+        from opsconsole.nodes.trust import ACTION_TRUST_HOSTKEY, trust_planned_key
+
+        if not confirmed:
+            self.audit(ACTION_TRUST_HOSTKEY, plan.node, plan.detail(), OUTCOME_CANCELLED)
+            self.notify("host key of %s not trusted" % plan.node)
+            return
+        # The record is written before the change: an action that cannot be audited is not done.
+        if not self.audit(ACTION_TRUST_HOSTKEY, plan.node, plan.detail(), OUTCOME_CONFIRMED):
+            self.notify("host key of %s not trusted: the audit log could not be written" % plan.node, severity="error")
+            return
+        problem = trust_planned_key(plan)
+        if problem:
+            self.audit(ACTION_TRUST_HOSTKEY, plan.node, "%s: %s" % (plan.detail(), problem), OUTCOME_FAILED)
+            self.notify(problem, severity="error", timeout=10)
+            return
+        self.notify("trusted %s %s for %s; connecting" % (plan.key_type, plan.fingerprint, plan.node))
+        retry = getattr(self.fleet, "retry", None)
+        if retry is not None:
+            await retry(plan.node)
+
+    def _link_of(self, name: str) -> object:
+        link = getattr(self.fleet, "link", None)
+        if link is None:
+            return None
+        try:
+            return link(name)
+        except KeyError:
+            return None
+
+    def audit(self, action: str, node: str, detail: str, outcome: str) -> bool:
+        """Write one audit record; a failure is shown, never raised. True when it was written."""
+        if self._audit is None:
+            self._audit = AuditLog(audit_path(self.config.actions))
+        problem = self._audit.write(action, node, detail, outcome)
+        if problem:
+            self.notify(problem, severity="error", timeout=10)
+        return not problem
+
     # --- key registry --------------------------------------------------------
 
     def help_rows(self) -> List[HelpRow]:
@@ -305,6 +393,52 @@ class OpsConsole(App[int]):
             self._set_filter("")
         self.filter_input.remove_class("-open")
         self.focus_pane(self.visible_pane_id)
+
+
+def _fields(rows: Sequence[Tuple[str, str]]) -> Text:
+    text = Text()
+    for label, value in rows:
+        text.append("%-13s" % label, style="bold")
+        text.append(value + "\n")
+    return text
+
+
+def trust_text(plan) -> Text:
+    """The body of the trust confirmation: node, host, key, and the exact line and file."""
+    host = plan.pattern + ("  (a jump host of %s)" % plan.node if plan.via_jump else "")
+    text = _fields([
+        ("Node", plan.node),
+        ("Host", host),
+        ("Key type", plan.key_type),
+        ("Fingerprint", plan.fingerprint),
+        ("known_hosts", "no key for this host yet (unknown key)"),
+    ])
+    text.append("\nCompare the fingerprint with the node's own before trusting it "
+                "(on the node: ssh-keygen -lf /etc/ssh/ssh_host_%s_key.pub).\n" % plan.key_type.replace("ssh-", ""))
+    text.append("\nThis line will be appended to ")
+    text.append(plan.known_hosts, style="bold")
+    text.append(":\n")
+    text.append(plan.line.rstrip("\n"), style="bold")
+    text.append("\n\ny trusts it and connects · n / esc cancels", style="italic")
+    return text
+
+
+def changed_key_text(plan) -> Text:
+    """The body shown for a CHANGED key: both fingerprints, and the command the user runs instead."""
+    rows = [("Node", plan.node), ("Host", plan.pattern), ("Presented", "%s %s" % (plan.key_type, plan.fingerprint))]
+    for entry in plan.old_keys:
+        rows.append(("Trusted", "%s %s  (%s line %d)" % (entry.key_type, entry.fingerprint, entry.path, entry.line_number)))
+    text = _fields(rows)
+    text.append("\nPOSSIBLE MAN-IN-THE-MIDDLE: ", style="bold red")
+    text.append("the host presented a key other than the one known_hosts holds. The console does not "
+                "edit known_hosts for a changed key: the old key stays there, and nothing was written.\n")
+    text.append("\nIf the change is expected (the node was reinstalled), check the new fingerprint with "
+                "its admin, remove the old key yourself:\n")
+    for command in plan.remove_commands():
+        text.append("  " + command + "\n", style="bold")
+    text.append("then press T again to trust the new key.\n")
+    text.append("\nesc closes", style="italic")
+    return text
 
 
 def run_console(config: Config, fleet: FleetLike) -> int:

@@ -43,8 +43,8 @@ class HelpScreen(ModalScreen[None]):
             yield Static("Keys", id="help-title")
             table: DataTable = DataTable(id="help-table", cursor_type="row", show_cursor=False)
             table.add_column("key", key="key", width=12)
-            table.add_column("binding id", key="id", width=16)
-            table.add_column("what it does", key="description", width=46)
+            table.add_column("binding id", key="id", width=20)
+            table.add_column("what it does", key="description", width=42)
             for binding_id, key, description in self.rows:
                 table.add_row(Text(key, style="bold"), Text(binding_id), Text(description), key=binding_id)
             yield table

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import List
+from typing import List, Optional
 
 from rich.text import Text
 from textual import on
+from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable
 
@@ -83,7 +84,7 @@ class NodesPane(TablePane):
     """Every node: state (coloured), reason, GPU count, utilisation, memory, heat, power, age.
 
     Keys: `s` next sort column, `r` reverse, header click sorts; `enter` on a row posts
-    `NodesPane.Drill(node)`. Filter: free text on name/state/reason, `state:down`, `node:gpu0*`,
+    `NodesPane.Drill(node)`; `T` posts `NodesPane.TrustHostKey(node)` for the row's node. Filter: free text on name/state/reason, `state:down`, `node:gpu0*`,
     `util<10`, `temp>80`, `errors>0`, `age>60`.
     """
 
@@ -91,6 +92,17 @@ class NodesPane(TablePane):
     title = "Nodes"
     key = "4"
     filter_fields = NODE_FILTER
+
+    BINDINGS = [
+        Binding("T", "trust_hostkey", "Trust host key", id="node.trust_hostkey"),
+    ]
+
+    class TrustHostKey(Message):
+        """Posted by `T`: the app confirms, then trusts the key the node presented."""
+
+        def __init__(self, node: str) -> None:
+            self.node = node
+            super().__init__()
 
     class Drill(Message):
         """Posted when the user opens a node: the app shows that node's GPUs and processes."""
@@ -125,3 +137,21 @@ class NodesPane(TablePane):
         event.stop()
         if event.row_key.value is not None:
             self.post_message(self.Drill(event.row_key.value))
+
+    def highlighted_node(self) -> Optional[str]:
+        """The node of the row under the cursor, None when the table is empty."""
+        table = self.tables[0].table
+        if table.row_count == 0:
+            return None
+        try:
+            return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:  # a cursor past the rows after a filter: no node
+            return None
+
+    def action_trust_hostkey(self) -> None:
+        """Ask the app to trust the host key of the highlighted node (it confirms first)."""
+        node = self.highlighted_node()
+        if node is None:
+            self.app.notify("no node selected", severity="warning")
+            return
+        self.post_message(self.TrustHostKey(node))

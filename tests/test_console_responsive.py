@@ -1,0 +1,133 @@
+"""The console keeps answering keys while a node hangs (real sshd frozen with SIGSTOP, real Fleet, real app).
+
+No durations are asserted: the test checks that key presses act and that the healthy
+node's frames keep arriving while the other node is frozen, and that the frozen node
+goes stale, then down, with its last frame kept. (benchmarks/keypress_latency.py
+measures how long a key press takes, against a baseline with no node frozen.)
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List
+
+import pytest
+from textual.widgets import DataTable, Input
+
+from opsconsole.config import Config, ConsoleConfig, NodeConfig, SshConfig
+from opsconsole.model import STATE_DOWN, STATE_STALE, STATE_UP, NodeState
+from opsconsole.nodes.fleet import Fleet
+from opsconsole.tui.app import OpsConsole
+from opsconsole.tui.formatting import NA, STALE_ROW_STYLE
+from opsconsole.tui.help import HelpScreen
+from tests.sshd import ssh_client, sshd_factory  # noqa: F401
+
+pytestmark = pytest.mark.sshd
+
+SIZE = (140, 40)
+WAIT_LIMIT_S = 60.0  # a limit for polling, not a measured figure
+FAST = SshConfig(connect_timeout=3.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.2, backoff_max=1.0)
+
+
+class RecordingFleet(Fleet):
+    """The real fleet, also keeping every state it published (to see `stale` pass by)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.published: List[NodeState] = []
+
+    async def start(self, on_change: Callable[[NodeState], None]) -> None:
+        def record(state: NodeState) -> None:
+            self.published.append(state)
+            on_change(state)
+
+        await super().start(record)
+
+
+async def wait_until(pilot, predicate, what: str) -> None:
+    for _ in range(int(WAIT_LIMIT_S / 0.1)):
+        if predicate():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError("not reached within %g s: %s" % (WAIT_LIMIT_S, what))
+
+
+def seq_of(app: OpsConsole, name: str) -> int:
+    frame = app.fleet.states()[name].frame
+    return frame.seq if frame is not None else -1
+
+
+async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd_factory):
+    healthy, frozen = sshd_factory.start(), sshd_factory.start()
+    config = Config(
+        console=ConsoleConfig(interval=0.3),
+        nodes=(
+            NodeConfig(name="ok-node", host=healthy.address, port=healthy.port),
+            NodeConfig(name="hung-node", host=frozen.address, port=frozen.port),
+        ),
+        ssh=FAST,
+    )
+    fleet = RecordingFleet(config)
+    app = OpsConsole(config, fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        states = app.fleet.states
+        await wait_until(pilot, lambda: all(s.state == STATE_UP and s.frame.seq >= 2 for s in states().values()),
+                         "both nodes up")
+        last_frame = states()["hung-node"].frame
+        frozen.freeze()
+        try:
+            mark = len(fleet.published)
+            seq_before = seq_of(app, "ok-node")
+
+            # Keys act while the node hangs: pane switches, help, the filter.
+            await pilot.press("2")
+            await pilot.pause()
+            assert app.visible_pane_id == "processes"
+            await pilot.press("4")
+            await pilot.pause()
+            assert app.visible_pane_id == "nodes"
+            nodes_table = app.panes["nodes"].query_one("#nodes-table", DataTable)
+            await pilot.press("question_mark")
+            await pilot.pause()
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not isinstance(app.screen, HelpScreen)
+            await pilot.press("slash", *"ok-")
+            await pilot.pause()
+            assert app.query_one("#filter", Input).has_focus
+            assert [key.value for key in nodes_table.rows] == ["ok-node"]
+            await pilot.press("escape")
+            await pilot.pause()
+            assert sorted(key.value for key in nodes_table.rows) == ["hung-node", "ok-node"]
+
+            # The frozen node goes stale, then down, its last frame kept ...
+            def hung_states():
+                return [s for s in fleet.published[mark:] if s.name == "hung-node"]
+
+            await wait_until(pilot, lambda: any(s.state == STATE_DOWN for s in hung_states()), "hung-node down")
+            names = [s.state for s in hung_states()]
+            assert STATE_STALE in names and names.index(STATE_STALE) < names.index(STATE_DOWN)
+            hung = states()["hung-node"]
+            assert hung.state == STATE_DOWN and hung.frame == last_frame
+            # ... and the Nodes pane shows it down with its last readings, while keys still act.
+            await pilot.pause(0.3)
+            assert nodes_table.get_cell("hung-node", "state").plain == "down"
+            # the last readings stay, dimmed, with their age (a node that never sent a frame shows N/A)
+            assert str(nodes_table.get_cell("hung-node", "name").style) == STALE_ROW_STYLE
+            assert nodes_table.get_cell("hung-node", "age").plain != NA
+            await pilot.press("3")
+            await pilot.pause()
+            assert app.visible_pane_id == "host"
+            await pilot.press("4")
+            await pilot.pause()
+
+            # The healthy node kept streaming all along, and the pane was fed its new frames.
+            seq_after = seq_of(app, "ok-node")
+            assert states()["ok-node"].state == STATE_UP and seq_after > seq_before + 3
+            ok_published = [s.frame.seq for s in fleet.published[mark:] if s.name == "ok-node" and s.frame]
+            assert ok_published == sorted(ok_published) and len(ok_published) >= 3
+            await wait_until(pilot, lambda: app.panes["nodes"].states["ok-node"].frame.seq >= seq_after,
+                             "the Nodes pane drew ok-node's newest frame")
+            assert nodes_table.get_cell("ok-node", "state").plain == "up"
+        finally:
+            frozen.thaw()
