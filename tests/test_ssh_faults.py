@@ -231,3 +231,22 @@ async def _run_on(server, argv):
         return await link.run_command(argv)
     finally:
         await link.close()
+
+
+@pytest.mark.parametrize(
+    "config_text, host, expected",
+    [
+        ("Host alias1\n  HostName 127.0.0.1\n  ServerAliveInterval 7\n  ServerAliveCountMax 4\n", "alias1", (7.0, 4)),
+        ("Host alias1\n  ServerAliveInterval 7\n", "other", (1.0, 3)),  # not this host: our defaults
+        ("Host *\n  ServerAliveCountMax 9\n", "n1", (1.0, 9)),
+        ("", "n1", (1.0, 3)),
+    ],
+)
+def test_keepalive_honours_ssh_config_server_alive(tmp_path, config_text, host, expected):
+    from opsconsole.config import SshConfig
+    from opsconsole.nodes.ssh import keepalive_for
+
+    path = tmp_path / "config"
+    path.write_text(config_text)
+    ssh = SshConfig(keepalive_interval=1.0, keepalive_count_max=3)
+    assert keepalive_for(host, None, None, ssh, config_path=str(path)) == expected

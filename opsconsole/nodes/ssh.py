@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import getpass
 import json
+import os
 import random
 import shlex
 import socket
@@ -91,6 +93,31 @@ class LinkError(Exception):
         self.state = state
         self.reason = reason
         self.fingerprint = fingerprint
+
+
+def keepalive_for(host: str, user: Optional[str], port: Optional[int], ssh: SshConfig, config_path: Optional[str] = None) -> Tuple[float, int]:
+    """Keepalive settings for a host: ~/.ssh/config's ServerAlive* where it sets them, like ssh.
+
+    asyncssh lets explicit arguments override the config file, so ask the file first;
+    where it is silent, our defaults keep a frozen node detected within seconds.
+    """
+    path = config_path or os.path.expanduser("~/.ssh/config")
+    interval, count_max = ssh.keepalive_interval, ssh.keepalive_count_max
+    if not os.path.exists(path):
+        return interval, count_max
+    try:
+        from asyncssh.config import SSHClientConfig
+
+        config = SSHClientConfig.load(None, [path], False, False, False, getpass.getuser(), user, host, port)
+        set_interval = config.get("ServerAliveInterval")
+        set_count = config.get("ServerAliveCountMax")
+    except Exception:  # a config asyncssh cannot read fails the connect itself, with its message
+        return interval, count_max
+    if set_interval:
+        interval = float(set_interval)
+    if set_count:
+        count_max = int(set_count)
+    return interval, count_max
 
 
 def parse_jump(spec: str) -> Tuple[Optional[str], str, Optional[int]]:
@@ -277,11 +304,12 @@ class SshLink(NodeLink):
         target: bool,
     ) -> asyncssh.SSHClientConnection:
         known, verdict, client_class = self._verifier.prepare()
+        interval, count_max = keepalive_for(host, user, port, self.ssh)
         kwargs = dict(
             known_hosts=known,
             client_factory=self._client_factory(client_class, on_lost=target),
-            keepalive_interval=self.ssh.keepalive_interval,
-            keepalive_count_max=self.ssh.keepalive_count_max,
+            keepalive_interval=interval,
+            keepalive_count_max=count_max,
             connect_timeout=self.ssh.connect_timeout,
         )  # type: dict
         if port is not None:
