@@ -79,7 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", metavar="S", type=_positive_float, default=10.0, help="give up on a node after S seconds (10)"
     )
     snapshot.set_defaults(handler=command_snapshot)
+    for module in command_modules():
+        module.register(commands, lambda sub: _add_node_options(sub, in_subcommand=True))
     return parser
+
+
+def command_modules() -> list:
+    """The headless subcommands under opsconsole/commands/, each with `register(commands, add_node_options)`.
+
+    Found by listing the package, so a new command is one new module. Each module keeps its
+    heavy imports inside its handler: parsing `opsconsole --help` must stay fast.
+    """
+    import importlib
+    import pkgutil
+
+    import opsconsole.commands as package
+
+    names = sorted(info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_"))
+    return [importlib.import_module("opsconsole.commands." + name) for name in names]
 
 
 # --- config from arguments -------------------------------------------------

@@ -1,0 +1,1 @@
+"""Health checks over frames, telemetry findings and on-node GPU sanity tests; no Textual here."""

@@ -1,0 +1,1 @@
+"""Following log files (local and over SSH) and labelling their lines; no Textual here."""

@@ -1,0 +1,37 @@
+"""A recognised failure signature in a log: what it is, why it happens, what to do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+SEVERITY_CRITICAL = "critical"  # the run is dead or will die
+SEVERITY_ERROR = "error"
+SEVERITY_WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Category:
+    """One entry of the knowledge base (ids as in the logs issue: cuda_oom, nccl_timeout, ...)."""
+
+    id: str
+    title: str
+    severity: str
+    cause: str
+    remedy: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of one log matched to a category."""
+
+    line: int  # 1-based line number in the input
+    category: str  # Category.id
+    severity: str
+    title: str
+    cause: str
+    remedy: str
+    excerpt: str  # the matching line (and, where useful, its neighbours), trimmed
+    source: Optional[str] = None  # LogSource.key or the file name
+    rank: Optional[int] = None
+    time: Optional[float] = None
