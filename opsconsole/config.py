@@ -10,7 +10,9 @@ import difflib
 import math
 import os
 import re
-from dataclasses import dataclass, field
+import shlex
+import string
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, NoReturn, Optional, Tuple, Union
 
@@ -76,10 +78,53 @@ class HealthConfig:
     disk_paths: Tuple[str, ...] = ("/",)
 
 
+# Placeholders an action's argv template may use; each fills one argv word, never a shell line.
+GPU_RESET_PLACEHOLDERS = ("index", "uuid", "pci_bus_id", "node")
+DRAIN_PLACEHOLDERS = ("node", "reason")
+
+
 @dataclass(frozen=True)
 class ActionsConfig:
     audit_log: Optional[str] = None  # None: $XDG_STATE_HOME/opsconsole/audit.log
     confirm: bool = True
+    # argv templates: each word is formatted on its own ({index} ...), never through a shell
+    gpu_reset_command: Tuple[str, ...] = ("nvidia-smi", "--gpu-reset", "-i", "{index}")
+    drain_command: Tuple[str, ...] = ("scontrol", "update", "NodeName={node}", "State=DRAIN", "Reason={reason}")
+    signal_escalation_s: float = 30.0  # after SIGINT (or SIGTERM), ask before the next signal
+    command_timeout_s: float = 120.0  # an action's command is stopped after this long
+
+
+@dataclass(frozen=True)
+class HistoryConfig:
+    size: int = 300  # samples kept per GPU and node metric (5 minutes at 1 s)
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    directory: Optional[str] = None  # where the console's record key writes; None: $XDG_STATE_HOME/opsconsole
+    max_mb: float = 200.0  # oldest part dropped beyond this
+    max_age_s: Optional[float] = None  # None: kept until max_mb
+    chunk_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class AlertRuleConfig:
+    name: str
+    metric: str
+    comparison: str
+    threshold: float
+    for_s: float = 0.0
+    severity: str = "warning"
+    clear: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class AlertingConfig:
+    builtin_rules: bool = True  # the seed's thresholds (temperature, disk, memory) and hard faults
+    bell: bool = False
+    toast: bool = True
+    hook: Tuple[str, ...] = ()  # argv of a command that gets each alert as JSON on stdin
+    hook_timeout_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +137,10 @@ class Config:
     checkpoints: Tuple[CheckpointDirConfig, ...] = ()
     health: HealthConfig = field(default_factory=HealthConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)
+    alerts: Tuple[AlertRuleConfig, ...] = ()
+    alerting: AlertingConfig = field(default_factory=AlertingConfig)
 
 
 DEFAULT_CONFIG = Config()
@@ -469,9 +518,20 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "logs": ("paths",),
     "checkpoints": ("path", "node"),
     "health": ("gpu_temperature_c", "disk_free_percent", "memory_percent", "disk_paths"),
-    "actions": ("audit_log", "confirm"),
+    "actions": (
+        "audit_log",
+        "confirm",
+        "gpu_reset_command",
+        "drain_command",
+        "signal_escalation_s",
+        "command_timeout_s",
+    ),
+    "history": ("size",),
+    "record": ("directory", "max_mb", "max_age_s", "chunk_s"),
+    "alerts": ("name", "metric", "comparison", "threshold", "for", "severity", "clear"),
+    "alerting": ("builtin_rules", "bell", "toast", "hook", "hook_timeout_s"),
 }
-ARRAY_SECTIONS = ("nodes", "checkpoints")  # written as [[nodes]], [[checkpoints]]
+ARRAY_SECTIONS = ("nodes", "checkpoints", "alerts")  # written as [[nodes]], [[checkpoints]], [[alerts]]
 HOST_KEY_POLICIES = ("strict", "accept-new")
 # Values people try in order to switch checking off; they get a pointed answer.
 _CHECKING_OFF_WORDS = {
@@ -505,16 +565,8 @@ class _Checker:
         nodes = parts.get("nodes", DEFAULT_CONFIG.nodes)
         checkpoints = parts.get("checkpoints", ())
         self.check_checkpoint_nodes(checkpoints, nodes)
-        return Config(
-            source=self.filename,
-            console=parts.get("console", ConsoleConfig()),
-            nodes=nodes,
-            ssh=parts.get("ssh", SshConfig()),
-            logs=parts.get("logs", LogsConfig()),
-            checkpoints=checkpoints,
-            health=parts.get("health", HealthConfig()),
-            actions=parts.get("actions", ActionsConfig()),
-        )
+        # Each section's parser returns its Config field (same name); absent sections keep the default.
+        return replace(DEFAULT_CONFIG, source=self.filename, **parts)
 
     def unknown_top_level(self, name: str, value: Any) -> NoReturn:
         path = (name,)
@@ -767,9 +819,117 @@ class _Checker:
         path: KeyPath = ("actions",)
         table = self.table(value, path, "actions")
         audit_log = self.string(table, path, "audit_log", None)
+        d = ActionsConfig()
         return ActionsConfig(
             audit_log=None if audit_log is None else self.expand(audit_log),
-            confirm=self.boolean(table, path, "confirm", ActionsConfig().confirm),
+            confirm=self.boolean(table, path, "confirm", d.confirm),
+            gpu_reset_command=self.argv_template(
+                table, path, "gpu_reset_command", d.gpu_reset_command, GPU_RESET_PLACEHOLDERS
+            ),
+            drain_command=self.argv_template(table, path, "drain_command", d.drain_command, DRAIN_PLACEHOLDERS),
+            signal_escalation_s=self.number(
+                table, path, "signal_escalation_s", d.signal_escalation_s, above=0
+            ),
+            command_timeout_s=self.number(table, path, "command_timeout_s", d.command_timeout_s, above=0),
+        )
+
+    def argv_template(
+        self, table: Dict[str, Any], path: KeyPath, key: str, default: Tuple[str, ...], placeholders: Tuple[str, ...]
+    ) -> Tuple[str, ...]:
+        """An argv template: an array of words (or one string split as a shell would), {name} per word."""
+        if key not in table:
+            return default
+        value = table[key]
+        if isinstance(value, str):
+            try:
+                words = tuple(shlex.split(value))
+            except ValueError as exc:
+                self.fail(path + (key,), "cannot split the command: %s" % exc)
+        else:
+            words = self.strings(table, path, key, default)
+        if not words:
+            self.fail(path + (key,), "expected a command, got an empty one")
+        for word in words:
+            try:
+                fields = [name for _, name, spec, conv in string.Formatter().parse(word) if name is not None]
+            except ValueError as exc:
+                self.fail(path + (key,), "bad placeholder in %s: %s (write {{ and }} for braces)" % (_show(word), exc))
+            for name in fields:
+                if name not in placeholders:
+                    self.fail(
+                        path + (key,),
+                        "unknown placeholder {%s}; use %s" % (name, ", ".join("{%s}" % p for p in placeholders)),
+                    )
+        if "{" in words[0]:
+            self.fail(path + (key,), "the program (first word) cannot be a placeholder")
+        return words
+
+    def section_history(self, value: Any) -> HistoryConfig:
+        path: KeyPath = ("history",)
+        table = self.table(value, path, "history")
+        return HistoryConfig(size=self.integer(table, path, "size", HistoryConfig().size, low=2, high=100_000))
+
+    def section_record(self, value: Any) -> RecordConfig:
+        path: KeyPath = ("record",)
+        table = self.table(value, path, "record")
+        d = RecordConfig()
+        directory = self.string(table, path, "directory", None)
+        max_age = self.number(table, path, "max_age_s", -1.0, above=0) if "max_age_s" in table else None
+        return RecordConfig(
+            directory=None if directory is None else self.expand(directory),
+            max_mb=self.number(table, path, "max_mb", d.max_mb, above=0),
+            max_age_s=max_age,
+            chunk_s=self.number(table, path, "chunk_s", d.chunk_s, above=0),
+        )
+
+    def section_alerts(self, value: Any) -> Tuple[AlertRuleConfig, ...]:
+        from opsconsole.alerts.rules import COMPARISONS, METRICS, SEVERITIES
+
+        path: KeyPath = ("alerts",)
+        rules: List[AlertRuleConfig] = []
+        names: Dict[str, int] = {}
+        for index, entry in enumerate(self.array_of_tables(value, path)):
+            entry_path = path + (index,)
+            self.table(entry, entry_path, "alerts")
+            for key in ("metric", "comparison", "threshold"):
+                if key not in entry:
+                    self.fail(entry_path, 'missing required key "%s"' % key)
+            metric = self.string(entry, entry_path, "metric", None)
+            if metric not in METRICS:
+                self.fail(entry_path + ("metric",), "unknown metric %s" % _show(metric) + _suggest(metric, METRICS))
+            comparison = self.string(entry, entry_path, "comparison", None)
+            if comparison not in COMPARISONS:
+                self.fail(entry_path + ("comparison",),
+                          "expected one of %s, got %s" % (" ".join(COMPARISONS), _show(comparison)))
+            severity = self.string(entry, entry_path, "severity", "warning")
+            if severity not in SEVERITIES:
+                self.fail(entry_path + ("severity",), "expected %s, got %s" % (", ".join(SEVERITIES), _show(severity))
+                          + _suggest(severity, SEVERITIES))
+            name = self.string(entry, entry_path, "name", "%s %s %s" % (metric, comparison, entry["threshold"]))
+            if name in names:
+                self.fail(entry_path + ("name",), "duplicate alert name %s; first used by alerts[%d]"
+                          % (_quote(name), names[name]))
+            names[name] = index
+            clear = self.number(entry, entry_path, "clear", 0.0) if "clear" in entry else None
+            rules.append(AlertRuleConfig(
+                name=name, metric=metric, comparison=comparison,
+                threshold=self.number(entry, entry_path, "threshold", 0.0),
+                for_s=self.number(entry, entry_path, "for", 0.0, low=0),
+                severity=severity, clear=clear,
+            ))
+        return tuple(rules)
+
+    def section_alerting(self, value: Any) -> AlertingConfig:
+        path: KeyPath = ("alerting",)
+        table = self.table(value, path, "alerting")
+        d = AlertingConfig()
+        hook = self.strings(table, path, "hook", d.hook)
+        return AlertingConfig(
+            builtin_rules=self.boolean(table, path, "builtin_rules", d.builtin_rules),
+            bell=self.boolean(table, path, "bell", d.bell),
+            toast=self.boolean(table, path, "toast", d.toast),
+            hook=tuple(self.expand(hook[0]) for _ in hook[:1]) + tuple(hook[1:]),
+            hook_timeout_s=self.number(table, path, "hook_timeout_s", d.hook_timeout_s, above=0),
         )
 
     # typed values

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from opsconsole.config import (
+    SECTIONS,
     DEFAULT_CONFIG,
     SECTIONS,
     CheckpointDirConfig,
@@ -71,7 +72,7 @@ ERROR_CASES = [
     ("[consol]\ninterval = 2\n", 'x.toml:1: consol: unknown section; did you mean "console"?'),
     ("[[node]]\nhost = \"a\"\n", 'x.toml:1: node: unknown section; did you mean "nodes"?'),
     ("[metrics]\nx = 1\n",
-     "x.toml:1: metrics: unknown section; expected one of: console, nodes, ssh, logs, checkpoints, health, actions"),
+     "x.toml:1: metrics: unknown section; expected one of: " + ", ".join(SECTIONS)),
     ("interval = 2\n", "x.toml:1: interval: unknown top-level key; it belongs under [console]"),
     ("[ssh]\nzzz = 1\n", "x.toml:2: ssh.zzz: unknown key; expected one of: host_key_policy, known_hosts, "
      "max_logins, max_channels, connect_timeout, keepalive_interval, keepalive_count_max, backoff_initial, backoff_max"),

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence
 
 from opsconsole.config import Config, NodeConfig
 from opsconsole.model import STATE_DOWN, STATE_STALE, STATE_UP, NodeState
 from opsconsole.nodes.base import NodeLink
+from opsconsole.nodes.totals import FleetTotals, totals_of  # noqa: F401  (FleetTotals: imported from here too)
 
 log = logging.getLogger(__name__)
 
@@ -21,18 +22,6 @@ SNAPSHOT_MARGIN_S = 0.25
 CANCEL_GRACE_S = 0.5
 # A link that ran at least this long before crashing starts again at the initial delay.
 HEALTHY_RUN_S = 60.0
-
-
-@dataclass(frozen=True)
-class FleetTotals:
-    """Numbers for the header line: how many nodes and GPUs, how many are up."""
-
-    nodes: int
-    nodes_up: int
-    nodes_down: int  # every node not delivering fresh frames (connecting, stale, down, auth ...)
-    gpus: int  # GPUs of the nodes that are up
-    mean_utilization: Optional[float]  # percent over those GPUs; None when none report it
-    alerts: int = 0
 
 
 def build_link(node: NodeConfig, config: Config, login_limiter: Optional[asyncio.Semaphore]) -> NodeLink:
@@ -102,17 +91,7 @@ class Fleet:
 
     def totals(self, now: float) -> FleetTotals:
         """Node and GPU counts over the current states; a live node gone quiet counts as down."""
-        up = [s for s in self._states.values() if s.is_live and not self._is_quiet(s, now)]
-        utilizations = [
-            g.utilization_gpu for s in up if s.frame for g in s.frame.gpus if g.utilization_gpu is not None
-        ]
-        return FleetTotals(
-            nodes=len(self._states),
-            nodes_up=len(up),
-            nodes_down=len(self._states) - len(up),
-            gpus=sum(len(s.frame.gpus) for s in up if s.frame),
-            mean_utilization=sum(utilizations) / len(utilizations) if utilizations else None,
-        )
+        return totals_of(self._states.values(), now, self.stale_after)
 
     def _is_quiet(self, state: NodeState, now: float) -> bool:
         age = state.age(now)

@@ -1,0 +1,36 @@
+"""The header's fleet numbers, computed from node states alone (live fleet and replay alike)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+
+@dataclass(frozen=True)
+class FleetTotals:
+    """Numbers for the header line: how many nodes and GPUs, how many are up."""
+
+    nodes: int
+    nodes_up: int
+    nodes_down: int  # every node not delivering fresh frames (connecting, stale, down, auth ...)
+    gpus: int  # GPUs of the nodes that are up
+    mean_utilization: Optional[float]  # percent over those GPUs; None when none report it
+    alerts: int = 0
+
+
+def totals_of(states: Iterable, now: float, stale_after: float) -> FleetTotals:
+    """Node and GPU counts over `states`; a live node gone quiet for `stale_after` s counts as down."""
+    states = list(states)
+    up = []
+    for state in states:
+        age = state.age(now)
+        if state.is_live and not (age is not None and age > stale_after):
+            up.append(state)
+    utilizations = [g.utilization_gpu for s in up if s.frame for g in s.frame.gpus if g.utilization_gpu is not None]
+    return FleetTotals(
+        nodes=len(states),
+        nodes_up=len(up),
+        nodes_down=len(states) - len(up),
+        gpus=sum(len(s.frame.gpus) for s in up if s.frame),
+        mean_utilization=sum(utilizations) / len(utilizations) if utilizations else None,
+    )

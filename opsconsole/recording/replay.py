@@ -1,0 +1,202 @@
+"""Reading a recording back: node states at any time, and a fleet that plays them to the console."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+from opsconsole.model import NodeState
+from opsconsole.nodes.totals import FleetTotals, totals_of
+from opsconsole.probe.wire_delta import StreamDecoder
+from opsconsole.recording import store
+from opsconsole.recording.recorder import STATE_FIELDS
+
+SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+PLAY_TICK_S = 0.25
+
+
+class RecordingReader:
+    """States of every node at a point in time; moving forward is incremental, backward re-seeks."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._db = store.open_for_reading(path)
+        self.meta = store.meta(self._db)
+        span = store.time_range(self._db)
+        if span is None:
+            raise store.RecordingError("%s: the recording holds no frames" % path)
+        self.start, self.end = span
+        self.position = self.start
+        self._states: Dict[str, NodeState] = {}
+        self._decoders: Dict[str, StreamDecoder] = {}
+        self._records: Optional[Iterator[dict]] = None
+        self._pending: Optional[dict] = None  # the first record after `position`, read ahead
+        self.seek(self.start)
+
+    def first_full_time(self) -> float:
+        """When every node of the first chunk had reported once: where playing starts."""
+        first = next(store.chunks_from_keyframe(self._db, self.start), None)
+        seen: Dict[str, float] = {}
+        for record in first.records if first else ():
+            seen.setdefault(record["n"], record["t"])
+        return max(seen.values()) if seen else self.start
+
+    def _stream(self, t: float) -> Iterator[dict]:
+        for chunk in store.chunks_from_keyframe(self._db, t):
+            yield from chunk.records
+
+    def seek(self, t: float) -> Dict[str, NodeState]:
+        """States as they were at time `t` (clamped to the recording)."""
+        t = min(max(t, self.start), self.end)
+        self._decoders = {}
+        self._states = {}
+        self._records = self._stream(t)
+        self._pending = None
+        self.position = -float("inf")
+        self.advance(t)
+        return self.states()
+
+    def advance(self, t: float) -> List[NodeState]:
+        """Apply the records up to `t`; returns the states that changed (oldest first)."""
+        if t < self.position:
+            before = dict(self._states)
+            self.seek(t)
+            return [s for name, s in self._states.items() if before.get(name) is not s]
+        t = min(t, self.end)
+        changed: Dict[str, NodeState] = {}
+        while True:
+            record = self._pending if self._pending is not None else next(self._records, None)
+            self._pending = None
+            if record is None:
+                break
+            if record["t"] > t:
+                self._pending = record
+                break
+            state = self._apply(record)
+            changed[state.name] = state
+        self.position = t
+        return list(changed.values())
+
+    def _apply(self, record: dict) -> NodeState:
+        name = record["n"]
+        decoder = self._decoders.setdefault(name, StreamDecoder())
+        frame = decoder.last
+        if "f" in record:
+            line = record["f"]
+            if line is None:
+                frame = None
+            else:
+                decoded, _ = decoder.decode_line(line)
+                frame = decoded if decoded is not None else decoder.last
+        fields = {key: record["s"].get(key) for key in STATE_FIELDS}
+        state = NodeState(name=name, frame=frame, **fields)
+        self._states[name] = state
+        return state
+
+    def states(self) -> Dict[str, NodeState]:
+        return dict(self._states)
+
+    def events(self, t0: float, t1: float) -> List[Tuple[float, str, Optional[str], dict]]:
+        return store.events_between(self._db, t0, t1)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class ReplayFleet:
+    """A fleet for the console that plays a recording: pause, speed, seek; nothing to act on."""
+
+    is_replay = True
+
+    def __init__(self, path: str, *, stale_after: float = 8.0, wall: Callable[[], float] = time.monotonic) -> None:
+        self.reader = RecordingReader(path)
+        self.stale_after = stale_after
+        self.speed = 1.0
+        self.paused = False
+        self._wall = wall
+        self._on_change: Optional[Callable[[NodeState], None]] = None
+        self._task: Optional[asyncio.Task] = None
+        self._last_wall = wall()
+
+    # --- what the console reads ------------------------------------------
+
+    def now(self) -> float:
+        """The replay's clock: ages and the header's time are measured against it."""
+        return self.reader.position
+
+    def states(self) -> Dict[str, NodeState]:
+        return self.reader.states()
+
+    @property
+    def names(self) -> List[str]:
+        return list(self.reader.states())
+
+    def totals(self, now: float) -> FleetTotals:
+        return totals_of(self.reader.states().values(), now, self.stale_after)
+
+    def link(self, name: str):
+        raise KeyError("%s: a replay has no live link (actions are disabled)" % name)
+
+    # --- controls ----------------------------------------------------------
+
+    def toggle_pause(self) -> bool:
+        self._catch_up()
+        self.paused = not self.paused
+        return self.paused
+
+    def faster(self) -> float:
+        self._catch_up()
+        self.speed = next((s for s in SPEEDS if s > self.speed), SPEEDS[-1])
+        return self.speed
+
+    def slower(self) -> float:
+        self._catch_up()
+        self.speed = next((s for s in reversed(SPEEDS) if s < self.speed), SPEEDS[0])
+        return self.speed
+
+    def seek(self, t: float) -> None:
+        self._last_wall = self._wall()
+        self.reader.seek(t)
+        self._publish_all()
+
+    def step(self, seconds: float) -> None:
+        self.seek(self.reader.position + seconds)
+
+    # --- running -----------------------------------------------------------
+
+    async def start(self, on_change: Callable[[NodeState], None]) -> None:
+        self._on_change = on_change
+        self.seek(self.reader.first_full_time())
+        self._task = asyncio.ensure_future(self._play())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self.reader.close()
+
+    async def _play(self) -> None:
+        while True:
+            await asyncio.sleep(PLAY_TICK_S)
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        wall = self._wall()
+        elapsed, self._last_wall = wall - self._last_wall, wall
+        if self.paused or self.reader.position >= self.reader.end:
+            return
+        for state in self.reader.advance(self.reader.position + elapsed * self.speed):
+            self._emit(state)
+
+    def _publish_all(self) -> None:
+        for state in self.reader.states().values():
+            self._emit(state)
+
+    def _emit(self, state: NodeState) -> None:
+        if self._on_change is not None:
+            self._on_change(state)

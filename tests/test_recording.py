@@ -1,0 +1,151 @@
+"""Record then replay: every state equal, seeking, retention, bad files, the replaying fleet."""
+
+import asyncio
+import sqlite3
+from dataclasses import replace
+
+import pytest
+
+from opsconsole.model import STATE_DOWN
+from opsconsole.recording import store
+from opsconsole.recording.recorder import Recorder
+from opsconsole.recording.replay import RecordingReader, ReplayFleet
+from tests.recording_frames import fleet_ticks
+
+
+def record(path, ticks, **kw):
+    with Recorder(str(path), **kw) as recorder:
+        for states in ticks:
+            for state in states:
+                recorder.observe(state)
+    return recorder
+
+
+def test_round_trip_equal_frame_for_frame(tmp_path):
+    path = tmp_path / "run.opsrec"
+    ticks = fleet_ticks(nodes=4, ticks=70)
+    # a node going down (no frame kept by this state) and coming back, mid-recording
+    ticks[30][2] = replace(ticks[30][2], state=STATE_DOWN, reason="connection refused", frame=None)
+    record(path, ticks, chunk_s=5.0, keyframe_every=2)
+    reader = RecordingReader(str(path))
+    for states in ticks:
+        t = max(s.received_at for s in states)
+        reader.advance(t)
+        got = reader.states()
+        for state in states:
+            assert got[state.name] == state, (state.name, t)
+    reader.close()
+
+
+def test_seek_anywhere_forward_and_back_gives_the_states_of_that_time(tmp_path):
+    path = tmp_path / "run.opsrec"
+    ticks = fleet_ticks(nodes=3, ticks=100)
+    record(path, ticks, chunk_s=4.0, keyframe_every=3)
+    reader = RecordingReader(str(path))
+    for tick in (99, 0, 57, 12, 12, 88, 3, 41):
+        t = max(s.received_at for s in ticks[tick])
+        states = reader.seek(t)
+        assert [states[s.name] for s in ticks[tick]] == ticks[tick]
+    assert reader.seek(reader.end + 1000)["gpu001"] == ticks[-1][1]  # clamped to the end
+    reader.close()
+
+
+def test_a_chunk_is_compressed_well(tmp_path):
+    path = tmp_path / "run.opsrec"
+    ticks = fleet_ticks(nodes=8, ticks=60)
+    recorder = record(path, ticks)
+    raw = sum(len(s.frame.__repr__()) for states in ticks for s in states)
+    assert recorder.stats.bytes_written * 20 < raw
+    assert recorder.stats.records >= 8 * 60
+
+
+def test_retention_keeps_the_file_bounded_and_still_replayable(tmp_path):
+    path = tmp_path / "run.opsrec"
+    ticks = fleet_ticks(nodes=4, ticks=300)
+    recorder = record(path, ticks, chunk_s=5.0, keyframe_every=2, max_bytes=40_000)
+    assert recorder.stats.dropped_chunks > 0
+    db = sqlite3.connect(str(path))
+    assert store.size_bytes(db) <= 40_000 + 2 * (recorder.stats.bytes_written // recorder.stats.chunks) * 2
+    db.close()
+    reader = RecordingReader(str(path))
+    assert reader.start > ticks[0][0].received_at  # the oldest part is gone
+    last = reader.seek(reader.end)
+    assert [last[s.name] for s in ticks[-1]] == ticks[-1]
+    reader.close()
+
+
+def test_max_age_drops_old_groups(tmp_path):
+    path = tmp_path / "run.opsrec"
+    ticks = fleet_ticks(nodes=2, ticks=200)
+    clock = [ticks[0][0].received_at]
+
+    with Recorder(str(path), chunk_s=5.0, keyframe_every=2, max_age_s=60.0, clock=lambda: clock[0]) as recorder:
+        for states in ticks:
+            clock[0] = states[0].received_at
+            for state in states:
+                recorder.observe(state)
+    reader = RecordingReader(str(path))
+    assert reader.end - reader.start <= 60.0 + 2 * 5.0 * 2
+    reader.close()
+
+
+@pytest.mark.parametrize("content", [b"", b"not sqlite at all" * 100])
+def test_a_file_that_is_not_a_recording_is_a_clear_error(tmp_path, content):
+    path = tmp_path / "x.opsrec"
+    path.write_bytes(content)
+    with pytest.raises(store.RecordingError, match="not an opsconsole recording"):
+        RecordingReader(str(path))
+
+
+def test_an_empty_recording_is_a_clear_error(tmp_path):
+    path = tmp_path / "empty.opsrec"
+    Recorder(str(path)).close()
+    with pytest.raises(store.RecordingError, match="holds no frames"):
+        RecordingReader(str(path))
+
+
+def test_events_are_kept_with_their_times(tmp_path):
+    path = tmp_path / "run.opsrec"
+    ticks = fleet_ticks(nodes=1, ticks=5)
+    with Recorder(str(path)) as recorder:
+        for states in ticks:
+            recorder.observe(states[0])
+        recorder.event("finding", "gpu000", {"category": "nan_inf", "line": 7}, t=ticks[2][0].received_at)
+    reader = RecordingReader(str(path))
+    events = reader.events(reader.start - 1, reader.end)
+    assert events == [(ticks[2][0].received_at, "finding", "gpu000", {"category": "nan_inf", "line": 7})]
+    reader.close()
+
+
+async def test_replay_fleet_plays_pauses_speeds_and_seeks(tmp_path):
+    path = tmp_path / "run.opsrec"
+    ticks = fleet_ticks(nodes=2, ticks=40)
+    record(path, ticks)
+    wall = [0.0]
+    fleet = ReplayFleet(str(path), wall=lambda: wall[0])
+    seen = []
+    await fleet.start(seen.append)
+    assert {s.name for s in seen} == {"gpu000", "gpu001"}
+    start = fleet.now()
+    wall[0] += 5.0
+    fleet._catch_up()
+    assert fleet.now() == pytest.approx(start + 5.0)
+    assert fleet.states()["gpu000"] == ticks[5][0]
+    fleet.toggle_pause()
+    wall[0] += 10.0
+    fleet._catch_up()
+    assert fleet.now() == pytest.approx(start + 5.0)
+    fleet.toggle_pause()
+    assert fleet.faster() == 2.0
+    wall[0] += 5.0
+    fleet._catch_up()
+    assert fleet.now() == pytest.approx(start + 15.0)
+    fleet.seek(start + 1.5)
+    assert fleet.states()["gpu001"] == ticks[1][1]
+    fleet.step(30.0)
+    assert fleet.states()["gpu001"] == ticks[31][1]
+    totals = fleet.totals(fleet.now())
+    assert (totals.nodes, totals.gpus) == (2, 16)
+    with pytest.raises(KeyError, match="actions are disabled"):
+        fleet.link("gpu000")
+    await fleet.stop()
