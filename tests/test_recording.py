@@ -149,3 +149,59 @@ async def test_replay_fleet_plays_pauses_speeds_and_seeks(tmp_path):
     with pytest.raises(KeyError, match="actions are disabled"):
         fleet.link("gpu000")
     await fleet.stop()
+
+
+def test_record_command_records_the_local_node_until_its_duration(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "local.opsrec"
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "record", "--out", str(out), "--duration", "3", "--interval", "0.5"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "recorded" in done.stderr and "1 node(s)" in done.stderr
+    reader = RecordingReader(str(out))
+    state = reader.seek(reader.end)["local"]
+    assert state.frame is not None and state.frame.host is not None
+    assert reader.end - reader.start >= 1.0
+    reader.close()
+
+
+def test_record_command_stops_cleanly_on_sigint(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "local.opsrec"
+    proc = subprocess.Popen([sys.executable, "-m", "opsconsole", "record", "--out", str(out), "--interval", "0.5"],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (out.exists() and out.stat().st_size > 0):
+        time.sleep(0.2)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    reader = RecordingReader(str(out))  # flushed and closed: readable
+    assert "local" in reader.seek(reader.end)
+    reader.close()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["replay", "MISSING"], "no such file"),
+    (["replay", "NOTREC"], "not an opsconsole recording"),
+    (["replay", "NOTREC", "--speed", "0"], "--speed must be positive"),
+    (["record", "--out", "X", "--duration", "-1"], "--duration must be a positive"),
+])
+def test_record_and_replay_usage_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
+    from opsconsole.cli import main
+
+    (tmp_path / "NOTREC").write_text("hello")
+    args = [str(tmp_path / a) if a in ("MISSING", "NOTREC", "X") else a for a in args]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

@@ -118,6 +118,7 @@ class ReplayFleet:
         self._on_change: Optional[Callable[[NodeState], None]] = None
         self._task: Optional[asyncio.Task] = None
         self._last_wall = wall()
+        self.start_at: Optional[float] = None  # where playing starts; None: once every node reported
 
     # --- what the console reads ------------------------------------------
 
@@ -167,7 +168,7 @@ class ReplayFleet:
 
     async def start(self, on_change: Callable[[NodeState], None]) -> None:
         self._on_change = on_change
-        self.seek(self.reader.first_full_time())
+        self.seek(self.start_at if self.start_at is not None else self.reader.first_full_time())
         self._task = asyncio.ensure_future(self._play())
 
     async def stop(self) -> None:

@@ -14,6 +14,7 @@ A chunk's payload is JSON lines, one per record, in time order:
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import zlib
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ def open_for_writing(path: str) -> sqlite3.Connection:
 
 
 def open_for_reading(path: str) -> sqlite3.Connection:
+    if not os.path.isfile(path):
+        raise RecordingError("%s: no such file" % path)
     try:
         db = sqlite3.connect("file:%s?mode=ro" % path, uri=True, check_same_thread=False)
         meta = dict(db.execute("SELECT key, value FROM meta"))

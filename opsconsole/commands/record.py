@@ -1,0 +1,70 @@
+"""`opsconsole record --out FILE`: record the fleet's states headless, until stopped or --duration."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+
+
+def register(commands, add_node_options) -> None:
+    parser = commands.add_parser(
+        "record",
+        help="record every node's states to a file (replay it with `opsconsole replay`)",
+        description="Poll the configured nodes and record their states, headless, until interrupted.",
+    )
+    add_node_options(parser)
+    parser.add_argument("--out", metavar="FILE", required=True, help="recording file to write (appended if it exists)")
+    parser.add_argument("--duration", metavar="S", type=float, default=None, help="stop after S seconds")
+    parser.add_argument("--interval", metavar="S", type=float, default=None, help="seconds between polls")
+    parser.add_argument("--max-mb", metavar="MB", type=float, default=None, help="keep the file under MB megabytes")
+    parser.set_defaults(handler=command_record)
+
+
+async def record(config, out: str, duration, stop_event: asyncio.Event) -> "RecorderStats":
+    from opsconsole.nodes.fleet import Fleet
+    from opsconsole.recording.recorder import Recorder
+
+    rec = config.record
+    fleet = Fleet(config)
+    recorder = Recorder(out, chunk_s=rec.chunk_s, max_bytes=int(rec.max_mb * 1024 * 1024), max_age_s=rec.max_age_s)
+    try:
+        await fleet.start(recorder.observe)
+        try:
+            await asyncio.wait_for(stop_event.wait(), duration)
+        except asyncio.TimeoutError:
+            pass
+    finally:
+        await fleet.stop()
+        recorder.close()
+    return recorder.stats
+
+
+def command_record(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from opsconsole.cli import UsageError, config_from_args
+    from opsconsole.recording.store import RecordingError
+
+    if args.duration is not None and not args.duration > 0:
+        raise UsageError("--duration must be a positive number of seconds")
+    config = config_from_args(args)
+    if args.max_mb is not None:
+        config = replace(config, record=replace(config.record, max_mb=args.max_mb))
+    loop = asyncio.new_event_loop()
+    stop_event = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop_event.set)
+    started = time.monotonic()
+    try:
+        stats = loop.run_until_complete(record(config, args.out, args.duration, stop_event))
+    except (RecordingError, OSError) as exc:
+        raise UsageError("%s: %s" % (args.out, getattr(exc, "strerror", None) or exc)) from None
+    finally:
+        loop.close()
+    print("recorded %d states of %d node(s) in %.0f s to %s (%d chunks, %.1f kB)"
+          % (stats.records, len(config.nodes), time.monotonic() - started, args.out, stats.chunks,
+             stats.bytes_written / 1024), file=sys.stderr)
+    return 0

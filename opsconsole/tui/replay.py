@@ -1,0 +1,138 @@
+"""The console on a recording: every pane as live, a bar with the replay's clock, and its keys."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Tuple
+
+from rich.text import Text
+from textual.widgets import Input, Static
+
+from opsconsole.recording.seek import SeekError, seek_target
+from opsconsole.tui.app import KEY_SPECS, OpsConsole
+from opsconsole.tui.keys import KeySpec, bindings_from_specs
+
+REPLAY_KEYS: Tuple[KeySpec, ...] = (
+    KeySpec("replay.pause", "space", "replay_pause", "Replay: pause / play"),
+    KeySpec("replay.faster", "plus,equals_sign", "replay_faster", "Replay: faster"),
+    KeySpec("replay.slower", "minus", "replay_slower", "Replay: slower"),
+    KeySpec("replay.back", "left_square_bracket", "replay_step(-10)", "Replay: back 10 s"),
+    KeySpec("replay.forward", "right_square_bracket", "replay_step(10)", "Replay: forward 10 s"),
+    KeySpec("replay.back_minute", "left_curly_bracket", "replay_step(-60)", "Replay: back 1 min", show=False),
+    KeySpec("replay.forward_minute", "right_curly_bracket", "replay_step(60)", "Replay: forward 1 min", show=False),
+    KeySpec("replay.start", "less_than_sign", "replay_go('0%')", "Replay: to the start", show=False),
+    KeySpec("replay.end", "greater_than_sign", "replay_go('100%')", "Replay: to the end", show=False),
+    KeySpec("replay.goto", "g", "replay_goto", "Replay: go to a time (+30s, -5m, 50%, 14:05)"),
+)
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return "%d:%02d:%02d" % (hours, rest // 60, rest % 60) if hours else "%d:%02d" % (rest // 60, rest % 60)
+
+
+def replay_text(start: float, end: float, position: float, speed: float, paused: bool, width: int = 30) -> Text:
+    """One line: REPLAY, the recording's clock, a progress bar, offset / length, speed, paused."""
+    span = max(end - start, 1e-9)
+    done = min(max((position - start) / span, 0.0), 1.0)
+    filled = int(round(done * width))
+    text = Text(no_wrap=True, overflow="ellipsis", end="")
+    text.append(" REPLAY ", style="bold reverse")
+    text.append("  " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(position)))
+    text.append("  [" + "=" * filled + "-" * (width - filled) + "]  ")
+    text.append("%s / %s" % (_clock(position - start), _clock(end - start)))
+    text.append("  x%g" % speed, style="bold")
+    if paused:
+        text.append("  PAUSED", style="bold reverse")
+    elif position >= end:
+        text.append("  END", style="bold")
+    text.append("   actions disabled", style="italic")
+    return text
+
+
+class ReplayBar(Static):
+    DEFAULT_CSS = """
+    ReplayBar { height: 1; background: $warning 30%; color: $foreground; }
+    """
+
+
+class ReplayConsole(OpsConsole):
+    """OpsConsole fed by a ReplayFleet; read-only whatever the config says (set by the command)."""
+
+    BINDINGS = bindings_from_specs(REPLAY_KEYS)
+    key_specs = KEY_SPECS + REPLAY_KEYS
+
+    async def on_mount(self) -> None:
+        self.replay_bar = ReplayBar(id="replay-bar")
+        await self.query_one("#main").mount(self.replay_bar, after=self.header)
+        self.seek_input = Input(placeholder="go to: +30s, -5m, 90, 50%, 14:05:30 (enter goes, esc cancels)",
+                                id="replay-seek")
+        self.seek_input.display = False
+        await self.query_one("#main").mount(self.seek_input, after=self.replay_bar)
+        await super().on_mount()
+
+    def redraw(self) -> None:
+        super().redraw()
+        fleet = self.fleet
+        reader = fleet.reader
+        bar = getattr(self, "replay_bar", None)
+        if bar is not None:
+            bar.update(replay_text(reader.start, reader.end, reader.position, fleet.speed, fleet.paused))
+
+    # --- keys ------------------------------------------------------------
+
+    def action_replay_pause(self) -> None:
+        self.fleet.toggle_pause()
+        self.redraw()
+
+    def action_replay_faster(self) -> None:
+        self.fleet.faster()
+        self.redraw()
+
+    def action_replay_slower(self) -> None:
+        self.fleet.slower()
+        self.redraw()
+
+    def action_replay_step(self, seconds: float) -> None:
+        self.fleet.step(seconds)
+        self.redraw()
+
+    def action_replay_go(self, text: str) -> None:
+        self._go(text)
+
+    def action_replay_goto(self) -> None:
+        self.seek_input.value = ""
+        self.seek_input.display = True
+        self.seek_input.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input is not self.seek_input:
+            return  # the filter line: the app handles it
+        event.stop()
+        if self._go(event.value):
+            self._close_seek()
+
+    def _go(self, text: str) -> bool:
+        reader = self.fleet.reader
+        try:
+            target = seek_target(text, reader.start, reader.end, reader.position)
+        except SeekError as exc:
+            self.notify(str(exc), severity="warning")
+            return False
+        self.fleet.seek(target)
+        self.redraw()
+        return True
+
+    def _close_seek(self) -> None:
+        self.seek_input.display = False
+        self.focus_pane(self.visible_pane_id)
+
+    def action_back(self) -> None:
+        if getattr(self, "seek_input", None) is not None and self.seek_input.display:
+            self._close_seek()
+            return
+        super().action_back()
+
+    def seek_position(self) -> Optional[float]:
+        return self.fleet.reader.position

@@ -1,0 +1,97 @@
+"""The console on a real recording (Pilot): panes show the recorded frames; pause, speed, seek keys."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from textual.widgets import DataTable
+
+from opsconsole.config import Config, ConsoleConfig
+from opsconsole.recording.recorder import Recorder
+from opsconsole.recording.replay import ReplayFleet
+from opsconsole.tui.replay import ReplayConsole, replay_text
+from tests.recording_frames import fleet_ticks
+
+SIZE = (140, 40)
+
+
+@pytest.fixture
+def recording(tmp_path):
+    path = tmp_path / "run.opsrec"
+    ticks = fleet_ticks(nodes=2, ticks=120)
+    with Recorder(str(path)) as recorder:
+        for states in ticks:
+            for state in states:
+                recorder.observe(state)
+    return str(path), ticks
+
+
+def make_console(path):
+    fleet = ReplayFleet(path)
+    config = Config(console=ConsoleConfig(read_only=True))
+    return ReplayConsole(config, fleet, now=fleet.now), fleet
+
+
+async def test_replay_console_shows_recorded_gpus_and_moves_with_the_keys(recording):
+    path, ticks = recording
+    app, fleet = make_console(path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("space")  # hold the clock still while we look
+        await pilot.pause()
+        table = app.panes["gpus"].query_one(DataTable)
+        assert table.row_count == 16  # 2 nodes x 8 GPUs, as recorded
+        bar = str(app.replay_bar.render())
+        assert "REPLAY" in bar and "PAUSED" in bar and "actions disabled" in bar
+        start = fleet.now()
+
+        await pilot.press("right_square_bracket")
+        await pilot.pause()
+        assert fleet.now() == pytest.approx(start + 10)
+        await pilot.press("left_curly_bracket")
+        assert fleet.now() == fleet.reader.start  # clamped at the start
+
+        await pilot.press("plus", "plus")
+        assert fleet.speed == 4.0
+        await pilot.press("minus")
+        assert fleet.speed == 2.0
+
+        await pilot.press("g")
+        await pilot.pause()
+        assert app.seek_input.display and app.focused is app.seek_input
+        await pilot.press(*"50%")
+        await pilot.press("enter")
+        await pilot.pause()
+        middle = fleet.reader.start + (fleet.reader.end - fleet.reader.start) / 2
+        assert fleet.now() == pytest.approx(middle)
+        assert not app.seek_input.display
+        tick = int(middle - ticks[0][0].received_at)
+        shown = fleet.states()["gpu000"]
+        assert shown.frame.seq == ticks[tick][0].frame.seq
+
+        await pilot.press("g", *"soon", "enter")
+        await pilot.pause()
+        assert fleet.now() == pytest.approx(middle)  # refused, position kept
+        assert app.seek_input.display
+        await pilot.press("escape")
+        assert not app.seek_input.display
+
+        await pilot.press("space")
+        assert not fleet.paused
+
+
+async def test_replay_help_lists_the_replay_keys_and_read_only_shows(recording):
+    path, _ = recording
+    app, fleet = make_console(path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        ids = [row[0] for row in app.help_rows()]
+        assert "replay.pause" in ids and "replay.goto" in ids
+        assert "[R]" in str(app.header.render())
+
+
+def test_replay_text_shows_position_and_state():
+    text = replay_text(0.0, 3600.0, 1800.0, 2.0, paused=False, width=10).plain
+    assert "[=====-----]" in text and "30:00 / 1:00:00" in text and "x2" in text
+    assert "END" in replay_text(0.0, 60.0, 60.0, 1.0, paused=False).plain
