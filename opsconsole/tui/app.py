@@ -96,7 +96,7 @@ class ConsoleCommands(Provider):
         app = self.app
         assert isinstance(app, OpsConsole)
         visible = app.visible_pane_id
-        for spec in KEY_SPECS:
+        for spec in app.key_specs:
             key = display_key(effective_key(spec, app.keymap))
             if not spec.scope:
                 yield spec.description, partial(app.run_action, spec.action), "%s  (%s)" % (spec.id, key)
@@ -126,6 +126,7 @@ class OpsConsole(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "opsconsole"
     BINDINGS = bindings_from_specs(KEY_SPECS)
+    key_specs: Tuple[KeySpec, ...] = KEY_SPECS  # a subclass (the replay console) adds its own
     COMMANDS = App.COMMANDS | {ConsoleCommands}
     HORIZONTAL_BREAKPOINTS = [(0, "-too-narrow"), (MIN_WIDTH, "-wide-enough")]
     VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_HEIGHT, "-tall-enough")]
@@ -137,7 +138,7 @@ class OpsConsole(App[int]):
         self.now = now
         self.node: Optional[str] = None  # the node drilled into; None = all nodes
         self.panes: Dict[str, Pane] = {}
-        self.keymap, self._key_problems = keymap_from_config(config.console.keys, KEY_SPECS)
+        self.keymap, self._key_problems = keymap_from_config(config.console.keys, self.key_specs)
         self._pane_filters: Dict[str, str] = {}
         self._redraw_timer: Optional[Timer] = None
         self._first_frame_file: Optional[str] = os.environ.get("OPSCONSOLE_FIRST_FRAME_FILE")
@@ -321,7 +322,7 @@ class OpsConsole(App[int]):
         several panes (table.sort) is one row naming them all."""
         rows: Dict[str, List] = {}
         titles = {cls.pane_id: cls.title for cls in PANES}
-        for spec in KEY_SPECS:
+        for spec in self.key_specs:
             if spec.id in rows:
                 rows[spec.id][3].append(titles[spec.scope])
                 continue
@@ -441,9 +442,14 @@ def changed_key_text(plan) -> Text:
     return text
 
 
-def run_console(config: Config, fleet: FleetLike) -> int:
-    """Run the console until the user quits; returns the exit status."""
-    app = OpsConsole(config, fleet)
+def run_console(config: Config, fleet: FleetLike, *, now: Callable[[], float] = time.time) -> int:
+    """Run the console until the user quits; returns the exit status (a replay gets its own console)."""
+    if getattr(fleet, "is_replay", False):
+        from opsconsole.tui.replay import ReplayConsole
+
+        app: OpsConsole = ReplayConsole(config, fleet, now=now)
+    else:
+        app = OpsConsole(config, fleet, now=now)
     result = app.run()
     if app.return_code:
         return app.return_code
