@@ -1,6 +1,7 @@
 """Record then replay: every state equal, seeking, retention, bad files, the replaying fleet."""
 
 import asyncio
+import statistics
 import sqlite3
 from dataclasses import replace
 
@@ -205,3 +206,37 @@ def test_record_and_replay_usage_errors_exit_2_with_one_line(tmp_path, capsys, a
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+SHIPPED = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "h200-training.opsrec"
+
+
+def test_the_shipped_h200_recording_replays_a_real_training_load():
+    reader = RecordingReader(str(SHIPPED))
+    assert 140 <= reader.end - reader.start <= 160
+    peaks, dips = [], []
+    t = reader.first_full_time()
+    while t <= reader.end:
+        gpu = reader.seek(t)["local"].frame.gpus[0]
+        assert gpu.name == "NVIDIA H200"
+        (peaks if gpu.utilization_gpu >= 95 else dips).append(gpu.power_draw_w)
+        t += 2.0
+    assert len(peaks) > len(dips) > 0  # mostly training, with checkpoint pauses
+    assert statistics.median(peaks) > 600 and min(dips) < 200
+    reader.close()
+
+
+async def test_replay_link_plays_the_recording_as_a_live_looking_node():
+    from opsconsole.nodes.replay_link import ReplayLink
+
+    link = ReplayLink("h200-replay", str(SHIPPED))
+    seen = []
+    task = asyncio.create_task(link.run(seen.append))
+    await asyncio.sleep(1.2)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await link.close()
+    assert seen and all(s.name == "h200-replay" for s in seen)
+    assert seen[-1].frame.node == "h200-replay"
+    assert seen[-1].age(__import__("time").time()) < 5  # shifted to the present
+    assert "replay of h200-training.opsrec" == seen[-1].address
