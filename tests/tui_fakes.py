@@ -18,7 +18,7 @@ from opsconsole.model import (
     NodeState,
     ProcessSample,
 )
-from opsconsole.nodes.fleet import FleetTotals
+from opsconsole.nodes.totals import FleetTotals, totals_of
 from opsconsole.probe.host import host_sample_from_snapshots, snapshot_from_proc_texts
 from opsconsole.probe.nvml_decode import parse_clock_event_mask
 from opsconsole.probe.procs import parse_cmdline, parse_pid_stat, parse_pid_status
@@ -215,15 +215,4 @@ class FakeFleet:
             self._on_change(state)
 
     def totals(self, now: float) -> FleetTotals:
-        up = [
-            s for s in self._states.values()
-            if s.is_live and not (s.age(now) is not None and s.age(now) > self.stale_after)
-        ]
-        utils = [g.utilization_gpu for s in up if s.frame for g in s.frame.gpus if g.utilization_gpu is not None]
-        return FleetTotals(
-            nodes=len(self._states),
-            nodes_up=len(up),
-            nodes_down=len(self._states) - len(up),
-            gpus=sum(len(s.frame.gpus) for s in up if s.frame),
-            mean_utilization=sum(utils) / len(utils) if utils else None,
-        )
+        return totals_of(self._states.values(), now, self.stale_after)
