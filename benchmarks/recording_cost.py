@@ -38,13 +38,20 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--seconds", type=int, default=3600)
     parser.add_argument("--seeks", type=int, default=40)
+    parser.add_argument("--chunk-s", type=float, default=None, help="override the recorder's chunk length")
+    parser.add_argument("--keyframe-every", type=int, default=None, help="override chunks per keyframe group")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "hour.opsrec")
         record_cpu = 0.0
         baseline_cpu = 0.0
-        with Recorder(path) as recorder:
+        tuning = {}
+        if args.chunk_s:
+            tuning["chunk_s"] = args.chunk_s
+        if args.keyframe_every:
+            tuning["keyframe_every"] = args.keyframe_every
+        with Recorder(path, **tuning) as recorder:
             for tick in range(args.seconds):
                 for node in range(args.nodes):
                     state = node_state(node, tick)
@@ -55,7 +62,6 @@ def main() -> int:
                     c2 = time.process_time()
                     baseline_cpu += c1 - c0
                     record_cpu += c2 - c1
-            c0 = time.process_time()
         size = os.path.getsize(path) + sum(
             os.path.getsize(p) for p in (path + "-wal",) if os.path.exists(p))
         stored = recorder.stats.bytes_written

@@ -7,13 +7,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from opsconsole.model import NodeFrame, NodeState, to_wire
-from opsconsole.probe.wire_delta import DeltaEncoder
+from opsconsole.probe.wire_delta import delta_of
 from opsconsole.recording import store
 
-DEFAULT_CHUNK_S = 10.0
-DEFAULT_KEYFRAME_EVERY = 3  # chunks: a seek decodes at most 30 s of deltas
+DEFAULT_CHUNK_S = 5.0
+DEFAULT_KEYFRAME_EVERY = 2  # chunks: a seek decodes at most 10 s of deltas
 DEFAULT_MAX_BYTES = 200 * 1024 * 1024
-_NO_KEYFRAMES_BY_COUNT = 10 ** 9  # keyframes are forced per chunk, never by the encoder's count
 
 # NodeState fields kept beside the frame (the frame travels as a delta line).
 STATE_FIELDS = ("state", "reason", "address", "received_at", "rtt_ms", "fingerprint", "since")
@@ -53,7 +52,7 @@ class Recorder:
         self.stats = RecorderStats()
         self._db = store.open_for_writing(path)
         store.set_meta(self._db, "started", repr(clock()))
-        self._encoders: Dict[str, DeltaEncoder] = {}
+        self._last_wire: Dict[str, Dict[str, Any]] = {}  # per node: the frame the next delta is taken against
         self._latest: Dict[str, NodeState] = {}  # what a keyframe chunk restates
         self._written_frame: Dict[str, Optional[NodeFrame]] = {}
         self._records: list = []
@@ -84,8 +83,7 @@ class Recorder:
         self._keyframe_chunk = self._chunks_since_keyframe >= self.keyframe_every
         if self._keyframe_chunk:
             self._chunks_since_keyframe = 0
-            for encoder in self._encoders.values():
-                encoder.force_keyframe()
+            self._last_wire = {}
             self._written_frame = {}
             for state in self._latest.values():  # restate every node, so a seek can start here
                 self._add(state, now)
@@ -94,16 +92,26 @@ class Recorder:
         record: Dict[str, Any] = {"t": now, "n": state.name, "s": state_fields(state)}
         frame = state.frame
         if frame is not None and (state.name not in self._written_frame or self._written_frame[state.name] is not frame):
-            encoder = self._encoders.get(state.name)
-            if encoder is None:
-                encoder = self._encoders[state.name] = DeltaEncoder(keyframe_every=_NO_KEYFRAMES_BY_COUNT)
-            record["f"] = encoder.encode_wire(to_wire(frame))  # lossless: no rounding
+            record["f"] = self._frame_record(state.name, frame)
             self._written_frame[state.name] = frame
         elif frame is None:
             self._written_frame[state.name] = None
+            self._last_wire.pop(state.name, None)  # the next frame is stored whole: a replay has no base
             record["f"] = None
         self._records.append(record)
         self.stats.records += 1
+
+    def _frame_record(self, node: str, frame: NodeFrame) -> Dict[str, Any]:
+        """The full wire frame (lossless: no rounding), or its delta against the node's previous one."""
+        wire = to_wire(frame)
+        last = self._last_wire.get(node)
+        self._last_wire[node] = wire
+        if last is not None:
+            try:
+                return delta_of(last, wire)
+            except Exception:  # a frame the diff cannot express (same seq, new fields): store it whole
+                pass
+        return wire
 
     def flush(self) -> None:
         """Write the chunk being collected (a partial one too) and apply retention."""

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from opsconsole.model import NodeState
+from opsconsole.model import NodeFrame, NodeState, from_wire
 from opsconsole.nodes.totals import FleetTotals, totals_of
-from opsconsole.probe.wire_delta import StreamDecoder
+from opsconsole.probe.wire_delta import DeltaError, apply_delta
 from opsconsole.recording import store
 from opsconsole.recording.recorder import STATE_FIELDS
 
@@ -29,7 +30,6 @@ class RecordingReader:
         self.start, self.end = span
         self.position = self.start
         self._states: Dict[str, NodeState] = {}
-        self._decoders: Dict[str, StreamDecoder] = {}
         self._records: Optional[Iterator[dict]] = None
         self._pending: Optional[dict] = None  # the first record after `position`, read ahead
         self.seek(self.start)
@@ -49,7 +49,6 @@ class RecordingReader:
     def seek(self, t: float) -> Dict[str, NodeState]:
         """States as they were at time `t` (clamped to the recording)."""
         t = min(max(t, self.start), self.end)
-        self._decoders = {}
         self._states = {}
         self._records = self._stream(t)
         self._pending = None
@@ -80,15 +79,21 @@ class RecordingReader:
 
     def _apply(self, record: dict) -> NodeState:
         name = record["n"]
-        decoder = self._decoders.setdefault(name, StreamDecoder())
-        frame = decoder.last
+        previous = self._states.get(name)
+        frame = previous.frame if previous is not None else None
         if "f" in record:
-            line = record["f"]
-            if line is None:
+            wire = record["f"]
+            if type(wire) is str:  # recordings before 2026-12-02 18:45 kept the frame as a JSON line
+                wire = json.loads(wire)
+            if wire is None:
                 frame = None
+            elif "delta" in wire:
+                try:
+                    frame = apply_delta(frame, wire)
+                except DeltaError:
+                    pass  # a chain broken by retention: the frame waits for the next keyframe
             else:
-                decoded, _ = decoder.decode_line(line)
-                frame = decoded if decoded is not None else decoder.last
+                frame = from_wire(NodeFrame, wire)
         fields = {key: record["s"].get(key) for key in STATE_FIELDS}
         state = NodeState(name=name, frame=frame, **fields)
         self._states[name] = state

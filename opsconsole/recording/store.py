@@ -1,14 +1,14 @@
 """The recording file: SQLite holding zlib-compressed chunks of node states, plus small events.
 
 Why this shape: SQLite gives one portable file that survives a crash mid-write (WAL) and
-an index by time for seeking; chunks of ~10 s compress well because consecutive frames of
+an index by time for seeking; chunks of ~5 s compress well because consecutive frames of
 a node differ in a few numbers (each frame is stored as a delta against the node's
 previous one, the probe's own delta form). Every `keyframe_every`-th chunk opens with a
 full state of every node, so a seek decodes at most that many chunks.
 
 A chunk's payload is JSON lines, one per record, in time order:
-    {"t": received_at, "n": node, "s": {state fields but frame}, "f": frame line (keyframe or delta)}
-"f" is absent when the frame did not change (a state change only).
+    {"t": received_at, "n": node, "s": {state fields but frame}, "f": wire frame, or its delta}
+"f" is absent when the frame did not change (a state change only), null when the state has none.
 """
 
 from __future__ import annotations
