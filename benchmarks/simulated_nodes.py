@@ -509,21 +509,52 @@ async def _serve(keys: SimKeys, count: int, ready, stop_event) -> None:
         server.close()
 
 
-def _server_main(keys: SimKeys, count: int, ready, stop_event) -> None:
+def send_no_ignore_packets() -> None:
+    """Make this process's asyncssh send no SSH_MSG_IGNORE before each packet, as OpenSSH's sshd does.
+
+    asyncssh (2.24, connection.py send_packet) puts an empty IGNORE in front of every
+    packet it encrypts, with no setting to turn it off; sshd sends IGNOREs only to blur
+    keystroke timing in interactive tty sessions, never on exec channels. Left in, every
+    server packet reaches the client twice and both clients measured here pay for
+    packets a real node would not send. Called in the simulator's own process only: the
+    clients measured keep asyncssh as it is.
+    """
+    from asyncssh.connection import SSHConnection
+    from asyncssh.constants import MSG_IGNORE
+    from asyncssh.packet import String
+
+    send_packet = SSHConnection.send_packet
+    padding_only = (String(b""),)
+
+    def send_packet_without_ignore(self, pkttype, *args, handler=None):
+        if pkttype == MSG_IGNORE and args == padding_only and handler is None:
+            return  # the inserted one; asyncssh sends no other empty IGNORE
+        send_packet(self, pkttype, *args, handler=handler)
+
+    SSHConnection.send_packet = send_packet_without_ignore
+
+
+def _server_main(keys: SimKeys, count: int, ready, stop_event, like_openssh: bool = True) -> None:
+    if like_openssh:
+        send_no_ignore_packets()
     asyncio.run(_serve(keys, count, ready, stop_event))
 
 
 class SimulatedNodes:
-    """The server process: `with SimulatedNodes(dir, ports=4) as sim: sim.ports ...`."""
+    """The server process: `with SimulatedNodes(dir, ports=4) as sim: sim.ports ...`.
 
-    def __init__(self, directory: Path, ports: int = 4) -> None:
+    like_openssh (the default) turns off asyncssh's IGNORE packet before every packet
+    in the server (see send_no_ignore_packets); False keeps asyncssh's own behaviour.
+    """
+
+    def __init__(self, directory: Path, ports: int = 4, like_openssh: bool = True) -> None:
         self.keys = make_keys(directory)
         self._count = ports
         ctx = multiprocessing.get_context("spawn")
         self._ready = ctx.Queue()
         self._stop = ctx.Event()
         self._process = ctx.Process(
-            target=_server_main, args=(self.keys, ports, self._ready, self._stop), daemon=True
+            target=_server_main, args=(self.keys, ports, self._ready, self._stop, like_openssh), daemon=True
         )
         self.ports: List[int] = []
         self.stats: Dict[str, int] = {}

@@ -52,6 +52,9 @@ def _add_node_options(parser: argparse.ArgumentParser, in_subcommand: bool) -> N
     nodes.add_argument(
         "--slurm-job", metavar="JOBID", default=default, help="watch the nodes of this Slurm job (via scontrol)"
     )
+    nodes.add_argument(
+        "--slurm-user", metavar="USER", default=default, help="watch the nodes of all of USER's running Slurm jobs"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,6 +128,50 @@ def nodes_from_slurm_job(job_id: str) -> List[NodeConfig]:
         raise UsageError("--slurm-job %s: %s" % (job_id, exc)) from None
 
 
+def nodes_from_slurm_user(user: str) -> List[NodeConfig]:
+    """SSH nodes of every running Slurm job of `user`, asked of squeue."""
+    from opsconsole.nodes.slurm import SlurmUnavailable, query_user_jobs
+
+    try:
+        jobs = query_user_jobs(user)
+    except SlurmUnavailable as exc:
+        raise UsageError("--slurm-user %s: %s" % (user, exc)) from None
+    names = [node for job in jobs for node in job.nodes]
+    if not names:
+        raise UsageError("--slurm-user %s: no running jobs with nodes" % user)
+    return _ssh_nodes(names)
+
+
+def slurm_follower(args: argparse.Namespace):
+    """A SlurmFollower for --slurm-job/--slurm-user (first query done), None without them."""
+    job, user = getattr(args, "slurm_job", None), getattr(args, "slurm_user", None)
+    if not job and not user:
+        return None
+    from opsconsole.nodes.slurm import SlurmFollower
+
+    follower = SlurmFollower(job_id=job or None, user=None if job else user)
+    follower.poll()
+    return follower
+
+
+def follow_slurm(fleet, config: Config, follower) -> None:
+    """Make `fleet` follow the job's nodes: joiners get an SSH link, leavers are removed."""
+    if follower is None:
+        return
+    import asyncio
+
+    from opsconsole.nodes.fleet import build_link
+
+    limiter = []
+
+    def link_for(name: str):
+        if not limiter:  # made on first use, inside the running loop
+            limiter.append(asyncio.Semaphore(config.ssh.max_logins))
+        return build_link(NodeConfig(name=name, host=name), config, limiter[0])
+
+    fleet.follow_slurm(follower, link_factory=link_for)
+
+
 def _ssh_nodes(names: Sequence[str]) -> List[NodeConfig]:
     unique = list(dict.fromkeys(names))  # a hostlist may name a host twice; one link per node
     return [NodeConfig(name=name, host=name) for name in unique]
@@ -139,6 +186,8 @@ def config_from_args(args: argparse.Namespace, load: Optional[Callable[..., Conf
         config = replace(config, nodes=tuple(nodes_from_hostlist(args.nodes)))
     elif getattr(args, "slurm_job", None):
         config = replace(config, nodes=tuple(nodes_from_slurm_job(args.slurm_job)))
+    elif getattr(args, "slurm_user", None):
+        config = replace(config, nodes=tuple(nodes_from_slurm_user(args.slurm_user)))
     console = config.console
     if getattr(args, "interval", None) is not None:
         console = replace(console, interval=args.interval)
@@ -158,17 +207,20 @@ def command_console(args: argparse.Namespace) -> int:
     from opsconsole.nodes.fleet import Fleet
 
     fleet = Fleet(config)
+    follow_slurm(fleet, config, slurm_follower(args))
     # Imported only here: the headless commands must not load Textual.
     from opsconsole.tui.app import run_console
 
     return run_console(config, fleet)
 
 
-async def take_snapshot(config: Config, timeout: float) -> List[NodeState]:
-    """One poll of every node of `config`, links closed afterwards."""
+async def take_snapshot(config: Config, timeout: float, follower=None) -> List[NodeState]:
+    """One poll of every node of `config` (sources limited to a Slurm job's nodes), links closed afterwards."""
     from opsconsole.nodes.fleet import Fleet
 
     fleet = Fleet(config)
+    if follower is not None:
+        fleet.follow_slurm(follower)
     try:
         return await fleet.snapshot(timeout)
     finally:
@@ -197,7 +249,7 @@ def command_snapshot(args: argparse.Namespace) -> int:
     from opsconsole.snapshot_format import snapshot_document, snapshot_table
 
     config = config_from_args(args)
-    states = run_without_joining_threads(take_snapshot(config, args.timeout))
+    states = run_without_joining_threads(take_snapshot(config, args.timeout, slurm_follower(args)))
     text = json.dumps(snapshot_document(states), indent=2) + "\n" if args.json else snapshot_table(states)
     try:
         sys.stdout.write(text)

@@ -61,13 +61,25 @@ class SshConfig:
 
 @dataclass(frozen=True)
 class LogsConfig:
-    paths: Tuple[str, ...] = ()  # globs
+    paths: Tuple[str, ...] = ()  # globs followed on every node
+    node_paths: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()  # (node name, globs) from [logs.node_paths]
+    poll_interval: float = 0.25  # seconds between looks at files without inotify (NFS) and remote files
+    rescan_interval: float = 5.0  # seconds between globbing again for new files
+    stall_after: float = 600.0  # seconds without a new line before a live run counts as stalled
+    max_lines: int = 100_000  # lines kept in memory per source
+
+    def globs_for(self, node: str) -> Tuple[str, ...]:
+        """The globs followed on `node`: `paths` plus its own from [logs.node_paths]."""
+        own = tuple(g for name, globs in self.node_paths if name == node for g in globs)
+        return self.paths + tuple(g for g in own if g not in self.paths)
 
 
 @dataclass(frozen=True)
 class CheckpointDirConfig:
     path: str
     node: Optional[str] = None  # None: the local node
+    keep: int = 3  # cleanup keeps the newest `keep` (like CheckpointManager's max_to_keep), plus best and latest
+    min_age: float = 600.0  # seconds: anything modified more recently is never deleted (it may be mid-write)
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,13 @@ class HealthConfig:
     disk_free_percent: float = 10.0
     memory_percent: float = 90.0
     disk_paths: Tuple[str, ...] = ("/",)
+    temperature_margin_c: float = 5.0  # warn this close to the GPU's slowdown threshold
+    swap_used_percent: float = 10.0  # swap in use above this share of swap
+    iowait_percent: float = 20.0  # CPU time waiting on I/O above this: an I/O bottleneck
+    gpu_idle_percent: float = 10.0  # GPU utilisation below this counts as idle
+    loader_busy_percent: float = 50.0  # a training job's children using this much CPU in all are busy
+    gpu_test_memory_share: float = 0.25  # share of free GPU memory the pattern test writes
+    gpu_test_timeout_s: float = 120.0  # the on-node GPU suite is stopped after this long
 
 
 # Placeholders an action's argv template may use; each fills one argv word, never a shell line.
@@ -92,6 +111,7 @@ class ActionsConfig:
     drain_command: Tuple[str, ...] = ("scontrol", "update", "NodeName={node}", "State=DRAIN", "Reason={reason}")
     signal_escalation_s: float = 30.0  # after SIGINT (or SIGTERM), ask before the next signal
     command_timeout_s: float = 120.0  # an action's command is stopped after this long
+    gpu_tests_after_reset: bool = True  # after a GPU reset, run the GPU suite on that GPU too
 
 
 @dataclass(frozen=True)
@@ -104,7 +124,7 @@ class RecordConfig:
     directory: Optional[str] = None  # where the console's record key writes; None: $XDG_STATE_HOME/opsconsole
     max_mb: float = 200.0  # oldest part dropped beyond this
     max_age_s: Optional[float] = None  # None: kept until max_mb
-    chunk_s: float = 10.0
+    chunk_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -128,6 +148,27 @@ class AlertingConfig:
 
 
 @dataclass(frozen=True)
+class SourceConfig:
+    """A telemetry source other than SSH: `kind = "prometheus"` reads a Prometheus server's API."""
+
+    url: str
+    kind: str = "prometheus"
+    name: str = "prometheus"
+    bearer_token_file: Optional[str] = None  # sent as "Authorization: Bearer ..."
+    ca_file: Optional[str] = None  # CA bundle for https; verification is never off
+    node_labels: Tuple[str, ...] = ("Hostname", "instance")  # first present names the node (instance: port dropped)
+    gpu_label: str = "gpu"
+    interval: Optional[float] = None  # None: console.interval
+    timeout: float = 10.0
+    telemetry: str = "ssh"  # for a node also reached over SSH: whose frames to show, "ssh" or "prometheus"
+    nodes: Tuple[str, ...] = ()  # only these nodes (hostlists expanded); () = all
+    selector: Optional[str] = None  # extra label matchers for every query, e.g. 'cluster="a"'
+    rate_window: str = "1m"  # range of rate() over node-exporter counters
+    slow_every: int = 6  # names, limits, ECC, file systems: every N refreshes
+    stale_after: Optional[float] = None  # None: 3 x max(scrape interval seen, interval) + 2 s
+
+
+@dataclass(frozen=True)
 class Config:
     source: Optional[str] = None  # the file it came from; None for the built-in default
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
@@ -141,6 +182,7 @@ class Config:
     record: RecordConfig = field(default_factory=RecordConfig)
     alerts: Tuple[AlertRuleConfig, ...] = ()
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
+    sources: Tuple[SourceConfig, ...] = ()
 
 
 DEFAULT_CONFIG = Config()
@@ -515,9 +557,13 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "backoff_initial",
         "backoff_max",
     ),
-    "logs": ("paths",),
-    "checkpoints": ("path", "node"),
-    "health": ("gpu_temperature_c", "disk_free_percent", "memory_percent", "disk_paths"),
+    "logs": ("paths", "node_paths", "poll_interval", "rescan_interval", "stall_after", "max_lines"),
+    "checkpoints": ("path", "node", "keep", "min_age"),
+    "health": (
+        "gpu_temperature_c", "disk_free_percent", "memory_percent", "disk_paths", "temperature_margin_c",
+        "swap_used_percent", "iowait_percent", "gpu_idle_percent", "loader_busy_percent",
+        "gpu_test_memory_share", "gpu_test_timeout_s",
+    ),
     "actions": (
         "audit_log",
         "confirm",
@@ -525,13 +571,19 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "drain_command",
         "signal_escalation_s",
         "command_timeout_s",
+        "gpu_tests_after_reset",
     ),
     "history": ("size",),
     "record": ("directory", "max_mb", "max_age_s", "chunk_s"),
     "alerts": ("name", "metric", "comparison", "threshold", "for", "severity", "clear"),
     "alerting": ("builtin_rules", "bell", "toast", "hook", "hook_timeout_s"),
+    "sources": (
+        "kind", "name", "url", "bearer_token_file", "ca_file", "node_labels", "gpu_label", "interval",
+        "timeout", "telemetry", "nodes", "selector", "rate_window", "slow_every", "stale_after",
+        "insecure_skip_verify",
+    ),
 }
-ARRAY_SECTIONS = ("nodes", "checkpoints", "alerts")  # written as [[nodes]], [[checkpoints]], [[alerts]]
+ARRAY_SECTIONS = ("nodes", "checkpoints", "alerts", "sources")  # written as [[nodes]], [[checkpoints]], [[alerts]]
 HOST_KEY_POLICIES = ("strict", "accept-new")
 # Values people try in order to switch checking off; they get a pointed answer.
 _CHECKING_OFF_WORDS = {
@@ -562,6 +614,8 @@ class _Checker:
         parts: Dict[str, Any] = {}
         for name, value in data.items():
             parts[name] = getattr(self, "section_" + name)(value)
+        if parts.get("sources") and "nodes" not in parts:
+            parts["nodes"] = ()  # the fleet comes from the sources: no implicit local node
         nodes = parts.get("nodes", DEFAULT_CONFIG.nodes)
         checkpoints = parts.get("checkpoints", ())
         self.check_checkpoint_nodes(checkpoints, nodes)
@@ -772,7 +826,21 @@ class _Checker:
     def section_logs(self, value: Any) -> LogsConfig:
         path: KeyPath = ("logs",)
         table = self.table(value, path, "logs")
-        return LogsConfig(paths=self.strings(table, path, "paths", ()))
+        d = LogsConfig()
+        node_paths = []
+        per_node = table.get("node_paths", {})
+        if not isinstance(per_node, dict):
+            self.fail(path + ("node_paths",), "must be a table of node name = [globs]")
+        for name in per_node:
+            node_paths.append((name, self.strings(per_node, path + ("node_paths",), name, ())))
+        return LogsConfig(
+            paths=self.strings(table, path, "paths", ()),
+            node_paths=tuple(node_paths),
+            poll_interval=self.number(table, path, "poll_interval", d.poll_interval, above=0),
+            rescan_interval=self.number(table, path, "rescan_interval", d.rescan_interval, above=0),
+            stall_after=self.number(table, path, "stall_after", d.stall_after, above=0),
+            max_lines=self.integer(table, path, "max_lines", d.max_lines, low=100),
+        )
 
     def section_checkpoints(self, value: Any) -> Tuple[CheckpointDirConfig, ...]:
         path: KeyPath = ("checkpoints",)
@@ -786,6 +854,8 @@ class _Checker:
                 CheckpointDirConfig(
                     path=self.string(entry, entry_path, "path", None),
                     node=self.string(entry, entry_path, "node", None),
+                    keep=self.integer(entry, entry_path, "keep", CheckpointDirConfig.keep, low=0),
+                    min_age=self.number(entry, entry_path, "min_age", CheckpointDirConfig.min_age, low=0),
                 )
             )
         return tuple(dirs)
@@ -813,6 +883,19 @@ class _Checker:
             ),
             memory_percent=self.number(table, path, "memory_percent", d.memory_percent, low=0, high=100),
             disk_paths=self.strings(table, path, "disk_paths", d.disk_paths),
+            temperature_margin_c=self.number(table, path, "temperature_margin_c", d.temperature_margin_c, low=0),
+            swap_used_percent=self.number(
+                table, path, "swap_used_percent", d.swap_used_percent, low=0, high=100
+            ),
+            iowait_percent=self.number(table, path, "iowait_percent", d.iowait_percent, low=0, high=100),
+            gpu_idle_percent=self.number(table, path, "gpu_idle_percent", d.gpu_idle_percent, low=0, high=100),
+            loader_busy_percent=self.number(
+                table, path, "loader_busy_percent", d.loader_busy_percent, above=0
+            ),
+            gpu_test_memory_share=self.number(
+                table, path, "gpu_test_memory_share", d.gpu_test_memory_share, low=0.001, high=0.9
+            ),
+            gpu_test_timeout_s=self.number(table, path, "gpu_test_timeout_s", d.gpu_test_timeout_s, above=0),
         )
 
     def section_actions(self, value: Any) -> ActionsConfig:
@@ -831,6 +914,7 @@ class _Checker:
                 table, path, "signal_escalation_s", d.signal_escalation_s, above=0
             ),
             command_timeout_s=self.number(table, path, "command_timeout_s", d.command_timeout_s, above=0),
+            gpu_tests_after_reset=self.boolean(table, path, "gpu_tests_after_reset", d.gpu_tests_after_reset),
         )
 
     def argv_template(
@@ -931,6 +1015,75 @@ class _Checker:
             hook=tuple(self.expand(hook[0]) for _ in hook[:1]) + tuple(hook[1:]),
             hook_timeout_s=self.number(table, path, "hook_timeout_s", d.hook_timeout_s, above=0),
         )
+
+    def section_sources(self, value: Any) -> Tuple[SourceConfig, ...]:
+        """[[sources]]: telemetry read from a Prometheus server (issue 8)."""
+        path: KeyPath = ("sources",)
+        sources: List[SourceConfig] = []
+        seen: Dict[str, int] = {}
+        for index, entry in enumerate(self.array_of_tables(value, path)):
+            entry_path = path + (index,)
+            self.table(entry, entry_path, "sources")
+            kind = self.string(entry, entry_path, "kind", "prometheus")
+            if kind != "prometheus":
+                self.fail(entry_path + ("kind",), 'expected "prometheus", got %s' % _show(kind) + _suggest(kind, ("prometheus",)))
+            if "insecure_skip_verify" in entry:
+                self.fail(entry_path + ("insecure_skip_verify",),
+                          'TLS verification cannot be turned off; trust a private CA with "ca_file"')
+            if "url" not in entry:
+                self.fail(entry_path, 'missing required key "url" (e.g. "http://prometheus:9090")')
+            url = self.string(entry, entry_path, "url", None)
+            if not re.match(r"^https?://[^/\s]+", url) or re.search(r"\s", url):
+                self.fail(entry_path + ("url",), "expected an http:// or https:// URL, got %s" % _show(url))
+            name = self.string(entry, entry_path, "name", "prometheus" if index == 0 else "prometheus-%d" % (index + 1))
+            if name in seen:
+                self.fail(entry_path + ("name",), "duplicate source name %s; first used by sources[%d]" % (_quote(name), seen[name]))
+            seen[name] = index
+            token = self.string(entry, entry_path, "bearer_token_file", None)
+            ca_file = self.string(entry, entry_path, "ca_file", None)
+            if ca_file is not None and url.startswith("http://"):
+                self.fail(entry_path + ("ca_file",), "a CA file is only used with an https:// url")
+            d = SourceConfig(url=url)
+            labels = self.strings(entry, entry_path, "node_labels", d.node_labels)
+            if not labels:
+                self.fail(entry_path + ("node_labels",), 'expected at least one label, e.g. ["Hostname", "instance"]')
+            for label_index, label in enumerate(labels + (self.string(entry, entry_path, "gpu_label", d.gpu_label),)):
+                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", label):
+                    where = ("node_labels", label_index) if label_index < len(labels) else ("gpu_label",)
+                    self.fail(entry_path + where, "not a Prometheus label name: %s" % _show(label))
+            telemetry = self.string(entry, entry_path, "telemetry", d.telemetry)
+            if telemetry not in ("ssh", "prometheus"):
+                self.fail(entry_path + ("telemetry",), 'expected "ssh" or "prometheus", got %s' % _show(telemetry)
+                          + _suggest(telemetry, ("ssh", "prometheus")))
+            window = self.string(entry, entry_path, "rate_window", d.rate_window)
+            if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", window):
+                self.fail(entry_path + ("rate_window",), 'expected a Prometheus duration like "1m" or "30s", got %s' % _show(window))
+            nodes: List[str] = []
+            for pattern_index, pattern in enumerate(self.strings(entry, entry_path, "nodes", ())):
+                try:
+                    nodes.extend(expand_hostlist(pattern, allow_duplicates=True))
+                except ValueError as exc:
+                    self.fail(entry_path + ("nodes", pattern_index), str(exc))
+            interval = self.number(entry, entry_path, "interval", 0.0, above=0) if "interval" in entry else None
+            stale_after = self.number(entry, entry_path, "stale_after", 0.0, above=0) if "stale_after" in entry else None
+            sources.append(SourceConfig(
+                url=url,
+                kind=kind,
+                name=name,
+                bearer_token_file=None if token is None else self.expand(token),
+                ca_file=None if ca_file is None else self.expand(ca_file),
+                node_labels=labels,
+                gpu_label=self.string(entry, entry_path, "gpu_label", d.gpu_label),
+                interval=interval,
+                timeout=self.number(entry, entry_path, "timeout", d.timeout, above=0),
+                telemetry=telemetry,
+                nodes=tuple(dict.fromkeys(nodes)),
+                selector=self.string(entry, entry_path, "selector", None),
+                rate_window=window,
+                slow_every=self.integer(entry, entry_path, "slow_every", d.slow_every, low=1),
+                stale_after=stale_after,
+            ))
+        return tuple(sources)
 
     # typed values
 

@@ -77,6 +77,7 @@ class GpuSample:
     pcie_width_max: Optional[int] = None
     pcie_tx_kbs: Optional[int] = None
     pcie_rx_kbs: Optional[int] = None
+    pcie_replay_count: Optional[int] = None  # PCIe replays (link retries) since driver load
     persistence_mode: Optional[bool] = None
     compute_mode: Optional[str] = None  # "Default", "Exclusive_Process", "Prohibited"
     mig_mode: Optional[bool] = None
@@ -108,6 +109,10 @@ class ProcessSample:
     gpu_uuid: Optional[str] = None
     gpu_memory_bytes: Optional[int] = None
     gpu_sm_percent: Optional[float] = None
+    ppid: Optional[int] = None  # parent pid: a training job's data-loader workers are its children
+    # GPU processes only: "NAME=value" of the NCCL/CUDA variables that change a job's behaviour,
+    # read from /proc/PID/environ; None when not read (not permitted, or not a GPU process).
+    watched_env: Optional[Tuple[str, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -215,13 +220,40 @@ _NESTED: Dict[type, Dict[str, Tuple[type, bool]]] = {
 }
 
 
+_SCALARS = frozenset((int, float, str, bool, type(None)))
+_FIELD_NAMES: Dict[type, Tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> Optional[Tuple[str, ...]]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None and dataclasses.is_dataclass(cls):
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
 def to_wire(obj: Any) -> Any:
-    """Turn a dataclass (or a tuple of them) into JSON-ready dicts and lists."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (tuple, list)):
-        return [to_wire(item) for item in obj]
-    return obj
+    """Turn a dataclass (or a tuple of them) into JSON-ready dicts and lists.
+
+    Field names are looked up once per class and scalars are passed through without a
+    call: the console records and the probe encodes dozens of frames a second.
+    """
+    cls = type(obj)
+    if cls in _SCALARS:
+        return obj
+    if cls is tuple or cls is list:
+        return [item if type(item) in _SCALARS else to_wire(item) for item in obj]
+    names = _field_names(cls)
+    if names is None:
+        return obj
+    values = obj.__dict__
+    out = {}
+    for name in names:
+        try:
+            value = values[name]
+        except KeyError:  # a field decoded when first read (opsconsole.probe.wire_delta.LazyListsFrame)
+            value = getattr(obj, name)
+        out[name] = value if type(value) in _SCALARS else to_wire(value)
+    return out
 
 
 class _Decoder:

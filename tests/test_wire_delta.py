@@ -351,4 +351,111 @@ def test_wire_delta_is_python_38_and_stdlib_only():
     tree = ast.parse(source, feature_version=(3, 8))
     imported = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
-    assert imported <= {"__future__", "json", "typing", "opsconsole"}
+    assert imported <= {"__future__", "dataclasses", "json", "typing", "opsconsole"}
+
+
+# --- process lists after a TAB, decoded when first read -----------------------------------
+
+
+def test_process_lists_travel_after_a_tab_and_nothing_else_does():
+    wire = real_wire()
+    wire["top_processes"][0]["command"] = "python3 -c 'print(1)'\t--tabbed [x]}"  # a TAB and "]}" inside a string
+    encoder = DeltaEncoder(keyframe_every=10)
+    keyframe = encoder.encode_wire(copy.deepcopy(wire))
+    new = copy.deepcopy(wire)
+    new["seq"] += 1
+    new["top_processes"][3]["cpu_percent"] = 12.5
+    new["gpus"][1]["utilization_gpu"] = 3.0
+    delta = encoder.encode_wire(new)
+    for line, processes in ((keyframe, wire["processes"]), (delta, None)):
+        main, lazy = line.split("\t")  # exactly one TAB: JSON escapes the one in the command
+        assert "processes" not in json.loads(main) and "top_processes" not in json.loads(main)
+        assert set(json.loads(lazy)) <= {"processes", "top_processes"}
+    assert json.loads(keyframe.split("\t")[1])["processes"] == wire["processes"]
+    assert json.loads(delta.split("\t")[1]) == {"top_processes": [0, 1, 2, {"cpu_percent": 12.5, "@": 3}] + list(range(4, 30))}
+    unchanged = copy.deepcopy(new)
+    unchanged["seq"] += 1
+    unchanged["gpus"][2]["utilization_gpu"] = 4.0
+    assert "\t" not in encoder.encode_wire(unchanged)  # no list changed: no TAB, a plain delta
+    plain = DeltaEncoder(keyframe_every=10, split=False)
+    assert "\t" not in plain.encode_wire(copy.deepcopy(wire))
+    decoder = StreamDecoder()
+    for line, expected in ((keyframe, wire), (delta, new)):
+        frame, dropped = decoder.decode_line(line + "\n")
+        assert dropped is None and frame == from_wire(NodeFrame, json.loads(json.dumps(expected)))
+    assert frame.top_processes[0].command.endswith("\t--tabbed [x]}")
+
+
+def test_process_lists_are_decoded_only_when_read_and_then_once():
+    lines, wires = stream_lines(12, keyframe_every=100)
+    decoder = StreamDecoder()
+    frames = [decoder.decode_line(line)[0] for line in lines]
+    last = frames[-1]
+    assert isinstance(last, wire_delta.LazyListsFrame)
+    assert "processes" not in vars(last) and "top_processes" not in vars(last)  # nothing read yet
+    assert last.gpus == from_wire(NodeFrame, wires[-1]).gpus  # the rest is decoded already
+    expected = from_wire(NodeFrame, wires[-1])
+    assert last.top_processes == expected.top_processes  # eleven deltas applied on the first read
+    assert last.top_processes is last.top_processes
+    assert last.processes == expected.processes
+    assert frames[5].top_processes == from_wire(NodeFrame, wires[5]).top_processes  # earlier ones still right
+    assert frames[5].top_processes is frames[6].top_processes or wires[5]["top_processes"] != wires[6]["top_processes"]
+
+
+def test_a_lazy_frame_behaves_as_the_node_frame_it_stands_for():
+    import dataclasses
+
+    lines, wires = stream_lines(4, keyframe_every=100)
+    decoder = StreamDecoder()
+    frames = [decoder.decode_line(line)[0] for line in lines]
+    lazy, plain = frames[-1], from_wire(NodeFrame, wires[-1])
+    assert lazy == plain and plain == lazy and not (lazy != plain)
+    assert hash(lazy) == hash(plain) and repr(lazy) == repr(plain)
+    assert isinstance(lazy, NodeFrame)
+    assert to_wire(decoder.decode_line(DeltaEncoder().encode_wire(copy.deepcopy(wires[-1])))[0]) == to_wire(plain)
+    assert to_wire(frames[-1]) == to_wire(plain)
+    moved = dataclasses.replace(frames[-1], seq=999)
+    assert moved.seq == 999 and moved.processes == plain.processes and moved.top_processes == plain.top_processes
+    assert dataclasses.asdict(frames[-1]) == dataclasses.asdict(plain)
+    assert lazy != dataclasses.replace(plain, top_processes=plain.top_processes[1:])
+
+
+def test_lists_that_do_not_apply_are_empty_and_the_chain_waits_for_a_keyframe():
+    lines, wires = stream_lines(8, keyframe_every=4)  # keyframes at 0 and 4
+    main, _ = lines[1].split("\t")
+    bad = main + "\t" + json.dumps({"top_processes": [0, 1, 99]})  # no item 99 in the last frame
+    decoder = StreamDecoder()
+    decoder.decode_line(lines[0])
+    frame, dropped = decoder.decode_line(bad)
+    assert dropped is None and frame.gpus == from_wire(NodeFrame, wires[1]).gpus
+    assert frame.top_processes == ()  # found out only now: too late to drop the frame
+    frame, dropped = decoder.decode_line(lines[2])
+    assert frame is None and "top_processes did not apply: top_processes: no item 99" in dropped
+    assert dropped.endswith("waiting for a keyframe")
+    assert decoder.decode_line(lines[3])[0] is None
+    assert decoder.decode_line(lines[4]) == (from_wire(NodeFrame, wires[4]), None)  # the keyframe
+    assert decoder.decode_line(lines[5]) == (from_wire(NodeFrame, wires[5]), None)
+
+
+def test_a_list_part_that_is_no_json_empties_the_lists():
+    lines, wires = stream_lines(3, keyframe_every=100)
+    decoder = StreamDecoder()
+    decoder.decode_line(lines[0])
+    frame, _ = decoder.decode_line(lines[1].split("\t")[0] + '\t["not", "an object"]}')
+    assert frame.gpus == from_wire(NodeFrame, wires[1]).gpus
+    assert frame.processes == () and frame.top_processes == ()
+    frame, dropped = decoder.decode_line(lines[2])
+    assert frame is None and "processes did not apply" in dropped
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_sequences_read_now_and_then_decode_right(seed):
+    rng = random.Random(seed)
+    lines, wires = stream_lines(40, keyframe_every=rng.choice((3, 7, 30)), seed=seed)
+    decoder = StreamDecoder()
+    for line, wire in zip(lines, wires):
+        frame, dropped = decoder.decode_line(line)
+        assert dropped is None
+        if rng.random() < 0.3:  # a pane that looks now and then: the chain in between stays unread
+            assert exact(frame) == exact(from_wire(NodeFrame, wire))
+    assert exact(frame) == exact(from_wire(NodeFrame, wires[-1]))

@@ -1,18 +1,25 @@
 """The audit log: one JSON line per attempted action (confirmed, cancelled, refused, failed).
 
 Lines are appended with O_APPEND in a single write each, so two consoles on the same
-login node (or an NFS home, line by line) do not interleave parts of lines. Writing
+login node (or an NFS home, line by line) do not interleave parts of lines, and each is
+fsynced before the call returns: an action runs only after its record is on disk. Writing
 never raises: a failure comes back as a message the console shows.
+
+Records have time, user, host, action, node, detail, outcome. The action runner's records
+add target, command (argv) and id; its "attempt" record precedes the command and its
+result record ("ok" or "failed", with exit status and output tails) shares the id.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import getpass
 import json
 import os
 import socket
-from typing import Optional
+import uuid
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from opsconsole.config import ActionsConfig
 
@@ -20,6 +27,12 @@ OUTCOME_CONFIRMED = "confirmed"
 OUTCOME_CANCELLED = "cancelled"
 OUTCOME_REFUSED = "refused"
 OUTCOME_FAILED = "failed"  # confirmed, but carrying it out did not work
+# Actions run by the action runner write two records: the attempt (fsynced before the
+# command starts) and its result, linked by "id". An attempt without a result is a crash.
+OUTCOME_ATTEMPT = "attempt"
+OUTCOME_OK = "ok"  # the command ran and exited 0 (or the signal was delivered)
+
+READ_TAIL_BYTES = 512 * 1024  # the Audit pane reads at most this much of the file's end
 
 
 def default_audit_path() -> str:
@@ -69,7 +82,35 @@ class AuditLog:
 
     def write(self, action: str, node: str, detail: str, outcome: str) -> Optional[str]:
         """Append one record; None when written, else why not (a line the UI can show)."""
-        data = self.record_line(action, node, detail, outcome).encode("utf-8")
+        return self._append(self.record_line(action, node, detail, outcome).encode("utf-8"))
+
+    def entry_line(
+        self,
+        action: str,
+        node: str,
+        detail: str,
+        outcome: str,
+        *,
+        target: str = "",
+        command: Sequence[str] = (),
+        entry_id: str = "",
+        result: Optional[Dict[str, Any]] = None,
+        when: Optional[float] = None,
+    ) -> str:
+        """A record with the action runner's fields too: target, command (argv), id, result."""
+        record = json.loads(self.record_line(action, node, detail, outcome, when))
+        record["target"] = target
+        record["command"] = [str(word) for word in command]
+        record["id"] = entry_id
+        if result is not None:
+            record["result"] = result
+        return json.dumps(record, ensure_ascii=False, sort_keys=False) + "\n"
+
+    def write_entry(self, action: str, node: str, detail: str, outcome: str, **fields: Any) -> Optional[str]:
+        """Append one runner record (see entry_line), flushed to disk; None when written, else why not."""
+        return self._append(self.entry_line(action, node, detail, outcome, **fields).encode("utf-8"))
+
+    def _append(self, data: bytes) -> Optional[str]:
         try:
             folder = os.path.dirname(self.path)
             if folder and not os.path.exists(folder):  # a file there: let open() say "Not a directory"
@@ -77,6 +118,12 @@ class AuditLog:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 written = os.write(fd, data)
+                # On disk before the action runs: a crash or power cut right after keeps the record.
+                try:
+                    os.fsync(fd)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:  # EINVAL: a pipe or special file, nothing to sync
+                        raise
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -86,12 +133,58 @@ class AuditLog:
         return None
 
 
+def new_entry_id() -> str:
+    """A short random id linking an attempt record with its result record."""
+    return uuid.uuid4().hex[:12]
+
+
+def read_recent_records(path: str, limit: int = 500) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """The last `limit` records of the log, newest first, and a problem line (None when fine).
+
+    Reads only the file's last READ_TAIL_BYTES. A line that is not a JSON object (a hand
+    edit, a torn write on a full disk) becomes a record with outcome "unreadable", so it
+    shows instead of hiding the rest. A missing file is no records and no problem.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            start = max(0, size - READ_TAIL_BYTES)
+            f.seek(start)
+            data = f.read()
+    except FileNotFoundError:
+        return [], None
+    except OSError as exc:
+        return [], "audit log %s not readable: %s" % (path, exc.strerror or exc)
+    lines = data.split(b"\n")
+    if start > 0:
+        lines = lines[1:]  # the first line was cut by the seek
+    records: List[Dict[str, Any]] = []
+    for raw in reversed(lines):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8", "replace"))
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            record = {"outcome": "unreadable", "detail": raw.decode("utf-8", "replace")[:300]}
+        records.append(record)
+        if len(records) >= limit:
+            break
+    return records, None
+
+
 __all__ = [
     "AuditLog",
+    "OUTCOME_ATTEMPT",
     "OUTCOME_CANCELLED",
     "OUTCOME_CONFIRMED",
     "OUTCOME_FAILED",
+    "OUTCOME_OK",
     "OUTCOME_REFUSED",
     "audit_path",
     "default_audit_path",
+    "new_entry_id",
+    "read_recent_records",
 ]

@@ -35,3 +35,4 @@ class Finding:
     source: Optional[str] = None  # LogSource.key or the file name
     rank: Optional[int] = None
     time: Optional[float] = None
+    weak: bool = False  # only indirect evidence (an exit code, a launcher's report): never outranks direct evidence

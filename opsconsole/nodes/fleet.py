@@ -6,12 +6,13 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from opsconsole.config import Config, NodeConfig
 from opsconsole.model import STATE_DOWN, STATE_STALE, STATE_UP, NodeState
 from opsconsole.nodes.base import NodeLink
 from opsconsole.nodes.totals import FleetTotals, totals_of  # noqa: F401  (FleetTotals: imported from here too)
+from opsconsole.sources.fleet_sources import FleetSources  # sources, add/remove nodes, Slurm (issue 8)
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def _describe(exc: BaseException) -> str:
     return "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
 
 
-class Fleet:
+class Fleet(FleetSources):
     """Runs one link per node, keeps each node's latest NodeState, and survives link crashes.
 
     Every node is present from the start (state `connecting`), in config order. A link
@@ -57,6 +58,7 @@ class Fleet:
         config: Config,
         links: Optional[Sequence[NodeLink]] = None,
         stale_after: Optional[float] = None,
+        sources: Optional[Sequence[Any]] = None,
     ) -> None:
         self.config = config
         if links is None:
@@ -74,6 +76,7 @@ class Fleet:
         self._states: Dict[str, NodeState] = {name: NodeState(name=name, since=now) for name in self._links}
         self._tasks: List[asyncio.Task] = []
         self._on_change: Optional[Callable[[NodeState], None]] = None
+        self._init_sources(config, sources)  # Prometheus sources and Slurm following (issue 8)
 
     # --- reading ---------------------------------------------------------
 
@@ -91,7 +94,7 @@ class Fleet:
 
     def totals(self, now: float) -> FleetTotals:
         """Node and GPU counts over the current states; a live node gone quiet counts as down."""
-        return totals_of(self._states.values(), now, self.stale_after)
+        return self._with_run(totals_of(self._states.values(), now, self.stale_after))
 
     def _is_quiet(self, state: NodeState, now: float) -> bool:
         age = state.age(now)
@@ -102,6 +105,8 @@ class Fleet:
     def _publish(self, state: NodeState) -> None:
         if state.name not in self._states:
             return  # a link publishing under a name it was not given: ignore, don't grow the table
+        if self._source_states and state.name in self._source_states:
+            state = self._merge_link_state(state)  # a node a source reports too: one node
         self._states[state.name] = state
         if self._on_change is not None:
             try:
@@ -117,6 +122,7 @@ class Fleet:
         for link in self._links.values():
             self._tasks.append(asyncio.create_task(self._supervise(link), name="link:" + link.name))
         self._tasks.append(asyncio.create_task(self._watch_staleness(), name="fleet:staleness"))
+        self._start_sources()
 
     async def _supervise(self, link: NodeLink) -> None:
         backoff = self.config.ssh
@@ -198,6 +204,7 @@ class Fleet:
             name: asyncio.create_task(link.poll_once(timeout), name="poll:" + name)
             for name, link in self._links.items()
         }
+        from_sources = asyncio.create_task(self._snapshot_sources(timeout), name="poll:sources")
         if tasks:
             await asyncio.wait(tasks.values(), timeout=timeout + SNAPSHOT_MARGIN_S)
         late = [task for task in tasks.values() if not task.done()]
@@ -217,7 +224,8 @@ class Fleet:
                 state = self._down(name, "no answer within %g s" % timeout)
             self._publish(state)
             results.append(state)
-        return results
+        await from_sources
+        return self._with_source_nodes(results)
 
 
 def _discard_result(task: asyncio.Task) -> None:

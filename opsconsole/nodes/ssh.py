@@ -34,7 +34,7 @@ import socket
 import time
 import weakref
 from dataclasses import replace
-from typing import Any, AsyncIterator, Deque, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import asyncssh
 
@@ -71,7 +71,12 @@ _RTT_REQUEST = b"keepalive@openssh.com"
 CHANNEL_RETRY_DELAYS = (0.02, 0.05, 0.1, 0.2)
 # The stream sends a full frame this often (and first): a delta that cannot be applied
 # (which a reliable SSH channel should never cause) costs at most this many seconds of frames.
-KEYFRAME_EVERY_S = 10.0
+# A keyframe costs the console several deltas' decoding: at 10 s they were 45 % of it.
+KEYFRAME_EVERY_S = 30.0
+# Keepalives wait at least this many frame intervals of silence (see keepalive_beside_stream).
+STREAM_KEEPALIVE_SLACK = 1.5
+MAX_LINE_CHARS = 16 * 1024 * 1024  # a probe line longer than this is no frame: hand it over, don't grow
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com")
 
 # One limiter per event loop for links made without one (the fleet passes its own).
 _default_limiters: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
@@ -95,29 +100,65 @@ class LinkError(Exception):
         self.fingerprint = fingerprint
 
 
+def _ssh_config_values(host: str, user: Optional[str], port: Optional[int], names: Sequence[str],
+                       config_path: Optional[str] = None) -> Dict[str, Any]:
+    """What ~/.ssh/config sets for `host` among `names` (unset ones left out); {} without a readable file."""
+    path = config_path or os.path.expanduser("~/.ssh/config")
+    if not os.path.exists(path):
+        return {}
+    try:
+        from asyncssh.config import SSHClientConfig
+
+        config = SSHClientConfig.load(None, [path], False, False, False, getpass.getuser(), user, host, port)
+        return {name: config.get(name) for name in names if config.get(name)}
+    except Exception:  # a config asyncssh cannot read fails the connect itself, with its message
+        return {}
+
+
 def keepalive_for(host: str, user: Optional[str], port: Optional[int], ssh: SshConfig, config_path: Optional[str] = None) -> Tuple[float, int]:
     """Keepalive settings for a host: ~/.ssh/config's ServerAlive* where it sets them, like ssh.
 
     asyncssh lets explicit arguments override the config file, so ask the file first;
     where it is silent, our defaults keep a frozen node detected within seconds.
     """
-    path = config_path or os.path.expanduser("~/.ssh/config")
-    interval, count_max = ssh.keepalive_interval, ssh.keepalive_count_max
-    if not os.path.exists(path):
-        return interval, count_max
-    try:
-        from asyncssh.config import SSHClientConfig
-
-        config = SSHClientConfig.load(None, [path], False, False, False, getpass.getuser(), user, host, port)
-        set_interval = config.get("ServerAliveInterval")
-        set_count = config.get("ServerAliveCountMax")
-    except Exception:  # a config asyncssh cannot read fails the connect itself, with its message
-        return interval, count_max
-    if set_interval:
-        interval = float(set_interval)
-    if set_count:
-        count_max = int(set_count)
+    found = _ssh_config_values(host, user, port, ("ServerAliveInterval", "ServerAliveCountMax"), config_path)
+    interval = float(found.get("ServerAliveInterval") or ssh.keepalive_interval)
+    count_max = int(found.get("ServerAliveCountMax") or ssh.keepalive_count_max)
     return interval, count_max
+
+
+def keepalive_beside_stream(interval: float, count_max: int, stream_interval: float) -> Tuple[float, int]:
+    """Keepalive settings for a connection that also carries a frame every `stream_interval` seconds.
+
+    A keepalive goes out after `interval` seconds with nothing received (ssh's
+    ServerAliveInterval); with frames every `interval` seconds it would go out after
+    nearly every frame that comes a little late: a request and a reply per node per
+    second that tell nothing the frames don't. So the quiet time waited is at least
+    STREAM_KEEPALIVE_SLACK frame intervals, and the count is lowered to match: a
+    frozen node is given up after about the same time as configured, (count+1) x interval.
+    """
+    floor = STREAM_KEEPALIVE_SLACK * stream_interval
+    if interval >= floor or stream_interval <= 0:
+        return interval, count_max
+    window = (count_max + 1) * interval
+    return floor, max(1, int(round(window / floor)) - 1)
+
+
+def ciphers_for(host: str, user: Optional[str], port: Optional[int], config_path: Optional[str] = None) -> Optional[List[str]]:
+    """The cipher list to offer: None where ~/.ssh/config sets Ciphers (asyncssh applies it), else ours.
+
+    AES-GCM first: the same security class as chacha20-poly1305 (both AEAD, both in
+    OpenSSH's defaults), but one OpenSSL call per packet with AES-NI where asyncssh's
+    chacha20 makes four, which is most of the console's per-frame SSH cost at fleet scale.
+    """
+    if _ssh_config_values(host, user, port, ("Ciphers",), config_path):
+        return None
+    from asyncssh.encryption import get_default_encryption_algs, get_encryption_algs
+
+    available = [alg.decode("ascii") for alg in get_encryption_algs()]
+    preferred = [alg for alg in PREFERRED_CIPHERS if alg in available]
+    defaults = [alg.decode("ascii") for alg in get_default_encryption_algs()]
+    return preferred + [alg for alg in defaults if alg not in preferred]
 
 
 def parse_jump(spec: str) -> Tuple[Optional[str], str, Optional[int]]:
@@ -185,6 +226,55 @@ def unusable_python_reason(exit_status: Optional[int], lines: Sequence[str]) -> 
 
 def fallback_reason(why: str) -> str:
     return "no usable python3 on node: %s; using nvidia-smi + /proc" % why
+
+
+class ProbeSession(asyncssh.SSHClientSession):
+    """The probe channel's receiving end: hands each complete line to `on_line` as it arrives.
+
+    stdout and stderr are both read (an unread stderr window would stall stdout), each
+    with its own partial line so the two never mix within a line. A partial line left at
+    the end is handed over too; one longer than MAX_LINE_CHARS is handed over as it is.
+    `closed` resolves when the channel closes.
+    """
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        self._on_line = on_line
+        self._partial = {}  # type: Dict[Any, str]
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: str, datatype: Any) -> None:
+        partial = self._partial.pop(datatype, None)
+        if partial:
+            data = partial + data
+        on_line = self._on_line
+        end = data.find("\n")
+        if end == len(data) - 1 and partial is None:
+            on_line(data)  # the usual case: one packet, one whole line
+            return
+        start = 0
+        while end >= 0:
+            on_line(data[start:end + 1])
+            start = end + 1
+            end = data.find("\n", start)
+        rest = data[start:]
+        if len(rest) > MAX_LINE_CHARS:
+            on_line(rest)
+        elif rest:
+            self._partial[datatype] = rest
+
+    def _flush(self) -> None:
+        partials, self._partial = self._partial, {}
+        for rest in partials.values():
+            self._on_line(rest)
+
+    def eof_received(self) -> bool:
+        self._flush()
+        return False
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._flush()
+        if not self.closed.done():
+            self.closed.set_result(exc)
 
 
 class SshLink(NodeLink):
@@ -305,6 +395,8 @@ class SshLink(NodeLink):
     ) -> asyncssh.SSHClientConnection:
         known, verdict, client_class = self._verifier.prepare()
         interval, count_max = keepalive_for(host, user, port, self.ssh)
+        if target:  # the stream's frames arrive on this one: they are the traffic keepalives would make
+            interval, count_max = keepalive_beside_stream(interval, count_max, self.interval)
         kwargs = dict(
             known_hosts=known,
             client_factory=self._client_factory(client_class, on_lost=target),
@@ -312,6 +404,9 @@ class SshLink(NodeLink):
             keepalive_count_max=count_max,
             connect_timeout=self.ssh.connect_timeout,
         )  # type: dict
+        ciphers = ciphers_for(host, user, port)
+        if ciphers is not None:
+            kwargs["encryption_algs"] = ciphers
         if port is not None:
             kwargs["port"] = port
         if user is not None:
@@ -513,63 +608,83 @@ class SshLink(NodeLink):
         if text.strip():
             self.error_lines.append(text[:500])
 
+    async def _open_probe_session(self, conn: asyncssh.SSHClientConnection, on_line: Callable[[str], None]) -> Tuple[Any, "ProbeSession"]:
+        """Open the probe's exec channel with a ProbeSession on it; a refused open is tried again (see _create_process)."""
+        for delay in CHANNEL_RETRY_DELAYS + (None,):
+            try:
+                return await conn.create_session(
+                    lambda: ProbeSession(on_line), self.probe_command(), encoding="utf-8", errors="replace"
+                )
+            except asyncssh.ChannelOpenError:
+                if delay is None or self._lost is not None:
+                    raise
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
     async def _stream(self, conn: asyncssh.SSHClientConnection) -> Tuple[str, Optional[str]]:
-        """Run the probe and publish its frames until it ends: ("lost"|"exited"|"fallback", detail)."""
+        """Run the probe and publish its frames until it ends: ("lost"|"exited"|"fallback", detail).
+
+        Lines are handled in the channel's data callback (ProbeSession), not read by this
+        task: at fleet scale a task wake-up and a stream read per frame per node cost
+        as much as the SSH packet itself.
+        """
         loop = asyncio.get_running_loop()
+        stale_after = STALE_INTERVALS * self.interval
+        # The watcher reads the deadline each frame moves: no timer per line.
+        deadline = [loop.time() + stale_after + FIRST_FRAME_GRACE_S]
+        decoder = StreamDecoder()
+        decode_line = decoder.decode_line
+        seen = {"frames": 0, "dropping": False}
+        output = []  # type: List[str]
+
+        def on_line(line: str) -> None:
+            try:
+                handle_line(line)
+            except Exception as exc:  # called from asyncssh's data callback: a bug here must not end the connection
+                self._note_line("cannot handle a probe line: %s: %s" % (type(exc).__name__, exc))
+
+        def handle_line(line: str) -> None:
+            frame, dropped = decode_line(line)
+            if frame is None:
+                if dropped is None:
+                    self._note_line(line)
+                    if seen["frames"] == 0:
+                        output.append(line.rstrip("\n"))
+                else:
+                    if not seen["dropping"]:  # once per broken chain, not once per delta
+                        self._note_line(dropped)
+                    seen["dropping"] = True
+                return
+            seen["dropping"] = False
+            seen["frames"] += 1
+            if seen["frames"] == 1:
+                self._backoff.reset()
+            self._publish_frame(frame)
+            deadline[0] = loop.time() + stale_after
+
         async with self.channel_slot():
             try:
-                process = await self._create_process(conn, self.probe_command(), merge=True)
-                process.stdin.write(probe_bundle())
-                process.stdin.write_eof()
+                channel, session = await self._open_probe_session(conn, on_line)
+                channel.write(probe_bundle())
+                channel.write_eof()
             except (asyncssh.Error, OSError) as exc:
                 if self._lost is not None:
                     return "lost", self._lost
                 return "exited", "cannot start the probe: %s" % (getattr(exc, "reason", None) or exc)
-            stale_after = STALE_INTERVALS * self.interval
-            # The watcher reads the deadline the loop moves on each frame: no timer per line.
-            deadline = [loop.time() + stale_after + FIRST_FRAME_GRACE_S]
             watcher = asyncio.ensure_future(self._watch_stale(deadline))
-            decoder = StreamDecoder()
-            readline = process.stdout.readline
-            frames = 0
-            dropping = False
-            output = []  # type: List[str]
             try:
-                while True:
-                    try:
-                        line = await readline()
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:
-                        break  # the connection went: the caller finds out why from the connection
-                    if not line:
-                        break
-                    frame, dropped = decoder.decode_line(line)
-                    if frame is None:
-                        if dropped is None:
-                            self._note_line(line)
-                            if frames == 0:
-                                output.append(line.rstrip("\n"))
-                        else:
-                            if not dropping:  # once per broken chain, not once per delta
-                                self._note_line(dropped)
-                            dropping = True
-                        continue
-                    dropping = False
-                    frames += 1
-                    if frames == 1:
-                        self._backoff.reset()
-                    self._publish_frame(frame)
-                    deadline[0] = loop.time() + stale_after
+                await session.closed
             finally:
                 watcher.cancel()
-                process.close()
+                channel.close()
             with contextlib.suppress(asyncio.TimeoutError, asyncssh.Error, OSError):
-                await asyncio.wait_for(process.wait_closed(), PROBE_EXIT_WAIT_S)
+                await asyncio.wait_for(channel.wait_closed(), PROBE_EXIT_WAIT_S)
         if self._lost is not None or conn.is_closed():
             return "lost", self._lost or "closed"
-        status = process.exit_status
-        if frames == 0:
+        status = channel.get_exit_status()
+        if status is None and channel.get_exit_signal():
+            status = -1
+        if seen["frames"] == 0:
             why = unusable_python_reason(status, output)
             if why is not None:
                 return "fallback", why

@@ -71,6 +71,20 @@ def parse_pid_status(text: str) -> Dict[str, Any]:
     return values
 
 
+# Variables of a training process's environment worth a finding when set (see health.telemetry).
+WATCHED_ENV = ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "CUDA_VISIBLE_DEVICES")
+
+
+def read_watched_env(data: bytes) -> Tuple[str, ...]:
+    """The "NAME=value" entries of WATCHED_ENV in a /proc/PID/environ image (NUL-separated)."""
+    found = []
+    for entry in data.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name.decode("ascii", "replace") in WATCHED_ENV:
+            found.append("%s=%s" % (name.decode("ascii", "replace"), value.decode("utf-8", "replace")[:200]))
+    return tuple(found)
+
+
 def parse_cmdline(data: bytes) -> str:
     """The command line from /proc/PID/cmdline (NUL-separated arguments) as one string."""
     args = data.rstrip(b"\0").split(b"\0")
@@ -164,6 +178,7 @@ class ProcessTable:
         self._counters = {}  # type: _Counters
         self._identity = {}  # type: Dict[Tuple[int, int], Tuple[Optional[str], str]]
         self._users = {}  # type: Dict[int, str]
+        self._envs = {}  # type: Dict[Tuple[int, int], Optional[Tuple[str, ...]]]
         # pid -> (cpu %, rss bytes, payload to build the ProcessSample from, read this tick).
         self._rows = {}  # type: Dict[int, Tuple[Optional[float], int, Any, bool]]
         self.idle_every = max(1, int(idle_every))
@@ -233,11 +248,28 @@ class ProcessTable:
                         elapsed_s=row.elapsed_s,
                         state=row.state,
                         threads=row.threads,
+                        ppid=row.ppid,
+                        watched_env=self._watched_env(proc.pid),
                     )
                 )
             except Exception:  # a process changing under us: keep what NVML said
                 joined.append(dataclasses.replace(proc, state=None))
         return tuple(joined)
+
+    def _watched_env(self, pid: int) -> Optional[Tuple[str, ...]]:
+        """WATCHED_ENV of a GPU process, read once per (pid, start time); None when not permitted."""
+        counters = self._counters.get(pid)
+        key = (pid, counters[0] if counters is not None else 0)
+        if key in self._envs:
+            return self._envs[key]
+        try:
+            env = read_watched_env(_read_bytes(self._prefix + "%d/environ" % pid))  # type: Optional[Tuple[str, ...]]
+        except OSError:  # another user's process, or gone
+            env = None
+        if len(self._envs) > 256:  # bounded: GPU processes come and go
+            self._envs.clear()
+        self._envs[key] = env
+        return env
 
     def _build(self, pid: int, row: Tuple[Optional[float], int, Any, bool]) -> ProcessSample:
         cpu, rss, payload, _ = row
@@ -253,6 +285,7 @@ class ProcessTable:
             elapsed_s=round(max(0.0, uptime - int(fields[19]) / float(_CLOCK_TICKS)), 1),
             state=fields[0].decode("ascii", "replace"),
             threads=int(fields[17]),
+            ppid=int(fields[1]),
         )
 
     # -- /proc path ---------------------------------------------------------------
@@ -348,6 +381,7 @@ class ProcessTable:
             elapsed_s=round(elapsed, 1),
             state=stat["state"],
             threads=stat["threads"],
+            ppid=stat["ppid"],
         )
 
     def _identity_proc(self, pid: int) -> Tuple[Optional[str], str]:
@@ -403,6 +437,7 @@ class ProcessTable:
                 status = proc.status()
                 rss = proc.memory_info().rss
                 threads = proc.num_threads()
+                ppid = proc.ppid()
         except Exception:  # NoSuchProcess, AccessDenied, ZombieProcess
             return None
         ticks = int(round((times.user + times.system) * _CLOCK_TICKS))
@@ -418,6 +453,7 @@ class ProcessTable:
             elapsed_s=round(elapsed, 1),
             state=_PSUTIL_STATES.get(status, status[:1].upper() if status else None),
             threads=threads,
+            ppid=ppid,
         )
 
     def _identity_psutil(self, pid: int) -> Tuple[Optional[str], str]:

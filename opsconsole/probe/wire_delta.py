@@ -15,6 +15,15 @@ changed fields} (the previous item at position i with those fields changed) or a
 pid for host processes) and diffs against exactly the item it refers to, so the decoded
 frame is right whatever the keys are. Nested lists inside a host (disks, net) travel whole.
 
+The two process lists ("processes", "top_processes": full lists in a keyframe, delta
+items in a delta) travel after a TAB on the same line, as a second JSON object
+{"processes": ..., "top_processes": ...} holding those that are sent (JSON text never
+holds a raw TAB, so the split is exact). The console parses the first part at once and
+the second only when something reads a frame's processes (LazyListsFrame): the header,
+the Nodes pane, history and alerts read GPUs and the host, and a node's process lists
+are half of every line and most of the objects decoding builds. A line without a TAB
+is a whole frame or delta, as before.
+
 The decoder applies a delta to the last frame only when "base" is that frame's seq, and
 rebuilds only the objects that changed: an unchanged GpuSample, HostSample or
 ProcessSample is the same object as in the previous frame. A delta that does not fit is
@@ -26,6 +35,7 @@ Shipped to nodes with the probe: stdlib only, Python 3.8 syntax.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -45,6 +55,8 @@ DEFAULT_KEYFRAME_EVERY = 30
 CHANGED = "@"  # key of a changed item: the position of the item it changes in the previous list
 
 _LISTS = (("gpus", GpuSample), ("processes", ProcessSample), ("top_processes", ProcessSample))
+LAZY_LISTS = ("processes", "top_processes")  # sent after the TAB, decoded when first read
+LAZY_SEPARATOR = "\t"
 _NESTED_FRAME_FIELDS = frozenset(("host", "gpus", "processes", "top_processes"))
 
 # Digits kept per float field, so readings that did not really change compare equal (and
@@ -214,15 +226,26 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
+def split_line(obj: Dict[str, Any]) -> str:
+    """The stream line of a frame or delta dict: the process lists it carries go after a TAB."""
+    lazy = {name: obj[name] for name in LAZY_LISTS if name in obj}
+    if not lazy:
+        return _dumps(obj)
+    main = {key: value for key, value in obj.items() if key not in lazy}  # `obj` stays whole: the encoder keeps it
+    return _dumps(main) + LAZY_SEPARATOR + _dumps(lazy)
+
+
 class DeltaEncoder(object):
     """Turns successive frames into stream lines: a keyframe first and every `keyframe_every` lines, deltas between.
 
     Any problem encoding a delta (a frame the diff does not understand) sends a keyframe
     instead. The encoder keeps the last wire dict it was given: don't change it afterwards.
+    With split (the default) the process lists go after a TAB (see the module docstring).
     """
 
-    def __init__(self, keyframe_every: int = DEFAULT_KEYFRAME_EVERY) -> None:
+    def __init__(self, keyframe_every: int = DEFAULT_KEYFRAME_EVERY, split: bool = True) -> None:
         self.keyframe_every = max(1, int(keyframe_every))
+        self._line = split_line if split else _dumps
         self._last = None  # type: Optional[Dict[str, Any]]
         self._since_keyframe = 0
         self.keyframes = 0
@@ -242,11 +265,11 @@ class DeltaEncoder(object):
         line = None  # type: Optional[str]
         if last is not None and self._since_keyframe < self.keyframe_every:
             try:
-                line = _dumps(delta_of(last, wire))
+                line = self._line(delta_of(last, wire))
             except (_EncodeProblem, TypeError, ValueError, AttributeError, KeyError):
                 line = None
         if line is None:
-            line = _dumps(wire)
+            line = self._line(wire)
             self._since_keyframe = 1
             self.keyframes += 1
         else:
@@ -326,14 +349,151 @@ def apply_delta(base: Optional[NodeFrame], delta: Dict[str, Any]) -> NodeFrame:
     return replace_decoded(frame, values) if values else frame
 
 
+# --- lazy process lists (console side) ----------------------------------------------------
+
+
+class _Chain(object):
+    """What the lazy lists of one stream share: the first error met applying one (None while all applied)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self) -> None:
+        self.error = None  # type: Optional[str]
+
+
+class _LazyPart(object):
+    """The text after a line's TAB, parsed when the first of its lists is read."""
+
+    __slots__ = ("text", "data")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.data = None  # type: Optional[Dict[str, Any]]
+
+    def fields(self) -> Dict[str, Any]:
+        if self.data is None:
+            data = json.loads(self.text)
+            if type(data) is not dict:
+                raise DeltaError("process lists: expected an object")
+            self.data, self.text = data, ""
+        return self.data
+
+
+class _LazyList(object):
+    """One process list of one frame: its base (the previous frame's list) and the items that change it.
+
+    resolve() applies them once and keeps the tuple, and lets go of the base and the text,
+    so a chain of frames nobody read is at most one keyframe interval long.
+    """
+
+    __slots__ = ("base", "part", "name", "chain", "value")
+
+    def __init__(self, base: Any, part: _LazyPart, name: str, chain: _Chain) -> None:
+        self.base = base  # a tuple, or the previous frame's _LazyList
+        self.part = part  # type: Optional[_LazyPart]
+        self.name = name
+        self.chain = chain
+        self.value = ()  # type: Tuple[Any, ...]
+
+    def resolve(self) -> Tuple[Any, ...]:
+        part = self.part
+        if part is None:
+            return self.value
+        base = self.base
+        try:
+            if type(base) is _LazyList:
+                base = base.resolve()
+            data = part.fields()
+            value = _apply_list(base, data[self.name], ProcessSample, self.name) if self.name in data else base
+        except (DeltaError, ValueError, TypeError, AttributeError, KeyError) as exc:
+            # Too late to drop the frame: its list is empty, and the stream waits for a keyframe.
+            if self.chain.error is None:
+                self.chain.error = "%s did not apply: %s" % (self.name, exc)
+            value = ()
+        self.value, self.base, self.part = value, None, None
+        return value
+
+
+_LAZY_KEYS = {name: "_lazy_" + name for name in LAZY_LISTS}
+
+
+def _lazy_field(name: str) -> property:
+    key = _LAZY_KEYS[name]
+
+    def read(self: Any) -> Tuple[Any, ...]:
+        values = self.__dict__
+        try:
+            return values[name]
+        except KeyError:
+            pass
+        value = values[name] = values[key].resolve()
+        return value
+
+    def write(self: Any, value: Any) -> None:  # dataclasses.replace and __init__ set fields
+        self.__dict__[name] = value
+
+    return property(read, write, doc="%s, decoded when first read" % name)
+
+
+class LazyListsFrame(NodeFrame):
+    """A NodeFrame whose `processes` and `top_processes` are decoded when first read.
+
+    Everything else is decoded already. It compares, hashes, prints and goes to the wire
+    as the NodeFrame it stands for; dataclasses.replace() gives a fully decoded copy.
+    """
+
+    processes = _lazy_field("processes")
+    top_processes = _lazy_field("top_processes")
+
+    def __eq__(self, other: Any) -> Any:
+        if not isinstance(other, NodeFrame):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in _FRAME_FIELDS)
+
+    __hash__ = NodeFrame.__hash__
+
+    def __repr__(self) -> str:
+        return "NodeFrame(%s)" % ", ".join("%s=%r" % (name, getattr(self, name)) for name in _FRAME_FIELDS)
+
+
+_FRAME_FIELDS = tuple(f.name for f in dataclasses.fields(NodeFrame))
+
+
+def _list_source(frame: NodeFrame, name: str) -> Any:
+    """A frame's list as the base of the next one: the tuple when decoded, else its _LazyList (not resolved)."""
+    values = frame.__dict__
+    if name in values:
+        return values[name]
+    return values[_LAZY_KEYS[name]]
+
+
+def _with_lazy_lists(frame: NodeFrame, base: Optional[NodeFrame], text: str, chain: _Chain) -> NodeFrame:
+    """`frame` with its process lists to come from `text` over `base`'s (None: a keyframe, over empty lists)."""
+    part = _LazyPart(text)
+    new = object.__new__(LazyListsFrame)
+    values = new.__dict__
+    values.update(frame.__dict__)
+    for name in LAZY_LISTS:
+        values.pop(name, None)
+        source = () if base is None else _list_source(base, name)
+        values[_LAZY_KEYS[name]] = _LazyList(source, part, name, chain)
+    return new
+
+
 class StreamDecoder(object):
-    """The console's end of one probe stream: turns lines into frames, keyframes and deltas alike."""
+    """The console's end of one probe stream: turns lines into frames, keyframes and deltas alike.
+
+    Process lists sent after a TAB are decoded when first read (LazyListsFrame). If one
+    of those fails to apply (a bad line the probe should never send), that frame's list
+    is empty and the deltas after it are dropped until a keyframe, as for any bad delta.
+    """
 
     def __init__(self) -> None:
         self.last = None  # type: Optional[NodeFrame]
         self.keyframes = 0
         self.deltas = 0
         self.dropped = 0
+        self._chain = _Chain()
 
     def decode_line(self, line: str) -> Tuple[Optional[NodeFrame], Optional[str]]:
         """(frame, None) for a frame; (None, why) for a dropped delta; (None, None) for a line that is no frame."""
@@ -341,15 +501,26 @@ class StreamDecoder(object):
             line = line.strip()
             if line[:1] != "{":
                 return None, None
+        main, _, lazy = line.partition(LAZY_SEPARATOR)
+        lazy = lazy.rstrip()
+        if lazy and not lazy.endswith("]}"):
+            return None, None  # cut short (lists of flat objects end so, and only at the end): no frame
         try:
-            data = json.loads(line)
+            data = json.loads(main)
         except ValueError:
             return None, None
         if type(data) is not dict:
             return None, None
+        if self._chain.error is not None:  # an earlier frame's lists did not apply: that chain is over
+            broken, self._chain = self._chain.error, _Chain()
+            self.last = None
+            if "delta" in data:
+                self.dropped += 1
+                return None, "delta dropped (%s): waiting for a keyframe" % broken
+        base = self.last
         if "delta" in data:
             try:
-                frame = apply_delta(self.last, data)
+                frame = apply_delta(base, data)
             except DeltaError as exc:
                 self.dropped += 1
                 return None, "delta dropped (%s): waiting for a keyframe" % exc
@@ -360,6 +531,9 @@ class StreamDecoder(object):
             except (ValueError, TypeError, AttributeError):
                 return None, None
             self.keyframes += 1
+            base = None
+        if lazy:
+            frame = _with_lazy_lists(frame, base, lazy, self._chain)
         self.last = frame
         return frame, None
 
@@ -367,11 +541,14 @@ class StreamDecoder(object):
 __all__ = [
     "DEFAULT_KEYFRAME_EVERY",
     "DELTA_FORMAT",
+    "LAZY_LISTS",
     "DeltaEncoder",
     "DeltaError",
+    "LazyListsFrame",
     "StreamDecoder",
     "apply_delta",
     "delta_of",
     "round_wire",
     "rounded_wire",
+    "split_line",
 ]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from dataclasses import replace
 from functools import partial
 from typing import Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type
 
@@ -24,8 +26,13 @@ from opsconsole.actions.audit import (
     AuditLog,
     audit_path,
 )
+from opsconsole.actions.registry import hidden_binding_ids
 from opsconsole.config import Config
+from opsconsole.health.monitor import HealthMonitor
 from opsconsole.model import STATE_HOSTKEY, NodeState
+from opsconsole.tui.action_flow import ActionFlow
+from opsconsole.tui.audit import AuditPane
+from opsconsole.tui.alerts import AlertsPane
 from opsconsole.tui.cluster import ClusterGpusPane
 from opsconsole.tui.confirm import ConfirmScreen
 from opsconsole.tui.gpus import GpusPane
@@ -42,9 +49,11 @@ from opsconsole.tui.keys import (
     pane_binding_specs,
     pane_key_specs,
 )
+from opsconsole.tui.logs import LogFeed, LogsPane
 from opsconsole.tui.nodes import NodesPane
 from opsconsole.tui.pane import Pane
 from opsconsole.tui.processes import ProcessesPane
+from opsconsole.tui.services import ConsoleServices
 from opsconsole.tui import bars
 from opsconsole.tui.themes import DEFAULT_THEME, choose_theme, load_themes
 
@@ -56,8 +65,18 @@ PANES: List[Type[Pane]] = [
     HostPane,
     NodesPane,
     ClusterGpusPane,
+    LogsPane,  # key 6
+    __import__("opsconsole.tui.checkpoints", fromlist=["CheckpointsPane"]).CheckpointsPane,  # key 7
+    __import__("opsconsole.tui.health", fromlist=["HealthPane"]).HealthPane,  # key 8
+    AuditPane,
+    AlertsPane,
 ]
-KEY_SPECS: Tuple[KeySpec, ...] = APP_KEYS + pane_key_specs(PANES) + pane_binding_specs(PANES)
+# Keys of what the console keeps beside the panes (recording, incident report).
+SERVICE_KEYS: Tuple[KeySpec, ...] = (
+    KeySpec("app.record", "ctrl+r", "record", "Start / stop recording to a file"),
+    KeySpec("app.report", "ctrl+e", "report", "Write an incident report (tar.gz)"),
+)
+KEY_SPECS: Tuple[KeySpec, ...] = APP_KEYS + SERVICE_KEYS + pane_key_specs(PANES) + pane_binding_specs(PANES)
 
 MIN_WIDTH = 80
 MIN_HEIGHT = 20
@@ -97,6 +116,8 @@ class ConsoleCommands(Provider):
         assert isinstance(app, OpsConsole)
         visible = app.visible_pane_id
         for spec in app.key_specs:
+            if spec.id in app.hidden_binding_ids:
+                continue  # read-only: dangerous actions are absent, not just refused
             key = display_key(effective_key(spec, app.keymap))
             if not spec.scope:
                 yield spec.description, partial(app.run_action, spec.action), "%s  (%s)" % (spec.id, key)
@@ -144,6 +165,11 @@ class OpsConsole(App[int]):
         self._first_frame_file: Optional[str] = os.environ.get("OPSCONSOLE_FIRST_FRAME_FILE")
         self._notes: List[Tuple[str, str]] = []  # (message, severity) to show once mounted
         self._audit: Optional[AuditLog] = None  # opened on the first action
+        self.log_feed: Optional[LogFeed] = None  # follows [logs] paths once mounted
+        self.services = ConsoleServices(config, now)
+        self.health = HealthMonitor(config, now)  # rules on each fleet change; the Health pane and header read it
+        self.action_flow = ActionFlow(self)  # registered actions (opsconsole/actions/registry.py)
+        self.hidden_binding_ids = hidden_binding_ids(config)  # read-only: absent from keys, help, palette
         self._install_themes(config.console.theme)
 
     # --- set-up ------------------------------------------------------------
@@ -181,18 +207,26 @@ class OpsConsole(App[int]):
         self._notes += [(problem, "warning") for problem in self._key_problems]
         for message, severity in self._notes:
             self.notify(message, severity=severity, timeout=10)
+        self.services.announce = self.announce_alert
+        self.services.report_problem = lambda message: self.notify(message, severity="warning", timeout=8)
         await self.fleet.start(self.on_fleet_change)
+        self.log_feed = await LogFeed.start_for(self)  # None without [logs] paths
         self.redraw()
         self.focus_pane(self.visible_pane_id)
         self.set_interval(TICK_S, self.redraw)
 
     async def on_unmount(self) -> None:
+        if self.log_feed is not None:
+            await self.log_feed.stop()  # before the fleet: remote tails use its connections
         await self.fleet.stop()
+        await self.services.close()
 
     # --- feeding -----------------------------------------------------------
 
     def on_fleet_change(self, state: NodeState) -> None:
-        """Called by the fleet for every new state: store nothing, just schedule one redraw."""
+        """Called by the fleet for every new state: history, alerts and recording take it; one redraw follows."""
+        self.services.observe(state)
+        self.services.observe_health([r for r in self.health.observe(state) if r.check != "node_reachable"])
         if self._redraw_timer is None:
             self._redraw_timer = self.set_timer(REDRAW_DELAY_S, self.redraw)
 
@@ -202,7 +236,11 @@ class OpsConsole(App[int]):
         states = self.fleet.states()
         now = self.now()
         palette = bars.palette_from_variables(self.theme_variables)
-        self.header.show(header_text(self.config, states, self.fleet.totals(now), self.node, now, palette))
+        totals = replace(self.fleet.totals(now), alerts=sum(self.services.alerts.counts().values()))
+        text = header_text(self.config, states, totals, self.node, now, palette, health_failures=self.health.failing())
+        if self.services.recorder is not None:
+            text.append("   ● REC", style="bold " + palette.crit)
+        self.header.show(text)
         pane = self.panes.get(self.visible_pane_id)
         if pane is not None:
             pane.show(states, self.node, now)
@@ -323,6 +361,8 @@ class OpsConsole(App[int]):
         rows: Dict[str, List] = {}
         titles = {cls.pane_id: cls.title for cls in PANES}
         for spec in self.key_specs:
+            if spec.id in self.hidden_binding_ids:
+                continue
             if spec.id in rows:
                 rows[spec.id][3].append(titles[spec.scope])
                 continue
@@ -335,6 +375,53 @@ class OpsConsole(App[int]):
         ]
 
     # --- actions -------------------------------------------------------------
+
+    def announce_alert(self, event) -> None:
+        """A new alert event: a toast and the bell as configured; the Alerts pane lists it anyway."""
+        alerting = self.config.alerting
+        if event.state == "firing":
+            if alerting.toast:
+                self.notify(event.message, title="alert: " + event.rule,
+                            severity="error" if event.severity == "critical" else "warning", timeout=10)
+            if alerting.bell:
+                self.bell()
+        elif alerting.toast:
+            self.notify(event.message, title="resolved: " + event.rule, timeout=5)
+
+    def action_record(self) -> None:
+        """Start recording what the console receives, or stop and say where it went."""
+        if self.services.recorder is not None:
+            path = self.services.stop_recording()
+            self.notify("recording saved: %s (opsconsole replay %s)" % (path, path), timeout=15)
+        else:
+            try:
+                path = self.services.start_recording(self.fleet.states())
+            except Exception as exc:  # a read-only or full directory: say so, keep watching
+                self.notify("cannot record: %s" % exc, severity="error", timeout=10)
+                return
+            self.notify("recording to %s (ctrl+r stops)" % path, timeout=8)
+        self.redraw()
+
+    def action_report(self) -> None:
+        """Collect an incident report in the background and say where it was written."""
+        self.notify("collecting an incident report ...", timeout=4)
+        self.run_worker(self._write_report(), group="report", exclusive=True)
+
+    async def _write_report(self) -> None:
+        from opsconsole.report.builder import write_report
+        from opsconsole.report.gather import gather
+
+        try:
+            inputs = await gather(self.config, fleet=self.fleet, health=self.health_results())
+            path = await asyncio.get_running_loop().run_in_executor(None, write_report, inputs, os.getcwd())
+        except Exception as exc:
+            self.notify("report failed: %s" % exc, severity="error", timeout=10)
+            return
+        self.notify("incident report written: %s" % path, timeout=20)
+
+    def health_results(self) -> list:
+        """The latest health results the console holds (the Health pane's), for reports."""
+        return self.health.latest()
 
     def action_show_pane(self, pane_id: str) -> None:
         if pane_id in self.panes:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
+from opsconsole.actions.registry import TARGET_GPU, Target
 from opsconsole.config import DEFAULT_CONFIG, HealthConfig
 from opsconsole.model import GpuSample, NodeState
 from opsconsole.tui import bars
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_OK, LEVEL_PLAIN, LEVEL_WARN, Palette
 from opsconsole.tui.formatting import NA, format_frame_age, format_gib
+from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import StyledCell, TableRow, styled_row
 
@@ -195,12 +197,14 @@ def gpus_hint(states: Mapping[str, NodeState], node: Optional[str], filter_text:
     return "   ".join(parts)
 
 
-class GpusPane(LivePane):
-    """Every GPU of the current node (or of all nodes), updated cell by cell."""
+class GpusPane(ActionKeys, LivePane):
+    """Every GPU of the current node (or of all nodes), updated cell by cell. `R` resets the highlighted GPU."""
 
     pane_id = "gpus"
     title = "GPUs"
     key = "1"
+
+    BINDINGS = action_bindings(TARGET_GPU)  # R: absent in a read-only console
 
     DEFAULT_CSS = """
     GpusPane { height: 1fr; }
@@ -231,3 +235,24 @@ class GpusPane(LivePane):
             hint = self.query_one("#gpus-hint", Static)
             hint.update(Text(text))
             hint.display = bool(text)  # one node, no filter: the table gets the line
+
+    def highlighted_gpu(self) -> Optional[Tuple[str, int]]:
+        """(node, GPU index) of the row under the cursor, None when the table is empty."""
+        table = self.query_one("#gpus-table", DataTable)
+        if table.row_count == 0:
+            return None
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:  # a cursor past the rows after a filter: nothing selected
+            return None
+        node, _, index = (key or "").rpartition("/")
+        try:
+            return node, int(index)
+        except ValueError:
+            return None
+
+    def action_target(self, action_id: str) -> Optional[Target]:
+        found = self.highlighted_gpu()
+        if found is None:
+            return None
+        return Target(TARGET_GPU, found[0], gpu=found[1])

@@ -38,8 +38,9 @@ def header_text(
     node: Optional[str],
     now: float,
     palette: bars.Palette,
+    health_failures: int = 0,
 ) -> Text:
-    """Two lines: identity, mode, clock and age; then the fleet totals."""
+    """Two lines: identity, mode, clock and age; then the fleet totals (and failing health checks)."""
     text = Text(no_wrap=True, overflow="ellipsis", end="")
     text.append(" opsconsole ", style="bold reverse")
     text.append("  " + console_name(states), style="bold")
@@ -52,6 +53,9 @@ def header_text(
     stale = age is None or age > 3 * config.console.interval + 2.0
     text.append("   newest frame " + (format_frame_age(age) + " ago" if age is not None else "none yet"),
                 style=palette.warn if stale else "")
+    job = getattr(totals, "job", None)  # a followed Slurm job (RunTotals, opsconsole/sources/fleet_sources.py)
+    if job:
+        text.append("   " + job, style="bold " + palette.accent)
     text.append("\n")
     text.append(" nodes %d" % totals.nodes)
     text.append("  up %d" % totals.nodes_up, style=palette.ok if totals.nodes_up else "")
@@ -61,6 +65,11 @@ def header_text(
     text.append("   mean util " + (NA if util is None else "%.0f%%" % util))
     alerts = getattr(totals, "alerts", 0)
     text.append("   alerts %d" % alerts, style=("bold " + palette.crit) if alerts else "")
+    if health_failures:  # the Health pane (8) lists them
+        text.append("   HEALTH %d FAIL" % health_failures, style="bold reverse " + palette.crit)
+    for name, state, reason in getattr(totals, "sources", ()):  # Prometheus sources not answering
+        if state not in ("up", "connecting"):
+            text.append("   %s %s" % (name, state) + (": " + reason if reason else ""), style="bold " + palette.crit)
     return text
 
 

@@ -25,6 +25,8 @@ from opsconsole.tui.formatting import (
     shorten,
     state_style,
 )
+from opsconsole.actions.registry import TARGET_NODE, Target
+from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.table_diff import TableRow
 from opsconsole.tui.table_pane import Column, SortedTable, TablePane
 
@@ -80,7 +82,7 @@ def node_table_row(row: NodeRow) -> TableRow:
     )
 
 
-class NodesPane(TablePane):
+class NodesPane(ActionKeys, TablePane):
     """Every node: state (coloured), reason, GPU count, utilisation, memory, heat, power, age.
 
     Keys: `s` next sort column, `r` reverse, header click sorts; `enter` on a row posts
@@ -93,9 +95,10 @@ class NodesPane(TablePane):
     key = "4"
     filter_fields = NODE_FILTER
 
+    # h reruns the node's health checks, D drains it in Slurm (absent in a read-only console).
     BINDINGS = [
         Binding("T", "trust_hostkey", "Trust host key", id="node.trust_hostkey"),
-    ]
+    ] + action_bindings(TARGET_NODE)
 
     class TrustHostKey(Message):
         """Posted by `T`: the app confirms, then trusts the key the node presented."""
@@ -155,3 +158,7 @@ class NodesPane(TablePane):
             self.app.notify("no node selected", severity="warning")
             return
         self.post_message(self.TrustHostKey(node))
+
+    def action_target(self, action_id: str) -> Optional[Target]:
+        node = self.highlighted_node()
+        return None if node is None else Target(TARGET_NODE, node)

@@ -6,7 +6,7 @@ never shows among the GPU processes; it shows here, highlighted.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -31,6 +31,9 @@ from opsconsole.tui.formatting import (
     format_percent,
     shorten,
 )
+from opsconsole.actions.registry import TARGET_PROCESS, Target
+from opsconsole.actions.signals import reported_process
+from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.table_diff import TableRow
 from opsconsole.tui.table_pane import Column, SortedTable, TablePane
 
@@ -84,7 +87,7 @@ def process_table_row(row: ProcessRow, columns: Sequence[Column]) -> TableRow:
     return TableRow(row.key, tuple(Text(values[c.key], style=style, end="") for c in columns))
 
 
-class ProcessesPane(TablePane):
+class ProcessesPane(ActionKeys, TablePane):
     """GPU compute processes and the host's top processes, with a node column for several nodes.
 
     Keys: `t` cycles both / GPU only / host only; `s` next sort column and `r` reverse (on the
@@ -105,7 +108,10 @@ class ProcessesPane(TablePane):
     }
     """
 
-    BINDINGS = [Binding("t", "toggle_view", "GPU / host processes", id="processes.toggle")]
+    # Signals for the highlighted process (i, x, K, e): absent in a read-only console.
+    BINDINGS = [Binding("t", "toggle_view", "GPU / host processes", id="processes.toggle")] + action_bindings(
+        TARGET_PROCESS
+    )
 
     view = VIEW_BOTH
 
@@ -175,3 +181,30 @@ class ProcessesPane(TablePane):
         shown = [t.table for t in self.tables if t.table.display]
         if shown and (focused is None or not focused.display):
             shown[0].focus()
+
+    def highlighted_process(self) -> Optional[Tuple[str, int]]:
+        """(node, pid) of the row under the cursor of the active table, None when there is none."""
+        active = self.active_table()
+        if active is None or active.table.row_count == 0:
+            return None
+        table = active.table
+        try:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:  # a cursor past the rows after a filter: nothing selected
+            return None
+        if not key:
+            return None
+        node, _, rest = key.partition("@")[0].rpartition("/")  # "node/pid@gpu" or "node/pid"
+        try:
+            return node, int(rest)
+        except ValueError:
+            return None
+
+    def action_target(self, action_id: str) -> Optional[Target]:
+        found = self.highlighted_process()
+        if found is None:
+            return None
+        node, pid = found
+        state = self.states.get(node)
+        proc = reported_process(state.frame if state is not None else None, pid)
+        return Target(TARGET_PROCESS, node, pid=pid, name=proc.name if proc is not None else "")

@@ -1,0 +1,148 @@
+"""The checkpoint cleanup action: the retention plan of opsconsole.checkpoints, carried out audited.
+
+Planning scans the directory (locally, or over the node's SFTP) and makes the retention plan
+with the directory's `keep` and `min_age` from `[[checkpoints]]`; only configured directories
+are cleaned. The confirmation lists what goes and asks for the directory's name typed.
+Running audits the attempt (ActionRunner), then `execute_plan` checks each file again and
+audits each deletion itself before it happens; the result record follows.
+
+Filesystem calls block, so they run in a worker thread; over SSH, SftpFileSystem hands
+them to the console's event loop, which owns the node's connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import time
+from typing import Any, Mapping, Optional, Tuple
+
+from opsconsole.config import CheckpointDirConfig, Config
+
+CLEANUP_MODULE = "opsconsole.checkpoints.cleanup"
+LISTED_ITEMS = 12  # deletions named in the confirmation; the rest are counted
+
+
+def unavailable() -> Optional[str]:
+    """Why cleanup cannot run in this build, None when it can."""
+    try:
+        from opsconsole.checkpoints.cleanup import execute_plan, plan_directory  # noqa: F401
+    except ImportError:
+        return "checkpoint cleanup is not available in this build (%s missing)" % CLEANUP_MODULE
+    return None
+
+
+def configured_dir(config: Config, node: str, path: str) -> Optional[CheckpointDirConfig]:
+    """The [[checkpoints]] entry for `path` on `node` (an entry without node is the local node's)."""
+    local_names = {n.name for n in config.nodes if n.local}
+    wanted = posixpath.normpath(path)
+    for entry in config.checkpoints:
+        entry_node = entry.node
+        same_node = entry_node == node or (entry_node is None and (node in local_names or not local_names))
+        if same_node and posixpath.normpath(entry.path) == wanted:
+            return entry
+    return None
+
+
+def _filesystem(ctx: Any) -> Any:
+    from opsconsole.actions.runner import remote_link
+    from opsconsole.checkpoints.access import LOCAL
+
+    remote = remote_link(ctx.link)
+    if remote is None:
+        return LOCAL
+    from opsconsole.checkpoints.remote import SftpFileSystem
+
+    return SftpFileSystem(remote, asyncio.get_running_loop(), timeout=ctx.config.ssh.connect_timeout + 30.0)
+
+
+async def _close(fs: Any) -> None:
+    aclose = getattr(fs, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except Exception:
+            pass  # closing a broken SFTP channel: nothing left to do
+
+
+def _size(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return ("%d %s" if unit == "B" else "%.1f %s") % (value, unit)
+        value /= 1024.0
+    return "%d B" % value
+
+
+def cleanup_argv(node: str, path: str, keep: int, min_age: float, local: bool) -> Tuple[str, ...]:
+    """The headless command that does the same (shown in the confirmation and the audit log)."""
+    argv = ("opsconsole", "cleanup", path, "--keep", str(keep), "--min-age", "%g" % min_age)
+    return argv if local else argv + ("--node", node)
+
+
+async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, str]) -> Any:
+    from opsconsole.actions.registry import Plan, Refused
+    from opsconsole.checkpoints.cleanup import plan_directory
+    from opsconsole.checkpoints.scan import scan_directory
+
+    why = unavailable()
+    if why:
+        raise Refused(why)
+    if not target.path:
+        raise Refused("no checkpoint directory selected")
+    entry = configured_dir(ctx.config, target.node, target.path)
+    if entry is None:
+        raise Refused("%s on %s is not a [[checkpoints]] directory of the config: not cleaned" % (target.path, target.node))
+    fs = _filesystem(ctx)
+    try:
+        listing = await asyncio.to_thread(scan_directory, target.path, fs)
+        retention = await asyncio.to_thread(plan_directory, listing, fs, keep=entry.keep, min_age=entry.min_age,
+                                            now=time.time())
+    except OSError as exc:
+        raise Refused("%s on %s: %s" % (target.path, target.node, exc.strerror or exc)) from None
+    finally:
+        await _close(fs)
+    doomed = retention.to_delete
+    if not doomed:
+        raise Refused("nothing to delete in %s (keep %d, min age %g s)" % (target.path, entry.keep, entry.min_age))
+    notes = ["deletes %d of %d, frees %s; kept: the newest %d, best, latest's target, open and recent files"
+             % (len(doomed), len(retention.items), _size(retention.bytes_freed), entry.keep)]
+    for item in doomed[:LISTED_ITEMS]:
+        notes.append("delete %s (%s): %s" % (item.name, _size(item.size_bytes), item.reason))
+    if len(doomed) > LISTED_ITEMS:
+        notes.append("... and %d more" % (len(doomed) - LISTED_ITEMS))
+    notes.extend("warning: %s" % w for w in retention.warnings)
+    argv = cleanup_argv(target.node, target.path, entry.keep, entry.min_age, ctx.local)
+    where = "on this machine (%s)" % target.node if ctx.local else "on %s over SFTP" % target.node
+    word = posixpath.basename(posixpath.normpath(target.path)) or target.path
+    return Plan(action, target, argv, where, notes=tuple(notes), word=word, payload=retention)
+
+
+async def run_cleanup(plan: Any, ctx: Any) -> Any:
+    from opsconsole.actions.registry import ActionReport
+    from opsconsole.actions.runner import CommandResult
+    from opsconsole.checkpoints.cleanup import execute_plan
+
+    retention = plan.payload
+    lines = []
+
+    async def execute() -> CommandResult:
+        fs = _filesystem(ctx)
+        try:
+            result = await asyncio.to_thread(
+                execute_plan, retention, plan.target.path, ctx.runner.audit, fs=fs,
+                read_only=ctx.config.console.read_only,
+            )
+        finally:
+            await _close(fs)
+        lines.append(result.summary())
+        for item in result.results:
+            lines.append("%s %s%s" % ("deleted" if item.deleted else "kept   ", item.path,
+                                       "" if item.deleted else ": %s" % item.error))
+        return CommandResult(0 if result.ok else 1, stdout="\n".join(lines[1:]),
+                             error=None if result.refused is None else result.summary())
+
+    outcome = await ctx.runner.run("checkpoint_cleanup", plan.target.node, plan.target.describe(), plan.argv, execute)
+    if not outcome.ran:
+        lines = ["NOT RUN: %s" % outcome.audit_problem]
+    return ActionReport(outcome.ok, "Cleanup of %s on %s" % (plan.target.path, plan.target.node), tuple(lines),
+                        (outcome,))

@@ -1,0 +1,536 @@
+"""The one registry of actions: id, key, label, danger, confirmation kind, target kind, command, runner.
+
+The console's keys, help, palette and read-only mode all come from ACTIONS. An action is
+planned first (`plan_action`: pre-checks and the exact argv, shown with the node in the
+confirmation; a refusal is a `Refused` with one line), then carried out (`run_plan`)
+through the ActionRunner, which audits the attempt before the command and the result after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from opsconsole.actions import drain as drain_mod
+from opsconsole.actions import gpu_reset, signals
+from opsconsole.actions.runner import ActionOutcome, ActionRunner, CommandResult, remote_link, run_on_node
+from opsconsole.config import Config
+from opsconsole.model import NodeState
+
+# Danger levels, least to most. Anything above SAFE is absent in a read-only console.
+DANGER_SAFE = "safe"  # reads only (a health rerun)
+DANGER_DISRUPTIVE = "disruptive"  # stops or drains work, recoverable (SIGINT, SIGTERM, drain)
+DANGER_DESTRUCTIVE = "destructive"  # loses work or data (SIGKILL, deleting checkpoints)
+DANGER_CRITICAL = "critical"  # hardware state (GPU reset)
+DANGER_LEVELS = (DANGER_SAFE, DANGER_DISRUPTIVE, DANGER_DESTRUCTIVE, DANGER_CRITICAL)
+
+# Confirmation kinds.
+CONFIRM_NONE = "none"
+CONFIRM_YES_NO = "yes-no"  # Cancel focused; `y` confirms
+CONFIRM_TYPED = "typed"  # a word to type, for the most dangerous
+
+# Target kinds (also the binding id prefix).
+TARGET_PROCESS = "process"
+TARGET_GPU = "gpu"
+TARGET_NODE = "node"
+TARGET_CHECKPOINT_DIR = "checkpoints"
+
+
+class Refused(Exception):
+    """The action cannot be done on this target (one line, for the UI and the audit log)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an action acts on: a process, a GPU, a node or a checkpoint directory, on one node."""
+
+    kind: str
+    node: str
+    pid: Optional[int] = None
+    gpu: Optional[int] = None
+    path: Optional[str] = None
+    name: str = ""  # the process name as reported, for the confirmation
+
+    def describe(self) -> str:
+        if self.kind == TARGET_PROCESS:
+            return "pid %s%s" % (self.pid, " (%s)" % self.name if self.name else "")
+        if self.kind == TARGET_GPU:
+            return "gpu %s" % self.gpu
+        if self.kind == TARGET_CHECKPOINT_DIR:
+            return "dir %s" % self.path
+        return "node %s" % self.node
+
+
+@dataclass
+class ActionContext:
+    """What planning and running need: the config, the node's latest state and link, the runner."""
+
+    config: Config
+    get_state: Callable[[], Optional[NodeState]]
+    link: Any
+    runner: ActionRunner
+    # Escalation asks before SIGTERM and SIGKILL; without a UI the answer is no.
+    confirm_next: Optional[Callable[[str, "signals.ProcessVerdict"], Awaitable[bool]]] = None
+    # Progress lines while an action waits (an escalation's timeout); the console shows them.
+    progress: Optional[Callable[[str], None]] = None
+    # Health checks of one node (and GPU), as opsconsole.health.runner gives them; None: not available.
+    health_checks: Optional[Callable[[str, Optional[int], bool], Awaitable[List[Any]]]] = None
+
+    @property
+    def local(self) -> bool:
+        return remote_link(self.link) is None
+
+    @property
+    def frame_wait_s(self) -> float:
+        """How long to wait for the frames that show an action's effect."""
+        return max(5.0, 3 * self.config.console.interval + 2.0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A planned action: the exact command, where it runs, the pre-checks, and the word to type."""
+
+    action: "Action"
+    target: Target
+    argv: Tuple[str, ...]
+    where: str  # "on gpu-a01 over SSH", "on this machine (login node)"
+    checks: Tuple[gpu_reset.Precheck, ...] = ()
+    notes: Tuple[str, ...] = ()
+    params: Tuple[Tuple[str, str], ...] = ()
+    word: Optional[str] = None  # typed confirmation
+    payload: Any = None  # what planning found that running needs (a cleanup's retention plan)
+
+    @property
+    def command_line(self) -> str:
+        return shlex.join(self.argv)
+
+    def param(self, name: str, default: str = "") -> str:
+        return dict(self.params).get(name, default)
+
+
+@dataclass(frozen=True)
+class ActionReport:
+    """What happened: overall ok, the lines to show (output, exit status, what the frames said)."""
+
+    ok: bool
+    title: str
+    lines: Tuple[str, ...]
+    outcomes: Tuple[ActionOutcome, ...] = ()
+    output: str = ""  # the command's stdout and stderr, for the result screen
+
+
+PlanFn = Callable[["Action", Target, ActionContext, Mapping[str, str]], Awaitable[Plan]]
+RunFn = Callable[[Plan, ActionContext], Awaitable[ActionReport]]
+
+
+@dataclass(frozen=True)
+class Action:
+    """One registered action."""
+
+    id: str
+    key: str
+    label: str
+    danger: str
+    confirm: str
+    target_kind: str
+    description: str
+    plan: PlanFn
+    run: RunFn
+    needs_reason: bool = False  # asks for a reason first (drain)
+    available: Callable[[Config], Optional[str]] = field(default=lambda config: None)  # why not, or None
+    binding: str = ""  # the key registry id when not `<target kind>.<id>`
+
+    @property
+    def binding_id(self) -> str:
+        """The key registry id, e.g. `process.signal_int` (what `[console.keys]` remaps)."""
+        return self.binding or "%s.%s" % (self.target_kind, self.id)
+
+    @property
+    def hidden_when_read_only(self) -> bool:
+        return self.danger != DANGER_SAFE
+
+
+def allowed(action: Action, config: Config) -> bool:
+    """Whether the console offers `action` at all: a read-only console offers only safe ones."""
+    return not (config.console.read_only and action.hidden_when_read_only)
+
+
+# --- shared pieces ---------------------------------------------------------------------------
+
+
+def _where(ctx: ActionContext, node: str) -> str:
+    return "on this machine (%s)" % node if ctx.local else "on %s over SSH" % node
+
+
+def _state(ctx: ActionContext, node: str) -> NodeState:
+    state = ctx.get_state()
+    if state is None:
+        raise Refused("no node named %s" % node)
+    return state
+
+
+def _output(result: Optional[CommandResult]) -> str:
+    if result is None:
+        return ""
+    parts = []
+    if result.stdout.strip():
+        parts.append(result.stdout.rstrip("\n"))
+    if result.stderr.strip():
+        parts.append("stderr:\n" + result.stderr.rstrip("\n"))
+    return "\n".join(parts)
+
+
+def _status_line(outcome: ActionOutcome) -> str:
+    if not outcome.ran:
+        return "NOT RUN: " + (outcome.audit_problem or "the audit log could not be written")
+    assert outcome.result is not None
+    result = outcome.result
+    if result.error:
+        return "failed: " + result.error
+    return "exit status %s (%.2f s)" % (result.exit_status, result.duration_s)
+
+
+def _audit_lines(outcomes: Sequence[ActionOutcome]) -> List[str]:
+    return ["audit log: %s" % o.audit_problem for o in outcomes if o.ran and o.audit_problem]
+
+
+# --- process signals -------------------------------------------------------------------------
+
+
+async def plan_signal(action: Action, target: Target, ctx: ActionContext, params: Mapping[str, str]) -> Plan:
+    state = _state(ctx, target.node)
+    refusal = signals.refuse_signal(state, target.pid, ctx.local)
+    if refusal:
+        raise Refused(refusal)
+    assert target.pid is not None
+    proc = signals.reported_process(state.frame, target.pid)
+    name = target.name or (proc.name if proc else "")
+    signal_name = SIGNAL_OF[action.id]
+    notes = []
+    if proc is not None:
+        notes.append("process: %s%s" % (proc.command or proc.name, "  (user %s)" % proc.user if proc.user else ""))
+    if action.id == "escalate":
+        notes.append("SIGINT now; if it is still running after %g s, you are asked before SIGTERM, then SIGKILL"
+                     % ctx.config.actions.signal_escalation_s)
+    elif signal_name == "INT":
+        notes.append("SIGINT lets a training script that catches it save a checkpoint before it exits")
+    elif signal_name == "KILL":
+        notes.append("SIGKILL cannot be caught: unsaved work is lost")
+    if ctx.local:
+        notes.append("sent with os.kill by the console (the same as this kill command)")
+    return Plan(action, Target(TARGET_PROCESS, target.node, pid=target.pid, name=name),
+                tuple(signals.signal_argv(signal_name, target.pid)), _where(ctx, target.node), notes=tuple(notes))
+
+
+async def _send_one(plan: Plan, ctx: ActionContext, signal_name: str, action_id: str) -> Tuple[ActionOutcome, float]:
+    pid = plan.target.pid
+    assert pid is not None
+    argv = signals.signal_argv(signal_name, pid)
+    sent_at = time.time()
+
+    async def execute() -> CommandResult:
+        return await signals.deliver_signal(signal_name, pid, ctx.link, ctx.config.actions.command_timeout_s)
+
+    outcome = await ctx.runner.run(action_id, plan.target.node, plan.target.describe(), argv, execute)
+    return outcome, sent_at
+
+
+async def run_signal(plan: Plan, ctx: ActionContext) -> ActionReport:
+    signal_name = SIGNAL_OF[plan.action.id]
+    outcome, sent_at = await _send_one(plan, ctx, signal_name, plan.action.id)
+    lines = ["%s to PID %d %s: %s" % ("SIG" + signal_name, plan.target.pid, plan.where, _status_line(outcome))]
+    ok = outcome.ok
+    if outcome.ok:
+        verdict = await signals.watch_process(ctx.get_state, plan.target.pid, sent_at, ctx.frame_wait_s)
+        lines.append(verdict.text)
+    lines += _audit_lines([outcome])
+    return ActionReport(ok, "SIG%s PID %d on %s" % (signal_name, plan.target.pid, plan.target.node),
+                        tuple(lines), (outcome,), _output(outcome.result))
+
+
+async def run_escalation(plan: Plan, ctx: ActionContext) -> ActionReport:
+    outcomes: List[ActionOutcome] = []
+    pid = plan.target.pid
+    assert pid is not None
+
+    async def send(signal_name: str) -> Tuple[CommandResult, float]:
+        outcome, sent_at = await _send_one(plan, ctx, signal_name, "escalate")
+        outcomes.append(outcome)
+        return outcome.result or CommandResult(None, error=outcome.summary()), sent_at
+
+    async def watch(sent_at: float, timeout: float) -> signals.ProcessVerdict:
+        if ctx.progress is not None:
+            ctx.progress("SIG%s sent to PID %d on %s; watching its frames for up to %g s"
+                         % (signals.ESCALATION[len(outcomes) - 1], pid, plan.target.node, timeout))
+        return await signals.watch_process(ctx.get_state, pid, sent_at, timeout)
+
+    async def confirm_next(signal_name: str, verdict: signals.ProcessVerdict) -> bool:
+        ask = ctx.confirm_next
+        yes = bool(ask is not None and await ask(signal_name, verdict))
+        if not yes:
+            ctx.runner.note("escalate", plan.target.node, plan.target.describe(), signals.signal_argv(signal_name, pid),
+                            "cancelled", "SIG%s not sent: %s" % (signal_name, verdict.text))
+        return yes
+
+    wait_s = ctx.config.actions.signal_escalation_s
+    steps = await signals.escalate(send, watch, confirm_next, wait_s, ctx.frame_wait_s)
+    lines = []
+    for step, outcome in zip(steps, outcomes):
+        lines.append("SIG%s: %s" % (step.signal, _status_line(outcome)))
+        if step.verdict is not None:
+            lines.append("  " + step.verdict.text)
+    gone = bool(steps and steps[-1].verdict is not None and steps[-1].verdict.gone)
+    if steps and not gone and steps[-1].signal != "KILL" and steps[-1].result.ok:
+        lines.append("stopped before SIG%s: PID %d may still run" % (
+            signals.ESCALATION[signals.ESCALATION.index(steps[-1].signal) + 1], pid))
+    lines += _audit_lines(outcomes)
+    output = "\n".join(_output(o.result) for o in outcomes if _output(o.result))
+    return ActionReport(gone, "Escalation for PID %d on %s" % (pid, plan.target.node), tuple(lines), tuple(outcomes), output)
+
+
+SIGNAL_OF = {"signal_int": "INT", "signal_term": "TERM", "signal_kill": "KILL", "escalate": "INT"}
+
+
+# --- GPU reset -------------------------------------------------------------------------------
+
+
+async def plan_gpu_reset(action: Action, target: Target, ctx: ActionContext, params: Mapping[str, str]) -> Plan:
+    state = _state(ctx, target.node)
+    if target.gpu is None:
+        raise Refused("no GPU selected")
+    report = await gpu_reset.run_prechecks(state, target.gpu, ctx.link)
+    if report.refused:
+        raise Refused("GPU %d on %s not reset: %s" % (target.gpu, target.node, report.refusal()))
+    gpu = gpu_reset.gpu_of(state, target.gpu)
+    assert gpu is not None
+    try:
+        argv = gpu_reset.reset_argv(ctx.config.actions.gpu_reset_command, target.node, gpu, report.use_sudo)
+    except ValueError as exc:
+        raise Refused("GPU %d on %s not reset: %s" % (target.gpu, target.node, exc)) from None
+    notes = ("every process using the GPU loses it; afterwards the GPU is read again and its health checks rerun",)
+    return Plan(action, target, tuple(argv), _where(ctx, target.node), checks=report.checks, notes=notes,
+                word="%s/%d" % (target.node, target.gpu))
+
+
+async def run_gpu_reset(plan: Plan, ctx: ActionContext) -> ActionReport:
+    index = plan.target.gpu
+    assert index is not None
+
+    async def execute() -> CommandResult:
+        return await run_on_node(ctx.link, plan.argv, ctx.config.actions.command_timeout_s)
+
+    started = time.time()
+    outcome = await ctx.runner.run("gpu_reset", plan.target.node, plan.target.describe(), plan.argv, execute)
+    lines = ["%s %s: %s" % (plan.command_line, plan.where, _status_line(outcome))]
+    if outcome.ran:
+        gpu_line = await reread_gpu(ctx, index, started)
+        lines.append(gpu_line)
+        lines += await health_lines(ctx, plan.target.node, index, ctx.config.actions.gpu_tests_after_reset)
+    lines += _audit_lines([outcome])
+    return ActionReport(outcome.ok, "GPU reset: GPU %d on %s" % (index, plan.target.node), tuple(lines),
+                        (outcome,), _output(outcome.result))
+
+
+async def reread_gpu(ctx: ActionContext, index: int, after: float) -> str:
+    """The GPU as the first frame received after `after` shows it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ctx.frame_wait_s
+    while loop.time() < deadline:
+        state = ctx.get_state()
+        if state is not None and state.frame is not None and (state.received_at or 0) > after:
+            gpu = gpu_reset.gpu_of(state, index)
+            if gpu is None:
+                return "GPU %d is missing from the next frame" % index
+            if gpu.lost:
+                return "GPU %d is LOST in the next frame: the reset did not bring it back (reboot)" % index
+            bits = ["GPU %d read again:" % index]
+            if gpu.temperature is not None:
+                bits.append("%g °C" % gpu.temperature)
+            if gpu.memory_used is not None:
+                bits.append("%d MiB used" % (gpu.memory_used // (1024 * 1024)))
+            if gpu.ecc_volatile_uncorrected is not None:
+                bits.append("volatile uncorrected ECC %d" % gpu.ecc_volatile_uncorrected)
+            bits.append("errors: %s" % ("; ".join(gpu.errors) if gpu.errors else "none"))
+            return " ".join(bits)
+        await asyncio.sleep(signals.FRAME_POLL_S)
+    return "no frame within %g s after the reset: GPU %d not read again" % (ctx.frame_wait_s, index)
+
+
+async def health_lines(ctx: ActionContext, node: str, gpu: Optional[int], gpu_tests: bool = False) -> List[str]:
+    """The node's (GPU's) health check results after an action, one line each; `gpu_tests` adds the GPU suite."""
+    checks = ctx.health_checks or default_health_checks(ctx)
+    if checks is None:
+        return ["health checks: not available in this build"]
+    try:
+        results = await checks(node, gpu, gpu_tests)
+    except Exception as exc:  # the checks are another module's: their failure is a line, not a crash
+        return ["health checks could not run: %s: %s" % (type(exc).__name__, exc)]
+    if not results:
+        return ["health checks: none apply"]
+    return ["health %s: %s%s %s" % (
+        getattr(r, "status", "?"), getattr(r, "check", "?"),
+        "" if getattr(r, "gpu", None) is None else " gpu %s" % r.gpu, getattr(r, "message", ""))
+        for r in results]
+
+
+def default_health_checks(ctx: ActionContext) -> Optional[Callable[[str, Optional[int], bool], Awaitable[List[Any]]]]:
+    """opsconsole.health.runner.run_node_checks over the node's latest state, when that module exists."""
+    from opsconsole.actions import health_rerun
+
+    return health_rerun.checks_for(ctx)
+
+
+# --- health rerun ----------------------------------------------------------------------------
+
+
+async def plan_health_rerun(action: Action, target: Target, ctx: ActionContext, params: Mapping[str, str]) -> Plan:
+    _state(ctx, target.node)
+    from opsconsole.actions import health_rerun
+
+    why = health_rerun.unavailable()
+    if why:
+        raise Refused(why)
+    return Plan(action, target, tuple(health_rerun.equivalent_argv(target.node)),
+                "in the console (the rules over %s's latest frame)" % target.node,
+                notes=("read-only: nothing on the node changes",))
+
+
+async def run_health_rerun(plan: Plan, ctx: ActionContext) -> ActionReport:
+    from opsconsole.actions import health_rerun
+
+    lines: List[str] = []
+
+    async def execute() -> CommandResult:
+        found = await health_lines(ctx, plan.target.node, None)
+        lines.extend(found)
+        failed = any(line.startswith(("health fail", "health error", "health checks could not")) for line in found)
+        return CommandResult(1 if failed else 0, stdout="\n".join(found))
+
+    outcome = await ctx.runner.run("health_rerun", plan.target.node, plan.target.describe(), plan.argv, execute)
+    shown = lines if outcome.ran else [_status_line(outcome)]
+    return ActionReport(outcome.ok, "Health checks of %s" % plan.target.node, tuple(shown + _audit_lines([outcome])),
+                        (outcome,))
+
+
+# --- drain -----------------------------------------------------------------------------------
+
+
+async def plan_drain(action: Action, target: Target, ctx: ActionContext, params: Mapping[str, str]) -> Plan:
+    why = drain_mod.unavailable(ctx.config.actions.drain_command)
+    if why:
+        raise Refused(why)
+    reason = params.get("reason", "")
+    try:
+        argv = drain_mod.drain_argv(ctx.config.actions.drain_command, target.node, reason)
+    except ValueError as exc:
+        raise Refused("%s not drained: %s" % (target.node, exc)) from None
+    return Plan(action, target, tuple(argv), "on this machine (Slurm controller command)",
+                notes=("Slurm stops scheduling new jobs on %s; running jobs go on" % target.node,),
+                params=(("reason", reason.strip()),))
+
+
+async def run_drain(plan: Plan, ctx: ActionContext) -> ActionReport:
+    async def execute() -> CommandResult:
+        from opsconsole.actions.runner import run_local
+
+        return await run_local(plan.argv, ctx.config.actions.command_timeout_s)
+
+    outcome = await ctx.runner.run("drain_node", plan.target.node, plan.target.describe(), plan.argv, execute,
+                                   detail="reason: %s" % plan.param("reason"))
+    lines = ["%s: %s" % (plan.command_line, _status_line(outcome))] + _audit_lines([outcome])
+    return ActionReport(outcome.ok, "Drain %s" % plan.target.node, tuple(lines), (outcome,), _output(outcome.result))
+
+
+# --- checkpoint cleanup ----------------------------------------------------------------------
+
+
+async def plan_cleanup(action: Action, target: Target, ctx: ActionContext, params: Mapping[str, str]) -> Plan:
+    from opsconsole.actions import cleanup
+
+    return await cleanup.plan_cleanup(action, target, ctx, params)
+
+
+async def run_cleanup(plan: Plan, ctx: ActionContext) -> ActionReport:
+    from opsconsole.actions import cleanup
+
+    return await cleanup.run_cleanup(plan, ctx)
+
+
+def _cleanup_available(config: Config) -> Optional[str]:
+    from opsconsole.actions import cleanup
+
+    return cleanup.unavailable()
+
+
+def _drain_available(config: Config) -> Optional[str]:
+    return drain_mod.unavailable(config.actions.drain_command)
+
+
+# --- the registry ----------------------------------------------------------------------------
+
+ACTIONS: Tuple[Action, ...] = (
+    Action("signal_int", "i", "SIGINT", DANGER_DISRUPTIVE, CONFIRM_YES_NO, TARGET_PROCESS,
+           "SIGINT the process (a training script can save a checkpoint)", plan_signal, run_signal),
+    Action("signal_term", "x", "SIGTERM", DANGER_DISRUPTIVE, CONFIRM_YES_NO, TARGET_PROCESS,
+           "SIGTERM the process", plan_signal, run_signal),
+    Action("signal_kill", "K", "SIGKILL", DANGER_DESTRUCTIVE, CONFIRM_YES_NO, TARGET_PROCESS,
+           "SIGKILL the process (cannot be caught)", plan_signal, run_signal),
+    Action("escalate", "e", "Stop: INT, TERM, KILL", DANGER_DESTRUCTIVE, CONFIRM_YES_NO, TARGET_PROCESS,
+           "SIGINT, then SIGTERM and SIGKILL after a timeout, each confirmed", plan_signal, run_escalation),
+    Action("gpu_reset", "R", "Reset GPU", DANGER_CRITICAL, CONFIRM_TYPED, TARGET_GPU,
+           "Reset the GPU (pre-checks, typed confirmation)", plan_gpu_reset, run_gpu_reset, binding="gpu.reset"),
+    Action("health_rerun", "h", "Rerun health", DANGER_SAFE, CONFIRM_NONE, TARGET_NODE,
+           "Rerun the node's health checks", plan_health_rerun, run_health_rerun),
+    Action("drain_node", "D", "Drain node", DANGER_DISRUPTIVE, CONFIRM_YES_NO, TARGET_NODE,
+           "Drain the node in Slurm, with a reason", plan_drain, run_drain, needs_reason=True,
+           available=_drain_available, binding="node.drain"),
+    # The Checkpoints pane's `c` (checkpoints.cleanup) is this action's key.
+    Action("checkpoint_cleanup", "c", "Clean up", DANGER_DESTRUCTIVE, CONFIRM_TYPED, TARGET_CHECKPOINT_DIR,
+           "Delete the checkpoints the retention plan drops", plan_cleanup, run_cleanup,
+           available=_cleanup_available, binding="checkpoints.cleanup"),
+)
+
+ACTIONS_BY_ID: Dict[str, Action] = {action.id: action for action in ACTIONS}
+
+
+def action(action_id: str) -> Action:
+    """The registered action `action_id` (KeyError when there is none)."""
+    return ACTIONS_BY_ID[action_id]
+
+
+def actions_for(target_kind: str) -> Tuple[Action, ...]:
+    return tuple(a for a in ACTIONS if a.target_kind == target_kind)
+
+
+def hidden_binding_ids(config: Config) -> frozenset:
+    """Binding ids of the actions this console does not offer (read-only mode)."""
+    return frozenset(a.binding_id for a in ACTIONS if not allowed(a, config))
+
+
+async def plan_action(action_id: str, target: Target, ctx: ActionContext, params: Optional[Mapping[str, str]] = None) -> Plan:
+    """Pre-checks and the exact command; raises Refused (read-only, unavailable, a failed check)."""
+    act = action(action_id)
+    if act.target_kind != target.kind:
+        raise Refused("%s acts on a %s, not a %s" % (act.label, act.target_kind, target.kind))
+    if not allowed(act, ctx.config):
+        raise Refused("read-only console [R]: %s is off" % act.label)
+    why = act.available(ctx.config)
+    if why:
+        raise Refused(why)
+    return await act.plan(act, target, ctx, dict(params or {}))
+
+
+async def run_plan(plan: Plan, ctx: ActionContext) -> ActionReport:
+    """Carry out a confirmed plan (audited by the runner); read-only is checked again."""
+    if not allowed(plan.action, ctx.config):
+        raise Refused("read-only console [R]: %s is off" % plan.action.label)
+    return await plan.action.run(plan, ctx)
+
+
+def refuse_and_note(ctx: ActionContext, action_id: str, target: Target, reason: str, command: Sequence[str] = ()) -> Optional[str]:
+    """Audit a refusal (outcome refused); None when written, else why not."""
+    return ctx.runner.note(action_id, target.node, target.describe(), command, "refused", reason)
+

@@ -1,0 +1,441 @@
+"""Recognising checkpoint formats by name and first bytes, and reading each one's metadata.
+
+File readers are generators of read requests (see zipmeta.py), so one reader serves a
+local file and a remote one. Nothing here calls torch.load or pickle.load: a torch zip's
+data.pkl goes through the restricted unpickler, a legacy pickle is listed and never
+opened, safetensors is a bounds-checked JSON header, and HF / DCP directories are read
+from their JSON and their file names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, replace
+from typing import Any, Dict, Generator, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from opsconsole.checkpoints import zipmeta
+from opsconsole.checkpoints.metadata import decode_scalar, metadata_from_tree, wanted_scalars
+from opsconsole.checkpoints.records import (
+    FORMAT_DCP,
+    FORMAT_HF,
+    FORMAT_LEGACY,
+    FORMAT_LIGHTNING,
+    FORMAT_SAFETENSORS,
+    FORMAT_TORCH,
+    FORMAT_UNKNOWN,
+    INTEGRITY_CORRUPT,
+    INTEGRITY_OK,
+    INTEGRITY_TRUNCATED,
+    INTEGRITY_UNCHECKED,
+    CheckpointMeta,
+    StateDictSummary,
+)
+from opsconsole.checkpoints.safe_unpickle import restricted_loads, unsafe_message
+from opsconsole.checkpoints.zipmeta import ReadRequest, ZipProblem
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pth.tar")
+SAFETENSORS_SUFFIX = ".safetensors"
+HEAD_BYTES = 64 * 1024  # first read of a file: the sniff, and data.pkl of a small checkpoint
+MAX_PICKLE_READ = 256 * 1024 * 1024
+MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the safetensors spec's own limit
+MAX_JSON_BYTES = 32 * 1024 * 1024
+TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickled 0x1950a86a20f9469cfc6c
+DCP_SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+HF_DIR = re.compile(r"^checkpoint-(\d+)$")
+LIGHTNING_PART = re.compile(r"^([A-Za-z_][\w.]*)=(.+)$")
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "U16": "uint16",
+                      "U32": "uint32", "U64": "uint64", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
+                      "F8_E5M2": "float8_e5m2", "C64": "complex64"}
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What reading one checkpoint gave: its format, metadata, integrity and a problem line."""
+
+    format: str
+    meta: CheckpointMeta
+    integrity: str
+    problem: Optional[str] = None
+
+
+# --- names -----------------------------------------------------------------------------------
+
+
+def is_checkpoint_file_name(name: str) -> bool:
+    """Whether a file name looks like a checkpoint (by suffix)."""
+    lower = name.lower()
+    return lower.endswith(TORCH_SUFFIXES) or lower.endswith(SAFETENSORS_SUFFIX)
+
+
+def strip_suffix(name: str) -> str:
+    lower = name.lower()
+    for suffix in (".pth.tar",) + TORCH_SUFFIXES + (SAFETENSORS_SUFFIX,):
+        if lower.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def lightning_fields(name: str) -> Optional[Dict[str, str]]:
+    """`epoch=3-step=300-val_loss=0.25.ckpt` as {"epoch": "3", ...}; `last.ckpt` as {}; None if not Lightning's."""
+    if not name.endswith(".ckpt"):
+        return None
+    stem = re.sub(r"-v\d+$", "", name[: -len(".ckpt")])
+    if stem == "last":
+        return {}
+    parts = re.split(r"-(?=[A-Za-z_][\w.]*=)", stem)
+    fields: Dict[str, str] = {}
+    for part in parts:
+        match = LIGHTNING_PART.match(part)
+        if not match:
+            return None
+        fields[match.group(1).split("/")[-1]] = match.group(2)
+    return fields if "epoch" in fields or "step" in fields else None
+
+
+def _int_or_none(text: Optional[str]) -> Optional[int]:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _float_or_none(text: Any) -> Optional[float]:
+    try:
+        return float(text) if text is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def meta_from_name(name: str) -> CheckpointMeta:
+    """Epoch, step and loss that the name alone says (checkpoint_epoch_7.pt, epoch=3-step=300.ckpt, checkpoint-500)."""
+    fields = lightning_fields(name)
+    if fields:
+        loss_key = next((k for k in fields if "loss" in k), None)
+        return CheckpointMeta(
+            epoch=_int_or_none(fields.get("epoch")),
+            step=_int_or_none(fields.get("step")),
+            loss=_float_or_none(fields.get(loss_key)) if loss_key else None,
+        )
+    stem = strip_suffix(name)
+    hf = HF_DIR.match(stem)
+    if hf:
+        return CheckpointMeta(step=int(hf.group(1)))
+    epoch = re.search(r"(?:^|[_\-.])(?:epoch|ep|e)[_\-=]?(\d+)(?![\w])", stem, re.I) or re.search(r"epoch[_\-=]?(\d+)", stem, re.I)
+    step = re.search(r"(?:^|[_\-.])(?:global_step|step|iter|iteration|it)[_\-=]?(\d+)(?![\w])", stem, re.I)
+    return CheckpointMeta(
+        epoch=int(epoch.group(1)) if epoch else None,
+        step=int(step.group(1)) if step else None,
+    )
+
+
+def merge_meta(read: CheckpointMeta, named: CheckpointMeta) -> CheckpointMeta:
+    """The content's metadata, with gaps filled from the name."""
+    return replace(
+        read,
+        epoch=read.epoch if read.epoch is not None else named.epoch,
+        step=read.step if read.step is not None else named.step,
+        loss=read.loss if read.loss is not None else named.loss,
+    )
+
+
+def dir_format(names: Iterable[str]) -> Optional[str]:
+    """hf-trainer for a dir with trainer_state.json, dcp for .metadata + __R_N.distcp; None otherwise."""
+    names = set(names)
+    if "trainer_state.json" in names:
+        return FORMAT_HF
+    if ".metadata" in names and any(DCP_SHARD.match(n) for n in names):
+        return FORMAT_DCP
+    return None
+
+
+# --- serving requests from buffers already read -----------------------------------------------
+
+
+def _served(buffers: Sequence[Tuple[int, bytes]], size: int, inner: Generator[ReadRequest, bytes, Any]) -> Generator[ReadRequest, bytes, Any]:
+    """Run `inner`, answering its requests from bytes already in hand where they cover them."""
+    try:
+        request = next(inner)
+        while True:
+            offset, length = request
+            end = min(offset + length, size)
+            answer = None
+            for start, data in buffers:
+                if start <= offset and end <= start + len(data):
+                    answer = data[offset - start : end - start]
+                    break
+            if answer is None:
+                answer = yield request
+            request = inner.send(answer)
+    except StopIteration as stop:
+        return stop.value
+
+
+# --- torch zip, legacy pickle, safetensors ------------------------------------------------------
+
+
+def file_reader(name: str, size: int, window: int = HEAD_BYTES) -> Generator[ReadRequest, bytes, ReadResult]:
+    """Read one checkpoint file of `size` bytes: sniff its first bytes, then the reader of its format.
+
+    `window` is the size of the first reads at the start and at the end: large locally (one
+    read holds data.pkl and the directory of a small checkpoint), small over a network
+    (where bytes cost more than one more round trip).
+    """
+    named = meta_from_name(name)
+    if size == 0:
+        return ReadResult(_named_format(name), named, INTEGRITY_TRUNCATED, "empty file (0 bytes)")
+    head = yield (0, min(size, window))
+    if head[:4] in (zipmeta.SIG_LOCAL, zipmeta.SIG_EOCD):
+        result = yield from torch_zip_reader(size, head, window)
+        if result.format == FORMAT_TORCH and (lightning_fields(name) is not None or "pytorch-lightning_version" in result.meta.top_keys):
+            result = replace(result, format=FORMAT_LIGHTNING)
+        return replace(result, meta=merge_meta(result.meta, named))
+    if head[:1] == b"\x80":
+        legacy = "legacy torch file" if head.startswith(TORCH_LEGACY_MAGIC) else "non-zip pickle"
+        return ReadResult(FORMAT_LEGACY, named, INTEGRITY_UNCHECKED,
+                          "%s: listed, not opened (loading it would run its pickle)" % legacy)
+    if len(head) >= 9 and head[8:9] == b"{":
+        result = yield from safetensors_reader(size, head)
+        return replace(result, meta=merge_meta(result.meta, named))
+    if head[:4] == b"PK\x01\x02" or head[:2] == b"PK":
+        return ReadResult(FORMAT_TORCH, named, INTEGRITY_CORRUPT, "damaged zip (no local header at the start)")
+    if not head.strip(b"\x00"):
+        return ReadResult(_named_format(name), named, INTEGRITY_TRUNCATED, "starts with zero bytes: preallocated or never written")
+    return ReadResult(FORMAT_UNKNOWN, named, INTEGRITY_UNCHECKED, "not a torch zip, pickle or safetensors file")
+
+
+def _named_format(name: str) -> str:
+    if name.lower().endswith(SAFETENSORS_SUFFIX):
+        return FORMAT_SAFETENSORS
+    return FORMAT_LIGHTNING if lightning_fields(name) is not None else FORMAT_TORCH
+
+
+def torch_zip_reader(size: int, head: bytes = b"", window: int = HEAD_BYTES) -> Generator[ReadRequest, bytes, ReadResult]:
+    """A torch.save zip: directory (quick integrity), data.pkl through the restricted unpickler, scalar tensors."""
+    buffers: List[Tuple[int, bytes]] = [(0, head)] if head else []
+    try:
+        directory = yield from _served(buffers, size, zipmeta.directory_reader(size, max(window, 1024)))
+    except ZipProblem as problem:
+        return ReadResult(FORMAT_TORCH, CheckpointMeta(), problem.integrity, problem.reason)
+    integrity = zipmeta.quick_integrity(directory)
+    counts = dict(tensor_count=directory.tensor_count, tensor_bytes=directory.tensor_bytes,
+                  crc_recorded=directory.crc_recorded)
+    pkl = directory.find("data.pkl")
+    if pkl is None:
+        return ReadResult(FORMAT_UNKNOWN, CheckpointMeta(**counts), integrity, "a zip without data.pkl: not a torch.save file")
+    try:
+        data = yield from _served(buffers, size, zipmeta.member_reader(pkl, MAX_PICKLE_READ))
+    except ZipProblem as problem:
+        return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), problem.integrity, problem.reason)
+    loaded = restricted_loads(data)
+    if loaded.error:
+        return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), INTEGRITY_CORRUPT, loaded.error)
+    scalars: Dict[Any, float] = {}
+    for tensor in wanted_scalars(loaded.value):
+        entry = directory.storage_entry(tensor.storage.key)
+        if entry is None:
+            continue
+        try:
+            raw = yield from _served(buffers, size, zipmeta.member_reader(entry, 64 * 1024))
+        except ZipProblem:
+            continue
+        value = decode_scalar(tensor.dtype, raw, tensor.offset)
+        if value is not None:
+            scalars[tensor] = value
+    meta = replace(metadata_from_tree(loaded.value, scalars, loaded.unsafe_globals), **counts)
+    return ReadResult(FORMAT_TORCH, meta, integrity, unsafe_message(loaded.unsafe_globals))
+
+
+def safetensors_reader(size: int, head: bytes = b"") -> Generator[ReadRequest, bytes, ReadResult]:
+    """A safetensors file: the 8-byte header length and the JSON header, every offset bounds-checked."""
+    if size < 8:
+        return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_TRUNCATED, "shorter than its 8-byte header length")
+    if len(head) < 8:
+        head = yield (0, min(size, HEAD_BYTES))
+    (length,) = struct.unpack("<Q", head[:8])
+    if length > MAX_SAFETENSORS_HEADER:
+        return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "header length %d is over the 100 MB limit" % length)
+    if 8 + length > size:
+        return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_TRUNCATED,
+                          "header of %d bytes runs past the end of the file (%d bytes)" % (length, size))
+    raw = head[8 : 8 + length] if 8 + length <= len(head) else (yield (8, length))
+    return safetensors_result(raw, size, length)
+
+
+def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
+    """Parse and check a safetensors JSON header (`raw`, `length` bytes) of a file of `size` bytes."""
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "header is not JSON: %s" % exc)
+    if not isinstance(header, dict):
+        return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "header is not a JSON object")
+    data_size = size - 8 - length
+    dtypes: Dict[str, int] = {}
+    total = 0
+    end_max = 0
+    count = 0
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        if not isinstance(info, dict) or not isinstance(info.get("data_offsets"), list) or len(info["data_offsets"]) != 2:
+            return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "tensor %r has no data_offsets" % key)
+        begin, end = info["data_offsets"]
+        if not isinstance(begin, int) or not isinstance(end, int) or begin < 0 or end < begin:
+            return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "tensor %r has bad data_offsets" % key)
+        dtype = SAFETENSORS_DTYPES.get(str(info.get("dtype")), str(info.get("dtype")).lower())
+        dtypes[dtype] = dtypes.get(dtype, 0) + 1
+        total += end - begin
+        end_max = max(end_max, end)
+        count += 1
+    metadata = header.get("__metadata__") if isinstance(header.get("__metadata__"), dict) else {}
+    summary = StateDictSummary(keys=count, dtypes=tuple(sorted(dtypes.items(), key=lambda kv: -kv[1])), bytes=total)
+    details = tuple(("__metadata__." + str(k), str(v)[:80]) for k, v in list(metadata.items())[:50])
+    meta = CheckpointMeta(
+        epoch=_int_or_none(str(metadata.get("epoch"))) if "epoch" in metadata else None,
+        step=_int_or_none(str(metadata.get("step", metadata.get("global_step")))) if ("step" in metadata or "global_step" in metadata) else None,
+        loss=_float_or_none(metadata.get("loss")),
+        top_keys=tuple(k for k in header if k != "__metadata__")[:200],
+        details=details + (("tensors", "%d tensors, %d bytes" % (count, total)),),
+        state_dict=summary,
+        has_optimizer=False,
+        has_scheduler=False,
+        tensor_count=count,
+        tensor_bytes=total,
+    )
+    if end_max > data_size:
+        return ReadResult(FORMAT_SAFETENSORS, meta, INTEGRITY_TRUNCATED,
+                          "tensor data ends at %d but only %d bytes follow the header" % (end_max, data_size))
+    return ReadResult(FORMAT_SAFETENSORS, meta, INTEGRITY_OK, None)
+
+
+def safetensors_state(results: Sequence[ReadResult]) -> Optional[StateDictSummary]:
+    """One summary over the shards of a sharded model (model-00001-of-00002.safetensors ...)."""
+    summaries = [r.meta.state_dict for r in results if r.meta.state_dict is not None]
+    if not summaries:
+        return None
+    dtypes: Dict[str, int] = {}
+    for summary in summaries:
+        for dtype, count in summary.dtypes:
+            dtypes[dtype] = dtypes.get(dtype, 0) + count
+    return StateDictSummary(keys=sum(s.keys for s in summaries), dtypes=tuple(sorted(dtypes.items(), key=lambda kv: -kv[1])),
+                            bytes=sum(s.bytes for s in summaries))
+
+
+# --- Hugging Face Trainer and DCP directories -----------------------------------------------------
+
+
+def trainer_state_meta(text: bytes) -> Tuple[CheckpointMeta, Optional[str]]:
+    """trainer_state.json: epoch, global_step, best_metric, best_model_checkpoint, the last logged loss."""
+    try:
+        state = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return CheckpointMeta(), "trainer_state.json is not JSON: %s" % exc
+    if not isinstance(state, dict):
+        return CheckpointMeta(), "trainer_state.json is not a JSON object"
+    loss = None
+    metrics: List[Tuple[str, Any]] = []
+    history = state.get("log_history")
+    if isinstance(history, list):
+        for record in reversed(history):
+            if not isinstance(record, dict):
+                continue
+            if loss is None:
+                for key in ("eval_loss", "loss", "train_loss"):
+                    if isinstance(record.get(key), (int, float)):
+                        loss = float(record[key])
+                        break
+            if not metrics:
+                metrics = [(str(k), v) for k, v in record.items() if isinstance(v, (int, float)) and k.startswith("eval_")]
+            if loss is not None and metrics:
+                break
+    epoch = state.get("epoch")
+    best_metric = state.get("best_metric")
+    best = state.get("best_model_checkpoint")
+    details = tuple(
+        (str(k), str(v)[:80]) for k, v in state.items() if k != "log_history"
+    ) + (("log_history", "%d records" % len(history) if isinstance(history, list) else "absent"),)
+    meta = CheckpointMeta(
+        epoch=int(epoch) if isinstance(epoch, (int, float)) and not isinstance(epoch, bool) else None,
+        step=state.get("global_step") if isinstance(state.get("global_step"), int) else None,
+        loss=loss,
+        best_loss=float(best_metric) if isinstance(best_metric, (int, float)) and not isinstance(best_metric, bool) else None,
+        metrics=tuple(metrics[:50]),
+        top_keys=tuple(str(k) for k in state),
+        details=details,
+        best_checkpoint=best if isinstance(best, str) else None,
+    )
+    return meta, None
+
+
+def dir_meta(fmt: str, name: str, files: Mapping[str, int]) -> CheckpointMeta:
+    """What the names inside a HF or DCP dir say: optimizer/scheduler files, shards, step from the name."""
+    named = meta_from_name(name)
+    details: List[Tuple[str, str]] = []
+    if fmt == FORMAT_DCP:
+        shards = sorted(n for n in files if DCP_SHARD.match(n))
+        details.append(("shards", "%d (%s)" % (len(shards), ", ".join(shards[:4]) + (", ..." if len(shards) > 4 else ""))))
+        details.append((".metadata", "%d bytes (not unpickled)" % files.get(".metadata", 0)))
+        return replace(named, details=tuple(details), top_keys=tuple(sorted(files))[:200])
+    has_optimizer = any(n in files for n in ("optimizer.pt", "optimizer.bin")) or any(n.startswith("optimizer") for n in files)
+    has_scheduler = "scheduler.pt" in files or any(n.startswith("scheduler") for n in files)
+    for file_name in sorted(files)[:50]:
+        details.append(("file " + file_name, "%d bytes" % files[file_name]))
+    return replace(named, details=tuple(details), has_optimizer=has_optimizer, has_scheduler=has_scheduler)
+
+
+def model_files(files: Iterable[str]) -> List[str]:
+    """The weight files of a HF checkpoint dir whose headers or directories are worth checking."""
+    out = []
+    for name in sorted(files):
+        lower = name.lower()
+        if lower.endswith(SAFETENSORS_SUFFIX):
+            out.append(name)
+        elif lower.endswith((".bin", ".pt", ".pth")) and name != "training_args.bin":
+            out.append(name)  # zip directory only: quick integrity, no unpickling
+    return out
+
+
+def combine_integrity(values: Iterable[str]) -> str:
+    """The worst of several integrity values (truncated and corrupt beat ok; nothing checked is unchecked)."""
+    values = list(values)
+    for bad in (INTEGRITY_CORRUPT, INTEGRITY_TRUNCATED):
+        if bad in values:
+            return bad
+    if not values:
+        return INTEGRITY_UNCHECKED
+    if all(v == INTEGRITY_UNCHECKED for v in values):
+        return INTEGRITY_UNCHECKED
+    others = [v for v in values if v != INTEGRITY_UNCHECKED]
+    return INTEGRITY_OK if all(v == INTEGRITY_OK for v in others) else others[0]
+
+
+def zip_check_reader(size: int) -> Generator[ReadRequest, bytes, ReadResult]:
+    """Only the zip directory (quick integrity) of a weight file inside a checkpoint dir."""
+    try:
+        directory = yield from zipmeta.directory_reader(size)
+    except ZipProblem as problem:
+        return ReadResult(FORMAT_TORCH, CheckpointMeta(), problem.integrity, problem.reason)
+    return ReadResult(FORMAT_TORCH, CheckpointMeta(tensor_count=directory.tensor_count, tensor_bytes=directory.tensor_bytes),
+                      zipmeta.quick_integrity(directory))
+
+
+__all__ = [
+    "ReadResult",
+    "combine_integrity",
+    "dir_format",
+    "dir_meta",
+    "file_reader",
+    "is_checkpoint_file_name",
+    "lightning_fields",
+    "meta_from_name",
+    "merge_meta",
+    "model_files",
+    "safetensors_reader",
+    "safetensors_state",
+    "torch_zip_reader",
+    "trainer_state_meta",
+    "zip_check_reader",
+]

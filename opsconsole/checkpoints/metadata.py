@@ -1,0 +1,255 @@
+"""Training metadata from a restricted-unpickled checkpoint tree: epoch, step, loss, keys, weights summary.
+
+Pure functions over the stub tree safe_unpickle.py builds. A scalar saved as a tensor
+(`loss.detach()` instead of `loss.item()`, Lightning's `best_model_score`) has its value
+in the zip: `wanted_scalars` names those few tensors so the reader can fetch their bytes,
+and `decode_scalar` turns the bytes into a number.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import struct
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from opsconsole.checkpoints.records import CheckpointMeta, StateDictSummary
+from opsconsole.checkpoints.safe_unpickle import DTYPE_SIZES, DtypeStub, TensorStub, Unresolved
+
+EPOCH_KEYS = ("epoch", "current_epoch", "cur_epoch", "epochs")
+STEP_KEYS = ("global_step", "step", "iteration", "iter", "num_updates", "steps")
+LOSS_KEYS = ("loss", "val_loss", "valid_loss", "eval_loss", "current_loss", "train_loss")
+BEST_KEYS = ("best_loss", "best_val_loss", "best_metric", "best_score")
+TIME_KEYS = ("timestamp", "saved_at", "time", "date", "datetime")
+METRICS_KEYS = ("metrics", "eval_metrics", "val_metrics")
+STATE_DICT_KEYS = ("model_state_dict", "state_dict", "model", "module", "model_state", "net", "weights", "ema")
+OPTIMIZER_KEYS = ("optimizer_state_dict", "optimizer", "optimizer_states", "optim", "optimizer_state", "opt")
+SCHEDULER_KEYS = ("scheduler_state_dict", "scheduler", "lr_scheduler", "lr_schedulers", "scheduler_state")
+MAX_DETAILS = 200
+MAX_TEXT = 80
+
+_SCALAR_FORMATS = {"float64": "<d", "float32": "<f", "float16": "<e", "int64": "<q", "int32": "<i",
+                   "int16": "<h", "int8": "<b", "uint8": "<B", "bool": "<?"}
+
+
+def decode_scalar(dtype: str, data: bytes, element: int = 0) -> Optional[float]:
+    """Element `element` of little-endian storage bytes as a number (None for a dtype we do not decode)."""
+    size = DTYPE_SIZES.get(dtype)
+    if size is None:
+        return None
+    raw = data[element * size : (element + 1) * size]
+    if len(raw) != size:
+        return None
+    if dtype == "bfloat16":
+        return struct.unpack("<f", b"\x00\x00" + raw)[0]
+    fmt = _SCALAR_FORMATS.get(dtype)
+    return None if fmt is None else float(struct.unpack(fmt, raw)[0])
+
+
+def _first(tree: Mapping[Any, Any], keys: Iterable[str]) -> Tuple[Optional[str], Any]:
+    for key in keys:
+        if key in tree:
+            return key, tree[key]
+    return None, None
+
+
+def _lightning_scores(tree: Mapping[Any, Any]) -> Tuple[Any, Any, Optional[str]]:
+    """(current_score, best_model_score, monitor) of Lightning's ModelCheckpoint callback state."""
+    callbacks = tree.get("callbacks")
+    if not isinstance(callbacks, Mapping):
+        return None, None, None
+    for name, state in callbacks.items():
+        if isinstance(name, str) and name.startswith("ModelCheckpoint") and isinstance(state, Mapping):
+            return state.get("current_score"), state.get("best_model_score"), state.get("monitor")
+    return None, None, None
+
+
+def wanted_scalars(tree: Any) -> List[TensorStub]:
+    """The one-element tensors whose values the metadata needs (loss, epoch, scores, metrics)."""
+    if not isinstance(tree, Mapping):
+        return []
+    values: List[Any] = []
+    for keys in (EPOCH_KEYS, STEP_KEYS, LOSS_KEYS, BEST_KEYS):
+        values.append(_first(tree, keys)[1])
+    values.extend(_lightning_scores(tree)[:2])
+    metrics = _first(tree, METRICS_KEYS)[1]
+    if isinstance(metrics, Mapping):
+        values.extend(list(metrics.values())[:50])
+    return [v for v in values if isinstance(v, TensorStub) and v.numel == 1]
+
+
+def _number(value: Any, scalars: Mapping[TensorStub, float]) -> Optional[float]:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, TensorStub):
+        return scalars.get(value)
+    return None
+
+
+def _integer(value: Any, scalars: Mapping[TensorStub, float]) -> Optional[int]:
+    number = _number(value, scalars)
+    if number is None or not math.isfinite(number):
+        return None
+    return int(number)
+
+
+def _walk_tensors(value: Any) -> Iterable[TensorStub]:
+    """Every tensor below `value`, each container visited once.
+
+    A pickle can share one list many times over (l1 = [l0, l0], l2 = [l1, l1] ...): a tiny
+    file whose naive walk never ends. Visiting each container once keeps it linear.
+    """
+    stack = [(value, 0)]
+    seen = set()
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is TensorStub:
+            yield item
+            continue
+        if depth > 12 or not isinstance(item, (dict, list, tuple)) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
+
+
+def summarize_tensors(value: Any, source: str = "") -> StateDictSummary:
+    """Tensor count, dtypes (most common first) and bytes (each storage once) below `value`."""
+    dtypes: "collections.Counter[str]" = collections.Counter()
+    storages: Dict[str, int] = {}
+    count = 0
+    for tensor in _walk_tensors(value):
+        count += 1
+        dtypes[tensor.dtype] += 1
+        storages[tensor.storage.key] = tensor.storage.numel * DTYPE_SIZES.get(tensor.storage.dtype, 1)
+    return StateDictSummary(keys=count, dtypes=tuple(dtypes.most_common()), bytes=sum(storages.values()), source=source)
+
+
+def _is_state_dict(value: Any) -> bool:
+    if not isinstance(value, Mapping) or not value:
+        return False
+    known = set(EPOCH_KEYS + STEP_KEYS + LOSS_KEYS + STATE_DICT_KEYS + OPTIMIZER_KEYS + METRICS_KEYS)
+    if any(isinstance(key, str) and key in known for key in value):
+        return False  # a training checkpoint that happens to hold tensors at the top
+    tensors = sum(1 for item in value.values() if isinstance(item, TensorStub))
+    return tensors * 10 >= len(value) * 9
+
+
+def _present(tree: Mapping[Any, Any], keys: Iterable[str]) -> bool:
+    for key in keys:
+        if key in tree:
+            value = tree[key]
+            if value is None:
+                continue
+            if isinstance(value, (Mapping, list, tuple)) and not value:
+                continue
+            return True
+    return False
+
+
+def describe_value(value: Any, scalars: Mapping[TensorStub, float] = {}) -> str:
+    """One line for the detail view: `3`, `tensor float32 [] = 0.25`, `dict: 12 keys, 10 tensors, 40 MiB`."""
+    if isinstance(value, TensorStub):
+        text = "tensor %s %s" % (value.dtype, list(value.shape))
+        if value in scalars:
+            text += " = %g" % scalars[value]
+        return text
+    if isinstance(value, Unresolved):
+        return "<%s: not loaded (outside the safe list)>" % value.qualname
+    if isinstance(value, type) and issubclass(value, Unresolved):
+        return "<%s: not loaded>" % value.qualname
+    if isinstance(value, (dict, Mapping, list, tuple, set, frozenset)):
+        kind = type(value).__name__
+        size = len(value)
+        summary = summarize_tensors(value) if isinstance(value, (Mapping, list, tuple)) else StateDictSummary()
+        text = "%s: %d %s" % (kind, size, "keys" if isinstance(value, Mapping) else "items")
+        if summary.keys:
+            text += ", %d tensors (%s), %s" % (
+                summary.keys, ", ".join(d for d, _ in summary.dtypes[:3]), _bytes_text(summary.bytes)
+            )
+        elif isinstance(value, Mapping) and size:
+            keys = [str(k) for k in list(value)[:6]]
+            text += ": " + ", ".join(keys) + (", ..." if size > 6 else "")
+        return text[:MAX_TEXT * 2]
+    if isinstance(value, DtypeStub):
+        return repr(value)
+    if isinstance(value, (str, bytes, bytearray)) and len(value) > MAX_TEXT:
+        value = value[:MAX_TEXT]  # repr of a 100 MB string first would cost more than all the rest
+    text = repr(value)
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+
+
+def _bytes_text(value: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return ("%d %s" if unit == "B" else "%.1f %s") % (value, unit)
+        value /= 1024.0
+    return "%d B" % value
+
+
+def metadata_from_tree(
+    tree: Any, scalars: Mapping[TensorStub, float] = {}, unsafe_globals: Iterable[str] = ()
+) -> CheckpointMeta:
+    """CheckpointMeta of an unpickled checkpoint tree (a dict as CheckpointManager saves it, or a bare state dict)."""
+    unsafe = tuple(unsafe_globals)
+    if not isinstance(tree, Mapping):
+        summary = summarize_tensors(tree)
+        return CheckpointMeta(
+            details=(("(root)", describe_value(tree, scalars)),),
+            state_dict=summary if summary.keys else None,
+            has_optimizer=False,
+            has_scheduler=False,
+            unsafe_globals=unsafe,
+        )
+    if _is_state_dict(tree):
+        return CheckpointMeta(
+            top_keys=tuple(str(k) for k in list(tree)[:MAX_DETAILS]),
+            details=(("(state dict)", describe_value(tree, scalars)),),
+            state_dict=summarize_tensors(tree),
+            has_optimizer=False,
+            has_scheduler=False,
+            unsafe_globals=unsafe,
+        )
+    current, best_score, monitor = _lightning_scores(tree)
+    loss = _number(_first(tree, LOSS_KEYS)[1], scalars)
+    best_loss = _number(_first(tree, BEST_KEYS)[1], scalars)
+    if loss is None and current is not None and (monitor is None or "loss" in str(monitor)):
+        loss = _number(current, scalars)
+    if best_loss is None and best_score is not None and (monitor is None or "loss" in str(monitor)):
+        best_loss = _number(best_score, scalars)
+    stamp = _first(tree, TIME_KEYS)[1]
+    timestamp = None
+    if isinstance(stamp, str):
+        timestamp = stamp[:64]
+    elif isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
+        timestamp = "%g" % stamp
+    metrics: List[Tuple[str, Any]] = []
+    metric_tree = _first(tree, METRICS_KEYS)[1]
+    if isinstance(metric_tree, Mapping):
+        for key, value in list(metric_tree.items())[:50]:
+            number = _number(value, scalars)
+            metrics.append((str(key), number if number is not None else describe_value(value, scalars)))
+    state_key, state = _first(tree, STATE_DICT_KEYS)
+    summary = None
+    if isinstance(state, Mapping):
+        summary = summarize_tensors(state, state_key or "")
+    else:
+        everything = summarize_tensors(tree)
+        summary = everything if everything.keys else None
+    details = tuple((str(key), describe_value(value, scalars)) for key, value in list(tree.items())[:MAX_DETAILS])
+    return CheckpointMeta(
+        epoch=_integer(_first(tree, EPOCH_KEYS)[1], scalars),
+        step=_integer(_first(tree, STEP_KEYS)[1], scalars),
+        loss=loss,
+        best_loss=best_loss,
+        timestamp=timestamp,
+        metrics=tuple(metrics),
+        top_keys=tuple(str(k) for k in list(tree)[:MAX_DETAILS]),
+        details=details,
+        state_dict=summary,
+        has_optimizer=_present(tree, OPTIMIZER_KEYS),
+        has_scheduler=_present(tree, SCHEDULER_KEYS),
+        unsafe_globals=unsafe,
+    )

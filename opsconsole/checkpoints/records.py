@@ -1,0 +1,133 @@
+"""What the checkpoint readers produce: plain frozen records the pane, the CLI and the planner share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+# Formats, as listed and printed in --json.
+FORMAT_TORCH = "torch"  # torch.save zip (.pt .pth .bin .ckpt)
+FORMAT_LIGHTNING = "lightning"  # a torch zip written by Lightning (epoch=N-step=M.ckpt, last.ckpt)
+FORMAT_LEGACY = "torch-legacy"  # a pre-1.6 non-zip pickle: listed, never opened
+FORMAT_SAFETENSORS = "safetensors"
+FORMAT_HF = "hf-trainer"  # a Hugging Face Trainer checkpoint-N/ directory
+FORMAT_DCP = "dcp"  # a torch.distributed.checkpoint directory (.metadata + __R_N.distcp)
+FORMAT_LINK = "link"  # a symlink whose target is not a checkpoint of this directory
+FORMAT_UNKNOWN = "unknown"  # a checkpoint-like name whose content we cannot tell
+
+# Integrity values (the `integrity` key of --json).
+INTEGRITY_OK = "ok"
+INTEGRITY_TRUNCATED = "truncated"
+INTEGRITY_CORRUPT = "corrupt"
+INTEGRITY_UNCHECKED = "unchecked"
+INTEGRITY_NO_CRC = "no_crc"
+INTEGRITIES = (INTEGRITY_OK, INTEGRITY_TRUNCATED, INTEGRITY_CORRUPT, INTEGRITY_UNCHECKED, INTEGRITY_NO_CRC)
+BROKEN = (INTEGRITY_TRUNCATED, INTEGRITY_CORRUPT)
+
+
+@dataclass(frozen=True)
+class StateDictSummary:
+    """The model weights inside a checkpoint: tensor count, dtypes and bytes, without loading them."""
+
+    keys: int = 0
+    dtypes: Tuple[Tuple[str, int], ...] = ()  # (dtype, tensors of it), most common first
+    bytes: int = 0
+    source: str = ""  # the top-level key it was found under ("" for a bare state dict)
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What was read from one checkpoint's metadata (never its tensors)."""
+
+    epoch: Optional[int] = None
+    step: Optional[int] = None
+    loss: Optional[float] = None
+    best_loss: Optional[float] = None
+    timestamp: Optional[str] = None
+    metrics: Tuple[Tuple[str, Any], ...] = ()
+    top_keys: Tuple[str, ...] = ()
+    details: Tuple[Tuple[str, str], ...] = ()  # (top-level key, one-line description) for the detail view
+    state_dict: Optional[StateDictSummary] = None
+    has_optimizer: Optional[bool] = None
+    has_scheduler: Optional[bool] = None
+    tensor_count: Optional[int] = None  # from the zip directory's data/N entries (or safetensors header)
+    tensor_bytes: Optional[int] = None
+    unsafe_globals: Tuple[str, ...] = ()  # globals outside the safe list, reported and never run
+    best_checkpoint: Optional[str] = None  # HF trainer_state.json's best_model_checkpoint
+    crc_recorded: Optional[bool] = None  # False: the zip holds CRC 0 everywhere
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """One checkpoint of a directory (a file, or a HF/DCP directory), as the pane and --json show it."""
+
+    path: str
+    name: str
+    format: str
+    size_bytes: int
+    mtime: float
+    is_dir: bool = False
+    is_link: bool = False
+    link_target: Optional[str] = None
+    meta: CheckpointMeta = field(default_factory=CheckpointMeta)
+    integrity: str = INTEGRITY_UNCHECKED
+    problem: Optional[str] = None
+    latest: bool = False  # the target of the directory's latest symlink (or last.ckpt, DeepSpeed `latest`)
+    best: bool = False  # checkpoint_best.pt, HF best_model_checkpoint, else the lowest loss
+    lowest_loss: bool = False  # the lowest loss of the directory (marked in the loss column)
+    crc_checked: bool = False  # integrity comes from a full CRC check, not only the quick one
+
+    @property
+    def key(self) -> str:
+        return self.path
+
+    @property
+    def epoch(self) -> Optional[int]:
+        return self.meta.epoch
+
+    @property
+    def step(self) -> Optional[int]:
+        return self.meta.step
+
+    @property
+    def loss(self) -> Optional[float]:
+        return self.meta.loss
+
+    def to_json(self) -> Dict[str, Any]:
+        """The --json shape of one checkpoint (the keys the issue names, nothing else)."""
+        loss = self.meta.loss
+        if loss is not None and (loss != loss or loss in (float("inf"), float("-inf"))):
+            loss = None  # JSON has no NaN/inf
+        return {
+            "path": self.path,
+            "format": self.format,
+            "size_bytes": self.size_bytes,
+            "mtime": self.mtime,
+            "epoch": self.meta.epoch,
+            "step": self.meta.step,
+            "loss": loss,
+            "best": self.best,
+            "latest": self.latest,
+            "integrity": self.integrity,
+            "problem": self.problem,
+        }
+
+
+@dataclass(frozen=True)
+class DirListing:
+    """One configured directory: its checkpoints, totals and the free space of its file system."""
+
+    root: str
+    node: str = "local"
+    entries: Tuple[CheckpointEntry, ...] = ()
+    total_bytes: int = 0
+    free_bytes: Optional[int] = None
+    fs_bytes: Optional[int] = None
+    problem: Optional[str] = None  # the directory itself could not be listed
+    scanned_at: float = 0.0
+    scan_seconds: float = 0.0
+    other_files: int = 0  # names that are not checkpoints (logs, configs): never touched
+
+    @property
+    def key(self) -> str:
+        return "%s:%s" % (self.node, self.root)

@@ -1,0 +1,115 @@
+"""`opsconsole check [--node NAME] [--gpu-tests] [--json]`: health checks for cron or a Slurm prolog.
+
+Polls the nodes once (as `snapshot` does), runs the threshold rules and telemetry findings
+on each frame, and with --gpu-tests the on-node GPU suite. Exit 0 when everything passes
+(warnings allowed), 1 when any check fails, 2 when a check could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+LOCAL_SETTLE_S = 0.5  # a local probe's first poll has no CPU rates: poll again after this
+
+
+def register(commands, add_node_options) -> None:
+    parser = commands.add_parser(
+        "check",
+        help="run the health checks once (exit 0 pass/warn, 1 fail, 2 could not run)",
+        description="Poll the nodes once and run the health checks: thresholds from [health], findings from "
+        "telemetry, and with --gpu-tests the GPU sanity suite on each node. Exit 0 when all pass "
+        "(warnings allowed), 1 when any check fails, 2 when a check could not run.",
+    )
+    add_node_options(parser)
+    parser.add_argument("--node", action="append", metavar="NAME", help="check only this node (repeatable)")
+    parser.add_argument("--gpu-tests", action="store_true", help="also run the GPU sanity suite on each node (torch on the node)")
+    parser.add_argument("--force", action="store_true", help="with --gpu-tests: also test GPUs that run compute processes")
+    parser.add_argument("--level", type=int, choices=(1, 2), default=1,
+                        help="with --gpu-tests: 1 quick (seconds), 2 longer (as dcgmi diag -r 1/2)")
+    parser.add_argument("--json", action="store_true", help='print {"results": [...]} as JSON')
+    parser.add_argument("--all", action="store_true", help="list passing checks too (the table shows problems only)")
+    parser.add_argument("--timeout", metavar="S", type=float, default=10.0, help="give up polling a node after S s")
+    parser.set_defaults(handler=command_check)
+
+
+def select_nodes(config, names):
+    """The config restricted to `names` (UsageError naming the unknown one, with a suggestion)."""
+    import difflib
+    from dataclasses import replace
+
+    from opsconsole.cli import UsageError
+
+    if not names:
+        return config
+    known = [node.name for node in config.nodes]
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = " (did you mean %s?)" % close[0] if close else ""
+            raise UsageError("check: no node is named %s%s; nodes: %s" % (name, hint, ", ".join(known) or "none"))
+    return replace(config, nodes=tuple(node for node in config.nodes if node.name in names))
+
+
+async def gather_results(config, timeout: float, gpu_tests: bool, force: bool, follower=None, level: int = 1):
+    """Poll once, then run every node's checks; the links are closed afterwards."""
+    import asyncio
+
+    from opsconsole.health.runner import run_all_checks
+    from opsconsole.nodes.fleet import Fleet
+    from opsconsole.nodes.local import LocalLink
+
+    fleet = Fleet(config)
+    if follower is not None:
+        fleet.follow_slurm(follower)
+    try:
+        states = await fleet.snapshot(timeout)
+        if any(isinstance(fleet.link(state.name), LocalLink) for state in states if state.name in fleet.names):
+            await asyncio.sleep(LOCAL_SETTLE_S)
+            states = await fleet.snapshot(timeout)
+        links = {name: fleet.link(name) for name in fleet.names}
+        by_node = await run_all_checks(states, config, links=links, gpu_tests=gpu_tests, force=force, level=level)
+    finally:
+        await fleet.stop()
+    return [result for results in by_node.values() for result in results]
+
+
+def results_table(results, show_all: bool) -> str:
+    """Problems first (fail, error, warn), one line each, and a summary line."""
+    order = {"fail": 0, "error": 1, "warn": 2, "pass": 3}
+    shown = [r for r in results if show_all or r.status != "pass"]
+    shown.sort(key=lambda r: (order.get(r.status, 9), r.node, -1 if r.gpu is None else r.gpu, r.check))
+    lines = []
+    for r in shown:
+        where = r.node + ("" if r.gpu is None else " gpu%d" % r.gpu)
+        lines.append("%-5s %-20s %-22s %s" % (r.status.upper(), where, r.check, r.message))
+        if r.status != "pass" and r.remedy:
+            lines.append("      remedy: %s" % r.remedy)
+    counts = {status: sum(1 for r in results if r.status == status) for status in order}
+    nodes = len({r.node for r in results})
+    lines.append("%d checks on %d node(s): %d fail, %d error, %d warn, %d pass" % (
+        len(results), nodes, counts["fail"], counts["error"], counts["warn"], counts["pass"]))
+    return "\n".join(lines) + "\n"
+
+
+def command_check(args: argparse.Namespace) -> int:
+    from opsconsole.cli import config_from_args, run_without_joining_threads, slurm_follower
+    from opsconsole.health.runner import exit_status, result_to_json
+
+    config = select_nodes(config_from_args(args), args.node)
+    if not config.nodes and not getattr(config, "sources", ()):
+        from opsconsole.cli import UsageError
+
+        raise UsageError("check: no nodes configured")
+    results = run_without_joining_threads(gather_results(config, args.timeout, args.gpu_tests, args.force, slurm_follower(args), args.level))
+    if args.json:
+        text = json.dumps({"results": [result_to_json(r) for r in results]}, indent=2) + "\n"
+    else:
+        text = results_table(results, args.all)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass
+    return exit_status(results)

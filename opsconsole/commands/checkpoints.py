@@ -1,0 +1,212 @@
+"""`opsconsole checkpoints DIR [--json]`: list a checkpoint directory as the Checkpoints pane shows it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, List, Optional, Tuple
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+def register(commands: Any, add_node_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    parser = commands.add_parser(
+        "checkpoints",
+        help="list a checkpoint directory: format, epoch/step, loss, size, integrity",
+        description="List the checkpoints of DIR with their metadata, read without loading tensors.",
+    )
+    parser.add_argument("dir", metavar="DIR", help="the checkpoint directory")
+    parser.add_argument("--json", action="store_true", help="print the listing as JSON")
+    parser.add_argument("--node", metavar="NAME", help="a configured SSH node that holds DIR (read over SFTP)")
+    parser.add_argument("--verify", action="store_true", help="also check every CRC (reads the whole files)")
+    parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help="config file (TOML)")
+    parser.set_defaults(handler=command_checkpoints)
+
+
+# --- reaching the directory (shared with `cleanup`) ------------------------------------------
+
+
+class DirAccess:
+    """The FileSystem for DIR: local, or a node's SFTP over an event loop in a thread (closed by close())."""
+
+    def __init__(self, fs: Any, root: str, loop_thread: Any = None, link: Any = None) -> None:
+        self.fs = fs
+        self.root = root
+        self._loop_thread = loop_thread
+        self._link = link
+
+    def close(self) -> None:
+        if self._loop_thread is None:
+            return
+        try:
+            self._loop_thread.run(self.fs.aclose(), 10.0)
+            self._loop_thread.run(self._link.close(), 10.0)
+        finally:
+            self._loop_thread.stop()
+
+
+def open_dir_access(args: argparse.Namespace) -> DirAccess:
+    """Check DIR (and --node) and return how to reach it; UsageError for a bad one."""
+    from opsconsole.cli import UsageError, config_from_args
+
+    root = args.dir
+    if not root or not root.strip():
+        raise UsageError("DIR is empty")
+    from opsconsole.checkpoints.access import LOCAL
+
+    node_name = getattr(args, "node", None)
+    node = None
+    if node_name:
+        config = config_from_args(args)
+        node = next((n for n in config.nodes if n.name == node_name), None)
+        if node is None:
+            names = ", ".join(n.name for n in config.nodes)
+            raise UsageError("--node %s: no such node in %s (nodes: %s)" % (node_name, config.source or "the config", names))
+    if node is None or node.local:
+        if not os.path.isdir(root):
+            raise UsageError("%s: %s" % (root, "no such directory" if not os.path.exists(root) else "not a directory"))
+        return DirAccess(LOCAL, os.path.abspath(root))
+    if not root.startswith("/"):
+        raise UsageError("DIR on a node must be an absolute path, got %r" % root)
+    from opsconsole.checkpoints.remote import LoopThread, SftpFileSystem
+    from opsconsole.nodes.ssh import SshLink
+
+    loop_thread = LoopThread()
+
+    async def make() -> Any:
+        return SshLink(node, config.ssh, config.console.interval)
+
+    link = loop_thread.run(make(), 10.0)
+    fs = SftpFileSystem(link, loop_thread.loop, timeout=config.ssh.connect_timeout + 30.0)
+    access = DirAccess(fs, root.rstrip("/") or "/", loop_thread, link)
+    try:
+        st = fs.stat(access.root)
+    except OSError as exc:
+        access.close()
+        raise UsageError("%s:%s: %s" % (node_name, root, exc.strerror or exc)) from None
+    if not st.is_dir:
+        access.close()
+        raise UsageError("%s:%s: not a directory" % (node_name, root))
+    return access
+
+
+# --- text output ----------------------------------------------------------------------------
+
+
+def size_text(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "K", "M", "G", "T", "P"):
+        if value < 1024 or unit == "P":
+            return ("%d%s" if unit == "B" else "%.1f%s") % (value, unit)
+        value /= 1024.0
+    return "-"
+
+
+def age_text(seconds: float) -> str:
+    from opsconsole.checkpoints.retention import age_text as text
+
+    return text(seconds)
+
+
+def marks(entry: Any) -> str:
+    out = []
+    if entry.latest:
+        out.append("latest")
+    if entry.best:
+        out.append("best")
+    if entry.is_link:
+        out.append("-> " + (entry.link_target or "?"))
+    return ",".join(out)
+
+
+def loss_text(entry: Any) -> str:
+    if entry.meta.loss is None:
+        return "-"
+    return "%.4g%s" % (entry.meta.loss, "*" if entry.lowest_loss else "")
+
+
+def format_table(rows: List[Tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])] + [row[-1]]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def listing_table(listing: Any, now: float) -> str:
+    """The listing as a text table with a totals line (what the pane shows)."""
+    if listing.problem:
+        return "%s: %s\n" % (listing.root, listing.problem)
+    rows = [("NAME", "FORMAT", "EPOCH", "STEP", "LOSS", "SIZE", "AGE", "INTEGRITY", "MARKS", "PROBLEM")]
+    for e in listing.entries:
+        rows.append((
+            e.name, e.format,
+            "-" if e.meta.epoch is None else str(e.meta.epoch),
+            "-" if e.meta.step is None else str(e.meta.step),
+            loss_text(e), size_text(e.size_bytes), age_text(now - e.mtime),
+            e.integrity + (" (crc)" if e.crc_checked else ""), marks(e), e.problem or "",
+        ))
+    text = format_table(rows) if listing.entries else "no checkpoints in %s\n" % listing.root
+    free = "" if listing.free_bytes is None else ", %s free of %s" % (size_text(listing.free_bytes), size_text(listing.fs_bytes))
+    text += "%d checkpoints, %s in %s%s\n" % (len(listing.entries), size_text(listing.total_bytes), listing.root, free)
+    return text
+
+
+def listing_document(listing: Any) -> dict:
+    """The --json document: {"dir", "checkpoints": [...]} plus totals."""
+    return {
+        "dir": listing.root,
+        "node": listing.node,
+        "checkpoints": [e.to_json() for e in listing.entries],
+        "total_bytes": listing.total_bytes,
+        "free_bytes": listing.free_bytes,
+        "problem": listing.problem,
+    }
+
+
+def write_out(text: str) -> int:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    return EXIT_OK
+
+
+def command_checkpoints(args: argparse.Namespace) -> int:
+    """List DIR; exit 0 when listed, 1 when the directory could not be read."""
+    from dataclasses import replace
+
+    from opsconsole.checkpoints.scan import scan_directory
+    from opsconsole.checkpoints.verify import can_verify, verify_checkpoint
+
+    access = open_dir_access(args)
+    try:
+        listing = scan_directory(access.root, access.fs)
+        if args.verify and not listing.problem:
+            checked = []
+            for entry in listing.entries:
+                if can_verify(entry) is None:
+                    result = verify_checkpoint(entry, access.fs)
+                    entry = replace(entry, integrity=result.integrity, problem=result.problem or entry.problem, crc_checked=True)
+                checked.append(entry)
+            listing = replace(listing, entries=tuple(checked))
+    finally:
+        access.close()
+    if args.json:
+        status = write_out(json.dumps(listing_document(listing), indent=2) + "\n")
+    else:
+        status = write_out(listing_table(listing, time.time()))
+    if status:
+        return status
+    if listing.problem:
+        print("opsconsole: %s" % listing.problem, file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK

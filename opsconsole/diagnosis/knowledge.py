@@ -1,0 +1,182 @@
+"""The knowledge base: every failure category with its title, severity, likely cause and remedy.
+
+Written from the troubleshooting chapter's tables (CUDA errors, OOM priorities, NCCL errors and debug
+variables, deadlocks, numerical stability, storage) and extended with what public issue reports show
+(pytorch/pytorch, NVIDIA/nccl, torchelastic launcher output, kernel and NVRM messages).
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from opsconsole.diagnosis.finding import SEVERITY_CRITICAL, SEVERITY_ERROR, SEVERITY_WARNING, Category
+
+
+def _category(id: str, title: str, severity: str, cause: str, remedy: str) -> Category:
+    return Category(id=id, title=title, severity=severity, cause=cause, remedy=remedy)
+
+
+_ENTRIES = (
+    _category(
+        "cuda_oom", "CUDA out of memory", SEVERITY_CRITICAL,
+        "The GPU ran out of memory: the batch, activations, optimizer state or a leak (tensors kept alive "
+        "across steps, e.g. accumulating loss without .item()) need more than the device has; fragmentation "
+        "can leave reserved-but-unallocated memory unusable.",
+        "Reduce the batch size (keep the effective batch with gradient accumulation); enable gradient "
+        "checkpointing; train in mixed precision (FP16/BF16); shard with FSDP/ZeRO; quantize (INT8/INT4) or "
+        "offload to CPU; call torch.cuda.empty_cache() after freeing; set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation; check for leaks with "
+        "torch.cuda.memory_summary() and nvidia-smi --query-compute-apps (another process may hold memory).",
+    ),
+    _category(
+        "cuda_device_assert", "CUDA device-side assert triggered", SEVERITY_CRITICAL,
+        "A kernel assertion failed on the GPU, most often an index out of range: class labels outside "
+        "[0, num_classes) for a loss, embedding ids beyond the vocabulary, or a bad argument to an op.",
+        "Check the data's label range and embedding indices against the model's sizes; rerun with "
+        "CUDA_LAUNCH_BLOCKING=1 (and TORCH_USE_CUDA_DSA) to get the failing op in the stack, or on CPU for a "
+        "readable error; the CUDA context is unusable afterwards, so restart the process.",
+    ),
+    _category(
+        "cuda_illegal_memory", "CUDA illegal memory access", SEVERITY_CRITICAL,
+        "A kernel read or wrote out of bounds (a bug in a custom/extension kernel, a wrong stride or shape, "
+        "a race), or faulty GPU memory; NCCL's watchdog often reports it as the collective's failure.",
+        "Check custom kernel code and tensor shapes; run with CUDA_LAUNCH_BLOCKING=1 and under "
+        "compute-sanitizer (cuda-memcheck) to find the access; try disabling fused/custom kernels; if it "
+        "recurs on one GPU only, check dmesg for Xid errors and ECC counters.",
+    ),
+    _category(
+        "cuda_invalid_device", "CUDA invalid device ordinal", SEVERITY_ERROR,
+        "The program asked for a GPU id that does not exist in this process: LOCAL_RANK or --nproc_per_node "
+        "larger than the GPUs visible, or CUDA_VISIBLE_DEVICES restricting the set.",
+        "Check CUDA_VISIBLE_DEVICES and nvidia-smi -L; make --nproc_per_node match the GPUs per node; use "
+        "torch.cuda.set_device(local_rank) with the local (not global) rank.",
+    ),
+    _category(
+        "cuda_peer_access", "CUDA peer-to-peer access unsupported", SEVERITY_ERROR,
+        "Direct GPU-to-GPU (P2P) access is not supported or not enabled between these GPUs (topology across "
+        "PCIe root complexes, IOMMU/ACS settings, virtualisation).",
+        "Check the GPU topology with nvidia-smi topo -m; disable P2P (NCCL_P2P_DISABLE=1) to fall back to "
+        "shared memory; check IOMMU/ACS settings in the BIOS or kernel.",
+    ),
+    _category(
+        "cuda_driver", "CUDA driver/runtime problem", SEVERITY_CRITICAL,
+        "CUDA could not initialise: the NVIDIA driver is older than the CUDA runtime the framework was built "
+        "with, no CUDA device is visible, or the driver/device is in a bad state.",
+        "Compare nvidia-smi's driver/CUDA version with nvcc --version and torch.version.cuda; install a "
+        "matching driver or a PyTorch build for the installed CUDA; check CUDA_VISIBLE_DEVICES and that "
+        "/dev/nvidia* exist in the container; check dmesg for NVRM errors.",
+    ),
+    _category(
+        "nccl_timeout", "NCCL collective timeout (watchdog)", SEVERITY_CRITICAL,
+        "A collective did not complete within the process group timeout: some rank never reached it "
+        "(deadlock from conditional collectives or barriers on some ranks only, a rank stuck or much "
+        "slower, e.g. on data loading or checkpoint saving), or the network stalled.",
+        "Look at the other ranks' logs for the first error; set NCCL_DEBUG=INFO and "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL; make sure every rank calls the same collectives in the same order; "
+        "py-spy dump --pid on stuck ranks; raise the timeout (init_process_group(timeout=...)) only for "
+        "legitimately long steps such as saving.",
+    ),
+    _category(
+        "nccl_network", "NCCL network/system error", SEVERITY_CRITICAL,
+        "NCCL's network transport failed: a peer is unreachable (network call failed), a socket or "
+        "InfiniBand error (completion with error status, RDMA link down), the wrong interface chosen, "
+        "or a system call/resource failure.",
+        "Check connectivity (ping, nc -zv host 29500), ibstat / ibv_devinfo for IB ports; set "
+        "NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=ALL; pin the interface with NCCL_SOCKET_IFNAME=eth0 and the HCA "
+        "with NCCL_IB_HCA=mlx5_0; try NCCL_IB_DISABLE=1 to use TCP; check switch/link errors.",
+    ),
+    _category(
+        "nccl_remote", "A peer rank failed (remote error)", SEVERITY_ERROR,
+        "Another process of the job exited or detached (remote process exited, connection closed by peer, "
+        "the elastic launcher reports a failed child): this rank's error is a consequence, the cause is in "
+        "the failing rank's log.",
+        "Find the first failing rank (torchelastic's 'Root Cause (first observed failure)' section names "
+        "it) and read its log; check that node for OOM kills (dmesg), Xid errors and CUDA errors.",
+    ),
+    _category(
+        "nccl_unhandled_cuda", "NCCL unhandled CUDA error", SEVERITY_CRITICAL,
+        "A CUDA call inside NCCL failed: an earlier CUDA error (OOM, illegal access, a bad device) or a "
+        "driver/peer-memory problem surfaced in the communicator.",
+        "Solve the CUDA error first: look above for the underlying CUDA failure; run with NCCL_DEBUG=INFO to "
+        "see the failing CUDA call; check GPU health (nvidia-smi, dmesg Xid).",
+    ),
+    _category(
+        "nan_inf", "NaN/Inf in loss or gradients", SEVERITY_ERROR,
+        "Numerical instability: exploding gradients, a learning rate too high, FP16 overflow without proper "
+        "loss scaling, a bad data sample, or a division by zero/log of zero.",
+        "Clip gradients (clip_grad_norm_), lower the learning rate or add warmup; use BF16 or a GradScaler "
+        "for FP16; check the data for bad values; enable torch.autograd.set_detect_anomaly(True) to find "
+        "the op; skip batches whose loss is not finite.",
+    ),
+    _category(
+        "disk_full", "Disk full (no space left on device)", SEVERITY_CRITICAL,
+        "The file system for checkpoints, logs, caches or /dev/shm ran out of space or quota; a checkpoint "
+        "write is then left incomplete.",
+        "Free space (df -h; delete old checkpoints, keep only the newest few), move checkpoints to larger "
+        "storage, check quotas; verify the last checkpoint is complete before resuming.",
+    ),
+    _category(
+        "io_error", "I/O error", SEVERITY_ERROR,
+        "Reading or writing storage failed: an input/output error from the device, a stale NFS handle, "
+        "a lost network file system, permission denied or a missing path.",
+        "Check the storage (dmesg for disk/NFS errors, mount, nfsstat -c, iostat -x 1); check paths and "
+        "permissions; re-mount or move to healthy storage; retry reads of transient network file systems.",
+    ),
+    _category(
+        "checkpoint_corrupt", "Checkpoint corrupt or truncated", SEVERITY_ERROR,
+        "A checkpoint file is incomplete or damaged (the job died while saving, the disk filled up, an "
+        "interrupted copy or download), so torch.load cannot read it.",
+        "Load an earlier checkpoint; write checkpoints to a temporary name and rename when complete; keep "
+        "several and verify them (size, checksum, a test load) after saving; check free space.",
+    ),
+    _category(
+        "data_corrupt", "Corrupt data record", SEVERITY_ERROR,
+        "A training sample cannot be decoded: a truncated or damaged image, malformed JSON/JSON lines, a "
+        "broken Arrow/Parquet shard.",
+        "Find the file named in the error and verify the data set (checksums, a decode pass over every "
+        "file); re-download or drop the bad records; make the Dataset skip or log undecodable samples.",
+    ),
+    _category(
+        "dataloader_worker", "DataLoader worker failed", SEVERITY_ERROR,
+        "A DataLoader worker process was killed or exited: out of shared memory (/dev/shm too small, Bus "
+        "error), killed by the OOM killer, or an exception/segfault in the Dataset code.",
+        "Raise the shared memory limit (docker --shm-size / --ipc=host, or a larger /dev/shm); reduce "
+        "num_workers or prefetch_factor; check dmesg for OOM kills; run with num_workers=0 to see the "
+        "Dataset's own exception.",
+    ),
+    _category(
+        "host_oom", "Host out of memory (OOM killer)", SEVERITY_CRITICAL,
+        "The kernel's OOM killer ended a process because the host ran out of RAM (exit code -9 / SIGKILL): "
+        "too many DataLoader workers, loading a whole model or data set into memory per rank, a memory leak.",
+        "Check dmesg / journalctl -k for 'Out of memory: Killed process'; reduce num_workers and per-rank "
+        "copies (load checkpoints with mmap=True or on one rank), use memory-mapped data sets; watch host "
+        "memory; ask the scheduler for more memory.",
+    ),
+    _category(
+        "gpu_hardware", "GPU hardware fault (Xid / ECC / fell off the bus)", SEVERITY_CRITICAL,
+        "The GPU or its link failed: an NVRM Xid error (79: fallen off the bus, 48/63/64/94/95: ECC, "
+        "74: NVLink, 119/120: GSP), an uncorrectable ECC error or the GPU lost to the system.",
+        "Drain the node; check nvidia-smi -q (ECC, retired pages, remapping), dmesg for the Xid code; "
+        "reset the GPU (nvidia-smi --gpu-reset -i N) or reboot after the job is gone; check power, cooling "
+        "and seating; RMA if it recurs.",
+    ),
+)
+
+CATEGORIES: Dict[str, Category] = {entry.id: entry for entry in _ENTRIES}
+
+STALL_CATEGORY = _category(
+    "stall", "Possible hang: logs stopped advancing", SEVERITY_WARNING,
+    "The run's logs have not advanced while its processes are alive and its GPUs idle: a deadlock (a "
+    "collective or barrier reached by some ranks only, mismatched send/recv), a stuck data loader or I/O.",
+    "py-spy dump --pid <pid> on every rank to see where each is stuck; strace -p <pid> -e trace=network; "
+    "set NCCL_DEBUG=INFO to see the last collective; check the other ranks' logs; make sure every rank "
+    "calls the same collectives; set a process group timeout so a hang becomes an error.",
+)
+
+STRAGGLER_CATEGORY = _category(
+    "straggler", "Straggler rank", SEVERITY_WARNING,
+    "One rank's log lags the others: a slower GPU (throttling, a sick GPU), a slower node or link, or "
+    "data loading/storage slower on that node; the others wait for it at every collective.",
+    "Compare that node's GPU clocks, temperature and utilisation with the others; check its data loading "
+    "and storage (iostat); py-spy dump the lagging rank; consider draining the node.",
+)

@@ -1,0 +1,733 @@
+"""The Checkpoints pane: every configured checkpoint directory, its checkpoints, integrity and cleanup.
+
+Top: one row per `[[checkpoints]]` directory (node, path, count, total size, free space).
+Below: the checkpoints of the highlighted directory: name, format, epoch/step, loss (the
+lowest marked), size, age, integrity and the latest/best markers. Scans, CRC checks,
+plans and deletions run in thread workers; a remote directory is read over its node's
+SSH connection (SFTP, opsconsole/checkpoints/remote.py), whose loop is this app's loop.
+
+Keys: enter details, v full CRC check (v again cancels), c cleanup (plan, confirmation
+with Cancel focused, audited; refused in a read-only console), u rescan now, d / D next /
+previous directory (tab switches panes, so the directory table never takes the focus).
+A remote directory is scanned only while its node is connected: logging in is the fleet's job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Optional, Tuple
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, ProgressBar, Static
+
+from opsconsole.actions.audit import OUTCOME_CANCELLED, OUTCOME_REFUSED
+from opsconsole.checkpoints.access import LOCAL, FileSystem
+from opsconsole.checkpoints.records import (
+    INTEGRITY_CORRUPT,
+    INTEGRITY_NO_CRC,
+    INTEGRITY_OK,
+    INTEGRITY_TRUNCATED,
+    CheckpointEntry,
+    DirListing,
+)
+from opsconsole.checkpoints.retention import RetentionPlan, age_text
+from opsconsole.config import CheckpointDirConfig
+from opsconsole.fleet_view import FilterFields, filter_rows
+from opsconsole.model import STATE_FALLBACK, STATE_STALE, STATE_UP
+from opsconsole.tui.confirm import ConfirmScreen
+from opsconsole.tui.formatting import NA, format_age, format_bytes, shorten
+from opsconsole.tui.table_diff import TableRow
+from opsconsole.tui.table_pane import Column, SortedTable, TablePane
+
+RESCAN_S = 30.0  # a visible pane rescans this often (unchanged files come from the cache)
+PROGRESS_EVERY_S = 0.1
+INTEGRITY_STYLES = {
+    INTEGRITY_OK: "green",
+    INTEGRITY_NO_CRC: "yellow",
+    INTEGRITY_TRUNCATED: "bold red",
+    INTEGRITY_CORRUPT: "bold red",
+}
+
+DIR_COLUMNS = (
+    Column("node", "Node", 12),
+    Column("root", "Directory"),
+    Column("count", "Ckpts", 5),
+    Column("total", "Size", 9),
+    Column("free", "Free", 9),
+    Column("scanned", "Scanned", 7),
+    Column("state", "State", 40),
+)
+CKPT_COLUMNS = (
+    Column("name", "Name"),
+    Column("format", "Format", 12),
+    Column("epoch", "Epoch", 5),
+    Column("step", "Step", 8),
+    Column("loss", "Loss", 9),
+    Column("size", "Size", 9),
+    Column("age", "Age", 4),
+    Column("integrity", "Integrity", 11),
+    Column("marks", "Marks", 11),
+    Column("problem", "Problem", 40),
+)
+
+
+@dataclass(frozen=True)
+class DirRow:
+    """One configured directory and what its last scan found."""
+
+    key: str
+    node: str
+    root: str
+    listing: Optional[DirListing]
+    scanning: bool
+
+
+def _integrity_key(entry: CheckpointEntry) -> Tuple[int, str]:
+    order = {INTEGRITY_CORRUPT: 0, INTEGRITY_TRUNCATED: 1, INTEGRITY_NO_CRC: 3, INTEGRITY_OK: 4}
+    return order.get(entry.integrity, 2), entry.integrity
+
+
+CKPT_SORT_KEYS = {
+    "name": lambda e: e.name,
+    "format": lambda e: e.format,
+    "epoch": lambda e: e.meta.epoch,
+    "step": lambda e: e.meta.step,
+    "loss": lambda e: e.meta.loss,
+    "size": lambda e: e.size_bytes,
+    "age": lambda e: -e.mtime,
+    "integrity": _integrity_key,
+    "marks": lambda e: (not e.latest, not e.best),
+}
+DIR_SORT_KEYS = {
+    "node": lambda r: r.node,
+    "root": lambda r: r.root,
+    "count": lambda r: len(r.listing.entries) if r.listing else None,
+    "total": lambda r: r.listing.total_bytes if r.listing else None,
+    "free": lambda r: r.listing.free_bytes if r.listing else None,
+}
+CHECKPOINT_FILTER = FilterFields(
+    free=lambda e: (e.name, e.format, e.integrity, e.problem),
+    text={"name": lambda e: (e.name,), "format": lambda e: (e.format,), "integrity": lambda e: (e.integrity,)},
+    numbers={
+        "epoch": lambda e: e.meta.epoch,
+        "step": lambda e: e.meta.step,
+        "loss": lambda e: e.meta.loss,
+        "size": lambda e: e.size_bytes / 2**30,  # GiB
+    },
+)
+
+
+def dir_key(config: CheckpointDirConfig) -> str:
+    return "%s:%s" % (config.node or "local", config.path)
+
+
+def marks_text(entry: CheckpointEntry) -> str:
+    parts = []
+    if entry.latest:
+        parts.append("latest")
+    if entry.best:
+        parts.append("best")
+    if entry.is_link:
+        parts.append("link")
+    return " ".join(parts)
+
+
+def loss_cell(entry: CheckpointEntry) -> Text:
+    if entry.meta.loss is None:
+        return Text(NA, style="dim", end="")
+    text = "%.4g" % entry.meta.loss
+    if entry.lowest_loss:
+        return Text(text + " ★", style="bold green", end="")
+    return Text(text, end="")
+
+
+def checkpoint_table_row(entry: CheckpointEntry, now: float) -> TableRow:
+    """One checkpoint's cells (integrity coloured, the lowest loss starred)."""
+    integrity = entry.integrity + (" ✓crc" if entry.crc_checked and entry.integrity == INTEGRITY_OK else "")
+    return TableRow(entry.key, (
+        Text(entry.name, style="bold" if entry.latest else "", no_wrap=True, overflow="ellipsis", end=""),
+        entry.format,
+        NA if entry.meta.epoch is None else str(entry.meta.epoch),
+        NA if entry.meta.step is None else str(entry.meta.step),
+        loss_cell(entry),
+        NA if entry.is_link else format_bytes(entry.size_bytes),
+        format_age(now - entry.mtime),
+        Text(integrity, style=INTEGRITY_STYLES.get(entry.integrity, "dim"), end=""),
+        Text(marks_text(entry), style="bold cyan", end=""),
+        Text(shorten(entry.problem, 60), style="yellow" if entry.problem else "", end=""),
+    ))
+
+
+def dir_table_row(row: DirRow, now: float) -> TableRow:
+    listing = row.listing
+    if listing is None:
+        state = Text("scanning…" if row.scanning else "not scanned yet", style="dim", end="")
+        return TableRow(row.key, (row.node, row.root, NA, NA, NA, NA, state))
+    if listing.problem:
+        state = Text(shorten(listing.problem, 60), style="bold red", end="")
+    else:
+        broken = sum(1 for e in listing.entries if e.integrity in (INTEGRITY_TRUNCATED, INTEGRITY_CORRUPT))
+        text = "%s%s" % ("rescanning… " if row.scanning else "", "%d broken" % broken if broken else "ok")
+        state = Text(text, style="bold red" if broken else "green", end="")
+    free = NA if listing.free_bytes is None else format_bytes(listing.free_bytes)
+    return TableRow(row.key, (
+        row.node, row.root, str(len(listing.entries)), format_bytes(listing.total_bytes), free,
+        format_age(now - listing.scanned_at), state,
+    ))
+
+
+def detail_text(entry: CheckpointEntry, now: float) -> Text:
+    """Everything known about one checkpoint, for the detail view."""
+    meta = entry.meta
+    text = Text()
+
+    def row(label: str, value: Any, style: str = "") -> None:
+        text.append("%-18s" % label, style="bold")
+        text.append("%s\n" % value, style=style)
+
+    row("Path", entry.path)
+    row("Format", entry.format + ("  (directory)" if entry.is_dir else ""))
+    if entry.is_link:
+        row("Link target", entry.link_target or "?")
+    row("Size", "%s (%d bytes)" % (format_bytes(entry.size_bytes), entry.size_bytes))
+    row("Modified", "%s  (%s ago)" % (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.mtime)), age_text(now - entry.mtime)))
+    row("Integrity", entry.integrity + ("  (full CRC check)" if entry.crc_checked else "  (quick check; v runs the CRC check)"),
+        INTEGRITY_STYLES.get(entry.integrity, ""))
+    if entry.problem:
+        row("Problem", entry.problem, "yellow")
+    markers = marks_text(entry) or "-"
+    row("Markers", markers + ("  (lowest loss)" if entry.lowest_loss else ""))
+    row("Epoch", NA if meta.epoch is None else meta.epoch)
+    row("Step", NA if meta.step is None else meta.step)
+    row("Loss", NA if meta.loss is None else "%.6g" % meta.loss)
+    row("Best loss", NA if meta.best_loss is None else "%.6g" % meta.best_loss)
+    row("Timestamp", meta.timestamp or NA)
+    for key, value in meta.metrics:
+        row("Metric " + key, "%.6g" % value if isinstance(value, float) else value)
+    if meta.state_dict is not None:
+        sd = meta.state_dict
+        dtypes = ", ".join("%s ×%d" % (d, n) for d, n in sd.dtypes) or NA
+        row("State dict", "%d tensors, %s%s" % (sd.keys, _size(sd.bytes), "  (under %r)" % sd.source if sd.source else ""))
+        row("  dtypes", dtypes)
+    else:
+        row("State dict", NA)
+    row("Optimizer", _presence(meta.has_optimizer))
+    row("Scheduler", _presence(meta.has_scheduler))
+    if meta.tensor_count is not None:
+        row("Zip storages", "%d, %s" % (meta.tensor_count, _size(meta.tensor_bytes)))
+    if meta.crc_recorded is False:
+        row("CRC", "none recorded (every CRC is 0): a CRC check cannot verify this file", "yellow")
+    if meta.unsafe_globals:
+        row("Not loaded", ", ".join(meta.unsafe_globals), "yellow")
+    if meta.best_checkpoint:
+        row("HF best", meta.best_checkpoint)
+    if meta.details:
+        text.append("\nAll keys\n", style="bold underline")
+        width = min(32, max(len(key) for key, _ in meta.details)) + 4
+        for key, value in meta.details:
+            text.append(("  " + shorten(key, width - 4)).ljust(width), style="bold")
+            text.append("%s\n" % value)
+    return text
+
+
+def _size(value: Optional[int]) -> str:
+    """`60 B` below a KiB (format_bytes would say 0 KiB), else format_bytes."""
+    if value is not None and value < 1024:
+        return "%d B" % value
+    return format_bytes(value)
+
+
+def _presence(value: Optional[bool]) -> str:
+    if value is None:
+        return NA
+    return "present" if value else "absent"
+
+
+def plan_text(plan: RetentionPlan) -> Text:
+    """The plan for the confirmation: each checkpoint, keep/delete, reason, then the bytes freed."""
+    text = Text()
+    for item in plan.items:
+        style = "bold red" if item.delete else "green"
+        text.append("%-7s" % item.action, style=style)
+        text.append("%9s  " % format_bytes(item.size_bytes))
+        text.append(shorten(item.name, 40).ljust(40), style="bold" if item.delete else "")
+        text.append("  " + item.reason + "\n", style="dim" if not item.delete else "")
+    for warning in plan.warnings:
+        text.append("warning: %s\n" % warning, style="yellow")
+    text.append("\n%d of %d to delete, %s freed; only inside %s, symlinks never followed; each deletion audited.\n" % (
+        len(plan.to_delete), len(plan.items), format_bytes(plan.bytes_freed), plan.root))
+    return text
+
+
+class CheckpointDetailScreen(ModalScreen[None]):
+    """All metadata of one checkpoint; esc, enter or q closes."""
+
+    BINDINGS = [
+        Binding("escape", "close", "Close", id="checkpoint_detail.close"),
+        Binding("enter", "close", "Close", show=False),
+        Binding("q", "close", "Close", show=False),
+    ]
+    DEFAULT_CSS = """
+    CheckpointDetailScreen { align: center middle; }
+    CheckpointDetailScreen > VerticalScroll {
+        width: 110; max-width: 95%; height: auto; max-height: 90%;
+        border: thick $accent; background: $surface; padding: 0 1;
+    }
+    """
+
+    def __init__(self, entry: CheckpointEntry, now: float) -> None:
+        super().__init__()
+        self.entry = entry
+        self.body = detail_text(entry, now)
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(Text(self.entry.name, style="bold"), id="detail-title")
+            yield Static(self.body, id="detail-body")
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class CheckpointsPane(TablePane):
+    """Checkpoint directories and their checkpoints (see the module docstring)."""
+
+    pane_id = "checkpoints"
+    title = "Checkpoints"
+    key = "7"
+    filter_fields = CHECKPOINT_FILTER
+
+    BINDINGS = [
+        Binding("enter", "details", "Details", id="checkpoints.details"),
+        Binding("v", "verify", "CRC check", id="checkpoints.verify"),
+        Binding("c", "cleanup", "Clean up", id="checkpoints.cleanup"),
+        Binding("u", "rescan", "Rescan", id="checkpoints.rescan"),
+        Binding("d", "next_dir", "Next directory", id="checkpoints.next_dir"),
+        Binding("D", "previous_dir", "Previous directory", id="checkpoints.previous_dir", show=False),
+    ]
+
+    DEFAULT_CSS = """
+    CheckpointsPane > #checkpoint-dirs { height: auto; max-height: 8; }
+    CheckpointsPane > #checkpoint-list { height: 1fr; }
+    CheckpointsPane > #checkpoint-progress { height: 1; display: none; padding: 0 1; }
+    CheckpointsPane > #checkpoint-progress.-running { display: block; }
+    CheckpointsPane #checkpoint-progress-label { width: auto; margin-right: 2; }
+    """
+
+    class Scanned(Message):
+        def __init__(self, key: str, listing: DirListing) -> None:
+            super().__init__()
+            self.key = key
+            self.listing = listing
+
+    class CrcProgress(Message):
+        def __init__(self, done: int, total: int) -> None:
+            super().__init__()
+            self.done = done
+            self.total = total
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.listings: Dict[str, DirListing] = {}
+        self.scanning: Dict[str, bool] = {}
+        self.selected_dir: Optional[str] = None
+        self.verifying: Optional[str] = None  # path under CRC check
+        self._cancel_crc = threading.Event()
+        self._filesystems: Dict[str, FileSystem] = {}
+        self._filesystems_lock = threading.Lock()  # scan workers of one node may ask at once
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._last_scan = 0.0
+        self.progress_label = Static("", id="checkpoint-progress-label")
+        self.progress = ProgressBar(total=100, show_eta=True, id="checkpoint-progress-bar")
+
+    # --- layout ----------------------------------------------------------------------
+
+    def make_tables(self) -> List[SortedTable]:
+        # Tab switches panes, so the directory table is moved with d / D and never takes the focus.
+        dir_table = DataTable(id="checkpoint-dirs", cursor_type="row", zebra_stripes=False)
+        dir_table.can_focus = False
+        dirs = SortedTable(dir_table, DIR_SORT_KEYS)
+        ckpts = SortedTable(DataTable(id="checkpoint-list", cursor_type="row"), CKPT_SORT_KEYS)
+        return [dirs, ckpts]
+
+    @property
+    def dir_table(self) -> SortedTable:
+        return self.tables[0]
+
+    @property
+    def checkpoint_table(self) -> SortedTable:
+        return self.tables[1]
+
+    def compose_tables(self) -> ComposeResult:
+        yield from super().compose_tables()
+        with Horizontal(id="checkpoint-progress"):
+            yield self.progress_label
+            yield self.progress
+
+    def on_mount(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.dir_table.set_columns(DIR_COLUMNS)
+        self.checkpoint_table.set_columns(CKPT_COLUMNS)
+        # No focus() here: focusing a widget of a hidden tab would make the tab bar switch to it.
+        super().on_mount()
+
+    # --- configured directories --------------------------------------------------------
+
+    @property
+    def configured(self) -> List[CheckpointDirConfig]:
+        config = getattr(self.app, "config", None)
+        return list(config.checkpoints) if config is not None else []
+
+    def config_of(self, key: str) -> Optional[CheckpointDirConfig]:
+        return next((c for c in self.configured if dir_key(c) == key), None)
+
+    def filesystem_for(self, config: CheckpointDirConfig) -> FileSystem:
+        """LOCAL, or the node's SFTP file system on its fleet link (made once per node)."""
+        node = config.node
+        if node is None:
+            return LOCAL
+        nodes = {n.name: n for n in self.app.config.nodes}
+        if node in nodes and nodes[node].local:
+            return LOCAL
+        with self._filesystems_lock:
+            fs = self._filesystems.get(node)
+            if fs is None:
+                from opsconsole.checkpoints.remote import SftpFileSystem
+
+                link_of = getattr(self.app.fleet, "link", None)
+                if link_of is None:
+                    raise RuntimeError("node %s has no SSH link in this console" % node)
+                try:
+                    link = link_of(node)
+                except KeyError:
+                    raise RuntimeError("no node named %s in this console's fleet" % node) from None
+                fs = SftpFileSystem(link, self._loop, timeout=self.app.config.ssh.connect_timeout + 30.0)
+                self._filesystems[node] = fs
+            return fs
+
+    @staticmethod
+    def root_of(config: CheckpointDirConfig, fs: FileSystem) -> str:
+        """The directory as the file system names it: `~` expanded for a local one."""
+        import os
+
+        return config.path if fs.remote else os.path.expanduser(config.path)
+
+    async def on_unmount(self) -> None:
+        for fs in self._filesystems.values():
+            aclose = getattr(fs, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except Exception:
+                    pass
+
+    # --- scanning ------------------------------------------------------------------------
+
+    def now_value(self) -> float:
+        now = getattr(self.app, "now", None)
+        return now() if callable(now) else time.time()
+
+    def start_scans(self) -> None:
+        """Scan every configured directory not being scanned already (each in its own worker)."""
+        self._last_scan = time.monotonic()
+        for config in self.configured:
+            key = dir_key(config)
+            if not self.scanning.get(key):
+                self.scanning[key] = True
+                self.scan_worker(config, key)
+
+    def node_not_ready(self, config: CheckpointDirConfig) -> Optional[str]:
+        """Why a remote directory is not scanned now: its node is not connected (None when it is).
+
+        The fleet owns logging in: a scan must not retry a node waiting in auth or hostkey
+        (retrying a wrong key can lock the account) nor hammer one that is down.
+        """
+        if config.node is None:
+            return None
+        nodes = {n.name: n for n in self.app.config.nodes}
+        if config.node in nodes and nodes[config.node].local:
+            return None
+        states = getattr(self.app.fleet, "states", None)
+        state = states().get(config.node) if states is not None else None
+        if state is None or state.state in (STATE_UP, STATE_STALE, STATE_FALLBACK):
+            return None
+        return "node %s is %s%s: not scanned" % (config.node, state.state, " (%s)" % state.reason if state.reason else "")
+
+    @work(thread=True, exit_on_error=False, group="checkpoint-scan")
+    def scan_worker(self, config: CheckpointDirConfig, key: str) -> None:
+        from opsconsole.checkpoints.scan import scan_directory
+
+        try:
+            why_not = self.node_not_ready(config)
+            if why_not:
+                self.post_message(self.Scanned(key, DirListing(root=config.path, node=config.node or "local",
+                                                               problem=why_not, scanned_at=self.now_value())))
+                return
+            fs = self.filesystem_for(config)
+            listing = scan_directory(self.root_of(config, fs), fs, now=self.now_value())
+        except Exception as exc:  # a node missing from the fleet, a bug in a reader: shown, not raised
+            listing = DirListing(root=config.path, node=config.node or "local", problem="scan failed: %s" % exc,
+                                 scanned_at=self.now_value())
+        self.post_message(self.Scanned(key, listing))
+
+    @on(Scanned)
+    def scan_arrived(self, message: "CheckpointsPane.Scanned") -> None:
+        message.stop()
+        self.scanning[message.key] = False
+        self.listings[message.key] = message.listing
+        self.redraw()
+
+    def action_rescan(self) -> None:
+        """Scan every directory now."""
+        self.start_scans()
+        self.redraw()
+
+    # --- drawing -------------------------------------------------------------------------
+
+    def draw(self) -> List[str]:
+        configured = self.configured
+        if not configured:
+            self.dir_table.show([], lambda r: dir_table_row(r, self.now))
+            self.checkpoint_table.show([], lambda e: checkpoint_table_row(e, self.now))
+            return ["no [[checkpoints]] directories configured (see config.example.toml)"]
+        visible = getattr(self.app, "visible_pane_id", self.pane_id) == self.pane_id
+        if visible and (not self._last_scan or time.monotonic() - self._last_scan > RESCAN_S):
+            self.start_scans()  # only while shown: a console that never opens the pane never scans
+        now = self.now or self.now_value()
+        rows = [DirRow(dir_key(c), c.node or "local", c.path, self.listings.get(dir_key(c)), bool(self.scanning.get(dir_key(c))))
+                for c in configured]
+        self.dir_table.show(rows, lambda r: dir_table_row(r, now), signature=lambda r: (r, format_age(now - r.listing.scanned_at) if r.listing else None))
+        key = self.current_dir_key()
+        listing = self.listings.get(key) if key else None
+        entries = list(listing.entries) if listing else []
+        shown = filter_rows(entries, self.filter, self.filter_fields)
+        self.checkpoint_table.show(shown, lambda e: checkpoint_table_row(e, now),
+                                   signature=lambda e: (e, format_age(now - e.mtime)))
+        parts = [self.count_part(self.checkpoint_table, "checkpoints")]
+        if listing is not None and not listing.problem:
+            free = NA if listing.free_bytes is None else format_bytes(listing.free_bytes)
+            parts.append("%s in %s:%s, %s free" % (format_bytes(listing.total_bytes), listing.node, listing.root, free))
+        elif listing is not None:
+            parts.append(listing.problem or "")
+        config = self.config_of(key or "")
+        if config is not None:
+            parts.append("cleanup keeps the newest %d, min age %s" % (config.keep, age_text(config.min_age)))
+        parts.append("sort: " + self.checkpoint_table.sort_label())
+        if self.verifying:
+            parts.append("CRC check running (v cancels)")
+        return parts
+
+    def current_dir_key(self) -> Optional[str]:
+        """The directory whose checkpoints are shown: the highlighted one, else the first."""
+        table = self.dir_table.table
+        if table.row_count and table.is_valid_row_index(table.cursor_row):
+            return table.ordered_rows[table.cursor_row].key.value
+        configured = self.configured
+        return dir_key(configured[0]) if configured else None
+
+    @on(DataTable.RowHighlighted, "#checkpoint-dirs")
+    def dir_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        if event.row_key is not None and event.row_key.value != self.selected_dir:
+            self.selected_dir = event.row_key.value
+            self.redraw()
+
+    def _step_dir(self, step: int) -> None:
+        table = self.dir_table.table
+        if table.row_count < 2:
+            return
+        table.move_cursor(row=(table.cursor_row + step) % table.row_count, animate=False)
+        self.selected_dir = table.ordered_rows[table.cursor_row].key.value
+        self.redraw()
+
+    def action_next_dir(self) -> None:
+        """Show the checkpoints of the next configured directory."""
+        self._step_dir(1)
+
+    def action_previous_dir(self) -> None:
+        self._step_dir(-1)
+
+    @on(DataTable.RowSelected, "#checkpoint-list")
+    def checkpoint_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.action_details()
+
+    def current_entry(self) -> Optional[CheckpointEntry]:
+        table = self.checkpoint_table.table
+        if not table.row_count or not table.is_valid_row_index(table.cursor_row):
+            return None
+        path = table.ordered_rows[table.cursor_row].key.value
+        listing = self.listings.get(self.current_dir_key() or "")
+        if listing is None:
+            return None
+        return next((e for e in listing.entries if e.path == path), None)
+
+    # --- details ---------------------------------------------------------------------------
+
+    def action_details(self) -> None:
+        """Show every metadata key of the highlighted checkpoint."""
+        entry = self.current_entry()
+        if entry is None:
+            self.app.notify("no checkpoint highlighted", severity="warning")
+            return
+        self.app.push_screen(CheckpointDetailScreen(entry, self.now_value()))
+
+    # --- full CRC check ----------------------------------------------------------------------
+
+    def action_verify(self) -> None:
+        """Run the full CRC check of the highlighted checkpoint (pressed again: cancel it)."""
+        from opsconsole.checkpoints.verify import can_verify
+
+        if self.verifying:
+            self._cancel_crc.set()
+            self.app.notify("cancelling the CRC check of %s" % self.verifying)
+            return
+        entry = self.current_entry()
+        key = self.current_dir_key()
+        config = self.config_of(key or "")
+        if entry is None or config is None:
+            self.app.notify("no checkpoint highlighted", severity="warning")
+            return
+        why_not = can_verify(entry)
+        if why_not:
+            self.app.notify(why_not, severity="warning")
+            return
+        self.verifying = entry.path
+        self._cancel_crc.clear()
+        self.progress_label.update("CRC %s" % shorten(entry.name, 40))
+        self.progress.update(total=max(1, entry.size_bytes), progress=0)
+        self.query_one("#checkpoint-progress").add_class("-running")
+        self.verify_worker(entry, config, key)
+        self.redraw()
+
+    @work(thread=True, exit_on_error=False, group="checkpoint-crc")
+    def verify_worker(self, entry: CheckpointEntry, config: CheckpointDirConfig, key: str) -> None:
+        from opsconsole.checkpoints.verify import verify_checkpoint
+        from opsconsole.checkpoints.zipmeta import CrcResult
+
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_EVERY_S or done >= total:
+                last[0] = now
+                self.post_message(self.CrcProgress(done, total))
+
+        try:
+            result = verify_checkpoint(entry, self.filesystem_for(config), progress, self._cancel_crc.is_set)
+        except Exception as exc:
+            result = CrcResult("unchecked", "CRC check failed: %s" % exc, 0, 0)
+        self.app.call_from_thread(self.verify_done, entry, key, result)
+
+    @on(CrcProgress)
+    def crc_progress(self, message: "CheckpointsPane.CrcProgress") -> None:
+        message.stop()
+        self.progress.update(total=max(1, message.total), progress=message.done)
+
+    def verify_done(self, entry: CheckpointEntry, key: str, result: Any) -> None:
+        self.verifying = None
+        self.query_one("#checkpoint-progress").remove_class("-running")
+        listing = self.listings.get(key)
+        if result.integrity != "unchecked" and listing is not None:
+            entries = tuple(
+                replace(e, integrity=result.integrity, problem=result.problem, crc_checked=True) if e.path == entry.path else e
+                for e in listing.entries
+            )
+            self.listings[key] = replace(listing, entries=entries)
+        severity = "information" if result.integrity == INTEGRITY_OK else "warning"
+        if result.integrity in (INTEGRITY_CORRUPT, INTEGRITY_TRUNCATED):
+            severity = "error"
+        self.app.notify("%s: %s%s" % (entry.name, result.integrity, ": " + result.problem if result.problem else ""),
+                        severity=severity, timeout=10)
+        self.redraw()
+
+    # --- cleanup ------------------------------------------------------------------------------
+
+    def action_cleanup(self) -> None:
+        """Plan the cleanup of the highlighted directory and ask (Cancel focused); refused when read-only."""
+        from opsconsole.checkpoints.cleanup import ACTION_CLEANUP
+
+        key = self.current_dir_key()
+        config = self.config_of(key or "")
+        if config is None:
+            self.app.notify("no checkpoint directory configured", severity="warning")
+            return
+        node = config.node or "local"
+        if self.app.config.console.read_only:
+            self.app.audit(ACTION_CLEANUP, node, "cleanup of %s: read-only console" % config.path, OUTCOME_REFUSED)
+            self.app.notify("read-only console [R]: checkpoint cleanup is off", severity="warning")
+            return
+        self.app.notify("planning the cleanup of %s:%s" % (node, config.path))
+        self.plan_worker(config, key)
+
+    @work(thread=True, exit_on_error=False, group="checkpoint-plan")
+    def plan_worker(self, config: CheckpointDirConfig, key: str) -> None:
+        from opsconsole.checkpoints.cleanup import plan_directory
+        from opsconsole.checkpoints.scan import scan_directory
+
+        try:
+            why_not = self.node_not_ready(config)
+            if why_not:
+                self.app.call_from_thread(self.app.notify, why_not, severity="warning")
+                return
+            fs = self.filesystem_for(config)
+            # A fresh scan: the plan is for what is there now, not for what the table showed.
+            listing = scan_directory(self.root_of(config, fs), fs, now=self.now_value())
+            if listing.problem:
+                self.app.call_from_thread(self.app.notify, listing.problem, severity="error")
+                return
+            plan = plan_directory(listing, fs, keep=config.keep, min_age=config.min_age, now=time.time())
+        except Exception as exc:
+            self.app.call_from_thread(self.app.notify, "cleanup plan failed: %s" % exc, severity="error")
+            return
+        self.post_message(self.Scanned(key, listing))
+        self.app.call_from_thread(self.show_plan, config, key, plan)
+
+    def show_plan(self, config: CheckpointDirConfig, key: str, plan: RetentionPlan) -> None:
+        node = config.node or "local"
+        if not plan.to_delete:
+            self.app.push_screen(ConfirmScreen("Nothing to delete in %s:%s" % (node, config.path), plan_text(plan),
+                                               confirm_label=None, cancel_label="Close"))
+            return
+        title = "Delete %d checkpoints in %s:%s (%s)?" % (len(plan.to_delete), node, config.path, format_bytes(plan.bytes_freed))
+        self.app.push_screen(
+            ConfirmScreen(title, plan_text(plan), confirm_label="Delete %d" % len(plan.to_delete), danger=True),
+            callback=lambda confirmed: self.plan_answered(config, key, plan, confirmed),
+        )
+
+    def plan_answered(self, config: CheckpointDirConfig, key: str, plan: RetentionPlan, confirmed: Optional[bool]) -> None:
+        from opsconsole.checkpoints.cleanup import ACTION_CLEANUP
+
+        node = config.node or "local"
+        if not confirmed:
+            self.app.audit(ACTION_CLEANUP, node, "cleanup of %s: %d deletions planned, cancelled" % (config.path, len(plan.to_delete)),
+                           OUTCOME_CANCELLED)
+            self.app.notify("cleanup cancelled: nothing deleted")
+            return
+        self.delete_worker(config, key, plan)
+
+    @work(thread=True, exit_on_error=False, group="checkpoint-delete")
+    def delete_worker(self, config: CheckpointDirConfig, key: str, plan: RetentionPlan) -> None:
+        from opsconsole.checkpoints.cleanup import execute_plan
+
+        def audit(action: str, node: str, detail: str, outcome: str) -> bool:
+            # The app's audit notifies on failure: it must run on the app's thread.
+            return self.app.call_from_thread(self.app.audit, action, node, detail, outcome)
+
+        try:
+            fs = self.filesystem_for(config)
+            result = execute_plan(plan, self.root_of(config, fs), audit, fs=fs, read_only=self.app.config.console.read_only)
+            summary, ok = result.summary(), result.ok
+        except Exception as exc:
+            summary, ok = "cleanup failed: %s" % exc, False
+        self.app.call_from_thread(self.app.notify, summary, severity="information" if ok else "error", timeout=10)
+        self.app.call_from_thread(self.action_rescan)

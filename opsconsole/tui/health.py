@@ -1,0 +1,209 @@
+"""The Health pane: health results per node and GPU, newest change first; `r` reruns a node, `R` all nodes.
+
+Results come from the app's HealthMonitor (opsconsole.health.monitor), which evaluates the
+rules on each fleet change; a rerun adds the on-node GPU suite (opsconsole.health.runner) and
+runs in a worker, so the console keeps drawing while a node's GPUs are tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, List, Mapping, Optional, Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from opsconsole.health.monitor import HealthEntry, HealthMonitor
+from opsconsole.health.result import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, STATUS_WARN, HealthResult
+from opsconsole.health.runner import run_node_checks
+from opsconsole.model import NodeState
+from opsconsole.tui import bars
+from opsconsole.tui.live_pane import LivePane
+from opsconsole.tui.table_diff import TableRow
+
+COLUMNS = (("since", "since", 8), ("status", "status", 6), ("where", "node / GPU", 16), ("check", "check", 24),
+           ("message", "message", None))
+STATUS_LEVEL = {STATUS_FAIL: bars.LEVEL_CRIT, STATUS_ERROR: bars.LEVEL_WARN, STATUS_WARN: bars.LEVEL_WARN,
+                STATUS_PASS: bars.LEVEL_OK}
+RERUN_CONCURRENCY = 8  # GPU suites at once for `R`
+NOT_ALERTED = ("node_reachable",)  # node up/down has its own alerts
+
+
+def row_key(entry: HealthEntry) -> str:
+    result = entry.result
+    return "%s|%s|%s" % (result.node, result.check, "" if result.gpu is None else result.gpu)
+
+
+def entry_matches(entry: HealthEntry, text: str) -> bool:
+    """The `/` filter: every word in node, check, status or message (case-insensitive)."""
+    words = text.strip().lower().split()
+    if not words:
+        return True
+    result = entry.result
+    haystack = " ".join((result.node, result.check, result.status, result.message,
+                         "" if result.gpu is None else "gpu%d" % result.gpu)).lower()
+    return all(word in haystack for word in words)
+
+
+def detail_text(result: HealthResult) -> str:
+    """The selected result's evidence, timing and remedy, for the line under the table."""
+    parts = [", ".join("%s=%s" % pair for pair in result.evidence) or "no evidence"]
+    if result.duration_s is not None:
+        parts.append("took %.2f s" % result.duration_s)
+    if result.remedy and result.status != STATUS_PASS:
+        parts.append("remedy: " + result.remedy)
+    return " · ".join(parts)
+
+
+class HealthPane(LivePane):
+    """Health results from app.health (a HealthMonitor); reruns through opsconsole.health.runner."""
+
+    pane_id = "health"
+    title = "Health"
+    key = "8"
+
+    BINDINGS = [
+        Binding("r", "rerun_node", "Rerun checks (node)", id="health.rerun"),
+        Binding("R", "rerun_all", "Rerun checks (all)", id="health.rerun_all"),
+    ]
+
+    DEFAULT_CSS = """
+    HealthPane { layout: vertical; height: 1fr; }
+    HealthPane > .pane-status { height: 1; padding: 0 1; color: $text-muted; }
+    HealthPane > DataTable { height: 1fr; }
+    HealthPane > .health-detail { height: 2; padding: 0 1; color: $text-muted; }
+    """
+
+    def compose(self) -> ComposeResult:
+        self.status = Static("", classes="pane-status", markup=False)
+        yield self.status
+        self.table = DataTable(cursor_type="row", zebra_stripes=True)
+        for key, label, width in COLUMNS:
+            self.table.add_column(label, key=key, width=width)
+        yield self.table
+        self.detail = Static("", classes="health-detail", markup=False)
+        yield self.detail
+        self._shown: List[HealthEntry] = []
+        self.last_run_error: Optional[str] = None
+
+    @property
+    def monitor(self) -> Optional[HealthMonitor]:
+        return getattr(self.app, "health", None)
+
+    def draw(self, states: Mapping[str, NodeState], node: Optional[str], now: float) -> None:
+        monitor = self.monitor
+        if monitor is None:
+            self.status.update("health checks are not wired into this console")
+            return
+        palette = bars.palette_from_variables(self.app.theme_variables)
+        entries = [e for e in monitor.entries(node) if entry_matches(e, self.filter_text)]
+        rows: List[TableRow] = []
+        for entry in entries:
+            result = entry.result
+            style = palette.style(STATUS_LEVEL.get(result.status, bars.LEVEL_PLAIN))
+            where = result.node + ("" if result.gpu is None else " GPU %d" % result.gpu)
+            cells = (
+                time.strftime("%H:%M:%S", time.localtime(entry.since)),
+                Text(result.status, style=("bold " + style) if result.status == STATUS_FAIL else style),
+                where, result.check, Text(result.message, no_wrap=True, overflow="ellipsis"),
+            )
+            rows.append(TableRow(row_key(entry), cells))
+        self.sync_table(self.table, rows)
+        self._shown = entries
+        counts = monitor.counts(node)
+        parts = ["%d fail" % counts.get(STATUS_FAIL, 0), "%d error" % counts.get(STATUS_ERROR, 0),
+                 "%d warn" % counts.get(STATUS_WARN, 0), "%d pass" % counts.get(STATUS_PASS, 0)]
+        if monitor.running:
+            parts.append("running on " + ", ".join(sorted(monitor.running)))
+        if self.last_run_error:
+            parts.append(self.last_run_error)
+        if self.filter_text:
+            parts.append("filter: " + self.filter_text)
+        parts.append("r: rerun node · R: rerun all (with GPU tests)")
+        self.status.update(" · ".join(parts))
+        self.show_detail()
+
+    def selected_entry(self) -> Optional[HealthEntry]:
+        row = self.table.cursor_row if self.table.row_count else None
+        if row is None or not 0 <= row < len(self._shown):
+            return None
+        return self._shown[row]
+
+    def show_detail(self) -> None:
+        entry = self.selected_entry()
+        self.detail.update(detail_text(entry.result) if entry is not None else "")
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.show_detail()
+
+    def selected_node(self) -> Optional[str]:
+        """The node of the selected row, else the node drilled into, else the only node."""
+        entry = self.selected_entry()
+        if entry is not None:
+            return entry.result.node
+        app_node = getattr(self.app, "node", None)
+        if app_node is not None:
+            return app_node
+        states = self.app.fleet.states()
+        return next(iter(states)) if len(states) == 1 else None
+
+    # --- reruns ------------------------------------------------------------------------
+
+    def action_rerun_node(self) -> None:
+        """Rerun every check (GPU suite included) for the selected node."""
+        node = self.selected_node()
+        if node is None:
+            self.app.notify("select a node's result first", severity="warning")
+            return
+        self.start_rerun([node])
+
+    def action_rerun_all(self) -> None:
+        """Rerun every check (GPU suite included) on every node."""
+        self.start_rerun(list(self.app.fleet.states()))
+
+    def start_rerun(self, nodes: Sequence[str]) -> None:
+        monitor = self.monitor
+        if monitor is None:
+            return
+        nodes = [n for n in nodes if n not in monitor.running]
+        if not nodes:
+            return
+        for node in nodes:
+            monitor.running[node] = time.time()
+        self.redraw()
+        self.run_worker(self.rerun(nodes), group="health", exit_on_error=False)
+
+    async def rerun(self, nodes: Sequence[str]) -> None:
+        """Run the checks of `nodes` (at most RERUN_CONCURRENCY GPU suites at once) and show them."""
+        gate = asyncio.Semaphore(RERUN_CONCURRENCY)
+        app: Any = self.app
+
+        async def one(node: str) -> None:
+            async with gate:
+                state = app.fleet.states().get(node)
+                link_of = getattr(app.fleet, "link", None)
+                try:
+                    link = link_of(node) if link_of is not None else None
+                except KeyError:
+                    link = None
+                try:
+                    live = state is not None and state.is_live  # a node that is away cannot run the suite
+                    results = await run_node_checks(node, state, app.config, link=link, gpu_tests=live)
+                except Exception as exc:  # a bug in a check: shown, never a crash
+                    self.monitor.running.pop(node, None)
+                    self.last_run_error = "rerun on %s failed: %s: %s" % (node, type(exc).__name__, exc)
+                    return
+                changed = self.monitor.add_run(node, results)
+                services = getattr(app, "services", None)
+                if services is not None:
+                    services.observe_health([r for r in changed if r.check not in NOT_ALERTED])
+                self.redraw()
+
+        await asyncio.gather(*(one(node) for node in nodes))
+        self.redraw()
+        app_redraw = getattr(app, "redraw", None)
+        if app_redraw is not None:
+            app_redraw()  # the header's badge

@@ -1,0 +1,82 @@
+"""Checkpoint cleanup as a registered action: real torch.save checkpoints, the retention plan, audited deletion."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from opsconsole.actions.audit import AuditLog  # noqa: E402
+from opsconsole.actions.registry import (  # noqa: E402
+    TARGET_CHECKPOINT_DIR,
+    ActionContext,
+    Refused,
+    Target,
+    plan_action,
+    run_plan,
+)
+from opsconsole.actions.runner import ActionRunner  # noqa: E402
+from opsconsole.config import ActionsConfig, CheckpointDirConfig, Config, NodeConfig  # noqa: E402
+
+HOUR = 3600.0
+
+
+def checkpoints(folder: Path, steps) -> None:
+    """step_N.pt files from torch.save, the oldest first, all older than an hour."""
+    folder.mkdir()
+    now = time.time()
+    for position, step in enumerate(steps):
+        path = folder / ("step_%d.pt" % step)
+        torch.save({"step": step, "model": {"w": torch.full((4, 4), float(step))}}, path)
+        when = now - 10 * HOUR + position * HOUR
+        os.utime(path, (when, when))
+
+
+def context(tmp_path: Path, folder: Path, keep: int = 2) -> ActionContext:
+    config = Config(
+        nodes=(NodeConfig(name="local", local=True),),
+        checkpoints=(CheckpointDirConfig(path=str(folder), keep=keep, min_age=600.0),),
+        actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")),
+    )
+    return ActionContext(config=config, get_state=lambda: None, link=None,
+                         runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))))
+
+
+async def test_cleanup_keeps_the_newest_and_deletes_the_rest_audited(tmp_path):
+    folder = tmp_path / "ckpt"
+    checkpoints(folder, [100, 200, 300, 400, 500])
+    ctx = context(tmp_path, folder, keep=2)
+    plan = await plan_action("checkpoint_cleanup", Target(TARGET_CHECKPOINT_DIR, "local", path=str(folder)), ctx)
+    assert plan.word == "ckpt"
+    assert plan.argv == ("opsconsole", "cleanup", str(folder), "--keep", "2", "--min-age", "600")
+    assert plan.notes[0].startswith("deletes 3 of 5")
+    assert sorted(os.listdir(folder)) == ["step_%d.pt" % s for s in (100, 200, 300, 400, 500)]  # planning deletes nothing
+    report = await run_plan(plan, ctx)
+    assert report.ok, report.lines
+    assert sorted(os.listdir(folder)) == ["step_400.pt", "step_500.pt"]
+    assert report.lines[0].startswith("deleted 3 of 3")
+    records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    runner_records = [(r["action"], r["outcome"]) for r in records if r["action"] == "checkpoint_cleanup"]
+    assert runner_records == [("checkpoint_cleanup", "attempt"), ("checkpoint_cleanup", "ok")]
+    # Each deletion was audited by execute_plan before it happened, between the two.
+    deletes = [r for r in records if r["action"] == "checkpoint.delete"]
+    assert [r["outcome"] for r in deletes] == ["confirmed", "ok"] * 3
+    assert records[0]["action"] == "checkpoint_cleanup" and records[-1]["action"] == "checkpoint_cleanup"
+
+
+async def test_only_configured_directories_are_cleaned(tmp_path):
+    folder = tmp_path / "ckpt"
+    checkpoints(folder, [1, 2, 3])
+    other = tmp_path / "elsewhere"
+    ctx = context(tmp_path, other)
+    with pytest.raises(Refused, match="is not a \\[\\[checkpoints\\]\\] directory"):
+        await plan_action("checkpoint_cleanup", Target(TARGET_CHECKPOINT_DIR, "local", path=str(folder)), ctx)
+    keep_all = context(tmp_path, folder, keep=5)
+    with pytest.raises(Refused, match="nothing to delete"):
+        await plan_action("checkpoint_cleanup", Target(TARGET_CHECKPOINT_DIR, "local", path=str(folder)), keep_all)
+    assert len(os.listdir(folder)) == 3

@@ -1,0 +1,247 @@
+"""Process signals: real `sleep` processes signalled locally and over a real sshd, refusals, escalation.
+
+Frames come from the probe's own /proc reader (ProcessTable) or, end to end, from the probe
+streamed over SSH; whether a process went is read from those frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from typing import List, Sequence
+
+import pytest
+
+from opsconsole.actions.audit import AuditLog
+from opsconsole.actions.registry import (
+    TARGET_PROCESS,
+    ActionContext,
+    Refused,
+    Target,
+    plan_action,
+    run_plan,
+)
+from opsconsole.actions.runner import ActionRunner
+from opsconsole.actions.signals import deliver_signal, refuse_signal, signal_argv, watch_process
+from opsconsole.config import ActionsConfig, Config, ConsoleConfig, NodeConfig, SshConfig
+from opsconsole.model import STATE_DOWN, STATE_UP, NodeFrame, NodeState, ProcessSample
+from opsconsole.nodes.ssh import SshLink
+from opsconsole.probe.procs import ProcessTable
+from tests.sshd import StateLog, ssh_client, sshd_factory  # noqa: F401
+
+FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
+
+
+class ProbedNode:
+    """A node whose every frame lists the given PIDs as the probe reads them from /proc right now."""
+
+    def __init__(self, name: str, pids: Sequence[int]) -> None:
+        self.name = name
+        self.pids = list(pids)
+        self.table = ProcessTable(use_psutil=False)
+        self.frames = 0
+
+    def state(self) -> NodeState:
+        seen = [p for p in self.table.join([ProcessSample(pid=pid) for pid in self.pids]) if p.state is not None]
+        self.frames += 1
+        now = time.time()
+        frame = NodeFrame(node=self.name, time=now, seq=self.frames, top_processes=tuple(seen))
+        return NodeState(name=self.name, state=STATE_UP, frame=frame, received_at=now, since=now)
+
+
+@contextlib.contextmanager
+def started(argv: List[str], wait_ready: bool = False):
+    """A child process; with wait_ready, returned once it printed "ready" (its signal handlers are set)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if wait_ready else subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        if wait_ready:
+            assert proc.stdout.readline().strip() == b"ready"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def context(tmp_path, get_state, link=None, escalation_s=0.6, interval=0.3) -> ActionContext:
+    config = Config(
+        console=ConsoleConfig(interval=interval),
+        actions=ActionsConfig(audit_log=str(tmp_path / "audit.log"), signal_escalation_s=escalation_s),
+    )
+    return ActionContext(config=config, get_state=get_state, link=link,
+                         runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))))
+
+
+def audit_outcomes(tmp_path):
+    import json
+
+    path = tmp_path / "audit.log"
+    return [(r["action"], r["outcome"], r.get("command")) for r in map(json.loads, path.read_text().splitlines())]
+
+
+def test_signal_argv_is_kill_with_a_name_and_double_dash():
+    assert signal_argv("INT", 421) == ["kill", "-s", "INT", "--", "421"]
+    for bad in (0, 1, -5, True, "421"):
+        with pytest.raises(ValueError):
+            signal_argv("TERM", bad)
+    with pytest.raises(ValueError):
+        signal_argv("HUP", 421)
+
+
+async def test_sigterm_to_a_real_local_sleep_and_the_next_frame_shows_it_gone(tmp_path):
+    with started(["sleep", "30"]) as sleeper:
+        node = ProbedNode("local", [sleeper.pid])
+        ctx = context(tmp_path, node.state)
+        plan = await plan_action("signal_term", Target(TARGET_PROCESS, "local", pid=sleeper.pid), ctx)
+        assert plan.argv == ("kill", "-s", "TERM", "--", str(sleeper.pid))
+        assert plan.target.name == "sleep" and "this machine" in plan.where
+        report = await run_plan(plan, ctx)
+        assert sleeper.wait(10) == -signal.SIGTERM
+        assert report.ok, report.lines
+        assert "gone" in report.lines[-1] or "zombie" in report.lines[-1]
+    assert [o[:2] for o in audit_outcomes(tmp_path)] == [("signal_term", "attempt"), ("signal_term", "ok")]
+
+
+async def test_a_pid_the_node_did_not_report_is_refused_and_not_signalled(tmp_path):
+    with started(["sleep", "30"]) as reported, started(["sleep", "30"]) as other:
+        node = ProbedNode("local", [reported.pid])
+        ctx = context(tmp_path, node.state)
+        with pytest.raises(Refused, match="not a live process in local's latest frame"):
+            await plan_action("signal_kill", Target(TARGET_PROCESS, "local", pid=other.pid), ctx)
+        assert other.poll() is None and reported.poll() is None
+        # A node that is not live: its last frame's PIDs are not trusted.
+        down = replace(node.state(), state=STATE_DOWN)
+        assert "is down" in refuse_signal(down, reported.pid, local=True)
+        assert "no frame" in refuse_signal(NodeState(name="n"), reported.pid, local=True)
+        assert "this console" in refuse_signal(ProbedNode("local", [os.getpid()]).state(), os.getpid(), local=True)
+        # PID reuse: the frame says python3, /proc says sleep now.
+        state = node.state()
+        renamed = replace(state, frame=replace(state.frame, top_processes=(replace(state.frame.top_processes[0], name="python3"),)))
+        assert "now 'sleep', not 'python3'" in refuse_signal(renamed, reported.pid, local=True)
+        assert refuse_signal(renamed, reported.pid, local=False) is None  # remote: /proc here is not the node's
+
+
+@pytest.mark.sshd
+async def test_sigint_over_real_ssh_reaches_a_real_sleep(sshd_factory, tmp_path):
+    server = sshd_factory.start()
+    link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port), FAST, 0.3)
+    try:
+        with started(["sleep", "30"]) as sleeper:
+            node = ProbedNode("n1", [sleeper.pid])  # the sshd runs here, so /proc here is the node's
+            ctx = context(tmp_path, node.state, link=link)
+            plan = await plan_action("signal_int", Target(TARGET_PROCESS, "n1", pid=sleeper.pid), ctx)
+            assert "over SSH" in plan.where and plan.argv[:3] == ("kill", "-s", "INT")
+            report = await run_plan(plan, ctx)
+            assert sleeper.wait(10) == -signal.SIGINT
+            assert report.ok, report.lines
+            # A PID that is gone: kill over SSH fails, and that is the result shown.
+            result = await deliver_signal("TERM", sleeper.pid, link, 10)
+            assert result.exit_status not in (0, None) and not result.ok
+    finally:
+        await link.close()
+    assert [o[:2] for o in audit_outcomes(tmp_path)] == [("signal_int", "attempt"), ("signal_int", "ok")]
+
+
+# A training loop in the spirit of the seed's GracefulKiller: SIGINT sets a flag, the loop saves and exits.
+GRACEFUL = """
+import signal, sys, time
+stop = []
+signal.signal(signal.SIGINT, lambda *a: stop.append(1))
+print("ready", flush=True)
+while not stop:
+    time.sleep(0.02)
+open(sys.argv[1], "w").write("checkpoint saved")
+"""
+
+
+async def test_escalation_stops_at_sigint_when_the_script_saves_and_exits(tmp_path):
+    saved = tmp_path / "ckpt"
+    with started([sys.executable, "-c", GRACEFUL, str(saved)], wait_ready=True) as trainer:
+        node = ProbedNode("local", [trainer.pid])
+        ctx = context(tmp_path, node.state)
+        asked = []
+
+        async def confirm_next(signal_name, verdict):
+            asked.append(signal_name)
+            return True
+
+        ctx.confirm_next = confirm_next
+        plan = await plan_action("escalate", Target(TARGET_PROCESS, "local", pid=trainer.pid), ctx)
+        report = await run_plan(plan, ctx)
+        assert trainer.wait(10) == 0
+    assert saved.read_text() == "checkpoint saved"
+    assert report.ok and asked == []
+    assert report.lines[0].startswith("SIGINT: exit status 0")
+
+
+STUBBORN = """
+import signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+while True:
+    sum(range(20000))  # some CPU, so the probe's top list over SSH has it
+    time.sleep(0.005)
+"""
+
+
+@pytest.mark.sshd
+async def test_escalation_over_real_ssh_with_streamed_frames_ends_in_sigkill(sshd_factory, tmp_path):
+    server = sshd_factory.start()
+    link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port), FAST, 0.3)
+    log = StateLog()
+    task = asyncio.ensure_future(link.run(log))
+    try:
+        with started([sys.executable, "-c", STUBBORN], wait_ready=True) as stubborn:
+            await log.wait_for(lambda s: s.state == STATE_UP and any(
+                p.pid == stubborn.pid for p in s.frame.top_processes), 30)
+            ctx = context(tmp_path, lambda: log.states[-1] if log.states else None, link=link)
+            asked = []
+
+            async def confirm_next(signal_name, verdict):
+                asked.append((signal_name, verdict.gone, "still running" in verdict.text))
+                return True
+
+            ctx.confirm_next = confirm_next
+            plan = await plan_action("escalate", Target(TARGET_PROCESS, "n1", pid=stubborn.pid), ctx)
+            report = await run_plan(plan, ctx)
+            assert stubborn.wait(10) == -signal.SIGKILL
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await link.close()
+    assert asked == [("TERM", False, True), ("KILL", False, True)]
+    assert report.ok, report.lines
+    sent = [cmd[2] for action, outcome, cmd in audit_outcomes(tmp_path) if outcome == "attempt"]
+    assert sent == ["INT", "TERM", "KILL"]
+
+
+async def test_escalation_declined_stops_and_is_audited_as_cancelled(tmp_path):
+    with started([sys.executable, "-c", STUBBORN], wait_ready=True) as stubborn:
+        node = ProbedNode("local", [stubborn.pid])
+        ctx = context(tmp_path, node.state, escalation_s=0.3)
+
+        async def decline(signal_name, verdict):
+            return False
+
+        ctx.confirm_next = decline
+        plan = await plan_action("escalate", Target(TARGET_PROCESS, "local", pid=stubborn.pid), ctx)
+        report = await run_plan(plan, ctx)
+        assert stubborn.poll() is None  # SIGINT ignored, nothing more sent
+    assert not report.ok and any("stopped before SIGTERM" in line for line in report.lines)
+    outcomes = [(o[1], o[2][2]) for o in audit_outcomes(tmp_path)]
+    assert outcomes == [("attempt", "INT"), ("ok", "INT"), ("cancelled", "TERM")]
+
+
+async def test_watch_reports_unknown_when_no_new_frame_arrives():
+    old = ProbedNode("n", [os.getpid()]).state()
+    verdict = await watch_process(lambda: old, os.getpid(), after=time.time() + 60, timeout=0.2)
+    assert not verdict.gone and not verdict.frame_seen and "state unknown" in verdict.text

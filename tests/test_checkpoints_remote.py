@@ -1,0 +1,150 @@
+"""Checkpoint listing, CRC check, open-file check and cleanup over SFTP against a real sshd on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from opsconsole.actions.audit import AuditLog
+from opsconsole.checkpoints.cache import ResultCache
+from opsconsole.checkpoints.cleanup import execute_plan, plan_directory
+from opsconsole.checkpoints.remote import SftpFileSystem
+from opsconsole.checkpoints.scan import scan_directory
+from opsconsole.checkpoints.verify import verify_checkpoint
+from opsconsole.config import NodeConfig, SshConfig
+from opsconsole.nodes.ssh import SshLink
+from tests.sshd import ssh_client, sshd_factory  # noqa: F401,F811 (pytest fixtures)
+from tests.test_checkpoints_fixtures import set_mtime, write_seed_layout
+
+pytestmark = pytest.mark.sshd
+
+FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2)
+ODD_NAMES = ["checkpoint epoch 7.pt", "it's;done.pt", 'say "hi" $(touch PWNED).pt']
+
+
+def scan(root, fs):
+    return scan_directory(str(root), fs, cache=ResultCache(), crc_cache=ResultCache())
+
+
+def comparable(listing):
+    return [(e.name, e.format, e.size_bytes, e.meta.epoch, e.meta.loss, e.latest, e.best, e.integrity, e.problem,
+             e.meta.state_dict, e.meta.tensor_bytes) for e in listing.entries]
+
+
+@pytest.fixture
+def odd_dir(tmp_path):
+    root = tmp_path / "run 42; 'quoted' dir"
+    write_seed_layout(root, losses=(0.8, 0.3, 0.5))
+    for index, name in enumerate(ODD_NAMES):
+        torch.save({"epoch": 10 + index, "loss": 1.0 + index}, root / name)
+        set_mtime(root / name, time.time() - 7200 - index)
+    torch.save({"epoch": 20, "model": {"w": torch.zeros(1024, 1024)}}, root / "big.pt")  # 4 MiB of weights
+    set_mtime(root / "big.pt", time.time() - 9000)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    torch.save({"epoch": 99}, outside / "other_run.pt")
+    (root / "checkpoint_epoch_99.pt").symlink_to(outside / "other_run.pt")
+    return root
+
+
+async def test_remote_listing_matches_local_and_reads_only_ranges(sshd_factory, odd_dir):
+    server = sshd_factory.start()
+    link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port), FAST, 1.0)
+    fs = SftpFileSystem(link, asyncio.get_running_loop())
+    try:
+        remote = await asyncio.to_thread(scan, odd_dir, fs)
+        local = scan(odd_dir, __import__("opsconsole.checkpoints.access", fromlist=["LOCAL"]).LOCAL)
+        assert remote.problem is None and remote.node == "n1"
+        assert comparable(remote) == comparable(local)
+        names = {e.name: e for e in remote.entries}
+        assert set(ODD_NAMES) <= set(names)
+        assert names["it's;done.pt"].meta.epoch == 11
+        assert names["checkpoint_epoch_2.pt"].latest and names["checkpoint_best.pt"].best
+        assert names["checkpoint_epoch_99.pt"].format == "link" and "outside" in names["checkpoint_epoch_99.pt"].problem
+        assert remote.free_bytes and remote.total_bytes == local.total_bytes
+        assert not (odd_dir / "PWNED").exists() and not Path("PWNED").exists()
+        # Only heads, zip directories and data.pkl crossed the wire: not the 4 MiB of weights.
+        assert names["big.pt"].meta.state_dict.bytes == 4 * 2**20
+        assert fs.bytes_read < 400 * 1024 < remote.total_bytes
+        # The full CRC check reads the whole file, over SFTP too.
+        seen = []
+        result = await asyncio.to_thread(verify_checkpoint, names["checkpoint epoch 7.pt"], fs,
+                                         lambda done, total: seen.append(done), lambda: False, ResultCache())
+        assert result.integrity == "ok" and seen and seen[-1] == result.checked_bytes
+    finally:
+        await fs.aclose()
+        await link.close()
+    assert link.channels_in_use == 0 and link.channels_peak >= 1
+
+
+async def test_remote_cleanup_keeps_open_files_and_deletes_only_the_plan(sshd_factory, odd_dir, tmp_path):
+    server = sshd_factory.start()
+    link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port), FAST, 1.0)
+    fs = SftpFileSystem(link, asyncio.get_running_loop())
+    held = odd_dir / "checkpoint_epoch_0.pt"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nf=open(sys.argv[1],'rb')\nprint('open',flush=True)\nsys.stdin.readline()", str(held)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"open"
+        listing = await asyncio.to_thread(scan, odd_dir, fs)
+        plan = await asyncio.to_thread(plan_directory, listing, fs, keep=1, min_age=600, now=time.time())
+        verdicts = {item.name: item for item in plan.items}
+        assert verdicts["checkpoint_epoch_0.pt"].reasons == ("open by a process",)
+        assert not verdicts["checkpoint_epoch_99.pt"].delete
+        to_delete = sorted(item.name for item in plan.to_delete)
+        assert "it's;done.pt" in to_delete and 'say "hi" $(touch PWNED).pt' in to_delete
+        log = tmp_path / "audit.log"
+        result = await asyncio.to_thread(execute_plan, plan, str(odd_dir), AuditLog(str(log)), fs=fs)
+        assert result.ok, result.summary()
+        assert sorted(Path(r.path).name for r in result.deleted) == to_delete
+        left = {p.name for p in odd_dir.iterdir()}
+        assert not left & set(to_delete)
+        assert {"checkpoint_epoch_0.pt", "checkpoint_best.pt", "checkpoint_latest.pt", "checkpoint_epoch_99.pt"} <= left
+        assert (tmp_path / "outside" / "other_run.pt").exists() and not (odd_dir / "PWNED").exists()
+        assert log.read_text().count('"node": "n1"') == 2 * len(to_delete)
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+        await fs.aclose()
+        await link.close()
+
+
+async def test_an_unreachable_node_is_a_listing_problem_not_a_crash(sshd_factory, tmp_path):
+    server = sshd_factory.start()
+    port = server.port
+    server.kill()
+    link = SshLink(NodeConfig(name="gone", host="127.0.0.1", port=port), FAST, 1.0)
+    fs = SftpFileSystem(link, asyncio.get_running_loop(), timeout=10)
+    try:
+        listing = await asyncio.to_thread(scan, tmp_path, fs)
+        assert listing.problem and "gone" in listing.problem and not listing.entries
+    finally:
+        await fs.aclose()
+        await link.close()
+
+
+def test_cli_lists_and_cleans_up_a_node_directory(sshd_factory, odd_dir, tmp_path, capsys):
+    import json
+
+    from opsconsole import cli
+
+    server = sshd_factory.start()
+    config = tmp_path / "config.toml"
+    config.write_text('[[nodes]]\nname = "n1"\nhost = "%s"\nport = %d\n[actions]\naudit_log = "%s"\n'
+                      % (server.address, server.port, tmp_path / "audit.log"))
+    assert cli.main(["checkpoints", str(odd_dir), "--node", "n1", "--config", str(config), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["node"] == "n1" and {Path(c["path"]).name for c in doc["checkpoints"]} >= set(ODD_NAMES)
+    assert cli.main(["checkpoints", str(odd_dir), "--node", "nope", "--config", str(config)]) == 2
+    assert "no such node" in capsys.readouterr().err
+    code = cli.main(["cleanup", str(odd_dir), "--node", "n1", "--config", str(config), "--keep", "1", "--yes"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "it's;done.pt" not in {p.name for p in odd_dir.iterdir()} and "deleted" in out
+    assert (odd_dir / "checkpoint_latest.pt").is_symlink() and (odd_dir / "checkpoint_best.pt").exists()

@@ -1,0 +1,85 @@
+"""`opsconsole check` as a real subprocess: exit codes 0/1/2, --json, --node, --gpu-tests, on the local node."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from test_cli import ROOT, clean_home, closed_loopback_port  # noqa: F401
+
+RELAXED = "[health]\ndisk_free_percent = 0\nmemory_percent = 100\nswap_used_percent = 100\niowait_percent = 100\n"
+LOCAL = '[[nodes]]\nname = "box"\nlocal = true\n'
+
+
+def check(tmp_path: Path, env, config: str, *args: str):
+    path = tmp_path / "opsconsole.toml"
+    path.write_text(config)
+    return subprocess.run([sys.executable, "-m", "opsconsole", "check", "--config", str(path), *args],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def results_of(done):
+    document = json.loads(done.stdout)
+    assert set(document) == {"results"}
+    return document["results"]
+
+
+def test_all_pass_exits_0_and_json_lists_every_result(tmp_path, clean_home):
+    _, env = clean_home
+    done = check(tmp_path, env, LOCAL + RELAXED, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = results_of(done)
+    assert {r["node"] for r in results} == {"box"}
+    assert {"node_reachable", "disk_free", "memory"} <= {r["check"] for r in results}
+    assert {r["status"] for r in results} <= {"pass", "warn"}
+    disk = next(r for r in results if r["check"] == "disk_free")
+    assert disk["evidence"]["path"] == "/" and float(disk["evidence"]["free_percent"]) > 0
+    assert set(disk) == {"check", "node", "gpu", "status", "message", "evidence", "remedy", "time", "duration_s"}
+
+
+def test_a_failing_check_exits_1_and_the_table_shows_it_with_its_remedy(tmp_path, clean_home):
+    _, env = clean_home
+    strict = RELAXED.replace("disk_free_percent = 0", "disk_free_percent = 100")
+    done = check(tmp_path, env, LOCAL + strict)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL  box" in done.stdout and "disk_free" in done.stdout
+    assert "remedy: free space" in done.stdout
+    assert "1 fail" in done.stdout.splitlines()[-1]
+    fail = [r for r in results_of(check(tmp_path, env, LOCAL + strict, "--json")) if r["status"] == "fail"]
+    assert [r["check"] for r in fail] == ["disk_free"]
+
+
+def test_an_unreachable_node_exits_2_and_a_failure_elsewhere_still_exits_1(tmp_path, clean_home):
+    _, env = clean_home
+    gone = '[ssh]\nconnect_timeout = 2\n[[nodes]]\nname = "gone"\nhost = "127.0.0.1"\nport = %d\n' % closed_loopback_port()
+    done = check(tmp_path, env, LOCAL + gone + RELAXED, "--json", "--timeout", "5")
+    assert done.returncode == 2, done.stdout + done.stderr
+    unreachable = [r for r in results_of(done) if r["node"] == "gone"]
+    assert [(r["check"], r["status"]) for r in unreachable] == [("node_reachable", "error")]
+    strict = RELAXED.replace("disk_free_percent = 0", "disk_free_percent = 100")
+    assert check(tmp_path, env, LOCAL + gone + strict, "--timeout", "5").returncode == 1
+
+
+def test_node_selection_and_unknown_names(tmp_path, clean_home):
+    _, env = clean_home
+    two = LOCAL + '[[nodes]]\nname = "other"\nhost = "127.0.0.1"\nport = %d\n' % closed_loopback_port() + RELAXED
+    done = check(tmp_path, env, two, "--json", "--node", "box")
+    assert done.returncode == 0 and {r["node"] for r in results_of(done)} == {"box"}  # the unreachable one left out
+    bad = check(tmp_path, env, two, "--node", "bx")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "opsconsole: check: no node is named bx (did you mean box?); nodes: box, other"
+
+
+def test_gpu_tests_without_a_usable_gpu_exit_2_with_the_reason(tmp_path, clean_home):
+    if os.path.exists("/dev/nvidia0"):
+        return  # on a GPU machine the suite runs for real (tests/test_health_gpu.py)
+    _, env = clean_home
+    config = '[[nodes]]\nname = "box"\nlocal = true\npython = "%s"\n' % sys.executable + RELAXED
+    done = check(tmp_path, env, config, "--json", "--gpu-tests")
+    assert done.returncode == 2, done.stdout + done.stderr
+    suite = [r for r in results_of(done) if r["check"].startswith("gpu_sanity.")]
+    assert suite and all(r["status"] == "error" for r in suite)
+    assert "nvidia-smi is missing" in suite[0]["message"] or "CUDA" in suite[0]["message"]

@@ -1,0 +1,369 @@
+"""Prometheus as a source, end to end: a real Prometheus (Debian's /usr/bin/prometheus) on 127.0.0.1
+scraping two of our exporters (separate processes, the probe over the H200 NVML replay), read back
+by PrometheusSource; scrape failures and an unreachable Prometheus as node states; the fleet
+merging a link's node with Prometheus's; the console showing Prometheus's GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from opsconsole.config import DEFAULT_CONFIG, NodeConfig, SourceConfig, parse_config
+from opsconsole.model import STATE_DOWN, STATE_UP, GpuSample, NodeFrame, from_wire
+from opsconsole.sources import metric_names as names
+from opsconsole.sources.prometheus import PrometheusSource
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not os.access(PROMETHEUS, os.X_OK), reason="prometheus not installed (apt-get install prometheus)")
+
+# Our exporter over the H200 NVML replay, run as its own process; it also writes the frame it
+# serves to FRAME_FILE after every poll, so the test knows exactly what it reported.
+EXPORTER = textwrap.dedent(
+    """
+    import json, os, sys
+    sys.path[:0] = [{root!r}, {tests!r}]
+    from nvml_replay import ReplayNvml
+    from opsconsole.exporter.serve import serve_probe
+    from opsconsole.model import to_wire
+    from opsconsole.probe.agent import Probe
+    from opsconsole.probe.gpu import GpuReader
+
+    name, gpus, frame_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    probe = Probe(node_name=name, top=0, gpu_reader=GpuReader(nvml=ReplayNvml(gpus=gpus, load=True).module))
+    poll = probe.poll
+
+    def poll_and_record():
+        frame = poll()
+        with open(frame_file + ".tmp", "w") as out:
+            json.dump(to_wire(frame), out)
+        os.replace(frame_file + ".tmp", frame_file)
+        return frame
+
+    probe.poll = poll_and_record
+    serve_probe(0, interval=0.5, probe=probe, announce=lambda line: print(line, flush=True))
+    """
+)
+STARTUP_S = 20.0  # generous: only reached when something is broken
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float = STARTUP_S, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("gave up waiting for " + what)
+        time.sleep(0.1)
+
+
+class Exporter:
+    """One exporter process serving node `name` with `gpus` replayed H200s."""
+
+    def __init__(self, tmp: Path, name: str, gpus: int) -> None:
+        self.name = name
+        self.frame_file = tmp / ("%s-frame.json" % name)
+        script = tmp / "exporter.py"
+        script.write_text(EXPORTER.format(root=str(ROOT), tests=str(ROOT / "tests")))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), name, str(gpus), str(self.frame_file)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        line = self.proc.stdout.readline()
+        assert "serving" in line, line
+        self.port = int(line.rsplit(":", 1)[1].split("/")[0])
+        assert "http://127.0.0.1:%d/metrics" % self.port in line
+
+    def frame(self) -> NodeFrame:
+        return from_wire(NodeFrame, json.loads(self.frame_file.read_text()))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+
+
+class Prometheus:
+    """A real Prometheus on 127.0.0.1 with a temp config and data dir, scraping every second."""
+
+    def __init__(self, tmp: Path, targets: List[int]) -> None:
+        self.port = free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        config = tmp / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 500ms, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            "- job_name: opsconsole\n"
+            "  static_configs: [{targets: [%s]}]\n" % ", ".join("'127.0.0.1:%d'" % p for p in targets)
+        )
+        self.log = open(tmp / "prometheus.log", "w")
+        self.proc = subprocess.Popen(
+            [PROMETHEUS, "--config.file=%s" % config, "--storage.tsdb.path=%s" % (tmp / "data"),
+             "--web.listen-address=127.0.0.1:%d" % self.port, "--log.level=warn"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        wait_for(self._ready, what="prometheus /-/ready")
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One Prometheus for the module (each start costs ~5 s: its discovery applies targets every 5 s)
+    scraping three exporters: node-a (8 GPUs, one under load), node-b (2 GPUs) and node-c (1 GPU,
+    stopped by the scrape-failure test). The last test stops Prometheus itself."""
+    tmp = tmp_path_factory.mktemp("prometheus")
+    exporters = []
+    prometheus = None
+    try:
+        exporters = [Exporter(tmp, "node-a", 8), Exporter(tmp, "node-b", 2), Exporter(tmp, "node-c", 1)]
+        prometheus = Prometheus(tmp, [e.port for e in exporters])
+        yield prometheus, {e.name: e for e in exporters}
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        for exporter in exporters:
+            exporter.stop()
+
+
+AB = ("node-a", "node-b")  # the nodes that stay up until Prometheus stops
+
+
+def source_for(url: str, **changes) -> PrometheusSource:
+    config = replace(SourceConfig(url=url, rate_window="5s", stale_after=30.0, nodes=AB), **changes)
+    return PrometheusSource(config, interval=1.0)
+
+
+def refresh_until_complete(source: PrometheusSource, expected: Dict[str, int]) -> Dict[str, object]:
+    """Refresh until every expected node is up with its GPUs (Prometheus needs a scrape or two first)."""
+
+    def complete():
+        states = {s.name: s for s in source.refresh()}
+        ok = all(
+            name in states and states[name].state == STATE_UP and states[name].frame is not None
+            and len(states[name].frame.gpus) == gpus
+            # Prometheus's first scrape of a target may land between our parallel queries: wait for all of it.
+            and all(g.uuid and g.utilization_gpu is not None and g.memory_used is not None and g.clock_sm_mhz is not None
+                    for g in states[name].frame.gpus)
+            for name, gpus in expected.items()
+        )
+        return states if ok else None
+
+    states = wait_for(complete, what="both nodes up in Prometheus")
+    for _ in range(max(source.slow_every, len(source.slow_parts))):  # one whole slow-tier cycle on top
+        states = {s.name: s for s in source.refresh()}
+    return states
+
+
+# The GpuSample fields a dcgm-exporter style series carries (the rest are None in a replay or unexported).
+def exported_fields() -> List[str]:
+    return [attr for _, attr, _ in names.GPU_METRICS]
+
+
+def test_the_source_reads_back_exactly_what_both_exporters_reported(cluster):
+    prometheus, exporters = cluster
+    source = source_for(prometheus.url, slow_every=1)
+    states = refresh_until_complete(source, {"node-a": 8, "node-b": 2})
+    for name in AB:
+        reported = exporters[name].frame()
+        seen = states[name].frame
+        assert seen.gpu_source == "prometheus" and reported.gpu_source == "nvml"
+        assert len(seen.gpus) == len(reported.gpus)
+        for mine, theirs in zip(seen.gpus, reported.gpus):
+            for attr in exported_fields() + ["index", "uuid", "name", "pci_bus_id", "clock_event_reasons", "compute_mode"]:
+                assert getattr(mine, attr) == getattr(theirs, attr), (name, mine.index, attr)
+        assert seen.driver_version == reported.driver_version
+        # Host fields that hold still between polls are equal too; the node's name is the Hostname label.
+        assert seen.host.mem_total == reported.host.mem_total
+        assert seen.host.cpu_count == reported.host.cpu_count
+        assert [(d.path, d.total) for d in seen.host.disks] == [(d.path, d.total) for d in reported.host.disks]
+        assert seen.host.source == "prometheus"
+    # The replayed load: one process on node-a's GPU 0, with its GPU memory and SM share.
+    reported_procs = exporters["node-a"].frame().processes
+    seen_procs = states["node-a"].frame.processes
+    assert [(p.pid, p.gpu_index, p.gpu_memory_bytes, p.gpu_sm_percent) for p in seen_procs] == [
+        (p.pid, p.gpu_index, p.gpu_memory_bytes, p.gpu_sm_percent) for p in reported_procs
+    ]
+    assert seen_procs and seen_procs[0].gpu_uuid == states["node-a"].frame.gpus[0].uuid
+
+
+def test_requests_per_refresh_do_not_depend_on_the_node_count(cluster):
+    prometheus, _ = cluster
+    source = source_for(prometheus.url, slow_every=6)
+    refresh_until_complete(source, {"node-a": 8, "node-b": 2})
+
+    def cycle(source):
+        counts = []
+        for _ in range(6):
+            source.refresh()
+            counts.append(source.status.requests)
+        return counts
+
+    counts = cycle(source)
+    # Every refresh: up, the fast gauges (a few queries over disjoint names) and the rates; the slow
+    # tier's queries are spread one per refresh over the cycle. Never a query per node or per GPU.
+    every = 1 + len(source.queries_fast) + 1
+    assert set(counts) <= {every, every + 1} and sum(counts) == 6 * every + len(source.slow_parts)
+    limited = source_for(prometheus.url, nodes=("node-b",), slow_every=6)  # published: 1 node of 3 scraped
+    states = refresh_until_complete(limited, {"node-b": 2})
+    assert set(states) == {"node-b"}  # `nodes` limits what is published, not what is asked
+    assert sorted(cycle(limited)) == sorted(counts)  # any six refreshes in a row hold one whole cycle
+
+
+def test_history_comes_from_query_range(cluster):
+    prometheus, exporters = cluster
+    source = source_for(prometheus.url)
+    refresh_until_complete(source, {"node-a": 8, "node-b": 2})
+    power = exporters["node-a"].frame().gpus[3].power_draw_w
+    points = wait_for(lambda: source.history_blocking("node-a", 3, "power_w", 30) or None, what="power history")
+    times = [t for t, _ in points]
+    assert times == sorted(times) and all(v == power for _, v in points)
+    memory = wait_for(lambda: source.history_blocking("node-b", 1, "memory_used", 30) or None, what="memory history")
+    assert {v for _, v in memory} == {exporters["node-b"].frame().gpus[1].memory_used}
+    util = asyncio.run(source.history("node-a", None, "gpu_utilization", 30))
+    expected = sum(g.utilization_gpu for g in exporters["node-a"].frame().gpus) / 8
+    assert util and all(v == pytest.approx(expected) for _, v in util)
+
+
+def test_a_stopped_exporter_is_a_scrape_failure(cluster):
+    prometheus, exporters = cluster
+    source = source_for(prometheus.url, nodes=("node-a", "node-c"))
+    before = refresh_until_complete(source, {"node-a": 8, "node-c": 1})
+    exporters["node-c"].stop()
+
+    def node_c_down():
+        states = {s.name: s for s in source.refresh()}
+        return states if states["node-c"].state == STATE_DOWN else None
+
+    states = wait_for(node_c_down, what="node-c's scrape to fail")
+    port = exporters["node-c"].port
+    assert states["node-c"].reason == "scrape failed: job=opsconsole instance=127.0.0.1:%d (up == 0)" % port
+    assert states["node-c"].frame == before["node-c"].frame  # the last good frame is kept
+    assert states["node-a"].state == STATE_UP
+    assert source.status.state == STATE_UP
+
+
+async def test_fleet_mixes_a_link_node_and_prometheus_nodes_into_one_node_each(cluster):
+    from opsconsole.nodes.fleet import Fleet
+    from opsconsole.nodes.local import LocalLink
+
+    prometheus, exporters = cluster
+    for telemetry in ("prometheus", "ssh"):
+        config = replace(DEFAULT_CONFIG, sources=(SourceConfig(url=prometheus.url, telemetry=telemetry, stale_after=30.0, nodes=AB),))
+        link = LocalLink(NodeConfig(name="node-a", local=True), interval=0.5)  # the link of node-a
+        fleet = Fleet(config, links=[link])
+        seen = []
+        await fleet.start(seen.append)
+        try:
+            def ready(states):
+                a, b = states.get("node-a"), states.get("node-b")
+                if not (a and b and a.frame and b.frame and b.state == STATE_UP and a.state == STATE_UP):
+                    return False
+                return (a.frame.gpu_source == "prometheus") == (telemetry == "prometheus")
+
+            deadline = time.monotonic() + STARTUP_S
+            while not ready(fleet.states()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            states = fleet.states()
+            assert list(states) == ["node-a", "node-b"]  # one node-a, whoever reports it
+            assert states["node-b"].frame.gpu_source == "prometheus"
+            assert len(states["node-b"].frame.gpus) == 2
+            if telemetry == "prometheus":
+                assert states["node-a"].frame.gpu_source == "prometheus"
+                assert len(states["node-a"].frame.gpus) == 8
+            else:
+                assert states["node-a"].frame.gpu_source != "prometheus"  # the link's own probe
+            assert fleet.link("node-a") is link  # actions still go through the link
+            totals = fleet.totals(time.time())
+            assert totals.nodes == 2 and totals.sources == (("prometheus", STATE_UP, None),)
+        finally:
+            await fleet.stop()
+
+
+async def test_console_shows_prometheus_gpus_then_prometheus_stopped_is_an_unreachable_source(cluster):
+    """Last in the module: it stops the module's Prometheus."""
+    from textual.widgets import DataTable
+
+    from opsconsole.nodes.fleet import Fleet
+    from opsconsole.tui.app import OpsConsole
+
+    prometheus, _ = cluster
+    config = parse_config(
+        '[console]\ninterval = 0.5\n[[sources]]\nurl = "%s"\nstale_after = 30.0\nnodes = [\"node-a\", \"node-b\"]\n' % prometheus.url,
+        "test.toml",
+    )
+    assert config.nodes == ()  # sources and no [[nodes]]: no implicit local node
+    assert config.sources[0].nodes == AB
+    fleet = Fleet(config)
+    app = OpsConsole(config, fleet)
+    async with app.run_test(size=(160, 45)) as pilot:
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            states = fleet.states()
+            if len(states) == 2 and all(s.state == STATE_UP and s.frame and len(s.frame.gpus) in (8, 2) for s in states.values()):
+                break
+            await pilot.pause(0.1)
+        await pilot.press("1")  # the GPUs pane
+        await pilot.pause(0.3)
+        table = app.query_one("#gpus-table", DataTable)
+        assert table.row_count == 10  # node-a's 8 GPUs and node-b's 2, all from Prometheus
+        header = app.header._shown.plain
+        assert "nodes 2" in header and "up 2" in header and "GPUs 10" in header
+
+        prometheus.stop()
+        source = fleet.sources[0]
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline and source.status.state != STATE_DOWN:
+            await pilot.pause(0.1)
+        await pilot.pause(0.3)
+        assert source.status.reason.startswith("prometheus %s: unreachable: " % prometheus.url)
+        assert "refused" in source.status.reason.lower()
+        states = fleet.states()
+        for name in AB:
+            assert states[name].state == STATE_DOWN and states[name].reason == source.status.reason
+            assert states[name].frame is not None and states[name].frame.gpus  # the last frame is kept
+        header = app.header._shown.plain
+        assert "prometheus down: prometheus %s: unreachable" % prometheus.url in header
+        assert "down 2" in header

@@ -1,0 +1,132 @@
+"""The Health pane in the running console (Pilot): results per node and GPU, r/R reruns, the header badge."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states  # noqa: E402
+
+from opsconsole.config import parse_config  # noqa: E402
+from opsconsole.tui.app import OpsConsole  # noqa: E402
+
+SIZE = (150, 40)
+# Nodes run the health bundle with this interpreter (torch CPU here: the suite answers `error` at once).
+NODES = "".join('[[nodes]]\nname = "%s"\nhost = "127.0.0.1"\npython = "%s"\n' % (name, sys.executable)
+                for name in ("gpu-a01", "gpu-a02", "gpu-a03"))
+
+
+def hot(states, gpu_index=1, temperature=91.0):
+    """The first node with one GPU over the 85 C limit."""
+    first = states[0]
+    gpus = tuple(replace(g, temperature=temperature) if g.index == gpu_index else g for g in first.frame.gpus)
+    return [replace(first, frame=replace(first.frame, gpus=gpus, seq=first.frame.seq + 1))] + list(states[1:])
+
+
+def console(states, config_text="", clock=None):
+    fleet = FakeFleet(states)
+    clock = clock if clock is not None else [FROZEN_NOW]
+    return OpsConsole(parse_config(config_text, "test.toml"), fleet, now=lambda: clock[0]), fleet
+
+
+def rows_of(pane):
+    table = pane.table
+    return [" ".join(str(cell) for cell in table.get_row_at(i)) for i in range(table.row_count)]
+
+
+async def wait_until(pilot, predicate, tries=100):
+    for _ in range(tries):
+        if predicate():
+            return True
+        await pilot.pause(0.1)
+    return predicate()
+
+
+async def test_failures_show_per_gpu_and_raise_the_header_badge():
+    app, fleet = console(hot(single_node_states()))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert "HEALTH 1 FAIL" in str(app.header.render())
+        await pilot.press("8")
+        await pilot.pause()
+        assert app.visible_pane_id == "health"
+        rows = rows_of(app.panes["health"])
+        assert any("fail" in r and "local GPU 1" in r and "gpu_temperature" in r and "91°C" in r for r in rows), rows
+        assert any("pass" in r and "local GPU 0" in r and "gpu_temperature" in r for r in rows)
+        status = str(app.panes["health"].status.render())
+        assert "1 fail" in status
+        # The alert engine heard of it too (Alerts pane), as a health.* rule.
+        assert any(e.rule == "health.gpu_temperature" for e in app.services.alerts.history)
+        # The GPU cools down: the badge goes, the row turns pass with a newer `since`.
+        state = fleet.states()["local"]
+        cooled = tuple(replace(g, temperature=50.0) for g in state.frame.gpus)
+        fleet.publish(replace(state, frame=replace(state.frame, gpus=cooled, seq=state.frame.seq + 1)))
+        await pilot.pause(0.3)
+        assert "HEALTH" not in str(app.header.render())
+        assert app.health.failing() == 0
+
+
+async def test_detail_line_shows_evidence_and_remedy_of_the_selected_result():
+    app, _ = console(hot(single_node_states()))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("8")
+        await pilot.pause()
+        pane = app.panes["health"]
+        index = next(i for i, e in enumerate(pane._shown) if e.result.status == "fail")
+        pane.table.move_cursor(row=index)
+        await pilot.pause()
+        detail = str(pane.detail.render())
+        assert "temperature_c=91" in detail and "remedy: check the node's cooling" in detail
+
+
+async def test_r_reruns_the_selected_node_with_the_gpu_suite():
+    config = '[[nodes]]\nname = "local"\nlocal = true\npython = "%s"\n' % sys.executable
+    clock = [FROZEN_NOW]
+    app, _ = console(single_node_states(), config, clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("8")
+        await pilot.pause()
+        clock[0] += 5.0  # the rerun's results are newer than the rules' first evaluation
+        before = app.panes["health"].table.row_count
+        assert before and not any("gpu_sanity" in r for r in rows_of(app.panes["health"]))
+        await pilot.press("r")
+        await pilot.pause()
+        assert await wait_until(pilot, lambda: not app.health.running and any(
+            e.result.check.startswith("gpu_sanity") for e in app.health.entries()))
+        await pilot.pause(0.2)
+        rows = rows_of(app.panes["health"])
+        assert any("gpu_sanity" in r and "error" in r for r in rows), rows  # no GPU here: the reason, not a crash
+        assert rows.index(next(r for r in rows if "gpu_sanity" in r)) == 0  # newest first
+        assert len(rows) > before
+
+
+async def test_R_reruns_every_node_and_a_node_that_is_away_only_gets_its_rules():
+    app, _ = console(cluster_states(), NODES)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("8")
+        await pilot.pause()
+        await pilot.press("R")
+        await pilot.pause()
+        assert await wait_until(pilot, lambda: not app.health.running)
+        suite_nodes = {e.result.node for e in app.health.entries() if e.result.check.startswith("gpu_sanity")}
+        assert suite_nodes == {"gpu-a01", "gpu-a02"}  # gpu-a03 is down
+        down = [e.result for e in app.health.entries("gpu-a03") if e.result.check == "node_reachable"]
+        assert down and down[0].status == "fail"
+
+
+async def test_filter_and_the_key_registry_know_the_health_keys():
+    app, _ = console(hot(single_node_states()))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("8")
+        await pilot.pause()
+        app.panes["health"].apply_filter("temperature")
+        await pilot.pause()
+        rows = rows_of(app.panes["health"])
+        assert rows and all("gpu_temperature" in r for r in rows)
+        ids = {spec.id: spec for spec in app.key_specs}
+        assert ids["health.rerun"].key == "r" and ids["health.rerun_all"].key == "R"
+        assert ids["health.rerun"].scope == "health"
+        assert ids["pane.health"].key == "8"

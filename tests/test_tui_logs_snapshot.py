@@ -1,0 +1,52 @@
+"""SVG snapshot of the Logs pane: two ranks merged, an OOM traceback marked, the findings list below.
+
+Regenerate after a deliberate change with:
+    .venv/bin/python -m pytest tests/test_tui_logs_snapshot.py --snapshot-update
+and read the SVG (tests/__snapshots__/test_tui_logs_snapshot/) before committing it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_tui_logs import (  # noqa: E402
+    OOM_TRACEBACK, console, needs_followers, pane_of, rank_file, record, write_lines)
+
+SIZE = (140, 40)
+
+
+@pytest.fixture(autouse=True)
+def utc_clock(monkeypatch):
+    """Clocks print local time: pin the zone so the snapshot is the same everywhere."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@needs_followers
+def test_logs_pane_with_a_finding(snap_compare, tmp_path):
+    rank0, rank1 = rank_file(tmp_path, "gpu01", 0), rank_file(tmp_path, "gpu02", 1)
+    write_lines(rank0, [record(n, "INFO", "step %d loss %.2f" % (n, 3.0 - n / 100)) for n in range(0, 24, 2)]
+                + [record(25, "WARNING", "step 25 took 4.1 s (median 1.0 s)")])
+    write_lines(rank1, [record(n, "INFO", "step %d loss %.2f" % (n, 3.0 - n / 100)) for n in range(1, 24, 2)]
+                + [record(24, "ERROR", "step 24 failed on rank 1")] + OOM_TRACEBACK)
+    app = console(tmp_path)
+    expected = 13 + 13 + len(OOM_TRACEBACK)
+
+    async def run_before(pilot) -> None:
+        await pilot.press("6")
+        pane = pane_of(app)
+        deadline = time.monotonic() + 15
+        while (len(pane.view.entries) < expected or not pane.findings.table.row_count) and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
