@@ -519,10 +519,20 @@ def test_an_older_nvidia_smi_refusing_a_field_is_asked_the_basic_fields():
 # --- real frames from the H200 -----------------------------------------------------------
 
 
+def _without_new_defaults(wire, captured):
+    """`wire` less the fields added to the model after `captured` was recorded, where they hold their default."""
+    if isinstance(wire, dict) and isinstance(captured, dict):
+        return {key: _without_new_defaults(value, captured.get(key)) for key, value in wire.items()
+                if key in captured or value not in (None, [], (), {})}
+    if isinstance(wire, list) and isinstance(captured, list) and len(wire) == len(captured):
+        return [_without_new_defaults(a, b) for a, b in zip(wire, captured)]
+    return wire
+
+
 def test_real_h200_frame_loads_into_the_model():
     data = json.loads((FIXTURES / "h200_frame.json").read_text())
     frame = from_wire(NodeFrame, data)
-    assert to_wire(frame) == data  # nothing lost or renamed on the way
+    assert _without_new_defaults(to_wire(frame), data) == data  # nothing lost or renamed on the way
     assert frame.gpu_source == "nvml" and frame.errors == ()
     (gpu,) = frame.gpus
     assert isinstance(gpu, GpuSample) and gpu.uuid.startswith("GPU-")
@@ -540,7 +550,7 @@ def test_real_h200_gpu_readings_load_into_gpu_samples(name):
     gpus = tuple(from_wire(GpuSample, g) for g in data["gpus"])
     procs = tuple(from_wire(ProcessSample, p) for p in data["processes"])
     reading = GpuReading(gpus, procs, data["source"], data["note"], data["driver_version"], tuple(data["errors"]))
-    assert to_wire(reading) == data
+    assert _without_new_defaults(to_wire(reading), data) == data
     assert reading.source == "nvml" and all(not g.errors for g in reading.gpus)
     assert all(g.fan_percent is None and g.clock_mem_max_mhz for g in reading.gpus)
 

@@ -31,7 +31,11 @@ BUSY_STATES = ("R", "D")
 
 
 def spawn(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code])
+    """A child running `code` once its interpreter has started: start-up CPU is not its own work."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush()\n" + code],
+                            stdout=subprocess.PIPE)
+    assert proc.stdout.readline() == b"ready\n"
+    return proc
 
 
 @pytest.fixture

@@ -98,6 +98,10 @@ def test_report_command_on_the_local_node_with_a_log_and_a_secret(tmp_path):
         summary = tar.extractfile(members["summary.md"]).read().decode()
         config_text = tar.extractfile(members["config.toml"]).read().decode()
         logs = [n for n in members if n.startswith("logs/local/")]
+        health = json.loads(tar.extractfile(members["health.json"]).read())["results"]
     assert "| local | up |" in summary
+    # The health rules were judged on the collected state: the local node is reachable.
+    assert (health[0]["check"], health[0]["status"]) == ("node_reachable", "pass")
+    assert "No health results were collected." not in summary
     assert "token=abc" not in config_text
     assert len(logs) == 1

@@ -29,7 +29,7 @@ def command_report(args: argparse.Namespace) -> int:
     from opsconsole.report.gather import gather
 
     config = config_from_args(args)
-    inputs = run_without_joining_threads(gather(config, timeout=args.timeout, health=_health(config)))
+    inputs = run_without_joining_threads(gather(config, timeout=args.timeout))
     try:
         path = write_report(inputs, args.out or default_report_dir())
     except OSError as exc:
@@ -39,7 +39,3 @@ def command_report(args: argparse.Namespace) -> int:
         print("%d item(s) could not be collected: see errors.txt in the report" % len(inputs.problems),
               file=sys.stderr)
     return 0
-
-
-def _health(config) -> list:
-    return []

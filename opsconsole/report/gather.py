@@ -116,8 +116,12 @@ def diagnose_tails(tails: Dict[Tuple[str, str], List[str]]) -> Dict[str, Tuple[O
     return out
 
 
-async def gather(config, fleet=None, timeout: float = 10.0, health: Sequence = ()) -> ReportInputs:
-    """Everything for a report; `fleet` is the console's running fleet, or None for a fresh snapshot."""
+async def gather(config, fleet=None, timeout: float = 10.0, health: Optional[Sequence] = None) -> ReportInputs:
+    """Everything for a report; `fleet` is the console's running fleet, or None for a fresh snapshot.
+
+    `health` is what the console's monitor holds; without it the health rules are judged on the
+    states collected here.
+    """
     problems: List[str] = []
     own_fleet = fleet is None
     if own_fleet:
@@ -128,6 +132,10 @@ async def gather(config, fleet=None, timeout: float = 10.0, health: Sequence = (
         states = {s.name: s for s in states_list}
     else:
         states = fleet.states()
+    if health is None:
+        from opsconsole.health.runner import evaluate_state
+
+        health = [result for state in states.values() for result in evaluate_state(state, config)]
     config_text = None
     if config.source:
         try:

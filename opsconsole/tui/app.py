@@ -33,6 +33,8 @@ from opsconsole.model import STATE_HOSTKEY, NodeState
 from opsconsole.tui.action_flow import ActionFlow
 from opsconsole.tui.audit import AuditPane
 from opsconsole.tui.alerts import AlertsPane
+from opsconsole.tui.checkpoints import CheckpointsPane
+from opsconsole.tui.health import HealthPane
 from opsconsole.tui.cluster import ClusterGpusPane
 from opsconsole.tui.confirm import ConfirmScreen
 from opsconsole.tui.gpus import GpusPane
@@ -66,10 +68,10 @@ PANES: List[Type[Pane]] = [
     NodesPane,
     ClusterGpusPane,
     LogsPane,  # key 6
-    __import__("opsconsole.tui.checkpoints", fromlist=["CheckpointsPane"]).CheckpointsPane,  # key 7
-    __import__("opsconsole.tui.health", fromlist=["HealthPane"]).HealthPane,  # key 8
-    AuditPane,
-    AlertsPane,
+    CheckpointsPane,  # key 7
+    HealthPane,  # key 8
+    AlertsPane,  # key 9
+    AuditPane,  # key 0
 ]
 # Keys of what the console keeps beside the panes (recording, incident report).
 SERVICE_KEYS: Tuple[KeySpec, ...] = (
