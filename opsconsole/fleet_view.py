@@ -62,6 +62,7 @@ class NodeRow:
     errors: Optional[int]
     age: Optional[float]  # seconds since the last good frame
     rtt_ms: Optional[float]
+    util_trend: Tuple[Optional[float], ...] = ()  # recent mean GPU utilisation, oldest first
 
     @property
     def mem_percent(self) -> Optional[float]:
@@ -82,8 +83,8 @@ def frame_error_count(frame: NodeFrame) -> int:
     return count
 
 
-def node_row(state: NodeState, now: float) -> NodeRow:
-    """The summary of one node at time `now` (ages are measured from it)."""
+def node_row(state: NodeState, now: float, history=None) -> NodeRow:
+    """The summary of one node at time `now` (ages are measured from it); `history` gives its trend."""
     frame = state.frame
     gpus: Sequence[GpuSample] = frame.gpus if frame else ()
     utils = _present(g.utilization_gpu for g in gpus)
@@ -110,7 +111,16 @@ def node_row(state: NodeState, now: float) -> NodeRow:
         errors=frame_error_count(frame) if frame else None,
         age=state.age(now),
         rtt_ms=state.rtt_ms,
+        util_trend=_trend(history, state.name),
     )
+
+
+TREND_POINTS = 8
+
+
+def _trend(history, node: str) -> Tuple[Optional[float], ...]:
+    ring = history.node(node, "gpu_utilization") if history is not None else None
+    return tuple(ring.values()[-TREND_POINTS:]) if ring is not None else ()
 
 
 def _selected(states: Mapping[str, NodeState], node: Optional[str]) -> List[NodeState]:
@@ -119,9 +129,13 @@ def _selected(states: Mapping[str, NodeState], node: Optional[str]) -> List[Node
     return [states[node]] if node in states else []
 
 
-def node_rows(states: Mapping[str, NodeState], now: float, node: Optional[str] = None) -> List[NodeRow]:
-    """One summary per node, in the order of `states` (config order); `node` keeps only that one."""
-    return [node_row(state, now) for state in _selected(states, node)]
+def node_rows(states: Mapping[str, NodeState], now: float, node: Optional[str] = None,
+              history=None) -> List[NodeRow]:
+    """One summary per node, in the order of `states` (config order); `node` keeps only that one.
+
+    `history` (opsconsole.history.History) adds each node's utilisation trend.
+    """
+    return [node_row(state, now, history) for state in _selected(states, node)]
 
 
 # --- cluster GPU rows -------------------------------------------------------------------------

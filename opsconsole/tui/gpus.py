@@ -6,10 +6,12 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from opsconsole.actions.registry import TARGET_GPU, Target
 from opsconsole.config import DEFAULT_CONFIG, HealthConfig
+from opsconsole.history import History, sparkline
 from opsconsole.model import GpuSample, NodeState
 from opsconsole.tui import bars
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_OK, LEVEL_PLAIN, LEVEL_WARN, Palette
@@ -93,8 +95,17 @@ def gpu_status(gpu: GpuSample, state: NodeState, now: float) -> StyledCell:
     return "ok", LEVEL_OK
 
 
+def util_cell(gpu: GpuSample, history: Optional[History], node: str) -> str:
+    """Utilisation as a sparkline of its last samples and the value; a bar until there is a past."""
+    ring = history.gpu(node, gpu.index, "utilization") if history is not None else None
+    if ring is None or len(ring) < 2 or gpu.utilization_gpu is None:
+        return bars.percent_bar(gpu.utilization_gpu, UTIL_BAR)
+    return "%s %4s" % (sparkline(ring.values(), UTIL_BAR, 0.0, 100.0), "%d%%" % round(gpu.utilization_gpu))
+
+
 def gpu_cells(
-    gpu: GpuSample, state: NodeState, first_of_node: bool, health: HealthConfig, now: float
+    gpu: GpuSample, state: NodeState, first_of_node: bool, health: HealthConfig, now: float,
+    history: Optional[History] = None,
 ) -> List[StyledCell]:
     """The row of one GPU as (text, level) pairs, in COLUMNS order."""
     memory_pct = gpu.memory_percent
@@ -120,7 +131,7 @@ def gpu_cells(
         (state.name if first_of_node else "", LEVEL_PLAIN),
         (str(gpu.index), LEVEL_PLAIN),
         (gpu.name or NA, LEVEL_PLAIN),
-        (bars.percent_bar(gpu.utilization_gpu, UTIL_BAR), LEVEL_PLAIN),
+        (util_cell(gpu, history, state.name), LEVEL_PLAIN),
         (memory, memory_level(gpu, health)),
         (temp, temperature_level(gpu, health)),
         (power, LEVEL_PLAIN),
@@ -155,6 +166,7 @@ def gpu_rows(
     palette: Palette,
     now: float,
     filter_text: str = "",
+    history: Optional[History] = None,
 ) -> List[TableRow]:
     """Rows for the GPUs of `node`, or of every node grouped by node when `node` is None."""
     names = [node] if node is not None else list(states)
@@ -167,7 +179,7 @@ def gpu_rows(
             continue
         first = True
         for gpu in state.frame.gpus:
-            cells = gpu_cells(gpu, state, first, health, now)
+            cells = gpu_cells(gpu, state, first, health, now, history)
             if needle and needle not in (" ".join(text for text, _ in cells) + " " + name).lower():
                 continue
             first = False
@@ -204,7 +216,8 @@ class GpusPane(ActionKeys, LivePane):
     title = "GPUs"
     key = "1"
 
-    BINDINGS = action_bindings(TARGET_GPU)  # R: absent in a read-only console
+    # R: absent in a read-only console; t: plots of the highlighted GPU's last minutes.
+    BINDINGS = [Binding("t", "trends", "Trends", id="gpus.trends")] + action_bindings(TARGET_GPU)
 
     DEFAULT_CSS = """
     GpusPane { height: 1fr; }
@@ -228,7 +241,9 @@ class GpusPane(ActionKeys, LivePane):
     def draw(self, states: Mapping[str, NodeState], node: Optional[str], now: float) -> None:
         health = getattr(self.app, "config", DEFAULT_CONFIG).health
         palette = bars.palette_from_variables(self.app.theme_variables)
-        self.sync_table(self.query_one(DataTable), gpu_rows(states, node, health, palette, now, self.filter_text))
+        history = getattr(getattr(self.app, "services", None), "history", None)
+        self.sync_table(self.query_one(DataTable),
+                        gpu_rows(states, node, health, palette, now, self.filter_text, history))
         text = gpus_hint(states, node, self.filter_text)
         if text != self._hint_text:
             self._hint_text = text
@@ -250,6 +265,16 @@ class GpusPane(ActionKeys, LivePane):
             return node, int(index)
         except ValueError:
             return None
+
+    def action_trends(self) -> None:
+        found = self.highlighted_gpu()
+        history = getattr(getattr(self.app, "services", None), "history", None)
+        if found is None or history is None:
+            self.app.bell()
+            return
+        from opsconsole.tui.history_view import HistoryScreen  # plotext loads only when asked for
+
+        self.app.push_screen(HistoryScreen(history, found[0], found[1]))
 
     def action_target(self, action_id: str) -> Optional[Target]:
         found = self.highlighted_gpu()

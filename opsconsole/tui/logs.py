@@ -17,6 +17,7 @@ Scrolling to the top loads older lines (LogHub.older).
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 import logging
 import threading
 import time
@@ -82,6 +83,17 @@ def fleet_links(fleet: Any) -> Dict[str, Any]:
     return links
 
 
+def deliver_to(app: Any, pane: "LogsPane", lines: Sequence[LogLine], findings: List[Any]) -> None:
+    """Lines go to the pane; findings also to the console's alerts (and the recording, when on)."""
+    pane.add_lines(lines, findings)
+    services = getattr(app, "services", None)
+    if services is None:
+        return
+    for line, finding in zip(lines, findings):
+        if finding is not None:
+            services.observe_finding(finding, line.source.node)
+
+
 class LogFeed:
     """Runs the LogHub and the Diagnoser for the console; lines and findings go to `deliver`."""
 
@@ -98,7 +110,7 @@ class LogFeed:
     @classmethod
     async def start_for(cls, app: Any) -> Optional["LogFeed"]:
         """Start following `app.config.logs.paths` (None when there are none, or it cannot start)."""
-        if not app.config.logs.paths:
+        if not (app.config.logs.paths or app.config.logs.node_paths):
             return None
         pane = app.panes.get(LogsPane.pane_id)
         if not isinstance(pane, LogsPane):
@@ -108,7 +120,7 @@ class LogFeed:
             from opsconsole.diagnosis.engine import Diagnoser
             from opsconsole.logs.hub import LogHub
 
-            feed = cls(LogHub(app.config, fleet_links(app.fleet)), Diagnoser(), pane.add_lines)
+            feed = cls(LogHub(app.config, fleet_links(app.fleet)), Diagnoser(), partial(deliver_to, app, pane))
             pane.feed = feed
             await feed.start()
         except Exception as exc:  # logs that cannot be followed must not keep the console from starting

@@ -11,7 +11,8 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable
 
-from opsconsole.fleet_view import NODE_FILTER, NODE_SORT_KEYS, NodeRow, filter_rows, node_rows
+from opsconsole.fleet_view import NODE_FILTER, NODE_SORT_KEYS, TREND_POINTS, NodeRow, filter_rows, node_rows
+from opsconsole.history import sparkline
 from opsconsole.tui.formatting import (
     NA,
     STALE_ROW_STYLE,
@@ -30,7 +31,7 @@ from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.table_diff import TableRow
 from opsconsole.tui.table_pane import Column, SortedTable, TablePane
 
-REASON_WIDTH = 32
+REASON_WIDTH = 22
 
 NODE_COLUMNS = (
     Column("name", "Node"),
@@ -39,6 +40,7 @@ NODE_COLUMNS = (
     Column("gpus", "GPUs", 4),
     Column("util_mean", "Util", 5),
     Column("util_max", "Max", 5),
+    Column("trend", "Trend", 8, sortable=False),
     Column("memory", "Memory", 17),
     Column("temp", "Hottest", 10),
     Column("power", "Power", 7),
@@ -72,6 +74,7 @@ def node_table_row(row: NodeRow) -> TableRow:
             cell(format_count(row.gpu_count)),
             cell(format_percent(row.util_mean)),
             cell(format_percent(row.util_max)),
+            cell(sparkline(row.util_trend, TREND_POINTS, 0.0, 100.0)),
             cell(format_memory_pair(row.mem_used, row.mem_total)),
             cell(_hottest(row)),
             cell(format_watts(row.power_sum)),
@@ -98,6 +101,7 @@ class NodesPane(ActionKeys, TablePane):
     # h reruns the node's health checks, D drains it in Slurm (absent in a read-only console).
     BINDINGS = [
         Binding("T", "trust_hostkey", "Trust host key", id="node.trust_hostkey"),
+        Binding("t", "trends", "Trends", id="node.trends"),
     ] + action_bindings(TARGET_NODE)
 
     class TrustHostKey(Message):
@@ -121,7 +125,7 @@ class NodesPane(ActionKeys, TablePane):
     def draw(self) -> List[str]:
         sorted_table = self.tables[0]
         sorted_table.set_columns(NODE_COLUMNS)  # once; later calls see the same layout and return
-        rows = node_rows(self.states, self.now, self.node)
+        rows = node_rows(self.states, self.now, self.node, self.history())
         live = sum(1 for row in rows if row.live)
         sorted_table.show(
             filter_rows(rows, self.filter, self.filter_fields),
@@ -134,6 +138,20 @@ class NodesPane(ActionKeys, TablePane):
             "%d live" % live,
             "sort: " + sorted_table.sort_label(),
         ]
+
+    def history(self):
+        return getattr(getattr(self.app, "services", None), "history", None)
+
+    def action_trends(self) -> None:
+        """Plots of the highlighted node's last minutes."""
+        node = self.highlighted_node()
+        history = self.history()
+        if node is None or history is None:
+            self.app.bell()
+            return
+        from opsconsole.tui.history_view import HistoryScreen  # plotext loads only when asked for
+
+        self.app.push_screen(HistoryScreen(history, node, None))
 
     @on(DataTable.RowSelected, "#nodes-table")
     def drill_into_node(self, event: DataTable.RowSelected) -> None:

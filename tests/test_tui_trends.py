@@ -1,0 +1,73 @@
+"""Sparklines of the recent past in the GPU and node rows, and the history plots on `t` (Pilot)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states  # noqa: E402
+
+from opsconsole.config import parse_config  # noqa: E402
+from opsconsole.tui.app import OpsConsole  # noqa: E402
+from opsconsole.tui.history_view import HistoryScreen  # noqa: E402
+
+SIZE = (140, 40)
+
+
+def with_utilisation(state, seq: int, percent: float):
+    """The state with a newer frame in which GPU 1 runs at `percent`."""
+    gpus = tuple(replace(g, utilization_gpu=percent) if g.index == 1 else g for g in state.frame.gpus)
+    frame = replace(state.frame, seq=seq, time=state.frame.time + seq, gpus=gpus)
+    return replace(state, frame=frame)
+
+
+def util_text(app, row_key: str) -> str:
+    table = app.panes["gpus"].query_one("#gpus-table")
+    return str(table.get_row(row_key)[3])
+
+
+async def test_gpu_rows_draw_the_recent_utilisation_and_t_plots_it():
+    (state,) = single_node_states()
+    fleet = FakeFleet([state])
+    app = OpsConsole(parse_config("", "test.toml"), fleet, now=lambda: FROZEN_NOW)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert "█" in util_text(app, "local/1") and "100%" in util_text(app, "local/1")  # no past yet: a bar
+        for seq, percent in enumerate((0, 25, 50, 75, 100, 12), start=2):
+            fleet.publish(with_utilisation(state, seq, percent))
+        await pilot.pause(0.3)
+        ring = app.services.history.gpu("local", 1, "utilization")
+        assert ring.values()[-6:] == [0, 25, 50, 75, 100, 12]
+        assert util_text(app, "local/1") == "▁▃▅▆█▂  12%"  # six samples (eight block heights), then the value now
+        await pilot.press("down", "t")  # the cursor on GPU 1
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, HistoryScreen) and (screen.node, screen.gpu) == ("local", 1)
+        assert screen.ring("utilization") is ring
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HistoryScreen)
+
+
+async def test_node_rows_draw_the_mean_utilisation_trend_and_t_plots_the_node():
+    states = cluster_states()
+    fleet = FakeFleet(states)
+    app = OpsConsole(parse_config("", "test.toml"), fleet, now=lambda: FROZEN_NOW)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        first = states[0]
+        for seq in range(2, 6):
+            gpus = tuple(replace(g, utilization_gpu=100.0 if seq % 2 else 0.0) for g in first.frame.gpus)
+            fleet.publish(replace(first, frame=replace(first.frame, seq=seq, time=first.frame.time + seq, gpus=gpus)))
+        await pilot.press("4")
+        await pilot.pause(0.3)
+        table = app.panes["nodes"].tables[0].table
+        columns = [c.key for c in app.panes["nodes"].tables[0].columns]
+        trend = str(table.get_row("gpu-a01")[columns.index("trend")])
+        assert trend.strip() == "▅▁█▁█"  # the first frame (half busy), then 0/100 alternating
+        await pilot.press("t")
+        await pilot.pause()
+        assert isinstance(app.screen, HistoryScreen) and (app.screen.node, app.screen.gpu) == ("gpu-a01", None)
