@@ -96,6 +96,11 @@ def command_demo(args: argparse.Namespace) -> int:
 
     if args.ranks < 1:
         raise UsageError("--ranks must be at least 1")
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("demo: torch is not installed here (./scripts/console demo installs it, "
+                         "or: pip install torch==2.13.0)")
     directory = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="opsconsole-demo-"))
     try:
         directory.mkdir(parents=True, exist_ok=True)
