@@ -1,9 +1,14 @@
 """The root-cause engine: streams log lines through the signatures and says which failure caused the rest.
 
 `Diagnoser` is fed every line of every rank (`feed` for LogLine records from the followers,
-`feed_text` for plain text); it keeps bounded state per source (whether a Python traceback's frame
-lines are being read, the last line for excerpts), a capped list of findings and exact per-category
-aggregates. `diagnose_lines` runs it over one input, for `opsconsole diagnose` and reports.
+`feed_text` for plain text); it keeps bounded state per source and rank (whether the last line was
+a Python traceback frame, whose next line quotes source code rather than an error; the last line,
+for NCCL's "Last error:" details; where a peer last closed its connection, since NCCL's generic
+"unhandled system error" / "ncclInternalError" within PEER_GONE_WINDOW lines after that means the
+peer went away, nccl_remote), a capped list of findings and exact per-category aggregates.
+Rank prefixes in lines ("[rank3]:", "[default3]:", srun's "3: ") label the findings and keep
+interleaved ranks' tracebacks apart. `diagnose_lines` runs it over one input, for `opsconsole
+diagnose` and reports.
 
 Root cause (ROOT_CAUSE_ORDER, most fundamental first): hardware and host faults explain the CUDA
 errors they provoke; a CUDA error explains the NCCL errors after it on any rank (an NCCL error after a
@@ -22,11 +27,12 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from opsconsole.diagnosis.finding import Finding
 from opsconsole.diagnosis.knowledge import CATEGORIES
-from opsconsole.diagnosis.signatures import match_line
+from opsconsole.diagnosis.signatures import ROLE_GENERIC, ROLE_PEER_GONE, match_roles
 
 MAX_FINDINGS = 10_000  # findings kept for jump-to; the per-category counts stay exact beyond it
 MAX_SOURCES = 4096  # per-source traceback state; the oldest source's state is dropped beyond it
 EXCERPT_CHARS = 400
+MAX_SCAN_CHARS = 64 * 1024  # a line is matched on its first 64 KiB (the followers cut display there too)
 
 # (category, weak) from the most fundamental cause to the most symptomatic.
 ROOT_CAUSE_ORDER: Tuple[Tuple[str, bool], ...] = (
@@ -54,9 +60,15 @@ ROOT_CAUSE_ORDER: Tuple[Tuple[str, bool], ...] = (
 )
 _RANK_OF = {key: index for index, key in enumerate(ROOT_CAUSE_ORDER)}
 
-_RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:\s?")
-_RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\brank(?: |: |=)(\d+) \(local_rank")
-_TRACEBACK_START = "Traceback (most recent call last):"
+# "[rank3]:" (torch's C++ log prefix), "[default3]:" (torchrun --tee), possibly after a pid or host
+# column ("[80746] [rank0]:", "gpu07: [rank3]:"); srun --label writes "3: ".
+_RANK_PREFIX = re.compile(r"^\s*(?:\S+\s+){0,2}?\[(?:rank|default|trainer)(\d+)\]:\s?")
+_SRUN_LABEL = re.compile(r"^\s{0,4}(\d{1,5}): ")
+_RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\brank(?: |: |=)(\d+) \(local_rank|\bRank (\d+)\] ")
+# A Python traceback frame; the line after it (indented two more) quotes source code, not an error.
+_FRAME = re.compile(r'File "[^"]*", line \d+')
+_LAST_ERROR = "Last error:"  # NCCL's detail follows on the next line
+PEER_GONE_WINDOW = 50  # lines after a peer's connection went away in which NCCL's generic errors mean that
 
 
 def precedence(category: str, weak: bool = False) -> int:
@@ -125,12 +137,16 @@ class Diagnosis:
 
     root_cause: Optional[str]
     findings: Tuple[Finding, ...]
+    summary: Tuple[FindingSummary, ...] = ()  # one row per category, root cause first
+    lines: int = 0  # lines read
+    dropped: int = 0  # findings beyond max_findings (counted in the summary, not listed)
 
 
 @dataclass
 class _SourceState:
-    in_traceback: bool = False
+    frame_col: int = -1  # where the last line's 'File "..."' began, or -1 after any other line
     last_text: str = ""
+    peer_gone_line: int = -PEER_GONE_WINDOW - 1  # the last line saying a peer closed its connection
 
 
 class Diagnoser:
@@ -166,34 +182,55 @@ class Diagnoser:
 
     def _feed(self, text: str, number: int, key: Optional[str], rank: Optional[int],
               time: Optional[float]) -> Optional[Finding]:
-        state = self._state(key or "")
+        if len(text) > MAX_SCAN_CHARS:
+            text = text[:MAX_SCAN_CHARS]
         body = text
-        prefix = _RANK_PREFIX.match(text)
+        line_rank = None
+        prefix = _RANK_PREFIX.match(text) if "]:" in text[:80] else None
+        if prefix is None and text[:1] in " 0123456789":
+            prefix = _SRUN_LABEL.match(text)
         if prefix:
             body = text[prefix.end():]
+            line_rank = int(prefix.group(1))
             if rank is None:
-                rank = int(prefix.group(1))
+                rank = line_rank
+        # Interleaved ranks each get their own traceback state.
+        state = self._state((key or "") if line_rank is None else "%s\0%d" % (key or "", line_rank))
         previous = state.last_text
         state.last_text = body
-        # Inside a Python traceback the frame and source lines quote code, not errors: skip them.
-        if state.in_traceback:
-            if body.startswith((" ", "\t")) or not body:
-                return None
-            state.in_traceback = False
-        if _TRACEBACK_START in body:  # also DataLoader's "Original Traceback"
-            state.in_traceback = True
+        if self._is_code(state, body):
             return None
-        matches = match_line(body)
+        matches = match_roles(body)
         if not matches:
             return None
-        category, weak = min(matches, key=lambda match: precedence(*match))
+        if any(role == ROLE_PEER_GONE for _, _, role in matches):
+            state.peer_gone_line = number
+        elif 0 <= number - state.peer_gone_line <= PEER_GONE_WINDOW:
+            # "unhandled system error" / "ncclInternalError" just after a peer vanished: that peer is the story.
+            matches = [("nccl_remote", True, ROLE_PEER_GONE) if role == ROLE_GENERIC else (category, weak, role)
+                       for category, weak, role in matches]
+        category, weak, _ = min(matches, key=lambda match: precedence(match[0], match[1]))
         if rank is None:
             found = _RANK_IN_TEXT.search(body)
             if found:
-                rank = int(found.group(1) or found.group(2))
-        finding = self._finding(category, weak, number, body, previous, key, rank, time)
+                rank = int(next(group for group in found.groups() if group is not None))
+        excerpt = body
+        if previous.strip() == _LAST_ERROR:
+            excerpt = _LAST_ERROR + " " + body.strip()
+        finding = self._finding(category, weak, number, excerpt, key, rank, time)
         self._record(finding)
         return finding
+
+    @staticmethod
+    def _is_code(state: _SourceState, body: str) -> bool:
+        """Whether the line is a traceback frame or the source line quoted under one."""
+        column, state.frame_col = state.frame_col, -1
+        if 'File "' in body:
+            frame = _FRAME.search(body)
+            if frame:
+                state.frame_col = frame.start()
+                return True
+        return column >= 0 and body[column:column + 2] == "  " and bool(body[column + 2:].strip())
 
     def _state(self, key: str) -> _SourceState:
         state = self._sources.get(key)
@@ -203,7 +240,7 @@ class Diagnoser:
             state = self._sources[key] = _SourceState()
         return state
 
-    def _finding(self, category: str, weak: bool, number: int, body: str, previous: str,
+    def _finding(self, category: str, weak: bool, number: int, body: str,
                  key: Optional[str], rank: Optional[int], time: Optional[float]) -> Finding:
         entry = CATEGORIES[category]
         excerpt = body.strip()
@@ -263,9 +300,12 @@ class Diagnoser:
         self.__init__(self.max_findings)
 
 
-def diagnose_lines(lines: Iterable[str], source: Optional[str] = None) -> Diagnosis:
+def diagnose_lines(lines: Iterable[str], source: Optional[str] = None,
+                   max_findings: int = MAX_FINDINGS) -> Diagnosis:
     """Diagnose one input's lines (newlines stripped here); line numbers start at 1."""
-    diagnoser = Diagnoser()
+    diagnoser = Diagnoser(max_findings=max_findings)
+    number = 0
     for number, text in enumerate(lines, 1):
         diagnoser.feed_text(text.rstrip("\r\n"), number, source)
-    return Diagnosis(root_cause=diagnoser.root_cause(), findings=tuple(diagnoser.findings()))
+    return Diagnosis(root_cause=diagnoser.root_cause(), findings=tuple(diagnoser.findings()),
+                     summary=tuple(diagnoser.summary()), lines=number, dropped=diagnoser.dropped)

@@ -61,10 +61,14 @@ _ENTRIES = (
     _category(
         "cuda_driver", "CUDA driver/runtime problem", SEVERITY_CRITICAL,
         "CUDA could not initialise: the NVIDIA driver is older than the CUDA runtime the framework was built "
-        "with, no CUDA device is visible, or the driver/device is in a bad state.",
-        "Compare nvidia-smi's driver/CUDA version with nvcc --version and torch.version.cuda; install a "
+        "with, no CUDA device is visible, the GPU is in Exclusive_Process mode and taken, or the driver/device "
+        "is in a bad state (after a driver upgrade without reboot NVML reports a Driver/library version "
+        "mismatch and CUDA Error 804).",
+        "Compare nvidia-smi's driver/CUDA version with nvcc --version (or /usr/local/cuda/version.txt) and "
+        "torch.version.cuda; install a "
         "matching driver or a PyTorch build for the installed CUDA; check CUDA_VISIBLE_DEVICES and that "
-        "/dev/nvidia* exist in the container; check dmesg for NVRM errors.",
+        "/dev/nvidia* exist in the container; after a driver upgrade reboot (or reload the nvidia modules); "
+        "check nvidia-smi -q for Compute Mode; check dmesg for NVRM errors.",
     ),
     _category(
         "nccl_timeout", "NCCL collective timeout (watchdog)", SEVERITY_CRITICAL,
@@ -73,17 +77,20 @@ _ENTRIES = (
         "slower, e.g. on data loading or checkpoint saving), or the network stalled.",
         "Look at the other ranks' logs for the first error; set NCCL_DEBUG=INFO and "
         "TORCH_DISTRIBUTED_DEBUG=DETAIL; make sure every rank calls the same collectives in the same order; "
-        "py-spy dump --pid on stuck ranks; raise the timeout (init_process_group(timeout=...)) only for "
+        "py-spy dump --pid (or strace -p PID -e trace=network) on stuck ranks; raise the timeout (init_process_group(timeout=...)) only for "
         "legitimately long steps such as saving.",
     ),
     _category(
         "nccl_network", "NCCL network/system error", SEVERITY_CRITICAL,
         "NCCL's network transport failed: a peer is unreachable (network call failed), a socket or "
-        "InfiniBand error (completion with error status, RDMA link down), the wrong interface chosen, "
-        "or a system call/resource failure.",
+        "InfiniBand error (completion with error status, RDMA link down; status=12 is the transport retry "
+        "counter exceeded: a flapping link or congestion), the wrong interface chosen, or a system "
+        "call/resource failure (a too small /dev/shm in containers too).",
         "Check connectivity (ping, nc -zv host 29500), ibstat / ibv_devinfo for IB ports; set "
         "NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=ALL; pin the interface with NCCL_SOCKET_IFNAME=eth0 and the HCA "
-        "with NCCL_IB_HCA=mlx5_0; try NCCL_IB_DISABLE=1 to use TCP; check switch/link errors.",
+        "with NCCL_IB_HCA=mlx5_0; for IB completion errors check the port counters (perfquery) and raise "
+        "NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT; try NCCL_IB_DISABLE=1 to use TCP; for peer receive failures check the NVLink "
+        "(nvidia-smi nvlink --status) and IB links; check switch/link errors.",
     ),
     _category(
         "nccl_remote", "A peer rank failed (remote error)", SEVERITY_ERROR,
@@ -103,7 +110,8 @@ _ENTRIES = (
     _category(
         "nan_inf", "NaN/Inf in loss or gradients", SEVERITY_ERROR,
         "Numerical instability: exploding gradients, a learning rate too high, FP16 overflow without proper "
-        "loss scaling, a bad data sample, or a division by zero/log of zero.",
+        "loss scaling, a bad data sample, or a division by zero/log of zero. (A NaN/Inf gradient norm alone, "
+        "on steps an fp16 loss scaler skips, is normal and not reported.)",
         "Clip gradients (clip_grad_norm_), lower the learning rate or add warmup; use BF16 or a GradScaler "
         "for FP16; check the data for bad values; enable torch.autograd.set_detect_anomaly(True) to find "
         "the op; skip batches whose loss is not finite.",
@@ -119,7 +127,7 @@ _ENTRIES = (
         "io_error", "I/O error", SEVERITY_ERROR,
         "Reading or writing storage failed: an input/output error from the device, a stale NFS handle, "
         "a lost network file system, permission denied or a missing path.",
-        "Check the storage (dmesg for disk/NFS errors, mount, nfsstat -c, iostat -x 1); check paths and "
+        "Check the storage (dmesg for disk/NFS errors, mount, nfsstat -c, iostat -x 1, a dd or fio test); check paths and "
         "permissions; re-mount or move to healthy storage; retry reads of transient network file systems.",
     ),
     _category(
@@ -133,14 +141,15 @@ _ENTRIES = (
         "data_corrupt", "Corrupt data record", SEVERITY_ERROR,
         "A training sample cannot be decoded: a truncated or damaged image, malformed JSON/JSON lines, a "
         "broken Arrow/Parquet shard.",
-        "Find the file named in the error and verify the data set (checksums, a decode pass over every "
-        "file); re-download or drop the bad records; make the Dataset skip or log undecodable samples.",
+        "Find the file named in the error and verify the data set (md5 checksums against the expected ones, "
+        "a json.load / image decode pass over every file); re-download or drop the bad records; make the Dataset skip or log undecodable samples.",
     ),
     _category(
         "dataloader_worker", "DataLoader worker failed", SEVERITY_ERROR,
         "A DataLoader worker process was killed or exited: out of shared memory (/dev/shm too small, Bus "
         "error), killed by the OOM killer, or an exception/segfault in the Dataset code.",
-        "Raise the shared memory limit (docker --shm-size / --ipc=host, or a larger /dev/shm); reduce "
+        "Raise the shared memory limit (docker gives 64 MB by default: --shm-size / --ipc=host, or a larger "
+        "/dev/shm); reduce "
         "num_workers or prefetch_factor; check dmesg for OOM kills; run with num_workers=0 to see the "
         "Dataset's own exception.",
     ),
@@ -155,7 +164,8 @@ _ENTRIES = (
     _category(
         "gpu_hardware", "GPU hardware fault (Xid / ECC / fell off the bus)", SEVERITY_CRITICAL,
         "The GPU or its link failed: an NVRM Xid error (79: fallen off the bus, 48/63/64/94/95: ECC, "
-        "74: NVLink, 119/120: GSP), an uncorrectable ECC error or the GPU lost to the system.",
+        "74: NVLink, 119/120: GSP firmware timeouts), an uncorrectable ECC error or the GPU lost to the "
+        "system.",
         "Drain the node; check nvidia-smi -q (ECC, retired pages, remapping), dmesg for the Xid code; "
         "reset the GPU (nvidia-smi --gpu-reset -i N) or reboot after the job is gone; check power, cooling "
         "and seating; RMA if it recurs.",

@@ -1,0 +1,194 @@
+"""`opsconsole diagnose [FILE ... | -] [--json]`: recognise failures in log files and name the root cause.
+
+Each input is read as bytes, line by line (memory stays bounded however large the file), decoded
+as UTF-8 with replacement characters, and fed to the same Diagnoser the console's Log pane uses.
+Rotated logs compressed as .gz, .bz2 or .xz are read through the matching decompressor.
+With --json: one object per input on its own line, `{"file", "root_cause", "findings": [{"line",
+"category", "severity", "title", "cause", "remedy", "excerpt"}]}`; without it, a readable report.
+Exit 0 when every input was diagnosed (failures found or not), 2 for bad usage or when an input
+could not be read (named on stderr, one line; the other inputs are still diagnosed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import IO, Iterator, List, Sequence, Tuple
+
+STDIN = "-"
+MAX_LINE_BYTES = 256 * 1024  # the diagnosis looks at a line's first 64 Ki characters; 4 bytes each at most
+EXAMPLES_PER_CATEGORY = 3  # matching lines listed under each category in the readable report
+FINDING_KEYS = ("line", "category", "severity", "title", "cause", "remedy", "excerpt")
+
+
+def register(commands, add_node_options) -> None:
+    parser = commands.add_parser(
+        "diagnose",
+        help="recognise failures (CUDA, NCCL, OOM, NaN, I/O, data) in log files and name the root cause",
+        description="Read log files (or - for standard input), recognise the failure signatures the "
+        "troubleshooting knowledge base lists, and name the root cause with its likely cause and "
+        "remedy. Exit 0 when it ran, 2 for bad usage or an unreadable file.",
+    )
+    parser.add_argument("files", nargs="*", metavar="FILE", help="log files to read; - reads standard input")
+    parser.add_argument("--json", action="store_true", help="one JSON object per input file, one per line")
+    parser.set_defaults(handler=command_diagnose)
+
+
+def command_diagnose(args: argparse.Namespace) -> int:
+    from opsconsole.cli import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE, UsageError
+
+    files: List[str] = list(args.files)
+    if not files:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise UsageError("diagnose: name the log FILE(s) to read, or - for standard input")
+        files = [STDIN]
+    failed = False
+    unreadable = _read_errors()
+    try:
+        for name in files:
+            try:
+                result = diagnose_input(name)
+            except unreadable as exc:
+                failed = True
+                reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+                print("opsconsole: diagnose: %s: %s" % (name, reason), file=sys.stderr)
+                continue
+            if args.json:
+                sys.stdout.write(json.dumps(json_document(name, result), ensure_ascii=False) + "\n")
+            else:
+                sys.stdout.write(readable_report(name, result))
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader (`| head`) left early: say nothing, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return EXIT_USAGE if failed else EXIT_OK
+
+
+def _read_errors() -> tuple:
+    """What reading an input can raise: OS errors, a truncated or damaged compressed file."""
+    import lzma
+    import zlib
+
+    return (OSError, EOFError, zlib.error, lzma.LZMAError)
+
+
+def diagnose_input(name: str):
+    """Diagnose one file (or standard input for '-'); one of _read_errors() when it cannot be read."""
+    from opsconsole.diagnosis.engine import diagnose_lines
+
+    return diagnose_lines(_decoded_lines(name), source=name)
+
+
+def _decoded_lines(name: str) -> Iterator[str]:
+    if name == STDIN:
+        yield from _lines_of(sys.stdin.buffer)
+        return
+    if os.path.isdir(name):
+        raise IsADirectoryError(21, "Is a directory", name)
+    with _open_log(name) as handle:
+        yield from _lines_of(handle)
+
+
+def _open_log(name: str) -> IO[bytes]:
+    """The file as bytes; rotated logs (.gz, .bz2, .xz) through their decompressor."""
+    lowered = name.lower()
+    if lowered.endswith(".gz"):
+        import gzip
+
+        return gzip.open(name, "rb")
+    if lowered.endswith(".bz2"):
+        import bz2
+
+        return bz2.open(name, "rb")
+    if lowered.endswith(".xz"):
+        import lzma
+
+        return lzma.open(name, "rb")
+    return open(name, "rb")
+
+
+def _lines_of(handle: IO[bytes]) -> Iterator[str]:
+    """Decoded lines; of a line longer than MAX_LINE_BYTES only the start is kept (memory stays bounded)."""
+    while True:
+        raw = handle.readline(MAX_LINE_BYTES)
+        if not raw:
+            return
+        if not raw.endswith(b"\n") and len(raw) == MAX_LINE_BYTES:
+            rest = raw
+            while rest and not rest.endswith(b"\n"):
+                rest = handle.readline(MAX_LINE_BYTES)  # the rest of the line, read and dropped
+        yield raw.rstrip(b"\r\n").decode("utf-8", errors="replace")
+
+
+def json_document(name: str, result) -> dict:
+    """The issue's JSON shape for one input."""
+    return {
+        "file": name,
+        "root_cause": result.root_cause,
+        "findings": [{key: getattr(finding, key) for key in FINDING_KEYS} for finding in result.findings],
+    }
+
+
+def readable_report(name: str, result) -> str:
+    """A report for people: the root cause first, then every category seen with its cause and remedy."""
+    from opsconsole.diagnosis.knowledge import CATEGORIES
+
+    out: List[str] = ["== %s (%d line%s)" % (name, result.lines, "" if result.lines == 1 else "s")]
+    if result.root_cause is None:
+        out.append("No failure signature found.")
+        out.append("")
+        return "\n".join(out) + "\n"
+    root = CATEGORIES[result.root_cause]
+    out.append("Root cause: %s [%s, %s]" % (root.title, root.id, root.severity))
+    by_category = _examples(result.findings)
+    for row in result.summary:
+        out.append("")
+        marker = "* " if row.category == result.root_cause else "  "
+        out.append("%s%s [%s] %s, %s" % (marker, row.title, row.category, row.severity, _seen(row)))
+        out.append("    cause:  " + row.cause)
+        out.append("    remedy: " + row.remedy)
+        for finding in by_category.get(row.category, ()):
+            rank = " rank %d" % finding.rank if finding.rank is not None else ""
+            out.append("    line %d%s: %s" % (finding.line, rank, _one_line(finding.excerpt)))
+    if result.dropped:
+        out.append("")
+        out.append("(%d further matching lines counted above but not listed)" % result.dropped)
+    out.append("")
+    return "\n".join(out) + "\n"
+
+
+def _seen(row) -> str:
+    times = "%d time%s" % (row.count, "" if row.count == 1 else "s")
+    lines = "line %d" % row.first_line if row.first_line == row.last_line else "lines %d-%d" % (row.first_line, row.last_line)
+    ranks = ""
+    if row.ranks:
+        ranks = ", rank%s %s" % ("" if len(row.ranks) == 1 else "s", _ranks_text(row.ranks))
+    return "%s, %s%s" % (times, lines, ranks)
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """Sorted ranks as compact ranges: 0-3,7."""
+    parts: List[Tuple[int, int]] = []
+    for rank in sorted(set(ranks)):
+        if parts and rank == parts[-1][1] + 1:
+            parts[-1] = (parts[-1][0], rank)
+        else:
+            parts.append((rank, rank))
+    return ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in parts)
+
+
+def _examples(findings) -> dict:
+    examples: dict = {}
+    for finding in findings:
+        kept = examples.setdefault(finding.category, [])
+        if len(kept) < EXAMPLES_PER_CATEGORY:
+            kept.append(finding)
+    return examples
+
+
+def _one_line(text: str, width: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -1,0 +1,134 @@
+"""`opsconsole diagnose` as a user runs it: a real subprocess, real files, stdin, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opsconsole.diagnosis.knowledge import CATEGORIES
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "data" / "diagnosis"
+LABELS = json.loads((CORPUS / "labels.json").read_text(encoding="utf-8"))
+FINDING_KEYS = ["line", "category", "severity", "title", "cause", "remedy", "excerpt"]
+
+
+def diagnose(*args: str, stdin=None, input_bytes: bytes = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "opsconsole", "diagnose", *args], cwd=cwd, input=input_bytes,
+                          stdin=stdin, capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_json_is_one_object_per_file_in_the_issue_shape():
+    files = ["cuda_oom_rank3_then_nccl.log", "healthy_torchrun_nccl_info.log", "host_oom_elastic_peers_nccl.log"]
+    done = diagnose("--json", *[str(CORPUS / name) for name in files])
+    assert done.returncode == 0, done.stderr
+    documents = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert [doc["file"] for doc in documents] == [str(CORPUS / name) for name in files]
+    assert [doc["root_cause"] for doc in documents] == [LABELS[name]["root_cause"] for name in files]
+    assert all(list(doc) == ["file", "root_cause", "findings"] for doc in documents)
+    assert documents[1]["findings"] == []
+    text_lines = (CORPUS / files[0]).read_text(encoding="utf-8").splitlines()
+    for finding in documents[0]["findings"] + documents[2]["findings"]:
+        assert list(finding) == FINDING_KEYS
+        entry = CATEGORIES[finding["category"]]
+        assert (finding["severity"], finding["title"], finding["cause"], finding["remedy"]) == \
+            (entry.severity, entry.title, entry.cause, entry.remedy)
+    oom = [f for f in documents[0]["findings"] if f["category"] == "cuda_oom"]
+    assert len(oom) == 1 and oom[0]["excerpt"][:40] in text_lines[oom[0]["line"] - 1]
+
+
+def test_standard_input_with_a_dash():
+    text = (CORPUS / "nan_megatron.log").read_bytes()
+    done = diagnose("--json", "-", input_bytes=text)
+    assert done.returncode == 0, done.stderr
+    (doc,) = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert (doc["file"], doc["root_cause"]) == ("-", "nan_inf")
+    assert [f["line"] for f in doc["findings"]] == [7, 8]
+
+
+def test_missing_and_unreadable_files_exit_2_naming_them_while_the_others_are_diagnosed(tmp_path):
+    missing = tmp_path / "no_such_train_rank0.log"
+    directory = tmp_path / "logs_dir"
+    directory.mkdir()
+    good = CORPUS / "disk_full_quota.log"
+    done = diagnose("--json", str(missing), str(good), str(directory))
+    assert done.returncode == 2
+    errors = done.stderr.decode().splitlines()
+    assert errors == ["opsconsole: diagnose: %s: No such file or directory" % missing,
+                      "opsconsole: diagnose: %s: Is a directory" % directory]
+    (doc,) = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert (doc["file"], doc["root_cause"]) == (str(good), "disk_full")
+
+
+def test_bad_usage_exits_2_in_one_line():
+    done = diagnose("--no-such-option")
+    assert done.returncode == 2 and b"Traceback" not in done.stderr
+    # No FILE and a terminal on stdin: say what to give instead of waiting for input.
+    leader, follower = os.openpty()
+    try:
+        done = diagnose(stdin=follower)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == ["opsconsole: diagnose: name the log FILE(s) to read, or - for standard input"]
+
+
+def test_readable_report_names_the_root_cause_its_remedy_and_the_lines():
+    done = diagnose(str(CORPUS / "cuda_oom_rank3_then_nccl.log"), str(CORPUS / "healthy_lightning.log"))
+    assert done.returncode == 0, done.stderr
+    report = done.stdout.decode()
+    first, second = report.split("== ")[1:]
+    assert "Root cause: CUDA out of memory [cuda_oom, critical]" in first
+    assert CATEGORIES["cuda_oom"].remedy in first and CATEGORIES["nccl_timeout"].title in first
+    assert "* CUDA out of memory [cuda_oom] critical, 1 time, line 93, rank 3" in first
+    assert "ranks 0-2" in first and "line 93 rank 3: torch.OutOfMemoryError: CUDA out of memory." in first
+    assert "healthy_lightning.log (15 lines)" in second and "No failure signature found." in second
+
+
+def test_invalid_utf8_binary_noise_and_a_10_mb_line(tmp_path):
+    log = tmp_path / "train_gpu01_rank0_20261202_120000.log"
+    with open(log, "wb") as handle:
+        handle.write(b"step 1 loss 2.3\n\xff\xfe\x00\x9c garbage \xc3\x28\n")
+        handle.write(b"x" * (10 * 1024 * 1024) + b"\n")
+        handle.write(b"RuntimeError: CUDA error: an illegal memory access was encountered \xe2\x82\n")
+        handle.write(b"no newline at the end: NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1> with status=12")
+    done = diagnose("--json", str(log))
+    assert done.returncode == 0, done.stderr
+    (doc,) = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert doc["root_cause"] == "cuda_illegal_memory"
+    assert [(f["line"], f["category"]) for f in doc["findings"]] == [(4, "cuda_illegal_memory"), (5, "nccl_network")]
+    assert doc["findings"][0]["excerpt"].endswith("\ufffd")
+
+
+@pytest.mark.parametrize("name", ["gpu_xid79_fallen_off_bus.log", "healthy_nvidia_smi.log"])
+def test_exit_0_whether_or_not_a_failure_was_found(name):
+    done = diagnose(str(CORPUS / name))
+    assert done.returncode == 0 and done.stderr == b""
+
+
+def test_rotated_logs_are_read_through_their_decompressor_and_damaged_ones_are_named(tmp_path):
+    import bz2
+    import gzip
+    import lzma
+
+    text = (CORPUS / "nccl_network_ib_completion.log").read_bytes()
+    names = []
+    for suffix, opener in ((".gz", gzip.open), (".bz2", bz2.open), (".xz", lzma.open)):
+        path = tmp_path / ("train_gpu01_rank4_20261202_120000.log.1" + suffix)
+        with opener(path, "wb") as handle:
+            handle.write(text)
+        names.append(str(path))
+    damaged = tmp_path / "train_gpu01_rank4_20261202_110000.log.2.gz"
+    damaged.write_bytes(gzip.compress(text)[: len(text) // 8])
+    done = diagnose("--json", *names, str(damaged))
+    assert done.returncode == 2
+    assert [json.loads(line)["root_cause"] for line in done.stdout.decode().splitlines()] == ["nccl_network"] * 3
+    (error,) = done.stderr.decode().splitlines()
+    assert error.startswith("opsconsole: diagnose: %s: " % damaged) and "Traceback" not in error

@@ -1,0 +1,285 @@
+"""The root-cause engine: precedence, tracebacks, rank prefixes, bounded memory, hostile input."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from opsconsole.diagnosis.engine import (
+    EXCERPT_CHARS,
+    MAX_SCAN_CHARS,
+    MAX_SOURCES,
+    PEER_GONE_WINDOW,
+    ROOT_CAUSE_ORDER,
+    Diagnoser,
+    choose_root_cause,
+    diagnose_lines,
+    precedence,
+)
+from opsconsole.diagnosis.knowledge import CATEGORIES
+from opsconsole.diagnosis.signatures import match_line
+from opsconsole.logs.records import LogLine, LogSource
+
+# One line per (category, weak) as the tools print it.
+EXAMPLES = {
+    ("gpu_hardware", False): "[ 1843.308145] NVRM: Xid (PCI:0000:3b:00): 79, pid=48812, name=python, GPU has fallen off the bus.",
+    ("host_oom", False): "[2059991.491542] Out of memory: Killed process 25315 (python) total-vm:53312244kB, anon-rss:31451456kB, file-rss:74816kB",
+    ("cuda_oom", False): "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.23 GiB is free.",
+    ("disk_full", False): "OSError: [Errno 28] No space left on device",
+    ("cuda_driver", False): "RuntimeError: The NVIDIA driver on your system is too old (found version 11040).",
+    ("cuda_invalid_device", False): "RuntimeError: CUDA error: invalid device ordinal",
+    ("cuda_peer_access", False): "RuntimeError: CUDA error: peer access is not supported between these two devices",
+    ("cuda_illegal_memory", False): "RuntimeError: CUDA error: an illegal memory access was encountered",
+    ("cuda_device_assert", False): "RuntimeError: CUDA error: device-side assert triggered",
+    ("cuda_illegal_memory", True): "NVRM: Xid (PCI:0000:cb:00): 31, pid=1797828, name=pt_main_thread, Ch 00000008, intr 00000000. MMU Fault",
+    ("io_error", False): "OSError: [Errno 116] Stale file handle: '/mnt/nfs/cache/shard-0007.arrow'",
+    ("checkpoint_corrupt", False): "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory",
+    ("data_corrupt", False): "PIL.UnidentifiedImageError: cannot identify image file '/data/train/n01440764/x.JPEG'",
+    ("nan_inf", False): "{'loss': nan, 'grad_norm': nan, 'learning_rate': 9.77e-06, 'epoch': 0.53}",
+    ("dataloader_worker", False): "RuntimeError: DataLoader worker (pid 325) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory.",
+    ("nccl_unhandled_cuda", False): "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
+    ("dataloader_worker", True): "RuntimeError: Caught KeyError in DataLoader worker process 3.",
+    ("host_oom", True): "  exitcode  : -9 (pid: 2630)",
+    ("nccl_network", False): "ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer 10.216.210.236<54862> with status=12 opcode=0 len=0 vendor err 129 (Recv)",
+    ("nccl_timeout", False): "[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) ran for 600020 milliseconds before timing out.",
+    ("nccl_remote", True): "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+}
+
+
+def test_every_precedence_level_has_an_example_that_matches_it():
+    assert set(EXAMPLES) == set(ROOT_CAUSE_ORDER)
+    for key, line in EXAMPLES.items():
+        assert key in match_line(line.split("]:", 1)[-1] if line.startswith("[rank") else line), key
+    assert {category for category, _ in ROOT_CAUSE_ORDER} == set(CATEGORIES)
+
+
+PAIRS = [(cause, symptom) for cause, symptom in itertools.combinations(ROOT_CAUSE_ORDER, 2)]
+
+
+@pytest.mark.parametrize("cause,symptom", PAIRS, ids=["%s%s>%s%s" % (c[0], "~" if c[1] else "", s[0], "~" if s[1] else "")
+                                                       for c, s in PAIRS])
+def test_the_more_fundamental_category_is_the_root_cause_in_either_order(cause, symptom):
+    for lines in ([EXAMPLES[symptom], EXAMPLES[cause]], [EXAMPLES[cause], EXAMPLES[symptom]]):
+        assert diagnose_lines(["step 10 loss 2.31"] + lines).root_cause == cause[0]
+
+
+MIXED_CASES = [
+    ("nccl errors after one rank's CUDA OOM", [
+        "[rank3]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.96 GiB.",
+        "[rank0]:[E1129 03:22:08.408271257 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1581, OpType=ALLREDUCE) ran for 600060 milliseconds before timing out.",
+        "[rank1]:ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+    ], "cuda_oom"),
+    ("the OOM reported after the symptoms it caused", [
+        "[rank0]:[E ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5) ran for 600013 milliseconds before timing out.",
+        "[rank3]:RuntimeError: CUDA out of memory. Tried to allocate 392.00 MiB (GPU 3; 39.59 GiB total capacity)",
+    ], "cuda_oom"),
+    ("a watchdog reporting an illegal memory access", [
+        "[rank2]:[E1129 04:02:11.318311870 ProcessGroupNCCL.cpp:1895] [PG ID 2 PG GUID 3 Rank 2] Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered",
+    ], "cuda_illegal_memory"),
+    ("peers reporting a rank's SIGKILL", [
+        "[rank1]:socketProgress: Connection closed by remote peer gpu-e01<40122>",
+        "[rank2]:NCCL WARN socketStartConnect: Connect to 10.0.0.2<45763> failed : Connection refused",
+        "E1129 03:25:27.620000 2606 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) local_rank: 0 (pid: 2630) of binary: /usr/bin/python",
+        "  traceback : Signal 9 (SIGKILL) received by PID 2630",
+    ], "host_oom"),
+    ("the launcher's report alone names a failed peer", [
+        "E1129 03:13:44.002000 7710 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) local_rank: 1 (pid: 7712) of binary: /opt/conda/bin/python",
+    ], "nccl_remote"),
+    ("a GPU that fell off the bus makes CUDA calls fail", [
+        "RuntimeError: CUDA error: unspecified launch failure",
+        "Nov 29 03:50:12 gpu-g04 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=48812, name=python, GPU has fallen off the bus.",
+    ], "gpu_hardware"),
+    ("a truncated image inside a DataLoader worker", [
+        "OSError: Caught OSError in DataLoader worker process 0.",
+        "Original Traceback (most recent call last):",
+        '  File "/opt/conda/lib/python3.11/site-packages/PIL/ImageFile.py", line 247, in load',
+        "    raise OSError(\"image file is truncated\")",
+        "OSError: image file is truncated (1 bytes not processed)",
+    ], "data_corrupt"),
+    ("shared memory full is the loader's, not the disk's", [
+        "RuntimeError: unable to write to file </torch_1190_2781334811_0>: No space left on device (28)",
+        "RuntimeError: DataLoader worker (pid(s) 1201) exited unexpectedly",
+    ], "dataloader_worker"),
+    ("an IB completion error under a remote error", [
+        "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+        "Last error:",
+        "NET/IB : Got completion from peer 10.216.210.236<54862> with status=12 opcode=0 len=0 vendor err 129 (Recv)",
+    ], "nccl_network"),
+    ("the full disk that left a checkpoint truncated", [
+        "RuntimeError: [enforce fail at inline_container.cc:595] . unexpected pos 1093632 vs 1093520",
+        "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory",
+    ], "disk_full"),
+]
+
+
+@pytest.mark.parametrize("lines,expected", [case[1:] for case in MIXED_CASES], ids=[case[0] for case in MIXED_CASES])
+def test_mixed_failures_name_the_cause(lines, expected):
+    assert diagnose_lines(lines).root_cause == expected
+
+
+def test_equal_precedence_goes_to_the_earliest_and_precedence_is_ordered():
+    first = diagnose_lines(["RuntimeError: CUDA error: invalid device ordinal",
+                            "RuntimeError: CUDA error: invalid device ordinal"]).findings
+    assert choose_root_cause(first) == "cuda_invalid_device"
+    assert precedence("gpu_hardware") < precedence("cuda_oom") < precedence("nccl_timeout") < precedence("nccl_remote", True)
+    assert precedence("no_such_category") == len(ROOT_CAUSE_ORDER)
+    assert diagnose_lines(["all good", "step 2 loss 1.9"]).root_cause is None
+
+
+HEALTHY_LINES = [
+    "tj5-h800-01:531:531 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.12.4.17<0>",
+    "ws-01:7711:7844 [0] NCCL INFO Call to connect returned Connection refused, retrying",
+    "ws-01:7711:7711 [0] misc/ibvwrap.cc:66 NCCL WARN Failed to open libibverbs.so[.1]",
+    "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0",
+    "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
+    "{'loss': 0.2051, 'grad_norm': nan, 'learning_rate': 9.774074342405685e-06, 'epoch': 0.53}",
+    "Corrupt JPEG data: 240 extraneous bytes before marker 0xd9",
+    "cudaDeviceEnablePeerAccess returned cudaErrorPeerAccessAlreadyEnabled, ignoring",
+    "_pickle.UnpicklingError: Weights only load failed. This file can still be loaded, to do so you have two options",
+    "[Sat Nov 29 03:41:09 2026] NVRM: Xid (PCI:0000:cb:00): 43, pid=1797828, name=pt_main_thread, Ch 00000008",
+    " iteration     1200/   50000 | lm loss: 2.61E+00 | grad norm: 0.912 | number of skipped iterations:   0 | number of nan iterations:   0 |",
+    "You should probably TRAIN this model on a down-stream task to be able to use it for predictions and inference.",
+    "%s - INFO - init_process_group(backend=nccl, timeout=0:30:00) NCCL_TIMEOUT=1800" % "2026-11-29 03:12:07,418",
+    "|            CUDA OOMs: 0            |        cudaMalloc retries: 0         |",
+    "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+]
+
+
+@pytest.mark.parametrize("line", HEALTHY_LINES)
+def test_healthy_lines_that_look_alarming_are_not_flagged(line):
+    assert diagnose_lines([line]).findings == ()
+
+
+def test_traceback_frames_and_quoted_source_are_not_errors():
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/workspace/oom_retry.py", line 12, in safe_cuda_operation',
+        '    if "CUDA out of memory" in str(e):',
+        '  File "/workspace/oom_retry.py", line 20, in handle_oom',
+        '    raise RuntimeError("NCCL error: unhandled system error")',
+        "KeyError: 'labels'",
+    ]
+    assert diagnose_lines(lines).findings == ()
+    # The exception line itself is what counts, even indented under torchelastic's report.
+    elastic = ["  traceback : Traceback (most recent call last):",
+               '    File "/opt/conda/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 355, in wrapper',
+               "      return f(*args, **kwargs)",
+               "  RuntimeError: CUDA error: an illegal memory access was encountered"]
+    found = diagnose_lines(elastic).findings
+    assert [(f.line, f.category) for f in found] == [(4, "cuda_illegal_memory")]
+
+
+def test_prefixed_tracebacks_skip_their_source_lines_too():
+    lines = [
+        "ERROR 11-29 03:31:11 worker_base.py:574] Traceback (most recent call last):",
+        'ERROR 11-29 03:31:11 worker_base.py:574]   File "/srv/retry.py", line 9, in run',
+        "ERROR 11-29 03:31:11 worker_base.py:574]     except torch.OutOfMemoryError:  # CUDA out of memory",
+        "ERROR 11-29 03:31:11 worker_base.py:574] RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered",
+    ]
+    assert [(f.line, f.category) for f in diagnose_lines(lines).findings] == [(4, "cuda_illegal_memory")]
+
+
+def test_interleaved_ranks_keep_their_own_traceback_state():
+    lines = [
+        '[rank0]:  File "/workspace/train.py", line 231, in train_epoch',
+        "[rank1]:  torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.96 GiB.",
+        '[rank0]:    if "illegal memory access" in msg:',
+        "[rank0]:RuntimeError: CUDA error: device-side assert triggered",
+    ]
+    found = diagnose_lines(lines).findings
+    assert [(f.line, f.category, f.rank) for f in found] == [(2, "cuda_oom", 1), (4, "cuda_device_assert", 0)]
+
+
+@pytest.mark.parametrize("line,rank", [
+    ("[rank3]:RuntimeError: CUDA error: invalid device ordinal", 3),
+    ("[default5]:RuntimeError: CUDA error: invalid device ordinal", 5),
+    ("[80746] [rank0]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1580) ran for 600060 milliseconds before timing out.", 0),
+    ("12: RuntimeError: CUDA error: invalid device ordinal", 12),
+    ("[E ProcessGroupNCCL.cpp:737] [Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=469508) ran for 1802220 milliseconds", 7),
+    ("RuntimeError: CUDA error: invalid device ordinal", None),
+])
+def test_rank_prefixes_and_rank_mentions_label_findings(line, rank):
+    (finding,) = diagnose_lines([line]).findings
+    assert finding.rank == rank
+    assert not finding.excerpt.startswith("[rank") and not finding.excerpt.startswith("[default")
+
+
+def test_nccl_last_error_detail_keeps_its_label_in_the_excerpt():
+    found = diagnose_lines([
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled cuda error",
+        "ncclUnhandledCudaError: Call to CUDA function failed.", "Last error:", "Cuda failure 'out of memory'"]).findings
+    assert [(f.line, f.category) for f in found] == [(1, "nccl_unhandled_cuda"), (2, "nccl_unhandled_cuda"), (4, "cuda_oom")]
+    assert found[-1].excerpt == "Last error: Cuda failure 'out of memory'"
+
+
+def test_findings_are_bounded_but_counts_stay_exact():
+    diagnoser = Diagnoser(max_findings=100)
+    for number in range(1, 5001):
+        diagnoser.feed_text("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB", number, "gpu01:rank%d" % (number % 8),
+                            time=1000.0 + number, rank=number % 8)
+    assert len(diagnoser.findings()) == 100
+    assert diagnoser.dropped == 4900
+    (row,) = diagnoser.summary()
+    assert (row.category, row.count, row.first_line, row.last_line) == ("cuda_oom", 5000, 1, 5000)
+    assert (row.first_seen, row.last_seen) == (1001.0, 6000.0)
+    assert row.ranks == tuple(range(8)) and len(row.sources) == 8
+    result = diagnose_lines(["OSError: [Errno 28] No space left on device"] * 50, max_findings=10)
+    assert (len(result.findings), result.dropped, result.summary[0].count, result.lines) == (10, 40, 50, 50)
+
+
+def test_per_source_state_is_bounded():
+    diagnoser = Diagnoser()
+    for number in range(MAX_SOURCES + 500):
+        diagnoser.feed_text("step %d loss 1.0" % number, 1, "node%05d:/logs/train.log" % number)
+    assert len(diagnoser._sources) <= MAX_SOURCES
+
+
+def test_invalid_and_binary_bytes_do_not_break_it():
+    noise = random.Random(4).randbytes(256 * 1024)
+    blob = noise + b"\n\xff\xfe\x00RuntimeError: CUDA error: an illegal memory access was encountered\x00\xc3\x28\n" + noise
+    lines = blob.decode("utf-8", errors="replace").splitlines()
+    result = diagnose_lines(lines)
+    assert result.root_cause == "cuda_illegal_memory"
+    assert "\ufffd" in result.findings[0].excerpt or "\x00" in result.findings[0].excerpt
+
+
+def test_a_10_mb_line_is_scanned_on_its_first_64_kib():
+    error = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB "
+    (finding,) = diagnose_lines([error + "x" * (10 * 1024 * 1024)]).findings
+    assert finding.category == "cuda_oom" and len(finding.excerpt) <= EXCERPT_CHARS
+    assert diagnose_lines(["y" * (10 * 1024 * 1024)]).findings == ()
+    assert diagnose_lines(["z" * MAX_SCAN_CHARS + error]).findings == ()  # beyond the scanned part
+
+
+def test_feed_takes_the_followers_log_lines():
+    source = LogSource("gpu01", "/logs/train_gpu01_rank3_20261202_120000.log", "gpu01", 3, "gpu01:rank3")
+    other = LogSource("gpu02", "/logs/launcher.log", None, None, "launcher.log")
+    diagnoser = Diagnoser()
+    assert diagnoser.feed(LogLine(source, 1, 0, "step 10 loss 2.3", time=10.0)) is None
+    oom = diagnoser.feed(LogLine(source, 2, 20, "torch.OutOfMemoryError: CUDA out of memory.", time=11.0, rank=3))
+    remote = diagnoser.feed(LogLine(other, 7, 300, "[rank5]:ncclRemoteError: A call failed possibly due to a network error", time=12.0))
+    assert (oom.source, oom.rank, oom.time, oom.line) == (source.key, 3, 11.0, 2)
+    assert (remote.source, remote.rank) == (other.key, 5)
+    assert diagnoser.root_cause() == "cuda_oom"
+    rows = diagnoser.summary()
+    assert [row.category for row in rows] == ["cuda_oom", "nccl_remote"]  # the root cause first
+    assert rows[0].first_finding is oom and rows[0].cause == CATEGORIES["cuda_oom"].cause
+    diagnoser.reset()
+    assert (diagnoser.findings(), diagnoser.root_cause(), diagnoser.summary()) == ([], None, [])
+
+
+PEER_GONE = "host:1:2 [1] misc/socket.cc:538 NCCL WARN Net : Connection closed by remote peer node-b<47861>"
+GENERIC = "ncclInternalError: Internal check failed."
+
+
+@pytest.mark.parametrize("lines,expected", [
+    ([PEER_GONE, "host:1:2 [1] NCCL INFO proxy.cc:1132 -> 3", GENERIC], "nccl_remote"),
+    ([GENERIC], "nccl_network"),
+    ([PEER_GONE] + ["step %d" % n for n in range(PEER_GONE_WINDOW + 1)] + [GENERIC], "nccl_network"),
+    ([PEER_GONE, "NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1> with status=12 opcode=0"], "nccl_network"),
+    (["[rank1]:" + PEER_GONE, "[rank0]:" + GENERIC], "nccl_network"),  # another rank's peer is not this rank's
+], ids=["generic-after-peer-gone", "generic-alone", "outside-the-window", "specific-network-error", "other-rank"])
+def test_nccl_generic_errors_read_in_context_of_a_vanished_peer(lines, expected):
+    assert diagnose_lines(lines).root_cause == expected
