@@ -23,6 +23,8 @@ Targets: ours <= 50 % of one core, p99 frame age <= 2 s, gpustat-way CPU >= 3x o
     .venv/bin/python benchmarks/fleet_scale.py [--nodes 256] [--seconds 30] [--interval 1]
 
 FLEET_SCALE_PROFILE=FILE writes a cProfile of our side's measured window to FILE.
+FLEET_SCALE_COUNTERS=1 (a diagnostic) prints, per client, event-loop wake-ups, SSH packets in and
+out, GC runs, time and cyclic garbage, and user/sys CPU, per second of the window.
 FLEET_SCALE_TRANSPORT_ONLY=1 (a diagnostic): ours reads every line but decodes none after
 the first, which leaves what SSH and asyncio cost. --ciphers LIST sets the SSH ciphers of
 every client (ours through ~/.ssh/config, as a user would).
@@ -69,8 +71,72 @@ def node_names(count: int) -> List[str]:
     return ["sim%03d" % i for i in range(count)]
 
 
-async def _measure_window(seconds: float, sample_ages) -> Dict[str, float]:
+class Counters:
+    """FLEET_SCALE_COUNTERS=1 (a diagnostic): event-loop wake-ups, SSH packets, GC time, user/sys split.
+
+    Counting costs a little itself (a wrapper per select, a callback per collection), so
+    the CPU figure of a run with counters is not the result; the counts are.
+    """
+
+    def __init__(self, conns) -> None:
+        import gc
+
+        self._conns = conns  # a callable: the SSH connections to count packets on
+        self.wakeups = 0
+        self.gc_s = [0.0, 0.0, 0.0]
+        self.gc_runs = [0, 0, 0]
+        self._gc_started = 0.0
+        loop = asyncio.get_running_loop()
+        selector = loop._selector  # type: ignore[attr-defined]
+        select = selector.select
+
+        def counting_select(timeout=None):
+            self.wakeups += 1
+            return select(timeout)
+
+        selector.select = counting_select
+
+        def on_gc(phase, info) -> None:
+            if phase == "start":
+                self._gc_started = time.perf_counter()
+            else:
+                generation = info.get("generation", 0)
+                self.gc_s[generation] += time.perf_counter() - self._gc_started
+                self.gc_runs[generation] += 1
+
+        gc.callbacks.append(on_gc)
+        self._start = self._snapshot()
+
+    def _snapshot(self):
+        received = sent = 0
+        for conn in self._conns():
+            received += getattr(conn, "_recv_seq", 0)
+            sent += getattr(conn, "_send_seq", 0)
+        times = os.times()
+        import gc
+
+        collected = [stat["collected"] for stat in gc.get_stats()]
+        return {"collected": collected, "wakeups": self.wakeups, "received": received, "sent": sent, "gc_s": list(self.gc_s),
+                "gc_runs": list(self.gc_runs), "user": times.user, "sys": times.system, "wall": time.perf_counter()}
+
+    def report(self) -> Dict[str, object]:
+        end, start = self._snapshot(), self._start
+        wall = end["wall"] - start["wall"]
+        return {
+            "wakeups_per_s": (end["wakeups"] - start["wakeups"]) / wall,
+            "packets_in_per_s": (end["received"] - start["received"]) / wall,
+            "packets_out_per_s": (end["sent"] - start["sent"]) / wall,
+            "gc_percent": [round((e - s) / wall * 100.0, 2) for e, s in zip(end["gc_s"], start["gc_s"])],
+            "gc_runs_per_s": [round((e - s) / wall, 2) for e, s in zip(end["gc_runs"], start["gc_runs"])],
+            "gc_collected_per_s": [round((e - s) / wall, 1) for e, s in zip(end["collected"], start["collected"])],
+            "user_percent": (end["user"] - start["user"]) / wall * 100.0,
+            "sys_percent": (end["sys"] - start["sys"]) / wall * 100.0,
+        }
+
+
+async def _measure_window(seconds: float, sample_ages, conns=None) -> Dict[str, float]:
     """CPU % of this process and frame ages, sampled once a second over `seconds`."""
+    counters = Counters(conns) if conns is not None and os.environ.get("FLEET_SCALE_COUNTERS") else None
     cpu0, wall0 = time.process_time(), time.perf_counter()
     ages: List[float] = []
     deadline = wall0 + seconds
@@ -78,8 +144,11 @@ async def _measure_window(seconds: float, sample_ages) -> Dict[str, float]:
         await asyncio.sleep(1.0)
         ages.extend(sample_ages(time.time()))
     cpu = (time.process_time() - cpu0) / (time.perf_counter() - wall0) * 100.0
-    return {"cpu_percent": cpu, "age_p50": percentile(ages, 50), "age_p99": percentile(ages, 99),
-            "age_max": max(ages) if ages else math.nan, "age_samples": len(ages)}
+    result = {"cpu_percent": cpu, "age_p50": percentile(ages, 50), "age_p99": percentile(ages, 99),
+              "age_max": max(ages) if ages else math.nan, "age_samples": len(ages)}
+    if counters is not None:
+        result["counters"] = counters.report()
+    return result
 
 
 async def _wait_all(count_ready, total: int, timeout: float) -> float:
@@ -151,7 +220,10 @@ async def run_ours(keys: SimKeys, ports: Sequence[int], count: int, interval: fl
 
         profiler = cProfile.Profile()
         profiler.enable()
-    result = await _measure_window(seconds, ages)
+    def our_conns():
+        return [c for c in (getattr(fleet.link(n.name), "_conn", None) for n in nodes) if c is not None]
+
+    result = await _measure_window(seconds, ages, our_conns)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(os.environ["FLEET_SCALE_PROFILE"])
@@ -234,7 +306,7 @@ async def run_gpustat_way(keys: SimKeys, ports: Sequence[int], count: int, inter
     to_all_up = await _wait_all(answered, count, ready_timeout)
     await asyncio.sleep(2 * interval)
     window["open"] = True
-    result = await _measure_window(seconds, ages)
+    result = await _measure_window(seconds, ages, lambda: conns)
     window["open"] = False
     result.update(cipher=conns[0].get_extra_info("recv_cipher"), all_up_s=to_all_up, up_at_end=answered(), frames_per_s=window["polls"] / seconds,
                   total_s=time.perf_counter() - started)
@@ -309,8 +381,9 @@ def main() -> int:
     parser.add_argument("--ciphers", default=None, metavar="LIST",
                         help="SSH ciphers for every client (default: asyncssh's, chacha20-poly1305 first)")
     parser.add_argument("--asyncssh-ignore", action="store_true",
-                        help="let the simulated server send asyncssh's IGNORE packet before every packet "
-                             "(default: off, as OpenSSH's sshd)")
+                        help="let the simulated server behave as asyncssh's own server: an IGNORE packet before "
+                             "every packet, and no WINDOW_ADJUST after a channel opens nor EOF before an exec's "
+                             "exit status (default: as OpenSSH's sshd sends them)")
     parser.add_argument("--no-exec-frames", action="store_true",
                         help="skip the second baseline (an exec per tick returning our full frame)")
     args = parser.parse_args()
@@ -336,7 +409,8 @@ def main() -> int:
           "ciphers %s, server %s"
           % (args.nodes, args.interval, args.seconds, os.cpu_count() or 0,
              args.ciphers or "each client's default (ours: AES-GCM first; gpustat-web: asyncssh's, chacha20 first)",
-             "with asyncssh's IGNORE before every packet" if args.asyncssh_ignore else "without IGNORE packets, as sshd"))
+             "as asyncssh's server (IGNORE before every packet)" if args.asyncssh_ignore
+             else "sending what sshd sends (no IGNOREs; WINDOW_ADJUST on open, EOF before exit status)"))
     if os.environ.get("FLEET_SCALE_TRANSPORT_ONLY"):
         print("FLEET_SCALE_TRANSPORT_ONLY: ours decodes no frames (a diagnostic of the transport, not a result)")
     for label, result in (("ours", ours), ("gpustat-web way", theirs), ("exec full frame", frames)):
@@ -353,6 +427,8 @@ def main() -> int:
         if "latency_p99" in result:
             print("%-16s arrival latency p50 %.1f ms p99 %.1f ms" % ("", result["latency_p50"] * 1000,
                                                                     result["latency_p99"] * 1000))
+        if result.get("counters"):
+            print("%-16s counters: %s" % ("", result["counters"]))
         if result.get("not_up"):
             print("%-16s not up: %s" % ("", "; ".join(result["not_up"])))
     print("server (own process, not counted): %s" % server)

@@ -450,15 +450,48 @@ async def _discard(stream, stats: Dict[str, int]) -> None:
         return
 
 
-def _handler(stats: Dict[str, int], csv: bytes):
+# sshd opens a session channel's window in two steps: the open confirmation, then a
+# WINDOW_ADJUST (seen on loopback with OpenSSH 9: confirmation, adjust, exec success).
+OPENSSH_WINDOW_ADJUST = 2 * MIB
+
+
+def _open_like_openssh(process) -> None:
+    """Send the WINDOW_ADJUST that sshd sends after opening a session channel (asyncssh sends none)."""
+    from asyncssh.constants import MSG_CHANNEL_WINDOW_ADJUST
+    from asyncssh.packet import UInt32
+
+    channel = process.channel
+    channel._recv_window += OPENSSH_WINDOW_ADJUST  # the window the adjust grants, as asyncssh's own adjusts keep it
+    channel.send_packet(MSG_CHANNEL_WINDOW_ADJUST, UInt32(OPENSSH_WINDOW_ADJUST))
+
+
+def _exit_like_openssh(process, status: int) -> None:
+    """End an exec as sshd does: EOF when the command's output closes, then exit-status and CLOSE.
+
+    asyncssh's exit() sends exit-status and CLOSE only; sshd sends CHANNEL_EOF first.
+    """
+    process.stdout.write_eof()
+    process.exit(status)
+
+
+def _handler(stats: Dict[str, int], csv: bytes, like_openssh: bool = True):
+    """The process factory: what each exec on a simulated node does.
+
+    like_openssh: every session channel gets sshd's packets besides asyncssh's own (the
+    WINDOW_ADJUST after opening, CHANNEL_EOF before exit-status): 7 packets to the client
+    per exec as from the real sshd, not asyncssh's 5 (tests/test_ssh_stream_tuning.py compares them).
+    """
     frame_lines: Dict[str, FrameLines] = {}
+    opened = _open_like_openssh if like_openssh else (lambda process: None)
+    exit = _exit_like_openssh if like_openssh else (lambda process, status: process.exit(status))
 
     async def handle(process) -> None:
         command = process.command or ""
+        opened(process)
         if command.startswith("nvidia-smi"):
             stats["execs"] += 1
             process.stdout.write(csv)
-            process.exit(0)
+            exit(process, 0)
         elif command.startswith(INSTALLED_PROBE_ONCE):
             # A probe installed on the node, run once per poll: the same data as our stream, one exec each.
             stats["execs"] += 1
@@ -467,24 +500,24 @@ def _handler(stats: Dict[str, int], csv: bytes):
             if node not in frame_lines:
                 frame_lines[node] = FrameLines(node)
             process.stdout.write(frame_lines[node].next())
-            process.exit(0)
+            exit(process, 0)
         elif _is_probe(command):
             await _serve_probe(process, command, stats)
         elif command.startswith("exit") or command == "true":
-            process.exit(0)
+            exit(process, 0)
         else:
             stats["unknown"] += 1
             process.stderr.write(("sim: %s: command not found\n" % command.split(" ")[0]).encode())
-            process.exit(127)
+            exit(process, 127)
 
     return handle
 
 
-async def _serve(keys: SimKeys, count: int, ready, stop_event) -> None:
+async def _serve(keys: SimKeys, count: int, ready, stop_event, like_openssh: bool = True) -> None:
     import asyncssh
 
     stats = {"execs": 0, "frames": 0, "streams": 0, "stdin_bytes": 0, "unknown": 0}
-    handle = _handler(stats, nvidia_smi_csv())
+    handle = _handler(stats, nvidia_smi_csv(), like_openssh)
     servers = []
     for _ in range(count):
         server = await asyncssh.create_server(
@@ -537,7 +570,7 @@ def send_no_ignore_packets() -> None:
 def _server_main(keys: SimKeys, count: int, ready, stop_event, like_openssh: bool = True) -> None:
     if like_openssh:
         send_no_ignore_packets()
-    asyncio.run(_serve(keys, count, ready, stop_event))
+    asyncio.run(_serve(keys, count, ready, stop_event, like_openssh))
 
 
 class SimulatedNodes:

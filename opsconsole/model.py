@@ -282,7 +282,8 @@ class _Decoder:
             f.name for f in dataclasses.fields(cls) if f.name not in self.defaults
         )
         self.names = frozenset(f.name for f in dataclasses.fields(cls))
-        self.nested = _NESTED.get(cls, {})
+        # A subclass (a lazily decoded frame or host) decodes its nested fields as its dataclass does.
+        self.nested = next((_NESTED[base] for base in cls.__mro__ if base in _NESTED), {})
         self.plain_names = self.names - frozenset(self.nested)  # fields decoded as they are (lists aside)
 
     def decode(self, data: Any) -> Any:

@@ -1,4 +1,5 @@
-"""The SSH stream's receive path and its settings: line splitting, keepalives beside the stream, ciphers."""
+"""The SSH stream's receive path and its settings: line splitting, keepalives beside the stream, ciphers,
+the one stale sweep of all streams, and the scale simulator's packets against the real sshd's."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from opsconsole.nodes.ssh import (
     MAX_LINE_CHARS,
     PREFERRED_CIPHERS,
     ProbeSession,
+    StaleSweep,
     ciphers_for,
     keepalive_beside_stream,
+    stale_sweep,
 )
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401  (fixtures)
 
@@ -112,8 +115,111 @@ async def test_a_real_sshd_stream_runs_on_aes_gcm_with_keepalives_past_the_frame
         assert conn.get_extra_info("send_cipher") == PREFERRED_CIPHERS[0]
         assert (conn._keepalive_interval, conn._keepalive_count_max) == (0.75, 2)  # 2 s to give up, as configured
         assert state.frame.top_processes and state.frame.top_processes[0].pid > 0  # the lazy lists, read
+        assert state.frame.host.cpu_per_core  # the lazy cores, read
+        assert stale_sweep().watched == 1  # the stream's stale check is the loop's one sweep, no timer of its own
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await link.close()
+    assert stale_sweep().watched == 0
+
+
+async def _sweeps_until(predicate, sweep: StaleSweep, most: int = 500) -> None:
+    import asyncio
+
+    for _ in range(most):  # a bounded number of sweep periods, not a wall-clock deadline
+        if predicate():
+            return
+        await asyncio.sleep(sweep.period)
+    raise AssertionError("condition not met after %d sweeps" % most)
+
+
+async def test_one_sweep_finds_every_quiet_stream_and_ends_with_the_last():
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    sweep = StaleSweep(period=0.01)
+    quiet = []
+    passed, ahead = [loop.time() - 1.0], [loop.time() + 3600.0]
+
+    def broken() -> None:
+        quiet.append("broken")
+        raise RuntimeError("a bug in one node's check")
+
+    sweep.watch("passed", passed, lambda: quiet.append("passed"))
+    sweep.watch("ahead", ahead, lambda: quiet.append("ahead"))
+    sweep.watch("broken", [loop.time() - 1.0], broken)
+    task = sweep._task
+    await _sweeps_until(lambda: quiet.count("passed") >= 2 and quiet.count("broken") >= 2, sweep)
+    assert "ahead" not in quiet  # and the broken one did not stop the sweep
+    passed[0] = loop.time() + 3600.0  # a frame came: the deadline moved
+    seen = len(quiet)
+    sweep.unwatch("broken")
+    for _ in range(5):  # five more sweeps: nothing is quiet any more
+        await asyncio.sleep(sweep.period)
+    assert quiet[seen:] == []
+    assert sweep._task is task and not task.done()
+    sweep.unwatch("passed")
+    sweep.unwatch("ahead")
+    await asyncio.sleep(0)
+    assert task.cancelled() and sweep.watched == 0
+    sweep.watch("again", [loop.time() - 1.0], lambda: quiet.append("again"))
+    await _sweeps_until(lambda: "again" in quiet, sweep)  # a new task once something is watched again
+    sweep.unwatch("again")
+    assert stale_sweep() is stale_sweep()  # one per event loop
+
+
+# --- the scale simulator sends what sshd sends ------------------------------------------
+
+
+def _received_types(monkeypatch) -> list:
+    from asyncssh.packet import SSHPacketLogger
+
+    seen = []
+    original = SSHPacketLogger.log_received_packet
+
+    def spy(self, pkttype, pktid, packet, note=""):
+        seen.append(pkttype)
+        return original(self, pkttype, pktid, packet, note)
+
+    monkeypatch.setattr(SSHPacketLogger, "log_received_packet", spy)
+    return seen
+
+
+async def _exec_packets(monkeypatch, host, port, user, key, known_hosts, command):
+    """The types of the packets the client gets for one exec, after a first one warmed the connection up."""
+    conn = await asyncssh.connect(host, port, username=user, client_keys=[key], known_hosts=known_hosts, config=None)
+    try:
+        await conn.run(command, check=False)
+        with monkeypatch.context() as patch:
+            seen = _received_types(patch)
+            result = await conn.run(command, check=False)
+        return seen, result
+    finally:
+        conn.close()
+
+
+@pytest.mark.sshd
+async def test_the_scale_simulator_answers_an_exec_with_the_packets_sshd_sends(sshd_factory, ssh_client, tmp_path,
+                                                                               monkeypatch):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from simulated_nodes import NVIDIA_SMI_COMMAND, SimulatedNodes, nvidia_smi_csv
+
+    server = sshd_factory.start()
+    csv = tmp_path / "nvidia-smi.csv"
+    csv.write_bytes(nvidia_smi_csv())
+    real, answer = await _exec_packets(monkeypatch, server.address, server.port, "root", str(ssh_client.key),
+                                       str(ssh_client.known_hosts), "cat %s" % csv)
+    assert answer.exit_status == 0 and answer.stdout.encode() == nvidia_smi_csv()
+    with SimulatedNodes(tmp_path / "sim", ports=1) as sim:
+        simulated, answer = await _exec_packets(monkeypatch, "127.0.0.1", sim.ports[0], "sim000", sim.keys.client_key,
+                                                sim.keys.known_hosts, NVIDIA_SMI_COMMAND)
+    assert answer.exit_status == 0 and answer.stdout.encode() == nvidia_smi_csv()
+    # open confirmation, window adjust, exec success, data, EOF, exit-status, close: the baseline
+    # polled in benchmarks/fleet_scale.py pays for what a real node's sshd makes it handle.
+    assert sorted(simulated) == sorted(real)
+    assert len(real) == 7

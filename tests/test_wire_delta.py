@@ -357,7 +357,7 @@ def test_wire_delta_is_python_38_and_stdlib_only():
 # --- process lists after a TAB, decoded when first read -----------------------------------
 
 
-def test_process_lists_travel_after_a_tab_and_nothing_else_does():
+def test_process_lists_and_host_cores_travel_after_a_tab_and_nothing_else_does():
     wire = real_wire()
     wire["top_processes"][0]["command"] = "python3 -c 'print(1)'\t--tabbed [x]}"  # a TAB and "]}" inside a string
     encoder = DeltaEncoder(keyframe_every=10)
@@ -370,8 +370,12 @@ def test_process_lists_travel_after_a_tab_and_nothing_else_does():
     for line, processes in ((keyframe, wire["processes"]), (delta, None)):
         main, lazy = line.split("\t")  # exactly one TAB: JSON escapes the one in the command
         assert "processes" not in json.loads(main) and "top_processes" not in json.loads(main)
-        assert set(json.loads(lazy)) <= {"processes", "top_processes"}
+        assert "cpu_per_core" not in (json.loads(main).get("host") or {})
+        assert set(json.loads(lazy)) <= {"cpu_per_core", "processes", "top_processes"}
     assert json.loads(keyframe.split("\t")[1])["processes"] == wire["processes"]
+    assert keyframe.split("\t")[1].startswith('{"cpu_per_core":')  # first: the decoder knows it is there
+    assert json.loads(keyframe.split("\t")[1])["cpu_per_core"] == wire["host"]["cpu_per_core"]
+    assert set(json.loads(keyframe.split("\t")[0])["host"]) == set(wire["host"]) - {"cpu_per_core"}
     assert json.loads(delta.split("\t")[1]) == {"top_processes": [0, 1, 2, {"cpu_percent": 12.5, "@": 3}] + list(range(4, 30))}
     unchanged = copy.deepcopy(new)
     unchanged["seq"] += 1
@@ -418,6 +422,67 @@ def test_a_lazy_frame_behaves_as_the_node_frame_it_stands_for():
     assert moved.seq == 999 and moved.processes == plain.processes and moved.top_processes == plain.top_processes
     assert dataclasses.asdict(frames[-1]) == dataclasses.asdict(plain)
     assert lazy != dataclasses.replace(plain, top_processes=plain.top_processes[1:])
+
+
+def test_host_cores_are_parsed_only_when_read_and_survive_deltas_that_leave_them():
+    from opsconsole.model import HostSample, NetRate
+
+    wire = real_wire()
+    encoder, decoder = DeltaEncoder(keyframe_every=100), StreamDecoder()
+    first, _ = decoder.decode_line(encoder.encode_wire(copy.deepcopy(wire)))
+    assert isinstance(first.host, wire_delta.LazyCoresHost) and "cpu_per_core" not in vars(first.host)
+    assert first.host.cpu_percent == wire["host"]["cpu_percent"]  # the host's totals are decoded at once
+    new = copy.deepcopy(wire)
+    new["seq"] += 1
+    new["host"]["cpu_percent"] = 55.5
+    new["host"]["net"][0]["rx_bytes_per_s"] = 12345.0  # a nested list on a lazy host: still NetRates
+    second, _ = decoder.decode_line(encoder.encode_wire(copy.deepcopy(new)))  # the cores did not change
+    assert "cpu_per_core" not in vars(second.host) and second.host is not first.host
+    assert second.host.net[0] == NetRate(**new["host"]["net"][0]) and type(second.host.net[0]) is NetRate
+    assert second.host.cpu_per_core == tuple(wire["host"]["cpu_per_core"])  # the keyframe's, parsed now
+    assert "cpu_per_core" in vars(first.host) or first.host.cpu_per_core == second.host.cpu_per_core
+    third_wire = copy.deepcopy(new)
+    third_wire["seq"] += 1
+    third_wire["host"]["cpu_per_core"] = [1.5] * len(wire["host"]["cpu_per_core"])
+    third, _ = decoder.decode_line(encoder.encode_wire(copy.deepcopy(third_wire)))
+    assert third.host.cpu_per_core == (1.5,) * len(wire["host"]["cpu_per_core"])
+    assert second.host.cpu_per_core == tuple(wire["host"]["cpu_per_core"])  # earlier frames keep theirs
+    plain = from_wire(HostSample, third_wire["host"])
+    assert third.host == plain and plain == third.host and hash(third.host) == hash(plain)
+    assert repr(third.host) == repr(plain) and to_wire(third.host) == to_wire(plain)
+    import dataclasses
+
+    assert dataclasses.replace(second.host, cpu_percent=1.0).cpu_per_core == tuple(wire["host"]["cpu_per_core"])
+    assert third.host != dataclasses.replace(plain, cpu_per_core=(0.0,))
+
+
+def test_lines_with_the_cores_inside_the_host_still_decode():
+    wire = real_wire()  # what a probe of before the cores moved sends: no TAB, or only lists after it
+    plain = DeltaEncoder(keyframe_every=100, split=False)
+    decoder = StreamDecoder()
+    frame, _ = decoder.decode_line(plain.encode_wire(copy.deepcopy(wire)))
+    assert type(frame.host) is not wire_delta.LazyCoresHost
+    assert frame.host.cpu_per_core == tuple(wire["host"]["cpu_per_core"])
+    main = json.loads(DeltaEncoder().encode_wire(copy.deepcopy(wire)).split("\t")[0])
+    main["host"]["cpu_per_core"] = wire["host"]["cpu_per_core"]
+    lists = json.dumps({"processes": wire["processes"], "top_processes": wire["top_processes"]})
+    frame, _ = StreamDecoder().decode_line(json.dumps(main) + "\t" + lists)
+    assert frame == from_wire(NodeFrame, wire) and frame.host.cpu_per_core == tuple(wire["host"]["cpu_per_core"])
+
+
+def test_cores_that_are_no_list_are_empty_and_the_chain_waits_for_a_keyframe():
+    lines, wires = stream_lines(4, keyframe_every=100)
+    main, lazy = lines[1].split("\t")
+    bad = {"cpu_per_core": {"not": "a list"}}  # first, where the encoder puts it
+    bad.update((key, value) for key, value in json.loads(lazy).items() if key != "cpu_per_core")
+    assert wires[1]["host"] is not None
+    decoder = StreamDecoder()
+    decoder.decode_line(lines[0])
+    frame, dropped = decoder.decode_line(main + "\t" + json.dumps(bad))
+    assert dropped is None and frame.gpus == from_wire(NodeFrame, wires[1]).gpus
+    assert frame.host.cpu_per_core == ()
+    frame, dropped = decoder.decode_line(lines[2])
+    assert frame is None and "cpu_per_core did not apply" in dropped
 
 
 def test_lists_that_do_not_apply_are_empty_and_the_chain_waits_for_a_keyframe():

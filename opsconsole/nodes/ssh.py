@@ -27,6 +27,7 @@ import collections
 import contextlib
 import getpass
 import json
+import logging
 import os
 import random
 import shlex
@@ -59,6 +60,8 @@ from opsconsole.nodes.hostkeys import HostKeyVerdict, HostKeyVerifier
 from opsconsole.nodes.smi_fallback import FallbackPoller
 from opsconsole.probe.wire_delta import StreamDecoder
 
+log = logging.getLogger(__name__)
+
 DEFAULT_MAX_LOGINS = 8
 LOGIN_JITTER_S = 0.05  # spreads a fleet's logins so they don't hit sshd in one burst
 STALE_INTERVALS = 3
@@ -76,6 +79,9 @@ KEYFRAME_EVERY_S = 30.0
 # Keepalives wait at least this many frame intervals of silence (see keepalive_beside_stream).
 STREAM_KEEPALIVE_SLACK = 1.5
 MAX_LINE_CHARS = 16 * 1024 * 1024  # a probe line longer than this is no frame: hand it over, don't grow
+# How often the one stale sweep of an event loop looks at every stream (see StaleSweep): a node goes
+# `stale` at most this much later than STALE_INTERVALS intervals after its last frame.
+STALE_SWEEP_S = 0.25
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com")
 
 # One limiter per event loop for links made without one (the fleet passes its own).
@@ -88,6 +94,61 @@ def _default_limiter(size: int) -> asyncio.Semaphore:
     if limiter is None:
         limiter = _default_limiters[loop] = asyncio.Semaphore(size)
     return limiter
+
+
+class StaleSweep:
+    """Every stream's stale check of one event loop in one task, every STALE_SWEEP_S.
+
+    A stream watched by a timer of its own wakes the console once per node every few
+    seconds to find its node fine: at 256 nodes that was a third of the loop's wake-ups.
+    Each stream hands over its deadline (a one-item list its frames move, in loop time)
+    and `went_quiet` is called once the deadline has passed, on every sweep until it moves
+    again. The task runs while something is watched.
+    """
+
+    def __init__(self, period: float = STALE_SWEEP_S) -> None:
+        self.period = period
+        self._watched = {}  # type: Dict[Any, Tuple[List[float], Callable[[], None]]]
+        self._task = None  # type: Optional[asyncio.Task]
+
+    def watch(self, key: Any, deadline: List[float], went_quiet: Callable[[], None]) -> None:
+        self._watched[key] = (deadline, went_quiet)
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._sweep())
+
+    def unwatch(self, key: Any) -> None:
+        self._watched.pop(key, None)
+        if not self._watched and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    @property
+    def watched(self) -> int:
+        return len(self._watched)
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._watched:
+            await asyncio.sleep(self.period)
+            now = loop.time()
+            for deadline, went_quiet in list(self._watched.values()):
+                if deadline[0] <= now:
+                    try:
+                        went_quiet()
+                    except Exception as exc:  # one node's trouble must not stop the others' checks
+                        log.warning("stale check failed: %s: %s", type(exc).__name__, exc)
+
+
+_sweeps: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StaleSweep]" = weakref.WeakKeyDictionary()
+
+
+def stale_sweep() -> StaleSweep:
+    """The running event loop's StaleSweep."""
+    loop = asyncio.get_running_loop()
+    sweep = _sweeps.get(loop)
+    if sweep is None:
+        sweep = _sweeps[loop] = StaleSweep()
+    return sweep
 
 
 class LinkError(Exception):
@@ -630,7 +691,7 @@ class SshLink(NodeLink):
         """
         loop = asyncio.get_running_loop()
         stale_after = STALE_INTERVALS * self.interval
-        # The watcher reads the deadline each frame moves: no timer per line.
+        # The stale sweep reads the deadline each frame moves: no timer per line, none per node.
         deadline = [loop.time() + stale_after + FIRST_FRAME_GRACE_S]
         decoder = StreamDecoder()
         decode_line = decoder.decode_line
@@ -671,11 +732,12 @@ class SshLink(NodeLink):
                 if self._lost is not None:
                     return "lost", self._lost
                 return "exited", "cannot start the probe: %s" % (getattr(exc, "reason", None) or exc)
-            watcher = asyncio.ensure_future(self._watch_stale(deadline))
+            sweep = stale_sweep()
+            sweep.watch(self, deadline, self._went_quiet)
             try:
                 await session.closed
             finally:
-                watcher.cancel()
+                sweep.unwatch(self)
                 channel.close()
             with contextlib.suppress(asyncio.TimeoutError, asyncssh.Error, OSError):
                 await asyncio.wait_for(channel.wait_closed(), PROBE_EXIT_WAIT_S)
@@ -702,21 +764,12 @@ class SshLink(NodeLink):
         if self._publish is not None:
             self._publish(self._state)
 
-    async def _watch_stale(self, deadline: List[float]) -> None:
-        """Enter `stale` when no frame came by deadline[0]; a frame moves the deadline and brings `up` back."""
-        loop = asyncio.get_running_loop()
-        stale_after = STALE_INTERVALS * self.interval
-        while True:
-            wait = deadline[0] - loop.time()
-            if wait > 0:
-                # At most stale_after: the first frame moves the deadline earlier than the grace one.
-                await asyncio.sleep(min(wait, stale_after))
-                continue
-            if self._state.state != STATE_STALE:
-                since = self._state.received_at
-                age = "no frame for %.1f s" % (time.time() - since) if since else "no frame yet"
-                self._enter(STATE_STALE, age)
-            await asyncio.sleep(min(self.interval, 1.0))
+    def _went_quiet(self) -> None:
+        """The stream's deadline passed without a frame (StaleSweep): enter `stale`; the next frame brings `up` back."""
+        if self._state.state != STATE_STALE:
+            since = self._state.received_at
+            age = "no frame for %.1f s" % (time.time() - since) if since else "no frame yet"
+            self._enter(STATE_STALE, age)
 
     # --- the fallback ------------------------------------------------------------------------
 
