@@ -19,12 +19,16 @@ import json
 import os
 import sys
 import time
+from itertools import accumulate, repeat
 
 MAX_LINE_BYTES = 64 * 1024  # the same value as records.MAX_LINE_BYTES (kept here: stdlib only)
 FINGERPRINT_BYTES = 64
 READ_CHUNK = 1 << 20
 POLL_BUDGET = 8 << 20  # bytes read from one file per poll, so one busy file cannot starve the others
-LAST_PAGE_BYTES = 256 * 1024  # a file first seen starts this far from its end (its last page)
+LAST_PAGE_BYTES = 256 * 1024  # a file first seen starts at most this far from its end (its last page)
+LAST_PAGE_LINES = 200  # ... and at its last this many lines: one page per source shows at once, older ones on demand
+FIRST_TAIL_BLOCK = 32 * 1024
+TAIL_BLOCK = 64 * 1024  # reading backwards from the end: one block holds ~500 lines of a training log
 COUNT_LINES_LIMIT = 256 << 20  # below this size the lines before the last page are simply counted
 
 
@@ -36,17 +40,31 @@ def cut_line(raw):
     return raw[:cut]
 
 
-def last_page_start(fd, size, page=LAST_PAGE_BYTES):
-    """Offset of the first whole line in the last `page` bytes of an open file."""
-    if size <= page:
+def last_page_start(fd, size, page=LAST_PAGE_BYTES, lines=LAST_PAGE_LINES):
+    """Offset where the last page of an open file starts: its last `lines` complete lines, read
+    backwards from the end, but never more than `page` bytes back (then: the first whole line there)."""
+    floor = max(0, size - page)
+    position, newlines = size, 0
+    step = FIRST_TAIL_BLOCK  # 200 lines of a training log fit in it: one read, no more bytes than needed
+    while position > floor:
+        step = min(step, position - floor)
+        position -= step
+        block = os.pread(fd, step, position)
+        count = block.count(b"\n")
+        if newlines + count > lines:  # the newline before the page's first line is in this block
+            # It is the j-th newline from the block's end: the page starts after the last j pieces.
+            j = lines + 1 - newlines
+            pieces = block.split(b"\n")
+            return position + len(block) - sum(map(len, pieces[-j:])) - (j - 1)
+        newlines += count
+        step = TAIL_BLOCK
+    if floor == 0:
         return 0
-    start = size - page
-    block = os.pread(fd, page, start - 1)  # one byte before: is `start` already a line start?
+    block = os.pread(fd, page, floor - 1)  # one byte before: is `floor` already a line start?
     newline = block.find(b"\n")
     if newline < 0:
         return size  # one giant last line: follow from the end
-    return start + newline
-
+    return floor + newline
 
 def count_lines_before(fd, offset):
     """Newlines in the first `offset` bytes of an open file (the number of lines before it)."""
@@ -183,7 +201,7 @@ class FileTail(object):
                 self._reset_position(0)
                 self.events.append(("truncated", 0))
         self.size_seen, self.mtime_seen = st.st_size, st.st_mtime_ns
-        self._read(out, budget)
+        self._read(out, budget, st.st_size)
         return out
 
     def _open(self, st):
@@ -218,12 +236,18 @@ class FileTail(object):
         except OSError:
             return False
 
-    def _read(self, out, budget):
-        """Read up to `budget` bytes; True when the end of the file was reached."""
+    def _read(self, out, budget, end=None):
+        """Read up to `budget` bytes (and, when `end` is given, up to that size the stat saw: no
+        read that finds nothing, no 1 MiB buffer for a few lines); True when the end was reached."""
         left = budget
         while left > 0:
+            want = min(READ_CHUNK, left)
+            if end is not None:
+                if self.read_pos >= end:
+                    return True
+                want = min(want, end - self.read_pos)
             try:
-                chunk = os.pread(self.fd, min(READ_CHUNK, left), self.read_pos)
+                chunk = os.pread(self.fd, want, self.read_pos)
             except OSError as exc:
                 self.error = describe_os_error(exc)
                 return True
@@ -251,6 +275,16 @@ class FileTail(object):
         parts = data.split(b"\n")
         self.partial = parts.pop()
         offset = self.line_start
+        lengths = list(map(len, parts))
+        if lengths and max(lengths) <= MAX_LINE_BYTES:
+            # No line to cut (the usual case): offsets, numbers and tuples made by C loops.
+            starts = list(accumulate(map((1).__add__, lengths), initial=offset))
+            first = self.count + 1
+            self.count += len(parts)
+            numbers = repeat(0) if self.base is None else range(self.base + first, self.base + self.count + 1)
+            out.extend(zip(starts, numbers, parts, repeat(False)))
+            offset = starts[-1]
+            parts = ()
         append = out.append
         for raw in parts:
             size = len(raw)

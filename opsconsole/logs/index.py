@@ -27,6 +27,30 @@ def read_last_lines(path: str, count: int, reads: Optional[List[int]] = None) ->
         os.close(fd)
 
 
+def nth_newline(block: bytes, start: int, n: int, line_bytes: int = 100) -> int:
+    """Index of the n-th newline (n >= 1) at or after `start`, or -1 when the block has fewer.
+
+    Guesses where it is from the usual line length, counts the newlines up to the guess in one C
+    call, then steps over the few it guessed wrong by; one Python step per line only for lines
+    far from the usual length.
+    """
+    guess = min(len(block), start + n * line_bytes)
+    have = block.count(b"\n", start, guess)  # newlines in [start, guess)
+    if have < n:
+        position = guess - 1
+        while have < n:
+            position = block.find(b"\n", position + 1)
+            if position < 0:
+                return -1
+            have += 1
+        return position
+    position = guess
+    while have >= n:  # the last newline before `position` is the have-th one
+        position = block.rfind(b"\n", start, position)
+        have -= 1
+    return position
+
+
 class LineIndex:
     """Sparse offsets of a file's line starts, for line numbers and scroll-back."""
 
@@ -40,6 +64,7 @@ class LineIndex:
         self._cancel = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.bytes_read = 0
+        self.average_line_bytes = 100  # line length seen so far: where nth_newline guesses first
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -72,19 +97,21 @@ class LineIndex:
                 if not block:
                     break
                 self.bytes_read += len(block)
-                newlines = block.count(b"\n")
-                # Only blocks that cross a mark boundary are searched line by line.
-                next_mark = (seen // self.every + 1) * self.every
-                if seen + newlines >= next_mark:
-                    found = -1
-                    for _ in range(newlines):
-                        found = block.index(b"\n", found + 1)
-                        seen += 1
-                        if seen % self.every == 0:
-                            marks.append(position + found + 1)
-                else:
-                    seen += newlines
+                # Only the newline that ends each `every`-th line is looked for (C calls, not a Python
+                # step per line: this thread shares the GIL with the follower and the console).
+                cursor = 0
+                while True:
+                    wanted = self.every - seen % self.every
+                    found = nth_newline(block, cursor, wanted, self.average_line_bytes)
+                    if found < 0:
+                        seen += block.count(b"\n", cursor)
+                        break
+                    seen += wanted
+                    marks.append(position + found + 1)
+                    cursor = found + 1
                 position += len(block)
+                if seen:
+                    self.average_line_bytes = max(1, position // seen)
             with self._lock:
                 self.marks.extend(marks)
                 self.indexed_to, self._lines_seen = position, seen
