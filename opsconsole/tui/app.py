@@ -83,6 +83,7 @@ KEY_SPECS: Tuple[KeySpec, ...] = APP_KEYS + SERVICE_KEYS + pane_key_specs(PANES)
 MIN_WIDTH = 80
 MIN_HEIGHT = 20
 REDRAW_DELAY_S = 0.1  # fleet changes within this window make one redraw
+PROGRESS_CHECK_S = 5.0  # how often the logs' progress is judged (hangs take minutes, stragglers a minute)
 TICK_S = 1.0  # clock and frame ages move even when no frame arrives
 
 
@@ -216,6 +217,18 @@ class OpsConsole(App[int]):
         self.redraw()
         self.focus_pane(self.visible_pane_id)
         self.set_interval(TICK_S, self.redraw)
+        if self.log_feed is not None:
+            self.set_interval(PROGRESS_CHECK_S, self.check_log_progress)
+
+    def check_log_progress(self) -> None:
+        """Hangs and stragglers from how the logs advance: shown under the Logs pane, and alerted."""
+        if self.log_feed is None:
+            return
+        for finding, node in self.log_feed.check_progress(self.fleet.states()):
+            self.services.observe_finding(finding, node)
+        pane = self.panes.get(LogsPane.pane_id)
+        if isinstance(pane, LogsPane):
+            pane.redraw_findings()
 
     async def on_unmount(self) -> None:
         if self.log_feed is not None:

@@ -43,7 +43,9 @@ from textual.widgets.option_list import Option
 from opsconsole.logs.records import TRUNCATED_MARKER, LogLine
 from opsconsole.logs.view import COLOUR_COUNT, LogView, ViewEntry, colour_index
 from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY, NodeState
+from opsconsole.diagnosis.stalls import DEFAULT_STALL_AFTER, stall_after_from
 from opsconsole.tui.findings import FindingsList, first_finding, summary_category
+from opsconsole.diagnosis.progress import PROGRESS_CATEGORIES, RunProgress
 from opsconsole.tui.pane import Pane
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,8 @@ def deliver_to(app: Any, pane: "LogsPane", lines: Sequence[LogLine], findings: L
 class LogFeed:
     """Runs the LogHub and the Diagnoser for the console; lines and findings go to `deliver`."""
 
-    def __init__(self, hub: Any, diagnoser: Any, deliver: Callable[[Sequence[LogLine], List[Any]], None]) -> None:
+    def __init__(self, hub: Any, diagnoser: Any, deliver: Callable[[Sequence[LogLine], List[Any]], None],
+                 stall_after: float = DEFAULT_STALL_AFTER) -> None:
         self.hub = hub
         self.diagnoser = diagnoser
         self.deliver = deliver
@@ -106,6 +109,7 @@ class LogFeed:
         self.now = time.time
         self._last_time: Dict[str, float] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self.progress = RunProgress(stall_after)
 
     @classmethod
     async def start_for(cls, app: Any) -> Optional["LogFeed"]:
@@ -120,7 +124,8 @@ class LogFeed:
             from opsconsole.diagnosis.engine import Diagnoser
             from opsconsole.logs.hub import LogHub
 
-            feed = cls(LogHub(app.config, fleet_links(app.fleet)), Diagnoser(), partial(deliver_to, app, pane))
+            feed = cls(LogHub(app.config, fleet_links(app.fleet)), Diagnoser(), partial(deliver_to, app, pane),
+                       stall_after=stall_after_from(app.config))
             pane.feed = feed
             await feed.start()
         except Exception as exc:  # logs that cannot be followed must not keep the console from starting
@@ -151,9 +156,17 @@ class LogFeed:
             self.on_lines_in_loop(lines)
 
     def on_lines_in_loop(self, lines: Sequence[LogLine]) -> None:
+        self.progress.observe(lines, self.now())
         lines = self.with_times(lines)
         findings = self.diagnose(lines)
         self.deliver(lines, findings)
+
+    def check_progress(self, states: Mapping[str, NodeState]) -> List[Tuple[Any, str]]:
+        """Hangs and stragglers as of now (RunProgress): the (finding, node) that are new."""
+        new, changed = self.progress.check(states, self.now())
+        if changed:
+            self.findings_version += 1
+        return new
 
     def with_times(self, lines: Sequence[LogLine]) -> List[LogLine]:
         """Give a line without a timestamp its predecessor's time in its source (a traceback's lines
@@ -195,7 +208,8 @@ class LogFeed:
             return []
 
     def summary(self) -> Tuple[List[Any], Any]:
-        return list(self.diagnoser.summary()), self.diagnoser.root_cause()
+        """The diagnosis's rows, then the hangs and stragglers the logs' progress shows now."""
+        return list(self.diagnoser.summary()) + self.progress.summaries(), self.diagnoser.root_cause()
 
     async def older(self, source_key: str, before_offset: int, count: int) -> List[LogLine]:
         return list(await self.hub.older(source_key, before_offset, count))
@@ -899,11 +913,23 @@ class LogsPane(Pane):
             self.lines.move_to(self.view.nearest_index(top))
         self.after_change(None if self.view.following else top)
 
+    def show_progress_finding(self, finding: Any) -> None:
+        """A straggler: its source alone, at its end; a hang: what was measured (it has no line)."""
+        source = getattr(finding, "source", None)
+        if source and source in self.view.sources:
+            self.set_source(source)
+            self.resume_following()
+            self.lines.focus()
+        self.app.notify(getattr(finding, "excerpt", ""), title=getattr(finding, "title", ""), timeout=8)
+
     @on(FindingsList.Jump)
     def jump_to_finding(self, message: FindingsList.Jump) -> None:
         """enter on a finding: its first line; enter again: the next line of that category."""
         message.stop()
         category = summary_category(message.summary)
+        if category in PROGRESS_CATEGORIES:
+            self.show_progress_finding(first_finding(message.summary))
+            return
         marked = self.view.marked(category)
         target: Optional[ViewEntry] = None
         if marked:
