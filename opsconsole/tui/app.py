@@ -14,6 +14,7 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Vertical
+from textual.notifications import SeverityLevel
 from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer, Input, TabbedContent, TabPane
@@ -390,6 +391,12 @@ class OpsConsole(App[int]):
         ]
 
     # --- actions -------------------------------------------------------------
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: Optional[float] = None, markup: bool = True) -> None:
+        """A toast, always as plain text: ours carry data (log excerpts, paths, commands) whose
+        brackets would be read as markup ("[/src/pair.cc:553]" is a closing tag) and crash the draw."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
 
     def announce_alert(self, event) -> None:
         """A new alert event: a toast and the bell as configured; the Alerts pane lists it anyway."""

@@ -346,7 +346,7 @@ class CheckpointsPane(TablePane):
         self._filesystems_lock = threading.Lock()  # scan workers of one node may ask at once
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._last_scan = 0.0
-        self.progress_label = Static("", id="checkpoint-progress-label")
+        self.progress_label = Static("", id="checkpoint-progress-label", markup=False)
         self.progress = ProgressBar(total=100, show_eta=True, id="checkpoint-progress-bar")
 
     # --- layout ----------------------------------------------------------------------

@@ -89,7 +89,7 @@ class HistoryScreen(ModalScreen[None]):
         with Vertical():
             what = "%s GPU %d" % (self.node, self.gpu) if self.gpu is not None else "node %s" % self.node
             yield Static("History of %s: last %d samples (esc closes)" % (what, self.history.size),
-                         classes="history-title")
+                         classes="history-title", markup=False)
             with Grid():
                 yield from self.plots
 

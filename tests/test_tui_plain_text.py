@@ -1,0 +1,45 @@
+"""Data shown in toasts is plain text: brackets in a log excerpt or a path are not Textual markup.
+
+A gloo error line carries "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]",
+which markup reads as a closing tag; drawn as markup it raised MarkupError and took the console down
+(seen in `opsconsole demo`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from textual.widgets._toast import Toast  # noqa: E402
+
+from test_tui_logs import console, needs_followers, pane_of, rank_file, record, wait_for, write_lines  # noqa: E402
+
+GLOO_LINE = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+             "Read error [127.0.0.1]:29500: Connection reset by peer [bold]")
+
+
+async def test_a_toast_with_bracketed_text_is_drawn_as_it_is(tmp_path):
+    app = console(tmp_path)
+    async with app.run_test(size=(140, 40), notifications=True) as pilot:  # run_test draws no toasts unless told
+        app.notify(GLOO_LINE, title="[/x] not markup either", severity="error")
+        await pilot.pause(0.2)
+        toasts = list(app.screen.query(Toast))
+        assert toasts, "the toast was not drawn"
+        assert any("pair.cc:553] Read error" in str(toast.render()) for toast in toasts)
+        assert app.is_running
+
+
+@needs_followers
+async def test_a_finding_whose_excerpt_has_brackets_alerts_without_breaking_the_console(tmp_path):
+    rank0 = rank_file(tmp_path, "gpu01", 0)
+    write_lines(rank0, [record(1, "INFO", "step 1 loss 2.0"), record(2, "ERROR", GLOO_LINE)])
+    app = console(tmp_path)
+    async with app.run_test(size=(140, 40), notifications=True) as pilot:  # run_test draws no toasts unless told
+        await pilot.press("6")
+        pane = pane_of(app)
+        await wait_for(pilot, lambda: pane.findings.table.row_count > 0, "the finding")
+        await pilot.pause(0.3)  # the alert's toast is drawn meanwhile
+        assert app.is_running and app.services.alerts.counts()
+        assert any("pair.cc:553]" in str(toast.render()) for toast in app.screen.query(Toast))
