@@ -44,6 +44,7 @@ from opsconsole.actions.registry import (
 from opsconsole.actions.runner import ActionRunner
 from opsconsole.actions.signals import ProcessVerdict
 from opsconsole.config import DEFAULT_CONFIG
+from opsconsole.tui.formatting import printable, printable_text
 
 CHECK_STYLES = {CHECK_PASS: "green", CHECK_WARN: "yellow", CHECK_FAIL: "bold red"}
 
@@ -123,7 +124,7 @@ class ReasonScreen(ModalScreen[Optional[str]]):
 
     def __init__(self, title: str, prompt: str) -> None:
         super().__init__()
-        self.title_text = title
+        self.title_text = printable(title)  # names the node
         self.prompt = prompt
 
     def compose(self) -> ComposeResult:
@@ -173,8 +174,9 @@ class ResultScreen(ModalScreen[None]):
 
     def __init__(self, title: str, body: Text, ok: bool) -> None:
         super().__init__(classes="" if ok else "-failed")
-        self.title_text = title
-        self.body = body
+        # An action's output and an audit record are data: control characters made visible.
+        self.title_text = printable(title)
+        self.body = printable_text(body)
 
     def compose(self) -> ComposeResult:
         with Vertical():

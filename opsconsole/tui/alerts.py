@@ -12,6 +12,7 @@ from textual.widgets import DataTable, Static
 from opsconsole.alerts.engine import EVENT_FIRING, AlertEvent
 from opsconsole.model import NodeState
 from opsconsole.tui import bars
+from opsconsole.tui.formatting import printable
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow, apply_rows
 
@@ -81,4 +82,4 @@ class AlertsPane(LivePane):
             parts.append("hook: " + last.message)
         if self.filter_text:
             parts.append("filter: " + self.filter_text)
-        self.status.update(" · ".join(parts))
+        self.status.update(printable(" · ".join(parts)))  # a hook's message is its output

@@ -12,7 +12,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Protocol, Sequence,
 from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
-from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.command import DiscoveryHit, Hit, Hits, Matcher, Provider
+from textual.content import Content
 from textual.containers import Vertical
 from textual.notifications import SeverityLevel
 from textual.timer import Timer
@@ -40,6 +41,7 @@ from opsconsole.tui.cluster import ClusterGpusPane
 from opsconsole.tui.confirm import ConfirmScreen
 from opsconsole.tui.gpus import GpusPane
 from opsconsole.tui.header import ConsoleHeader, header_text
+from opsconsole.tui.formatting import printable
 from opsconsole.tui.help import HelpRow, HelpScreen
 from opsconsole.tui.host import HostPane
 from opsconsole.tui.keys import (
@@ -133,16 +135,31 @@ class ConsoleCommands(Provider):
                 continue
             yield "Theme: %s" % name, partial(setattr, app, "theme", name), "switch the colour theme"
 
+    # The palette reads a str prompt or help as markup, and so does Matcher.highlight: a key from
+    # [console.keys] or a theme's name holding "[/x]" raised MarkupError and took the console down.
+    # Both go as Content, which is drawn as it is.
+
     async def discover(self) -> Hits:
         for text, command, help_text in self._commands():
-            yield DiscoveryHit(text, command, help=help_text)
+            yield DiscoveryHit(Content(printable(text)), command, text=text, help=Content(printable(help_text)))
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         for text, command, help_text in self._commands():
             score = max(matcher.match(text), matcher.match(help_text))
             if score > 0:
-                yield Hit(score, matcher.highlight(text), command, help=help_text)
+                yield Hit(score, plain_highlight(matcher, text), command, text=text,
+                          help=Content(printable(help_text)))
+
+
+def plain_highlight(matcher: Matcher, text: str) -> Content:
+    """`text` with the letters `matcher` matched highlighted, as Matcher.highlight does, without markup."""
+    content = Content(printable(text))
+    _, offsets = matcher.fuzzy_search.match(matcher.query, text)
+    for offset in offsets:
+        if not text[offset].isspace():
+            content = content.stylize(matcher.match_style, offset, offset + 1)
+    return content
 
 
 class OpsConsole(App[int]):
@@ -396,7 +413,7 @@ class OpsConsole(App[int]):
                timeout: Optional[float] = None, markup: bool = True) -> None:
         """A toast, always as plain text: ours carry data (log excerpts, paths, commands) whose
         brackets would be read as markup ("[/src/pair.cc:553]" is a closing tag) and crash the draw."""
-        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+        super().notify(printable(message), title=printable(title), severity=severity, timeout=timeout, markup=False)
 
     def announce_alert(self, event) -> None:
         """A new alert event: a toast and the bell as configured; the Alerts pane lists it anyway."""

@@ -19,6 +19,7 @@ from textual.widgets import DataTable, Static
 from opsconsole.actions.audit import OUTCOME_ATTEMPT, OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_OK, OUTCOME_REFUSED, audit_path, read_recent_records
 from opsconsole.config import DEFAULT_CONFIG
 from opsconsole.model import NodeState
+from opsconsole.tui.formatting import printable
 from opsconsole.tui.pane import Pane
 
 MAX_RECORDS = 500
@@ -174,7 +175,7 @@ class AuditPane(Pane):
             table.clear()
             for index, (record, cells) in enumerate(rows):
                 style = OUTCOME_STYLES.get(cells["outcome"], "")
-                table.add_row(*[Text(cells[key], style=style if key == "outcome" else "", end="")
+                table.add_row(*[Text(printable(cells[key]), style=style if key == "outcome" else "", end="")
                                 for key, _, _ in COLUMNS], key=str(index))
         status = "%d records, newest first · %s" % (len(rows), self.path)
         if needle:
@@ -183,7 +184,7 @@ class AuditPane(Pane):
             status += " · " + self.problem
         elif self._signature is None:
             status += " (no actions recorded yet)"
-        self.query_one("#audit-status", Static).update(Text(status))
+        self.query_one("#audit-status", Static).update(Text(printable(status)))
 
     @on(DataTable.RowSelected, "#audit-table")
     def open_record(self, event: DataTable.RowSelected) -> None:

@@ -44,7 +44,7 @@ from opsconsole.config import CheckpointDirConfig
 from opsconsole.fleet_view import FilterFields, filter_rows
 from opsconsole.model import STATE_FALLBACK, STATE_STALE, STATE_UP
 from opsconsole.tui.confirm import ConfirmScreen
-from opsconsole.tui.formatting import NA, format_age, format_bytes, shorten
+from opsconsole.tui.formatting import NA, format_age, format_bytes, printable, printable_text, shorten
 from opsconsole.tui.table_diff import TableRow
 from opsconsole.tui.table_pane import Column, SortedTable, TablePane
 
@@ -287,11 +287,11 @@ class CheckpointDetailScreen(ModalScreen[None]):
     def __init__(self, entry: CheckpointEntry, now: float) -> None:
         super().__init__()
         self.entry = entry
-        self.body = detail_text(entry, now)
+        self.body = printable_text(detail_text(entry, now))  # file names and metadata are data
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(Text(self.entry.name, style="bold"), id="detail-title")
+            yield Static(Text(printable(self.entry.name), style="bold"), id="detail-title")
             yield Static(self.body, id="detail-body")
 
     def action_close(self) -> None:
@@ -603,7 +603,7 @@ class CheckpointsPane(TablePane):
             return
         self.verifying = entry.path
         self._cancel_crc.clear()
-        self.progress_label.update("CRC %s" % shorten(entry.name, 40))
+        self.progress_label.update("CRC %s" % printable(shorten(entry.name, 40)))
         self.progress.update(total=max(1, entry.size_bytes), progress=0)
         self.query_one("#checkpoint-progress").add_class("-running")
         self.verify_worker(entry, config, key)

@@ -18,6 +18,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
+from opsconsole.tui.formatting import printable, printable_text
+
 
 class ConfirmScreen(ModalScreen[bool]):
     """A modal question; dismisses with True only on an explicit confirmation."""
@@ -54,8 +56,9 @@ class ConfirmScreen(ModalScreen[bool]):
         danger: bool = False,
     ) -> None:
         super().__init__(classes="-danger" if danger else "")
-        self.title_text = title
-        self.body = body if isinstance(body, Text) else Text(body)
+        # Titles and bodies carry node names, command lines and paths: control characters made visible.
+        self.title_text = printable(title)
+        self.body = printable_text(body if isinstance(body, Text) else Text(body))
         self.word = word
         self.confirm_label = confirm_label
         self.cancel_label = cancel_label
@@ -65,9 +68,9 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Static(Text(self.title_text), id="confirm-title")
             yield Static(self.body, id="confirm-body")
             if self.word is not None and self.confirm_label is not None:
-                yield Static(Text.assemble("Type ", (self.word, "bold"), " and press enter to confirm:"),
+                yield Static(Text.assemble("Type ", (printable(self.word), "bold"), " and press enter to confirm:"),
                              id="confirm-word-prompt")
-                yield Input(placeholder=self.word, id="confirm-word")
+                yield Input(placeholder=printable(self.word), id="confirm-word")
             with Horizontal(id="confirm-buttons"):
                 if self.confirm_label is not None:
                     yield Button(self.confirm_label, id="confirm-yes", variant="error" if self.word else "warning",

@@ -18,6 +18,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
+from opsconsole.tui.formatting import printable, printable_text
+
 SEVERITY_STYLES = {"critical": "bold red", "error": "red", "warning": "yellow"}
 SEVERITY_ORDER = {"critical": 0, "error": 1, "warning": 2}
 ROOT_MARK = "★"
@@ -105,7 +107,7 @@ def summary_cells(summary: Any, root: Optional[str]) -> List[Text]:
     cells = []
     for key, _, _ in COLUMNS:
         cell_style = style if key in ("mark", "severity", "category") else ""
-        cells.append(Text(values[key], style=cell_style, end=""))
+        cells.append(Text(printable(values[key]), style=cell_style, end=""))  # excerpts are log text
     return cells
 
 
@@ -185,7 +187,7 @@ class FindingsList(Vertical):
         if self.root:
             title += " · root cause %s %s" % (ROOT_MARK, self.root)
         title += " · enter: go to the line (again: the next one)"
-        self.title.update(Text(title))
+        self.title.update(Text(printable(title)))
         if signature == self._shown and self.table.row_count == len(self.summaries):
             return
         self._shown = signature
@@ -216,7 +218,7 @@ class FindingsList(Vertical):
 
     def show_detail(self) -> None:
         summary = self.highlighted()
-        self.detail.update(summary_detail(summary, self.root) if summary is not None else Text(""))
+        self.detail.update(printable_text(summary_detail(summary, self.root)) if summary is not None else Text(""))
 
     @on(DataTable.RowHighlighted, "#findings-table")
     def row_highlighted(self, event: DataTable.RowHighlighted) -> None:

@@ -15,7 +15,7 @@ from opsconsole.history import History, sparkline
 from opsconsole.model import GpuSample, NodeState
 from opsconsole.tui import bars
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_OK, LEVEL_PLAIN, LEVEL_WARN, Palette
-from opsconsole.tui.formatting import NA, format_frame_age, format_gib
+from opsconsole.tui.formatting import NA, format_frame_age, format_gib, printable
 from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import StyledCell, TableRow, styled_row
@@ -248,7 +248,7 @@ class GpusPane(ActionKeys, LivePane):
         if text != self._hint_text:
             self._hint_text = text
             hint = self.query_one("#gpus-hint", Static)
-            hint.update(Text(text))
+            hint.update(Text(printable(text)))  # node names and GPU notes are data
             hint.display = bool(text)  # one node, no filter: the table gets the line
 
     def highlighted_gpu(self) -> Optional[Tuple[str, int]]:

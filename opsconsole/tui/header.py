@@ -11,7 +11,7 @@ from textual.widgets import Static
 from opsconsole.config import Config
 from opsconsole.model import NodeState
 from opsconsole.tui import bars
-from opsconsole.tui.formatting import NA, format_frame_age
+from opsconsole.tui.formatting import NA, format_frame_age, printable_text
 
 
 def console_name(states: Mapping[str, NodeState]) -> str:
@@ -88,4 +88,4 @@ class ConsoleHeader(Static):
         if self._shown is not None and text == self._shown and text.style == self._shown.style:
             return
         self._shown = text
-        self.update(text)
+        self.update(printable_text(text))  # node and host names, job and source reasons are data

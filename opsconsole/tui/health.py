@@ -21,6 +21,7 @@ from opsconsole.health.result import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, STA
 from opsconsole.health.runner import run_node_checks
 from opsconsole.model import NodeState
 from opsconsole.tui import bars
+from opsconsole.tui.formatting import printable
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow
 
@@ -123,7 +124,7 @@ class HealthPane(LivePane):
         if self.filter_text:
             parts.append("filter: " + self.filter_text)
         parts.append("r: rerun node · R: rerun all (with GPU tests)")
-        self.status.update(" · ".join(parts))
+        self.status.update(printable(" · ".join(parts)))
         self.show_detail()
 
     def selected_entry(self) -> Optional[HealthEntry]:
@@ -134,7 +135,7 @@ class HealthPane(LivePane):
 
     def show_detail(self) -> None:
         entry = self.selected_entry()
-        self.detail.update(detail_text(entry.result) if entry is not None else "")
+        self.detail.update(printable(detail_text(entry.result)) if entry is not None else "")  # evidence is data
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.show_detail()

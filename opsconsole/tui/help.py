@@ -11,6 +11,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
+from opsconsole.tui.formatting import printable
+
 HelpRow = Tuple[str, str, str]  # (binding id, key as typed, description)
 
 
@@ -46,12 +48,13 @@ class HelpScreen(ModalScreen[None]):
             table.add_column("binding id", key="id", width=20)
             table.add_column("what it does", key="description", width=42)
             for binding_id, key, description in self.rows:
-                table.add_row(Text(key, style="bold"), Text(binding_id), Text(description), key=binding_id)
+                # Keys come from [console.keys] as typed in the config.
+                table.add_row(Text(printable(key), style="bold"), Text(binding_id), Text(description), key=binding_id)
             yield table
             yield Static(
                 Text(
                     "Remap a key in %s:\n[console.keys]\n\"pane.gpus\" = \"g\"\n"
-                    "ctrl+p: every key as a command, and themes. esc closes." % self.config_source
+                    "ctrl+p: every key as a command, and themes. esc closes." % printable(self.config_source)
                 ),
                 id="help-note",
             )

@@ -13,6 +13,7 @@ from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from opsconsole.history import History, Ring
+from opsconsole.tui.formatting import printable
 
 REFRESH_S = 1.0
 
@@ -88,7 +89,7 @@ class HistoryScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             what = "%s GPU %d" % (self.node, self.gpu) if self.gpu is not None else "node %s" % self.node
-            yield Static("History of %s: last %d samples (esc closes)" % (what, self.history.size),
+            yield Static(printable("History of %s: last %d samples (esc closes)" % (what, self.history.size)),
                          classes="history-title", markup=False)
             with Grid():
                 yield from self.plots

@@ -12,7 +12,7 @@ from opsconsole.config import DEFAULT_CONFIG, HealthConfig
 from opsconsole.model import HostSample, NodeState, ProcessSample
 from opsconsole.tui import bars
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_PLAIN, LEVEL_WARN, Palette
-from opsconsole.tui.formatting import NA, format_bytes_short, format_duration, format_frame_age
+from opsconsole.tui.formatting import NA, format_bytes_short, format_duration, format_frame_age, printable, printable_text
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow, styled_row
 
@@ -211,7 +211,8 @@ class HostPane(LivePane):
         key = (tuple(segments), palette, dim)
         if key != self._summary_key:
             self._summary_key = key
-            self.query_one("#host-summary", Static).update(segments_text(segments, palette, dim))
+            # Host name, reason, disk paths and interfaces are data: control characters made visible.
+            self.query_one("#host-summary", Static).update(printable_text(segments_text(segments, palette, dim)))
         title = "top processes by CPU"
         if node is None and len(states) > 1:
             title += "   (first of %d nodes; pick another in Nodes with 4, enter)" % len(states)
@@ -219,5 +220,5 @@ class HostPane(LivePane):
             title += "   filter: %s" % self.filter_text
         if title != self._title_text:
             self._title_text = title
-            self.query_one("#host-procs-title", Static).update(Text(title))
+            self.query_one("#host-procs-title", Static).update(Text(printable(title)))
         self.sync_table(self.query_one(DataTable), process_rows(processes, palette, dim, self.filter_text))

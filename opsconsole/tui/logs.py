@@ -46,6 +46,7 @@ from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY, NodeState
 from opsconsole.diagnosis.stalls import DEFAULT_STALL_AFTER, stall_after_from
 from opsconsole.tui.findings import FindingsList, first_finding, summary_category
 from opsconsole.diagnosis.progress import PROGRESS_CATEGORIES, RunProgress
+from opsconsole.tui.formatting import printable, printable_text
 from opsconsole.tui.pane import Pane
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,7 @@ class StatusLine(Widget):
         self.text = Text()
 
     def set(self, text: Text) -> None:
+        text = printable_text(text)  # file names, the typed filter, problems: data
         if text != self.text:
             self.text = text
             self.refresh()
@@ -708,7 +710,7 @@ class LogsPane(Pane):
         text = "\n".join("⚠ " + row for row in rows)
         if text != self._problems_text:  # Static.update relayouts the screen: only on a change
             self._problems_text = text
-            self.problems_box.update(Text(text))
+            self.problems_box.update(Text(printable(text)))
             self.problems_box.set_class(bool(rows), "-shown")
 
     def redraw_findings(self) -> None:
@@ -887,7 +889,7 @@ class LogsPane(Pane):
             problem = problems.get(key) or problems.get(source.path)
             if problem:
                 prompt.append("  ⚠ " + problem, style="bold red")
-            choices.append((key, prompt))
+            choices.append((key, printable_text(prompt)))
         return choices
 
     def action_choose_source(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 from rich.text import Text
 from textual.widgets import DataTable
 
-from opsconsole.tui.formatting import NA
+from opsconsole.tui.formatting import NA, printable, printable_text
 
 
 class TableRow(NamedTuple):
@@ -32,7 +32,7 @@ StyledCell = Tuple[str, str]  # (text, rich style): the cells the GPUs and Host 
 def styled_text(cell: StyledCell) -> Text:
     """The Text a DataTable shows for a styled cell (no markup parsing: process names may hold brackets)."""
     text, style = cell
-    return Text(text, style=style, no_wrap=True, overflow="ellipsis", end="")
+    return Text(printable(text), style=style, no_wrap=True, overflow="ellipsis", end="")
 
 
 def styled_row(key: str, cells: Sequence[StyledCell]) -> TableRow:
@@ -55,11 +55,14 @@ class TableDiff:
 
 
 def as_cell(value: Any) -> Any:
-    """A cell value safe to show: strings become plain Text so `[` in a command is not markup."""
+    """A cell value safe to show: strings become plain Text so `[` in a command is not markup,
+    and control characters (an ESC in a command line) are made visible, never sent to the terminal."""
     if value is None:
         return Text(NA, end="")
     if isinstance(value, str):
-        return Text(value, end="")
+        return Text(printable(value), end="")
+    if isinstance(value, Text):
+        return printable_text(value)
     return value
 
 

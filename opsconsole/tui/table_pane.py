@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Static
 
 from opsconsole.fleet_view import NO_FILTER, FilterFields, ParsedFilter, parse_filter, sort_rows
 from opsconsole.model import NodeState
+from opsconsole.tui.formatting import printable_text
 from opsconsole.tui.pane import Pane
 from opsconsole.tui.table_diff import TableDiff, TableRow, apply_rows
 
@@ -224,7 +225,7 @@ class TablePane(Pane):
             status.append(" · filter: %s" % self.filter.text.strip())
         if self.filter.error:
             status.append(" · " + self.filter.error, style="bold red")
-        self.status.update(status)
+        self.status.update(printable_text(status))
 
     def count_part(self, sorted_table: SortedTable, noun: str) -> str:
         """`12 GPUs`, or `2000 of 8000 GPUs` when the cap cut rows."""

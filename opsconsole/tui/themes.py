@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -18,6 +19,9 @@ DEFAULT_THEME = "opsconsole-dark"
 _COLOURS = ("primary", "secondary", "accent", "foreground", "background", "surface", "panel", "boost",
             "success", "warning", "error")
 _NUMBERS = ("luminosity_spread", "text_alpha")
+# A theme's name becomes a CSS class (-theme-NAME) and a line of Textual's own theme picker, which
+# reads it as markup: a name holding "[/x]" crashed the picker. Names are one word.
+THEME_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _KNOWN = set(_COLOURS) | set(_NUMBERS) | {"name", "dark", "variables"}
 
 
@@ -33,6 +37,8 @@ def theme_from_mapping(data: Dict[str, Any], source: str) -> Theme:
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise ThemeFileError("%s: name must be a non-empty string" % source)
+    if not THEME_NAME.match(name):
+        raise ThemeFileError("%s: name %r must be letters, digits, - and _ only" % (source, name))
     if not isinstance(data.get("primary"), str):
         raise ThemeFileError("%s: primary colour is required" % source)
     kwargs: Dict[str, Any] = {"name": name, "dark": bool(data.get("dark", True))}

@@ -1,0 +1,384 @@
+"""Data from the outside world is drawn as it is: never read as markup, never breaking the draw.
+
+Process names and command lines, node names and reasons, host key fingerprints, GPU names, log
+lines and file names, checkpoint names and metadata, audit records, alert and health messages all
+come from machines and people the console does not control. Here they hold Textual markup
+("[bold]", "[/x]", "[link=...]", "[@click=...]"), shell characters, wide CJK and emoji, control
+characters and ANSI escapes, 10,000-character strings and empty strings; every pane, screen,
+toast, tooltip and the command palette is visited with `run_test(notifications=True,
+tooltips=True)` (run_test draws neither by default), and what the terminal would receive is read
+back from the compositor.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import List, Optional
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from rich.text import Text  # noqa: E402
+from textual.widgets import DataTable  # noqa: E402
+from textual.widgets._toast import Toast  # noqa: E402
+
+from h200_fleet import idle_gpu  # noqa: E402
+from tui_fakes import FROZEN_NOW, FakeFleet, loaded_gpu, node_frame  # noqa: E402
+
+from opsconsole.config import parse_config  # noqa: E402
+from opsconsole.model import (  # noqa: E402
+    STATE_DOWN,
+    STATE_HOSTKEY,
+    STATE_UP,
+    DiskUsage,
+    NetRate,
+    NodeState,
+    ProcessSample,
+)
+from opsconsole.tui.app import OpsConsole  # noqa: E402
+from opsconsole.tui.formatting import printable  # noqa: E402
+from opsconsole.tui.help import HelpScreen  # noqa: E402
+from opsconsole.tui.table_diff import as_cell  # noqa: E402
+from opsconsole.tui.themes import load_themes  # noqa: E402
+
+SIZE = (160, 50)
+WAIT_TRIES = 200  # bounded polls of 0.05 s: each wait returns as soon as the screen shows it
+
+# Markup Textual would act on: a closing tag with no opening one (MarkupError), a link, a click action.
+MARKUP = "[bold]b[/x] [/__w/pytorch/gloo/pair.cc:553] [link=https://evil.example]l[/link] [@click=app.quit]q[/]"
+SHELL = "$HOME; rm -rf / 'sq' \"dq\" `id` & | > <"
+WIDE = "日本語テキスト🚀🔥"
+CONTROL = "\x1b[31mred\x1b[0m \x1b]0;pwned\x07 \x08\x00\x7f\x9b"
+HOSTILE = " ".join((MARKUP, SHELL, WIDE, CONTROL))
+LONG = "[/x]" * 2500  # 10,000 characters, every one of them markup
+# What must show literally wherever a hostile value is drawn in full.
+LITERAL = "[bold]b[/x] [/__w/pytorch/gloo/pair.cc:553]"
+# HOSTILE as drawn up to its window-title escape (Rich drops BEL and BS where it builds a Text itself).
+SHOWN = printable(" ".join((MARKUP, SHELL, WIDE, "\x1b[31mred\x1b[0m \x1b]0;pwned")))
+
+# A file name cannot hold "/": its markup is an opening tag and an action link.
+FILE_MARKUP = "[bold]o[@click=app.quit]q"
+NODE = "gpu[/x]01"  # node names are config text, and "[/x]" is a closing tag
+DOWN = "[bold]down $HOME;'q' 日本"
+HOSTKEY = "[link=x]hk[/link]"
+NO_GPUS = "nogpu\x1b[2J"
+EMPTY = ""
+
+
+def hostile_process(pid: int, gpu: Optional[int] = None) -> ProcessSample:
+    return ProcessSample(
+        pid=pid, name=HOSTILE, user=MARKUP, command=HOSTILE if pid % 2 else LONG, cpu_percent=50.0,
+        rss_bytes=2**30, elapsed_s=60.0, state="R", threads=4, gpu_index=gpu, gpu_memory_bytes=2**30 if gpu is not None else None,
+        gpu_sm_percent=10.0 if gpu is not None else None,
+    )
+
+
+def hostile_states() -> List[NodeState]:
+    gpus = (
+        replace(loaded_gpu(0), name=HOSTILE, errors=(HOSTILE,), clock_event_reasons=(MARKUP, "SwPowerCap"),
+                ecc_volatile_uncorrected=1, temperature=95.0),  # ECC and heat: an alert and a failing check
+        replace(idle_gpu(1), name=EMPTY, uuid=MARKUP),
+        replace(idle_gpu(2), name=LONG, lost=True),
+    )
+    frame = node_frame(NODE, gpus, hostname=HOSTILE)
+    host = replace(frame.host, disks=(DiskUsage(path=HOSTILE, total=100, used=99, free=1),),
+                   net=(NetRate(interface=MARKUP, rx_bytes_per_s=1.0, tx_bytes_per_s=2.0),))
+    frame = replace(
+        frame, host=host, driver_version=MARKUP, errors=(HOSTILE,),
+        processes=(hostile_process(421, 0), hostile_process(422, 1)),
+        top_processes=(hostile_process(1001), hostile_process(1002), replace(hostile_process(1003), name="", command="", user="")),
+    )
+    up = NodeState(name=NODE, state=STATE_UP, address=HOSTILE, frame=frame, received_at=FROZEN_NOW - 0.4,
+                   rtt_ms=1.0, since=FROZEN_NOW - 600)
+    down = NodeState(name=DOWN, state=STATE_DOWN, reason=HOSTILE + " " + LONG, address=MARKUP,
+                     frame=replace(node_frame(DOWN, [idle_gpu(0)]), processes=(hostile_process(7, 0),)),
+                     received_at=FROZEN_NOW - 42, since=FROZEN_NOW - 40)
+    hostkey = NodeState(name=HOSTKEY, state=STATE_HOSTKEY, reason=HOSTILE, fingerprint="SHA256:" + MARKUP,
+                        since=FROZEN_NOW - 5)
+    nogpu = NodeState(name=NO_GPUS, state=STATE_UP,
+                      frame=replace(node_frame(NO_GPUS, []), gpus=(), gpu_note=HOSTILE, gpu_source="none"),
+                      received_at=FROZEN_NOW - 1, since=FROZEN_NOW - 60)
+    return [up, down, hostkey, nogpu]
+
+
+def write_safetensors(path: Path, metadata: dict) -> None:
+    header = json.dumps({"__metadata__": metadata, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
+
+
+def write_world(tmp_path: Path) -> str:
+    """Log files, checkpoints and an audit log with hostile names and contents; the config naming them."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log_name = FILE_MARKUP.join(("train_h", "st $HOME;'q' 日本🚀_rank0_20261202_120000.log"))
+    lines = [
+        "2026-12-02 12:00:01,000 - INFO - step 1 " + HOSTILE,
+        "2026-12-02 12:00:02,000 - ERROR - RuntimeError: " + MARKUP + " Read error: Connection reset by peer",
+        "2026-12-02 12:00:03,000 - INFO - " + LONG,
+        "",
+        "2026-12-02 12:00:04,000 - ERROR - torch.OutOfMemoryError: CUDA out of memory. " + HOSTILE,
+    ]
+    (logs / log_name).write_text("\n".join(lines) + "\n")
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    write_safetensors(ckpts / ("epoch=3-step=100 %s $HOME;'q' 日本🚀.safetensors" % FILE_MARKUP),
+                      {MARKUP: HOSTILE, "epoch": "3", "loss": "0.5", "[/k]": LONG, "": ""})
+    (ckpts / ("%s \x1b[2J broken.pt" % FILE_MARKUP)).write_bytes(b"\x1b[2Jnot a checkpoint")
+
+    audit = tmp_path / "audit.log"
+    record = {"time": "2026-12-02T12:00:00+00:00", "user": MARKUP, "host": HOSTILE, "node": NODE,
+              "action": "signal[/x]", "target": HOSTILE, "outcome": "failed", "id": "1", "detail": HOSTILE,
+              "command": ["kill", "-INT", HOSTILE], "result": {"exit_status": 1, "stdout": HOSTILE, "stderr": LONG},
+              MARKUP: CONTROL}
+    audit.write_text(json.dumps(record) + "\n")
+
+    return "\n".join((
+        "[logs]",
+        "paths = [%s]" % json.dumps(str(logs / "train_*_rank*_*.log")),
+        "[[checkpoints]]",
+        "path = %s" % json.dumps(str(ckpts)),
+        "min_age = 0",
+        "[actions]",
+        "audit_log = %s" % json.dumps(str(audit)),
+        "[[alerts]]",
+        "name = %s" % json.dumps("rule " + MARKUP),
+        'metric = "gpu.temperature"',
+        'comparison = ">"',
+        "threshold = 90",
+        'severity = "critical"',
+        "",
+    ))
+
+
+def console(tmp_path: Path, extra_config: str = "") -> OpsConsole:
+    config = parse_config(write_world(tmp_path) + extra_config, str(tmp_path / "[bold]opsconsole[/x].toml"))
+    return OpsConsole(config, FakeFleet(hostile_states()), now=lambda: FROZEN_NOW)
+
+
+def screen_lines(app: OpsConsole) -> List[str]:
+    """What the terminal would receive for the current screen, line by line (toasts and tooltips included)."""
+    return ["".join(segment.text for segment in strip) for strip in app.screen._compositor.render_strips()]
+
+
+def screen_text(app: OpsConsole) -> str:
+    return "\n".join(screen_lines(app))
+
+
+def assert_drawn(app: OpsConsole, *literal: str) -> str:
+    """The app is alive, the screen draws, no control character reaches the terminal, `literal` shows."""
+    assert app.is_running, "the console died"
+    text = screen_text(app)
+    bad = sorted({hex(ord(ch)) for ch in text if ch != "\n" and (ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0)})
+    assert not bad, "control characters reach the terminal: %s" % bad
+    for part in literal:
+        assert part in text, "%r is not on screen" % part
+    return text
+
+
+async def wait_for(pilot, predicate, what: str) -> None:
+    for _ in range(WAIT_TRIES):
+        if predicate():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("never happened: " + what)
+
+
+def cell_texts(table: DataTable) -> List[str]:
+    """Every cell of the table as the text it draws."""
+    return [str(cell) for row in table.ordered_rows for cell in table.get_row(row.key)]
+
+
+async def press_and_draw(pilot, *keys: str) -> None:
+    await pilot.press(*keys)
+    await pilot.pause(0.1)
+
+
+# --- the plain-text helpers ------------------------------------------------------------------------
+
+def test_printable_makes_control_characters_visible_one_for_one():
+    assert printable("a\x1b[31mb\x07\x00\x7f\x9b") == "a␛[31mb␇␀␡\ufffd"
+    assert printable("two\nlines\tand a tab") == "two\nlines\tand a tab"
+    assert printable(WIDE + MARKUP) == WIDE + MARKUP
+    assert len(printable(HOSTILE)) == len(HOSTILE)
+
+
+def test_a_cell_is_plain_text_with_its_styles_kept():
+    styled = Text("pid \x1b[2J [/x]", style="bold")
+    styled.stylize("red", 4, 8)
+    cell = as_cell(styled)
+    assert cell.plain == "pid ␛[2J [/x]" and cell.style == "bold" and cell.spans == styled.spans
+    assert as_cell("[/x]\x1b").plain == "[/x]␛"
+    clean = Text("already clean")
+    assert as_cell(clean) is clean  # nothing copied when nothing changes
+
+
+def test_a_theme_file_whose_name_is_markup_is_a_problem_not_a_theme(tmp_path):
+    (tmp_path / "evil.toml").write_text('name = "ev[/x]il"\nprimary = "#ff0000"\n')
+    themes, problems = load_themes(tmp_path)
+    assert themes == [] and len(problems) == 1 and "letters, digits" in problems[0]
+
+
+# --- the console -------------------------------------------------------------------------------------
+
+async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
+    app = console(tmp_path)
+    async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
+        await wait_for(pilot, lambda: list(app.screen.query(Toast)), "the alerts' toasts")
+        # Alert toasts name the node and the rule from the config: drawn literally.
+        toasts = " ".join(str(toast.render()) for toast in app.screen.query(Toast))
+        assert "gpu[/x]01 GPU 0" in toasts and "rule " + LITERAL in toasts
+        assert_drawn(app)
+        app.clear_notifications()
+
+        await press_and_draw(pilot, "1")
+        text = assert_drawn(app, "no frame yet: " + HOSTKEY, "nogpu␛[2J: " + LITERAL, NODE)
+        gpus = cell_texts(app.query_one("#gpus-table", DataTable))
+        assert any(SHOWN in cell for cell in gpus) and printable(LONG) in gpus and "err 1" in gpus
+
+        await press_and_draw(pilot, "2")
+        pane = app.panes["processes"]
+        commands = cell_texts(pane.gpu_table.table) + cell_texts(pane.host_table.table)
+        assert any(SHOWN[:100] in cell for cell in commands) and "[bold]b[/x]…" in commands  # the user, cut
+        assert any(cell.startswith("[/x][/x]") and cell.endswith("…") for cell in commands)  # LONG, cut
+        assert_drawn(app, LITERAL)
+
+        await press_and_draw(pilot, "3")
+        text = assert_drawn(app, "host " + NODE + " (" + printable(HOSTILE)[:60], "␛[31mred␛[0m")
+        assert any(SHOWN in cell for cell in cell_texts(app.query_one("#host-procs", DataTable)))
+
+        await press_and_draw(pilot, "4")
+        text = assert_drawn(app, DOWN, HOSTKEY, "nogpu␛[2J")
+        reasons = cell_texts(app.query_one("#nodes-table", DataTable))
+        assert any(cell.startswith("[bold]b[/x] [/__w/") for cell in reasons)
+
+        await press_and_draw(pilot, "5")
+        assert_drawn(app, NODE, "gpu[/x]01")
+        assert any(SHOWN in cell for cell in cell_texts(app.query_one("#cluster-table", DataTable)))
+
+        await press_and_draw(pilot, "6")
+        logs = app.panes["logs"]
+        await wait_for(pilot, lambda: len(logs.view.visible) >= 4, "the hostile log lines")
+        await pilot.pause(0.1)
+        text = assert_drawn(app, LITERAL, "[link=https://evil.example]l[/link]")
+
+        await press_and_draw(pilot, "7")
+        checkpoints = app.panes["checkpoints"]
+        await wait_for(pilot, lambda: checkpoints.checkpoint_table.table.row_count == 2, "the two checkpoints")
+        await pilot.pause(0.1)
+        assert_drawn(app, FILE_MARKUP + " ␛[2J broken.pt", "epoch=3-step=100 " + FILE_MARKUP)
+
+        await press_and_draw(pilot, "8")
+        assert_drawn(app, "node down: " + LITERAL[:20], NODE)
+
+        await press_and_draw(pilot, "9")
+        assert_drawn(app, "rule [bold]b[/x]", NODE)
+
+        await press_and_draw(pilot, "0")
+        assert_drawn(app, "signal[/x]", "[bold]b[/x")
+        assert app.is_running
+
+
+async def test_filters_with_brackets_and_bad_regexes_show_an_error_not_a_crash(tmp_path):
+    app = console(tmp_path)
+    async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
+        await pilot.pause(0.2)
+        app.clear_notifications()
+        for key in "1234567890":  # `[` is free text in the tables and a bad regex in the Logs pane
+            await press_and_draw(pilot, key, "slash", "[")
+            assert_drawn(app)
+            await press_and_draw(pilot, *"(?", "]", "/", "x", "]")
+            assert_drawn(app)
+            await press_and_draw(pilot, "escape")
+        logs = app.panes["logs"]
+        await press_and_draw(pilot, "6", "slash", "[")
+        await wait_for(pilot, lambda: "invalid regex" in str(logs.status.render()), "the regex error")
+        assert_drawn(app, "/[/", "invalid regex")
+        await press_and_draw(pilot, "escape", "4", "slash", *"util<[/x]")
+        assert "'[/x]' is not a number" in str(app.panes["nodes"].status.render())
+        assert_drawn(app, "filter: util<[/x]", "'[/x]' is not a number")
+        await press_and_draw(pilot, "escape")
+        assert app.is_running
+
+
+async def test_drill_history_help_and_tooltips_with_hostile_names(tmp_path):
+    app = console(tmp_path)
+    async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
+        await pilot.pause(0.2)
+        app.clear_notifications()
+        await press_and_draw(pilot, "4", "home", "enter")  # drill into gpu[/x]01
+        assert app.node == NODE and app.visible_pane_id == "gpus"
+        assert_drawn(app, "node " + NODE + " (esc: all nodes)")
+        await press_and_draw(pilot, "t")  # the GPU's history
+        assert type(app.screen).__name__ == "HistoryScreen"
+        assert_drawn(app, "History of " + NODE + " GPU 0")
+        await press_and_draw(pilot, "escape", "escape", "4", "down", "t")  # the down node's history
+        assert_drawn(app, "History of node " + DOWN)
+        await press_and_draw(pilot, "escape", "question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert_drawn(app)
+        assert "[bold]opsconsole[/x].toml" in str(app.screen.query_one("#help-note").render())
+        await press_and_draw(pilot, "escape", "4")
+        for where in ("#nodes-table", "Footer"):  # a tooltip, where one shows, draws as the rest
+            await pilot.hover(where, offset=(2, 1) if where.startswith("#") else (3, 0))
+            await pilot.pause(0.6)
+            assert_drawn(app)
+        assert app.is_running
+
+
+async def test_the_command_palette_takes_keys_from_the_config_as_they_are(tmp_path):
+    # A key from [console.keys] is config text; the palette read its help line as markup.
+    app = console(tmp_path, '[console.keys]\n"pane.gpus" = "g[/x]"\n"node.trends" = "[bold]"\n')
+    async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
+        await pilot.pause(0.2)
+        app.clear_notifications()
+        await press_and_draw(pilot, "ctrl+p")
+        await pilot.pause(0.3)
+        assert_drawn(app)
+        await press_and_draw(pilot, *"show gpus")
+        await pilot.pause(0.5)
+        assert_drawn(app, "pane.gpus  (g[/x])")
+        await press_and_draw(pilot, "escape", "question_mark")
+        assert_drawn(app, "g[/x]")
+        assert app.is_running
+
+
+async def test_detail_screens_and_confirmations_show_the_data_as_it_is(tmp_path):
+    app = console(tmp_path)
+    async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
+        await pilot.pause(0.2)
+        app.clear_notifications()
+        await press_and_draw(pilot, "7")
+        checkpoints = app.panes["checkpoints"]
+        await wait_for(pilot, lambda: checkpoints.checkpoint_table.table.row_count == 2, "the two checkpoints")
+        table = checkpoints.checkpoint_table.table
+        safetensors = next(i for i, row in enumerate(table.ordered_rows) if row.key.value.endswith(".safetensors"))
+        table.focus()
+        table.move_cursor(row=safetensors)
+        await press_and_draw(pilot, "enter")
+        assert type(app.screen).__name__ == "CheckpointDetailScreen"
+        assert_drawn(app, FILE_MARKUP)
+        body = str(app.screen.query_one("#detail-body").render())
+        assert "__metadata__.[bold]b[/x] [/__w/…  " + MARKUP[:60] in body and "[/k]" in body
+        await press_and_draw(pilot, "escape", "0", "enter")  # the hostile audit record, whole
+        assert type(app.screen).__name__ == "ResultScreen"
+        assert_drawn(app, "signal[/x] failed on " + NODE, "kill -INT [bold]b[/x]", "␛[31mred")
+        await press_and_draw(pilot, "escape", "2", "home", "i")  # SIGINT to the hostile GPU process
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", "the confirmation")
+        assert_drawn(app, "pid 421 (" + LITERAL, "␛[31mred")
+        await press_and_draw(pilot, "escape")
+        await press_and_draw(pilot, "4", "home", "D")  # drain asks for a reason, naming the node
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "ReasonScreen", "the reason prompt")
+        assert_drawn(app, NODE)
+        await press_and_draw(pilot, "escape")
+        app.clear_notifications()
+        await pilot.pause(0.1)
+        app.notify(HOSTILE, title=CONTROL)
+        await wait_for(pilot, lambda: list(app.screen.query(Toast)), "the toast")
+        assert_drawn(app)  # a toast wraps: its own text says what it shows
+        toast = " ".join(str(toast.render()) for toast in app.screen.query(Toast))
+        assert printable(HOSTILE) in toast and printable(CONTROL) in toast
+        assert app.is_running
