@@ -262,3 +262,21 @@ async def test_a_started_fleet_of_the_default_config_streams_the_local_node():
     assert fleet.states()["local"].frame.host.cpu_count > 0
     totals = fleet.totals(fleet.states()["local"].received_at)
     assert totals.nodes == 1 and totals.nodes_up == 1
+
+
+def test_tune_gc_raises_the_young_threshold_with_the_fleet_and_never_lowers_it():
+    import gc
+
+    from opsconsole.nodes.fleet import GC_GEN0_MAX, tune_gc
+
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert tune_gc(4) == 700  # a small console keeps CPython's default
+        assert tune_gc(256) == gc.get_threshold()[0] > 700
+        assert gc.get_threshold()[1:] == (10, 10)
+        assert tune_gc(8) == gc.get_threshold()[0] > 700  # not lowered
+        gc.set_threshold(700, 10, 10)
+        assert tune_gc(10 ** 6) == GC_GEN0_MAX
+    finally:
+        gc.set_threshold(*saved)

@@ -360,7 +360,9 @@ def apply_delta(base: Optional[NodeFrame], delta: Dict[str, Any]) -> NodeFrame:
         raise
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
         raise DeltaError("bad delta: %s: %s" % (type(exc).__name__, exc)) from None
-    return replace_decoded(frame, values) if values else frame
+    if values:  # `frame` is a new object of ours: fill it in place rather than copy it again (replace_decoded)
+        frame.__dict__.update(values)
+    return frame
 
 
 # --- lazy process lists (console side) ----------------------------------------------------
@@ -540,11 +542,15 @@ class LazyCoresHost(HostSample):
         return "HostSample(%s)" % ", ".join("%s=%r" % (name, getattr(self, name)) for name in _HOST_FIELDS)
 
 
-def _with_lazy_cores(host: HostSample, part: _LazyPart, chain: _Chain) -> HostSample:
-    """A copy of `host` whose cores come from `part`."""
-    new = object.__new__(LazyCoresHost)
-    values = new.__dict__
-    values.update(host.__dict__)
+def _with_lazy_cores(host: HostSample, part: _LazyPart, chain: _Chain, own: bool = False) -> HostSample:
+    """A copy of `host` whose cores come from `part`; `host` itself when `own` (a new object nobody else holds)."""
+    if own and type(host) is LazyCoresHost:
+        new = host  # made by this line's delta: no copy needed
+        values = new.__dict__
+    else:
+        new = object.__new__(LazyCoresHost)
+        values = new.__dict__
+        values.update(host.__dict__)
     values.pop(LAZY_CORES, None)
     values[_LAZY_CORES_KEY] = _LazyCores(part, chain)
     return new
@@ -561,20 +567,32 @@ def _list_source(frame: NodeFrame, name: str) -> Any:
 def _with_lazy_lists(frame: NodeFrame, base: Optional[NodeFrame], text: str, chain: _Chain) -> NodeFrame:
     """`frame` with its process lists (and its host's cores, when sent) to come from `text` over `base`'s.
 
-    base None: a keyframe, over empty lists.
+    base None: a keyframe, over empty lists. `frame` is new (made from this line) and not
+    yet seen by anyone, so when it is a LazyListsFrame already (a delta over one) it is
+    filled in place, as is its host when this line's delta made it: no copies per line.
     """
     part = _LazyPart(text)
-    new = object.__new__(LazyListsFrame)
-    values = new.__dict__
-    values.update(frame.__dict__)
+    if type(frame) is LazyListsFrame:
+        new = frame
+        values = new.__dict__
+    else:
+        new = object.__new__(LazyListsFrame)
+        values = new.__dict__
+        values.update(frame.__dict__)
     host = values.get("host")
     if text.startswith(_LAZY_CORES_PREFIX) and host is not None:
-        values["host"] = _with_lazy_cores(host, part, chain)
+        values["host"] = _with_lazy_cores(host, part, chain, own=base is not None and host is not base.host)
     for name in LAZY_LISTS:
         values.pop(name, None)
         source = () if base is None else _list_source(base, name)
         values[_LAZY_KEYS[name]] = _LazyList(source, part, name, chain)
     return new
+
+
+# json.loads without its Python wrapper (two regex matches and a few calls per line): the
+# main part starts with "{" (checked) and json.loads allows only this whitespace after it.
+_scan_once = json.JSONDecoder().scan_once
+_JSON_WHITESPACE = " \t\n\r"
 
 
 class StreamDecoder(object):
@@ -603,11 +621,11 @@ class StreamDecoder(object):
         if lazy and not lazy.endswith("]}"):
             return None, None  # cut short (lists of flat objects end so, and only at the end): no frame
         try:
-            data = json.loads(main)
-        except ValueError:
+            data, end = _scan_once(main, 0)
+        except (ValueError, StopIteration):
             return None, None
-        if type(data) is not dict:
-            return None, None
+        if type(data) is not dict or (end != len(main) and main[end:].strip(_JSON_WHITESPACE)):
+            return None, None  # as json.loads: one JSON value, then only JSON whitespace
         if self._chain.error is not None:  # an earlier frame's lists did not apply: that chain is over
             broken, self._chain = self._chain.error, _Chain()
             self.last = None
