@@ -70,3 +70,56 @@ async def test_remote_follow_odd_names_new_files_and_reconnect(tmp_path, sshd_fa
     finally:
         await hub.stop()
         await link.close()
+
+
+def followers_of(folder) -> list:
+    """Processes on this machine running a remote follower whose spec names `folder`."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info.get("cmdline") or []
+        if any("remote_main(sys.argv)" in part for part in cmdline) and any(str(folder) in part for part in cmdline):
+            found.append(process)
+    return found
+
+
+def test_a_follower_of_idle_files_exits_when_its_channel_closes(tmp_path):
+    """The follower writes only when lines come; it must still notice the console left (stdin EOF)."""
+    import json
+    import subprocess
+    import sys
+
+    from opsconsole.logs.remote import follower_source
+
+    append(tmp_path / "idle.log", ["2024-12-02 18:30:01,000 - INFO - one"])
+    spec = {"globs": [str(tmp_path / "*.log")], "files": {}, "initial": True, "poll": 0.05, "rescan": 0.3}
+    child = subprocess.Popen([sys.executable, "-u", "-c", follower_source(), json.dumps(spec)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline(), "the follower said nothing"  # it started and globbed
+        child.stdin.close()  # what sshd does when the console closes the channel
+        assert child.wait(timeout=20) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+async def test_no_follower_is_left_on_the_node_after_the_console_disconnects(tmp_path, sshd_factory):
+    server = sshd_factory.start()
+    node = NodeConfig(name="n1", host=server.address, port=server.port)
+    append(tmp_path / "quiet.log", ["2024-12-02 18:30:01,000 - INFO - one"])
+    config = Config(nodes=(node,), logs=LogsConfig(paths=(str(tmp_path / "*.log"),), poll_interval=0.05,
+                                                   rescan_interval=0.3))
+    link = SshLink(node, FAST, 0.3)
+    got = []
+    hub = LogHub(config, {"n1": link})
+    await hub.start(got.extend)
+    try:
+        await wait_for(lambda: len(got) == 1)
+        assert followers_of(tmp_path), "the follower should be running on the node"
+    finally:
+        await hub.stop()
+        await link.close()
+    await wait_for(lambda: not followers_of(tmp_path), timeout=20)

@@ -17,6 +17,8 @@ file opened at its last page: the index fills the count in later through `set_ba
 import glob
 import json
 import os
+import select
+import stat
 import sys
 import time
 from itertools import accumulate, repeat
@@ -356,8 +358,41 @@ def _start_tail(path, initial):
     return tail
 
 
+def _watch_stdin():
+    """fd 0 when it is the console's channel (a pipe or socket), else None: its EOF means the console
+    went away. Without this a follower of idle files never writes, so never sees EPIPE, and would
+    live on the node forever after the console closed the channel."""
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return None
+    return 0 if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) else None
+
+
+def _console_gone(stdin_fd, parent, wait):
+    """Wait up to `wait` seconds; True when the console's channel reached EOF or our parent (the
+    sshd session) exited."""
+    if os.getppid() != parent:
+        return True
+    if stdin_fd is None:
+        if wait > 0:
+            time.sleep(wait)
+        return False
+    readable, _, _ = select.select([stdin_fd], [], [], wait)
+    if readable:
+        try:
+            data = os.read(stdin_fd, 4096)
+        except OSError:
+            return True
+        if not data:
+            return True
+    return False
+
+
 def remote_follow(spec):
-    """Follow the spec's globs and resumed files forever, one JSON record per line of stdout."""
+    """Follow the spec's globs and resumed files, one JSON record per line of stdout, until the
+    console goes away (its channel's EOF on stdin, or the sshd session exiting)."""
+    stdin_fd, parent = _watch_stdin(), os.getppid()
     tails = {}
     for path, state in spec.get("files", {}).items():
         offset, number, inode, fingerprint = state
@@ -395,8 +430,8 @@ def remote_follow(spec):
                 busy = True
                 _emit(_lines_record(path, tail, lines))
         sys.stdout.flush()
-        if not busy:
-            time.sleep(poll)
+        if _console_gone(stdin_fd, parent, 0 if busy else poll):
+            return
 
 
 def remote_older(spec):
