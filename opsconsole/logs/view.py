@@ -144,15 +144,16 @@ class ViewEntry:
     __slots__ = ("line", "source_key", "time", "seq", "level", "level_rank", "label", "text", "finding")
 
     def __init__(self, line: LogLine, time_: float, seq: int, level: Optional[str], finding: Any,
-                 source_key: Optional[str] = None) -> None:
+                 source_key: Optional[str] = None, label: Optional[str] = None) -> None:
         self.line = line
         self.source_key = source_key or line.source.key  # LogSource.key builds a string on every call
         self.time = time_
         self.seq = seq
         self.level = level
         self.level_rank = LEVEL_ORDER.get(level, 0) if level else 0
-        self.label = line_label(line)
-        self.text = display_text(line.text)
+        self.label = label if label is not None else line_label(line)
+        text = line.text
+        self.text = display_text(text) if NEEDS_CLEANING.search(text) else text
         self.finding = finding
 
     @property
@@ -217,17 +218,29 @@ class LogView:
             result.counted = sum(1 for line in lines if self._shows_source(line))
             self.new_lines += result.counted
             return result
-        # The hot path of the console (every line of every rank): locals, and one key per line.
+        # The hot path of the console (every line of every rank): locals, one key per line, and the
+        # per-source values (key string, label) taken once per run of lines of the same source.
         last_time, last_level, sources, counts = self._last_time, self._last_level, self.sources, self.counts
         entries, keys, visible, visible_keys = self.entries, self._keys, self.visible, self._visible_keys
         plain_view = self.source is None and self.node is None and self.min_level is None and self.pattern.regex is None
         seq = self._seq
+        appended = 0
+        label_width = self._label_width
+        current = key = None
+        label_rank: Any = None
+        label = ""
+        have_findings = findings is not None
         for index, line in enumerate(lines):
-            finding = findings[index] if findings is not None and index < len(findings) else None
+            finding = findings[index] if have_findings and index < len(findings) else None
             source = line.source
-            key = source.key
-            if key not in sources:
-                sources[key] = source
+            if source is not current:
+                current, key = source, source.key
+                if key not in sources:
+                    sources[key] = source
+                label_rank = None
+            if line.rank != label_rank or label_rank is None:
+                label_rank = line.rank
+                label = line_label(line)
             previous = last_time.get(key)
             when = line.time if line.time is not None else (previous if previous is not None else self.now())
             if previous is not None and when < previous:
@@ -239,7 +252,7 @@ class LogView:
                 level = effective_level(line, finding, last_level.get(key))
             last_level[key] = level
             seq += 1
-            entry = ViewEntry(line, when, seq, level, finding, key)
+            entry = ViewEntry(line, when, seq, level, finding, key, label)
             entry_key = (when, seq)
             if plain_view and (not keys or entry_key > keys[-1]):
                 # In time order and nothing filtered: the common case appends to both lists.
@@ -248,12 +261,16 @@ class LogView:
                 visible.append(entry)
                 visible_keys.append(entry_key)
                 counts[key] = counts.get(key, 0) + 1
-                if len(entry.label) > self._label_width:
-                    self._label_width = len(entry.label)
-                result.added += 1
-                result.shown += 1
+                if len(label) > label_width:
+                    label_width = len(label)
+                appended += 1
             else:
+                self._label_width = max(self._label_width, label_width)
                 self._insert(entry, result)
+                label_width = self._label_width
+        self._label_width = max(self._label_width, label_width)
+        result.added += appended
+        result.shown += appended
         self._seq = seq
         if not self.following:
             self.new_lines += result.shown
