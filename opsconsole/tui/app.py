@@ -266,6 +266,8 @@ class OpsConsole(App[int]):
     def redraw(self) -> None:
         """Draw the header and the visible pane from the fleet's current states."""
         self._redraw_timer = None
+        if getattr(self, "_exit", False):
+            return  # closing: the timer may still tick while the screen's widgets are removed
         states = self.fleet.states()
         now = self.now()
         palette = bars.palette_from_variables(self.theme_variables)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
+from textual.css.query import NoMatches
 from textual.widgets import DataTable
 
 from opsconsole.model import NodeState
@@ -29,10 +30,20 @@ class LivePane(Pane):
         """Bring the pane's widgets to these states."""
         raise NotImplementedError
 
+    def on_unmount(self) -> None:
+        self._can_draw = False
+
     def show(self, states: Mapping[str, NodeState], node: Optional[str], now: float) -> None:
         self._last = (states, node, now)
-        if self._can_draw:
+        if not self._can_draw:
+            return
+        try:
             self.draw(states, node, now)
+        except NoMatches:
+            # The app is closing: its screen's widgets are removed (children first) while the
+            # redraw timer still ticks. Nothing is left to draw on.
+            if self.is_attached and not (self._pruning or self._closing):
+                raise
 
     def apply_filter(self, text: str) -> None:
         self.filter_text = text
