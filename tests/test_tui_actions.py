@@ -160,7 +160,7 @@ async def test_gpu_reset_typed_confirmation_then_the_stub_runs_and_the_result_sh
     async with app.run_test(size=SIZE) as pilot:
         await open_pane(pilot, app, "1", "gpus")
         await pilot.press("R")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the reset confirmation")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the reset confirmation")
         screen = app.screen
         body = str(screen.query_one("#confirm-body").render())
         assert "%s --gpu-reset -i 0" % stub in body and "local" in body and "privileges" in body
@@ -171,7 +171,7 @@ async def test_gpu_reset_typed_confirmation_then_the_stub_runs_and_the_result_sh
         await pilot.press("backspace")
         await pilot.press(*"local/0")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: isinstance(app.screen, ResultScreen), "the result screen")
+        await wait_until(pilot, lambda: isinstance(app.screen, ResultScreen) and app.screen.is_mounted, "the result screen")
         result = str(app.screen.query_one("#result-body").render())
         assert "exit status 0" in result and "GPU reset done" in result and "GPU 0 read again" in result
         assert json.loads((tmp_path / "argv.json").read_text()) == ["--gpu-reset", "-i", "0"]
@@ -199,7 +199,7 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
             await pilot.press("t", "t")  # host processes only
             await pilot.pause()
             await pilot.press("x")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the signal confirmation")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the signal confirmation")
             body = str(app.screen.query_one("#confirm-body").render())
             assert "kill -s TERM -- %d" % sleeper.pid in body and "local" in body and "sleep" in body
             assert app.screen.query_one("#confirm-no", Button).has_focus
@@ -207,7 +207,7 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
             await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the cancel")
             assert sleeper.poll() is None
             await pilot.press("x")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation again")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the confirmation again")
             await pilot.press("y")
             await wait_until(pilot, lambda: "gone" in messages(app) or "zombie" in messages(app), "the verdict")
             assert sleeper.wait(10) == -15
@@ -233,14 +233,14 @@ async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_new
         await pilot.pause()
         await open_pane(pilot, app, "4", "nodes")
         await pilot.press("D")
-        await wait_until(pilot, lambda: isinstance(app.screen, ReasonScreen), "the reason prompt")
+        await wait_until(pilot, lambda: isinstance(app.screen, ReasonScreen) and app.screen.is_mounted, "the reason prompt")
         await pilot.press("enter")  # empty: refused in place
         await pilot.pause()
         assert isinstance(app.screen, ReasonScreen)
         assert "needs a reason" in str(app.screen.query_one("#reason-error").render())
         app.screen.query_one("#reason-input", Input).value = "XID 79 on GPU 3"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the drain confirmation")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the drain confirmation")
         body = str(app.screen.query_one("#confirm-body").render())
         assert "scontrol update NodeName=local State=DRAIN 'Reason=XID 79 on GPU 3'" in body
         await pilot.press("y")
@@ -276,7 +276,7 @@ async def test_action_keys_can_be_remapped_and_yes_no_can_be_switched_off(tmp_pa
             await open_pane(pilot, app, "1", "gpus")
             assert "G" in footer_keys(app) and "R" not in footer_keys(app)
             await pilot.press("G")  # the typed word is still asked
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the reset confirmation")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the reset confirmation")
             assert app.screen.word == "local/0"
             await pilot.press("escape")
             await pilot.pause()

@@ -89,7 +89,7 @@ async def test_list_markers_detail_view_and_sort(tmp_path, seed):
         # Detail view of the highlighted row.
         pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index("checkpoint_epoch_2.pt"))
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, CheckpointDetailScreen), "the detail view")
+        await wait_for(pilot, lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "the detail view")
         body = app.screen.body.plain
         for text in ("model_state_dict", "optimizer_state_dict", "scheduler_state_dict", "Optimizer         present",
                      "Scheduler         present", "Loss              0.7", "float32 ×4"):
@@ -142,7 +142,7 @@ async def test_cleanup_confirmation_cancel_then_confirm_deletes_only_the_plan(tm
     async with app.run_test(size=SIZE) as pilot:
         pane = await open_pane(pilot, app)
         await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the cleanup confirmation")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the cleanup confirmation")
         screen = app.screen
         assert app.focused.id == "confirm-no"  # Cancel has the focus
         body = screen.body.plain
@@ -156,7 +156,7 @@ async def test_cleanup_confirmation_cancel_then_confirm_deletes_only_the_plan(tm
         await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the cancel")
         assert len(list(seed.iterdir())) == 7
         await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the second confirmation")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the second confirmation")
         await pilot.press("y")
         await wait_for(pilot, lambda: pane.checkpoint_table.table.row_count == 3, "the deletions and the rescan")
     left = sorted(p.name for p in seed.iterdir())
