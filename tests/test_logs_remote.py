@@ -30,17 +30,23 @@ def append(path, lines):
         out.write("".join(line + "\n" for line in lines))
 
 
-async def test_remote_follow_odd_names_new_files_and_reconnect(tmp_path, sshd_factory):
-    server = sshd_factory.start()
+async def remote_hub(server, folder):
+    """A started LogHub following `folder`/*.log on node n1 (the sshd `server`): (hub, link, lines got)."""
     node = NodeConfig(name="n1", host=server.address, port=server.port)
-    odd = tmp_path / "it's a; \"run\" log.log"
-    append(odd, ["2024-12-02 18:30:01,000 - INFO - one", "2024-12-02 18:30:02,000 - ERROR - two"])
-    config = Config(nodes=(node,), logs=LogsConfig(paths=(str(tmp_path / "*.log"),), poll_interval=0.05,
+    config = Config(nodes=(node,), logs=LogsConfig(paths=(str(folder / "*.log"),), poll_interval=0.05,
                                                    rescan_interval=0.3))
     link = SshLink(node, FAST, 0.3)
     got = []
     hub = LogHub(config, {"n1": link})
     await hub.start(got.extend)
+    return hub, link, got
+
+
+async def test_remote_follow_odd_names_new_files_and_reconnect(tmp_path, sshd_factory):
+    server = sshd_factory.start()
+    odd = tmp_path / "it's a; \"run\" log.log"
+    append(odd, ["2024-12-02 18:30:01,000 - INFO - one", "2024-12-02 18:30:02,000 - ERROR - two"])
+    hub, link, got = await remote_hub(server, tmp_path)
     try:
         await wait_for(lambda: len(got) == 2)
         assert [(l.number, l.text[-3:], l.level) for l in got] == [(1, "one", "INFO"), (2, "two", "ERROR")]
@@ -108,14 +114,8 @@ def test_a_follower_of_idle_files_exits_when_its_channel_closes(tmp_path):
 
 async def test_no_follower_is_left_on_the_node_after_the_console_disconnects(tmp_path, sshd_factory):
     server = sshd_factory.start()
-    node = NodeConfig(name="n1", host=server.address, port=server.port)
     append(tmp_path / "quiet.log", ["2024-12-02 18:30:01,000 - INFO - one"])
-    config = Config(nodes=(node,), logs=LogsConfig(paths=(str(tmp_path / "*.log"),), poll_interval=0.05,
-                                                   rescan_interval=0.3))
-    link = SshLink(node, FAST, 0.3)
-    got = []
-    hub = LogHub(config, {"n1": link})
-    await hub.start(got.extend)
+    hub, link, got = await remote_hub(server, tmp_path)
     try:
         await wait_for(lambda: len(got) == 1)
         assert followers_of(tmp_path), "the follower should be running on the node"

@@ -434,7 +434,8 @@ _LAZY_KEYS = {name: "_lazy_" + name for name in LAZY_LISTS}
 
 
 def _lazy_field(name: str) -> property:
-    key = _LAZY_KEYS[name]
+    """A field read from `_lazy_<name>` (its resolve()) the first time it is read, then kept."""
+    key = "_lazy_" + name
 
     def read(self: Any) -> Tuple[Any, ...]:
         values = self.__dict__
@@ -505,20 +506,6 @@ class _LazyCores(object):
 _LAZY_CORES_KEY = "_lazy_" + LAZY_CORES
 
 
-def _read_cores(self: Any) -> Tuple[Any, ...]:
-    values = self.__dict__
-    try:
-        return values[LAZY_CORES]
-    except KeyError:
-        pass
-    value = values[LAZY_CORES] = values[_LAZY_CORES_KEY].resolve()
-    return value
-
-
-def _write_cores(self: Any, value: Any) -> None:  # dataclasses.replace and __init__ set fields
-    self.__dict__[LAZY_CORES] = value
-
-
 _HOST_FIELDS = tuple(f.name for f in dataclasses.fields(HostSample))
 
 
@@ -529,7 +516,7 @@ class LazyCoresHost(HostSample):
     which is parsed at most once for all the copies.
     """
 
-    cpu_per_core = property(_read_cores, _write_cores, doc="cpu_per_core, parsed when first read")
+    cpu_per_core = _lazy_field(LAZY_CORES)
 
     def __eq__(self, other: Any) -> Any:
         if not isinstance(other, HostSample):
