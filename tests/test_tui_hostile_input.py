@@ -192,6 +192,12 @@ def cell_texts(table: DataTable) -> List[str]:
     return [str(cell) for row in table.ordered_rows for cell in table.get_row(row.key)]
 
 
+async def settled(pilot, app) -> None:
+    """Let the first frames and alerts arrive, then clear their toasts (tests that are not about them)."""
+    await pilot.pause(0.2)
+    app.clear_notifications()
+
+
 async def press_and_draw(pilot, *keys: str) -> None:
     await pilot.press(*keys)
     await pilot.pause(0.1)
@@ -285,8 +291,7 @@ async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
 async def test_filters_with_brackets_and_bad_regexes_show_an_error_not_a_crash(tmp_path):
     app = console(tmp_path)
     async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
-        await pilot.pause(0.2)
-        app.clear_notifications()
+        await settled(pilot, app)
         for key in "1234567890":  # `[` is free text in the tables and a bad regex in the Logs pane
             await press_and_draw(pilot, key, "slash", "[")
             assert_drawn(app)
@@ -307,8 +312,7 @@ async def test_filters_with_brackets_and_bad_regexes_show_an_error_not_a_crash(t
 async def test_drill_history_help_and_tooltips_with_hostile_names(tmp_path):
     app = console(tmp_path)
     async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
-        await pilot.pause(0.2)
-        app.clear_notifications()
+        await settled(pilot, app)
         await press_and_draw(pilot, "4", "home", "enter")  # drill into gpu[/x]01
         assert app.node == NODE and app.visible_pane_id == "gpus"
         assert_drawn(app, "node " + NODE + " (esc: all nodes)")
@@ -349,8 +353,7 @@ async def test_the_command_palette_takes_keys_from_the_config_as_they_are(tmp_pa
 async def test_detail_screens_and_confirmations_show_the_data_as_it_is(tmp_path):
     app = console(tmp_path)
     async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
-        await pilot.pause(0.2)
-        app.clear_notifications()
+        await settled(pilot, app)
         await press_and_draw(pilot, "7")
         checkpoints = app.panes["checkpoints"]
         await wait_for(pilot, lambda: checkpoints.checkpoint_table.table.row_count == 2, "the two checkpoints")

@@ -433,6 +433,22 @@ class _LazyList(object):
 _LAZY_KEYS = {name: "_lazy_" + name for name in LAZY_LISTS}
 
 
+def _compare_as(base: type) -> Tuple[Any, Any, Any]:
+    """__eq__, __hash__ and __repr__ for a lazy subclass of the dataclass `base`: field by field
+    through the properties (so pending parts are compared decoded), equal to a plain `base`."""
+    names = tuple(f.name for f in dataclasses.fields(base))
+
+    def __eq__(self: Any, other: Any) -> Any:
+        if not isinstance(other, base):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in names)
+
+    def __repr__(self: Any) -> str:
+        return "%s(%s)" % (base.__name__, ", ".join("%s=%r" % (name, getattr(self, name)) for name in names))
+
+    return __eq__, base.__hash__, __repr__
+
+
 def _lazy_field(name: str) -> property:
     """A field read from `_lazy_<name>` (its resolve()) the first time it is read, then kept."""
     key = "_lazy_" + name
@@ -462,18 +478,9 @@ class LazyListsFrame(NodeFrame):
     processes = _lazy_field("processes")
     top_processes = _lazy_field("top_processes")
 
-    def __eq__(self, other: Any) -> Any:
-        if not isinstance(other, NodeFrame):
-            return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in _FRAME_FIELDS)
-
-    __hash__ = NodeFrame.__hash__
-
-    def __repr__(self) -> str:
-        return "NodeFrame(%s)" % ", ".join("%s=%r" % (name, getattr(self, name)) for name in _FRAME_FIELDS)
+    __eq__, __hash__, __repr__ = _compare_as(NodeFrame)
 
 
-_FRAME_FIELDS = tuple(f.name for f in dataclasses.fields(NodeFrame))
 
 
 class _LazyCores(object):
@@ -506,7 +513,6 @@ class _LazyCores(object):
 _LAZY_CORES_KEY = "_lazy_" + LAZY_CORES
 
 
-_HOST_FIELDS = tuple(f.name for f in dataclasses.fields(HostSample))
 
 
 class LazyCoresHost(HostSample):
@@ -518,15 +524,7 @@ class LazyCoresHost(HostSample):
 
     cpu_per_core = _lazy_field(LAZY_CORES)
 
-    def __eq__(self, other: Any) -> Any:
-        if not isinstance(other, HostSample):
-            return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in _HOST_FIELDS)
-
-    __hash__ = HostSample.__hash__
-
-    def __repr__(self) -> str:
-        return "HostSample(%s)" % ", ".join("%s=%r" % (name, getattr(self, name)) for name in _HOST_FIELDS)
+    __eq__, __hash__, __repr__ = _compare_as(HostSample)
 
 
 def _with_lazy_cores(host: HostSample, part: _LazyPart, chain: _Chain, own: bool = False) -> HostSample:
