@@ -4,7 +4,7 @@ dcgm-exporter's GPU series, node-exporter's host series and our own exporter's
 (`opsconsole agent --metrics-port`) are read through /api/v1/query with a handful of
 queries per refresh, each one covering every node at once (`{__name__=~"A|B|..."}`
 aggregated to the labels we need), so the number of requests does not grow with the
-fleet; the node's name is made in PromQL (label oc_node) so answers carry few labels.
+fleet; the node is named here from the raw node labels (cheaper than label_replace in PromQL).
 Slowly changing fields (names, UUIDs, limits, ECC and remapped-row counters, file systems,
 core counts) are read by the slow tier, its queries spread one per refresh so that each
 is re-read every `slow_every` refreshes. Node and source trouble become the same
@@ -16,12 +16,15 @@ No Textual here.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import re
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Collection, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Collection, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from opsconsole.model import (
     STATE_AUTH,
@@ -88,7 +91,15 @@ FAST_HOST_METRICS = (
     "node_memory_MemAvailable_bytes",
     "node_memory_SwapFree_bytes",
 )
-SLOW_GPU_METRICS = tuple(m for m, _, _ in names.GPU_METRICS if m not in FAST_GPU_METRICS) + (names.METRIC_COMPUTE_MODE,)
+# dcgm-exporter's default counters among the slow ones: listed first, so that _split deals them
+# out evenly and no slow query carries most of the series.
+_DCGM_DEFAULT_SLOW = (
+    "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+)
+SLOW_GPU_METRICS = _DCGM_DEFAULT_SLOW + tuple(
+    m for m, _, _ in names.GPU_METRICS if m not in FAST_GPU_METRICS and m not in _DCGM_DEFAULT_SLOW
+) + (names.METRIC_COMPUTE_MODE,)
 SLOW_HOST_METRICS = (
     names.HOST_CPU_COUNT,
     names.HOST_MEM_TOTAL,
@@ -100,11 +111,12 @@ SLOW_HOST_METRICS = (
     "node_uname_info",
 )
 # Labels that tell a GPU apart from its siblings, read with the slow tier.
+# Names every GPU exporter has: one of them carries each GPU's labels (UUID, model...) to the slow tier.
+GPU_INFO_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED")
 GPU_INFO_LABELS = (names.LABEL_UUID, names.LABEL_MODEL, names.LABEL_PCI_BUS_ID, names.LABEL_DRIVER)
 
-NODE = "oc_node"  # the label our queries put the node's name in
 FAST_QUERIES = 8  # the per-refresh GPU names, split over this many queries
-SLOW_QUERIES = 2
+SLOW_GPU_QUERIES = 2
 PARALLEL_QUERIES = 8  # HTTP requests in flight at once, per source
 
 # History metric names (opsconsole/history.py's and GpuSample's) -> what to ask Prometheus.
@@ -197,6 +209,7 @@ class PrometheusSource:
         self._node_filter: Optional[Set[str]] = None  # set by the fleet (a Slurm job's nodes)
         self._states: Dict[str, NodeState] = {}
         self._origin: Dict[str, Tuple[str, str]] = {}  # node -> (label, raw value) it was named by
+        self._node_names: Dict[Tuple[str, str], str] = {}  # (label, raw value) -> node
         self._targets: Dict[Tuple[str, str], _Target] = {}
         self._slow_gpu: Dict[Tuple[str, int], Dict[str, Any]] = {}
         self._slow_host: Dict[str, Dict[str, Any]] = {}
@@ -212,75 +225,76 @@ class PrometheusSource:
         extra = (self.config.selector or "").strip()
         return "{%s%s}" % (inner, ("," + extra) if extra else "")
 
-    def _named(self, expr: str) -> str:
-        """`expr` with label oc_node set to the node's name: the first node label present (instance: no port).
+    def _by_node(self, aggregation: str, labels: str, inner: str, wrap: str = "%s") -> str:
+        """`aggregation by (<node labels>, labels) (wrap % selector)`: one series per node and `labels`.
 
-        Naming the node in Prometheus lets the per-refresh queries drop every other label, which
-        makes their answers (and our JSON parsing) a third smaller at fleet scale.
+        Tried and dropped: one aggregation per node label joined with `or` (answers hold one node
+        label, a fifth less JSON), as its `label=""` matchers cost Prometheus more than it saved.
         """
-        for label in reversed(self.node_labels):  # the first label is applied last, so it wins
-            regex = "(.+?)(?::[0-9]+)?" if label == "instance" else "(.+)"
-            expr = 'label_replace(%s, "%s", "$1", "%s", "%s")' % (expr, NODE, label, regex)
-        return expr
+        by = ", ".join(self.node_labels) + (", " + labels if labels else "")
+        return "%s by (%s) (%s)" % (aggregation, by, wrap % self._selector(inner))
 
     def _build_queries(self) -> None:
         gpu = self.gpu_label
+        # Answers keep a raw node label and node_of names the node here: naming it in PromQL
+        # (label_replace on every series) doubled Prometheus's work per query at fleet scale.
+        by_node = ", ".join(self.node_labels)
         # Several queries over disjoint name sets, run at once: Prometheus evaluates them in parallel.
         self.queries_fast = [
-            "max by (__name__, %s, %s, pid, process_name, user) (%s)"
-            % (NODE, gpu, self._named(self._selector('__name__=~"%s"' % _regex_alternatives(part))))
+            self._by_node("max", "__name__, %s, pid, process_name, user" % gpu, '__name__=~"%s"' % _regex_alternatives(part))
             for part in _split(FAST_GPU_METRICS + FAST_GPU_EXTRA, FAST_QUERIES)
-        ] + [
-            "max by (__name__, %s, period, device) (%s)"
-            % (NODE, self._named(self._selector('__name__=~"%s"' % _regex_alternatives(FAST_HOST_METRICS))))
+        ] + [self._by_node("max", "__name__, period, device", '__name__=~"%s"' % _regex_alternatives(FAST_HOST_METRICS))]
+        # The slow tier: GPU names and targets from one series per GPU (any of the names every
+        # GPU exporter has), the slow GPU values without those long labels (they made the old
+        # all-in-one slow answer 12 MB at 1,024 nodes), host values with their targets.
+        self.query_gpu_info = "group by (job, instance, %s, %s, %s) (%s)" % (
+            by_node, gpu, ", ".join(GPU_INFO_LABELS), self._selector('__name__=~"%s"' % _regex_alternatives(GPU_INFO_METRICS))
+        )
+        self.queries_slow_gpu = [
+            self._by_node("max", "__name__, %s, mode" % gpu, '__name__=~"%s"' % _regex_alternatives(part))
+            for part in _split(SLOW_GPU_METRICS, SLOW_GPU_QUERIES)
         ]
-        # The slow tier keeps job, instance and the raw node labels: it maps scrape targets to nodes.
-        raw_by = "__name__, job, instance, %s, %s, %s" % (", ".join(self.node_labels), NODE, gpu)
-        self.queries_slow = [
-            "max by (%s, %s, mode, gpu_source, driver_version, hostname, nodename) (%s)"
-            % (raw_by, ", ".join(GPU_INFO_LABELS), self._named(self._selector('__name__=~"%s"' % _regex_alternatives(part))))
-            for part in _split(SLOW_GPU_METRICS + SLOW_HOST_METRICS, SLOW_QUERIES)
-        ]
+        self.query_slow_host = "max by (__name__, job, instance, %s, gpu_source, driver_version, hostname, nodename) (%s)" % (
+            by_node, self._selector('__name__=~"%s"' % _regex_alternatives(SLOW_HOST_METRICS))
+        )
         mounts = "|".join(re.escape(path) for path in self.disk_paths) or "/"
         fs_names = names.NODE_EXPORTER_FILESYSTEM + (names.HOST_FS_SIZE, names.HOST_FS_USED, names.HOST_FS_FREE)
-        self.query_fs = "max by (__name__, %s, mountpoint) (%s)" % (
-            NODE,
-            self._named(self._selector('__name__=~"%s",mountpoint=~"%s"' % (_regex_alternatives(fs_names), mounts))),
+        self.query_fs = self._by_node(
+            "max", "__name__, mountpoint", '__name__=~"%s",mountpoint=~"%s"' % (_regex_alternatives(fs_names), mounts)
         )
         window = self.config.rate_window
         # Only the idle and iowait modes: a node has 8 modes per core, and busy = cores - idle.
-        cpu = self._selector('__name__="node_cpu_seconds_total",mode=~"idle|iowait"')
-        cpu_idle = self._selector('__name__="node_cpu_seconds_total",mode="idle"')
-        rx = self._selector('__name__="node_network_receive_bytes_total",device!="lo"')
-        tx = self._selector('__name__="node_network_transmit_bytes_total",device!="lo"')
+        cpu = '__name__="node_cpu_seconds_total",mode=~"idle|iowait"'
+        rx = '__name__="node_network_receive_bytes_total",device!="lo"'
+        tx = '__name__="node_network_transmit_bytes_total",device!="lo"'
         self.query_rates = " or ".join(
-            (
-                'label_replace(sum by (%s, mode) (%s), "oc_kind", "cpu", "", "")'
-                % (NODE, self._named("rate(%s[%s])" % (cpu, window))),
-                'label_replace(sum by (%s, device) (%s), "oc_kind", "rx", "", "")'
-                % (NODE, self._named("rate(%s[%s])" % (rx, window))),
-                'label_replace(sum by (%s, device) (%s), "oc_kind", "tx", "", "")'
-                % (NODE, self._named("rate(%s[%s])" % (tx, window))),
-            )
+            'label_replace(%s, "oc_kind", "%s", "", "")' % (self._by_node("sum", split, inner, "rate(%%s[%s])" % window), kind)
+            for kind, split, inner in (("cpu", "mode", cpu), ("rx", "device", rx), ("tx", "device", tx))
         )
         # How many cores: changes only with the hardware, so read with the slow tier.
-        self.query_cpus = 'label_replace(count by (%s) (%s), "oc_kind", "cpus", "", "")' % (NODE, self._named(cpu_idle))
-        self.slow_parts = self.queries_slow + [self.query_fs, self.query_cpus]
+        cpu_idle = '__name__="node_cpu_seconds_total",mode="idle"'
+        self.query_cpus = 'label_replace(%s, "oc_kind", "cpus", "", "")' % self._by_node("count", "", cpu_idle)
+        self.slow_parts = [self.query_gpu_info] + self.queries_slow_gpu + [self.query_slow_host, self.query_fs, self.query_cpus]
         up = self._selector('__name__="up"')
         self.query_up = 'label_replace(timestamp(%s), "oc_kind", "ts", "", "") or %s' % (up, up)
 
     # --- naming --------------------------------------------------------------------------
 
     def node_of(self, labels: Dict[str, str]) -> Optional[str]:
-        """The node a series belongs to: oc_node as the queries set it, else the first node label it carries."""
-        for label in self.node_labels:  # raw labels (the slow tier): remember which one named the node
+        """The node a series belongs to: the first node label it carries (instance: without its port).
+
+        Called for every series of every answer, so each (label, value) is worked out once.
+        """
+        for label in self.node_labels:
             value = labels.get(label)
             if value:
-                name = strip_port(value) if label == "instance" else value
-                if name not in self._origin:
-                    self._origin[name] = (label, value)
+                key = (label, value)
+                name = self._node_names.get(key)
+                if name is None:
+                    name = self._node_names[key] = strip_port(value) if label == "instance" else value
+                    self._origin.setdefault(name, key)  # which label named it: history queries match on it
                 return name
-        return labels.get(NODE) or None
+        return None
 
     def _wanted(self, node: str) -> bool:
         if self._allowed is not None and node not in self._allowed:
@@ -302,21 +316,28 @@ class PrometheusSource:
 
     def refresh(self) -> List[NodeState]:
         """One full refresh, blocking (run it in a thread): the new state of every node of this source."""
+        with _gc_paused():
+            return self._refresh()
+
+    def _refresh(self) -> List[NodeState]:
         started = time.perf_counter()
         requests_before = self.http.requests
         now = self.clock()
         exprs = [self.query_up] + self.queries_fast + [self.query_rates] + self.slow_now()
+        fast_end = 1 + len(self.queries_fast)
+        values = _FastValues()
+
+        def take(index: int, rows: List[Series]) -> None:
+            if 0 < index < fast_end:
+                self._take_fast(rows, values)
+
         try:
-            answers = self._query_all(exprs, now)
+            answers = self._query_all(exprs, now, take)
         except PrometheusError as exc:
             return self._source_failed(exc, now, started, requests_before)
-        fast_end = 1 + len(self.queries_fast)
-        up_rows = answers[0]
-        fast_rows = [row for answer in answers[1:fast_end] for row in answer]
-        rate_rows = answers[fast_end]
         self._refreshes += 1
         self._take_slow([row for answer in answers[fast_end + 1:] for row in answer])
-        states = self._build_states(now, up_rows, fast_rows, rate_rows)
+        states = self._build_states(now, answers[0], values, answers[fast_end])
         self.status = replace(
             self.status,
             state=STATE_UP,
@@ -341,14 +362,23 @@ class PrometheusSource:
         turn = self._refreshes % max(self.slow_every, len(parts))
         return [parts[turn]] if turn < len(parts) else []
 
-    def _query_all(self, exprs: List[str], now: float) -> List[List[Series]]:
-        """Every query at once (one thread each, few of them); the first failure is raised."""
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
+    def _query_all(self, exprs: List[str], now: float, take: Callable[[int, List[Series]], None]) -> List[List[Series]]:
+        """Every query at once (a few threads); the first failure is raised.
 
+        Each answer is handed to `take` as it arrives, so our work on it overlaps Prometheus's
+        work on the others instead of waiting for the slowest.
+        """
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=PARALLEL_QUERIES, thread_name_prefix="prometheus")
-        futures = [self._pool.submit(self.http.query, expr, now) for expr in exprs]
-        return [future.result() for future in futures]
+        futures = {self._pool.submit(self.http.query, expr, now): index for index, expr in enumerate(exprs)}
+        answers: List[List[Series]] = [[] for _ in exprs]
+        for future in as_completed(futures):
+            index = futures[future]
+            answers[index] = future.result()
+            take(index, answers[index])
+        return answers
 
     def _source_failed(self, exc: PrometheusError, now: float, started: float, requests_before: int) -> List[NodeState]:
         state = STATE_AUTH if exc.status in (401, 403) else STATE_DOWN
@@ -385,10 +415,12 @@ class PrometheusSource:
             if "mountpoint" in labels:
                 fs_rows.append((labels, value))
                 continue
-            target = (labels.get("job", ""), labels.get("instance", ""))
-            if target not in seen_targets and target[1]:
-                seen_targets.add(target)
-                self._targets.setdefault(target, _Target()).nodes.add(node)
+            job = labels.get("job")
+            if job is not None:  # the queries that keep job map scrape targets to nodes
+                target = (job, labels.get("instance", ""))
+                if target not in seen_targets and target[1]:
+                    seen_targets.add(target)
+                    self._targets.setdefault(target, _Target()).nodes.add(node)
             metric = labels.get("__name__", "")
             gpu = labels.get(gpu_label)
             if gpu is not None and gpu.isdigit():
@@ -434,19 +466,15 @@ class PrometheusSource:
         for node, host in hosts.items():
             self._slow_host.setdefault(node, {}).update(host)
 
-    def _build_states(
-        self, now: float, up_rows: List[Series], fast_rows: List[Series], rate_rows: List[Series]
-    ) -> List[NodeState]:
+    def _take_fast(self, fast_rows: List[Series], values: "_FastValues") -> None:
+        """The series of one fast answer into `values`: fields per node and GPU, host fields, processes."""
         gpu_label = self.gpu_label
-        gpu_values: Dict[str, Dict[int, Dict[str, Any]]] = {}
-        host_values: Dict[str, Dict[str, Any]] = {}
-        procs: Dict[str, Dict[Tuple[int, str], Dict[str, Any]]] = {}
+        gpu_values, host_values, procs = values.gpus, values.hosts, values.procs
         convert = _CONVERTERS
         indexes = _GPU_INDEXES
         node_of = self.node_of
         for labels, value in fast_rows:
-            # The fast queries name the node in oc_node and drop the raw labels (see _named).
-            node = labels.get(NODE) or node_of(labels)
+            node = node_of(labels)
             if node is None:
                 continue
             metric = labels["__name__"]
@@ -492,6 +520,9 @@ class PrometheusSource:
                 host.setdefault(metric, {})[key] = value
             else:
                 host[metric] = value
+
+    def _build_states(self, now: float, up_rows: List[Series], values: "_FastValues", rate_rows: List[Series]) -> List[NodeState]:
+        gpu_values, host_values, procs = values.gpus, values.hosts, values.procs
         for labels, value in rate_rows:
             node = self.node_of(labels)
             if node is None:
@@ -823,6 +854,45 @@ class PrometheusSource:
         from opsconsole.nodes.local import run_in_daemon_thread
 
         return await run_in_daemon_thread(lambda: self.history_blocking(node, gpu, metric, seconds))
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic GC off while a refresh runs (threads may nest it; the last one out restores it).
+
+    A refresh parses ~10 MB of JSON at 1,024 nodes: a million dicts, lists and strings that
+    hold no cycles and die when the refresh ends. With the collector on, its passes over
+    them took two thirds of the parse (measured: 0.41 s a refresh, 0.27 s with it off).
+    """
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+class _FastValues:
+    """What one refresh's fast answers said, gathered as they arrive: node -> GPU -> fields, node -> host fields, processes."""
+
+    __slots__ = ("gpus", "hosts", "procs")
+
+    def __init__(self) -> None:
+        self.gpus: Dict[str, Dict[int, Dict[str, Any]]] = {}
+        self.hosts: Dict[str, Dict[str, Any]] = {}
+        self.procs: Dict[str, Dict[Tuple[int, str], Dict[str, Any]]] = {}
 
 
 _GPU_TEMPLATE = GpuSample(index=0)  # every field at its default; copies are filled without __init__
