@@ -367,3 +367,35 @@ async def test_console_shows_prometheus_gpus_then_prometheus_stopped_is_an_unrea
         header = app.header._shown.plain
         assert "prometheus down: prometheus %s: unreachable" % prometheus.url in header
         assert "down 2" in header
+
+
+def test_a_refresh_pauses_the_cyclic_gc_and_restores_it_even_when_refreshes_overlap():
+    import gc
+    import threading
+
+    from opsconsole.sources.prometheus import _gc_paused
+
+    inside, release = threading.Event(), threading.Event()
+
+    def long_refresh():
+        with _gc_paused():
+            inside.set()
+            release.wait(10)
+
+    assert gc.isenabled()
+    other = threading.Thread(target=long_refresh)
+    other.start()
+    inside.wait(10)
+    with _gc_paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other refresh still runs
+    release.set()
+    other.join(10)
+    assert gc.isenabled()
+    gc.disable()  # someone else's choice is kept
+    try:
+        with _gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
