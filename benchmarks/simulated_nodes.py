@@ -42,6 +42,7 @@ from opsconsole.model import (  # noqa: E402
     to_wire,
 )
 from opsconsole.probe.wire_delta import DEFAULT_KEYFRAME_EVERY, DeltaEncoder, round_wire  # noqa: E402
+from opsconsole.probe.agent import delay_to_grid  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200"
 GPUS_PER_NODE = 8
@@ -340,8 +341,9 @@ class FrameLines:
     def seq(self) -> int:
         return self.source.seq
 
-    def next(self) -> bytes:
-        wire = self.source.tick()
+    def next(self, now: Optional[float] = None) -> bytes:
+        """The next line, its frame stamped `now` (default: the time it is made)."""
+        wire = self.source.tick(now)
         if self.encoder is not None:
             return (self.encoder.encode_wire(wire) + "\n").encode()
         return (json.dumps(wire, separators=(",", ":")) + "\n").encode()
@@ -420,14 +422,20 @@ async def _serve_probe(process, command: str, stats: Dict[str, int]) -> None:
     except asyncio.TimeoutError:
         pass
     stats["streams"] += 1
-    loop = asyncio.get_running_loop()
-    next_at = loop.time()
     try:
+        process.stdout.write(lines.next())  # the first frame at once, then on the wall-clock grid, as the agent
+        stats["frames"] += 1
         while not process.is_closing():
-            process.stdout.write(lines.next())
+            # Each line is made before its tick and written at the tick: on a cluster every node
+            # polls at the same moment on its own CPU, so the lines leave together, where one
+            # process making 256 in a row would spread them over tens of milliseconds.
+            tick = time.time() + delay_to_grid(time.time(), interval)
+            line = lines.next(tick)
+            await asyncio.sleep(max(0.0, tick - time.time()))
+            if process.is_closing():
+                break
+            process.stdout.write(line)
             stats["frames"] += 1
-            next_at += interval
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
     except (OSError, asyncio.CancelledError, Exception):  # the client went away
         pass
     finally:

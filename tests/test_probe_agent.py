@@ -15,7 +15,7 @@ from typing import Tuple
 import pytest
 
 from opsconsole.model import FRAME_VERSION, GpuSample, NodeFrame, ProcessSample, from_wire
-from opsconsole.probe.agent import Probe, frame_line, next_deadline
+from opsconsole.probe.agent import Probe, delay_to_grid, frame_line, next_deadline
 from opsconsole.probe.host import HostReader, parse_meminfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,6 +123,24 @@ def test_default_gpu_reader_path_never_raises():
 )
 def test_next_deadline_stays_on_grid_and_skips_overruns(deadline, now, interval, expected):
     assert next_deadline(deadline, now, interval) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "now, interval, expected",
+    [
+        (100.3, 1.0, 0.7),  # the next whole second
+        (100.0, 1.0, 1.0),  # on a grid point: the next one
+        (100.6, 1.0, 1.4),  # woke early or overran: never two frames within half an interval
+        (100.45, 1.0, 0.55),
+        (10.1, 0.25, 0.15),
+        (1796290000.96, 2.0, 1.04),  # a wall-clock time of today: the grid of all nodes
+    ],
+)
+def test_ticks_land_on_the_wall_clock_grid_at_least_half_an_interval_apart(now, interval, expected):
+    delay = delay_to_grid(now, interval)
+    assert delay == pytest.approx(expected, abs=1e-6)
+    tick = now + delay
+    assert min(tick % interval, interval - tick % interval) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_frame_line_round_trips():

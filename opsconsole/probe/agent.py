@@ -175,6 +175,21 @@ def next_deadline(deadline: float, now: float, interval: float) -> float:
     return following + missed * interval
 
 
+def delay_to_grid(now: float, interval: float) -> float:
+    """Seconds from `now` (wall clock) to the next multiple of `interval` at least half an interval away.
+
+    Every node's agent ticks on the same wall-clock grid (a cluster's clocks are NTP-synced):
+    the frames of all nodes describe the same instant, so the console compares like with like,
+    and they reach it together, read in one event-loop wake-up instead of one per node. Half
+    an interval at least: a tick that woke a little early, or a poll that overran, never gives
+    two frames in a row; an overrun skips a tick.
+    """
+    delay = interval - math.fmod(now, interval)
+    if delay < interval / 2.0:
+        delay += interval
+    return delay
+
+
 def frame_line(frame: NodeFrame) -> str:
     """The wire line of a frame: compact JSON, no newline."""
     return json.dumps(to_wire(frame), separators=(",", ":"))
@@ -263,14 +278,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         # --delta: a keyframe, then deltas (floats rounded); the default stays one full frame per line.
         encode = DeltaEncoder(args.keyframe_every).encode if args.delta else frame_line
-        deadline = time.monotonic()
-        while True:
+        while True:  # the first frame at once, then on the wall-clock grid
             out.write(encode(probe.poll()) + "\n")
             out.flush()
-            deadline = next_deadline(deadline, time.monotonic(), args.interval)
-            delay = deadline - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            time.sleep(delay_to_grid(time.time(), args.interval))
     except (BrokenPipeError, ConnectionResetError):
         _silence_stdout()
         return 0
