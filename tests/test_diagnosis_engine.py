@@ -283,3 +283,23 @@ GENERIC = "ncclInternalError: Internal check failed."
 ], ids=["generic-after-peer-gone", "generic-alone", "outside-the-window", "specific-network-error", "other-rank"])
 def test_nccl_generic_errors_read_in_context_of_a_vanished_peer(lines, expected):
     assert diagnose_lines(lines).root_cause == expected
+
+
+@pytest.mark.parametrize(
+    "lowered, expected",
+    [
+        ("loss=nan at step 12", True),  # "nan" as a word
+        ("nan", True),
+        ("grad norm: inf", True),
+        ("[inf]", True),
+        ("info - inference took 12 nanoseconds", False),  # inside words only
+        ("epoch 3 step 1200 loss=2.31 lr=3e-4", False),
+        ("runtimeerror: cuda out of memory. tried to allocate 2.00 gib", True),
+        ("nanny: infinite wait; nccl watchdog got stuck for 600 s", True),  # a later needle counts
+        ("", False),
+    ],
+)
+def test_the_prefilter_finds_needles_and_counts_nan_and_inf_only_as_words(lowered, expected):
+    from opsconsole.diagnosis.signatures import has_needle
+
+    assert has_needle(lowered) is expected
