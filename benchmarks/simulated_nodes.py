@@ -425,17 +425,19 @@ async def _serve_probe(process, command: str, stats: Dict[str, int]) -> None:
     try:
         process.stdout.write(lines.next())  # the first frame at once, then on the wall-clock grid, as the agent
         stats["frames"] += 1
+        tick = time.time() + delay_to_grid(time.time(), interval)
         while not process.is_closing():
-            # Each line is made before its tick and written at the tick: on a cluster every node
-            # polls at the same moment on its own CPU, so the lines leave together, where one
-            # process making 256 in a row would spread them over tens of milliseconds.
-            tick = time.time() + delay_to_grid(time.time(), interval)
+            # Each line is made ahead and written at its tick, on the grid: on a cluster every
+            # node polls at the same moment on its own CPU, so the lines leave together, where
+            # one process making 256 in turn at the tick would spread them over tens of ms.
             line = lines.next(tick)
             await asyncio.sleep(max(0.0, tick - time.time()))
             if process.is_closing():
                 break
             process.stdout.write(line)
             stats["frames"] += 1
+            tick += interval
+            await asyncio.sleep(interval / 4.0)  # every node's line of this tick goes out before the next are made
     except (OSError, asyncio.CancelledError, Exception):  # the client went away
         pass
     finally:
