@@ -5,7 +5,9 @@ The server speaks what a node does for the console: a command that starts the pr
 NodeFrame line every interval (with `--delta`: a keyframe, then deltas, made by the
 agent's own encoder, opsconsole.probe.wire_delta); an `nvidia-smi --query-gpu=...` exec
 gets the 8-line CSV once and exits (what gpustat-web-style pollers run). It runs in its
-own process so its CPU is not counted against the client being measured.
+own process so its CPU is not counted against the client being measured. Streams tick on
+the wall-clock grid as the agent does (opsconsole.probe.agent.delay_to_grid), each line
+made ahead of its tick so that all nodes' lines leave together, as parallel nodes' do.
 
 Numbers start from the real H200 capture in tests/fixtures/h200/ and then move every
 tick as a busy training node's do (ChangingNode): every GPU's utilization, memory,
