@@ -183,23 +183,40 @@ _WORD_NEEDLES = {"nan", "inf"}  # whole words only in the prefilter
 # signature's needles (pyahocorasick), 0.5 us a line where one regex alternation of them
 # took 7.8 us (sre tries the alternation at every position of the line).
 _NEEDLES = sorted({needle for sig in SIGNATURES for needle in sig.needles})
+# needle -> the positions in SIGNATURES of the signatures that name it
+_SIGNATURES_OF = {needle: tuple(i for i, sig in enumerate(SIGNATURES) if needle in sig.needles) for needle in _NEEDLES}
 _AUTOMATON = ahocorasick.Automaton()
 for _needle in _NEEDLES:
-    _AUTOMATON.add_word(_needle, (len(_needle), _needle in _WORD_NEEDLES))
+    _AUTOMATON.add_word(_needle, (len(_needle), _needle in _WORD_NEEDLES, _SIGNATURES_OF[_needle]))
 _AUTOMATON.make_automaton()
+
+
+def _is_word(lowered: str, end: int, length: int) -> bool:
+    start = end - length + 1
+    return not (start > 0 and "a" <= lowered[start - 1] <= "z") and not (
+        end + 1 < len(lowered) and "a" <= lowered[end + 1] <= "z"
+    )
 
 
 def has_needle(lowered: str) -> bool:
     """Whether the lower-cased line holds any signature's needle ("nan" and "inf" as whole words only)."""
-    for end, (length, whole_word) in _AUTOMATON.iter(lowered):
-        if not whole_word:
-            return True
-        start = end - length + 1
-        if not (start > 0 and "a" <= lowered[start - 1] <= "z") and not (
-            end + 1 < len(lowered) and "a" <= lowered[end + 1] <= "z"
-        ):
+    for end, (length, whole_word, _) in _AUTOMATON.iter(lowered):
+        if not whole_word or _is_word(lowered, end, length):
             return True
     return False
+
+
+def candidates(lowered: str) -> List[int]:
+    """The positions in SIGNATURES of the signatures whose needles the lower-cased line holds, in order;
+    [] when it holds none ("nan" and "inf" count as whole words only there, as anywhere in a line
+    that holds another needle): the one pass of the automaton replaces a needle test per signature."""
+    found: set = set()
+    passed = False
+    for end, (length, whole_word, positions) in _AUTOMATON.iter(lowered):
+        found.update(positions)
+        if not passed and (not whole_word or _is_word(lowered, end, length)):
+            passed = True
+    return sorted(found) if passed else []
 
 
 # Lines that contain a needle but are known to be healthy: apex/fairseq loss scaling, NCCL's INFO
@@ -232,14 +249,13 @@ def match_line(line: str) -> List[Tuple[str, bool]]:
 
 def match_roles(line: str) -> List[Tuple[str, bool, str]]:
     """Like match_line, with each match's role (ROLE_GENERIC, ROLE_PEER_GONE or "")."""
-    lowered = line.lower()
-    if not has_needle(lowered):
+    positions = candidates(line.lower())
+    if not positions:
         return []
     matches: List[Tuple[str, bool, str]] = []
     overridden: set = set()
-    for sig in SIGNATURES:
-        if not any(needle in lowered for needle in sig.needles):
-            continue
+    for position in positions:
+        sig = SIGNATURES[position]
         if sig.pattern.search(line) is None:
             continue
         if sig.needles == ("nvrm: xid",):
