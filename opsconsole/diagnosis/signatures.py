@@ -2,7 +2,7 @@
 
 Each signature names literal needles (lower case): a line is tried against a signature's regex only
 when the lower-cased line holds one of its needles, and one Aho-Corasick pass over every needle
-(has_needle) rejects the healthy majority of lines. The needles "nan" and "inf" count only
+(candidates) rejects the healthy majority of lines. The needles "nan" and "inf" count only
 as whole words there ("INFO" and "inference" are everywhere). Patterns follow the exact messages
 that PyTorch, NCCL, the CUDA runtime, torchelastic, the kernel (OOM killer, NVRM Xid) and
 PIL/datasets print; tests/data/diagnosis/ holds excerpts of each, noting the report each copies.
@@ -198,14 +198,6 @@ def _is_word(lowered: str, end: int, length: int) -> bool:
     )
 
 
-def has_needle(lowered: str) -> bool:
-    """Whether the lower-cased line holds any signature's needle ("nan" and "inf" as whole words only)."""
-    for end, (length, whole_word, _) in _AUTOMATON.iter(lowered):
-        if not whole_word or _is_word(lowered, end, length):
-            return True
-    return False
-
-
 def candidates(lowered: str) -> List[int]:
     """The positions in SIGNATURES of the signatures whose needles the lower-cased line holds, in order;
     [] when it holds none ("nan" and "inf" count as whole words only there, as anywhere in a line
@@ -217,6 +209,11 @@ def candidates(lowered: str) -> List[int]:
         if not passed and (not whole_word or _is_word(lowered, end, length)):
             passed = True
     return sorted(found) if passed else []
+
+
+def has_needle(lowered: str) -> bool:
+    """Whether the lower-cased line passes the prefilter: holds a needle ("nan", "inf" as whole words only)."""
+    return bool(candidates(lowered))
 
 
 # Lines that contain a needle but are known to be healthy: apex/fairseq loss scaling, NCCL's INFO
