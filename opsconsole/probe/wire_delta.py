@@ -419,8 +419,7 @@ class _LazyList(object):
         try:
             if type(base) is _LazyList:
                 base = base.resolve()
-            data = part.fields()
-            value = _apply_list(base, data[self.name], ProcessSample, self.name) if self.name in data else base
+            value = self._value(base, part.fields())
         except (DeltaError, ValueError, TypeError, AttributeError, KeyError) as exc:
             # Too late to drop the frame: its list is empty, and the stream waits for a keyframe.
             if self.chain.error is None:
@@ -428,6 +427,9 @@ class _LazyList(object):
             value = ()
         self.value, self.base, self.part = value, None, None
         return value
+
+    def _value(self, base: Tuple[Any, ...], data: Dict[str, Any]) -> Tuple[Any, ...]:
+        return _apply_list(base, data[self.name], ProcessSample, self.name) if self.name in data else base
 
 
 _LAZY_KEYS = {name: "_lazy_" + name for name in LAZY_LISTS}
@@ -483,31 +485,19 @@ class LazyListsFrame(NodeFrame):
 
 
 
-class _LazyCores(object):
-    """One host's per-core list, parsed from its line's list part when first read."""
+class _LazyCores(_LazyList):
+    """One host's per-core list, parsed from its line's list part when first read (no base: sent whole)."""
 
-    __slots__ = ("part", "chain", "value")
+    __slots__ = ()
 
     def __init__(self, part: _LazyPart, chain: _Chain) -> None:
-        self.part = part  # type: Optional[_LazyPart]
-        self.chain = chain
-        self.value = ()  # type: Tuple[Any, ...]
+        super().__init__((), part, LAZY_CORES, chain)
 
-    def resolve(self) -> Tuple[Any, ...]:
-        part = self.part
-        if part is None:
-            return self.value
-        try:
-            cores = part.fields()[LAZY_CORES]
-            if type(cores) is not list:
-                raise DeltaError("expected a list")
-            value = tuple(cores)
-        except (DeltaError, ValueError, TypeError, KeyError) as exc:
-            if self.chain.error is None:  # as for the process lists: empty, and the stream waits for a keyframe
-                self.chain.error = "%s did not apply: %s" % (LAZY_CORES, exc)
-            value = ()
-        self.value, self.part = value, None
-        return value
+    def _value(self, base: Tuple[Any, ...], data: Dict[str, Any]) -> Tuple[Any, ...]:
+        cores = data[LAZY_CORES]
+        if type(cores) is not list:
+            raise DeltaError("expected a list")
+        return tuple(cores)
 
 
 _LAZY_CORES_KEY = "_lazy_" + LAZY_CORES
