@@ -48,7 +48,6 @@ from opsconsole.model import (
     NodeFrame,
     ProcessSample,
     from_wire,
-    replace_decoded,
     replace_from_wire,
     to_wire,
 )
