@@ -86,3 +86,23 @@ def test_the_last_pages_read_at_start_count_at_their_own_times():
     progress.observe([line(1, "step 11 loss 2.0")], T0 + 300)
     new, _ = progress.check(states(90), T0 + 300)
     assert new == []  # rank 0's file last advanced two days ago: retired, not compared
+
+
+def test_a_batch_is_taken_as_its_lines_one_by_one_would_be():
+    # observe() works once per source of a batch (a first page has thousands of lines): same result.
+    a0, b1 = line(0, "x", T0), line(1, "x", T0)
+    batch = [
+        LogLine(a0.source, 1, 0, "step 40 loss 1.0", time=T0 + 1, level="INFO", rank=0),
+        LogLine(b1.source, 1, 0, "step 38 loss 1.1", time=T0 + 2, level="INFO", rank=1),
+        LogLine(a0.source, 2, 10, "step 41 loss 1.0", time=T0 + 3, level="INFO", rank=0),
+        LogLine(a0.source, 3, 20, "  a traceback line", time=None, level=None, rank=None),
+        LogLine(b1.source, 2, 10, "NCCL INFO chatter", time=T0 + 1.5, level="INFO", rank=None),
+    ]
+    together, alone = RunProgress(stall_after=600), RunProgress(stall_after=600)
+    together.observe(batch, T0 + 5)
+    for one in batch:
+        alone.observe([one], T0 + 5)
+    for table in ("last_advance", "steps", "ranks"):
+        assert getattr(together.tracker, table) == getattr(alone.tracker, table), table
+    assert together.tracker.steps == {a0.source.key: 41, b1.source.key: 38}
+    assert together.node_of == alone.node_of

@@ -312,3 +312,40 @@ def test_index_of_survives_trimming():
     result = view.add([line(A, n, "l%d" % n, float(n)) for n in range(21, 31)])
     assert result.dropped == 10 and result.dropped_shown == 10
     assert view.index_of(keep) == 5
+
+
+def test_findings_that_come_after_their_lines_mark_them_and_raise_the_record_they_head():
+    # The console hands a page to the view first and diagnoses it after (LogFeed.on_lines_in_loop).
+    header = line(A, 1, "step 10 failed", 10.0, level="INFO")
+    page = [
+        line(A, 0, "step 9", 9.0, level="INFO"),
+        header,
+        line(A, 2, "  torch.OutOfMemoryError detail", None),  # continues the record above
+        line(A, 3, "    more detail", None),
+        line(B, 1, "b1", 10.5, level="INFO"),  # another rank's line in between
+        line(A, 4, "step 11", 11.0, level="INFO"),
+    ]
+    view = LogView(now=lambda: 0.0)
+    view.add(page)
+    view.set_level("ERROR")
+    assert texts(view) == []
+    finding = oom_finding(header)
+    assert view.mark(page, [None, finding, None, None, None, None]) == 1
+    assert [(e.text, e.level) for e in view.entries] == [
+        ("step 9", "INFO"), ("step 10 failed", "CRITICAL"), ("  torch.OutOfMemoryError detail", "CRITICAL"),
+        ("    more detail", "CRITICAL"), ("b1", "INFO"), ("step 11", "INFO"),
+    ]
+    assert texts(view) == ["step 10 failed", "  torch.OutOfMemoryError detail", "    more detail"]  # the filter sees it
+    assert view.entries[1].finding is finding and view.marked("cuda_oom") == [view.entries[1]]
+    view.set_level(None)
+    assert view.next_error(-1) == 1
+    assert view.mark(page, [None] * len(page)) == 0  # nothing found: nothing changes
+
+
+def test_a_finding_on_a_sources_newest_line_carries_to_the_lines_added_after_it():
+    last = line(A, 1, "fatal thing", 10.0, level="INFO")
+    view = LogView(now=lambda: 0.0)
+    view.add([last])
+    view.mark([last], [oom_finding(last)])
+    view.add([line(A, 2, "  its detail", None)])
+    assert [e.level for e in view.entries] == ["CRITICAL", "CRITICAL"]

@@ -442,3 +442,35 @@ async def test_scrolling_to_the_top_loads_older_lines_and_following_reloads_a_dr
         texts = [entry.text.split(" - ")[-1] for entry in pane.view.entries]
         assert texts[-4:] == ["step %d" % (TOTAL - 1), "new 0", "new 1", "new 2"]
         assert [row for row in screen_rows(pane) if row.strip()][-1].rstrip().endswith("new 2")
+
+
+async def test_the_first_page_is_drawn_as_it_comes_and_its_diagnosis_marks_it_after():
+    # LogFeed hands lines over before it diagnoses them: the first page must not wait for the
+    # diagnosis nor for the next flush tick; findings found after the lines were drawn still mark them.
+    from tui_fakes import cluster_states
+
+    from opsconsole.diagnosis.finding import Finding
+    from opsconsole.logs.records import LogLine, LogSource
+
+    app = OpsConsole(Config(), FakeFleet(cluster_states()), now=lambda: FROZEN_NOW)
+    source = LogSource("gpu-a01", "/scratch/run/train_gpu-a01_rank0_20261202_120000.log", "gpu-a01", 0,
+                       "gpu-a01:rank0")
+    page = [LogLine(source, n, n * 100, record(n, "INFO", "step %d" % n), time=float(n), level="INFO", rank=0)
+            for n in range(1, 4)]
+    async with app.run_test(size=SIZE) as pilot:
+        pane = pane_of(app)
+        await pilot.pause()
+        await pilot.press("6")
+        await pilot.pause()
+        pane.add_lines(page, [None] * len(page))
+        assert [e.line for e in pane.view.entries] == page  # drawn at once: no flush tick waited for
+        later = [LogLine(source, 4, 400, record(4, "INFO", "step 4"), time=4.0, level="INFO", rank=0)]
+        pane.add_lines(later, [None])
+        assert len(pane.view.entries) == 3  # later lines wait for the flush, as before
+        oom = Finding(line=2, category="cuda_oom", severity="critical", title="CUDA out of memory",
+                      cause="not enough GPU memory", remedy="smaller batch", excerpt=page[1].text,
+                      source=source.key, rank=0, time=2.0)
+        pane.add_findings(page, [None, oom, None])
+        assert pane.view.entries[1].finding is oom and pane.view.entries[1].level == "CRITICAL"
+        assert pane.findings_of(page) == [None, oom, None]  # remembered for lines read again
+        await wait_for(pilot, lambda: len(pane.view.entries) == 4, "the later line")

@@ -13,10 +13,10 @@ comparison: it is not a straggler of this run.
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from opsconsole.diagnosis.finding import Finding
-from opsconsole.diagnosis.stalls import ProgressTracker, StallFinding, detect_stalls, detect_stragglers
+from opsconsole.diagnosis.stalls import ProgressTracker, StallFinding, detect_stalls, detect_stragglers, parse_step
 from opsconsole.model import NodeState
 
 PROGRESS_CATEGORIES = ("stall", "straggler")
@@ -87,12 +87,29 @@ class RunProgress:
         if self._started is None:
             self._started = now
         initial = 0 <= now - self._started < STARTUP_S
-        for line in lines:
+        # Once per source of the batch, not once per line (a log's first page is thousands of lines):
+        # its latest time, and the newest line that reports a rank and a step, found from the end.
+        runs: Dict[int, List[Any]] = {}  # id(source) -> [source, latest time, its lines' positions]
+        for position, line in enumerate(lines):
             when = now
             if initial and line.time is not None:
                 when = min(now, line.time)
-            self.tracker.observe_line(line, when)
-            self.node_of[line.source.key] = line.source.node
+            run = runs.get(id(line.source))
+            if run is None:
+                runs[id(line.source)] = [line.source, when, [position]]
+            else:
+                if when > run[1]:
+                    run[1] = when
+                run[2].append(position)
+        for source, when, positions in runs.values():
+            newest = lines[positions[-1]]
+            rank = newest.rank if newest.rank is not None else getattr(source, "rank", None)
+            if rank is None:  # as line by line: the last rank a line of the source named
+                rank = next((lines[i].rank for i in reversed(positions) if lines[i].rank is not None), None)
+            step_text = next((lines[i].text for i in reversed(positions) if parse_step(lines[i].text) is not None), "")
+            key = source.key
+            self.tracker.observe(key, when, step_text, rank)
+            self.node_of[key] = source.node
 
     def check(self, states: Mapping[str, NodeState], now: float) -> Tuple[List[Tuple[Finding, str]], bool]:
         """([(finding, node)] new since the last check, whether the current set changed)."""

@@ -311,6 +311,50 @@ class LogView:
         self._trim_newest(result)
         return result
 
+    def mark(self, lines: Sequence[LogLine], findings: Sequence[Any]) -> int:
+        """Give buffered lines the findings their diagnosis found after they were added; how many.
+
+        A finding can raise its line's level, and with it the level of the indented lines of the
+        same record after it (effective_level), so those are worked out again. The lines are
+        the very LogLine objects given to add() (looked up from the newest entry back).
+        """
+        wanted = {id(line): finding for line, finding in zip(lines, findings) if finding is not None}
+        marked = 0
+        entries = self.entries
+        position = len(entries)
+        while wanted and position > 0:
+            position -= 1
+            finding = wanted.pop(id(entries[position].line), None)
+            if finding is not None:
+                entries[position].finding = finding
+                self._relevel_from(position)
+                marked += 1
+        if marked and self.min_level is not None:
+            self._rebuild()  # levels changed: the level filter may show more now
+        return marked
+
+    def _relevel_from(self, position: int) -> None:
+        """Work out the level of the entry at `position` and of its source's entries after it, while they change."""
+        entries = self.entries
+        key = entries[position].source_key
+        previous: Optional[str] = None
+        for earlier in range(position - 1, -1, -1):
+            if entries[earlier].source_key == key:
+                previous = entries[earlier].level
+                break
+        last = None
+        for index in range(position, len(entries)):
+            entry = entries[index]
+            if entry.source_key != key:
+                continue
+            level = effective_level(entry.line, entry.finding, previous)
+            if index > position and level == entry.level:
+                break  # from here on the levels are as they were
+            entry.level, entry.level_rank = level, LEVEL_ORDER.get(level, 0) if level else 0
+            previous = last = level
+        else:  # the source's newest entry changed: the next line added continues from it
+            self._last_level[key] = last
+
     def clear(self) -> None:
         """Forget every buffered line (the view settings stay)."""
         self.entries, self._keys, self.visible, self._visible_keys = [], [], [], []

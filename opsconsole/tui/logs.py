@@ -21,7 +21,6 @@ from functools import partial
 import logging
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from rich.style import Style
@@ -42,7 +41,7 @@ from textual.widgets.option_list import Option
 
 from opsconsole.logs.records import TRUNCATED_MARKER, LogLine
 from opsconsole.logs.view import COLOUR_COUNT, LogView, ViewEntry, colour_index
-from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY, NodeState
+from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY, NodeState, replace_decoded
 from opsconsole.diagnosis.stalls import DEFAULT_STALL_AFTER, stall_after_from
 from opsconsole.tui.findings import FindingsList, first_finding, summary_category
 from opsconsole.diagnosis.progress import PROGRESS_CATEGORIES, RunProgress
@@ -87,8 +86,13 @@ def fleet_links(fleet: Any) -> Dict[str, Any]:
 
 
 def deliver_to(app: Any, pane: "LogsPane", lines: Sequence[LogLine], findings: List[Any]) -> None:
-    """Lines go to the pane; findings also to the console's alerts (and the recording, when on)."""
+    """Lines go to the pane (their findings, when known yet)."""
     pane.add_lines(lines, findings)
+
+
+def deliver_findings_to(app: Any, pane: "LogsPane", lines: Sequence[LogLine], findings: List[Any]) -> None:
+    """Findings of lines the pane has: marked there, and to the console's alerts (and the recording, when on)."""
+    pane.add_findings(lines, findings)
     services = getattr(app, "services", None)
     if services is None:
         return
@@ -101,10 +105,12 @@ class LogFeed:
     """Runs the LogHub and the Diagnoser for the console; lines and findings go to `deliver`."""
 
     def __init__(self, hub: Any, diagnoser: Any, deliver: Callable[[Sequence[LogLine], List[Any]], None],
-                 stall_after: float = DEFAULT_STALL_AFTER) -> None:
+                 stall_after: float = DEFAULT_STALL_AFTER,
+                 deliver_findings: Optional[Callable[[Sequence[LogLine], List[Any]], None]] = None) -> None:
         self.hub = hub
         self.diagnoser = diagnoser
         self.deliver = deliver
+        self.deliver_findings = deliver_findings
         self.findings_version = 0  # bumped when a line matched: the findings list redraws
         self.diagnosis_problem: Optional[str] = None
         self.now = time.time
@@ -126,7 +132,7 @@ class LogFeed:
             from opsconsole.logs.hub import LogHub
 
             feed = cls(LogHub(app.config, fleet_links(app.fleet)), Diagnoser(), partial(deliver_to, app, pane),
-                       stall_after=stall_after_from(app.config))
+                       stall_after=stall_after_from(app.config), deliver_findings=partial(deliver_findings_to, app, pane))
             pane.feed = feed
             await feed.start()
         except Exception as exc:  # logs that cannot be followed must not keep the console from starting
@@ -159,8 +165,14 @@ class LogFeed:
     def on_lines_in_loop(self, lines: Sequence[LogLine]) -> None:
         self.progress.observe(lines, self.now())
         lines = self.with_times(lines)
+        if self.deliver_findings is None:
+            self.deliver(lines, self.diagnose(lines))
+            return
+        # The lines first, then their diagnosis: a log's first page is on screen without waiting for it.
+        self.deliver(lines, [None] * len(lines))
         findings = self.diagnose(lines)
-        self.deliver(lines, findings)
+        if any(finding is not None for finding in findings):
+            self.deliver_findings(lines, findings)
 
     def check_progress(self, states: Mapping[str, NodeState]) -> List[Tuple[Any, str]]:
         """Hangs and stragglers as of now (RunProgress): the (finding, node) that are new."""
@@ -173,10 +185,12 @@ class LogFeed:
         """Give a line without a timestamp its predecessor's time in its source (a traceback's lines
         take the time of the record above them), or its arrival time; findings then say when."""
         timed: List[LogLine] = []
+        source = key = None
         for line in lines:
-            key = line.source.key
+            if line.source is not source:  # LogSource.key builds its string on every call
+                source, key = line.source, line.source.key
             if line.time is None:
-                line = replace(line, time=self._last_time.get(key) or self.now())
+                line = replace_decoded(line, {"time": self._last_time.get(key) or self.now()})  # replace() without __init__
             self._last_time[key] = line.time  # type: ignore[assignment]
             timed.append(line)
         return timed
@@ -525,6 +539,7 @@ class LogsPane(Pane):
         self.start_problem: Optional[str] = None
         self.states: Mapping[str, NodeState] = {}
         self._pending: List[Tuple[Sequence[LogLine], List[Any]]] = []
+        self._flushed_any = False  # the first lines are drawn as they come (add_lines)
         self._findings_version = -1
         self._problems_text = ""
         self._filter_timer: Any = None
@@ -548,12 +563,29 @@ class LogsPane(Pane):
     # --- feeding ----------------------------------------------------------------------------
 
     def add_lines(self, lines: Sequence[LogLine], findings: List[Any]) -> None:
-        """New lines from the feed: buffered now, drawn by the next flush (within FLUSH_DELAY_S).
+        """New lines from the feed: buffered now, drawn by the next flush (within FLUSH_DELAY_S);
+        the first lines of all are drawn at once (a log's last page when the console starts).
 
-        Only appends: LogHub may call from outside Textual's context, where timers cannot start.
+        Starts no timer: LogHub may call from outside Textual's context, where timers cannot start.
         """
-        if lines:
-            self._pending.append((lines, findings))
+        if not lines:
+            return
+        self._pending.append((lines, findings))
+        if not self._flushed_any and self.is_mounted:
+            self._flushed_any = True
+            self.flush()
+
+    def add_findings(self, lines: Sequence[LogLine], findings: List[Any]) -> None:
+        """The diagnosis of lines given to add_lines before it: their marks, levels and the findings list."""
+        for index, (pending, _) in enumerate(self._pending):
+            if pending is lines:  # not drawn yet: they go in with their findings
+                self._pending[index] = (lines, findings)
+                return
+        self.remember_findings(lines, findings)
+        top = self.lines.top_entry()
+        if self.view.mark(lines, findings):
+            self.after_change(top)
+        self.redraw_findings()
 
     def flush(self) -> None:
         """Put pending lines into the view, keeping the user's place (or the bottom when following)."""
