@@ -158,7 +158,7 @@ async def run_open(path: str) -> Tuple[Tuple[float, float, float], List[str], li
 
     began = time.perf_counter()
     hub = LogHub(Config(logs=LogsConfig(paths=(path,))))
-    feed = LogFeed(hub, Diagnoser(), deliver, deliver_findings=view.mark)
+    feed = LogFeed(hub, Diagnoser(), deliver, view.mark)
     take = feed.on_lines_in_loop
 
     def timed(lines) -> None:

@@ -102,11 +102,12 @@ def deliver_findings_to(app: Any, pane: "LogsPane", lines: Sequence[LogLine], fi
 
 
 class LogFeed:
-    """Runs the LogHub and the Diagnoser for the console; lines and findings go to `deliver`."""
+    """Runs the LogHub and the Diagnoser for the console: lines go to `deliver` as they come, then the
+    findings the diagnosis found in them to `deliver_findings`."""
 
     def __init__(self, hub: Any, diagnoser: Any, deliver: Callable[[Sequence[LogLine], List[Any]], None],
-                 stall_after: float = DEFAULT_STALL_AFTER,
-                 deliver_findings: Optional[Callable[[Sequence[LogLine], List[Any]], None]] = None) -> None:
+                 deliver_findings: Callable[[Sequence[LogLine], List[Any]], None],
+                 stall_after: float = DEFAULT_STALL_AFTER) -> None:
         self.hub = hub
         self.diagnoser = diagnoser
         self.deliver = deliver
@@ -132,7 +133,7 @@ class LogFeed:
             from opsconsole.logs.hub import LogHub
 
             feed = cls(LogHub(app.config, fleet_links(app.fleet)), Diagnoser(), partial(deliver_to, app, pane),
-                       stall_after=stall_after_from(app.config), deliver_findings=partial(deliver_findings_to, app, pane))
+                       partial(deliver_findings_to, app, pane), stall_after=stall_after_from(app.config))
             pane.feed = feed
             await feed.start()
         except Exception as exc:  # logs that cannot be followed must not keep the console from starting
@@ -165,9 +166,6 @@ class LogFeed:
     def on_lines_in_loop(self, lines: Sequence[LogLine]) -> None:
         self.progress.observe(lines, self.now())
         lines = self.with_times(lines)
-        if self.deliver_findings is None:
-            self.deliver(lines, self.diagnose(lines))
-            return
         # The lines first, then their diagnosis: a log's first page is on screen without waiting for it.
         self.deliver(lines, [None] * len(lines))
         findings = self.diagnose(lines)
