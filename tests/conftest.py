@@ -5,6 +5,20 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# The fuzz tests of every decoder share one fixed budget (about 60 s in all on CI's 2 cores): a
+# bounded number of examples each, no per-example deadline (the machine is shared and noisy), and
+# no example database (CI's checkout is fresh; a found case becomes a regression test by hand).
+settings.register_profile(
+    "opsconsole",
+    max_examples=150,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=(HealthCheck.too_slow, HealthCheck.filter_too_much),
+)
+settings.load_profile("opsconsole")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE_H200 = FIXTURES / "h200"  # copied from shared/reference/h200: real captures
