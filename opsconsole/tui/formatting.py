@@ -19,6 +19,7 @@ from opsconsole.model import (
     STATE_STALE,
     STATE_UP,
 )
+from opsconsole.sanitize import printable
 
 NA = "N/A"
 KIB = 1024
@@ -174,25 +175,10 @@ def shorten(text: Optional[str], width: int) -> str:
     return line if len(line) <= width else line[: max(0, width - 1)] + "…"
 
 
-# Control characters reach the terminal as they are when drawn: ESC starts an escape sequence (a
-# colour, a cursor move, a screen clear, a window title), the others shift or blank cells. Process
-# command lines, file names, reasons and command output can hold any of them, so each becomes one
-# visible character: the control picture (ESC as ␛) for C0 and DEL, U+FFFD for C1. One character for
-# one keeps lengths, so a Rich Text's spans stay where they were. Newline and tab are layout.
-_PRINTABLE = {code: 0x2400 + code for code in range(0x20) if chr(code) not in "\n\t"}
-_PRINTABLE[0x7F] = 0x2421
-_PRINTABLE.update((code, 0xFFFD) for code in range(0x80, 0xA0))
-
-
-def printable(text: str) -> str:
-    """`text` with every control character but newline and tab made visible (ESC as ␛)."""
-    return text.translate(_PRINTABLE)
-
-
 def printable_text(text: Text) -> Text:
     """A Rich Text whose control characters are made visible (see printable); the same one when it has none."""
     plain = text.plain
-    clean = plain.translate(_PRINTABLE)
+    clean = printable(plain)
     if clean == plain:
         return text
     text = text.copy()
