@@ -61,3 +61,33 @@ def test_default_path_follows_xdg_state_home_then_home(tmp_path, monkeypatch):
     assert default_audit_path() == str(tmp_path / "home" / ".local" / "state" / "opsconsole" / "audit.log")
     assert audit_path(ActionsConfig()) == default_audit_path()
     assert audit_path(ActionsConfig(audit_log="~/audit.jsonl")) == str(tmp_path / "home" / "audit.jsonl")
+
+
+def test_hostile_content_is_written_escaped_one_line_each(tmp_path):
+    """Undecodable names, terminal escapes, C1 and line separators: written, never raised, never raw."""
+    path = tmp_path / "audit.log"
+    log = AuditLog(str(path))
+    name = os.fsdecode(b"/ckpts/ckpt-\xff.pt")  # what os.listdir gives for a non-UTF-8 name
+    assert log.write("checkpoint.delete", "gpu\x1b]0;pwned\x07", "delete %s" % name, "confirmed") is None
+    assert log.write("checkpoint.cleanup", "n1", "osc52 \x1b]52;c;cm0gLXJm\x07 csi \x9b2J rlo \u202e sep \u2028 nl\n", "refused") is None
+    assert log.write_entry("checkpoint_cleanup", "n1", "about to run", "attempt", target=name,
+                           command=["opsconsole", "cleanup", name], entry_id="abc",
+                           result={"stdout": "deleted %s\n" % name, "odd": object()}) is None
+    data = path.read_bytes()
+    data.decode("utf-8")  # strict: the log is valid UTF-8
+    assert data.count(b"\n") == 3 and not any(b < 0x20 and b != 0x0A for b in data)
+    assert b"\xc2\x9b" not in data and "\u202e".encode() not in data and "\u2028".encode() not in data
+    first, second, third = read_records(path)
+    assert first["detail"] == "delete /ckpts/ckpt-\\xff.pt"  # the byte, as sanitize.escaped writes it
+    assert first["node"] == "gpu\x1b]0;pwned\x07"  # valid text round-trips exactly (JSON-escaped on disk)
+    assert second["detail"].startswith("osc52 \x1b]52;c;") and "\u2028" in second["detail"]
+    assert third["target"] == "/ckpts/ckpt-\\xff.pt" and third["command"][-1] == "/ckpts/ckpt-\\xff.pt"
+    # A text holding an undecodable byte is escaped whole (its newline too): still one line.
+    assert third["result"]["stdout"] == "deleted /ckpts/ckpt-\\xff.pt\\n" and isinstance(third["result"]["odd"], str)
+
+
+def test_a_full_disk_is_a_message_not_an_exception():
+    log = AuditLog("/dev/full")  # every write fails with ENOSPC
+    problem = log.write("checkpoint.delete", "n1", os.fsdecode(b"ckpt-\xff.pt"), "confirmed")
+    assert problem is not None and "/dev/full" in problem and "No space" in problem
+    assert log.write_entry("kill", "n1", "d", "attempt", command=["kill", "1"], entry_id="x") is not None

@@ -3,7 +3,11 @@
 Lines are appended with O_APPEND in a single write each, so two consoles on the same
 login node (or an NFS home, line by line) do not interleave parts of lines, and each is
 fsynced before the call returns: an action runs only after its record is on disk. Writing
-never raises: a failure comes back as a message the console shows.
+never raises: a failure comes back as a message the console shows, and the caller does not act.
+
+Content never makes a write fail: records are written by sanitize.printable_json, so a file name
+with undecodable bytes is written escaped (`ckpt-\\xff.pt`), control characters are JSON escapes
+(an ESC never reaches a terminal that `cat`s the log), and each record stays one line.
 
 Records have time, user, host, action, node, detail, outcome. The action runner's records
 add target, command (argv) and id; its "attempt" record precedes the command and its
@@ -22,6 +26,7 @@ import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from opsconsole.config import ActionsConfig
+from opsconsole.sanitize import printable_json
 
 OUTCOME_CONFIRMED = "confirmed"
 OUTCOME_CANCELLED = "cancelled"
@@ -64,12 +69,11 @@ class AuditLog:
         self.user = current_user()
         self.host = socket.gethostname()  # the login node the console runs on
 
-    def record_line(self, action: str, node: str, detail: str, outcome: str, when: Optional[float] = None) -> str:
-        """The JSON line (newline included) for one record."""
+    def _record(self, action: str, node: str, detail: str, outcome: str, when: Optional[float]) -> Dict[str, Any]:
         stamp = datetime.datetime.fromtimestamp(
             when if when is not None else datetime.datetime.now().timestamp(), datetime.timezone.utc
         )
-        record = {
+        return {
             "time": stamp.isoformat(timespec="milliseconds"),
             "user": self.user,
             "host": self.host,
@@ -78,11 +82,18 @@ class AuditLog:
             "detail": detail,
             "outcome": outcome,
         }
-        return json.dumps(record, ensure_ascii=False, sort_keys=False) + "\n"
+
+    def record_line(self, action: str, node: str, detail: str, outcome: str, when: Optional[float] = None) -> str:
+        """The JSON line (newline included) for one record; any text is safe in it (see the module docstring)."""
+        return printable_json(self._record(action, node, detail, outcome, when)) + "\n"
 
     def write(self, action: str, node: str, detail: str, outcome: str) -> Optional[str]:
         """Append one record; None when written, else why not (a line the UI can show)."""
-        return self._append(self.record_line(action, node, detail, outcome).encode("utf-8"))
+        try:
+            data = self.record_line(action, node, detail, outcome).encode("utf-8")
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # never expected: still a value
+            return "audit record for %s not written: %s" % (action, exc)
+        return self._append(data)
 
     def entry_line(
         self,
@@ -98,17 +109,21 @@ class AuditLog:
         when: Optional[float] = None,
     ) -> str:
         """A record with the action runner's fields too: target, command (argv), id, result."""
-        record = json.loads(self.record_line(action, node, detail, outcome, when))
+        record = self._record(action, node, detail, outcome, when)
         record["target"] = target
         record["command"] = [str(word) for word in command]
         record["id"] = entry_id
         if result is not None:
             record["result"] = result
-        return json.dumps(record, ensure_ascii=False, sort_keys=False) + "\n"
+        return printable_json(record) + "\n"
 
     def write_entry(self, action: str, node: str, detail: str, outcome: str, **fields: Any) -> Optional[str]:
         """Append one runner record (see entry_line), flushed to disk; None when written, else why not."""
-        return self._append(self.entry_line(action, node, detail, outcome, **fields).encode("utf-8"))
+        try:
+            data = self.entry_line(action, node, detail, outcome, **fields).encode("utf-8")
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # never expected: still a value
+            return "audit record for %s not written: %s" % (action, exc)
+        return self._append(data)
 
     def _append(self, data: bytes) -> Optional[str]:
         try:
