@@ -13,6 +13,10 @@ from opsconsole.recording import store
 DEFAULT_CHUNK_S = 5.0
 DEFAULT_KEYFRAME_EVERY = 2  # chunks: a seek decodes at most 10 s of deltas
 DEFAULT_MAX_BYTES = 200 * 1024 * 1024
+# A chunk is written early when it holds this many records, so that a long chunk_s, a short
+# interval and many nodes still make chunks a reader inflates within store.MAX_CHUNK_INFLATED
+# (store.write_chunk splits what is still too large).
+MAX_CHUNK_RECORDS = 16_384
 
 # NodeState fields kept beside the frame (the frame travels as a delta line).
 STATE_FIELDS = ("state", "reason", "address", "received_at", "rtt_ms", "fingerprint", "since")
@@ -71,6 +75,8 @@ class Recorder:
             self._open_chunk(now)
         self._latest[state.name] = state
         self._add(state, now)
+        if len(self._records) >= MAX_CHUNK_RECORDS:
+            self.flush()
 
     def event(self, kind: str, node: Optional[str], data: Dict[str, Any], t: Optional[float] = None) -> None:
         """Record a finding, health result or alert (`data` must be JSON-able)."""

@@ -4,50 +4,116 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from opsconsole.model import NodeFrame, NodeState, from_wire
+from opsconsole.model import NODE_STATES, NodeFrame, NodeState, from_wire
 from opsconsole.nodes.totals import FleetTotals, totals_of
 from opsconsole.probe.wire_delta import DeltaError, apply_delta
 from opsconsole.recording import store
-from opsconsole.recording.recorder import STATE_FIELDS
+from opsconsole.sanitize import printable_line
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 PLAY_TICK_S = 0.25
 
 
+MAX_PROBLEMS = 20  # problems kept per reader (the first ones, then the latest replaces the last)
+MAX_NODES = 10_000  # nodes a replay follows; a crafted file cannot make it follow millions
+MAX_TEXT_CHARS = 4096  # reason, address, fingerprint
+
+
+def state_fields_of(raw: Dict[str, Any]) -> Dict[str, Any]:
+    """A record's NodeState fields, checked (ChunkError names the first bad one)."""
+    state = raw.get("state")
+    if state not in NODE_STATES:
+        raise store.ChunkError("unknown node state %s" % printable_line(repr(state)[:40]))
+    fields: Dict[str, Any] = {"state": state}
+    for key in ("reason", "address", "fingerprint"):
+        value = raw.get(key)
+        if value is not None and (type(value) is not str or len(value) > MAX_TEXT_CHARS):
+            raise store.ChunkError("%s is not a short string" % key)
+        fields[key] = value
+    for key in ("received_at", "since"):
+        value = raw.get(key)
+        if value is not None:
+            value = store.valid_time(value)
+            if value is None:
+                raise store.ChunkError("%s is not a plausible time" % key)
+        fields[key] = value
+    rtt = raw.get("rtt_ms")
+    if rtt is not None and (type(rtt) not in (int, float) or not 0 <= rtt < 1e9):  # NaN fails the range too
+        raise store.ChunkError("rtt_ms is not a round-trip time")
+    fields["rtt_ms"] = None if rtt is None else float(rtt)
+    return fields
+
+
 class RecordingReader:
-    """States of every node at a point in time; moving forward is incremental, backward re-seeks."""
+    """States of every node at a point in time; moving forward is incremental, backward re-seeks.
+
+    What the file holds never raises once it is open: a chunk, record or frame that cannot be
+    read is left out (a node keeps its last good frame) and said in `problems`.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.problems: List[str] = []
         self._db = store.open_for_reading(path)
-        self.meta = store.meta(self._db)
-        span = store.time_range(self._db)
-        if span is None:
-            raise store.RecordingError("%s: the recording holds no frames" % path)
-        self.start, self.end = span
+        try:
+            self.meta = store.meta(self._db)
+            span = store.time_range(self._db)
+            if span is None:
+                raise store.RecordingError("%s: the recording holds no frames" % printable_line(path))
+            self.start, self.end = span
+            first = next(store.chunks_from_keyframe(self._db, self.start), None)
+        except (sqlite3.Error, store.ChunkError) as exc:
+            self._db.close()
+            raise store.RecordingError("%s: not a readable recording (%s)" % (printable_line(path), exc)) from None
+        except store.RecordingError:
+            self._db.close()
+            raise
+        if first is None or not first.records:
+            self._db.close()
+            why = "it has no keyframe chunk" if first is None else first.problem or "its first chunk is empty"
+            raise store.RecordingError("%s: not a readable recording (%s)" % (printable_line(path), why))
+        seen: Dict[str, float] = {}
+        for record in first.records:
+            seen.setdefault(record["n"], record["t"])
+        self._first_full = min(max(max(seen.values()), self.start), self.end)
         self.position = self.start
         self._states: Dict[str, NodeState] = {}
         self._records: Optional[Iterator[dict]] = None
         self._pending: Optional[dict] = None  # the first record after `position`, read ahead
         self.seek(self.start)
 
+    @property
+    def problem(self) -> Optional[str]:
+        """The latest problem met in the file, None while everything read was good."""
+        return self.problems[-1] if self.problems else None
+
+    def _note(self, problem: str) -> None:
+        problem = printable_line(problem)
+        if problem in self.problems:
+            return
+        if len(self.problems) >= MAX_PROBLEMS:
+            self.problems[-1] = problem
+        else:
+            self.problems.append(problem)
+
     def first_full_time(self) -> float:
         """When every node of the first chunk had reported once: where playing starts."""
-        first = next(store.chunks_from_keyframe(self._db, self.start), None)
-        seen: Dict[str, float] = {}
-        for record in first.records if first else ():
-            seen.setdefault(record["n"], record["t"])
-        return max(seen.values()) if seen else self.start
+        return self._first_full
 
     def _stream(self, t: float) -> Iterator[dict]:
         for chunk in store.chunks_from_keyframe(self._db, t):
+            if chunk.problem is not None:
+                self._note(chunk.problem)
             yield from chunk.records
 
     def seek(self, t: float) -> Dict[str, NodeState]:
-        """States as they were at time `t` (clamped to the recording)."""
+        """States as they were at time `t` (clamped to the recording; NaN is the start)."""
+        if t != t:
+            t = self.start
         t = min(max(t, self.start), self.end)
         self._states = {}
         self._records = self._stream(t)
@@ -58,6 +124,8 @@ class RecordingReader:
 
     def advance(self, t: float) -> List[NodeState]:
         """Apply the records up to `t`; returns the states that changed (oldest first)."""
+        if t != t:
+            return []
         if t < self.position:
             before = dict(self._states)
             self.seek(t)
@@ -73,31 +141,48 @@ class RecordingReader:
                 self._pending = record
                 break
             state = self._apply(record)
-            changed[state.name] = state
+            if state is not None:
+                changed[state.name] = state
         self.position = t
         return list(changed.values())
 
-    def _apply(self, record: dict) -> NodeState:
+    def _apply(self, record: dict) -> Optional[NodeState]:
         name = record["n"]
         previous = self._states.get(name)
+        if previous is None and len(self._states) >= MAX_NODES:
+            self._note("more than %d nodes: %s and later ones left out" % (MAX_NODES, name))
+            return None
+        try:
+            fields = state_fields_of(record["s"])
+        except store.ChunkError as exc:
+            self._note("%s at %s: record left out (%s)" % (name, _clock(record["t"]), exc))
+            return None
         frame = previous.frame if previous is not None else None
         if "f" in record:
-            wire = record["f"]
-            if type(wire) is str:  # recordings before 2026-12-02 18:45 kept the frame as a JSON line
-                wire = json.loads(wire)
-            if wire is None:
-                frame = None
-            elif "delta" in wire:
-                try:
-                    frame = apply_delta(frame, wire)
-                except DeltaError:
-                    pass  # a chain broken by retention: the frame waits for the next keyframe
-            else:
-                frame = from_wire(NodeFrame, wire)
-        fields = {key: record["s"].get(key) for key in STATE_FIELDS}
+            frame = self._frame(name, record, frame)
         state = NodeState(name=name, frame=frame, **fields)
         self._states[name] = state
         return state
+
+    def _frame(self, name: str, record: dict, frame: Optional[NodeFrame]) -> Optional[NodeFrame]:
+        """The record's frame; the node's last good one when it cannot be read (frames are validated by their decoder)."""
+        wire = record["f"]
+        try:
+            if type(wire) is str:  # recordings before 2026-12-02 18:45 kept the frame as a JSON line
+                wire = json.loads(wire)
+            if wire is None:
+                return None
+            if type(wire) is not dict:
+                raise ValueError("not an object")
+            if "delta" in wire:
+                try:
+                    return apply_delta(frame, wire)
+                except DeltaError:
+                    return frame  # a chain broken by retention: the frame waits for the next keyframe
+            return from_wire(NodeFrame, wire)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            self._note("%s at %s: frame left out (%s)" % (name, _clock(record["t"]), str(exc)[:200] or type(exc).__name__))
+            return frame
 
     def states(self) -> Dict[str, NodeState]:
         return dict(self._states)
@@ -107,6 +192,10 @@ class RecordingReader:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
 
 
 class ReplayFleet:
@@ -133,6 +222,11 @@ class ReplayFleet:
 
     def states(self) -> Dict[str, NodeState]:
         return self.reader.states()
+
+    @property
+    def problem(self) -> Optional[str]:
+        """The latest part of the recording that could not be read (left out), None if none."""
+        return self.reader.problem
 
     @property
     def names(self) -> List[str]:
