@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,13 +38,20 @@ def checkpoints(folder: Path, steps) -> None:
         os.utime(path, (when, when))
 
 
+class LocalNode:
+    """The local node's link as the registry sees it: commands run on this machine."""
+
+    name = "local"
+    commands_run = "here"
+
+
 def context(tmp_path: Path, folder: Path, keep: int = 2) -> ActionContext:
     config = Config(
         nodes=(NodeConfig(name="local", local=True),),
         checkpoints=(CheckpointDirConfig(path=str(folder), keep=keep, min_age=600.0),),
         actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")),
     )
-    return ActionContext(config=config, get_state=lambda: None, link=None,
+    return ActionContext(config=config, get_state=lambda: None, link=LocalNode(),
                          runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))))
 
 
@@ -80,3 +88,61 @@ async def test_only_configured_directories_are_cleaned(tmp_path):
     with pytest.raises(Refused, match="nothing to delete"):
         await plan_action("checkpoint_cleanup", Target(TARGET_CHECKPOINT_DIR, "local", path=str(folder)), keep_all)
     assert len(os.listdir(folder)) == 3
+
+
+class FillingAuditLog(AuditLog):
+    """An audit log on a disk that fills after `room` records: later writes go to /dev/full (ENOSPC)."""
+
+    def __init__(self, path: str, room: int) -> None:
+        super().__init__(path)
+        self.room = room
+
+    def _append(self, data: bytes):
+        if self.room <= 0:
+            self.path = "/dev/full"
+        self.room -= 1
+        return super()._append(data)
+
+
+async def test_a_deletion_that_cannot_be_audited_stops_the_cleanup_before_it(tmp_path):
+    folder = tmp_path / "ckpt"
+    checkpoints(folder, [100, 200, 300, 400, 500])
+    ctx = context(tmp_path, folder, keep=2)
+    # Room for the attempt, the first deletion's confirmed and ok records: the second deletion's is refused.
+    ctx = replace(ctx, runner=ActionRunner(FillingAuditLog(str(tmp_path / "audit.log"), room=3)))
+    plan = await plan_action("checkpoint_cleanup", Target(TARGET_CHECKPOINT_DIR, "local", path=str(folder)), ctx)
+    report = await run_plan(plan, ctx)
+    assert not report.ok
+    # The plan deletes the newest of the doomed first: step_300 went, step_200 and step_100 were not tried.
+    assert sorted(os.listdir(folder)) == ["step_%d.pt" % s for s in (100, 200, 400, 500)]
+    assert report.lines[0].startswith("deleted 1 of 3") and "STOPPED, 2 not attempted" in report.lines[0]
+    assert report.lines[1] == "deleted %s" % (folder / "step_300.pt")
+    assert [line for line in report.lines if line.startswith("not attempted")] == [
+        "not attempted %s" % (folder / "step_200.pt"), "not attempted %s" % (folder / "step_100.pt")]
+    assert "stopped:" in report.lines[-1] and "No space left" in report.lines[-1]
+    records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    assert [(r["action"], r["outcome"]) for r in records] == [
+        ("checkpoint_cleanup", "attempt"), ("checkpoint.delete", "confirmed"), ("checkpoint.delete", "ok")]
+
+
+async def test_hostile_and_undecodable_names_are_shown_one_line_and_audited_escaped(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    now = time.time()
+    names = [b"step_1\n.pt", b"step_2\x1b]52;c;cm0gLXJm\x07.pt", b"step_3-\xff.pt", b"step_4.pt", b"step_5.pt"]
+    for position, raw in enumerate(names):
+        path = os.path.join(os.fsencode(str(folder)), raw)
+        torch.save({"step": position + 1}, os.fsdecode(path))
+        os.utime(path, (now - 10 * HOUR + position * HOUR,) * 2)
+    ctx = context(tmp_path, folder, keep=2)
+    plan = await plan_action("checkpoint_cleanup", Target(TARGET_CHECKPOINT_DIR, "local", path=str(folder)), ctx)
+    assert not any(ch in line for line in plan.notes for ch in "\n\x1b\x07\udcff")
+    assert any("step_1␤.pt" in line for line in plan.notes) and any("step_2␛]52;c;" in line for line in plan.notes)
+    report = await run_plan(plan, ctx)
+    assert report.ok, report.lines
+    assert sorted(os.listdir(os.fsencode(str(folder)))) == [b"step_4.pt", b"step_5.pt"]
+    assert not any(ch in line for line in report.lines for ch in "\n\x1b\x07\udcff")
+    data = (tmp_path / "audit.log").read_bytes()
+    data.decode("utf-8")  # strict
+    records = [json.loads(line) for line in data.decode().splitlines()]
+    assert any(r["detail"].startswith("delete %s" % (folder / "step_3-\\xff.pt")) for r in records)

@@ -110,8 +110,9 @@ def test_read_only_refuses_and_an_unwritable_audit_log_deletes_nothing(seed, tmp
     blocker = tmp_path / "file"
     blocker.write_text("x")
     result = execute_plan(plan, str(seed), AuditLog(str(blocker / "audit.log")))  # its folder is a file
-    assert result.failed and not result.deleted
-    assert all("not deleted: audit log" in r.error for r in result.failed)
+    assert not result.ok and not result.results and "audit log" in result.stopped  # stopped before the first
+    assert result.remaining == tuple(item.path for item in plan.to_delete)
+    assert "deleted 0 of %d" % len(plan.to_delete) in result.summary() and "STOPPED" in result.summary()
     assert sorted(p.name for p in seed.iterdir()) == before
     # A plan for another directory is refused too.
     assert execute_plan(plan, str(tmp_path), AuditLog(str(log))).refused

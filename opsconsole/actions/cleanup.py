@@ -4,7 +4,10 @@ Planning scans the directory (locally, or over the node's SFTP) and makes the re
 with the directory's `keep` and `min_age` from `[[checkpoints]]`; only configured directories
 are cleaned. The confirmation lists what goes and asks for the directory's name typed.
 Running audits the attempt (ActionRunner), then `execute_plan` checks each file again and
-audits each deletion itself before it happens; the result record follows.
+audits each deletion itself before it happens; the result record follows. A deletion whose
+record cannot be written does not happen, and the cleanup stops there: the report lists what was
+deleted, what was not attempted, and why it stopped. Names from the disk are shown through
+sanitize.printable_line (a newline or an escape sequence in a file name stays one visible line).
 
 Filesystem calls block, so they run in a worker thread; over SSH, SftpFileSystem hands
 them to the console's event loop, which owns the node's connection.
@@ -18,6 +21,7 @@ import time
 from typing import Any, Mapping, Optional, Tuple
 
 from opsconsole.config import CheckpointDirConfig, Config
+from opsconsole.sanitize import printable_line
 
 CLEANUP_MODULE = "opsconsole.checkpoints.cleanup"
 LISTED_ITEMS = 12  # deletions named in the confirmation; the rest are counted
@@ -91,14 +95,15 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
         raise Refused("no checkpoint directory selected")
     entry = configured_dir(ctx.config, target.node, target.path)
     if entry is None:
-        raise Refused("%s on %s is not a [[checkpoints]] directory of the config: not cleaned" % (target.path, target.node))
+        raise Refused("%s on %s is not a [[checkpoints]] directory of the config: not cleaned"
+                      % (printable_line(target.path), printable_line(target.node)))
     fs = _filesystem(ctx)
     try:
         listing = await asyncio.to_thread(scan_directory, target.path, fs)
         retention = await asyncio.to_thread(plan_directory, listing, fs, keep=entry.keep, min_age=entry.min_age,
                                             now=time.time())
     except OSError as exc:
-        raise Refused("%s on %s: %s" % (target.path, target.node, exc.strerror or exc)) from None
+        raise Refused(printable_line("%s on %s: %s" % (target.path, target.node, exc.strerror or exc))) from None
     finally:
         await _close(fs)
     doomed = retention.to_delete
@@ -107,10 +112,10 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
     notes = ["deletes %d of %d, frees %s; kept: the newest %d, best, latest's target, open and recent files"
              % (len(doomed), len(retention.items), _size(retention.bytes_freed), entry.keep)]
     for item in doomed[:LISTED_ITEMS]:
-        notes.append("delete %s (%s): %s" % (item.name, _size(item.size_bytes), item.reason))
+        notes.append("delete %s (%s): %s" % (printable_line(item.name), _size(item.size_bytes), printable_line(item.reason)))
     if len(doomed) > LISTED_ITEMS:
         notes.append("... and %d more" % (len(doomed) - LISTED_ITEMS))
-    notes.extend("warning: %s" % w for w in retention.warnings)
+    notes.extend("warning: %s" % printable_line(w) for w in retention.warnings)
     argv = cleanup_argv(target.node, target.path, entry.keep, entry.min_age, ctx.local)
     where = "on this machine (%s)" % target.node if ctx.local else "on %s over SFTP" % target.node
     word = posixpath.basename(posixpath.normpath(target.path)) or target.path
@@ -134,12 +139,15 @@ async def run_cleanup(plan: Any, ctx: Any) -> Any:
             )
         finally:
             await _close(fs)
-        lines.append(result.summary())
+        lines.append(printable_line(result.summary()))
         for item in result.results:
-            lines.append("%s %s%s" % ("deleted" if item.deleted else "kept   ", item.path,
-                                       "" if item.deleted else ": %s" % item.error))
+            lines.append(printable_line("%s %s%s" % ("deleted" if item.deleted else "kept   ", item.path,
+                                                     "" if item.deleted else ": %s" % item.error)))
+        lines.extend(printable_line("not attempted %s" % path) for path in result.remaining)
+        if result.stopped:
+            lines.append(printable_line("stopped: %s" % result.stopped))  # last: the result record's summary
         return CommandResult(0 if result.ok else 1, stdout="\n".join(lines[1:]),
-                             error=None if result.refused is None else result.summary())
+                             error=None if result.refused is None else lines[0])
 
     outcome = await ctx.runner.run("checkpoint_cleanup", plan.target.node, plan.target.describe(), plan.argv, execute)
     if not outcome.ran:

@@ -3,8 +3,10 @@
 Each deletion is checked again at the moment it happens (the plan may be minutes old):
 the path must still be a direct child of the root (by realpath), must not be a symlink
 (lstat), and must have the size and mtime the plan saw; otherwise it is skipped with the
-reason. Its audit record is written before the deletion; a record that cannot be written
-means the file is not deleted. One failure never stops the rest: results are per file.
+reason. Its audit record is written before the deletion. One failed deletion never stops the
+rest: results are per file. An audit record that cannot be written (disk full, permission)
+stops the cleanup before the next deletion: the result says what was deleted, what remains
+and why it stopped.
 """
 
 from __future__ import annotations
@@ -33,13 +35,19 @@ class FileResult:
 
 @dataclass(frozen=True)
 class CleanupResult:
-    """Per-file results of one executed plan; `refused` when nothing was attempted at all."""
+    """Per-file results of one executed plan; `refused` when nothing was attempted at all.
+
+    `stopped` says why the cleanup stopped early (the audit log failed), `remaining` the planned
+    paths it did not reach.
+    """
 
     root: str
     node: str
     results: Tuple[FileResult, ...] = ()
     refused: Optional[str] = None
     warnings: Tuple[str, ...] = field(default_factory=tuple)
+    stopped: Optional[str] = None
+    remaining: Tuple[str, ...] = ()
 
     @property
     def deleted(self) -> List[FileResult]:
@@ -55,16 +63,22 @@ class CleanupResult:
 
     @property
     def ok(self) -> bool:
-        return self.refused is None and not self.failed
+        return self.refused is None and self.stopped is None and not self.failed
 
     def summary(self) -> str:
-        """One line: `deleted 3 of 3 (1.2 GiB freed)`, with the first failure if any."""
+        """One line: `deleted 3 of 3 (1.2 GiB freed)`, with the first failure and why it stopped, if so.
+
+        Names in it are as found on disk: printers pass it through sanitize.printable_line.
+        """
         if self.refused:
             return "cleanup refused: %s" % self.refused
-        text = "deleted %d of %d (%s freed)" % (len(self.deleted), len(self.results), _size_text(self.bytes_freed))
+        planned = len(self.results) + len(self.remaining)
+        text = "deleted %d of %d (%s freed)" % (len(self.deleted), planned, _size_text(self.bytes_freed))
         if self.failed:
             first = self.failed[0]
             text += "; %d failed: %s: %s" % (len(self.failed), posixpath.basename(first.path), first.error)
+        if self.stopped:
+            text += "; STOPPED, %d not attempted: %s" % (len(self.remaining), self.stopped)
         return text
 
     def to_json(self) -> dict:
@@ -72,8 +86,10 @@ class CleanupResult:
             "dir": self.root,
             "node": self.node,
             "refused": self.refused,
+            "stopped": self.stopped,
             "bytes_freed": self.bytes_freed,
             "results": [{"path": r.path, "deleted": r.deleted, "size_bytes": r.size_bytes, "error": r.error} for r in self.results],
+            "remaining": list(self.remaining),
         }
 
 
@@ -93,12 +109,15 @@ def audit_writer(audit: Any) -> AuditWriter:
 
     The console's `app.audit(action, node, detail, outcome)` returns True when written;
     AuditLog.write returns None when written and a message otherwise. Both are accepted.
+    A writer that raises (the console gone while a worker deletes) counts as not written.
     """
-    if hasattr(audit, "write"):
-        return audit.write
+    target = audit.write if hasattr(audit, "write") else audit
 
     def write(action: str, node: str, detail: str, outcome: str) -> Optional[str]:
-        answer = audit(action, node, detail, outcome)
+        try:
+            answer = target(action, node, detail, outcome)
+        except Exception as exc:
+            return "the audit log could not be written: %s" % (str(exc) or type(exc).__name__)
         if answer is True or answer is None:
             return None
         if answer is False:
@@ -151,40 +170,52 @@ def execute_plan(
     node = plan.node or fs.node
     targets = plan.to_delete
     if read_only:
-        write(ACTION_CLEANUP, node, "read-only: %d deletions in %s refused" % (len(targets), root), OUTCOME_REFUSED)
-        return CleanupResult(root, node, refused="read-only console: deleting is off")
+        problem = write(ACTION_CLEANUP, node, "read-only: %d deletions in %s refused" % (len(targets), root), OUTCOME_REFUSED)
+        return CleanupResult(root, node, refused="read-only console: deleting is off" + _unaudited(problem))
     if posixpath.normpath(plan.root or root) != posixpath.normpath(root):
-        write(ACTION_CLEANUP, node, "plan for %s executed against %s: refused" % (plan.root, root), OUTCOME_REFUSED)
-        return CleanupResult(root, node, refused="the plan is for %s, not %s" % (plan.root, root))
+        problem = write(ACTION_CLEANUP, node, "plan for %s executed against %s: refused" % (plan.root, root), OUTCOME_REFUSED)
+        return CleanupResult(root, node, refused="the plan is for %s, not %s%s" % (plan.root, root, _unaudited(problem)))
     try:
         root_real = fs.realpath(root)
     except OSError as exc:
         return CleanupResult(root, node, refused="cannot resolve %s: %s" % (root, exc.strerror or exc))
     results: List[FileResult] = []
-    for item in targets:
+
+    def stopped(at: int, why: str) -> CleanupResult:
+        remaining = tuple(item.path for item in targets[at:])
+        return CleanupResult(root, node, tuple(results), warnings=plan.warnings, stopped=why, remaining=remaining)
+
+    for index, item in enumerate(targets):
         detail = "delete %s (%d bytes; %s)%s" % (item.path, item.size_bytes, item.reason, user_detail)
         why_not = _check_still_planned(fs, item, root, root_real)
         if why_not is not None:
-            write(ACTION_DELETE, node, "%s: skipped: %s" % (detail, why_not), OUTCOME_REFUSED)
             results.append(FileResult(item.path, False, item.size_bytes, why_not))
+            problem = write(ACTION_DELETE, node, "%s: skipped: %s" % (detail, why_not), OUTCOME_REFUSED)
+            if problem:
+                return stopped(index + 1, problem)
             continue
         problem = write(ACTION_DELETE, node, detail, OUTCOME_CONFIRMED)
-        if problem:
-            results.append(FileResult(item.path, False, item.size_bytes, "not deleted: %s" % problem))
-            continue
+        if problem:  # no record, no deletion: and the next ones would fare no better
+            return stopped(index, problem)
         try:
             if item.is_dir:
                 fs.rmtree(item.path)
             else:
                 fs.remove(item.path)
-        except OSError as exc:
-            error = exc.strerror or str(exc) or type(exc).__name__
-            write(ACTION_DELETE, node, "%s: %s" % (detail, error), OUTCOME_FAILED)
+        except (OSError, ValueError) as exc:  # ValueError: a name the remote side cannot encode
+            error = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             results.append(FileResult(item.path, False, item.size_bytes, error))
-            continue
-        write(ACTION_DELETE, node, "%s: deleted" % detail, OUTCOME_OK)
-        results.append(FileResult(item.path, True, item.size_bytes))
+            problem = write(ACTION_DELETE, node, "%s: %s" % (detail, error), OUTCOME_FAILED)
+        else:
+            results.append(FileResult(item.path, True, item.size_bytes))
+            problem = write(ACTION_DELETE, node, "%s: deleted" % detail, OUTCOME_OK)
+        if problem:
+            return stopped(index + 1, "result of %s not recorded: %s" % (posixpath.basename(item.path), problem))
     return CleanupResult(root, node, tuple(results), warnings=plan.warnings)
+
+
+def _unaudited(problem: Optional[str]) -> str:
+    return "" if problem is None else " (and the refusal was not recorded: %s)" % problem
 
 
 def plan_directory(listing: Any, fs: FileSystem = LOCAL, *, keep: int, min_age: float, now: float) -> RetentionPlan:
