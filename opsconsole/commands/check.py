@@ -3,13 +3,18 @@
 Polls the nodes once (as `snapshot` does), runs the threshold rules and telemetry findings
 on each frame, and with --gpu-tests the on-node GPU suite. Exit 0 when everything passes
 (warnings allowed), 1 when any check fails, 2 when a check could not run.
+
+Node names, GPU names and the messages of failed checks can hold outside text (a node's error, a
+name from its driver): the table prints each line through sanitize.printable_line, --json goes
+through sanitize.printable_json.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from opsconsole.sanitize import printable_json, printable_line
 
 LOCAL_SETTLE_S = 0.5  # a local probe's first poll has no CPU rates: poll again after this
 
@@ -48,7 +53,7 @@ def select_nodes(config, names):
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = " (did you mean %s?)" % close[0] if close else ""
-            raise UsageError("check: no node is named %s%s; nodes: %s" % (name, hint, ", ".join(known) or "none"))
+            raise UsageError(printable_line("check: no node is named %s%s; nodes: %s" % (name, hint, ", ".join(known) or "none")))
     return replace(config, nodes=tuple(node for node in config.nodes if node.name in names))
 
 
@@ -83,9 +88,9 @@ def results_table(results, show_all: bool) -> str:
     lines = []
     for r in shown:
         where = r.node + ("" if r.gpu is None else " gpu%d" % r.gpu)
-        lines.append("%-5s %-20s %-22s %s" % (r.status.upper(), where, r.check, r.message))
+        lines.append(printable_line("%-5s %-20s %-22s %s" % (r.status.upper(), where, r.check, r.message)))
         if r.status != "pass" and r.remedy:
-            lines.append("      remedy: %s" % r.remedy)
+            lines.append(printable_line("      remedy: %s" % r.remedy))
     counts = {status: sum(1 for r in results if r.status == status) for status in order}
     nodes = len({r.node for r in results})
     lines.append("%d checks on %d node(s): %d fail, %d error, %d warn, %d pass" % (
@@ -104,7 +109,7 @@ def command_check(args: argparse.Namespace) -> int:
         raise UsageError("check: no nodes configured")
     results = run_without_joining_threads(gather_results(config, args.timeout, args.gpu_tests, args.force, slurm_follower(args), args.level))
     if args.json:
-        text = json.dumps({"results": [result_to_json(r) for r in results]}, indent=2) + "\n"
+        text = printable_json({"results": [result_to_json(r) for r in results]}, indent=2) + "\n"
     else:
         text = results_table(results, args.all)
     try:

@@ -1,13 +1,19 @@
-"""`opsconsole checkpoints DIR [--json]`: list a checkpoint directory as the Checkpoints pane shows it."""
+"""`opsconsole checkpoints DIR [--json]`: list a checkpoint directory as the Checkpoints pane shows it.
+
+File and zip member names, link targets and problems come from the disk: the table prints each
+cell through sanitize.printable_line (an escape sequence or a newline in a name stays one visible
+line and cannot forge a row), and --json goes through sanitize.printable_json.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from typing import Any, Callable, List, Optional, Tuple
+
+from opsconsole.sanitize import printable_json, printable_line
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -65,10 +71,10 @@ def open_dir_access(args: argparse.Namespace) -> DirAccess:
         node = next((n for n in config.nodes if n.name == node_name), None)
         if node is None:
             names = ", ".join(n.name for n in config.nodes)
-            raise UsageError("--node %s: no such node in %s (nodes: %s)" % (node_name, config.source or "the config", names))
+            raise UsageError(printable_line("--node %s: no such node in %s (nodes: %s)" % (node_name, config.source or "the config", names)))
     if node is None or node.local:
         if not os.path.isdir(root):
-            raise UsageError("%s: %s" % (root, "no such directory" if not os.path.exists(root) else "not a directory"))
+            raise UsageError("%s: %s" % (printable_line(root), "no such directory" if not os.path.exists(root) else "not a directory"))
         return DirAccess(LOCAL, os.path.abspath(root))
     if not root.startswith("/"):
         raise UsageError("DIR on a node must be an absolute path, got %r" % root)
@@ -87,10 +93,10 @@ def open_dir_access(args: argparse.Namespace) -> DirAccess:
         st = fs.stat(access.root)
     except OSError as exc:
         access.close()
-        raise UsageError("%s:%s: %s" % (node_name, root, exc.strerror or exc)) from None
+        raise UsageError(printable_line("%s:%s: %s" % (node_name, root, exc.strerror or exc))) from None
     if not st.is_dir:
         access.close()
-        raise UsageError("%s:%s: not a directory" % (node_name, root))
+        raise UsageError(printable_line("%s:%s: not a directory" % (node_name, root)))
     return access
 
 
@@ -131,6 +137,8 @@ def loss_text(entry: Any) -> str:
 
 
 def format_table(rows: List[Tuple[str, ...]]) -> str:
+    """Aligned columns; every cell through printable_line (same length, so the widths hold)."""
+    rows = [tuple(printable_line(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for row in rows:
@@ -142,7 +150,7 @@ def format_table(rows: List[Tuple[str, ...]]) -> str:
 def listing_table(listing: Any, now: float) -> str:
     """The listing as a text table with a totals line (what the pane shows)."""
     if listing.problem:
-        return "%s: %s\n" % (listing.root, listing.problem)
+        return printable_line("%s: %s" % (listing.root, listing.problem)) + "\n"
     rows = [("NAME", "FORMAT", "EPOCH", "STEP", "LOSS", "SIZE", "AGE", "INTEGRITY", "MARKS", "PROBLEM")]
     for e in listing.entries:
         rows.append((
@@ -152,9 +160,9 @@ def listing_table(listing: Any, now: float) -> str:
             loss_text(e), size_text(e.size_bytes), age_text(now - e.mtime),
             e.integrity + (" (crc)" if e.crc_checked else ""), marks(e), e.problem or "",
         ))
-    text = format_table(rows) if listing.entries else "no checkpoints in %s\n" % listing.root
+    text = format_table(rows) if listing.entries else "no checkpoints in %s\n" % printable_line(listing.root)
     free = "" if listing.free_bytes is None else ", %s free of %s" % (size_text(listing.free_bytes), size_text(listing.fs_bytes))
-    text += "%d checkpoints, %s in %s%s\n" % (len(listing.entries), size_text(listing.total_bytes), listing.root, free)
+    text += "%d checkpoints, %s in %s%s\n" % (len(listing.entries), size_text(listing.total_bytes), printable_line(listing.root), free)
     return text
 
 
@@ -201,12 +209,12 @@ def command_checkpoints(args: argparse.Namespace) -> int:
     finally:
         access.close()
     if args.json:
-        status = write_out(json.dumps(listing_document(listing), indent=2) + "\n")
+        status = write_out(printable_json(listing_document(listing), indent=2) + "\n")
     else:
         status = write_out(listing_table(listing, time.time()))
     if status:
         return status
     if listing.problem:
-        print("opsconsole: %s" % listing.problem, file=sys.stderr)
+        print("opsconsole: %s" % printable_line(listing.problem), file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK

@@ -2,17 +2,23 @@
 
 The plan is printed first, every time. Without --yes it asks on a terminal and refuses
 without one (a cron job must say --yes). Exit 0 when it ran (or only planned), 1 when a
-deletion failed, 2 for bad usage, a read-only config, or a refusal.
+deletion failed or the cleanup stopped (its audit record could not be written), 2 for bad
+usage, a read-only config, or a refusal.
+
+Refusals (read-only, no --yes off a terminal) and a cancel at the prompt are written to the
+audit log, as the console's are. Names from the disk are printed through sanitize.printable_line,
+--json through sanitize.printable_json.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from typing import Any, Callable, Optional, TextIO
+
+from opsconsole.sanitize import printable_json, printable_line
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -73,11 +79,11 @@ def plan_table(plan: Any) -> str:
     rows = [("ACTION", "SIZE", "NAME", "REASON")]
     for item in plan.items:
         rows.append((item.action.upper() if item.delete else item.action, size_text(item.size_bytes), item.name, item.reason))
-    text = format_table(rows) if plan.items else "no checkpoints in %s\n" % plan.root
+    text = format_table(rows) if plan.items else "no checkpoints in %s\n" % printable_line(plan.root)
     for warning in plan.warnings:
-        text += "warning: %s\n" % warning
+        text += "warning: %s\n" % printable_line(warning)
     text += "plan: delete %d of %d checkpoints, %s freed (keep %d, min-age %gs) in %s\n" % (
-        len(plan.to_delete), len(plan.items), size_text(plan.bytes_freed), plan.keep, plan.min_age, plan.root)
+        len(plan.to_delete), len(plan.items), size_text(plan.bytes_freed), plan.keep, plan.min_age, printable_line(plan.root))
     return text
 
 
@@ -88,13 +94,21 @@ def ask(question: str, stdin: TextIO = sys.stdin, stderr: TextIO = sys.stderr) -
     return answer.strip().lower() in ("y", "yes")
 
 
+def _refuse(audit: Any, node: str, root: str, detail: str, outcome: str, message: str) -> str:
+    """Write the refusal (or cancel) record; the one line to print, saying when it was not recorded."""
+    from opsconsole.checkpoints.cleanup import ACTION_CLEANUP
+
+    problem = audit.write(ACTION_CLEANUP, node, "cleanup of %s: %s (opsconsole cleanup)" % (root, detail), outcome)
+    return message if problem is None else "%s; and not recorded: %s" % (message, printable_line(problem))
+
+
 def command_cleanup(args: argparse.Namespace) -> int:
     """Plan, print, and (with --yes or a terminal's yes) delete; see the module docstring for exit codes."""
-    from opsconsole.actions.audit import AuditLog, audit_path
+    from opsconsole.actions.audit import OUTCOME_CANCELLED, OUTCOME_REFUSED, AuditLog, audit_path
     from opsconsole.checkpoints.cleanup import execute_plan, plan_directory
     from opsconsole.checkpoints.scan import scan_directory
     from opsconsole.cli import UsageError, config_from_args
-    from opsconsole.commands.checkpoints import open_dir_access, write_out
+    from opsconsole.commands.checkpoints import open_dir_access, size_text, write_out
 
     config = config_from_args(args)
     access = open_dir_access(args)
@@ -106,7 +120,7 @@ def command_cleanup(args: argparse.Namespace) -> int:
         min_age = args.min_age if args.min_age is not None else (entry.min_age if entry is not None else 600.0)
         listing = scan_directory(access.root, access.fs)
         if listing.problem:
-            print("opsconsole: %s" % listing.problem, file=sys.stderr)
+            print("opsconsole: %s" % printable_line(listing.problem), file=sys.stderr)
             return EXIT_FAILED
         plan = plan_directory(listing, access.fs, keep=keep, min_age=min_age, now=time.time())
         document = {"plan": plan.to_json(), "result": None}
@@ -116,30 +130,35 @@ def command_cleanup(args: argparse.Namespace) -> int:
                 return status
         if args.dry_run or not plan.to_delete:
             if args.json:
-                return write_out(json.dumps(document, indent=2) + "\n")
+                return write_out(printable_json(document, indent=2) + "\n")
             return EXIT_OK
+        audit = AuditLog(audit_path(config.actions))
+        node = plan.node or access.fs.node
+        planned = "%d deletions planned" % len(plan.to_delete)
         if config.console.read_only:
-            raise UsageError("read-only config: cleanup refused (nothing deleted)")
+            raise UsageError(_refuse(audit, node, access.root, planned + ", read-only console: refused", OUTCOME_REFUSED,
+                                     "read-only config: cleanup refused (nothing deleted)"))
         if not args.yes:
             if not (sys.stdin.isatty() and sys.stderr.isatty()):
-                raise UsageError("refusing to delete without --yes when not on a terminal (nothing deleted)")
-            from opsconsole.commands.checkpoints import size_text
-
+                raise UsageError(_refuse(audit, node, access.root, planned + ", no --yes off a terminal: refused",
+                                         OUTCOME_REFUSED,
+                                         "refusing to delete without --yes when not on a terminal (nothing deleted)"))
             if not ask("delete %d checkpoints (%s)? [y/N] " % (len(plan.to_delete), size_text(plan.bytes_freed))):
-                print("cancelled: nothing deleted", file=sys.stderr)
+                print(_refuse(audit, node, access.root, planned + ", cancelled at the prompt", OUTCOME_CANCELLED,
+                              "cancelled: nothing deleted"), file=sys.stderr)
                 if args.json:
-                    return write_out(json.dumps(document, indent=2) + "\n")
+                    return write_out(printable_json(document, indent=2) + "\n")
                 return EXIT_OK
-        audit = AuditLog(audit_path(config.actions))
         result = execute_plan(plan, access.root, audit, fs=access.fs, user_detail=" (opsconsole cleanup)")
     finally:
         access.close()
     if args.json:
         document["result"] = result.to_json()
-        status = write_out(json.dumps(document, indent=2) + "\n")
+        status = write_out(printable_json(document, indent=2) + "\n")
     else:
         lines = ["deleted %s" % r.path if r.deleted else "FAILED %s: %s" % (r.path, r.error) for r in result.results]
-        status = write_out("\n".join(lines + [result.summary()]) + "\n")
+        lines += ["not attempted %s" % path for path in result.remaining]
+        status = write_out("".join(printable_line(line) + "\n" for line in lines + [result.summary()]))
     if status:
         return status
     return EXIT_OK if result.ok else EXIT_FAILED

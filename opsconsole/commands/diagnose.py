@@ -7,15 +7,20 @@ With --json: one object per input on its own line, `{"file", "root_cause", "find
 "category", "severity", "title", "cause", "remedy", "excerpt"}]}`; without it, a readable report.
 Exit 0 when every input was diagnosed (failures found or not), 2 for bad usage or when an input
 could not be read (named on stderr, one line; the other inputs are still diagnosed).
+
+Log lines and file names are outside text: the report prints them through sanitize.printable_line
+(an OSC 52 clipboard write or a screen clear in a log line arrives as visible ␛ text), --json
+through sanitize.printable_json (a file name with undecodable bytes is written escaped).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import IO, Iterator, List, Sequence, Tuple
+
+from opsconsole.sanitize import printable_json, printable_line
 
 STDIN = "-"
 MAX_LINE_BYTES = 256 * 1024  # the diagnosis looks at a line's first 64 Ki characters; 4 bytes each at most
@@ -53,10 +58,10 @@ def command_diagnose(args: argparse.Namespace) -> int:
             except unreadable as exc:
                 failed = True
                 reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-                print("opsconsole: diagnose: %s: %s" % (name, reason), file=sys.stderr)
+                print(printable_line("opsconsole: diagnose: %s: %s" % (name, reason)), file=sys.stderr)
                 continue
             if args.json:
-                sys.stdout.write(json.dumps(json_document(name, result), ensure_ascii=False) + "\n")
+                sys.stdout.write(printable_json(json_document(name, result)) + "\n")
             else:
                 sys.stdout.write(readable_report(name, result))
             sys.stdout.flush()
@@ -136,7 +141,7 @@ def readable_report(name: str, result) -> str:
     """A report for people: the root cause first, then every category seen with its cause and remedy."""
     from opsconsole.diagnosis.knowledge import CATEGORIES
 
-    out: List[str] = ["== %s (%d line%s)" % (name, result.lines, "" if result.lines == 1 else "s")]
+    out: List[str] = ["== %s (%d line%s)" % (printable_line(name), result.lines, "" if result.lines == 1 else "s")]
     if result.root_cause is None:
         out.append("No failure signature found.")
         out.append("")
@@ -190,5 +195,6 @@ def _examples(findings) -> dict:
 
 
 def _one_line(text: str, width: int = 160) -> str:
+    """An excerpt as one visible line of at most `width` characters (runs of blanks as one space)."""
     text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return printable_line(text if len(text) <= width else text[: width - 1] + "…")
