@@ -37,6 +37,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _interval(text: str) -> float:
+    from opsconsole.config import MAX_INTERVAL_S, MIN_INTERVAL_S
+
+    value = _positive_float(text)
+    if not MIN_INTERVAL_S <= value <= MAX_INTERVAL_S:  # 1e-300 would spin the poll loop; inf overflows timers
+        raise argparse.ArgumentTypeError("expected %g to %g seconds, got %r" % (MIN_INTERVAL_S, MAX_INTERVAL_S, text))
+    return value
+
+
 def _add_node_options(parser: argparse.ArgumentParser, in_subcommand: bool) -> None:
     # In a subcommand the defaults are suppressed, so `opsconsole --config X snapshot`
     # keeps the X given before the subcommand (argparse would overwrite it with None).
@@ -65,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version="opsconsole " + __version__)
     _add_node_options(parser, in_subcommand=False)
-    parser.add_argument("--interval", metavar="S", type=_positive_float, help="seconds between polls")
+    parser.add_argument("--interval", metavar="S", type=_interval, help="seconds between polls")
     parser.add_argument("--read-only", action="store_true", default=None, help="offer no actions that change anything")
     parser.add_argument("--theme", metavar="NAME", help="colour theme")
     parser.set_defaults(handler=command_console)

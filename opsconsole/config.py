@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shlex
+import stat
 import string
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +23,16 @@ except ImportError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
 from opsconsole.hostlist import expand_hostlist
+
+
+# Bounds of the numeric settings: a floor where a tiny value would spin a loop (1e-300 s between
+# polls), a ceiling where a huge one would overflow a timer or hold memory; all must be finite.
+MIN_INTERVAL_S = 0.1
+MAX_INTERVAL_S = 3600.0
+MIN_POLL_S = 0.05  # a file poll or a reconnect back-off
+MAX_TIMEOUT_S = 86400.0
+MAX_AGE_S = 10 * 365 * 86400.0
+MAX_RECORD_MB = 1_000_000.0
 
 
 @dataclass(frozen=True)
@@ -228,17 +239,60 @@ def load_config(cli_path: Optional[str] = None, env: Mapping[str, str] = os.envi
     if found is None:
         return DEFAULT_CONFIG
     shown, path = found
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        reason = exc.strerror or exc.__class__.__name__
-        raise ConfigError(f"cannot read config: {reason}", file=shown) from None
+    data = _read_config_bytes(path, shown)
     try:
         text = data.decode("utf-8-sig")  # tolerate the BOM some editors write
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError("file is not UTF-8 text", file=shown, line=line, key="syntax") from None
     return parse_config(text, shown, home=env.get("HOME"))
+
+
+MAX_CONFIG_BYTES = 1024 * 1024  # a config is a few kB; /dev/zero or a log given by mistake is refused
+
+
+def _read_config_bytes(path: Path, shown: str) -> bytes:
+    """The file's bytes, at most MAX_CONFIG_BYTES; a FIFO, device or directory is refused unopened.
+
+    os.stat comes first (opening a FIFO would wait for a writer); the open is non-blocking and
+    checked again with fstat, so a FIFO put there after the stat cannot hang the read either.
+    """
+    try:
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise ConfigError("cannot read config: Is a directory", file=shown)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError("cannot read config: not a regular file (%s)" % _special_kind(info.st_mode), file=shown)
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError("cannot read config: not a regular file", file=shown)
+            chunks, size = [], 0
+            while size <= MAX_CONFIG_BYTES:
+                chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise ConfigError(f"cannot read config: {reason}", file=shown) from None
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError("cannot read config: larger than %d KiB" % (MAX_CONFIG_BYTES // 1024), file=shown)
+    return b"".join(chunks)
+
+
+def _special_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a file"
 
 
 def _locate_config(cli_path: Optional[str], env: Mapping[str, str]) -> Optional[Tuple[str, Path]]:
@@ -280,8 +334,13 @@ def parse_config(text: str, filename: str, *, home: Optional[str] = None) -> Con
     except tomllib.TOMLDecodeError as exc:
         line, message = _syntax_error_position(exc, text)
         raise ConfigError(message, file=filename, line=line, key="syntax") from None
-    checker = _Checker(filename, _KeyLines(text), home)
-    return checker.config(data)
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ConfigError("arrays or tables nested too deep", file=filename, key="syntax") from None
+    try:
+        checker = _Checker(filename, _KeyLines(text), home)
+        return checker.config(data)
+    except RecursionError:
+        raise ConfigError("arrays or tables nested too deep", file=filename, key="syntax") from None
 
 
 def _syntax_error_position(exc: Exception, text: str) -> Tuple[int, str]:
@@ -345,7 +404,7 @@ class _KeyLines:
         self._array_counts: Dict[KeyPath, int] = {}
         try:
             self._scan_document()
-        except _ScanStop:
+        except (_ScanStop, RecursionError):  # deep nesting: lines found so far are kept
             pass
 
     def line_of(self, path: KeyPath) -> int:
@@ -659,7 +718,7 @@ class _Checker:
         table = self.table(value, path, "console")
         default = ConsoleConfig()
         return ConsoleConfig(
-            interval=self.number(table, path, "interval", default.interval, above=0),
+            interval=self.number(table, path, "interval", default.interval, low=MIN_INTERVAL_S, most=MAX_INTERVAL_S),
             theme=self.string(table, path, "theme", default.theme),
             read_only=self.boolean(table, path, "read_only", default.read_only),
             keys=self.key_bindings(table.get("keys", _MISSING), path + ("keys",)),
@@ -684,8 +743,8 @@ class _Checker:
         table = self.table(value, path, "ssh")
         d = SshConfig()
         known_hosts = self.string(table, path, "known_hosts", None)
-        backoff_initial = self.number(table, path, "backoff_initial", d.backoff_initial, above=0)
-        backoff_max = self.number(table, path, "backoff_max", d.backoff_max, above=0)
+        backoff_initial = self.number(table, path, "backoff_initial", d.backoff_initial, low=MIN_POLL_S, most=MAX_INTERVAL_S)
+        backoff_max = self.number(table, path, "backoff_max", d.backoff_max, above=0, most=MAX_TIMEOUT_S)
         if backoff_max < backoff_initial:
             self.fail(
                 path + ("backoff_max",),
@@ -695,14 +754,14 @@ class _Checker:
         return SshConfig(
             host_key_policy=self.host_key_policy(table, path),
             known_hosts=None if known_hosts is None else self.expand(known_hosts),
-            max_logins=self.integer(table, path, "max_logins", d.max_logins, low=1),
-            max_channels=self.integer(table, path, "max_channels", d.max_channels, low=1),
-            connect_timeout=self.number(table, path, "connect_timeout", d.connect_timeout, above=0),
+            max_logins=self.integer(table, path, "max_logins", d.max_logins, low=1, most=256),
+            max_channels=self.integer(table, path, "max_channels", d.max_channels, low=1, most=64),
+            connect_timeout=self.number(table, path, "connect_timeout", d.connect_timeout, above=0, most=MAX_TIMEOUT_S),
             keepalive_interval=self.number(
-                table, path, "keepalive_interval", d.keepalive_interval, above=0
+                table, path, "keepalive_interval", d.keepalive_interval, low=MIN_INTERVAL_S, most=MAX_INTERVAL_S
             ),
             keepalive_count_max=self.integer(
-                table, path, "keepalive_count_max", d.keepalive_count_max, low=1
+                table, path, "keepalive_count_max", d.keepalive_count_max, low=1, most=100
             ),
             backoff_initial=backoff_initial,
             backoff_max=backoff_max,
@@ -836,10 +895,10 @@ class _Checker:
         return LogsConfig(
             paths=self.strings(table, path, "paths", ()),
             node_paths=tuple(node_paths),
-            poll_interval=self.number(table, path, "poll_interval", d.poll_interval, above=0),
-            rescan_interval=self.number(table, path, "rescan_interval", d.rescan_interval, above=0),
-            stall_after=self.number(table, path, "stall_after", d.stall_after, above=0),
-            max_lines=self.integer(table, path, "max_lines", d.max_lines, low=100),
+            poll_interval=self.number(table, path, "poll_interval", d.poll_interval, low=MIN_POLL_S, most=60.0),
+            rescan_interval=self.number(table, path, "rescan_interval", d.rescan_interval, low=MIN_INTERVAL_S, most=MAX_INTERVAL_S),
+            stall_after=self.number(table, path, "stall_after", d.stall_after, above=0, most=30 * 86400.0),
+            max_lines=self.integer(table, path, "max_lines", d.max_lines, low=100, most=10_000_000),
         )
 
     def section_checkpoints(self, value: Any) -> Tuple[CheckpointDirConfig, ...]:
@@ -854,8 +913,8 @@ class _Checker:
                 CheckpointDirConfig(
                     path=self.string(entry, entry_path, "path", None),
                     node=self.string(entry, entry_path, "node", None),
-                    keep=self.integer(entry, entry_path, "keep", CheckpointDirConfig.keep, low=0),
-                    min_age=self.number(entry, entry_path, "min_age", CheckpointDirConfig.min_age, low=0),
+                    keep=self.integer(entry, entry_path, "keep", CheckpointDirConfig.keep, low=0, most=1_000_000),
+                    min_age=self.number(entry, entry_path, "min_age", CheckpointDirConfig.min_age, low=0, most=MAX_AGE_S),
                 )
             )
         return tuple(dirs)
@@ -877,25 +936,25 @@ class _Checker:
         table = self.table(value, path, "health")
         d = HealthConfig()
         return HealthConfig(
-            gpu_temperature_c=self.number(table, path, "gpu_temperature_c", d.gpu_temperature_c, above=0),
+            gpu_temperature_c=self.number(table, path, "gpu_temperature_c", d.gpu_temperature_c, above=0, most=200.0),
             disk_free_percent=self.number(
                 table, path, "disk_free_percent", d.disk_free_percent, low=0, high=100
             ),
             memory_percent=self.number(table, path, "memory_percent", d.memory_percent, low=0, high=100),
             disk_paths=self.strings(table, path, "disk_paths", d.disk_paths),
-            temperature_margin_c=self.number(table, path, "temperature_margin_c", d.temperature_margin_c, low=0),
+            temperature_margin_c=self.number(table, path, "temperature_margin_c", d.temperature_margin_c, low=0, most=100.0),
             swap_used_percent=self.number(
                 table, path, "swap_used_percent", d.swap_used_percent, low=0, high=100
             ),
             iowait_percent=self.number(table, path, "iowait_percent", d.iowait_percent, low=0, high=100),
             gpu_idle_percent=self.number(table, path, "gpu_idle_percent", d.gpu_idle_percent, low=0, high=100),
             loader_busy_percent=self.number(
-                table, path, "loader_busy_percent", d.loader_busy_percent, above=0
+                table, path, "loader_busy_percent", d.loader_busy_percent, above=0, most=100_000.0
             ),
             gpu_test_memory_share=self.number(
                 table, path, "gpu_test_memory_share", d.gpu_test_memory_share, low=0.001, high=0.9
             ),
-            gpu_test_timeout_s=self.number(table, path, "gpu_test_timeout_s", d.gpu_test_timeout_s, above=0),
+            gpu_test_timeout_s=self.number(table, path, "gpu_test_timeout_s", d.gpu_test_timeout_s, above=0, most=MAX_TIMEOUT_S),
         )
 
     def section_actions(self, value: Any) -> ActionsConfig:
@@ -911,9 +970,9 @@ class _Checker:
             ),
             drain_command=self.argv_template(table, path, "drain_command", d.drain_command, DRAIN_PLACEHOLDERS),
             signal_escalation_s=self.number(
-                table, path, "signal_escalation_s", d.signal_escalation_s, above=0
+                table, path, "signal_escalation_s", d.signal_escalation_s, above=0, most=MAX_TIMEOUT_S
             ),
-            command_timeout_s=self.number(table, path, "command_timeout_s", d.command_timeout_s, above=0),
+            command_timeout_s=self.number(table, path, "command_timeout_s", d.command_timeout_s, above=0, most=MAX_TIMEOUT_S),
             gpu_tests_after_reset=self.boolean(table, path, "gpu_tests_after_reset", d.gpu_tests_after_reset),
         )
 
@@ -958,12 +1017,12 @@ class _Checker:
         table = self.table(value, path, "record")
         d = RecordConfig()
         directory = self.string(table, path, "directory", None)
-        max_age = self.number(table, path, "max_age_s", -1.0, above=0) if "max_age_s" in table else None
+        max_age = self.number(table, path, "max_age_s", -1.0, above=0, most=MAX_AGE_S) if "max_age_s" in table else None
         return RecordConfig(
             directory=None if directory is None else self.expand(directory),
-            max_mb=self.number(table, path, "max_mb", d.max_mb, above=0),
+            max_mb=self.number(table, path, "max_mb", d.max_mb, above=0, most=MAX_RECORD_MB),
             max_age_s=max_age,
-            chunk_s=self.number(table, path, "chunk_s", d.chunk_s, above=0),
+            chunk_s=self.number(table, path, "chunk_s", d.chunk_s, low=1.0, most=60.0),
         )
 
     def section_alerts(self, value: Any) -> Tuple[AlertRuleConfig, ...]:
@@ -998,7 +1057,7 @@ class _Checker:
             rules.append(AlertRuleConfig(
                 name=name, metric=metric, comparison=comparison,
                 threshold=self.number(entry, entry_path, "threshold", 0.0),
-                for_s=self.number(entry, entry_path, "for", 0.0, low=0),
+                for_s=self.number(entry, entry_path, "for", 0.0, low=0, most=7 * 86400.0),
                 severity=severity, clear=clear,
             ))
         return tuple(rules)
@@ -1013,7 +1072,7 @@ class _Checker:
             bell=self.boolean(table, path, "bell", d.bell),
             toast=self.boolean(table, path, "toast", d.toast),
             hook=tuple(self.expand(hook[0]) for _ in hook[:1]) + tuple(hook[1:]),
-            hook_timeout_s=self.number(table, path, "hook_timeout_s", d.hook_timeout_s, above=0),
+            hook_timeout_s=self.number(table, path, "hook_timeout_s", d.hook_timeout_s, above=0, most=MAX_INTERVAL_S),
         )
 
     def section_sources(self, value: Any) -> Tuple[SourceConfig, ...]:
@@ -1064,8 +1123,8 @@ class _Checker:
                     nodes.extend(expand_hostlist(pattern, allow_duplicates=True))
                 except ValueError as exc:
                     self.fail(entry_path + ("nodes", pattern_index), str(exc))
-            interval = self.number(entry, entry_path, "interval", 0.0, above=0) if "interval" in entry else None
-            stale_after = self.number(entry, entry_path, "stale_after", 0.0, above=0) if "stale_after" in entry else None
+            interval = self.number(entry, entry_path, "interval", 0.0, low=MIN_INTERVAL_S, most=MAX_INTERVAL_S) if "interval" in entry else None
+            stale_after = self.number(entry, entry_path, "stale_after", 0.0, above=0, most=MAX_TIMEOUT_S) if "stale_after" in entry else None
             sources.append(SourceConfig(
                 url=url,
                 kind=kind,
@@ -1075,12 +1134,12 @@ class _Checker:
                 node_labels=labels,
                 gpu_label=self.string(entry, entry_path, "gpu_label", d.gpu_label),
                 interval=interval,
-                timeout=self.number(entry, entry_path, "timeout", d.timeout, above=0),
+                timeout=self.number(entry, entry_path, "timeout", d.timeout, above=0, most=MAX_INTERVAL_S),
                 telemetry=telemetry,
                 nodes=tuple(dict.fromkeys(nodes)),
                 selector=self.string(entry, entry_path, "selector", None),
                 rate_window=window,
-                slow_every=self.integer(entry, entry_path, "slow_every", d.slow_every, low=1),
+                slow_every=self.integer(entry, entry_path, "slow_every", d.slow_every, low=1, most=10_000),
                 stale_after=stale_after,
             ))
         return tuple(sources)
@@ -1111,13 +1170,14 @@ class _Checker:
         default: Any,
         low: Optional[int] = None,
         high: Optional[int] = None,
+        most: Optional[int] = None,
     ) -> Any:
         if key not in table:
             return default
         value = table[key]
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(path + (key,), f"expected an integer, got {_show(value)}")
-        self.check_range(path + (key,), value, low=low, high=high)
+        self.check_range(path + (key,), value, low=low, high=high, most=most)
         return value
 
     def number(
@@ -1129,6 +1189,7 @@ class _Checker:
         low: Optional[float] = None,
         high: Optional[float] = None,
         above: Optional[float] = None,
+        most: Optional[float] = None,
     ) -> float:
         if key not in table:
             return default
@@ -1137,7 +1198,7 @@ class _Checker:
             self.fail(path + (key,), f"expected a number, got {_show(value)}")
         if not math.isfinite(value):
             self.fail(path + (key,), f"expected a finite number, got {_show(value)}")
-        self.check_range(path + (key,), value, low=low, high=high, above=above)
+        self.check_range(path + (key,), value, low=low, high=high, above=above, most=most)
         return float(value)
 
     def check_range(
@@ -1147,7 +1208,9 @@ class _Checker:
         low: Optional[float] = None,
         high: Optional[float] = None,
         above: Optional[float] = None,
+        most: Optional[float] = None,
     ) -> None:
+        """`low`..`high` is the range a setting means; `most` is a sanity ceiling (a huge value overflows a timer)."""
         shown = _show(value)
         if above is not None and not value > above:
             self.fail(path, f"must be greater than {_show(above)}, got {shown}")
@@ -1155,6 +1218,8 @@ class _Checker:
             self.fail(path, f"must be between {_show(low)} and {_show(high)}, got {shown}")
         if low is not None and value < low:
             self.fail(path, f"must be at least {_show(low)}, got {shown}")
+        if most is not None and value > most:
+            self.fail(path, f"must be at most {_show(most)}, got {shown}")
 
     def strings(self, table: Dict[str, Any], path: KeyPath, key: str, default: Tuple[str, ...]) -> Tuple[str, ...]:
         if key not in table:

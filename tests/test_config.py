@@ -88,8 +88,9 @@ ERROR_CASES = [
     ("[ssh]\nhost_key_policy = \"stric\"\n",
      'x.toml:2: ssh.host_key_policy: expected "strict" or "accept-new", got "stric"; did you mean "strict"?'),
     # ranges
-    ("[console]\ninterval = 0\n", "x.toml:2: console.interval: must be greater than 0, got 0"),
-    ("[console]\ninterval = -0.5\n", "x.toml:2: console.interval: must be greater than 0, got -0.5"),
+    ("[console]\ninterval = 0\n", "x.toml:2: console.interval: must be at least 0.1, got 0"),
+    ("[console]\ninterval = -0.5\n", "x.toml:2: console.interval: must be at least 0.1, got -0.5"),
+    ("[console]\ninterval = 1e-300\n", "x.toml:2: console.interval: must be at least 0.1, got 1e-300"),
     ("[[nodes]]\nhost = \"a\"\nport = 70000\n", "x.toml:3: nodes[0].port: must be between 1 and 65535, got 70000"),
     ("[[nodes]]\nhost = \"a\"\nport = 0\n", "x.toml:3: nodes[0].port: must be between 1 and 65535, got 0"),
     ("[health]\ndisk_free_percent = 101\n", "x.toml:2: health.disk_free_percent: must be between 0 and 100, got 101"),
@@ -168,7 +169,7 @@ def test_error_carries_its_parts():
 def test_file_name_with_a_newline_stays_one_line():
     with pytest.raises(ConfigError) as info:
         parse_config("[console]\ninterval = 0\n", "odd\nname.toml")
-    assert str(info.value) == "odd\\nname.toml:2: console.interval: must be greater than 0, got 0"
+    assert str(info.value) == "odd\\nname.toml:2: console.interval: must be at least 0.1, got 0"
 
 
 # --- the key locator --------------------------------------------------------
@@ -497,7 +498,7 @@ def test_cli_path_shown_as_given_in_parse_errors(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as info:
         load_config("./c.toml", {})
-    assert str(info.value) == "./c.toml:2: console.interval: must be greater than 0, got -1"
+    assert str(info.value) == "./c.toml:2: console.interval: must be at least 0.1, got -1"
 
 
 def test_cli_path_with_tilde_uses_home(tmp_path):

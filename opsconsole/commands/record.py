@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import signal
 import sys
 import time
@@ -28,8 +29,9 @@ async def record(config, out: str, duration, stop_event: asyncio.Event) -> "Reco
     from opsconsole.recording.recorder import Recorder
 
     rec = config.record
-    fleet = Fleet(config)
+    # The file first: a bad --out is refused before any node is reached.
     recorder = Recorder(out, chunk_s=rec.chunk_s, max_bytes=int(rec.max_mb * 1024 * 1024), max_age_s=rec.max_age_s)
+    fleet = Fleet(config)
     try:
         await fleet.start(recorder.observe)
         try:
@@ -45,11 +47,19 @@ async def record(config, out: str, duration, stop_event: asyncio.Event) -> "Reco
 def command_record(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from opsconsole.cli import UsageError, config_from_args
-    from opsconsole.recording.store import RecordingError
+    import sqlite3
 
-    if args.duration is not None and not args.duration > 0:
+    from opsconsole.cli import UsageError, config_from_args
+    from opsconsole.config import MAX_INTERVAL_S, MAX_RECORD_MB, MIN_INTERVAL_S
+    from opsconsole.recording.store import RecordingError
+    from opsconsole.sanitize import printable_line
+
+    if args.duration is not None and not (args.duration > 0 and math.isfinite(args.duration)):
         raise UsageError("--duration must be a positive number of seconds")
+    if args.interval is not None and not (MIN_INTERVAL_S <= args.interval <= MAX_INTERVAL_S):
+        raise UsageError("--interval must be between %g and %g seconds, got %g" % (MIN_INTERVAL_S, MAX_INTERVAL_S, args.interval))
+    if args.max_mb is not None and not (0 < args.max_mb <= MAX_RECORD_MB):
+        raise UsageError("--max-mb must be above 0 and at most %g, got %g" % (MAX_RECORD_MB, args.max_mb))
     config = config_from_args(args)
     if args.max_mb is not None:
         config = replace(config, record=replace(config.record, max_mb=args.max_mb))
@@ -60,8 +70,10 @@ def command_record(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         stats = loop.run_until_complete(record(config, args.out, args.duration, stop_event))
-    except (RecordingError, OSError) as exc:
-        raise UsageError("%s: %s" % (args.out, getattr(exc, "strerror", None) or exc)) from None
+    except RecordingError as exc:  # already names the file
+        raise UsageError(str(exc)) from None
+    except (OSError, sqlite3.Error) as exc:
+        raise UsageError("%s: %s" % (printable_line(args.out), getattr(exc, "strerror", None) or exc)) from None
     finally:
         loop.close()
     print("recorded %d states of %d node(s) in %.0f s to %s (%d chunks, %.1f kB)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def register(commands, add_node_options) -> None:
@@ -23,11 +24,13 @@ def command_replay(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from opsconsole.cli import UsageError, config_from_args
-    from opsconsole.recording.replay import ReplayFleet
+    from opsconsole.recording.replay import SPEEDS, ReplayFleet
     from opsconsole.recording.store import RecordingError
 
-    if not args.speed > 0:
-        raise UsageError("--speed must be positive, got %g" % args.speed)
+    if not (0 < args.speed <= SPEEDS[-1]):  # NaN and inf fail too
+        raise UsageError("--speed must be positive, at most %g, got %g" % (SPEEDS[-1], args.speed))
+    if args.at is not None and not math.isfinite(args.at):
+        raise UsageError("--at must be a number of seconds, got %g" % args.at)
     config = config_from_args(args)
     config = replace(config, console=replace(config.console, read_only=True))  # nothing to act on in the past
     try:
@@ -35,7 +38,9 @@ def command_replay(args: argparse.Namespace) -> int:
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
-        raise UsageError("%s: %s" % (args.file, exc.strerror or exc)) from None
+        from opsconsole.sanitize import printable_line
+
+        raise UsageError("%s: %s" % (printable_line(args.file), exc.strerror or exc)) from None
     fleet.speed = args.speed
     if args.at is not None:
         fleet.start_at = fleet.reader.start + args.at
