@@ -36,6 +36,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 # of 1 MB would otherwise inflate to about 1 GB.
 MAX_CHUNK_INFLATED = 64 * 1024 * 1024
 MAX_CHUNK_WRITE = MAX_CHUNK_INFLATED // 2
+INFLATE_STEP = 1024 * 1024
 MAX_CHUNK_STORED = MAX_CHUNK_INFLATED  # a compressed blob is never larger than its text (plus a few bytes)
 MAX_EVENT_BYTES = 1024 * 1024
 MAX_EVENTS_READ = 10_000
@@ -223,14 +224,13 @@ def open_for_writing(path: str) -> sqlite3.Connection:
     try:
         _harden(db)
         if head:
-            tables = db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
-            if tables:  # someone's database: only ours may be appended to
-                try:
+            try:
+                if db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:  # only ours may be appended to
                     _check_schema(db, path)
                     _check_meta(db, path, writing=True)
-                except RecordingError:
-                    raise RecordingError("%s: exists and is not an opsconsole recording (not overwritten)"
-                                         % _shown(path)) from None
+            except (RecordingError, sqlite3.Error):
+                raise RecordingError("%s: exists and is not an opsconsole recording (not overwritten)"
+                                     % _shown(path)) from None
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
@@ -276,18 +276,31 @@ def _text_of(records: List[Dict[str, Any]]) -> bytes:
     return "\n".join(json.dumps(r, separators=(",", ":")) for r in records).encode()
 
 
-def inflate(blob: bytes, limit: int = MAX_CHUNK_INFLATED) -> bytes:
-    """The zlib stream `blob` inflated, refused (ChunkError) beyond `limit` bytes or when cut short."""
+def inflate(blob: bytes, limit: int = MAX_CHUNK_INFLATED) -> bytearray:
+    """The zlib stream `blob` inflated, refused (ChunkError) beyond `limit` bytes or when cut short.
+
+    Inflated a MiB at a time into one growing buffer: peak memory stays near `limit`
+    (one call with max_length joins its blocks at the end, twice that).
+    """
     inflater = zlib.decompressobj()
+    out = bytearray()
+    pending = blob
     try:
-        text = inflater.decompress(blob, limit + 1)
+        while True:
+            out += inflater.decompress(pending, INFLATE_STEP)
+            if len(out) > limit:
+                raise ChunkError("inflates beyond %d MiB" % (limit // (1024 * 1024)))
+            pending = inflater.unconsumed_tail
+            if not pending:
+                break
+        out += inflater.flush(limit + 1 - len(out))
     except zlib.error as exc:
         raise ChunkError("not a zlib stream (%s)" % exc) from None
-    if len(text) > limit or inflater.unconsumed_tail:
+    if len(out) > limit:
         raise ChunkError("inflates beyond %d MiB" % (limit // (1024 * 1024)))
     if not inflater.eof:
         raise ChunkError("compressed data cut short")
-    return text
+    return out
 
 
 def check_record(record: Any) -> Dict[str, Any]:
