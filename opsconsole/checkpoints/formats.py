@@ -10,6 +10,7 @@ from their JSON and their file names.
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from dataclasses import dataclass, replace
@@ -32,7 +33,7 @@ from opsconsole.checkpoints.records import (
     CheckpointMeta,
     StateDictSummary,
 )
-from opsconsole.checkpoints.safe_unpickle import restricted_loads, unsafe_message
+from opsconsole.checkpoints.safe_unpickle import error_text, restricted_loads, unsafe_message
 from opsconsole.checkpoints.zipmeta import ReadRequest, ZipProblem
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pth.tar")
@@ -41,6 +42,7 @@ HEAD_BYTES = 64 * 1024  # first read of a file: the sniff, and data.pkl of a sma
 MAX_PICKLE_READ = 256 * 1024 * 1024
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the safetensors spec's own limit
 MAX_JSON_BYTES = 32 * 1024 * 1024
+MAX_NAME_TEXT = 200  # of a key or tensor name shown
 TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickled 0x1950a86a20f9469cfc6c
 DCP_SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 HF_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -105,8 +107,25 @@ def _int_or_none(text: Optional[str]) -> Optional[int]:
 def _float_or_none(text: Any) -> Optional[float]:
     try:
         return float(text) if text is not None else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # float(10**400) overflows
         return None
+
+
+def _json(text: bytes) -> Any:
+    """json.loads of untrusted bytes; deep nesting is a ValueError like any other bad JSON."""
+    try:
+        return json.loads(text.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _json_text(value: Any, limit: int = 80) -> str:
+    """A JSON value as bounded text: str() of a big list builds all of it before the cut."""
+    if isinstance(value, (list, dict)):
+        return "<%s of %d>" % ("list" if isinstance(value, list) else "object", len(value))
+    if isinstance(value, int) and not isinstance(value, bool) and not -(10**60) < value < 10**60:
+        return "<int of %d bits>" % value.bit_length()
+    return str(value)[:limit]
 
 
 def meta_from_name(name: str) -> CheckpointMeta:
@@ -231,7 +250,8 @@ def torch_zip_reader(size: int, head: bytes = b"", window: int = HEAD_BYTES) -> 
         return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), problem.integrity, problem.reason)
     loaded = restricted_loads(data)
     if loaded.error:
-        return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), INTEGRITY_CORRUPT, loaded.error)
+        # Over our work bounds is not damage: the zip's own integrity stands.
+        return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), integrity if loaded.over_limit else INTEGRITY_CORRUPT, loaded.error)
     scalars: Dict[Any, float] = {}
     for tensor in wanted_scalars(loaded.value):
         entry = directory.storage_entry(tensor.storage.key)
@@ -244,7 +264,11 @@ def torch_zip_reader(size: int, head: bytes = b"", window: int = HEAD_BYTES) -> 
         value = decode_scalar(tensor.dtype, raw, tensor.offset)
         if value is not None:
             scalars[tensor] = value
-    meta = replace(metadata_from_tree(loaded.value, scalars, loaded.unsafe_globals), **counts)
+    try:
+        meta = replace(metadata_from_tree(loaded.value, scalars, loaded.unsafe_globals), **counts)
+    except (ArithmeticError, ValueError, TypeError, RecursionError, MemoryError) as exc:
+        # Last line of defence: the tree is hostile in a way the extraction did not foresee.
+        return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), integrity, "metadata unreadable: %s" % error_text(exc))
     return ReadResult(FORMAT_TORCH, meta, integrity, unsafe_message(loaded.unsafe_globals))
 
 
@@ -267,9 +291,9 @@ def safetensors_reader(size: int, head: bytes = b"") -> Generator[ReadRequest, b
 def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
     """Parse and check a safetensors JSON header (`raw`, `length` bytes) of a file of `size` bytes."""
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "header is not JSON: %s" % exc)
+        header = _json(raw)
+    except ValueError as exc:  # UnicodeDecodeError is one
+        return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "header is not JSON: %s" % error_text(exc))
     if not isinstance(header, dict):
         return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "header is not a JSON object")
     data_size = size - 8 - length
@@ -281,23 +305,24 @@ def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
         if key == "__metadata__":
             continue
         if not isinstance(info, dict) or not isinstance(info.get("data_offsets"), list) or len(info["data_offsets"]) != 2:
-            return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "tensor %r has no data_offsets" % key)
+            return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "tensor %r has no data_offsets" % key[:MAX_NAME_TEXT])
         begin, end = info["data_offsets"]
-        if not isinstance(begin, int) or not isinstance(end, int) or begin < 0 or end < begin:
-            return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "tensor %r has bad data_offsets" % key)
-        dtype = SAFETENSORS_DTYPES.get(str(info.get("dtype")), str(info.get("dtype")).lower())
+        if type(begin) is not int or type(end) is not int or begin < 0 or end < begin or end >= 2**63:
+            return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "tensor %r has bad data_offsets" % key[:MAX_NAME_TEXT])
+        named = info.get("dtype")
+        dtype = SAFETENSORS_DTYPES.get(named, named.lower()[:32]) if isinstance(named, str) else "<%s>" % type(named).__name__
         dtypes[dtype] = dtypes.get(dtype, 0) + 1
         total += end - begin
         end_max = max(end_max, end)
         count += 1
     metadata = header.get("__metadata__") if isinstance(header.get("__metadata__"), dict) else {}
     summary = StateDictSummary(keys=count, dtypes=tuple(sorted(dtypes.items(), key=lambda kv: -kv[1])), bytes=total)
-    details = tuple(("__metadata__." + str(k), str(v)[:80]) for k, v in list(metadata.items())[:50])
+    details = tuple(("__metadata__." + k[:MAX_NAME_TEXT], _json_text(v)) for k, v in list(metadata.items())[:50])
     meta = CheckpointMeta(
-        epoch=_int_or_none(str(metadata.get("epoch"))) if "epoch" in metadata else None,
-        step=_int_or_none(str(metadata.get("step", metadata.get("global_step")))) if ("step" in metadata or "global_step" in metadata) else None,
+        epoch=_int_or_none(_json_text(metadata.get("epoch"))) if "epoch" in metadata else None,
+        step=_int_or_none(_json_text(metadata.get("step", metadata.get("global_step")))) if ("step" in metadata or "global_step" in metadata) else None,
         loss=_float_or_none(metadata.get("loss")),
-        top_keys=tuple(k for k in header if k != "__metadata__")[:200],
+        top_keys=tuple(k[:MAX_NAME_TEXT] for k in header if k != "__metadata__")[:200],
         details=details + (("tensors", "%d tensors, %d bytes" % (count, total)),),
         state_dict=summary,
         has_optimizer=False,
@@ -330,9 +355,9 @@ def safetensors_state(results: Sequence[ReadResult]) -> Optional[StateDictSummar
 def trainer_state_meta(text: bytes) -> Tuple[CheckpointMeta, Optional[str]]:
     """trainer_state.json: epoch, global_step, best_metric, best_model_checkpoint, the last logged loss."""
     try:
-        state = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        return CheckpointMeta(), "trainer_state.json is not JSON: %s" % exc
+        state = _json(text)
+    except ValueError as exc:  # UnicodeDecodeError is one
+        return CheckpointMeta(), "trainer_state.json is not JSON: %s" % error_text(exc)
     if not isinstance(state, dict):
         return CheckpointMeta(), "trainer_state.json is not a JSON object"
     loss = None
@@ -344,30 +369,41 @@ def trainer_state_meta(text: bytes) -> Tuple[CheckpointMeta, Optional[str]]:
                 continue
             if loss is None:
                 for key in ("eval_loss", "loss", "train_loss"):
-                    if isinstance(record.get(key), (int, float)):
-                        loss = float(record[key])
+                    loss = _json_number(record.get(key))
+                    if loss is not None:
                         break
             if not metrics:
-                metrics = [(str(k), v) for k, v in record.items() if isinstance(v, (int, float)) and k.startswith("eval_")]
+                metrics = [(k[:MAX_NAME_TEXT], number) for k, number in ((k, _json_number(v)) for k, v in record.items())
+                           if number is not None and k.startswith("eval_")][:50]
             if loss is not None and metrics:
                 break
     epoch = state.get("epoch")
     best_metric = state.get("best_metric")
     best = state.get("best_model_checkpoint")
     details = tuple(
-        (str(k), str(v)[:80]) for k, v in state.items() if k != "log_history"
+        (k[:MAX_NAME_TEXT], _json_text(v)) for k, v in list(state.items())[:200] if k != "log_history"
     ) + (("log_history", "%d records" % len(history) if isinstance(history, list) else "absent"),)
+    epoch_number = _json_number(epoch)
+    step = state.get("global_step")
     meta = CheckpointMeta(
-        epoch=int(epoch) if isinstance(epoch, (int, float)) and not isinstance(epoch, bool) else None,
-        step=state.get("global_step") if isinstance(state.get("global_step"), int) else None,
+        # int(inf) and int(nan) raise: only a finite epoch is one.
+        epoch=int(epoch_number) if epoch_number is not None and math.isfinite(epoch_number) else None,
+        step=step if type(step) is int else None,
         loss=loss,
-        best_loss=float(best_metric) if isinstance(best_metric, (int, float)) and not isinstance(best_metric, bool) else None,
+        best_loss=_json_number(best_metric),
         metrics=tuple(metrics[:50]),
-        top_keys=tuple(str(k) for k in state),
+        top_keys=tuple(k[:MAX_NAME_TEXT] for k in list(state)[:200]),
         details=details,
-        best_checkpoint=best if isinstance(best, str) else None,
+        best_checkpoint=best[:4096] if isinstance(best, str) else None,
     )
     return meta, None
+
+
+def _json_number(value: Any) -> Optional[float]:
+    """A JSON number as a float; None for anything else, a bool, or an int too large for a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return _float_or_none(value)
 
 
 def dir_meta(fmt: str, name: str, files: Mapping[str, int]) -> CheckpointMeta:

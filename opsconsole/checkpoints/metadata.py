@@ -27,6 +27,8 @@ OPTIMIZER_KEYS = ("optimizer_state_dict", "optimizer", "optimizer_states", "opti
 SCHEDULER_KEYS = ("scheduler_state_dict", "scheduler", "lr_scheduler", "lr_schedulers", "scheduler_state")
 MAX_DETAILS = 200
 MAX_TEXT = 80
+MAX_KEY_TEXT = 200
+MAX_FLOAT_INT = 2**1000  # ints past this have no float (and past ~4300 digits no str either)
 
 _SCALAR_FORMATS = {"float64": "<d", "float32": "<f", "float16": "<e", "int64": "<q", "int32": "<i",
                    "int16": "<h", "int8": "<b", "uint8": "<B", "bool": "<?"}
@@ -35,7 +37,7 @@ _SCALAR_FORMATS = {"float64": "<d", "float32": "<f", "float16": "<e", "int64": "
 def decode_scalar(dtype: str, data: bytes, element: int = 0) -> Optional[float]:
     """Element `element` of little-endian storage bytes as a number (None for a dtype we do not decode)."""
     size = DTYPE_SIZES.get(dtype)
-    if size is None:
+    if size is None or element < 0:  # a negative offset would read from the end
         return None
     raw = data[element * size : (element + 1) * size]
     if len(raw) != size:
@@ -81,7 +83,9 @@ def wanted_scalars(tree: Any) -> List[TensorStub]:
 def _number(value: Any, scalars: Mapping[TensorStub, float]) -> Optional[float]:
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        return float(value) if -MAX_FLOAT_INT < value < MAX_FLOAT_INT else None  # float(10**400) raises
+    if isinstance(value, float):
         return float(value)
     if isinstance(value, TensorStub):
         return scalars.get(value)
@@ -157,9 +161,9 @@ def describe_value(value: Any, scalars: Mapping[TensorStub, float] = {}) -> str:
             text += " = %g" % scalars[value]
         return text
     if isinstance(value, Unresolved):
-        return "<%s: not loaded (outside the safe list)>" % value.qualname
+        return "<%s: not loaded (outside the safe list)>" % value.qualname[:MAX_KEY_TEXT]
     if isinstance(value, type) and issubclass(value, Unresolved):
-        return "<%s: not loaded>" % value.qualname
+        return "<%s: not loaded>" % value.qualname[:MAX_KEY_TEXT]
     if isinstance(value, (dict, Mapping, list, tuple, set, frozenset)):
         kind = type(value).__name__
         size = len(value)
@@ -170,15 +174,39 @@ def describe_value(value: Any, scalars: Mapping[TensorStub, float] = {}) -> str:
                 summary.keys, ", ".join(d for d, _ in summary.dtypes[:3]), _bytes_text(summary.bytes)
             )
         elif isinstance(value, Mapping) and size:
-            keys = [str(k) for k in list(value)[:6]]
+            keys = [_key_text(k)[:MAX_TEXT] for k in list(value)[:6]]
             text += ": " + ", ".join(keys) + (", ..." if size > 6 else "")
         return text[:MAX_TEXT * 2]
-    if isinstance(value, DtypeStub):
-        return repr(value)
-    if isinstance(value, (str, bytes, bytearray)) and len(value) > MAX_TEXT:
-        value = value[:MAX_TEXT]  # repr of a 100 MB string first would cost more than all the rest
-    text = repr(value)
-    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+    return short_text(value)
+
+
+def short_text(value: Any, limit: int = MAX_TEXT) -> str:
+    """A bounded one-line text of any unpickled value, without calling its repr on a container.
+
+    repr of a container walks all of it (2**60 steps for a shared nested list), repr of a
+    huge int raises past 4300 digits, and an object of a class we never loaded has no repr
+    worth calling: the text is built from the few types whose repr is cheap and bounded.
+    """
+    if isinstance(value, (str, bytes, bytearray)):
+        text = repr(value[:limit])
+    elif isinstance(value, bool) or value is None or isinstance(value, (float, complex, DtypeStub)):
+        text = repr(value)
+    elif isinstance(value, int):
+        text = repr(value) if -(10**60) < value < 10**60 else "<int of %d bits>" % value.bit_length()
+    elif isinstance(value, TensorStub):
+        text = repr(value)
+    elif isinstance(value, Unresolved) or (isinstance(value, type) and issubclass(value, Unresolved)):
+        text = "<%s>" % value.qualname[:limit]
+    elif isinstance(value, tuple) and len(value) <= 4 and all(type(v) in (int, str, float, bool) for v in value):
+        text = "(" + ", ".join(short_text(v, limit) for v in value) + ("," if len(value) == 1 else "") + ")"
+    else:
+        size = len(value) if isinstance(value, (tuple, list, dict, set, frozenset)) else None
+        text = "<%s%s>" % (type(value).__name__, "" if size is None else " of %d" % size)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _key_text(key: Any) -> str:
+    return key[:MAX_KEY_TEXT] if isinstance(key, str) else short_text(key, MAX_KEY_TEXT)
 
 
 def _bytes_text(value: int) -> str:
@@ -205,7 +233,7 @@ def metadata_from_tree(
         )
     if _is_state_dict(tree):
         return CheckpointMeta(
-            top_keys=tuple(str(k) for k in list(tree)[:MAX_DETAILS]),
+            top_keys=tuple(_key_text(k) for k in list(tree)[:MAX_DETAILS]),
             details=(("(state dict)", describe_value(tree, scalars)),),
             state_dict=summarize_tensors(tree),
             has_optimizer=False,
@@ -215,22 +243,24 @@ def metadata_from_tree(
     current, best_score, monitor = _lightning_scores(tree)
     loss = _number(_first(tree, LOSS_KEYS)[1], scalars)
     best_loss = _number(_first(tree, BEST_KEYS)[1], scalars)
-    if loss is None and current is not None and (monitor is None or "loss" in str(monitor)):
+    monitor = monitor if monitor is None or isinstance(monitor, str) else short_text(monitor)
+    if loss is None and current is not None and (monitor is None or "loss" in monitor):
         loss = _number(current, scalars)
-    if best_loss is None and best_score is not None and (monitor is None or "loss" in str(monitor)):
+    if best_loss is None and best_score is not None and (monitor is None or "loss" in monitor):
         best_loss = _number(best_score, scalars)
     stamp = _first(tree, TIME_KEYS)[1]
     timestamp = None
     if isinstance(stamp, str):
         timestamp = stamp[:64]
     elif isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
-        timestamp = "%g" % stamp
+        number = _number(stamp, scalars)
+        timestamp = "%g" % number if number is not None else short_text(stamp, 64)
     metrics: List[Tuple[str, Any]] = []
     metric_tree = _first(tree, METRICS_KEYS)[1]
     if isinstance(metric_tree, Mapping):
         for key, value in list(metric_tree.items())[:50]:
             number = _number(value, scalars)
-            metrics.append((str(key), number if number is not None else describe_value(value, scalars)))
+            metrics.append((_key_text(key), number if number is not None else describe_value(value, scalars)))
     state_key, state = _first(tree, STATE_DICT_KEYS)
     summary = None
     if isinstance(state, Mapping):
@@ -238,7 +268,7 @@ def metadata_from_tree(
     else:
         everything = summarize_tensors(tree)
         summary = everything if everything.keys else None
-    details = tuple((str(key), describe_value(value, scalars)) for key, value in list(tree.items())[:MAX_DETAILS])
+    details = tuple((_key_text(key), describe_value(value, scalars)) for key, value in list(tree.items())[:MAX_DETAILS])
     return CheckpointMeta(
         epoch=_integer(_first(tree, EPOCH_KEYS)[1], scalars),
         step=_integer(_first(tree, STEP_KEYS)[1], scalars),
@@ -246,7 +276,7 @@ def metadata_from_tree(
         best_loss=best_loss,
         timestamp=timestamp,
         metrics=tuple(metrics),
-        top_keys=tuple(str(k) for k in list(tree)[:MAX_DETAILS]),
+        top_keys=tuple(_key_text(k) for k in list(tree)[:MAX_DETAILS]),
         details=details,
         state_dict=summary,
         has_optimizer=_present(tree, OPTIMIZER_KEYS),

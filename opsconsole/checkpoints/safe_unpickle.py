@@ -14,10 +14,19 @@ import collections
 import io
 import math
 import pickle
+import pickletools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MAX_PICKLE_BYTES = 512 * 1024 * 1024
+MAX_GLOBALS = 10_000  # distinct names one pickle may look up
+MAX_UNSAFE_LISTED = 100
+MAX_GLOBAL_NAME = 200
+# The work bounds of one data.pkl, checked by a walk of its opcodes before it is unpickled.
+# A state dict costs about 20 operations and 20 units of hashing per tensor.
+MAX_PICKLE_OPS = 10_000_000  # also bounds memory: at most one new object (~100 bytes) each
+MAX_HASH_WORK = 200_000_000  # elements of keys, set members and call arguments hashed or compared
+MEMO_SLACK = 1024  # pickles number their memo from 0; an index far past the operations so far is abuse
 
 # torch dtypes as pickled (`torch.float32`) and their item sizes.
 DTYPE_SIZES: Dict[str, int] = {
@@ -39,11 +48,26 @@ STORAGE_DTYPES: Dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
 class DtypeStub:
-    """A torch dtype, by name."""
+    """A torch dtype, by name.
 
-    name: str
+    Slotted and read-only: a pickle's BUILD on it (setattr, or an update of its __dict__)
+    fails instead of renaming the dtype of every checkpoint read after it.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        object.__setattr__(self, "name", name)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError("DtypeStub is read-only")
+
+    def __eq__(self, other: Any) -> bool:
+        return type(other) is DtypeStub and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
 
     @property
     def itemsize(self) -> int:
@@ -128,15 +152,38 @@ def _unresolved_class(qualname: str) -> type:
     return type("Unresolved", (Unresolved,), {"qualname": qualname})
 
 
-def _size(*args: Any) -> Tuple[int, ...]:
-    return tuple(args[0]) if args else ()
+MAX_DIMS = 64
+MAX_EXTENT = 2**63  # no dimension, offset or element count of a real tensor reaches it
+
+
+def _count(value: Any) -> Optional[int]:
+    """`value` when it is a plausible element count or offset (a non-negative int below 2**63)."""
+    return value if type(value) is int and 0 <= value < MAX_EXTENT else None
+
+
+def _shape(size: Any) -> Optional[Tuple[int, ...]]:
+    # A shape of lists or huge numbers would make numel a list product or a giant number.
+    if type(size) not in (tuple, list) or len(size) > MAX_DIMS:
+        return None
+    dims = tuple(_count(dim) for dim in size)
+    return None if None in dims else dims  # type: ignore[return-value]
+
+
+def _size(*args: Any) -> Any:
+    if not args:
+        return ()
+    shape = _shape(args[0])
+    return shape if shape is not None else _unresolved_class("torch.Size of %s" % type(args[0]).__name__)(args)
 
 
 def _rebuild_tensor_v2(storage: Any, storage_offset: Any, size: Any, stride: Any = None, *rest: Any) -> Any:
     if type(storage) is not StorageStub:
         return _unresolved_class("tensor without a storage")(storage)
-    shape = tuple(size) if type(size) is tuple else (tuple(size) if isinstance(size, list) else ())
-    return TensorStub(storage, storage_offset if type(storage_offset) is int else 0, shape, storage.dtype)
+    shape = _shape(size)
+    if shape is None:
+        return _unresolved_class("tensor with a malformed shape")(storage)
+    offset = _count(storage_offset)
+    return TensorStub(storage, offset if offset is not None else 0, shape, storage.dtype)
 
 
 def _rebuild_parameter(data: Any, *rest: Any) -> Any:
@@ -157,10 +204,31 @@ def _codecs_encode(text: Any, encoding: str = "utf-8", errors: str = "strict") -
     return text.encode(encoding, errors)
 
 
+TEXT_CODECS = ("latin1", "latin-1", "utf-8", "utf8", "ascii")
+
+
+def _text_codec_args(rest: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    # Any other codec name is a codec lookup (an import) and some codecs are slow on purpose-made input.
+    if len(rest) > 2 or (rest and rest[0] not in TEXT_CODECS) or (len(rest) == 2 and rest[1] not in ("strict", "replace", "ignore")):
+        raise pickle.UnpicklingError("a codec outside %s" % (TEXT_CODECS,))
+    return rest
+
+
+def _str(value: Any = "", *rest: Any) -> str:
+    # str() of a container is its repr: of a shared nested list, exponential.
+    if rest:
+        if not isinstance(value, (bytes, bytearray)):
+            raise pickle.UnpicklingError("str() decoding %s" % type(value).__name__)
+        return str(value, *_text_codec_args(rest))
+    if not isinstance(value, (str, int, float, bool)):
+        raise pickle.UnpicklingError("str() of %s" % type(value).__name__)
+    return str(value)
+
+
 def _bytearray(value: Any = b"", *rest: Any) -> bytearray:
     # bytearray(10**12) would allocate: only copies of bytes the pickle itself holds.
     if isinstance(value, str):
-        return bytearray(value, *rest)
+        return bytearray(value, *_text_codec_args(rest))
     if not isinstance(value, (bytes, bytearray)):
         raise pickle.UnpicklingError("bytearray of %s" % type(value).__name__)
     return bytearray(value)
@@ -185,7 +253,7 @@ def _safe_globals() -> Dict[Tuple[str, str], Any]:
         ("builtins", "tuple"): tuple,
         ("builtins", "int"): int,
         ("builtins", "float"): float,
-        ("builtins", "str"): str,
+        ("builtins", "str"): _str,
         ("builtins", "bool"): bool,
         ("_codecs", "encode"): _codecs_encode,
         ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
@@ -209,6 +277,35 @@ def _safe_globals() -> Dict[Tuple[str, str], Any]:
 SAFE_GLOBALS = _safe_globals()
 
 
+def _fresh(found: Any) -> Any:
+    """A safe global as this one pickle may use it: BUILD on it changes only this copy.
+
+    Handing out the shared object itself let a pickle's BUILD setattr on it: on
+    collections.Counter (a Python class) for the whole process, on our own functions'
+    __defaults__. A wrapper function made per lookup, or a fresh placeholder class, is the
+    pickle's own. DtypeStubs are read-only and are shared as they are.
+    """
+    if type(found) is DtypeStub:
+        return found
+    if isinstance(found, type) and issubclass(found, Unresolved):
+        return _unresolved_class(found.qualname)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return found(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = getattr(found, "__name__", "safe global")
+    return call
+
+
+def _id_text(value: Any) -> str:
+    # A persistent id names storages by short text; a huge int or a container is not one.
+    if type(value) is str:
+        return value[:256]
+    if type(value) is int and -(10**18) < value < 10**18:
+        return str(value)
+    return "<%s>" % type(value).__name__
+
+
 @dataclass
 class UnpickleResult:
     """The object tree with stubs, the storages it named, and the globals it was refused."""
@@ -217,6 +314,159 @@ class UnpickleResult:
     storages: Dict[str, StorageStub] = field(default_factory=dict)
     unsafe_globals: List[str] = field(default_factory=list)
     error: Optional[str] = None
+    over_limit: bool = False  # the error is a work bound of ours, not damage: the file may well be fine
+
+
+class PickleLimit(Exception):
+    """The pickle needs more work than the bounds allow (not a sign of damage)."""
+
+
+class PickleDamaged(Exception):
+    """The opcode walk found what the unpickler would refuse."""
+
+
+class _Box:
+    """A mutable object on the simulated stack (list, dict, set, a call's result): its size grows."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def _weight(value: Any) -> int:
+    return value.size if type(value) is _Box else value
+
+
+def _pop_mark(stack: List[Any], marks: List[List[Any]]) -> Tuple[List[Any], List[Any]]:
+    if not marks:
+        raise PickleDamaged("no MARK before a MARK-using opcode")
+    items = stack
+    return marks.pop(), items
+
+
+def check_pickle_work(data: bytes) -> None:
+    """Walk the opcodes of `data` with sizes instead of objects; raise PickleLimit or PickleDamaged.
+
+    The C unpickler cannot be stopped once started, and a few bytes of pickle can ask it for
+    unbounded work: LONG_BINPUT 50_000_000 makes it allocate and clear a memo of 400 MB; a
+    tuple built as t1 = (t0, t0), t2 = (t1, t1) ... through the memo costs 2**levels to hash
+    as a dict key. Here every value carries its expanded size (capped), and every place that
+    hashes (keys, set members, a call's arguments) charges that size to one budget.
+    """
+    cap = MAX_HASH_WORK + 1
+    stack: List[Any] = []
+    marks: List[List[Any]] = []
+    memo: Dict[int, Any] = {}
+    work = 0
+    ops = 0
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            ops += 1
+            if ops > MAX_PICKLE_OPS:
+                raise PickleLimit("over %d pickle operations" % MAX_PICKLE_OPS)
+            code = op.code
+            if code in "qrp\x94":  # BINPUT, LONG_BINPUT, PUT, MEMOIZE
+                if not stack:
+                    raise PickleDamaged("memo put on an empty stack")
+                index = len(memo) if code == "\x94" else int(arg)
+                if index > ops + MEMO_SLACK:
+                    raise PickleDamaged("memo index %d out of range" % index)
+                memo[index] = stack[-1]
+            elif code in "hjg":  # BINGET, LONG_BINGET, GET
+                if arg not in memo:
+                    raise PickleDamaged("memo key %r missing" % (arg,))
+                stack.append(memo[arg])
+            elif code == "(":
+                marks.append(stack)
+                stack = []
+            elif code in "]}\x8f":  # EMPTY_LIST, EMPTY_DICT, EMPTY_SET
+                stack.append(_Box(1))
+            elif code in "tld\x91":  # TUPLE, LIST, DICT, FROZENSET
+                stack, items = _pop_mark(stack, marks)
+                size = min(cap, 1 + sum(_weight(v) for v in items))
+                if code == "d":
+                    work += sum(_weight(v) for v in items[::2])
+                elif code == "\x91":
+                    work += size
+                stack.append(_Box(size) if code in "ld" else size)
+            elif code in "\x85\x86\x87":  # TUPLE1..3
+                count = ord(code) - 0x84
+                if len(stack) < count:
+                    raise PickleDamaged("stack underflow")
+                size = min(cap, 1 + sum(_weight(v) for v in stack[-count:]))
+                del stack[-count:]
+                stack.append(size)
+            elif code in "aeus\x90":  # APPEND, APPENDS, SETITEMS, SETITEM, ADDITEMS
+                if code in "eu\x90":
+                    stack, items = _pop_mark(stack, marks)
+                else:
+                    take = 1 if code == "a" else 2
+                    if len(stack) < take + 1:
+                        raise PickleDamaged("stack underflow")
+                    items = stack[-take:]
+                    del stack[-take:]
+                if not stack:
+                    raise PickleDamaged("stack underflow")
+                added = sum(_weight(v) for v in items)
+                if code in "us":
+                    work += sum(_weight(v) for v in items[::2])
+                elif code == "\x90":
+                    work += added
+                target = stack[-1]
+                if type(target) is _Box:
+                    target.size = min(cap, target.size + added)
+            elif code in "R\x81b":  # REDUCE, NEWOBJ, BUILD: (callable or object, argument)
+                if len(stack) < 2:
+                    raise PickleDamaged("stack underflow")
+                argument = stack.pop()
+                if code == "b":
+                    target = stack[-1]
+                    if type(target) is _Box:
+                        target.size = min(cap, target.size + _weight(argument))
+                    continue
+                work += _weight(argument)
+                stack[-1] = _Box(min(cap, 1 + _weight(argument)))
+            elif code == "\x92":  # NEWOBJ_EX: cls, args, kwargs
+                if len(stack) < 3:
+                    raise PickleDamaged("stack underflow")
+                size = min(cap, 1 + _weight(stack[-1]) + _weight(stack[-2]))
+                work += size
+                del stack[-2:]
+                stack[-1] = _Box(size)
+            elif code in "oi":  # OBJ, INST: everything since the mark
+                stack, items = _pop_mark(stack, marks)
+                size = min(cap, 1 + sum(_weight(v) for v in items))
+                work += size
+                stack.append(_Box(size))
+            elif code == "Q":  # BINPERSID
+                if not stack:
+                    raise PickleDamaged("stack underflow")
+                stack[-1] = _Box(min(cap, 1 + _weight(stack[-1])))
+            elif code == "\x93":  # STACK_GLOBAL
+                if len(stack) < 2:
+                    raise PickleDamaged("stack underflow")
+                del stack[-2:]
+                stack.append(1)
+            elif code == "0":  # POP (of the mark itself when the stack above it is empty)
+                if stack:
+                    stack.pop()
+                else:
+                    stack, _ = _pop_mark(stack, marks)
+            elif code == "1":  # POP_MARK
+                stack, _ = _pop_mark(stack, marks)
+            elif code == "2":  # DUP
+                if not stack:
+                    raise PickleDamaged("stack underflow")
+                stack.append(stack[-1])
+            elif code in "\x80\x95.\x98":  # PROTO, FRAME, STOP, READONLY_BUFFER: no stack change here
+                pass
+            else:  # every other opcode pushes one scalar, global or reference
+                stack.append(1)
+            if work > MAX_HASH_WORK:
+                raise PickleLimit("objects that take over %d steps to hash or compare" % MAX_HASH_WORK)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:  # genops on bytes that are no pickle
+        raise PickleDamaged(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -226,30 +476,56 @@ class RestrictedUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self.storages: Dict[str, StorageStub] = {}
         self.unsafe: List[str] = []
+        # One object per name and pickle: a fresh class per GLOBAL opcode let 10 MB of
+        # GLOBALs build millions of classes; one per name is still the pickle's own copy.
+        self.globals_seen: Dict[Tuple[str, str], Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
-        found = SAFE_GLOBALS.get((module, name))
+        key = (module, name)
+        found = self.globals_seen.get(key)
         if found is not None:
             return found
-        qualname = "%s.%s" % (module, name)
-        if qualname not in self.unsafe:
-            self.unsafe.append(qualname)
-        return _unresolved_class(qualname)
+        if len(self.globals_seen) >= MAX_GLOBALS:
+            raise pickle.UnpicklingError("over %d distinct globals" % MAX_GLOBALS)
+        safe = SAFE_GLOBALS.get(key)
+        if safe is not None:
+            found = _fresh(safe)
+        else:
+            qualname = ("%s.%s" % (module, name))[:MAX_GLOBAL_NAME]
+            if len(self.unsafe) < MAX_UNSAFE_LISTED and qualname not in self.unsafe:
+                self.unsafe.append(qualname)
+            found = _unresolved_class(qualname)
+        self.globals_seen[key] = found
+        return found
 
     def persistent_load(self, pid: Any) -> Any:
-        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
+        if type(pid) is tuple and len(pid) >= 5 and pid[0] == "storage":
             _, storage_type, key, location, numel = pid[:5]
             dtype = storage_type.name if isinstance(storage_type, DtypeStub) else "uint8"
-            stub = StorageStub(str(key), dtype, int(numel) if isinstance(numel, int) else 0, str(location))
+            stub = StorageStub(_id_text(key), dtype, _count(numel) or 0, _id_text(location))
             self.storages[stub.key] = stub
             return stub
-        return _unresolved_class("persistent id %r" % (pid[0] if isinstance(pid, tuple) and pid else pid,))()
+        first = pid[0] if type(pid) is tuple and pid else pid
+        return _unresolved_class("persistent id %s" % _id_text(first))()
+
+
+def error_text(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message, bounded (float('<100 MB>') quotes all of it)."""
+    text = str(exc)
+    line = text[: limit + 1].splitlines()[0] if text.strip() else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def restricted_loads(data: bytes) -> UnpickleResult:
     """Unpickle `data` with stubs; a damaged pickle comes back as `error`, never as an exception."""
     if len(data) > MAX_PICKLE_BYTES:
         return UnpickleResult(error="data.pkl is %d bytes: too large to read" % len(data))
+    try:
+        check_pickle_work(data)
+    except PickleLimit as limit:
+        return UnpickleResult(error="data.pkl not read: %s" % limit, over_limit=True)
+    except PickleDamaged as damage:
+        return UnpickleResult(error="data.pkl unreadable: %s" % error_text(damage))
     unpickler = RestrictedUnpickler(data)
     result = UnpickleResult()
     try:
@@ -257,7 +533,7 @@ def restricted_loads(data: bytes) -> UnpickleResult:
     except RecursionError:
         result.error = "data.pkl nests too deeply to read"
     except Exception as exc:  # a damaged pickle can raise nearly anything; it is a value here
-        result.error = "data.pkl unreadable: %s" % (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        result.error = "data.pkl unreadable: %s" % error_text(exc)
     result.storages = unpickler.storages
     result.unsafe_globals = list(unpickler.unsafe)
     return result

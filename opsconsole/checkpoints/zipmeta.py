@@ -200,6 +200,9 @@ def _zip64_end(tail: bytes, tail_start: int, eocd_at: int) -> Generator[ReadRequ
     if locator_at < 0 or tail[locator_at : locator_at + 4] != SIG_ZIP64_LOCATOR:
         raise ZipProblem(INTEGRITY_CORRUPT, "zip64 sizes without a zip64 locator")
     _, _, record_offset, _ = ZIP64_LOCATOR.unpack_from(tail, locator_at)
+    if record_offset + ZIP64_EOCD.size > tail_start + locator_at:
+        # It is written just before its locator; an offset past that (up to 2**64) is no offset.
+        raise ZipProblem(INTEGRITY_CORRUPT, "zip64 end record offset %d is past its locator" % record_offset)
     if record_offset >= tail_start:
         record = tail[record_offset - tail_start : record_offset - tail_start + ZIP64_EOCD.size]
     else:
@@ -257,6 +260,11 @@ def member_reader(entry: ZipEntry, limit: int) -> Generator[ReadRequest, bytes, 
     """Read one member's (decompressed) bytes; raises ZipProblem when it is damaged or over `limit`."""
     if entry.size > limit:
         raise ZipProblem(INTEGRITY_CORRUPT, "%s is %d bytes, over the %d read limit" % (entry.name, entry.size, limit))
+    # What is read is the compressed size: bound it too, or a small `size` could bring a 100 GB read.
+    if entry.method == 0 and entry.compressed_size != entry.size:
+        raise ZipProblem(INTEGRITY_CORRUPT, "%s: stored with %d bytes but sized %d" % (entry.name, entry.compressed_size, entry.size))
+    if entry.compressed_size > limit:
+        raise ZipProblem(INTEGRITY_CORRUPT, "%s is %d bytes compressed, over the %d read limit" % (entry.name, entry.compressed_size, limit))
     # Local header and data in one request; the local extra field may differ from the central one.
     guess = LOCAL_HEADER.size + len(entry.name.encode("utf-8", "surrogateescape")) + 256
     data = yield (entry.offset, guess + entry.compressed_size)
@@ -281,10 +289,17 @@ def _decompress(entry: ZipEntry, raw: bytes) -> bytes:
     if entry.method == 0:
         return raw
     if entry.method == 8:
+        # Never more than the directory's size (already under the read limit): a deflate
+        # bomb of a few KB would otherwise inflate to gigabytes.
+        inflater = zlib.decompressobj(-15)
         try:
-            return zlib.decompress(raw, -15)
+            out = inflater.decompress(raw, entry.size + 1)
         except zlib.error as exc:
             raise ZipProblem(INTEGRITY_CORRUPT, "%s: %s" % (entry.name, exc)) from None
+        if len(out) != entry.size:
+            raise ZipProblem(INTEGRITY_CORRUPT, "%s inflates to %s bytes, its directory says %d" % (
+                entry.name, "over %d" % entry.size if len(out) > entry.size else len(out), entry.size))
+        return out
     raise ZipProblem(INTEGRITY_CORRUPT, "%s: compression method %d not supported" % (entry.name, entry.method))
 
 
@@ -319,6 +334,7 @@ def crc_reader(
         position = entry.offset + _data_start(entry, header)
         remaining = entry.compressed_size
         crc = 0
+        inflated = 0
         inflater = zlib.decompressobj(-15) if entry.method == 8 else None
         while remaining > 0:
             if cancelled():
@@ -331,10 +347,14 @@ def crc_reader(
             done += len(block)
             if inflater is not None:
                 try:
-                    block = inflater.decompress(block)
+                    crc, inflated = _inflate_crc(inflater, block, crc, chunk, inflated, entry.size)
                 except zlib.error as exc:
                     return CrcResult(INTEGRITY_CORRUPT, "%s: %s" % (entry.name, exc), done, len(directory.entries))
-            crc = zlib.crc32(block, crc)
+                if inflated > entry.size:
+                    return CrcResult(INTEGRITY_CORRUPT, "%s inflates past its %d bytes" % (entry.name, entry.size),
+                                     done, len(directory.entries))
+            else:
+                crc = zlib.crc32(block, crc)
             if progress is not None:
                 progress(done, total)
         if entry.crc == 0 and entry.size > 0:
@@ -347,6 +367,19 @@ def crc_reader(
     if progress is not None:
         progress(total, total)
     return CrcResult(INTEGRITY_OK, None, done, len(directory.entries))
+
+
+def _inflate_crc(inflater, block: bytes, crc: int, chunk: int, inflated: int, size: int) -> Tuple[int, int]:
+    """CRC of what `block` inflates to, `chunk` bytes of output at a time, stopping past `size`.
+
+    8 MB of deflate can inflate to 8 GB: one decompress() call of it would hold all of it.
+    """
+    while block and inflated <= size:
+        out = inflater.decompress(block, chunk)
+        crc = zlib.crc32(out, crc)
+        inflated += len(out)
+        block = inflater.unconsumed_tail
+    return crc, inflated
 
 
 def full_check_reader(

@@ -1,0 +1,330 @@
+"""Hostile bytes into every checkpoint reader: a value with a problem, never an exception, a hang or code run.
+
+Property tests (hypothesis, a small budget each) over safetensors headers, mutated real torch
+zips, crafted data.pkl pickles, plain pickles and JSON sidecars; then one concrete regression
+input for each bug the fuzzers found.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import struct
+import zipfile
+from typing import Any, List
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from opsconsole.checkpoints import formats, zipmeta
+from opsconsole.checkpoints.metadata import metadata_from_tree
+from opsconsole.checkpoints.records import INTEGRITIES, CheckpointMeta
+from opsconsole.checkpoints.safe_unpickle import SAFE_GLOBALS, restricted_loads
+
+# --- the canary: a global that a pickle names; calling it would be running the pickle's code ------
+
+CANARY_CALLS: List[Any] = []
+
+
+def canary(*args: Any, **kwargs: Any) -> str:
+    """Referenced by GLOBAL in the fuzzed pickles: it must never be called."""
+    CANARY_CALLS.append(args)
+    return "ran"
+
+
+CANARY_GLOBAL = ("%s\ncanary\n" % __name__).encode()
+
+
+@pytest.fixture(autouse=True)
+def no_canary_calls():
+    CANARY_CALLS.clear()
+    yield
+    assert CANARY_CALLS == [], "a pickle's global was called"
+
+
+# --- running readers on bytes in memory --------------------------------------------------------
+
+
+def drive(reader, data: bytes):
+    """Answer a reader generator's read requests from `data` (what pread on a file of it returns)."""
+    try:
+        request = next(reader)
+        while True:
+            offset, length = request
+            assert offset >= 0 and length >= 0, "a reader asked for %r" % (request,)
+            assert length <= len(data) + 64 * 1024 * 1024, "a reader asked for %d bytes of a %d-byte file" % (length, len(data))
+            request = reader.send(data[offset : offset + length])
+    except StopIteration as stop:
+        return stop.value
+
+
+def check_result(result) -> None:
+    assert isinstance(result, formats.ReadResult)
+    assert result.integrity in INTEGRITIES
+    assert result.problem is None or isinstance(result.problem, str)
+    assert isinstance(result.meta, CheckpointMeta)
+    # Everything shown must be cheap to show: short texts, no giant strings.
+    for key, text in result.meta.details:
+        assert isinstance(key, str) and isinstance(text, str) and len(text) <= 400 and len(key) <= 400
+    assert all(isinstance(k, str) and len(k) <= 400 for k in result.meta.top_keys)
+    if result.problem is not None:
+        assert len(result.problem) <= 2000
+
+
+def read_file(name: str, data: bytes, window: int = formats.HEAD_BYTES) -> formats.ReadResult:
+    result = drive(formats.file_reader(name, len(data), window), data)
+    check_result(result)
+    return result
+
+
+def torch_zip(pickled: bytes, extra: dict = {}) -> bytes:
+    """data.pkl zipped the way torch.save lays it out (stored members under `archive/`)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", pickled)
+        for name, data in extra.items():
+            archive.writestr("archive/" + name, data)
+        archive.writestr("archive/version", b"3\n")
+    return buffer.getvalue()
+
+
+def read_pickle_everywhere(pickled: bytes) -> None:
+    """A data.pkl through the unpickler alone, inside a torch zip, and as a plain pickle file."""
+    loaded = restricted_loads(pickled)
+    assert loaded.error is None or isinstance(loaded.error, str)
+    if loaded.error is None:
+        metadata_from_tree(loaded.value, {}, loaded.unsafe_globals)
+    read_file("epoch_1.pt", torch_zip(pickled))
+    plain = read_file("plain.pt", pickled)
+    assert plain.meta.epoch is None or plain.meta.epoch == 1
+
+
+_REAL_CHECKPOINT: List[bytes] = []
+
+
+def real_checkpoint() -> bytes:
+    """A small real torch.save zip: a state dict, an epoch, a loss saved as a tensor."""
+    if not _REAL_CHECKPOINT:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "epoch": 3, "loss": torch.tensor(0.5)}, buffer)
+        _REAL_CHECKPOINT.append(buffer.getvalue())
+    return _REAL_CHECKPOINT[0]
+
+
+def test_the_real_checkpoint_reads_correctly():
+    result = read_file("ckpt.pt", real_checkpoint())
+    assert result.problem is None and result.integrity == "ok"
+    assert result.meta.epoch == 3 and result.meta.loss == 0.5 and result.meta.state_dict.keys == 2
+    crc = drive(zipmeta.full_check_reader(len(real_checkpoint())), real_checkpoint())
+    assert crc.integrity == "ok"
+
+
+# --- (a) safetensors ------------------------------------------------------------------------------
+
+json_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
+)
+json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+tensor_info = st.fixed_dictionaries(
+    {},
+    optional={
+        "dtype": st.one_of(st.sampled_from(["F32", "BF16", "I64", "F8_E4M3", "X"]), json_value),
+        "shape": st.one_of(st.lists(st.integers(min_value=-1, max_value=2**64), max_size=5), json_value),
+        "data_offsets": st.one_of(st.lists(st.integers(min_value=-5, max_value=2**65), min_size=2, max_size=2), json_value),
+    },
+)
+safetensors_header = st.one_of(
+    st.dictionaries(st.text(max_size=10), st.one_of(tensor_info, json_value), max_size=5),
+    st.fixed_dictionaries({"__metadata__": st.dictionaries(st.sampled_from(["epoch", "step", "loss", "global_step", "x"]), json_value)}),
+    json_value,
+)
+
+
+@settings(max_examples=80)
+@given(
+    header=safetensors_header,
+    length_kind=st.sampled_from(["exact", "random", "huge", "past_end", "short"]),
+    random_length=st.integers(min_value=0, max_value=2**64 - 1),
+    raw_header=st.one_of(st.none(), st.binary(max_size=40)),
+    trailing=st.binary(max_size=64),
+)
+def test_safetensors_on_hostile_headers(header, length_kind, random_length, raw_header, trailing):
+    text = raw_header if raw_header is not None else json.dumps(header, allow_nan=True).encode()
+    length = {"exact": len(text), "random": random_length, "huge": 2**64 - 1 - (random_length % 7),
+              "past_end": len(text) + len(trailing) + 1 + random_length % 100, "short": max(0, len(text) - 1)}[length_kind]
+    data = struct.pack("<Q", length) + text + trailing
+    result = read_file("model.safetensors", data)
+    direct = drive(formats.safetensors_reader(len(data)), data)
+    check_result(direct)
+    if data[8:9] == b"{":  # what file_reader sniffs as safetensors
+        assert (result.integrity, result.problem) == (direct.integrity, direct.problem)
+
+
+# --- (b) a real torch zip, mutated ---------------------------------------------------------------
+
+mutation = st.tuples(st.sampled_from(["flip", "set", "truncate", "insert", "delete"]), st.floats(0, 1), st.binary(min_size=1, max_size=8))
+
+
+def mutate(data: bytes, mutations) -> bytes:
+    out = bytearray(data)
+    for kind, where, chunk in mutations:
+        if not out:
+            break
+        at = min(int(where * len(out)), len(out) - 1)
+        if kind == "flip":
+            out[at] ^= chunk[0] or 1
+        elif kind == "set":
+            out[at : at + len(chunk)] = chunk
+        elif kind == "truncate":
+            del out[at:]
+        elif kind == "insert":
+            out[at:at] = chunk
+        else:
+            del out[at : at + len(chunk)]
+    return bytes(out)
+
+
+@settings(max_examples=80)
+@given(mutations=st.lists(mutation, min_size=1, max_size=4), near_end=st.booleans())
+def test_a_mutated_real_checkpoint_reads_as_a_value(mutations, near_end):
+    data = real_checkpoint()
+    if near_end:  # the directory and data.pkl's header are where the parser's decisions are
+        mutations = [(kind, 0.85 + where * 0.15, chunk) for kind, where, chunk in mutations]
+    damaged = mutate(data, mutations)
+    result = read_file("epoch=3-step=10.ckpt", damaged)
+    small_window = read_file("epoch=3-step=10.ckpt", damaged, window=1024)
+    assert small_window.integrity == result.integrity
+    crc = drive(zipmeta.full_check_reader(len(damaged)), damaged)
+    assert crc.integrity in INTEGRITIES and (crc.problem is None or isinstance(crc.problem, str))
+    check_result(drive(formats.zip_check_reader(len(damaged)), damaged))
+
+
+# --- (b) crafted data.pkl pickles ------------------------------------------------------------------
+
+GLOBALS = [
+    CANARY_GLOBAL, b"os\nsystem\n", b"builtins\neval\n", b"builtins\ngetattr\n", b"posix\nsystem\n",
+    b"torch._utils\n_rebuild_tensor_v2\n", b"torch._utils\n_rebuild_parameter\n", b"torch._tensor\n_rebuild_from_type_v2\n",
+    b"collections\nOrderedDict\n", b"collections\nCounter\n", b"collections\ndefaultdict\n", b"builtins\nset\n",
+    b"builtins\nstr\n", b"builtins\nint\n", b"builtins\nbytearray\n", b"builtins\nslice\n", b"_codecs\nencode\n",
+    b"torch\nFloatStorage\n", b"torch\nfloat32\n", b"torch\nSize\n", b"torch\ndevice\n", b"builtins\ndict\n",
+]
+
+
+def _u32(n: int) -> bytes:
+    return struct.pack("<I", n % 2**32)
+
+
+opcode = st.one_of(
+    st.sampled_from([b"(", b"]", b"}", b")", b"t", b"\x85", b"\x86", b"\x87", b"l", b"d", b"a", b"e", b"s", b"u", b"0",
+                     b"1", b"2", b"b", b"R", b"\x81", b"\x92", b"\x93", b"\x94", b"\x91", b"\x8f", b"\x90", b"Q", b"N",
+                     b"\x88", b"\x89", b"\x97", b"\x98", b"o", b"."]),
+    st.builds(lambda g: b"c" + g, st.sampled_from(GLOBALS)),
+    st.builds(lambda g: b"i" + g, st.sampled_from(GLOBALS)),
+    st.builds(lambda s: b"\x8c" + bytes([len(s)]) + s, st.sampled_from([b"storage", b"0", b"cpu", b"epoch", b"os", b"system", b"builtins", b"eval", __name__.encode(), b"canary"])),
+    st.builds(lambda n: b"K" + bytes([n]), st.integers(0, 255)),
+    st.builds(lambda n: b"J" + struct.pack("<i", n), st.integers(-(2**31), 2**31 - 1)),
+    st.builds(lambda n, b: b"\x8a" + bytes([len(b)]) + b if n else b"\x8b" + _u32(2**32 - 1) + b, st.booleans(), st.binary(max_size=12)),
+    st.builds(lambda n, b: b"X" + _u32(n) + b, st.integers(0, 2**32 - 1), st.binary(max_size=8)),
+    st.builds(lambda n, b: b"\x8d" + struct.pack("<Q", n) + b, st.integers(0, 2**64 - 1), st.binary(max_size=8)),
+    st.builds(lambda n, b: b"\x8e" + struct.pack("<Q", n) + b, st.integers(0, 2**64 - 1), st.binary(max_size=8)),
+    st.builds(lambda n, b: b"\x96" + struct.pack("<Q", n) + b, st.integers(0, 2**64 - 1), st.binary(max_size=8)),
+    st.builds(lambda n: b"q" + bytes([n]), st.integers(0, 255)),
+    st.builds(lambda n: b"h" + bytes([n]), st.integers(0, 255)),
+    st.builds(lambda n: b"r" + _u32(n), st.one_of(st.integers(0, 300), st.integers(2**20, 2**27), st.integers(0, 2**32 - 1))),
+    st.builds(lambda n: b"j" + _u32(n), st.one_of(st.integers(0, 300), st.integers(0, 2**32 - 1))),
+    st.builds(lambda n: b"\x95" + struct.pack("<Q", n), st.integers(0, 2**64 - 1)),
+    st.builds(lambda n: b"\x80" + bytes([n]), st.integers(0, 6)),
+    st.builds(lambda n: b"\x82" + bytes([n]), st.integers(0, 255)),
+    st.builds(lambda d: b"I" + d + b"\n", st.sampled_from([b"1", b"01", b"-7", b"9" * 30, b"x"])),
+    st.builds(lambda d: b"L" + d + b"L\n", st.sampled_from([b"1", b"9" * 5000, b"-"])),
+    st.builds(lambda d: b"P" + d + b"\n", st.sampled_from([b"0", b"storage", b""])),
+    st.builds(lambda d: b"G" + d, st.binary(min_size=8, max_size=8)),
+)
+
+
+@settings(max_examples=100)
+@given(body=st.lists(opcode, max_size=40), proto=st.booleans(), stop=st.booleans())
+def test_random_opcode_pickles_never_run_a_global_or_raise(body, proto, stop):
+    pickled = (b"\x80\x02" if proto else b"") + b"".join(body) + (b"." if stop else b"")
+    read_pickle_everywhere(pickled)
+
+
+# Well-formed trees of hostile pieces: every global called through REDUCE, odd persistent ids.
+def _reduce(global_line: bytes, args: List[bytes]) -> bytes:
+    return b"c" + global_line + b"(" + b"".join(args) + b"tR"
+
+
+def _text(s: str) -> bytes:
+    raw = s.encode("utf-8", "surrogatepass")
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def _int(n: int) -> bytes:
+    raw = n.to_bytes((n.bit_length() + 8) // 8 or 1, "little", signed=True)
+    return b"\x8a" + bytes([len(raw)]) + raw if len(raw) < 256 else b"\x8b" + struct.pack("<I", len(raw)) + raw
+
+
+def _storage(key: bytes, numel: bytes) -> bytes:
+    return b"(" + _text("storage") + b"ctorch\nFloatStorage\n" + key + _text("cpu") + numel + b"tQ"
+
+
+def _shared_nest(base: bytes, levels: int, close: bytes) -> bytes:
+    """t1 = (t0, t0), t2 = (t1, t1) ... through the memo: a few bytes per level, 2**levels leaves."""
+    return base + b"q\x00" + (b"h\x00h\x00" + close + b"q\x00") * levels
+
+
+leaf = st.one_of(
+    st.builds(_int, st.one_of(st.integers(-5, 5), st.integers(min_value=-(2**20000), max_value=2**20000))),
+    st.builds(_text, st.text(max_size=10)),
+    st.just(b"N"), st.just(b"\x88"),
+    st.builds(lambda f: b"G" + struct.pack(">d", f), st.floats(allow_nan=True)),
+    st.builds(lambda g: b"c" + g, st.sampled_from(GLOBALS)),
+)
+pickle_value = st.recursive(
+    leaf,
+    lambda inner: st.one_of(
+        st.builds(lambda items: b"(" + b"".join(items) + b"t", st.lists(inner, max_size=4)),
+        st.builds(lambda items: b"(" + b"".join(items) + b"l", st.lists(inner, max_size=4)),
+        st.builds(lambda pairs: b"}(" + b"".join(k + v for k, v in pairs) + b"u", st.lists(st.tuples(inner, inner), max_size=3)),
+        st.builds(lambda g, args: _reduce(g, args), st.sampled_from(GLOBALS), st.lists(inner, max_size=6)),
+        st.builds(lambda parts: b"(" + b"".join(parts) + b"tQ", st.lists(inner, max_size=6)),
+        st.builds(lambda obj, state: obj + state + b"b", inner, inner),
+        # A tensor whose storage, offset, size and stride are all hostile.
+        st.builds(lambda key, numel, rest: _reduce(b"torch._utils\n_rebuild_tensor_v2\n", [_storage(key, numel)] + rest),
+                  inner, inner, st.lists(inner, max_size=4)),
+        st.builds(_shared_nest, inner, st.integers(0, 80), st.sampled_from([b"\x86", b"(\x91", b"]q\x01e"])),
+    ),
+    max_leaves=16,
+)
+hostile_key = st.sampled_from(["epoch", "step", "loss", "best_loss", "timestamp", "metrics", "model", "callbacks", "payload"])
+
+
+@settings(max_examples=100)
+@given(entries=st.lists(st.tuples(hostile_key, pickle_value), min_size=1, max_size=3), key_value=st.one_of(st.none(), pickle_value))
+def test_crafted_trees_of_hostile_pieces(entries, key_value):
+    items = b"".join(_text(key) + value for key, value in entries)
+    if key_value is not None:  # a hostile object as a dict key: it gets hashed
+        items += key_value + b"K\x00"
+    read_pickle_everywhere(b"\x80\x02}(" + items + b"u.")
+
+
+# --- (d) JSON sidecars ------------------------------------------------------------------------------
+
+
+@settings(max_examples=60)
+@given(state=st.one_of(json_value, st.dictionaries(
+    st.sampled_from(["epoch", "global_step", "best_metric", "best_model_checkpoint", "log_history", "x"]),
+    st.one_of(json_value, st.lists(st.dictionaries(st.sampled_from(["loss", "eval_loss", "eval_acc", "step"]), json_value), max_size=3)),
+)), junk=st.one_of(st.none(), st.binary(max_size=30)))
+def test_trainer_state_json_with_junk(state, junk):
+    text = junk if junk is not None else json.dumps(state, allow_nan=True).encode()
+    meta, problem = formats.trainer_state_meta(text)
+    assert isinstance(meta, CheckpointMeta) and (problem is None or isinstance(problem, str))
+    assert meta.epoch is None or isinstance(meta.epoch, int)
+    assert meta.loss is None or isinstance(meta.loss, float)
