@@ -336,6 +336,8 @@ def parse_config(text: str, filename: str, *, home: Optional[str] = None) -> Con
         raise ConfigError(message, file=filename, line=line, key="syntax") from None
     except RecursionError:  # tomllib recurses once per nested array or inline table
         raise ConfigError("arrays or tables nested too deep", file=filename, key="syntax") from None
+    except ValueError as exc:  # not a TOMLDecodeError: an integer of more than 4300 digits
+        raise ConfigError("invalid value: a number too long to read", file=filename, key="syntax") from None
     try:
         checker = _Checker(filename, _KeyLines(text), home)
         return checker.config(data)
@@ -1196,10 +1198,14 @@ class _Checker:
         value = table[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(path + (key,), f"expected a number, got {_show(value)}")
-        if not math.isfinite(value):
+        try:
+            as_float = float(value)  # an int of 400 digits overflows here
+        except OverflowError:
+            as_float = math.inf
+        if not math.isfinite(as_float):
             self.fail(path + (key,), f"expected a finite number, got {_show(value)}")
         self.check_range(path + (key,), value, low=low, high=high, above=above, most=most)
-        return float(value)
+        return as_float
 
     def check_range(
         self,
@@ -1277,7 +1283,10 @@ def _show(value: Any) -> str:
             return "inf" if value > 0 else "-inf"
         return repr(value)  # 22.0 stays 22.0, so "expected an integer" makes sense
     if isinstance(value, int):
-        return repr(value)
+        digits = str(abs(value)) if value.bit_length() < 14000 else None  # str() of 4300+ digits raises
+        if digits is not None and len(digits) <= 30:
+            return repr(value)
+        return "a%s integer of %s digits" % (" negative" if value < 0 else "n", len(digits) if digits else "thousands of")
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, list):
