@@ -132,3 +132,65 @@ def test_rotated_logs_are_read_through_their_decompressor_and_damaged_ones_are_n
     assert [json.loads(line)["root_cause"] for line in done.stdout.decode().splitlines()] == ["nccl_network"] * 3
     (error,) = done.stderr.decode().splitlines()
     assert error.startswith("opsconsole: diagnose: %s: " % damaged) and "Traceback" not in error
+
+
+# --- fuzzing the diagnosis on arbitrary log lines ------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from opsconsole.diagnosis.engine import EXCERPT_CHARS, MAX_SCAN_CHARS, Diagnoser, diagnose_lines  # noqa: E402
+
+# Pieces of real log lines (rank prefixes, srun labels, traceback frames, signatures NCCL, CUDA, the
+# OS and torch print), terminal escapes and undecodable bytes; joined in any order with arbitrary text,
+# long digit runs (rank numbers) and long runs of one character (a huge line, bounded in size).
+LOG_PIECES = [
+    "[rank", "[default", "[trainer", "]: ", "[Rank ", "] ", "rank ", " (local_rank", "  3: ", "0: ", "Last error:",
+    'File "train.py", line 3, in <module>', "    loss.backward()", "Traceback (most recent call last):",
+    "RuntimeError: CUDA error: an illegal memory access was encountered", "CUDA out of memory. Tried to allocate",
+    "NCCL WARN Connection closed by remote peer", "ncclInternalError: Internal check failed.", "loss is nan",
+    "OSError: [Errno 28] No space left on device", "ChildFailedError", "\x1b]52;c;cm0gLXJm\x07", "\x1b]0;t\x07",
+    "\x1b[2J", "\x9b", "\u202e", "\udcff", "\ufffd", "\t", "\r", "\x00",
+]
+# Rank markers as torch, torchrun, srun and NCCL write them, with rank numbers of any length.
+RANK_FORMS = ["[rank%s]: ", "[default%s]:", "gpu07: [trainer%s]: ", "%s: ", "[Rank %s] ", "rank %s (local_rank "]
+rank_marker = st.tuples(st.sampled_from(RANK_FORMS), st.sampled_from([0, 1, 7, 8, 4300, 4301, 6000])).map(
+    lambda pair: pair[0] % ("9" * pair[1]))  # around int()'s 4300-digit limit
+log_line = st.lists(
+    st.one_of(
+        rank_marker,
+        st.sampled_from(LOG_PIECES),
+        st.text(max_size=12),
+        st.integers(1, 40).map(lambda n: "7" * n),
+        st.tuples(st.sampled_from(" x]:["), st.integers(0, MAX_SCAN_CHARS + 5000)).map(lambda pair: pair[0] * pair[1]),
+    ),
+    max_size=8,
+).map("".join)
+
+
+@settings(max_examples=100)
+@given(st.lists(log_line, max_size=6))
+def test_fuzz_diagnosis_of_arbitrary_lines_never_raises(lines):
+    result = diagnose_lines(lines, source="fuzz.log")
+    assert result.lines == len(lines)
+    assert all(1 <= f.line <= len(lines) and len(f.excerpt) <= EXCERPT_CHARS for f in result.findings)
+    assert result.root_cause is None or result.root_cause in {f.category for f in result.findings}
+
+
+@settings(max_examples=40)
+@given(st.lists(st.tuples(log_line, st.sampled_from([None, "rank0.log", "rank1.log"]), st.none() | st.integers(0, 7)),
+                max_size=6))
+def test_fuzz_interleaved_sources_and_ranks_never_raise(feed):
+    diagnoser = Diagnoser(max_findings=4)
+    for number, (text, source, rank) in enumerate(feed, 1):
+        diagnoser.feed_text(text, number, source, rank=rank)
+    assert len(diagnoser.findings()) <= 4
+    assert sum(row.count for row in diagnoser.summary()) >= len(diagnoser.findings())
+
+
+def test_rank_numbers_too_long_for_int_are_not_ranks():
+    """Found by the fuzzer: a rank of 5000 digits made int() raise (Python's 4300-digit limit)."""
+    lines = ["a]: [rank" + "9" * 5000 + "]: CUDA out of memory. Tried to allocate 2 GiB",
+             "[Rank " + "9" * 5000 + "] CUDA out of memory. Tried to allocate 2 GiB"]
+    result = diagnose_lines(lines)
+    assert result.root_cause == "cuda_oom" and [f.rank for f in result.findings] == [None, None]

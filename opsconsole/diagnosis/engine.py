@@ -61,10 +61,11 @@ ROOT_CAUSE_ORDER: Tuple[Tuple[str, bool], ...] = (
 _RANK_OF = {key: index for index, key in enumerate(ROOT_CAUSE_ORDER)}
 
 # "[rank3]:" (torch's C++ log prefix), "[default3]:" (torchrun --tee), possibly after a pid or host
-# column ("[80746] [rank0]:", "gpu07: [rank3]:"); srun --label writes "3: ".
-_RANK_PREFIX = re.compile(r"^\s*(?:\S+\s+){0,2}?\[(?:rank|default|trainer)(\d+)\]:\s?")
-_SRUN_LABEL = re.compile(r"^\s{0,4}(\d{1,5}): ")
-_RANK_IN_TEXT = re.compile(r"\[Rank (\d+)\]|\brank(?: |: |=)(\d+) \(local_rank|\bRank (\d+)\] ")
+# column ("[80746] [rank0]:", "gpu07: [rank3]:"); srun --label writes "3: ". A rank has at most 7
+# digits: int() of a 5000-digit "rank" raised ValueError (Python's digit limit).
+_RANK_PREFIX = re.compile(r"^\s*(?:\S+\s+){0,2}?\[(?:rank|default|trainer)([0-9]{1,7})\]:\s?")
+_SRUN_LABEL = re.compile(r"^\s{0,4}([0-9]{1,5}): ")
+_RANK_IN_TEXT = re.compile(r"\[Rank ([0-9]{1,7})\]|\brank(?: |: |=)([0-9]{1,7}) \(local_rank|\bRank ([0-9]{1,7})\] ")
 # A Python traceback frame; the line after it (indented two more) quotes source code, not an error.
 _FRAME = re.compile(r'File "[^"]*", line \d+')
 _LAST_ERROR = "Last error:"  # NCCL's detail follows on the next line
