@@ -7,8 +7,9 @@ and parse as Python 3.8 (no `match`, no runtime `X | Y`, no dataclass slots).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # Bump when a field changes meaning or is removed; adding a field is compatible.
 FRAME_VERSION = 1
@@ -256,13 +257,206 @@ def to_wire(obj: Any) -> Any:
     return out
 
 
+class FrameError(ValueError):
+    """A frame (or part of one) that fails validation; str() is a short reason naming the field.
+
+    "gpus[0].temperature: expected a number, got str": what a node that sent it shows.
+    """
+
+
+# Bounds on what one frame may hold. A real 8-GPU node sends ~20 KB keyframes; these leave
+# room for the biggest machines while keeping a hostile frame from costing seconds or GBs.
+INT_LIMIT = 2 ** 63  # |int| below this: what NVML and /proc counters fit in
+TEXT_LIMIT = 4096  # characters of one text field or list item
+COMMAND_LIMIT = 16384  # characters of a process command line (the probe sends at most 512)
+LIST_LIMIT = 256  # items of a list field not named in LIST_LIMITS
+LIST_LIMITS = {
+    "gpus": 256,
+    "processes": 10000,
+    "top_processes": 10000,
+    "cpu_per_core": 4096,
+    "disks": 512,
+    "net": 512,
+    "errors": 1024,
+}
+_TEXT_LIMITS = {"command": COMMAND_LIMIT}
+_INF = float("inf")
+_NONE = type(None)
+
+# Field annotations (strings: `from __future__ import annotations`) -> allowed wire types and what to call them.
+_SCALAR_KINDS = {
+    "int": ((int,), "an integer"),
+    "float": ((float, int), "a number"),  # 55 is a temperature as much as 55.0
+    "str": ((str,), "text"),
+    "bool": ((bool,), "true or false"),
+}
+_JSON_NAMES = {"NoneType": "null", "dict": "object", "list": "list", "str": "str"}
+
+
+def _type_name(value: Any) -> str:
+    name = type(value).__name__
+    return _JSON_NAMES.get(name, name)
+
+
+def _check_scalar(value: Any, types: Tuple[type, ...], what: str, limit: int, where: str) -> None:
+    """Raise FrameError unless `value` is one of `types`, finite and in range (ints, floats) or short enough (text)."""
+    kind = type(value)
+    if kind not in types:
+        raise FrameError("%s: expected %s, got %s" % (where, what, _type_name(value)))
+    if kind is float:
+        if not -_INF < value < _INF:
+            raise FrameError("%s: not a finite number" % where)
+    elif kind is int:
+        if not -INT_LIMIT < value < INT_LIMIT:
+            raise FrameError("%s: integer out of range" % where)
+    elif kind is str and len(value) > limit:
+        raise FrameError("%s: text longer than %d characters" % (where, limit))
+
+
+def _list_checker(name: str, element: str) -> Callable[[Any], Tuple[Any, ...]]:
+    """The converter of a Tuple[X, ...] field from its wire list: count and every item checked."""
+    types, what = _SCALAR_KINDS[element]
+    limit = LIST_LIMITS.get(name, LIST_LIMIT)
+    text_limit = _TEXT_LIMITS.get(name, TEXT_LIMIT)
+
+    def convert(items: Any) -> Tuple[Any, ...]:
+        if not items:
+            return ()
+        if len(items) > limit:
+            raise FrameError("%s: %d items, at most %d" % (name, len(items), limit))
+        for i, item in enumerate(items):
+            kind = type(item)
+            # The usual items pass on the first test; anything else gets the full check and its reason.
+            if kind is float:
+                if -_INF < item < _INF and kind in types:
+                    continue
+            elif kind is str:
+                if len(item) <= text_limit and kind in types:
+                    continue
+            _check_scalar(item, types, what, text_limit, "%s[%d]" % (name, i))
+        return tuple(items)
+
+    return convert
+
+
+def _nested_checker(name: str, cls: type, is_tuple: bool) -> Callable[[Any], Any]:
+    """The converter of a nested dataclass field (or a tuple of them), errors prefixed with the path."""
+    limit = LIST_LIMITS.get(name, LIST_LIMIT)
+
+    if not is_tuple:
+        def convert_one(value: Any) -> Any:
+            try:
+                return _decoder(cls).decode(value)
+            except FrameError as exc:
+                raise FrameError("%s.%s" % (name, exc)) from None
+
+        return convert_one
+
+    def convert(items: Any) -> Tuple[Any, ...]:
+        if not items:
+            return ()
+        if len(items) > limit:
+            raise FrameError("%s: %d items, at most %d" % (name, len(items), limit))
+        decode = _decoder(cls).decode
+        out = []  # type: List[Any]
+        try:
+            for item in items:
+                if type(item) is not dict:
+                    raise FrameError("expected an object, got %s" % _type_name(item))
+                out.append(decode(item))
+        except FrameError as exc:
+            raise FrameError("%s[%d].%s" % (name, len(out), exc)) from None
+        return tuple(out)
+
+    return convert
+
+
+class _FieldSpec(object):
+    """What one field accepts: its wire types, what to call them, a length limit and a converter for lists and objects."""
+
+    __slots__ = ("types", "what", "limit", "convert")
+
+    def __init__(self, types: Tuple[type, ...], what: str, limit: int, convert: Optional[Callable[[Any], Any]]) -> None:
+        self.types = frozenset(types)
+        self.what = what
+        self.limit = limit
+        self.convert = convert
+
+
+def _field_spec(cls: type, f: Any, nested: Dict[str, Tuple[type, bool]]) -> _FieldSpec:
+    annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    nullable = annotation.startswith("Optional[")
+    if nullable:
+        annotation = annotation[len("Optional["):-1]
+    extra = (_NONE,) if nullable else ()
+    suffix = " or null" if nullable else ""
+    if f.name in nested:
+        inner, is_tuple = nested[f.name]
+        if is_tuple:
+            return _FieldSpec((list, tuple) + extra, "a list" + suffix, 0, _nested_checker(f.name, inner, True))
+        return _FieldSpec((dict,) + extra, "an object" + suffix, 0, _nested_checker(f.name, inner, False))
+    if annotation.startswith("Tuple[") and annotation.endswith(", ...]"):
+        element = annotation[len("Tuple["):-len(", ...]")]
+        return _FieldSpec((list, tuple) + extra, "a list" + suffix, 0, _list_checker(f.name, element))
+    if annotation not in _SCALAR_KINDS:
+        raise TypeError("%s.%s: no wire check for %r" % (cls.__name__, f.name, f.type))
+    types, what = _SCALAR_KINDS[annotation]
+    return _FieldSpec(types + extra, what + suffix, _TEXT_LIMITS.get(f.name, TEXT_LIMIT), None)
+
+
+def _getter(keys: List[str]) -> Optional[Callable[[Dict[str, Any]], Tuple[Any, ...]]]:
+    """operator.itemgetter of `keys` that always returns a tuple (None for no keys)."""
+    if not keys:
+        return None
+    return operator.itemgetter(*(keys + keys[:1]))  # one key more: a tuple even for one key
+
+
+def _shape_of(specs: Dict[str, "_FieldSpec"], required: Tuple[str, ...], keys: Tuple[str, ...], types: Tuple[type, ...]) -> Optional[Tuple[Any, ...]]:
+    """How to check a wire dict of one layout (its keys in order, the type of each value) in bulk; None
+    when a key is no field or a type is not one the field accepts (the field-by-field check says which).
+
+    A probe sends every object of a class with the same keys in the same order and, reading
+    by reading, mostly the same types: the types are checked once per layout, and then only
+    the ranges (a sum of the floats is finite only when each is; max and min of the ints; the
+    longest text), at C speed. What fails that is checked field by field, which gives the reason.
+    (floats, ints, ((texts, limit), ...), ((key, convert), ...), missing required fields)
+    """
+    floats = []  # type: List[str]
+    ints = []  # type: List[str]
+    texts = {}  # type: Dict[int, List[str]]
+    converts = []  # type: List[Tuple[str, Callable[[Any], Any]]]
+    for key, kind in zip(keys, types):
+        spec = specs.get(key)
+        if spec is None or kind not in spec.types:
+            return None
+        if kind is float:
+            floats.append(key)
+        elif kind is int:
+            ints.append(key)
+        elif kind is str:
+            texts.setdefault(spec.limit, []).append(key)
+        elif spec.convert is not None and kind is not _NONE:
+            converts.append((key, spec.convert))
+    missing = tuple(name for name in required if name not in keys)
+    text_getters = tuple((_getter(names), limit) for limit, names in texts.items())
+    return _getter(floats), _getter(ints), text_getters, tuple(converts), missing
+
+
+SHAPES_KEPT = 64  # layouts remembered per class: a node sending ever new ones gets the field-by-field check
+_BULK_FIELDS = 8  # dicts with at least this many fields are checked by layout (_shape_of)
+
+
 class _Decoder:
-    """Builds one dataclass from its wire dict without calling its __init__.
+    """Builds one dataclass from its wire dict without calling its __init__, checking every field.
 
     A frozen dataclass's __init__ costs one object.__setattr__ per field; a frame is
     ~50 objects of up to 45 fields, and the console decodes hundreds of frames a
     second, so filling __dict__ directly is several times cheaper. The dataclasses
     have no __post_init__ or validation, so the result is the same object.
+
+    Every field is checked against its annotation (compiled once per class into a
+    _FieldSpec): the type, finite floats, ints within INT_LIMIT, text within TEXT_LIMIT,
+    lists within LIST_LIMITS, nested objects likewise. What fails raises FrameError.
     """
 
     def __init__(self, cls: type) -> None:
@@ -285,32 +479,84 @@ class _Decoder:
         # A subclass (a lazily decoded frame or host) decodes its nested fields as its dataclass does.
         self.nested = next((_NESTED[base] for base in cls.__mro__ if base in _NESTED), {})
         self.plain_names = self.names - frozenset(self.nested)  # fields decoded as they are (lists aside)
+        self.specs = {f.name: _field_spec(cls, f, self.nested) for f in dataclasses.fields(cls)}
+        self.shapes = {}  # type: Dict[Tuple[Tuple[str, ...], Tuple[type, ...]], Optional[Tuple[Any, ...]]]
+
+    def _bulk(self, values: Dict[str, Any], data: Dict[str, Any]) -> bool:
+        """Check and put `data` into `values` by its layout; False when the layout or a value needs fill_each."""
+        keys = tuple(data)
+        types = tuple(map(type, data.values()))
+        try:
+            shape = self.shapes[keys, types]
+        except KeyError:
+            shape = _shape_of(self.specs, self.required, keys, types)
+            if shape is None:
+                return False  # not kept: a hostile node's ever new layouts must not grow the table
+            if len(self.shapes) >= SHAPES_KEPT:
+                self.shapes.clear()
+            self.shapes[keys, types] = shape
+        floats, ints, texts, converts, missing = shape
+        if floats is not None:
+            total = sum(floats(data))
+            if total - total:  # NaN for an inf or a NaN (or a sum that overflowed: fill_each tells)
+                return False
+        if ints is not None:
+            numbers = ints(data)
+            if not (max(numbers) < INT_LIMIT and min(numbers) > -INT_LIMIT):
+                return False
+        for getter, limit in texts:
+            if max(map(len, getter(data))) > limit:
+                return False
+        if missing:
+            return False  # fill_each, and the caller says which
+        values.update(data)
+        for key, convert in converts:
+            values[key] = convert(data[key])
+        return True
+
+    def fill(self, values: Dict[str, Any], data: Dict[str, Any]) -> None:
+        """Check each known field of wire dict `data` and put it, converted, into `values`; raises FrameError."""
+        if len(data) < _BULK_FIELDS or not self._bulk(values, data):
+            self.fill_each(values, data)
+
+    def fill_each(self, values: Dict[str, Any], data: Dict[str, Any]) -> None:
+        """fill, field by field: for a few changed fields (a delta), and to find what is wrong."""
+        specs = self.specs
+        for key, value in data.items():
+            spec = specs.get(key)
+            if spec is None:
+                continue  # a newer probe's field
+            kind = type(value)
+            if kind not in spec.types:
+                raise FrameError("%s: expected %s, got %s" % (key, spec.what, _type_name(value)))
+            if kind is float:
+                if not -_INF < value < _INF:
+                    raise FrameError("%s: not a finite number" % key)
+            elif kind is int:
+                if not -INT_LIMIT < value < INT_LIMIT:
+                    raise FrameError("%s: integer out of range" % key)
+            elif kind is str:
+                if len(value) > spec.limit:
+                    raise FrameError("%s: text longer than %d characters" % (key, spec.limit))
+            elif kind is list or kind is tuple or kind is dict:
+                value = spec.convert(value)  # type: ignore[misc]
+            values[key] = value
 
     def decode(self, data: Any) -> Any:
         if data is None:
             return None
-        if not isinstance(data, dict):
-            raise ValueError("%s: expected an object, got %s" % (self.cls.__name__, type(data).__name__))
-        values = dict(self.defaults)
+        if type(data) is not dict:
+            raise FrameError("%s: expected an object, got %s" % (self.cls.__name__, _type_name(data)))
+        obj = object.__new__(self.cls)
+        values = obj.__dict__
+        values.update(self.defaults)
         for name, factory in self.factories.items():
             values[name] = factory()
-        names = self.names
-        nested = self.nested
-        for key, value in data.items():
-            if key not in names:
-                continue  # a newer probe's field
-            if key in nested:
-                inner, is_tuple = nested[key]
-                decode = _decoder(inner).decode
-                value = tuple(decode(item) for item in (value or ())) if is_tuple else decode(value)
-            elif type(value) is list:
-                value = tuple(value)
-            values[key] = value
-        for name in self.required:
-            if name not in data:
-                raise ValueError("%s: missing field %r" % (self.cls.__name__, name))
-        obj = object.__new__(self.cls)
-        obj.__dict__.update(values)
+        if len(data) < _BULK_FIELDS or not self._bulk(values, data):
+            self.fill_each(values, data)
+            for name in self.required:
+                if name not in data:
+                    raise FrameError("%s: missing field %r" % (self.cls.__name__, name))
         return obj
 
 
@@ -324,37 +570,44 @@ def _decoder(cls: type) -> _Decoder:
     return decoder
 
 
+def list_limit(name: str) -> int:
+    """How many items list field `name` may hold in a frame."""
+    return LIST_LIMITS.get(name, LIST_LIMIT)
+
+
 def from_wire(cls: type, data: Any) -> Any:
-    """Build `cls` from its wire dict, ignoring unknown keys (newer probes add fields)."""
+    """Build `cls` from its wire dict, ignoring unknown keys (newer probes add fields); raises FrameError."""
     return _decoder(cls).decode(data)
 
 
+def field_from_wire(cls: type, name: str, value: Any) -> Any:
+    """Field `name` of `cls` from its wire value, checked and converted as from_wire does; raises FrameError."""
+    values = {}  # type: Dict[str, Any]
+    _decoder(cls).fill(values, {name: value})
+    return values[name]
+
+
+def checked(obj: Any) -> Any:
+    """`obj` (a frame or any wire dataclass built in this process) if every field holds what its
+    annotation says, within the wire bounds; raises FrameError otherwise. For frames that did not
+    come through from_wire (the in-process probe, the fallback, sources)."""
+    _decoder(type(obj)).decode(to_wire(obj))
+    return obj
+
+
 def replace_from_wire(obj: Any, changes: Dict[str, Any]) -> Any:
-    """A copy of dataclass `obj` with the wire-form `changes` applied, each decoded as from_wire decodes it.
+    """A copy of dataclass `obj` with the wire-form `changes` applied, each checked and decoded as from_wire does.
 
     Unknown keys are ignored, as in from_wire; `obj` itself is left as it is. Used to apply
     a stream delta to the previous frame without decoding the unchanged fields again.
+    Raises FrameError for a change that fails the field's check.
     """
     cls = type(obj)
     decoder = _DECODERS.get(cls) or _decoder(cls)
     new = object.__new__(cls)
     values = new.__dict__
     values.update(obj.__dict__)
-    if changes.keys() <= decoder.plain_names and list not in map(type, changes.values()):
-        values.update(changes)  # the usual delta: a few scalar fields, nothing to convert
-        return new
-    names = decoder.names
-    nested = decoder.nested
-    for key, value in changes.items():
-        if key not in names:
-            continue
-        if key in nested:
-            inner, is_tuple = nested[key]
-            decode = _decoder(inner).decode
-            value = tuple(decode(item) for item in (value or ())) if is_tuple else decode(value)
-        elif type(value) is list:
-            value = tuple(value)
-        values[key] = value
+    decoder.fill(values, changes)
     return new
 
 

@@ -59,7 +59,8 @@ def test_defaults_fill_missing_optional_fields():
     [
         ({"time": 1.0}, "NodeFrame: missing field 'node'"),
         ([1, 2], "NodeFrame: expected an object, got list"),
-        ({"node": "n", "time": 1.0, "host": "x"}, "HostSample: expected an object, got str"),
+        ({"node": "n", "time": 1.0, "host": "x"}, "host: expected an object or null, got str"),
+        ({"node": "n", "time": 1.0, "gpus": [{"index": 0, "temperature": "hot"}]}, r"gpus\[0\]\.temperature: expected a number or null, got str"),
     ],
 )
 def test_malformed_frames_are_refused_with_a_clear_message(data, message):

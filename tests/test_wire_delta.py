@@ -222,11 +222,13 @@ def test_a_missing_delta_drops_the_chain_until_the_next_keyframe():
     assert decoder.dropped == 2
 
 
-def test_an_undecodable_line_is_no_frame_and_the_next_delta_is_dropped():
+def test_an_undecodable_line_is_a_bad_frame_and_the_next_delta_is_dropped():
     lines, wires = stream_lines(8, keyframe_every=4)
     decoder = StreamDecoder()
     assert decoder.decode_line(lines[0])[0] == from_wire(NodeFrame, wires[0])
-    assert decoder.decode_line(lines[1][: len(lines[1]) // 2]) == (None, None)  # cut in half
+    assert decoder.decode_line(lines[1][: len(lines[1]) // 2]) == (None, "bad frame: cut short")  # cut in half
+    assert decoder.decode_line(lines[1].split("\t")[0][:100])[1].startswith("bad frame: not JSON (")
+    assert decoder.last == from_wire(NodeFrame, wires[0]) and decoder.bad == 2
     frame, dropped = decoder.decode_line(lines[2])
     assert frame is None and "delta on seq %d" % wires[1]["seq"] in dropped
     assert decoder.decode_line(lines[3])[0] is None

@@ -43,11 +43,14 @@ import json
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from opsconsole.model import (
+    FrameError,
     GpuSample,
     HostSample,
     NodeFrame,
     ProcessSample,
+    field_from_wire,
     from_wire,
+    list_limit,
     replace_from_wire,
     to_wire,
 )
@@ -299,54 +302,80 @@ class DeltaError(ValueError):
     """A delta that does not apply to the last frame (wrong base, bad shape): drop it, wait for a keyframe."""
 
 
+class BadDelta(DeltaError, FrameError):
+    """A delta that is malformed in itself (a bad field, list or item), not merely on another base: a bad frame."""
+
+
+BAD_FRAME = "bad frame: "  # how a line that starts as a frame but fails its checks is reported
+
+
 def _apply_host(old: Optional[HostSample], change: Any) -> Optional[HostSample]:
     if change is None:
         return None
     if type(change) is not dict:
-        raise DeltaError("host: expected an object")
-    if change.pop(CHANGED, None) is None:
-        return from_wire(HostSample, change)
-    if old is None:
-        raise DeltaError("host: changes to a host the last frame does not have")
-    return replace_from_wire(old, change)
+        raise BadDelta("host: expected an object")
+    try:
+        if change.pop(CHANGED, None) is None:
+            return from_wire(HostSample, change)
+        if old is None:
+            raise BadDelta("host: changes to a host the last frame does not have")
+        return replace_from_wire(old, change)
+    except BadDelta:
+        raise
+    except FrameError as exc:
+        raise BadDelta("host.%s" % exc) from None
 
 
 def _apply_list(old: Tuple[Any, ...], items: Any, cls: type, name: str) -> Tuple[Any, ...]:
+    """The list that delta `items` make of `old`; raises BadDelta (a FrameError) naming the item that fails."""
     if type(items) is not list:
-        raise DeltaError("%s: expected a list" % name)
-    out = []
+        raise BadDelta("%s: expected a list" % name)
+    if len(items) > list_limit(name):
+        raise BadDelta("%s: %d items, at most %d" % (name, len(items), list_limit(name)))
+    out = []  # type: List[Any]
     append = out.append
     count = len(old)
-    for item in items:
-        kind = type(item)
-        if kind is int:
-            if not 0 <= item < count:
-                raise DeltaError("%s: no item %d in the last frame (it has %d)" % (name, item, count))
-            append(old[item])
-        elif kind is dict:
-            at = item.pop(CHANGED, None)  # popped: the rest are field names only (the fast path)
-            if at is None:
-                append(from_wire(cls, item))
-            elif type(at) is int and 0 <= at < count:
-                append(replace_from_wire(old[at], item))
+    try:
+        for item in items:
+            kind = type(item)
+            if kind is int:
+                if not 0 <= item < count:
+                    raise BadDelta("%s: no item %d in the last frame (it has %d)" % (name, item, count))
+                append(old[item])
+            elif kind is dict:
+                at = item.pop(CHANGED, None)  # popped: the rest are field names only (the fast path)
+                if at is None:
+                    append(from_wire(cls, item))
+                elif type(at) is int and 0 <= at < count:
+                    append(replace_from_wire(old[at], item))
+                else:
+                    raise BadDelta("%s: no item %s in the last frame (it has %d)" % (name, _short(at), count))
             else:
-                raise DeltaError("%s: no item %r in the last frame (it has %d)" % (name, at, count))
-        else:
-            raise DeltaError("%s: bad item %r" % (name, item))
+                raise BadDelta("%s: bad item %s" % (name, _short(item)))
+    except BadDelta:
+        raise
+    except FrameError as exc:
+        raise BadDelta("%s[%d].%s" % (name, len(out), exc)) from None
     return tuple(out)
+
+
+def _short(value: Any) -> str:
+    """A bounded repr of a value from the wire, for a reason (the value may be megabytes)."""
+    text = repr(value) if type(value) in (int, bool, type(None)) and len(str(value)) <= 20 else type(value).__name__
+    return text
 
 
 def apply_delta(base: Optional[NodeFrame], delta: Dict[str, Any]) -> NodeFrame:
     """The frame that `delta` makes of `base`, reusing every unchanged object; raises DeltaError."""
     if delta.get("delta") != DELTA_FORMAT:
-        raise DeltaError("unknown delta format %r" % (delta.get("delta"),))
+        raise DeltaError("unknown delta format %s" % _short(delta.get("delta")))
     if base is None:
         raise DeltaError("delta before any keyframe")
     if delta.get("base") != base.seq:
-        raise DeltaError("delta on seq %r, the last frame is seq %r" % (delta.get("base"), base.seq))
+        raise DeltaError("delta on seq %s, the last frame is seq %r" % (_short(delta.get("base")), base.seq))
     scalars = delta.get("f")
     if type(scalars) is not dict or _NESTED_FRAME_FIELDS.intersection(scalars):
-        raise DeltaError("bad top-level fields")
+        raise BadDelta("bad top-level fields")
     values = {}  # type: Dict[str, Any]
     try:
         if "host" in delta:
@@ -357,8 +386,10 @@ def apply_delta(base: Optional[NodeFrame], delta: Dict[str, Any]) -> NodeFrame:
         frame = replace_from_wire(base, scalars)
     except DeltaError:
         raise
+    except FrameError as exc:
+        raise BadDelta(str(exc)) from None
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
-        raise DeltaError("bad delta: %s: %s" % (type(exc).__name__, exc)) from None
+        raise BadDelta("bad delta: %s: %s" % (type(exc).__name__, exc)) from None
     if values:  # `frame` is a new object of ours: fill it in place rather than copy it again (replace_decoded)
         frame.__dict__.update(values)
     return frame
@@ -387,7 +418,7 @@ class _LazyPart(object):
 
     def fields(self) -> Dict[str, Any]:
         if self.data is None:
-            data = json.loads(self.text)
+            data = parse_json(self.text)
             if type(data) is not dict:
                 raise DeltaError("process lists: expected an object")
             self.data, self.text = data, ""
@@ -419,7 +450,7 @@ class _LazyList(object):
             if type(base) is _LazyList:
                 base = base.resolve()
             value = self._value(base, part.fields())
-        except (DeltaError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        except (DeltaError, ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
             # Too late to drop the frame: its list is empty, and the stream waits for a keyframe.
             if self.chain.error is None:
                 self.chain.error = "%s did not apply: %s" % (self.name, exc)
@@ -496,7 +527,7 @@ class _LazyCores(_LazyList):
         cores = data[LAZY_CORES]
         if type(cores) is not list:
             raise DeltaError("expected a list")
-        return tuple(cores)
+        return field_from_wire(HostSample, LAZY_CORES, cores)
 
 
 _LAZY_CORES_KEY = "_lazy_" + LAZY_CORES
@@ -563,18 +594,48 @@ def _with_lazy_lists(frame: NodeFrame, base: Optional[NodeFrame], text: str, cha
     return new
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError("%s is not a number JSON allows" % name)
+
+
+# NaN and Infinity are no JSON, though Python's json reads them: a frame holding one is bad.
+# (A number too big for a float, 1e999, still reads as inf: the field checks refuse it.)
+_STRICT_JSON = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def parse_json(text: str) -> Any:
+    """json.loads without NaN/Infinity; raises ValueError (deep nesting included) for what is not one JSON value."""
+    try:
+        return _STRICT_JSON.decode(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 # json.loads without its Python wrapper (two regex matches and a few calls per line): the
 # main part starts with "{" (checked) and json.loads allows only this whitespace after it.
-_scan_once = json.JSONDecoder().scan_once
+_scan_once = _STRICT_JSON.scan_once
 _JSON_WHITESPACE = " \t\n\r"
+
+
+def _json_problem(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, json.JSONDecodeError):
+        return "not JSON (%s at character %d)" % (exc.msg, exc.pos)
+    if isinstance(exc, StopIteration):
+        return "not JSON"
+    return "not JSON (%s)" % exc
 
 
 class StreamDecoder(object):
     """The console's end of one probe stream: turns lines into frames, keyframes and deltas alike.
 
-    Process lists sent after a TAB are decoded when first read (LazyListsFrame). If one
-    of those fails to apply (a bad line the probe should never send), that frame's list
-    is empty and the deltas after it are dropped until a keyframe, as for any bad delta.
+    Every field is checked where it is decoded (model.from_wire / replace_from_wire): a line
+    that starts as a frame ("{") but is no valid one is a bad frame, reported as
+    "bad frame: <reason>", and the last good frame stays `last`. Process lists sent after a
+    TAB are decoded (and checked) when first read (LazyListsFrame). If one of those fails
+    (a bad line the probe should never send), that frame's list is empty and the deltas
+    after it are dropped until a keyframe, as for any bad delta.
     """
 
     def __init__(self) -> None:
@@ -582,10 +643,12 @@ class StreamDecoder(object):
         self.keyframes = 0
         self.deltas = 0
         self.dropped = 0
+        self.bad = 0  # lines that started as a frame and failed its checks
         self._chain = _Chain()
 
     def decode_line(self, line: str) -> Tuple[Optional[NodeFrame], Optional[str]]:
-        """(frame, None) for a frame; (None, why) for a dropped delta; (None, None) for a line that is no frame."""
+        """(frame, None) for a frame; (None, why) for a bad frame ("bad frame: ...") or a dropped
+        delta; (None, None) for a line that is no frame (text that does not start with "{")."""
         if line[:1] != "{":
             line = line.strip()
             if line[:1] != "{":
@@ -593,13 +656,13 @@ class StreamDecoder(object):
         main, _, lazy = line.partition(LAZY_SEPARATOR)
         lazy = lazy.rstrip()
         if lazy and not lazy.endswith("]}"):
-            return None, None  # cut short (lists of flat objects end so, and only at the end): no frame
+            return self._bad("cut short")  # lists of flat objects end so, and only at the end
         try:
             data, end = _scan_once(main, 0)
-        except (ValueError, StopIteration):
-            return None, None
+        except (ValueError, StopIteration, RecursionError) as exc:
+            return self._bad(_json_problem(exc))
         if type(data) is not dict or (end != len(main) and main[end:].strip(_JSON_WHITESPACE)):
-            return None, None  # as json.loads: one JSON value, then only JSON whitespace
+            return self._bad("not one JSON object")  # as json.loads: one JSON value, then only JSON whitespace
         if self._chain.error is not None:  # an earlier frame's lists did not apply: that chain is over
             broken, self._chain = self._chain.error, _Chain()
             self.last = None
@@ -610,6 +673,8 @@ class StreamDecoder(object):
         if "delta" in data:
             try:
                 frame = apply_delta(base, data)
+            except FrameError as exc:  # BadDelta: malformed in itself
+                return self._bad(str(exc))
             except DeltaError as exc:
                 self.dropped += 1
                 return None, "delta dropped (%s): waiting for a keyframe" % exc
@@ -617,8 +682,8 @@ class StreamDecoder(object):
         else:
             try:
                 frame = from_wire(NodeFrame, data)
-            except (ValueError, TypeError, AttributeError):
-                return None, None
+            except FrameError as exc:
+                return self._bad(str(exc))
             self.keyframes += 1
             base = None
         if lazy:
@@ -626,8 +691,15 @@ class StreamDecoder(object):
         self.last = frame
         return frame, None
 
+    def _bad(self, why: str) -> Tuple[None, str]:
+        # The last good frame stays `last`: the deltas built on the bad line are dropped until a keyframe.
+        self.bad += 1
+        return None, BAD_FRAME + why
+
 
 __all__ = [
+    "BAD_FRAME",
+    "BadDelta",
     "DEFAULT_KEYFRAME_EVERY",
     "DELTA_FORMAT",
     "LAZY_CORES",
@@ -639,6 +711,7 @@ __all__ = [
     "StreamDecoder",
     "apply_delta",
     "delta_of",
+    "parse_json",
     "round_wire",
     "rounded_wire",
     "split_line",
