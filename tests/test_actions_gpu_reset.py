@@ -25,6 +25,10 @@ from opsconsole.actions.runner import ActionRunner
 from opsconsole.config import ActionsConfig, Config, ConsoleConfig, NodeConfig, SshConfig, parse_config
 from opsconsole.model import STATE_UP, GpuSample, NodeFrame, NodeState, ProcessSample
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401
+from opsconsole.nodes.local import LocalLink
+
+# The node is this machine, as the console's embedded default is: its GPUs are ours to reset (with a stub).
+THIS_MACHINE = LocalLink(NodeConfig(name="local", local=True), 1.0)
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
@@ -68,7 +72,7 @@ def config_with(tmp_path: Path, template_toml: str) -> Config:
     return replace(parsed, console=ConsoleConfig(interval=0.2))
 
 
-def context(config: Config, get_state, link=None) -> ActionContext:
+def context(config: Config, get_state, link=THIS_MACHINE) -> ActionContext:
     return ActionContext(config=config, get_state=get_state, link=link,
                          runner=ActionRunner(AuditLog(config.actions.audit_log)))
 

@@ -34,6 +34,10 @@ from opsconsole.model import STATE_DOWN, STATE_UP, NodeFrame, NodeState, Process
 from opsconsole.nodes.ssh import SshLink
 from opsconsole.probe.procs import ProcessTable
 from tests.sshd import StateLog, ssh_client, sshd_factory  # noqa: F401
+from opsconsole.nodes.local import LocalLink
+
+# The node is this machine, as the console's embedded default is: its PIDs are ours to signal.
+THIS_MACHINE = LocalLink(NodeConfig(name="local", local=True), 1.0)
 
 FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
 
@@ -70,7 +74,7 @@ def started(argv: List[str], wait_ready: bool = False):
         proc.wait(10)
 
 
-def context(tmp_path, get_state, link=None, escalation_s=0.6, interval=0.3) -> ActionContext:
+def context(tmp_path, get_state, link=THIS_MACHINE, escalation_s=0.6, interval=0.3) -> ActionContext:
     config = Config(
         console=ConsoleConfig(interval=interval),
         actions=ActionsConfig(audit_log=str(tmp_path / "audit.log"), signal_escalation_s=escalation_s),

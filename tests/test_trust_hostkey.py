@@ -65,7 +65,15 @@ async def open_trust(pilot, app: OpsConsole):
     assert table.has_focus
     assert app.panes["nodes"].highlighted_node() == "n1"
     await pilot.press("T")
-    await pilot.pause()
+    await until_armed(pilot, app)
+
+
+async def until_armed(pilot, app) -> None:
+    """Wait until a confirmation on screen takes keys (it drops those of its first moments)."""
+    for _ in range(200):
+        await pilot.pause(0.05)
+        if not isinstance(app.screen, ConfirmScreen) or app.screen.armed:
+            return
 
 
 def audit_records(path: Path):
@@ -171,7 +179,7 @@ async def test_changed_key_is_refused_then_trusted_after_the_user_removes_the_ol
         # The user runs the command the modal showed; the key is then unknown, and trusted with y.
         subprocess.run(command, shell=True, check=True, capture_output=True)
         await pilot.press("T")
-        await pilot.pause()
+        await until_armed(pilot, app)
         assert isinstance(app.screen, ConfirmScreen) and app.screen.query("#confirm-yes")
         assert new_fingerprint in body_of(app.screen)
         await pilot.press("y")
@@ -280,7 +288,7 @@ class _Host:
 async def test_confirm_screen_keys(keys, answer):
     app = _Host.make(ConfirmScreen("Kill 421?", "kill -s TERM 421 on gpu-a01"))
     async with app.run_test() as pilot:
-        await pilot.pause()
+        await until_armed(pilot, app)
         await pilot.press(*keys)  # enter presses the focused button: Cancel
         await pilot.pause()
     assert app.answers == [answer]
@@ -289,7 +297,7 @@ async def test_confirm_screen_keys(keys, answer):
 async def test_confirm_screen_with_a_typed_word():
     app = _Host.make(ConfirmScreen("Reset GPU 3?", "nvidia-smi -r -i 3", word="gpu-a01", danger=True))
     async with app.run_test() as pilot:
-        await pilot.pause()
+        await until_armed(pilot, app)
         confirm = app.screen.query_one("#confirm-yes", Button)
         assert confirm.disabled
         await pilot.press("y", "enter")  # `y` is typed into the word, not a confirmation
@@ -301,3 +309,21 @@ async def test_confirm_screen_with_a_typed_word():
         await pilot.press("enter")
         await pilot.pause()
     assert app.answers == [True]
+
+
+@pytest.mark.parametrize("keys", [["y"], ["enter"], list("gpu-a01") + ["enter"]])
+async def test_keys_in_the_burst_that_opened_a_confirmation_are_dropped(keys):
+    """Keys arriving before the question can be read (a paste, a laggy link) neither answer nor type."""
+    word = "gpu-a01" if "g" in keys else None
+    app = _Host.make(ConfirmScreen("Reset GPU 3?", "nvidia-smi -r -i 3", word=word, danger=True))
+    async with app.run_test() as pilot:
+        await pilot.press(*keys)  # at once: the screen is not armed yet
+        screen = app.screen
+        assert isinstance(screen, ConfirmScreen) and not screen.armed and screen.keys_dropped == len(keys)
+        assert app.answers == [] and screen.focused is None
+        await until_armed(pilot, app)
+        assert app.answers == []
+        if word:
+            assert screen.query_one("#confirm-word").value == "" and screen.focused is screen.query_one("#confirm-word")
+        else:
+            assert screen.focused is screen.query_one("#confirm-no", Button)

@@ -25,6 +25,7 @@ from tui_fakes import FakeFleet, single_node_states  # noqa: E402
 
 from opsconsole.actions.registry import ACTIONS  # noqa: E402
 from opsconsole.config import ActionsConfig, Config, ConsoleConfig, NodeConfig  # noqa: E402
+from opsconsole.nodes.local import LocalLink  # noqa: E402
 from opsconsole.model import STATE_UP, NodeFrame, NodeState, ProcessSample  # noqa: E402
 from opsconsole.probe.procs import ProcessTable  # noqa: E402
 from opsconsole.tui.action_flow import ReasonScreen, ResultScreen  # noqa: E402
@@ -59,6 +60,12 @@ class LiveFleet(FakeFleet):
         frame = NodeFrame(node=self.name, time=now, seq=self.seq, gpus=self.gpus, processes=self.processes,
                           top_processes=top, gpu_source="nvml")
         return {self.name: NodeState(name=self.name, state=STATE_UP, frame=frame, received_at=now, since=now - 60)}
+
+    def link(self, name: str) -> LocalLink:
+        """The node is this machine, as the console's embedded default is: its PIDs are ours to signal."""
+        if name != self.name:
+            raise KeyError(name)
+        return LocalLink(NodeConfig(name=name, local=True), 1.0)
 
 
 def console(tmp_path: Path, fleet, read_only: bool = False, **actions) -> OpsConsole:
@@ -160,7 +167,7 @@ async def test_gpu_reset_typed_confirmation_then_the_stub_runs_and_the_result_sh
     async with app.run_test(size=SIZE) as pilot:
         await open_pane(pilot, app, "1", "gpus")
         await pilot.press("R")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the reset confirmation")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the reset confirmation")
         screen = app.screen
         body = str(screen.query_one("#confirm-body").render())
         assert "%s --gpu-reset -i 0" % stub in body and "local" in body and "privileges" in body
@@ -199,7 +206,7 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
             await pilot.press("t", "t")  # host processes only
             await pilot.pause()
             await pilot.press("x")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the signal confirmation")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the signal confirmation")
             body = str(app.screen.query_one("#confirm-body").render())
             assert "kill -s TERM -- %d" % sleeper.pid in body and "local" in body and "sleep" in body
             assert app.screen.query_one("#confirm-no", Button).has_focus
@@ -207,7 +214,7 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
             await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the cancel")
             assert sleeper.poll() is None
             await pilot.press("x")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the confirmation again")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the confirmation again")
             await pilot.press("y")
             await wait_until(pilot, lambda: "gone" in messages(app) or "zombie" in messages(app), "the verdict")
             assert sleeper.wait(10) == -15
@@ -240,7 +247,7 @@ async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_new
         assert "needs a reason" in str(app.screen.query_one("#reason-error").render())
         app.screen.query_one("#reason-input", Input).value = "XID 79 on GPU 3"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the drain confirmation")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the drain confirmation")
         body = str(app.screen.query_one("#confirm-body").render())
         assert "scontrol update NodeName=local State=DRAIN 'Reason=XID 79 on GPU 3'" in body
         await pilot.press("y")
@@ -276,7 +283,7 @@ async def test_action_keys_can_be_remapped_and_yes_no_can_be_switched_off(tmp_pa
             await open_pane(pilot, app, "1", "gpus")
             assert "G" in footer_keys(app) and "R" not in footer_keys(app)
             await pilot.press("G")  # the typed word is still asked
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the reset confirmation")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the reset confirmation")
             assert app.screen.word == "local/0"
             await pilot.press("escape")
             await pilot.pause()

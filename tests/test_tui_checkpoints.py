@@ -142,9 +142,9 @@ async def test_cleanup_confirmation_cancel_then_confirm_deletes_only_the_plan(tm
     async with app.run_test(size=SIZE) as pilot:
         pane = await open_pane(pilot, app)
         await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the cleanup confirmation")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the cleanup confirmation")
         screen = app.screen
-        assert app.focused.id == "confirm-no"  # Cancel has the focus
+        assert app.focused.id == "confirm-word"  # three to delete: the directory's name must be typed
         body = screen.body.plain
         assert "Delete 3 checkpoints" in screen.title_text
         for name in ("checkpoint_epoch_0.pt", "checkpoint_epoch_1.pt", "checkpoint_epoch_2.pt"):
@@ -152,12 +152,15 @@ async def test_cleanup_confirmation_cancel_then_confirm_deletes_only_the_plan(tm
         assert "best" in next(line for line in body.splitlines() if "checkpoint_best.pt" in line)
         assert "latest" in next(line for line in body.splitlines() if "checkpoint_epoch_4.pt" in line)
         assert "freed" in body
-        await pilot.press("enter")  # a stray enter hits Cancel
+        await pilot.press("y", "enter")  # y is a letter of the word, and a wrong word confirms nothing
+        await pilot.pause()
+        assert app.screen is screen and len(list(seed.iterdir())) == 7
+        await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the cancel")
         assert len(list(seed.iterdir())) == 7
         await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted, "the second confirmation")
-        await pilot.press("y")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the second confirmation")
+        await pilot.press(*seed.name, "enter")
         await wait_for(pilot, lambda: pane.checkpoint_table.table.row_count == 3, "the deletions and the rescan")
     left = sorted(p.name for p in seed.iterdir())
     assert left == ["checkpoint_best.pt", "checkpoint_epoch_3.pt", "checkpoint_epoch_4.pt", "checkpoint_latest.pt"]

@@ -26,6 +26,8 @@ from textual.widgets import DataTable  # noqa: E402
 from textual.widgets._toast import Toast  # noqa: E402
 
 from h200_fleet import idle_gpu  # noqa: E402
+from opsconsole.config import NodeConfig  # noqa: E402
+from opsconsole.nodes.local import LocalLink  # noqa: E402
 from tui_fakes import FROZEN_NOW, FakeFleet, loaded_gpu, node_frame  # noqa: E402
 
 from opsconsole.config import parse_config  # noqa: E402
@@ -154,9 +156,16 @@ def write_world(tmp_path: Path) -> str:
     ))
 
 
+class HostileFleet(FakeFleet):
+    """The hostile node is this machine (its confirmations are drawn; nothing is confirmed here)."""
+
+    def link(self, name: str) -> LocalLink:
+        return LocalLink(NodeConfig(name=name, local=True), 1.0)
+
+
 def console(tmp_path: Path, extra_config: str = "") -> OpsConsole:
     config = parse_config(write_world(tmp_path) + extra_config, str(tmp_path / "[bold]opsconsole[/x].toml"))
-    return OpsConsole(config, FakeFleet(hostile_states()), now=lambda: FROZEN_NOW)
+    return OpsConsole(config, HostileFleet(hostile_states()), now=lambda: FROZEN_NOW)
 
 
 def screen_lines(app: OpsConsole) -> List[str]:

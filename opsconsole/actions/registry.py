@@ -16,9 +16,10 @@ from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequ
 
 from opsconsole.actions import drain as drain_mod
 from opsconsole.actions import gpu_reset, signals
-from opsconsole.actions.runner import ActionOutcome, ActionRunner, CommandResult, remote_link, run_on_node
+from opsconsole.actions.runner import ActionOutcome, ActionRunner, CommandResult, no_command_channel, run_on_node
 from opsconsole.config import Config
 from opsconsole.model import NodeState
+from opsconsole.nodes.base import COMMANDS_HERE, command_channel, is_replayed
 
 # Danger levels, least to most. Anything above SAFE is absent in a read-only console.
 DANGER_SAFE = "safe"  # reads only (a health rerun)
@@ -78,10 +79,13 @@ class ActionContext:
     progress: Optional[Callable[[str], None]] = None
     # Health checks of one node (and GPU), as opsconsole.health.runner gives them; None: not available.
     health_checks: Optional[Callable[[str, Optional[int], bool], Awaitable[List[Any]]]] = None
+    # The console replays a recording: every node is one, whatever its link says.
+    replayed: bool = False
 
     @property
     def local(self) -> bool:
-        return remote_link(self.link) is None
+        """Whether the node is this machine (commands run here, signals with os.kill)."""
+        return command_channel(self.link) == COMMANDS_HERE
 
     @property
     def frame_wait_s(self) -> float:
@@ -510,23 +514,42 @@ def hidden_binding_ids(config: Config) -> frozenset:
     return frozenset(a.binding_id for a in ACTIONS if not allowed(a, config))
 
 
+# Actions that reach into the node itself (its processes, GPUs, files) need its command channel;
+# the node actions (a Slurm drain from the login node, the health rules over its frames) do not.
+_NEEDS_COMMAND_CHANNEL = (TARGET_PROCESS, TARGET_GPU, TARGET_CHECKPOINT_DIR)
+
+
+def refusal_for_target(act: Action, target: Target, ctx: ActionContext) -> Optional[str]:
+    """Why `act` must not act on `target` at all (a replayed node, no command channel), None when it may."""
+    if ctx.replayed or is_replayed(ctx.link):
+        return "%s is replayed from a recording: no action acts on it (%s refused)" % (target.node, act.label)
+    if act.target_kind in _NEEDS_COMMAND_CHANNEL:
+        why = no_command_channel(ctx.link)
+        if why:
+            return "%s refused: %s" % (act.label, why)
+    return None
+
+
 async def plan_action(action_id: str, target: Target, ctx: ActionContext, params: Optional[Mapping[str, str]] = None) -> Plan:
-    """Pre-checks and the exact command; raises Refused (read-only, unavailable, a failed check)."""
+    """Pre-checks and the exact command; raises Refused (read-only, a replayed node, unavailable, a failed check)."""
     act = action(action_id)
     if act.target_kind != target.kind:
         raise Refused("%s acts on a %s, not a %s" % (act.label, act.target_kind, target.kind))
     if not allowed(act, ctx.config):
         raise Refused("read-only console [R]: %s is off" % act.label)
-    why = act.available(ctx.config)
+    why = refusal_for_target(act, target, ctx) or act.available(ctx.config)
     if why:
         raise Refused(why)
     return await act.plan(act, target, ctx, dict(params or {}))
 
 
 async def run_plan(plan: Plan, ctx: ActionContext) -> ActionReport:
-    """Carry out a confirmed plan (audited by the runner); read-only is checked again."""
+    """Carry out a confirmed plan (audited by the runner); read-only and the target are checked again."""
     if not allowed(plan.action, ctx.config):
         raise Refused("read-only console [R]: %s is off" % plan.action.label)
+    why = refusal_for_target(plan.action, plan.target, ctx)
+    if why:
+        raise Refused(why)
     return await plan.action.run(plan, ctx)
 
 

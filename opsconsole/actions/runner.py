@@ -151,8 +151,25 @@ def remote_link(link: Any) -> Optional[Any]:
     return ssh_link_of(link)
 
 
+def no_command_channel(link: Any) -> Optional[str]:
+    """Why no command may run for the node of `link` (a replay, a metrics view), None when one may."""
+    from opsconsole.nodes.base import COMMANDS_HERE, command_channel, is_replayed
+
+    if is_replayed(link):
+        return "%s is a replay of a recording: its PIDs and files are not this machine's" % getattr(link, "name", "node")
+    channel = command_channel(link)
+    if channel is None:
+        return "no command channel to %s (not a live node of this console)" % getattr(link, "name", "the node")
+    if channel != COMMANDS_HERE and remote_link(link) is None:
+        return "%s: commands go over %s, which this console cannot reach" % (getattr(link, "name", "node"), channel)
+    return None
+
+
 async def run_on_node(link: Any, argv: Sequence[str], timeout: float) -> CommandResult:
-    """Run argv where the node is: over SSH for an SshLink, here for the local node."""
+    """Run argv where the node is: over SSH for an SshLink, here for the local node; nowhere else."""
+    why = no_command_channel(link)
+    if why:
+        return CommandResult(None, error=why)
     remote = remote_link(link)
     if remote is not None:
         return await run_remote(remote, argv, timeout)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, List, Optional, Tuple
 
-from opsconsole.actions.runner import CommandResult, remote_link, run_remote
+from opsconsole.actions.runner import CommandResult, no_command_channel, remote_link, run_remote
 from opsconsole.model import NodeFrame, NodeState, ProcessSample
 
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
@@ -88,6 +88,9 @@ def _local_identity_changed(proc: ProcessSample) -> Optional[str]:
 async def deliver_signal(signal_name: str, pid: int, link: Any, timeout: float) -> CommandResult:
     """Send the signal: os.kill here, `kill -s SIG -- PID` over the node's SSH connection there."""
     argv = signal_argv(signal_name, pid)
+    why = no_command_channel(link)
+    if why:  # the registry refuses first; this is the last guard before os.kill
+        return CommandResult(None, error=why)
     remote = remote_link(link)
     if remote is not None:
         return await run_remote(remote, argv, timeout)

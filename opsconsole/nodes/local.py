@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from opsconsole.config import NodeConfig
 from opsconsole.model import STATE_DOWN, STATE_UP, NodeState
-from opsconsole.nodes.base import NodeLink, Publish
+from opsconsole.nodes.base import COMMANDS_HERE, NodeLink, Publish
 
 ProbeFactory = Callable[[], Any]  # returns an object with poll() -> NodeFrame
 
@@ -70,6 +70,8 @@ class LocalLink(NodeLink):
     never overlap: a probe slower than the interval just lowers the rate. A probe that
     raises turns the node `down` with the reason, and the next interval tries again.
     """
+
+    commands_run = COMMANDS_HERE
 
     def __init__(
         self,

@@ -1,7 +1,8 @@
 """A node that plays a recording in a loop, shifted to now: real captured data beside a live demo.
 
-Its name says it is a replay, so nobody mistakes it for a live machine; actions on it are
-refused like on any node without a command channel.
+Its name says it is a replay, so nobody mistakes it for a live machine. Its PIDs are the
+recorded machine's, never this one's: it has no command channel and is marked replayed, and
+the action registry refuses every action on it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ TICK_S = 0.5
 
 class ReplayLink(NodeLink):
     """Publishes node `source` of a recording as node `name`, looping, with times moved to the present."""
+
+    is_replay = True
 
     def __init__(self, name: str, path: str, source: Optional[str] = None,
                  clock: Callable[[], float] = time.time) -> None:

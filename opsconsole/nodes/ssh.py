@@ -54,7 +54,7 @@ from opsconsole.model import (
     replace_decoded,
 )
 from opsconsole.nodes.backoff import Backoff
-from opsconsole.nodes.base import NodeLink, Publish
+from opsconsole.nodes.base import COMMANDS_SSH, NodeLink, Publish
 from opsconsole.nodes.bundle import UNSUPPORTED_MARKER, probe_bundle
 from opsconsole.nodes.hostkeys import HostKeyVerdict, HostKeyVerifier
 from opsconsole.nodes.smi_fallback import FallbackPoller
@@ -340,6 +340,8 @@ class ProbeSession(asyncssh.SSHClientSession):
 
 class SshLink(NodeLink):
     """Streams the probe from one node over a persistent SSH connection (see the module docstring)."""
+
+    commands_run = COMMANDS_SSH
 
     def __init__(
         self,

@@ -10,6 +10,7 @@ flow runs as an async worker and awaits its screens.
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -44,6 +45,7 @@ from opsconsole.actions.registry import (
 from opsconsole.actions.runner import ActionRunner
 from opsconsole.actions.signals import ProcessVerdict
 from opsconsole.config import DEFAULT_CONFIG
+from opsconsole.nodes.base import is_replayed
 from opsconsole.tui.formatting import printable, printable_text
 
 CHECK_STYLES = {CHECK_PASS: "green", CHECK_WARN: "yellow", CHECK_FAIL: "bold red"}
@@ -189,6 +191,15 @@ class ResultScreen(ModalScreen[None]):
         self.dismiss(None)
 
 
+TYPING_POLL_S = 0.1
+
+
+async def wait_until_not_typing(app: Any) -> None:
+    """Return once no text input has the focus (at once when none has)."""
+    while isinstance(getattr(app, "focused", None), Input):
+        await asyncio.sleep(TYPING_POLL_S)
+
+
 class ActionFlow:
     """Runs registered actions for one console app (see the module docstring)."""
 
@@ -217,6 +228,7 @@ class ActionFlow:
             runner=self.runner(),
             confirm_next=self._ask_next_signal,
             progress=lambda line: self.app.notify(line, timeout=6),
+            replayed=is_replayed(fleet),
         )
 
     def start(self, action_id: str, target: Target) -> None:
@@ -288,6 +300,16 @@ class ActionFlow:
             confirm_label=act.label,
             danger=act.danger in (DANGER_DESTRUCTIVE, DANGER_CRITICAL),
         )
+        return await self._ask(screen)
+
+    async def _ask(self, screen: Any) -> bool:
+        """Push a confirmation once nobody is typing into a text input, and wait for its answer.
+
+        A question that appears under the user's fingers (an escalation's timer firing while the
+        filter is open) would take the next typed `y` as its answer: it waits until the input is
+        closed. The screen itself ignores keys that arrive just after it appears (ConfirmScreen).
+        """
+        await wait_until_not_typing(self.app)
         return bool(await self.app.push_screen_wait(screen))
 
     async def _ask_next_signal(self, signal_name: str, verdict: ProcessVerdict) -> bool:
@@ -298,7 +320,7 @@ class ActionFlow:
         body.append("\ny sends it · n / esc stops here (the process keeps running)", style="italic")
         screen = ConfirmScreen("Still running: send SIG%s?" % signal_name, body, confirm_label="Send SIG" + signal_name,
                                danger=signal_name == "KILL")
-        return bool(await self.app.push_screen_wait(screen))
+        return await self._ask(screen)
 
     def _refused(self, ctx: ActionContext, action_id: str, target: Target, reason: str) -> None:
         problem = ctx.runner.note(action_id, target.node, target.describe(), (), OUTCOME_REFUSED, reason)

@@ -486,7 +486,9 @@ class OpsConsole(App[int]):
     def action_filter(self) -> None:
         self.filter_input.value = self._pane_filters.get(self.visible_pane_id, "")
         self.filter_input.add_class("-open")
-        self.filter_input.focus()
+        # Focus now, not after the queued events (Widget.focus defers it): every key typed in the
+        # same burst as `/` (a paste, a laggy link) belongs to the filter, never to the pane's keys.
+        self.filter_input.screen.set_focus(self.filter_input, scroll_visible=False)
 
     def action_back(self) -> None:
         if self.filter_input.has_class("-open"):

@@ -15,6 +15,7 @@ A remote directory is scanned only while its node is connected: logging in is th
 from __future__ import annotations
 
 import asyncio
+import posixpath
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -699,8 +700,10 @@ class CheckpointsPane(TablePane):
                                                confirm_label=None, cancel_label="Close"))
             return
         title = "Delete %d checkpoints in %s:%s (%s)?" % (len(plan.to_delete), node, config.path, format_bytes(plan.bytes_freed))
+        # More than one unit to delete takes the typed word (the directory's name), as the registry's cleanup does.
+        word = (posixpath.basename(posixpath.normpath(config.path)) or config.path) if len(plan.to_delete) > 1 else None
         self.app.push_screen(
-            ConfirmScreen(title, plan_text(plan), confirm_label="Delete %d" % len(plan.to_delete), danger=True),
+            ConfirmScreen(title, plan_text(plan), word=word, confirm_label="Delete %d" % len(plan.to_delete), danger=True),
             callback=lambda confirmed: self.plan_answered(config, key, plan, confirmed),
         )
 

@@ -4,6 +4,10 @@ The most dangerous actions pass `word` (k9s style): the user types it (a node na
 PID) and presses enter; `y` alone does nothing then. With `confirm_label=None` the
 screen only informs (a refusal that shows the command to run instead) and always
 dismisses with False.
+
+Keys that arrive within ARM_DELAY_S of the screen appearing are dropped: they were typed
+before anyone could read the question (a paste, a burst over a laggy SSH link, `/eyes`
+whose `e` opened this screen). Nothing has the focus until then, so no widget takes them.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from typing import Optional, Union
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -23,6 +27,9 @@ from opsconsole.tui.formatting import printable, printable_text
 
 class ConfirmScreen(ModalScreen[bool]):
     """A modal question; dismisses with True only on an explicit confirmation."""
+
+    ARM_DELAY_S = 0.5
+    AUTO_FOCUS = ""  # nothing: focus is given when the screen is armed
 
     BINDINGS = [
         Binding("y", "confirm", "Yes", id="confirm.yes"),
@@ -62,6 +69,8 @@ class ConfirmScreen(ModalScreen[bool]):
         self.word = word
         self.confirm_label = confirm_label
         self.cancel_label = cancel_label
+        self.armed = False
+        self.keys_dropped = 0  # keys that arrived before the screen was armed
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -78,12 +87,28 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Button(self.cancel_label, id="confirm-no", variant="default")
 
     def on_mount(self) -> None:
+        self.screen.set_focus(None)
+        self.set_timer(self.ARM_DELAY_S, self._arm)
+
+    def _arm(self) -> None:
+        self.armed = True
         # Cancel has the focus: a stray enter or space must never confirm. With a word to
         # type, the input has it: there enter confirms only once the word matches.
         if self.word is not None and self.confirm_label is not None:
             self.query_one("#confirm-word", Input).focus()
         else:
             self.query_one("#confirm-no", Button).focus()
+
+    def on_key(self, event: events.Key) -> None:
+        if not self.armed:  # typed before the question could be read: neither an answer nor a binding
+            self.keys_dropped += 1
+            event.stop()
+            event.prevent_default()
+
+    def on_paste(self, event: events.Paste) -> None:
+        if not self.armed:
+            event.stop()
+            event.prevent_default()
 
     @property
     def word_typed(self) -> bool:
@@ -94,7 +119,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_confirm(self) -> None:
         """`y`: confirm, unless a word must be typed or the screen only informs."""
-        if self.confirm_label is None or self.word is not None:
+        if self.confirm_label is None or self.word is not None or not self.armed:
             return
         self.dismiss(True)
 
@@ -116,7 +141,7 @@ class ConfirmScreen(ModalScreen[bool]):
     @on(Button.Pressed, "#confirm-yes")
     def yes_pressed(self, event: Button.Pressed) -> None:
         event.stop()
-        if self.word_typed:
+        if self.armed and self.word_typed:
             self.dismiss(True)
 
     @on(Button.Pressed, "#confirm-no")
