@@ -127,7 +127,7 @@ def test_the_real_checkpoint_reads_correctly():
 # --- (a) safetensors ------------------------------------------------------------------------------
 
 json_leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.integers(min_value=-(10**500), max_value=10**500),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
 )
 json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
@@ -328,3 +328,136 @@ def test_trainer_state_json_with_junk(state, junk):
     assert isinstance(meta, CheckpointMeta) and (problem is None or isinstance(problem, str))
     assert meta.epoch is None or isinstance(meta.epoch, int)
     assert meta.loss is None or isinstance(meta.loss, float)
+
+
+# --- one concrete input for each bug the fuzzers (and their review) found ---------------------------
+
+
+def _tree(*entries: bytes) -> bytes:
+    return b"\x80\x02}(" + b"".join(entries) + b"u."
+
+
+def test_regression_a_huge_int_value_is_shown_by_its_size():
+    # repr() of an int over 4300 digits raised ValueError out of the reader.
+    result = read_file("a.pt", torch_zip(_tree(_text("epoch") + b"K\x02", _text("payload") + _int(10**5000))))
+    assert result.problem is None and result.meta.epoch == 2
+    assert dict(result.meta.details)["payload"] == "<int of 16610 bits>"
+
+
+def test_regression_numbers_too_large_for_a_float():
+    # epoch/loss/timestamp of 10**400: float() and "%g" raised OverflowError; a huge int key broke str().
+    pickled = _tree(_text("epoch") + _int(10**400), _text("loss") + _int(10**400),
+                    _text("timestamp") + _int(10**400), _int(10**5000) + b"K\x01")
+    result = read_file("a.pt", torch_zip(pickled))
+    assert result.problem is None and result.meta.epoch is None and result.meta.loss is None
+    assert result.meta.timestamp == "<int of 1329 bits>" and "<int of 16610 bits>" in result.meta.top_keys
+
+
+def test_regression_a_huge_memo_index_is_refused_before_unpickling():
+    # LONG_BINPUT 50_000_000: the C unpickler allocated and cleared a 400 MB memo for 12 bytes.
+    loaded = restricted_loads(b"\x80\x02Nr" + struct.pack("<I", 50_000_000) + b".")
+    assert loaded.error == "data.pkl unreadable: memo index 50000000 out of range"
+
+
+def test_regression_a_shared_tuple_as_a_dict_key_is_refused():
+    # t1 = (t0, t0) ... t80 through the memo: 300 bytes whose hash as a key takes 2**80 steps.
+    pickled = b"\x80\x02}(" + _shared_nest(b"K\x01", 80, b"\x86") + b"K\x00u."
+    loaded = restricted_loads(pickled)
+    assert loaded.over_limit and "to hash or compare" in loaded.error
+    result = read_file("a.pt", torch_zip(pickled))
+    assert result.integrity == "ok" and result.problem == loaded.error  # our bound, not damage
+    # str() of a shared nested list (its repr) is refused the same way, or as a str() of a list.
+    as_text = restricted_loads(b"\x80\x02cbuiltins\nstr\n" + _shared_nest(b"]", 80, b"\x86") + b"\x85R.")
+    assert as_text.error and as_text.value is None
+
+
+def test_regression_build_cannot_change_a_safe_global_for_the_process():
+    # BUILD on the shared torch.float32 stub renamed it for every later checkpoint; on
+    # collections.Counter (a Python class) it set attributes process-wide.
+    import collections
+
+    renamed = b"\x80\x02ctorch\nfloat32\n}(" + _text("name") + _text("int64") + b"ub."
+    counter = b"\x80\x02ccollections\nCounter\nN}(" + _text("most_common") + b"Nu\x86b."
+    rebuild = b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\nN}(" + _text("__defaults__") + b"Nu\x86b."
+    for pickled in (renamed, counter, rebuild):
+        restricted_loads(pickled)
+    assert SAFE_GLOBALS[("torch", "float32")].name == "float32"
+    assert callable(collections.Counter.most_common)
+    assert restricted_loads(b"\x80\x02ctorch\nfloat32\n.").value.name == "float32"
+
+
+def test_regression_a_tensor_shape_of_lists_is_not_multiplied_out():
+    # size ([1], 2**40): numel was math.prod of a list: a list of 2**40 items.
+    storage = _storage(_text("0"), b"K\x01")
+    tensor = _reduce(b"torch._utils\n_rebuild_tensor_v2\n", [storage, b"K\x00", b"(]K\x01a" + _int(2**40) + b"t", b")"])
+    result = read_file("a.pt", torch_zip(_tree(_text("loss") + tensor, _text("epoch") + b"K\x01")))
+    assert result.meta.epoch == 1 and result.meta.loss is None
+    assert dict(result.meta.details)["loss"] == "<tensor with a malformed shape: not loaded (outside the safe list)>"
+
+
+def test_regression_many_distinct_globals_are_bounded():
+    # Each GLOBAL built a class and was looked up in a list: 10k+ names, quadratic and unbounded.
+    names = b"".join(b"cm%d\nn\n0" % i for i in range(12_000))
+    loaded = restricted_loads(b"\x80\x02" + names + b"N.")
+    assert loaded.error == "data.pkl unreadable: over 10000 distinct globals"
+    assert len(loaded.unsafe_globals) == 100
+
+
+def test_regression_an_error_message_does_not_carry_the_whole_input():
+    # float('<1 MB>') quotes all of it in its message, which became the problem line.
+    loaded = restricted_loads(b"\x80\x02cbuiltins\nfloat\n" + _text("x" * 10**6) + b"\x85R.")
+    assert loaded.error.startswith("data.pkl unreadable: could not convert") and len(loaded.error) < 250
+
+
+def _deflated_zip(payload: bytes, claimed_size: int) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", payload)
+    data = bytearray(buffer.getvalue())
+    # Patch the directory's uncompressed size: a small data.pkl on paper, a bomb in fact.
+    central = data.rfind(b"PK\x01\x02")
+    struct.pack_into("<I", data, central + 24, claimed_size)
+    return bytes(data)
+
+
+def test_regression_a_deflate_bomb_is_not_inflated():
+    bomb = _deflated_zip(b"\x80\x02N" + b"0" * 50_000_000 + b"N.", 100)
+    result = read_file("a.pt", bomb)
+    assert result.integrity == "corrupt" and result.problem == "archive/data.pkl inflates to over 100 bytes, its directory says 100"
+    crc = drive(zipmeta.full_check_reader(len(bomb)), bomb)
+    assert crc.integrity == "corrupt" and "inflates past" in crc.problem
+
+
+def test_regression_a_stored_member_must_read_its_own_size():
+    data = bytearray(torch_zip(_tree(_text("epoch") + b"K\x01")))
+    central = data.find(b"PK\x01\x02")  # the first member: data.pkl
+    compressed = struct.unpack_from("<I", data, central + 20)[0]
+    struct.pack_into("<I", data, central + 20, compressed + 10)  # read 10 bytes more than its size
+    result = read_file("a.pt", bytes(data))
+    assert result.integrity == "corrupt" and "stored with" in result.problem
+
+
+def test_regression_a_zip64_locator_pointing_past_the_file(tmp_path):
+    # Its record offset of 2**64 - 1 went to os.pread, which raised OverflowError (not OSError).
+    eocd = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, 2**64 - 1, 1)
+    path = tmp_path / "a.pt"
+    path.write_bytes(b"PK\x03\x04" + b"\x00" * 100 + locator + eocd)
+    result = zipmeta.read_local(str(path), lambda size: formats.file_reader("a.pt", size))
+    assert result.integrity == "corrupt" and "past its locator" in result.problem
+
+
+def test_regression_json_sidecars_nesting_infinity_and_huge_numbers():
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert formats.trainer_state_meta(deep)[1] == "trainer_state.json is not JSON: nested too deeply"
+    deep_header = b'{"a": ' + deep + b"}"
+    safetensors = struct.pack("<Q", len(deep_header)) + deep_header
+    assert read_file("m.safetensors", safetensors).problem == "header is not JSON: nested too deeply"
+    meta, problem = formats.trainer_state_meta(
+        b'{"epoch": Infinity, "best_metric": 1%s, "log_history": [{"loss": NaN}, {"eval_loss": 1%s}]}' % (b"0" * 400, b"0" * 400))
+    assert problem is None and meta.epoch is None and meta.best_loss is None
+    meta, _ = formats.trainer_state_meta(b'{"epoch": NaN}')
+    assert meta.epoch is None
+    header = json.dumps({"__metadata__": {"loss": 10**400, "epoch": [1] * 10}}).encode()
+    result = read_file("m.safetensors", struct.pack("<Q", len(header)) + header)
+    assert result.problem is None and result.meta.loss is None and result.meta.epoch is None
