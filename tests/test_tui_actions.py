@@ -225,6 +225,46 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
     assert [r["outcome"] for r in audit_records(tmp_path)] == ["cancelled", "attempt", "ok"]
 
 
+STUBBORN = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+
+
+async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_path):
+    """The 'still running: send SIGTERM?' question comes on a timer; it never opens under a typing user."""
+    stubborn = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stubborn.stdout.readline().strip() == "ready"
+        fleet = LiveFleet("local", pids=[stubborn.pid])
+        app = console(tmp_path, fleet, signal_escalation_s=0.3)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await open_pane(pilot, app, "2", "processes")
+            await pilot.press("t", "t")  # host processes only
+            await pilot.pause()
+            await pilot.press("e")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the escalation")
+            await pilot.press("y")  # SIGINT, which the process ignores
+            await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the SIGINT")
+            await pilot.press("slash")
+            await wait_until(pilot, lambda: isinstance(app.focused, Input), "the filter")
+            for _ in range(30):  # the escalation's wait passes while the user types
+                await pilot.press("y")
+                await pilot.pause(0.1)
+                assert not isinstance(app.screen, ConfirmScreen)
+            assert app.filter_input.value == "y" * 30
+            await pilot.press("escape")  # the input closes: now the question may open
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the SIGTERM question")
+            assert "SIGTERM" in app.screen.title_text
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the answer")
+            await pilot.pause(0.3)
+        assert stubborn.poll() is None  # SIGTERM was never sent
+        outcomes = [(r["command"], r["outcome"]) for r in audit_records(tmp_path)]
+        assert [o for _, o in outcomes] == ["attempt", "ok", "cancelled"] and "TERM" in " ".join(outcomes[-1][0])
+    finally:
+        stubborn.kill()
+        stubborn.wait(10)
+
+
 # --- drain and the Audit pane -----------------------------------------------------------------
 
 
