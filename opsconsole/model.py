@@ -31,6 +31,8 @@ NODE_STATES = (
     STATE_HOSTKEY,
     STATE_FALLBACK,
 )
+# How a node's reason starts when what it sent should have been a frame but failed the checks.
+BAD_FRAME = "bad frame: "
 # States in which the node is delivering fresh frames.
 LIVE_STATES = (STATE_UP, STATE_FALLBACK)
 

@@ -52,16 +52,15 @@ async def test_the_rest_is_handed_over_at_the_end_and_closed_resolves():
     assert session.closed.done() and session.closed.result() is None
 
 
-async def test_a_line_without_end_is_handed_over_instead_of_growing():
-    lines = []
-    session = ProbeSession(lines.append)
+async def test_a_line_over_the_limit_is_dropped_as_it_comes_and_reported():
+    lines, too_long = [], []
+    session = ProbeSession(lines.append, too_long.append)
     chunk = "x" * (MAX_LINE_CHARS // 2 + 1)
     session.data_received(chunk, None)
-    assert lines == []
-    session.data_received(chunk, None)
-    assert lines == [chunk + chunk]
-    session.data_received("tail\n", None)
-    assert lines[-1] == "tail\n"
+    session.data_received(chunk, None)  # over the limit: let go of, not held
+    assert lines == [] and too_long == [] and not session._splitters[None]._parts
+    session.data_received("tail\n{}\n", None)
+    assert too_long == [2 * len(chunk) + 5] and lines == ["{}\n"]
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from opsconsole.config import Config, NodeConfig
-from opsconsole.model import STATE_DOWN, STATE_STALE, STATE_UP, NodeState
+from opsconsole.model import BAD_FRAME, STATE_DOWN, STATE_STALE, STATE_UP, NodeState
 from opsconsole.nodes.base import NodeLink
 from opsconsole.nodes.totals import FleetTotals, totals_of  # noqa: F401  (FleetTotals: imported from here too)
 from opsconsole.sources.fleet_sources import FleetSources  # sources, add/remove nodes, Slurm (issue 8)
@@ -183,9 +183,10 @@ class Fleet(FleetSources):
             quiet_before = now - self.stale_after  # _is_quiet, without a call per node per period
             for state in list(self._states.values()):
                 if state.state == STATE_UP and state.received_at is not None and state.received_at < quiet_before:
-                    self._publish(
-                        replace(state, state=STATE_STALE, reason="no frame for %.0f s" % state.age(now), since=now)
-                    )
+                    reason = "no frame for %.0f s" % state.age(now)
+                    if state.reason is not None and state.reason.startswith(BAD_FRAME):  # frames come, but bad ones
+                        reason = "%s (no good frame for %.0f s)" % (state.reason, state.age(now))
+                    self._publish(replace(state, state=STATE_STALE, reason=reason, since=now))
 
     def _down(self, name: str, reason: str) -> NodeState:
         previous = self._states[name]

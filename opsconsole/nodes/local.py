@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 from opsconsole.config import NodeConfig
-from opsconsole.model import STATE_DOWN, STATE_UP, NodeState
+from opsconsole.model import BAD_FRAME, STATE_DOWN, STATE_UP, FrameError, NodeState, checked
 from opsconsole.nodes.base import COMMANDS_HERE, NodeLink, Publish
 
 ProbeFactory = Callable[[], Any]  # returns an object with poll() -> NodeFrame
@@ -108,6 +108,14 @@ class LocalLink(NodeLink):
             raise
         except Exception as exc:  # the probe's failure is the node's state, not a crash
             return self._enter(STATE_DOWN, reason="probe failed: " + _describe(exc))
+        try:
+            checked(frame)  # the frame checks the wire gets: what the panes and snapshot read must hold its types
+        except FrameError as exc:
+            # The last good frame stays; a node never up yet is down.
+            state = STATE_UP if self._state.state == STATE_UP else STATE_DOWN
+            return self._enter(state, reason=BAD_FRAME + str(exc))
+        except Exception as exc:  # not even a frame
+            return self._enter(STATE_DOWN, reason="%snot a frame: %s" % (BAD_FRAME, _describe(exc)))
         now = time.time()
         return self._enter(STATE_UP, reason=None, frame=frame, received_at=now)
 

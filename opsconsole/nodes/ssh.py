@@ -26,7 +26,6 @@ import asyncio
 import collections
 import contextlib
 import getpass
-import json
 import logging
 import os
 import random
@@ -41,6 +40,7 @@ import asyncssh
 
 from opsconsole.config import NodeConfig, SshConfig
 from opsconsole.model import (
+    BAD_FRAME,
     STATE_AUTH,
     STATE_CONNECTING,
     STATE_DOWN,
@@ -48,15 +48,17 @@ from opsconsole.model import (
     STATE_HOSTKEY,
     STATE_STALE,
     STATE_UP,
+    FrameError,
     NodeFrame,
     NodeState,
-    from_wire,
+    checked,
     replace_decoded,
 )
 from opsconsole.nodes.backoff import Backoff
 from opsconsole.nodes.base import COMMANDS_SSH, NodeLink, Publish
 from opsconsole.nodes.bundle import UNSUPPORTED_MARKER, probe_bundle
 from opsconsole.nodes.hostkeys import HostKeyVerdict, HostKeyVerifier
+from opsconsole.nodes.line_split import MAX_LINE_CHARS, LineSplitter
 from opsconsole.nodes.smi_fallback import FallbackPoller
 from opsconsole.probe.wire_delta import StreamDecoder
 
@@ -78,7 +80,6 @@ CHANNEL_RETRY_DELAYS = (0.02, 0.05, 0.1, 0.2)
 KEYFRAME_EVERY_S = 30.0
 # Keepalives wait at least this many frame intervals of silence (see keepalive_beside_stream).
 STREAM_KEEPALIVE_SLACK = 1.5
-MAX_LINE_CHARS = 16 * 1024 * 1024  # a probe line longer than this is no frame: hand it over, don't grow
 # How often the one stale sweep of an event loop looks at every stream (see StaleSweep): a node goes
 # `stale` at most this much later than STALE_INTERVALS intervals after its last frame.
 STALE_SWEEP_S = 0.25
@@ -285,6 +286,15 @@ def unusable_python_reason(exit_status: Optional[int], lines: Sequence[str]) -> 
     return None
 
 
+def _fallback_problem(frame: NodeFrame) -> Optional[str]:
+    """None when the fallback's frame (parsed from nvidia-smi and /proc text) passes the frame checks, else why not."""
+    try:
+        checked(frame)
+    except FrameError as exc:
+        return BAD_FRAME + str(exc)
+    return None
+
+
 def fallback_reason(why: str) -> str:
     return "no usable python3 on node: %s; using nvidia-smi + /proc" % why
 
@@ -293,40 +303,28 @@ class ProbeSession(asyncssh.SSHClientSession):
     """The probe channel's receiving end: hands each complete line to `on_line` as it arrives.
 
     stdout and stderr are both read (an unread stderr window would stall stdout), each
-    with its own partial line so the two never mix within a line. A partial line left at
-    the end is handed over too; one longer than MAX_LINE_CHARS is handed over as it is.
+    with its own LineSplitter so the two never mix within a line. A partial line left at
+    the end is handed over too. A line longer than MAX_LINE_CHARS is dropped as it comes,
+    never held whole, and reported to `on_too_long` with its length.
     `closed` resolves when the channel closes.
     """
 
-    def __init__(self, on_line: Callable[[str], None]) -> None:
+    def __init__(self, on_line: Callable[[str], None], on_too_long: Optional[Callable[[int], None]] = None) -> None:
         self._on_line = on_line
-        self._partial = {}  # type: Dict[Any, str]
+        self._on_too_long = on_too_long or (lambda length: None)
+        self._splitters = {}  # type: Dict[Any, LineSplitter]
         self.closed = asyncio.get_running_loop().create_future()
 
     def data_received(self, data: str, datatype: Any) -> None:
-        partial = self._partial.pop(datatype, None)
-        if partial:
-            data = partial + data
-        on_line = self._on_line
-        end = data.find("\n")
-        if end == len(data) - 1 and partial is None:
-            on_line(data)  # the usual case: one packet, one whole line
-            return
-        start = 0
-        while end >= 0:
-            on_line(data[start:end + 1])
-            start = end + 1
-            end = data.find("\n", start)
-        rest = data[start:]
-        if len(rest) > MAX_LINE_CHARS:
-            on_line(rest)
-        elif rest:
-            self._partial[datatype] = rest
+        splitter = self._splitters.get(datatype)
+        if splitter is None:
+            splitter = self._splitters[datatype] = LineSplitter(self._on_line, self._on_too_long, MAX_LINE_CHARS)
+        splitter.feed(data)
 
     def _flush(self) -> None:
-        partials, self._partial = self._partial, {}
-        for rest in partials.values():
-            self._on_line(rest)
+        splitters, self._splitters = self._splitters, {}
+        for splitter in splitters.values():
+            splitter.flush()
 
     def eof_received(self) -> bool:
         self._flush()
@@ -657,26 +655,23 @@ class SshLink(NodeLink):
             argv += ["--disk", path]
         return shlex.join(argv)
 
-    def _frame_of(self, line: str) -> Optional[NodeFrame]:
-        text = line.strip()
-        if not text.startswith("{"):
-            return None
-        try:
-            return from_wire(NodeFrame, json.loads(text))
-        except (ValueError, TypeError):
-            return None
-
     def _note_line(self, line: str) -> None:
         text = line.rstrip("\n")
         if text.strip():
             self.error_lines.append(text[:500])
 
-    async def _open_probe_session(self, conn: asyncssh.SSHClientConnection, on_line: Callable[[str], None]) -> Tuple[Any, "ProbeSession"]:
+    def _bad_frame(self, why: str) -> None:
+        """A line that should have been a frame was not: say so on the node, keep its last good frame."""
+        self._note_line(why)
+        self._enter(self._state.state, why)
+
+    async def _open_probe_session(self, conn: asyncssh.SSHClientConnection, on_line: Callable[[str], None],
+                                  on_too_long: Callable[[int], None]) -> Tuple[Any, "ProbeSession"]:
         """Open the probe's exec channel with a ProbeSession on it; a refused open is tried again (see _create_process)."""
         for delay in CHANNEL_RETRY_DELAYS + (None,):
             try:
                 return await conn.create_session(
-                    lambda: ProbeSession(on_line), self.probe_command(), encoding="utf-8", errors="replace"
+                    lambda: ProbeSession(on_line, on_too_long), self.probe_command(), encoding="utf-8", errors="replace"
                 )
             except asyncssh.ChannelOpenError:
                 if delay is None or self._lost is not None:
@@ -706,17 +701,26 @@ class SshLink(NodeLink):
             except Exception as exc:  # called from asyncssh's data callback: a bug here must not end the connection
                 self._note_line("cannot handle a probe line: %s: %s" % (type(exc).__name__, exc))
 
+        def bad_line(why: str) -> None:
+            if not seen["dropping"]:  # once per broken chain, not once per delta dropped after it
+                self._bad_frame(why)
+            seen["dropping"] = True
+
+        def on_too_long(length: int) -> None:
+            try:
+                bad_line("%sa line of %d characters, over the limit of %d" % (BAD_FRAME, length, MAX_LINE_CHARS))
+            except Exception as exc:  # as on_line
+                self._note_line("cannot handle a probe line: %s: %s" % (type(exc).__name__, exc))
+
         def handle_line(line: str) -> None:
-            frame, dropped = decode_line(line)
+            frame, why = decode_line(line)
             if frame is None:
-                if dropped is None:
+                if why is None:  # no frame: a warning or a traceback the probe printed
                     self._note_line(line)
-                    if seen["frames"] == 0:
+                    if seen["frames"] == 0 and len(output) < ERROR_LINES_KEPT:
                         output.append(line.rstrip("\n"))
                 else:
-                    if not seen["dropping"]:  # once per broken chain, not once per delta
-                        self._note_line(dropped)
-                    seen["dropping"] = True
+                    bad_line(why)
                 return
             seen["dropping"] = False
             seen["frames"] += 1
@@ -727,7 +731,7 @@ class SshLink(NodeLink):
 
         async with self.channel_slot():
             try:
-                channel, session = await self._open_probe_session(conn, on_line)
+                channel, session = await self._open_probe_session(conn, on_line, on_too_long)
                 channel.write(probe_bundle())
                 channel.write_eof()
             except (asyncssh.Error, OSError) as exc:
@@ -771,6 +775,9 @@ class SshLink(NodeLink):
         if self._state.state != STATE_STALE:
             since = self._state.received_at
             age = "no frame for %.1f s" % (time.time() - since) if since else "no frame yet"
+            bad = self._state.reason
+            if bad is not None and bad.startswith(BAD_FRAME):  # frames come, but bad ones: say so first
+                age = "%s (no good frame for %.1f s)" % (bad, time.time() - since) if since else bad
             self._enter(STATE_STALE, age)
 
     # --- the fallback ------------------------------------------------------------------------
@@ -804,7 +811,11 @@ class SshLink(NodeLink):
                 if not tick.done():
                     tick.cancel()
             self._backoff.reset()
-            self._enter(STATE_FALLBACK, reason, frame=frame, received_at=time.time())
+            bad = _fallback_problem(frame)
+            if bad is None:
+                self._enter(STATE_FALLBACK, reason, frame=frame, received_at=time.time())
+            else:  # the last good frame stays
+                self._enter(STATE_FALLBACK, bad)
             await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
 
     # --- run and poll_once ----------------------------------------------------------------------
@@ -851,11 +862,20 @@ class SshLink(NodeLink):
         await self._connected()
         status, out, _ = await self._exec(self.probe_command(once=True), timeout, input=probe_bundle(), merge=True)
         lines = out.splitlines()
+        decoder = StreamDecoder()
+        bad = None  # type: Optional[str]
         for line in lines:
-            frame = self._frame_of(line)
+            if len(line) > MAX_LINE_CHARS:
+                bad = "%sa line of %d characters, over the limit of %d" % (BAD_FRAME, len(line), MAX_LINE_CHARS)
+                continue
+            frame, problem = decoder.decode_line(line)
             if frame is not None:
                 return self._enter(STATE_UP, None, publish=False, frame=frame, received_at=time.time())
-            self._note_line(line)
+            if problem is not None:
+                bad = bad or problem
+            self._note_line(problem or line)
+        if bad is not None:
+            return self._enter(STATE_DOWN, bad, publish=False)
         why = unusable_python_reason(status, lines)
         if why is None:
             return self._enter(
@@ -865,4 +885,7 @@ class SshLink(NodeLink):
         await self._fallback_tick(poller, timeout)  # the baseline for CPU % and network rates
         await asyncio.sleep(ONCE_SETTLE_S)
         frame = await self._fallback_tick(poller, timeout)
+        bad = _fallback_problem(frame)
+        if bad is not None:
+            return self._enter(STATE_DOWN, bad, publish=False)
         return self._enter(STATE_FALLBACK, fallback_reason(why), publish=False, frame=frame, received_at=time.time())

@@ -43,6 +43,7 @@ import json
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from opsconsole.model import (
+    BAD_FRAME,
     FrameError,
     GpuSample,
     HostSample,
@@ -306,7 +307,6 @@ class BadDelta(DeltaError, FrameError):
     """A delta that is malformed in itself (a bad field, list or item), not merely on another base: a bad frame."""
 
 
-BAD_FRAME = "bad frame: "  # how a line that starts as a frame but fails its checks is reported
 
 
 def _apply_host(old: Optional[HostSample], change: Any) -> Optional[HostSample]:
