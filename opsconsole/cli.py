@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 from dataclasses import replace
@@ -255,11 +254,11 @@ def run_without_joining_threads(coro) -> object:
 
 def command_snapshot(args: argparse.Namespace) -> int:
     """Poll every node once and print the table or the JSON document."""
-    from opsconsole.snapshot_format import snapshot_document, snapshot_table
+    from opsconsole.snapshot_format import snapshot_json, snapshot_table
 
     config = config_from_args(args)
     states = run_without_joining_threads(take_snapshot(config, args.timeout, slurm_follower(args)))
-    text = json.dumps(snapshot_document(states), indent=2) + "\n" if args.json else snapshot_table(states)
+    text = snapshot_json(states) if args.json else snapshot_table(states)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

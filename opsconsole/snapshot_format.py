@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from opsconsole.model import STATE_UP, GpuSample, NodeFrame, NodeState, ProcessSample, to_wire
+from opsconsole.model import BAD_FRAME, STATE_UP, GpuSample, NodeFrame, NodeState, ProcessSample, to_wire
+from opsconsole.sanitize import printable_line
 
 MIB = 1024 * 1024
 MISSING = "?"  # a reading the GPU does not report (gpustat prints "??")
+NAME_WIDTH_MAX = 40  # a node's 4 KiB GPU name must not pad every other line to its width
 
 
 # --- JSON --------------------------------------------------------------------
@@ -42,9 +46,30 @@ def node_document(state: NodeState, now: float) -> Dict[str, Any]:
 
 
 def snapshot_document(states: Iterable[NodeState], now: Optional[float] = None) -> Dict[str, Any]:
-    """The whole `snapshot --json` document: `{"nodes": [...]}` in the order given."""
+    """The whole `snapshot --json` document: `{"nodes": [...]}` in the order given, NaN and infinities as None."""
     now = time.time() if now is None else now
-    return {"nodes": [node_document(state, now) for state in states]}
+    return json_safe({"nodes": [node_document(state, now) for state in states]})
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every float that standard JSON cannot hold (NaN, +-inf) replaced by None, lists and dicts copied.
+
+    Frames from nodes are checked where they are decoded, but a source or a link's own
+    figures (an RTT, an age) could still hold one, and `json.dumps` would print `NaN`.
+    """
+    kind = type(value)
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        return {key: json_safe(item) for key, item in value.items()}
+    if kind is list or kind is tuple:
+        return [json_safe(item) for item in value]
+    return value
+
+
+def snapshot_json(states: Iterable[NodeState], now: Optional[float] = None) -> str:
+    """`snapshot --json`'s text: standard JSON (no NaN), one document, a newline at the end."""
+    return json.dumps(snapshot_document(states, now), indent=2, allow_nan=False) + "\n"
 
 
 # --- text table ----------------------------------------------------------------
@@ -60,7 +85,7 @@ def _mib(value: Optional[int]) -> str:
 
 def format_process(proc: ProcessSample) -> str:
     """`user(pid) 21482M`, as gpustat lists a GPU's processes."""
-    who = proc.user or proc.name or MISSING
+    who = printable_line(proc.user or proc.name or MISSING)
     memory = "" if proc.gpu_memory_bytes is None else " %dM" % (proc.gpu_memory_bytes // MIB)
     return "%s(%d)%s" % (who, proc.pid, memory)
 
@@ -77,7 +102,7 @@ def processes_on(frame: NodeFrame, gpu: GpuSample) -> List[ProcessSample]:
 
 def format_gpu_line(frame: NodeFrame, gpu: GpuSample, name_width: int = 0) -> str:
     """`[0] NVIDIA H200 | 39°C,   0 % |     0 / 143771 MB | 109 / 700 W | user(pid) 21482M`."""
-    name = (gpu.name or MISSING).ljust(name_width)
+    name = printable_line(gpu.name or MISSING).ljust(name_width)
     if gpu.lost:
         return "[%d] %s | lost: the GPU fell off the bus or NVML lost it" % (gpu.index, name)
     total = _mib(gpu.memory_total)
@@ -95,20 +120,23 @@ def format_gpu_line(frame: NodeFrame, gpu: GpuSample, name_width: int = 0) -> st
 
 
 def _frame_time(frame: NodeFrame) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(frame.time))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(frame.time))
+    except (ValueError, OverflowError, OSError):  # a node clock far outside what the C library takes
+        return MISSING
 
 
 def format_node_header(state: NodeState, now: float, name_width: int = 0) -> str:
     """`name  state  hostname  time  driver`, plus the age of a frame that is not fresh."""
     frame = state.frame
-    fields = [state.name.ljust(name_width), state.state.ljust(10)]
+    fields = [printable_line(state.name).ljust(name_width), printable_line(state.state).ljust(10)]
     if frame is None:
         fields.append("-")
         return "  ".join(fields).rstrip()
     hostname = frame.host.hostname if frame.host else frame.node
-    fields += [hostname, _frame_time(frame)]
+    fields += [printable_line(hostname), _frame_time(frame)]
     if frame.driver_version or frame.gpus:
-        fields.append("driver " + (frame.driver_version or MISSING))
+        fields.append("driver " + printable_line(frame.driver_version or MISSING))
     line = "  ".join(fields)
     age = state.age(now)
     if state.state != STATE_UP and age is not None:
@@ -120,24 +148,24 @@ def format_node(state: NodeState, now: float, name_width: int = 0, gpu_name_widt
     """The header line of a node, a line per GPU, and why it is not up (when it is not)."""
     lines = [format_node_header(state, now, name_width)]
     frame = state.frame
-    if state.state != STATE_UP and state.reason:
-        lines.append("  %s: %s" % (state.state, state.reason))
+    if state.reason and (state.state != STATE_UP or state.reason.startswith(BAD_FRAME)):
+        lines.append("  %s: %s" % (printable_line(state.state), printable_line(state.reason)))
     if frame is not None:
         for gpu in frame.gpus:
             lines.append(format_gpu_line(frame, gpu, gpu_name_width))
         if not frame.gpus:
-            lines.append("  no GPUs" + (": " + frame.gpu_note if frame.gpu_note else ""))
+            lines.append("  no GPUs" + (": " + printable_line(frame.gpu_note) if frame.gpu_note else ""))
         for error in frame.errors:
             if frame.gpus or not frame.gpu_note or frame.gpu_note not in error:  # said once above
-                lines.append("  error: " + error)
+                lines.append("  error: " + printable_line(error))
     return lines
 
 
 def snapshot_table(states: Sequence[NodeState], now: Optional[float] = None) -> str:
     """All nodes as gpustat prints one machine: aligned names, one line per GPU."""
     now = time.time() if now is None else now
-    name_width = max((len(s.name) for s in states), default=0)
-    gpu_name_width = max((len(g.name or MISSING) for s in states if s.frame for g in s.frame.gpus), default=0)
+    name_width = min(NAME_WIDTH_MAX, max((len(s.name) for s in states), default=0))
+    gpu_name_width = min(NAME_WIDTH_MAX, max((len(g.name or MISSING) for s in states if s.frame for g in s.frame.gpus), default=0))
     lines: List[str] = []
     for state in states:
         lines.extend(format_node(state, now, name_width, gpu_name_width))
