@@ -234,7 +234,7 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
     try:
         assert stubborn.stdout.readline().strip() == "ready"
         fleet = LiveFleet("local", pids=[stubborn.pid])
-        app = console(tmp_path, fleet, signal_escalation_s=0.3)
+        app = console(tmp_path, fleet, signal_escalation_s=1.5)  # the question comes while the filter is open
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
             await open_pane(pilot, app, "2", "processes")
@@ -246,11 +246,11 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
             await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the SIGINT")
             await pilot.press("slash")
             await wait_until(pilot, lambda: isinstance(app.focused, Input), "the filter")
-            for _ in range(30):  # the escalation's wait passes while the user types
+            for _ in range(40):  # the escalation's wait passes while the user types
                 await pilot.press("y")
                 await pilot.pause(0.1)
                 assert not isinstance(app.screen, ConfirmScreen)
-            assert app.filter_input.value == "y" * 30
+            assert app.filter_input.value == "y" * 40
             await pilot.press("escape")  # the input closes: now the question may open
             await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the SIGTERM question")
             assert "SIGTERM" in app.screen.title_text

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tui_fakes import FakeFleet, single_node_states  # noqa: E402
+from tui_fakes import FakeFleet, ThisMachineFleet, single_node_states  # noqa: E402
 
 from opsconsole.config import ActionsConfig, CheckpointDirConfig, Config, ConsoleConfig  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
@@ -29,7 +29,7 @@ def make_app(tmp_path: Path, root: Path, read_only: bool = False, extra_dirs=())
         checkpoints=(CheckpointDirConfig(path=str(root), keep=2, min_age=600),) + tuple(extra_dirs),
         actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")),
     )
-    return OpsConsole(config, FakeFleet(single_node_states()), now=time.time)
+    return OpsConsole(config, ThisMachineFleet(single_node_states()), now=time.time)
 
 
 def audit(tmp_path: Path):
@@ -124,34 +124,39 @@ async def test_crc_check_runs_in_a_worker_and_marks_the_row(tmp_path, seed):
         assert pane.progress.progress == pane.progress.total
 
 
-async def test_cleanup_is_refused_in_read_only(tmp_path, seed):
+async def test_cleanup_is_absent_in_read_only(tmp_path, seed):
     before = sorted(p.name for p in seed.iterdir())
     app = make_app(tmp_path, seed, read_only=True)
     async with app.run_test(size=SIZE) as pilot:
-        await open_pane(pilot, app)
+        pane = await open_pane(pilot, app)
+        assert "checkpoints.cleanup" not in {b.binding.id for b in app.active_bindings.values()}
         await pilot.press("c")
         await pilot.pause(0.2)
         assert not isinstance(app.screen, ConfirmScreen)
+        # Asked for anyway (the palette, a script): the registered action refuses it, audited.
+        app.action_flow.start("checkpoint_cleanup", pane.action_target("checkpoint_cleanup"))
+        await wait_for(pilot, lambda: audit(tmp_path), "the refusal")
     assert sorted(p.name for p in seed.iterdir()) == before
     records = audit(tmp_path)
-    assert [(r["action"], r["outcome"]) for r in records] == [("checkpoint.cleanup", "refused")]
+    assert [(r["action"], r["outcome"]) for r in records] == [("checkpoint_cleanup", "refused")]
 
 
-async def test_cleanup_confirmation_cancel_then_confirm_deletes_only_the_plan(tmp_path, seed):
+async def test_c_runs_the_registered_cleanup_typed_word_cancel_then_confirm_deletes_only_the_plan(tmp_path, seed):
     app = make_app(tmp_path, seed)
     async with app.run_test(size=SIZE) as pilot:
         pane = await open_pane(pilot, app)
         await pilot.press("c")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the cleanup confirmation")
         screen = app.screen
-        assert app.focused.id == "confirm-word"  # three to delete: the directory's name must be typed
+        assert app.focused.id == "confirm-word"  # deleting checkpoints: the directory's name must be typed
         body = screen.body.plain
-        assert "Delete 3 checkpoints" in screen.title_text
+        assert "Clean up" in screen.title_text and str(seed) in screen.title_text
+        assert "opsconsole cleanup %s --keep 2 --min-age 600" % seed in body  # the headless command it equals
+        assert "deletes 3 of 6" in body
         for name in ("checkpoint_epoch_0.pt", "checkpoint_epoch_1.pt", "checkpoint_epoch_2.pt"):
-            assert "delete" in next(line for line in body.splitlines() if name in line)
+            assert next(line for line in body.splitlines() if name in line).lstrip("· ").startswith("delete")
         assert "best" in next(line for line in body.splitlines() if "checkpoint_best.pt" in line)
         assert "latest" in next(line for line in body.splitlines() if "checkpoint_epoch_4.pt" in line)
-        assert "freed" in body
         await pilot.press("y", "enter")  # y is a letter of the word, and a wrong word confirms nothing
         await pilot.pause()
         assert app.screen is screen and len(list(seed.iterdir())) == 7
@@ -165,9 +170,10 @@ async def test_cleanup_confirmation_cancel_then_confirm_deletes_only_the_plan(tm
     left = sorted(p.name for p in seed.iterdir())
     assert left == ["checkpoint_best.pt", "checkpoint_epoch_3.pt", "checkpoint_epoch_4.pt", "checkpoint_latest.pt"]
     records = audit(tmp_path)
-    assert records[0]["outcome"] == "cancelled"
+    assert (records[0]["action"], records[0]["outcome"]) == ("checkpoint_cleanup", "cancelled")
     deletes = [r for r in records if r["action"] == "checkpoint.delete"]
     assert [r["outcome"] for r in deletes] == ["confirmed", "ok"] * 3
+    assert [r["outcome"] for r in records if r["action"] == "checkpoint_cleanup"] == ["cancelled", "attempt", "ok"]
 
 
 async def test_a_remote_directory_is_listed_over_the_nodes_ssh_connection(tmp_path, seed, sshd_factory):

@@ -216,3 +216,15 @@ class FakeFleet:
 
     def totals(self, now: float) -> FleetTotals:
         return totals_of(self._states.values(), now, self.stale_after)
+
+
+class ThisMachineFleet(FakeFleet):
+    """A fake fleet whose node `local` is this machine: its link is a LocalLink, so actions run here."""
+
+    def link(self, name: str):
+        from opsconsole.config import NodeConfig
+        from opsconsole.nodes.local import LocalLink
+
+        if name != "local":
+            raise KeyError(name)
+        return LocalLink(NodeConfig(name="local", local=True), 1.0)

@@ -16,6 +16,7 @@ them to the console's event loop, which owns the node's connection.
 from __future__ import annotations
 
 import asyncio
+import os
 import posixpath
 import time
 from typing import Any, Mapping, Optional, Tuple
@@ -60,6 +61,11 @@ def _filesystem(ctx: Any) -> Any:
     return SftpFileSystem(remote, asyncio.get_running_loop(), timeout=ctx.config.ssh.connect_timeout + 30.0)
 
 
+def root_of(path: str, fs: Any) -> str:
+    """The directory as the file system names it: `~` expanded for a local one."""
+    return path if getattr(fs, "remote", False) else os.path.expanduser(path)
+
+
 async def _close(fs: Any) -> None:
     aclose = getattr(fs, "aclose", None)
     if aclose is not None:
@@ -97,9 +103,14 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
     if entry is None:
         raise Refused("%s on %s is not a [[checkpoints]] directory of the config: not cleaned"
                       % (printable_line(target.path), printable_line(target.node)))
+    state = ctx.get_state()
+    if not ctx.local and (state is None or not state.is_live):
+        # The fleet owns logging in: no SFTP login to a node waiting in auth or hostkey, or down.
+        raise Refused("%s is %s: its checkpoints are not cleaned until it is connected"
+                      % (printable_line(target.node), state.state if state is not None else "unknown"))
     fs = _filesystem(ctx)
     try:
-        listing = await asyncio.to_thread(scan_directory, target.path, fs)
+        listing = await asyncio.to_thread(scan_directory, root_of(target.path, fs), fs)
         retention = await asyncio.to_thread(plan_directory, listing, fs, keep=entry.keep, min_age=entry.min_age,
                                             now=time.time())
     except OSError as exc:
@@ -111,10 +122,13 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
         raise Refused("nothing to delete in %s (keep %d, min age %g s)" % (target.path, entry.keep, entry.min_age))
     notes = ["deletes %d of %d, frees %s; kept: the newest %d, best, latest's target, open and recent files"
              % (len(doomed), len(retention.items), _size(retention.bytes_freed), entry.keep)]
-    for item in doomed[:LISTED_ITEMS]:
-        notes.append("delete %s (%s): %s" % (printable_line(item.name), _size(item.size_bytes), printable_line(item.reason)))
-    if len(doomed) > LISTED_ITEMS:
-        notes.append("... and %d more" % (len(doomed) - LISTED_ITEMS))
+    kept = [item for item in retention.items if not item.delete]
+    # Every deletion up to the limit, and what is kept and why (best, latest), so the plan can be judged.
+    for item in doomed[:LISTED_ITEMS] + kept[:LISTED_ITEMS]:
+        notes.append("%-6s %s (%s): %s" % ("delete" if item.delete else "keep", printable_line(item.name),
+                                            _size(item.size_bytes), printable_line(item.reason)))
+    if len(doomed) > LISTED_ITEMS or len(kept) > LISTED_ITEMS:
+        notes.append("... and %d more" % (max(0, len(doomed) - LISTED_ITEMS) + max(0, len(kept) - LISTED_ITEMS)))
     notes.extend("warning: %s" % printable_line(w) for w in retention.warnings)
     argv = cleanup_argv(target.node, target.path, entry.keep, entry.min_age, ctx.local)
     where = "on this machine (%s)" % target.node if ctx.local else "on %s over SFTP" % target.node
@@ -134,7 +148,7 @@ async def run_cleanup(plan: Any, ctx: Any) -> Any:
         fs = _filesystem(ctx)
         try:
             result = await asyncio.to_thread(
-                execute_plan, retention, plan.target.path, ctx.runner.audit, fs=fs,
+                execute_plan, retention, root_of(plan.target.path, fs), ctx.runner.audit, fs=fs,
                 read_only=ctx.config.console.read_only,
             )
         finally:

@@ -403,7 +403,6 @@ async def plan_health_rerun(action: Action, target: Target, ctx: ActionContext, 
 
 
 async def run_health_rerun(plan: Plan, ctx: ActionContext) -> ActionReport:
-    from opsconsole.actions import health_rerun
 
     lines: List[str] = []
 

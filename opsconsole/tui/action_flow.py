@@ -11,7 +11,6 @@ flow runs as an async worker and awaits its screens.
 from __future__ import annotations
 
 import asyncio
-import shlex
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from rich.text import Text
@@ -20,7 +19,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Static
+from textual.widgets import Input, Static
 
 from opsconsole.actions import drain
 from opsconsole.actions.audit import AuditLog, OUTCOME_CANCELLED, OUTCOME_REFUSED, audit_path
@@ -283,6 +282,7 @@ class ActionFlow:
             return
         self.last_report = report
         self._show_report(report)
+        self._tell_panes(target)
 
     async def _confirmed(self, plan: Plan) -> bool:
         act = plan.action
@@ -333,6 +333,13 @@ class ActionFlow:
             self.app.notify(" · ".join(report.lines), severity="information" if report.ok else "error", timeout=10)
             return
         self.app.push_screen(ResultScreen(report.title, report_text(report), report.ok))
+
+    def _tell_panes(self, target: Target) -> None:
+        """Panes that show what an action changed (a cleaned directory) read it again."""
+        for pane in getattr(self.app, "panes", {}).values():
+            after = getattr(pane, "after_action", None)
+            if after is not None:
+                after(target)
 
     def _refresh_audit_pane(self) -> None:
         panes = getattr(self.app, "panes", {})

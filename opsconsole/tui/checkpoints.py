@@ -6,8 +6,9 @@ lowest marked), size, age, integrity and the latest/best markers. Scans, CRC che
 plans and deletions run in thread workers; a remote directory is read over its node's
 SSH connection (SFTP, opsconsole/checkpoints/remote.py), whose loop is this app's loop.
 
-Keys: enter details, v full CRC check (v again cancels), c cleanup (plan, confirmation
-with Cancel focused, audited; refused in a read-only console), u rescan now, d / D next /
+Keys: enter details, v full CRC check (v again cancels), c cleanup (the registered
+checkpoint_cleanup action: its plan, the directory's name typed, the runner's audit; absent in a
+read-only console), u rescan now, d / D next /
 previous directory (tab switches panes, so the directory table never takes the focus).
 A remote directory is scanned only while its node is connected: logging in is the fleet's job.
 """
@@ -15,7 +16,6 @@ A remote directory is scanned only while its node is connected: logging in is th
 from __future__ import annotations
 
 import asyncio
-import posixpath
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -30,7 +30,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, ProgressBar, Static
 
-from opsconsole.actions.audit import OUTCOME_CANCELLED, OUTCOME_REFUSED
+from opsconsole.actions.registry import TARGET_CHECKPOINT_DIR, Target
 from opsconsole.checkpoints.access import LOCAL, FileSystem
 from opsconsole.checkpoints.records import (
     INTEGRITY_CORRUPT,
@@ -40,11 +40,11 @@ from opsconsole.checkpoints.records import (
     CheckpointEntry,
     DirListing,
 )
-from opsconsole.checkpoints.retention import RetentionPlan, age_text
+from opsconsole.checkpoints.retention import age_text
 from opsconsole.config import CheckpointDirConfig
 from opsconsole.fleet_view import FilterFields, filter_rows
 from opsconsole.model import STATE_FALLBACK, STATE_STALE, STATE_UP
-from opsconsole.tui.confirm import ConfirmScreen
+from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.formatting import NA, format_age, format_bytes, printable, printable_text, shorten
 from opsconsole.tui.table_diff import TableRow
 from opsconsole.tui.table_pane import Column, SortedTable, TablePane
@@ -253,22 +253,6 @@ def _presence(value: Optional[bool]) -> str:
     return "present" if value else "absent"
 
 
-def plan_text(plan: RetentionPlan) -> Text:
-    """The plan for the confirmation: each checkpoint, keep/delete, reason, then the bytes freed."""
-    text = Text()
-    for item in plan.items:
-        style = "bold red" if item.delete else "green"
-        text.append("%-7s" % item.action, style=style)
-        text.append("%9s  " % format_bytes(item.size_bytes))
-        text.append(shorten(item.name, 40).ljust(40), style="bold" if item.delete else "")
-        text.append("  " + item.reason + "\n", style="dim" if not item.delete else "")
-    for warning in plan.warnings:
-        text.append("warning: %s\n" % warning, style="yellow")
-    text.append("\n%d of %d to delete, %s freed; only inside %s, symlinks never followed; each deletion audited.\n" % (
-        len(plan.to_delete), len(plan.items), format_bytes(plan.bytes_freed), plan.root))
-    return text
-
-
 class CheckpointDetailScreen(ModalScreen[None]):
     """All metadata of one checkpoint; esc, enter or q closes."""
 
@@ -299,7 +283,7 @@ class CheckpointDetailScreen(ModalScreen[None]):
         self.dismiss(None)
 
 
-class CheckpointsPane(TablePane):
+class CheckpointsPane(ActionKeys, TablePane):
     """Checkpoint directories and their checkpoints (see the module docstring)."""
 
     pane_id = "checkpoints"
@@ -310,11 +294,10 @@ class CheckpointsPane(TablePane):
     BINDINGS = [
         Binding("enter", "details", "Details", id="checkpoints.details"),
         Binding("v", "verify", "CRC check", id="checkpoints.verify"),
-        Binding("c", "cleanup", "Clean up", id="checkpoints.cleanup"),
         Binding("u", "rescan", "Rescan", id="checkpoints.rescan"),
         Binding("d", "next_dir", "Next directory", id="checkpoints.next_dir"),
         Binding("D", "previous_dir", "Previous directory", id="checkpoints.previous_dir", show=False),
-    ]
+    ] + action_bindings(TARGET_CHECKPOINT_DIR)  # c: clean up, the registered action
 
     DEFAULT_CSS = """
     CheckpointsPane > #checkpoint-dirs { height: auto; max-height: 8; }
@@ -651,86 +634,19 @@ class CheckpointsPane(TablePane):
                         severity=severity, timeout=10)
         self.redraw()
 
-    # --- cleanup ------------------------------------------------------------------------------
+    # --- cleanup: the registered checkpoint_cleanup action (plan, typed word, runner, audit) ---------
 
-    def action_cleanup(self) -> None:
-        """Plan the cleanup of the highlighted directory and ask (Cancel focused); refused when read-only."""
-        from opsconsole.checkpoints.cleanup import ACTION_CLEANUP
-
-        key = self.current_dir_key()
-        config = self.config_of(key or "")
+    def action_target(self, action_id: str) -> Optional[Target]:
+        """The highlighted directory, on its node (a directory without one is the local node's)."""
+        config = self.config_of(self.current_dir_key() or "")
         if config is None:
-            self.app.notify("no checkpoint directory configured", severity="warning")
-            return
-        node = config.node or "local"
-        if self.app.config.console.read_only:
-            self.app.audit(ACTION_CLEANUP, node, "cleanup of %s: read-only console" % config.path, OUTCOME_REFUSED)
-            self.app.notify("read-only console [R]: checkpoint cleanup is off", severity="warning")
-            return
-        self.app.notify("planning the cleanup of %s:%s" % (node, config.path))
-        self.plan_worker(config, key)
+            return None
+        return Target(TARGET_CHECKPOINT_DIR, config.node or self.local_node_name(), path=config.path)
 
-    @work(thread=True, exit_on_error=False, group="checkpoint-plan")
-    def plan_worker(self, config: CheckpointDirConfig, key: str) -> None:
-        from opsconsole.checkpoints.cleanup import plan_directory
-        from opsconsole.checkpoints.scan import scan_directory
+    def local_node_name(self) -> str:
+        return next((n.name for n in self.app.config.nodes if n.local), "local")
 
-        try:
-            why_not = self.node_not_ready(config)
-            if why_not:
-                self.app.call_from_thread(self.app.notify, why_not, severity="warning")
-                return
-            fs = self.filesystem_for(config)
-            # A fresh scan: the plan is for what is there now, not for what the table showed.
-            listing = scan_directory(self.root_of(config, fs), fs, now=self.now_value())
-            if listing.problem:
-                self.app.call_from_thread(self.app.notify, listing.problem, severity="error")
-                return
-            plan = plan_directory(listing, fs, keep=config.keep, min_age=config.min_age, now=time.time())
-        except Exception as exc:
-            self.app.call_from_thread(self.app.notify, "cleanup plan failed: %s" % exc, severity="error")
-            return
-        self.post_message(self.Scanned(key, listing))
-        self.app.call_from_thread(self.show_plan, config, key, plan)
-
-    def show_plan(self, config: CheckpointDirConfig, key: str, plan: RetentionPlan) -> None:
-        node = config.node or "local"
-        if not plan.to_delete:
-            self.app.push_screen(ConfirmScreen("Nothing to delete in %s:%s" % (node, config.path), plan_text(plan),
-                                               confirm_label=None, cancel_label="Close"))
-            return
-        title = "Delete %d checkpoints in %s:%s (%s)?" % (len(plan.to_delete), node, config.path, format_bytes(plan.bytes_freed))
-        # More than one unit to delete takes the typed word (the directory's name), as the registry's cleanup does.
-        word = (posixpath.basename(posixpath.normpath(config.path)) or config.path) if len(plan.to_delete) > 1 else None
-        self.app.push_screen(
-            ConfirmScreen(title, plan_text(plan), word=word, confirm_label="Delete %d" % len(plan.to_delete), danger=True),
-            callback=lambda confirmed: self.plan_answered(config, key, plan, confirmed),
-        )
-
-    def plan_answered(self, config: CheckpointDirConfig, key: str, plan: RetentionPlan, confirmed: Optional[bool]) -> None:
-        from opsconsole.checkpoints.cleanup import ACTION_CLEANUP
-
-        node = config.node or "local"
-        if not confirmed:
-            self.app.audit(ACTION_CLEANUP, node, "cleanup of %s: %d deletions planned, cancelled" % (config.path, len(plan.to_delete)),
-                           OUTCOME_CANCELLED)
-            self.app.notify("cleanup cancelled: nothing deleted")
-            return
-        self.delete_worker(config, key, plan)
-
-    @work(thread=True, exit_on_error=False, group="checkpoint-delete")
-    def delete_worker(self, config: CheckpointDirConfig, key: str, plan: RetentionPlan) -> None:
-        from opsconsole.checkpoints.cleanup import execute_plan
-
-        def audit(action: str, node: str, detail: str, outcome: str) -> bool:
-            # The app's audit notifies on failure: it must run on the app's thread.
-            return self.app.call_from_thread(self.app.audit, action, node, detail, outcome)
-
-        try:
-            fs = self.filesystem_for(config)
-            result = execute_plan(plan, self.root_of(config, fs), audit, fs=fs, read_only=self.app.config.console.read_only)
-            summary, ok = result.summary(), result.ok
-        except Exception as exc:
-            summary, ok = "cleanup failed: %s" % exc, False
-        self.app.call_from_thread(self.app.notify, summary, severity="information" if ok else "error", timeout=10)
-        self.app.call_from_thread(self.action_rescan)
+    def after_action(self, target: Target) -> None:
+        """A cleanup changed a directory: list it again."""
+        if target.kind == TARGET_CHECKPOINT_DIR:
+            self.action_rescan()
