@@ -186,12 +186,17 @@ def toml_value(value):
             return "inf" if value > 0 else "-inf"
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value).replace("\\u007f", "\\u007F")  # JSON string escapes are TOML's
+        return toml_string(value)
     if isinstance(value, (datetime.date, datetime.datetime)):
         return value.isoformat()
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return "{" + ", ".join("%s = %s" % (json.dumps(k), toml_value(v)) for k, v in value.items()) + "}"
+    return "{" + ", ".join("%s = %s" % (toml_string(k), toml_value(v)) for k, v in value.items()) + "}"
+
+
+def toml_string(text):
+    # JSON's escapes are TOML's (\uXXXX for controls); DEL is the one control JSON leaves raw.
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007F")
 
 
 SCALARS = st.one_of(

@@ -25,7 +25,14 @@ def test_seek_target(text, expected):
     assert seek_target(text, START, END, POS) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("text", ["", "soon", "14:99", "x%", "2026-13-40 10:00"])
+@pytest.mark.parametrize("text", ["", "soon", "14:99", "x%", "2026-13-40 10:00", "nan%", "inf%", "-inf%", "1e999%"])
 def test_seek_target_refuses_what_names_no_time(text):
     with pytest.raises(SeekError):
         seek_target(text, START, END, POS)
+
+
+@pytest.mark.parametrize("text, expected", [("9" * 400, END), ("+" + "9" * 400, END), ("-" + "9" * 400, START)])
+def test_seek_target_clamps_numbers_too_large_for_a_float(text, expected):
+    """ "nan%" once became a NaN position; a huge number is inf, clamped like any far target."""
+    assert seek_target(text, START, START, START) == START
+    assert seek_target(text, START, END, POS) == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Optional
@@ -31,6 +32,8 @@ def seek_target(text: str, start: float, end: float, position: float) -> float:
             share = float(text[:-1])
         except ValueError:
             raise SeekError("%r: expected a percent like 50%%" % text) from None
+        if not math.isfinite(share):  # "nan%" parses as a float: a position of NaN breaks the clock
+            raise SeekError("%r: expected a percent like 50%%" % text)
         target = start + (end - start) * share / 100.0
     elif _DURATION.match(text):
         sign, number, unit = _DURATION.match(text).groups()
@@ -44,7 +47,9 @@ def seek_target(text: str, start: float, end: float, position: float) -> float:
         day = day or time.strftime("%Y-%m-%d", time.localtime(start))
         try:
             stamp = time.strptime("%s %s:%s:%s" % (day, hours, minutes, seconds or "00"), "%Y-%m-%d %H:%M:%S")
-        except ValueError:
+            target = time.mktime(stamp)
+        except (ValueError, OverflowError):
             raise SeekError("%r: not a valid date and time" % text) from None
-        target = time.mktime(stamp)
+    if not math.isfinite(target):  # "+9999...9" overflows to inf: clamps; nan cannot
+        target = end if target > 0 else start
     return min(max(target, start), end)
