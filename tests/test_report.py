@@ -1,37 +1,29 @@
-"""Incident reports: redaction, the Markdown summary, the archive's members, and the command end to end."""
+"""Incident reports: the Markdown summary, the archive's members (redacted), where and how privately it is
+written, and the command end to end. The redaction rules themselves: tests/test_report_redact.py."""
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 
 import pytest
 
 from opsconsole.diagnosis.finding import Finding
 from opsconsole.health.result import HealthResult
-from opsconsole.model import STATE_DOWN, NodeState
-from opsconsole.report.builder import ReportInputs, summary_markdown, write_report
-from opsconsole.report.redact import REDACTED, redact_config_text
-from tests.recording_frames import node_state
-
-
-@pytest.mark.parametrize(
-    "line, expected",
-    [
-        ('token = "abc123"', 'token = "%s"' % REDACTED),
-        ('bearer_token = "abc"  # from the vault', 'bearer_token = "%s"  # from the vault' % REDACTED),
-        ('bearer_token_file = "/etc/prom/token"', 'bearer_token_file = "/etc/prom/token"'),
-        ('password="x"', 'password="%s"' % REDACTED),
-        ('url = "https://admin:s3cret@prom.example:9090"', 'url = "https://%s@prom.example:9090"' % REDACTED),
-        ('hook = ["/bin/notify", "https://hooks.slack.com/services/T0?token=zzz"]',
-         'hook = ["/bin/notify", "https://hooks.slack.com/services/T0?%s"]' % REDACTED),
-        ('# token = "kept comment"', '# token = "kept comment"'),
-        ('host = "gpu01"', 'host = "gpu01"'),
-        ('identity = "~/.ssh/id_ed25519"', 'identity = "~/.ssh/id_ed25519"'),
-    ],
+from opsconsole.model import STATE_DOWN, NodeState, ProcessSample
+from opsconsole.report.builder import (
+    ReportDestinationError,
+    ReportInputs,
+    default_report_dir,
+    report_files,
+    summary_markdown,
+    write_report,
 )
-def test_redaction(line, expected):
-    assert redact_config_text(line) == expected
+from opsconsole.report.redact import REDACTED
+from tests.recording_frames import node_state
 
 
 def sample_inputs():
@@ -66,8 +58,9 @@ def test_summary_names_nodes_failures_findings_and_remedies():
 
 
 def test_archive_holds_every_member(tmp_path):
-    path = write_report(sample_inputs(), str(tmp_path / "out"))
-    assert path.endswith(".tar.gz") and not (tmp_path / "out" / (path + ".partial")).exists()
+    path = write_report(sample_inputs(), str(tmp_path))
+    assert path.endswith(".tar.gz") and os.path.dirname(path) == str(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(path)]  # no temporary file left
     with tarfile.open(path) as tar:
         names = {m.name.split("/", 1)[1]: m for m in tar.getmembers()}
         read = lambda name: tar.extractfile(names[name]).read().decode()  # noqa: E731
@@ -87,12 +80,16 @@ def test_report_command_on_the_local_node_with_a_log_and_a_secret(tmp_path):
                    "2026-12-02 12:00:01,000 - ERROR - loss contains NaN!\n")
     config = tmp_path / "c.toml"
     config.write_text('[logs]\npaths = ["%s/train_*.log"]\n[alerting]\nhook = ["/bin/true", "https://x/?token=abc"]\n'
-                      % tmp_path)
-    out = tmp_path / "reports"
-    done = subprocess.run([sys.executable, "-m", "opsconsole", "report", "--config", str(config), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
+                      '# hook = ["notify", "--token", "xoxb-123-abc"]\n' % tmp_path)
+    state = tmp_path / "state"
+    done = subprocess.run([sys.executable, "-m", "opsconsole", "report", "--config", str(config)],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, XDG_STATE_HOME=str(state)))
     assert done.returncode == 0, done.stderr
     path = done.stdout.strip()
+    # Not the current directory: the private reports directory, 0700, the report 0600.
+    assert os.path.dirname(path) == str(state / "opsconsole" / "reports")
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with tarfile.open(path) as tar:
         members = {m.name.split("/", 1)[1]: m for m in tar.getmembers()}
         summary = tar.extractfile(members["summary.md"]).read().decode()
@@ -103,5 +100,137 @@ def test_report_command_on_the_local_node_with_a_log_and_a_secret(tmp_path):
     # The health rules were judged on the collected state: the local node is reachable.
     assert (health[0]["check"], health[0]["status"]) == ("node_reachable", "pass")
     assert "No health results were collected." not in summary
-    assert "token=abc" not in config_text
+    assert "token=abc" not in config_text and "xoxb-123-abc" not in config_text
     assert len(logs) == 1
+
+
+# --- secrets by value in every member (the reported leaks) -----------------------------------------------
+
+
+def leaky_inputs():
+    inputs = sample_inputs()
+    up = inputs.states["gpu000"]
+    train = ProcessSample(pid=4242, name="python", user="alice", gpu_index=0,
+                          command="python train.py --wandb-api-key=abcd1234efgh5678 --lr 3e-4 "
+                                  "--out /scratch/run42/ckpt",
+                          watched_env=("NCCL_IB_DISABLE=1",))
+    helper = ProcessSample(pid=4243, name="sshpass", command="sshpass -p hunter2 ssh gpu01")
+    frame = replace(up.frame, processes=(train,), top_processes=(helper,))
+    inputs.states["gpu000"] = replace(up, frame=frame, reason="webhook https://hooks.slack.com/services/T000/B000/XXXX")
+    inputs.config_text = (
+        '[alerting]\nhook = ["notify", "--token", "xoxb-123-abc"]\n'
+        'ssh_hook = ["sshpass", "-p", "hunter2", "ssh", "gpu01"]\n'
+        '# password = "commented-out-pw"\n'
+        'webhook = "https://hooks.slack.com/services/T000/B000/XXXX"\n'
+    )
+    inputs.log_tails = {
+        ("gpu000", "/logs/train.log"): ["export HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz", "step 1 loss 0.5"],
+    }
+    inputs.problems.append("hook failed: curl -H 'Authorization: Bearer sekrit-bearer-1' https://x/")
+    return inputs
+
+
+SECRETS = ["xoxb-123-abc", "hunter2", "commented-out-pw", "T000/B000/XXXX", "abcd1234efgh5678",
+           "hf_abcdefghijklmnopqrstuvwxyz", "sekrit-bearer-1"]
+
+
+def test_no_member_of_the_report_carries_a_secret():
+    files = report_files(leaky_inputs())
+    for name, data in files.items():
+        text = data.decode()
+        for secret in SECRETS:
+            assert secret not in text, (name, secret)
+    snapshot = json.loads(files["snapshot.json"])
+    node = next(n for n in snapshot["nodes"] if n["name"] == "gpu000")
+    # What makes the report useful stays: the flags, the program, the other arguments.
+    assert node["processes"][0]["command"] == \
+        "python train.py --wandb-api-key=%s --lr 3e-4 --out /scratch/run42/ckpt" % REDACTED
+    assert node["top_processes"][0]["command"] == "sshpass -p %s ssh gpu01" % REDACTED
+    assert node["processes"][0]["watched_env"] == ["NCCL_IB_DISABLE=1"]
+    config = files["config.toml"].decode()
+    assert 'hook = ["notify", "--token", "%s"]' % REDACTED in config
+    assert '# password = "%s"' % REDACTED in config
+    assert "step 1 loss 0.5" in files["logs/gpu000/logs__train.log"].decode()
+
+
+def test_text_that_cannot_be_encoded_or_drawn_still_makes_a_report():
+    inputs = sample_inputs()
+    down = inputs.states["gpu009"]
+    inputs.states["gpu009"] = replace(down, reason="bad name \udcff\x1b]52;c;AAAA\x07 \ud800")
+    summary = report_files(inputs)["summary.md"].decode()
+    assert "\x1b" not in summary and "bad name" in summary
+
+
+# --- where the report goes, and how privately -------------------------------------------------------------
+
+
+def modes(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_default_is_a_private_file_in_a_private_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    old_umask = os.umask(0)  # the mode is set when the file is made, not left to the umask
+    try:
+        path = write_report(sample_inputs())
+    finally:
+        os.umask(old_umask)
+    directory = tmp_path / "state" / "opsconsole" / "reports"
+    assert os.path.dirname(path) == str(directory) == default_report_dir()
+    assert modes(directory) == 0o700 and modes(path) == 0o600
+    with tarfile.open(path) as tar:
+        assert {member.mode for member in tar.getmembers()} == {0o600}
+    assert sorted(p.name for p in directory.iterdir()) == [os.path.basename(path)]
+
+
+def test_a_loose_reports_directory_of_ours_is_tightened(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    directory = tmp_path / "opsconsole" / "reports"
+    directory.mkdir(parents=True)
+    directory.chmod(0o755)
+    write_report(sample_inputs())
+    assert modes(directory) == 0o700
+
+
+def test_two_reports_in_one_second_both_stay(tmp_path):
+    inputs = sample_inputs()
+    first = write_report(inputs, str(tmp_path))
+    second = write_report(inputs, str(tmp_path))
+    assert first != second and second.endswith("-2.tar.gz")
+    assert os.path.exists(first) and os.path.exists(second)
+
+
+def test_out_as_a_new_file(tmp_path):
+    out = tmp_path / "incident.tar.gz"
+    assert write_report(sample_inputs(), str(out)) == str(out)
+    assert modes(out) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["incident.tar.gz"]
+
+
+@pytest.mark.parametrize("out", ["missing/x", "missing/x.tar.gz", "missing/", "x"])
+def test_out_never_creates_a_directory(tmp_path, out):
+    with pytest.raises(ReportDestinationError, match="(does not exist|no such directory)"):
+        write_report(sample_inputs(), str(tmp_path / out) + ("/" if out.endswith("/") else ""))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_never_overwrites_a_file(tmp_path):
+    out = tmp_path / "incident.tar.gz"
+    out.write_bytes(b"keep me")
+    with pytest.raises(ReportDestinationError, match="exists; not overwritten"):
+        write_report(sample_inputs(), str(out))
+    assert out.read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["incident.tar.gz"]
+
+
+def test_report_command_with_a_missing_out_directory_is_one_line_and_exit_2(tmp_path):
+    from opsconsole.cli import main
+
+    missing = tmp_path / "nonexistent" / "x"
+    proc = subprocess.run([sys.executable, "-m", "opsconsole", "report", "--out", str(missing)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "no such directory" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "nonexistent").exists()
+    assert main(["report", "--out", str(tmp_path / "nonexistent" / "x.tar.gz")]) == 2
+    assert not (tmp_path / "nonexistent").exists()

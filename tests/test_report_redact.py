@@ -30,7 +30,8 @@ TEXT_CASES = [
     ("python train.py --wandb-api-key abcd1234ef --lr 3e-4", "python train.py --wandb-api-key %s --lr 3e-4" % R),
     ("tool --api_key=k1 --api-key k2 --token t --secret s --key k --passwd p --password=q",
      "tool --api_key=%s --api-key %s --token %s --secret %s --key %s --passwd %s --password=%s" % ((R,) * 7)),
-    ("app --hf-token x --client-secret y --access-token z", "app --hf-token %s --client-secret %s --access-token %s" % ((R,) * 3)),
+    ("app --hf-token x --client-secret y --access-token z",
+     "app --hf-token %s --client-secret %s --access-token %s" % ((R,) * 3)),
     ("java -Djavax.net.ssl.keyStorePassword=changeit -jar x.jar",
      "java -Djavax.net.ssl.keyStorePassword=%s -jar x.jar" % R),
     ('tool --password "my secret phrase" --next', 'tool --password "%s" --next' % R),
@@ -65,7 +66,8 @@ TEXT_CASES = [
     ("https://x/cb?code=abc&page=2&access_token=t#f", "https://x/cb?code=%s&page=2&access_token=%s#f" % (R, R)),
     ("https://b.blob.core.windows.net/c?sv=2020&sig=abc%2Bdef&se=2026",
      "https://b.blob.core.windows.net/c?sv=2020&sig=%s&se=2026" % R),
-    ("https://s3/x?X-Amz-Credential=AK%2F1&X-Amz-Signature=ff", "https://s3/x?X-Amz-Credential=%s&X-Amz-Signature=%s" % (R, R)),
+    ("https://s3/x?X-Amz-Credential=AK%2F1&X-Amz-Signature=ff",
+     "https://s3/x?X-Amz-Credential=%s&X-Amz-Signature=%s" % (R, R)),
     ("https://hooks.slack.com/services/T000/B000/XXXX", "https://hooks.slack.com/services/%s" % R),
     ("post to hooks.slack.com/services/T000/B000/XXXX now", "post to hooks.slack.com/services/%s now" % R),
     ("https://discord.com/api/webhooks/1234/abcDEF", "https://discord.com/api/webhooks/%s" % R),
@@ -306,7 +308,8 @@ def test_fuzz_redaction_never_raises_and_is_idempotent(text):
 
 def test_redaction_of_long_hostile_lines_is_linear_enough():
     # Patterns that could backtrack: many token prefixes, quotes and flags on one long line.
-    for piece in ("eyJ" + "a" * 9 + ".", '"password": "', "--token ", "https://a:", "a=", "Authorization: ", "-----BEGIN "):
+    pieces = ("eyJ" + "a" * 9 + ".", '"password": "', "--token ", "https://a:", "a=", "Authorization: ", "-----BEGIN ")
+    for piece in pieces:
         text = piece * 5000
         assert isinstance(redact_text(text), str)
         assert re.search(r"\S", redact_config_text(text))

@@ -11,14 +11,23 @@ command or key. Contents:
     nvidia-smi/<node>.txt   `nvidia-smi -q` of each node, where it ran
     config.toml             the config as written, secrets redacted
     errors.txt              what could not be collected, and why (never silently missing)
+
+Every member goes through report.redact (secrets by key and by value: config argv arrays and
+comments, process command lines and environment entries, log lines). The archive is private:
+0600, written under a temporary name in its directory and linked into place, so a reader never
+sees half a report and an existing file is never replaced. Without `--out` it goes into
+$XDG_STATE_HOME/opsconsole/reports (0700).
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
+import stat
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -134,45 +143,143 @@ def _safe_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text).strip("._") or "_"
 
 
+def _utf8(text: str) -> bytes:
+    """Text as UTF-8; a lone surrogate (an undecodable name from a node) as a backslash escape, not an error."""
+    return text.encode("utf-8", "backslashreplace")
+
+
+def _json_member(document) -> bytes:
+    from opsconsole.report.redact import redact_json
+
+    return _utf8(json.dumps(redact_json(document), indent=2) + "\n")
+
+
 def report_files(inputs: ReportInputs) -> Dict[str, bytes]:
-    """Every member of the report, by path inside the archive."""
+    """Every member of the report, by path inside the archive, with secrets redacted."""
     from opsconsole.model import to_wire
-    from opsconsole.report.redact import redact_config_text
+    from opsconsole.report.redact import redact_config_text, redact_text
+    from opsconsole.sanitize import printable
     from opsconsole.snapshot_format import snapshot_document
 
     files: Dict[str, bytes] = {}
-    files["summary.md"] = summary_markdown(inputs).encode()
-    files["snapshot.json"] = (json.dumps(snapshot_document(list(inputs.states.values())), indent=2) + "\n").encode()
-    files["health.json"] = (json.dumps({"results": [to_wire(r) for r in inputs.health]}, indent=2) + "\n").encode()
-    files["findings.json"] = (json.dumps(
+    files["summary.md"] = _utf8(printable(redact_text(summary_markdown(inputs))))
+    files["snapshot.json"] = _json_member(snapshot_document(list(inputs.states.values()), now=inputs.created))
+    files["health.json"] = _json_member({"results": [to_wire(r) for r in inputs.health]})
+    files["findings.json"] = _json_member(
         [{"file": log, "root_cause": root, "findings": [to_wire(f) for f in findings]}
-         for log, (root, findings) in inputs.findings.items()], indent=2) + "\n").encode()
+         for log, (root, findings) in inputs.findings.items()])
     for (node, path), lines in inputs.log_tails.items():
         files["logs/%s/%s" % (_safe_name(node), _safe_name(path.strip("/").replace("/", "__")))] = \
-            ("\n".join(lines) + "\n").encode()
+            _utf8(redact_text("\n".join(lines)) + "\n")
     for node, text in inputs.smi.items():
-        files["nvidia-smi/%s.txt" % _safe_name(node)] = text.encode()
+        files["nvidia-smi/%s.txt" % _safe_name(node)] = _utf8(redact_text(text))
     if inputs.config_text is not None:
-        files["config.toml"] = redact_config_text(inputs.config_text).encode()
+        files["config.toml"] = _utf8(redact_config_text(inputs.config_text))
     else:
         files["config.toml"] = b"# no config file: the built-in default (the local node)\n"
-    files["errors.txt"] = ("\n".join(inputs.problems) + "\n" if inputs.problems else "nothing failed\n").encode()
+    errors = redact_text("\n".join(inputs.problems)) + "\n" if inputs.problems else "nothing failed\n"
+    files["errors.txt"] = _utf8(errors)
     return files
 
 
-def write_report(inputs: ReportInputs, out_dir: str) -> str:
-    """Write the tar.gz into `out_dir` (created if needed); returns its path."""
-    os.makedirs(out_dir, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(inputs.created))
-    base = "opsconsole-report-%s" % stamp
-    path = os.path.join(out_dir, base + ".tar.gz")
-    partial = path + ".partial"
-    with tarfile.open(partial, "w:gz") as tar:
+class ReportDestinationError(Exception):
+    """Where the report was to go cannot take it; the message is one line for the user."""
+
+
+def default_report_dir(env: Mapping[str, str] = os.environ) -> str:
+    """`$XDG_STATE_HOME/opsconsole/reports`, `~/.local/state/opsconsole/reports` without it."""
+    state_home = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state_home, "opsconsole", "reports")
+
+
+def private_dir(path: str) -> str:
+    """`path` as a directory only we can enter: made 0700 when missing, tightened when it is ours and looser."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise ReportDestinationError("%s: not a directory" % path)
+    if info.st_uid != os.getuid():
+        raise ReportDestinationError("%s: belongs to uid %d, not to us" % (path, info.st_uid))
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _archive(inputs: ReportInputs, base: str, fileobj) -> None:
+    with tarfile.open(fileobj=fileobj, mode="w:gz") as tar:
         for name, data in report_files(inputs).items():
             info = tarfile.TarInfo("%s/%s" % (base, name))
             info.size = len(data)
             info.mtime = int(inputs.created)
-            info.mode = 0o644
+            info.mode = 0o600  # extracted, the members are as private as the archive
             tar.addfile(info, io.BytesIO(data))
-    os.replace(partial, path)  # never a half-written report under the real name
-    return path
+
+
+def _link_into_place(temporary: str, path: str) -> None:
+    """Give the finished file its name, failing with FileExistsError rather than replacing a file."""
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        raise
+    except OSError as exc:  # a file system without hard links: rename, after a last look
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "File exists", path) from None
+        os.rename(temporary, path)
+
+
+def report_destination(out: Optional[str]) -> Tuple[str, Optional[str]]:
+    """(directory, file name or None for a name of our own) for `--out`; ReportDestinationError when unusable.
+
+    Cheap, so the command checks it before spending time collecting.
+    """
+    if out is None:
+        return private_dir(default_report_dir()), None
+    if out == "":
+        raise ReportDestinationError("--out: an empty path")
+    if os.path.isdir(out):
+        return out, None
+    if not out.endswith((".tar.gz", ".tgz")):
+        raise ReportDestinationError(
+            "--out %s: no such directory (it is not created; a file name ends in .tar.gz)" % out)
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory):
+        raise ReportDestinationError("--out %s: directory %s does not exist (it is not created)" % (out, directory))
+    if os.path.lexists(out):
+        raise ReportDestinationError("--out %s: exists; not overwritten" % out)
+    return directory, out
+
+
+def write_report(inputs: ReportInputs, out: Optional[str] = None) -> str:
+    """Write the tar.gz (0600) and return its path; an error says why in one line, nothing is half written.
+
+    `out`: None for the private reports directory (made 0700 when missing); an existing directory
+    to put it in; or a new `*.tar.gz` file, whose directory must exist (it is never made) and
+    which must not exist (it is never replaced).
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(inputs.created))
+    base = "opsconsole-report-%s" % stamp
+    directory, named = report_destination(out)
+    names = [named] if named else [  # our own name: the next free one, so two reports in one second both stay
+        os.path.join(directory, "%s%s.tar.gz" % (base, "" if n == 0 else "-%d" % (n + 1))) for n in range(100)]
+    descriptor, temporary = tempfile.mkstemp(prefix=".%s." % base, suffix=".partial", dir=directory)  # 0600 from birth
+    try:
+        with os.fdopen(descriptor, "wb") as f:
+            _archive(inputs, base, f)
+            f.flush()
+            os.fsync(f.fileno())
+        for path in names:
+            try:
+                _link_into_place(temporary, path)
+                return path
+            except FileExistsError:
+                continue
+        if named:
+            raise ReportDestinationError("--out %s: exists; not overwritten" % named)
+        raise ReportDestinationError("%s: 100 reports of this second already there" % directory)
+    finally:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass

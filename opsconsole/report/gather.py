@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from opsconsole.report.builder import LOG_TAIL_LINES, ReportInputs
 
 SMI_TIMEOUT_S = 20.0
+CONFIG_MAX_CHARS = 1 << 20  # a config is a few kB; more is not read into a report
 # Run on a remote node with the globs as one JSON argument: globbing and reading happen
 # there, and no file name ever passes through a shell.
 _REMOTE_TAIL = r"""
@@ -140,7 +141,11 @@ async def gather(config, fleet=None, timeout: float = 10.0, health: Optional[Seq
     if config.source:
         try:
             with open(config.source, encoding="utf-8", errors="replace") as f:
-                config_text = f.read()
+                config_text = f.read(CONFIG_MAX_CHARS + 1)
+            if len(config_text) > CONFIG_MAX_CHARS:
+                config_text = config_text[:CONFIG_MAX_CHARS]
+                problems.append("config: %s: longer than %d characters; the rest is left out" % (
+                    config.source, CONFIG_MAX_CHARS))
         except OSError as exc:
             problems.append("config: %s: %s" % (config.source, exc.strerror or exc))
     tails: Dict[Tuple[str, str], List[str]] = {}

@@ -68,14 +68,20 @@ def is_secret_name(name: str) -> bool:
     if not parts:
         return False
     last = parts[-1]
-    if last in ("secrets", "passwords", "credentials") or (last in ("keys", "tokens") and len(parts) > 1 and parts[-2] in _QUALIFIERS):
-        return True  # api_keys, access_tokens; but max_tokens and keys stay
-    return last in _SECRET_LAST_WORDS or last.endswith(_SECRET_ENDINGS) or ("webhook" in parts and last in ("url", "uri"))
+    if last in ("secrets", "passwords", "credentials"):
+        return True
+    if last in ("keys", "tokens"):
+        return len(parts) > 1 and parts[-2] in _QUALIFIERS  # api_keys, access_tokens; but max_tokens and keys stay
+    if "webhook" in parts and last in ("url", "uri"):
+        return True
+    return last in _SECRET_LAST_WORDS or last.endswith(_SECRET_ENDINGS)
 
 
 # --- values of a well-known shape -------------------------------------------------------------------
 
-_PEM_BLOCK = re.compile(r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----)(?:(?!-----END)[\s\S])*?(-----END [A-Z0-9 ]{0,40}PRIVATE KEY-----|\Z)")
+_PEM_BLOCK = re.compile(
+    r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----)(?:(?!-----END)[\s\S])*?(-----END [A-Z0-9 ]{0,40}PRIVATE KEY-----|\Z)"
+)
 _KNOWN_TOKEN = re.compile(
     r"(?<![A-Za-z0-9_-])(?:"
     r"xox[abposr]-[A-Za-z0-9-]{3,}|xapp-[A-Za-z0-9-]{10,}"
@@ -141,10 +147,11 @@ def redact_url(url: str) -> str:
 
     url = _URL_USERINFO.sub(userinfo, url, count=1)
     url = _WEBHOOK_PATH.sub(lambda m: m.group(1) + REDACTED, url)
-    return _QUERY_PARAM.sub(
-        lambda m: m.group(1) + m.group(2) + "=" + (REDACTED if m.group(3) and _secret_query_name(m.group(2)) else m.group(3)),
-        url,
-    )
+    def parameter(match: "re.Match[str]") -> str:
+        separator, name, value = match.groups()
+        return separator + name + "=" + (REDACTED if value and _secret_query_name(name) else value)
+
+    return _QUERY_PARAM.sub(parameter, url)
 
 
 # --- flags in argv and in command lines ----------------------------------------------------------------
@@ -174,8 +181,9 @@ def _is_flag(word: str) -> bool:
 
 
 def _dash_p_value_is_harmless(value: str) -> bool:
-    return (_program_name(value) in _KNOWN_PROGRAMS or _NUMBER.match(value) is not None or _PORT_MAPPING.match(value) is not None or "/" in value
-            or value.startswith(("~", ".", "-")) or value == REDACTED)
+    return (_program_name(value) in _KNOWN_PROGRAMS or _NUMBER.match(value) is not None
+            or _PORT_MAPPING.match(value) is not None or "/" in value or value.startswith(("~", ".", "-"))
+            or value == REDACTED)
 
 
 # An action on word i: ("whole", i) the word is a secret; ("from", i, offset) the word is one from `offset`.
