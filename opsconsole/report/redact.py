@@ -17,8 +17,9 @@ What counts as a secret:
 - tokens of a well-known shape wherever they stand: Slack `xox?-`, GitHub `ghp_`/`github_pat_`,
   GitLab `glpat-`, `sk-...`, Hugging Face `hf_`, AWS `AKIA`/`ASIA` key ids, JWTs (`eyJ...`),
   PEM private key blocks.
-- `Authorization:` credentials (the scheme stays: `Bearer [REDACTED]`), and `Bearer <token>`.
-- in URLs: the password of userinfo (`https://user:[REDACTED]@host`, all of it without a colon),
+- `Authorization:` credentials (the scheme stays: `Bearer <redacted>`), and `Bearer <token>`.
+- in URLs: the password of userinfo (`https://user:<redacted>@host`; without a colon all of it,
+  unless it is a short login name like `git@`),
   values of query parameters with a secret name (token, key, sig, signature, access_token, ...),
   and webhook paths (Slack `hooks.slack.com/services/...`, `/webhooks/...`, `/hooks/...`).
 - `-p` is ambiguous (`ssh -p 22`, `make -p`, `mkdir -p DIR`, `sshpass -p PASSWORD`, `mysql -pPASSWORD`).
@@ -28,6 +29,11 @@ What counts as a secret:
   mapping (`8080:80`), a path (has a `/`, starts with `~` or `.`) or another flag (so `tool -p
   name` loses `name`: a redacted word costs less than a leaked password). `redis-cli -a VALUE` is
   redacted too; `-u`/`--user NAME:PASSWORD` keeps NAME.
+
+The marker is `<redacted>`, not `[REDACTED]`: brackets wrap words in a TOML array, and a marker
+that looked like wrapping would be redacted again. An unquoted value runs to whitespace, a quote or
+`&`; a token of a known shape needs its usual length (`sk-` and 16 more characters), so `sk-learn`
+and `task-1` stay.
 
 All functions are pure, total (never raise, whatever the text: control characters and lone
 surrogates included) and idempotent (redacting twice gives what redacting once gave).
