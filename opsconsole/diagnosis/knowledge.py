@@ -162,6 +162,17 @@ _ENTRIES = (
         "memory; ask the scheduler for more memory.",
     ),
     _category(
+        "app_error", "Python exception in the training code", SEVERITY_ERROR,
+        "The failing rank raised an exception of its own that no more specific category explains: a bug "
+        "in the training, model or data code, a shape, dtype or index mismatch, a bad configuration value. "
+        "Its peers' errors after it (lost connections, timeouts, a launcher's failed-child report) are "
+        "consequences.",
+        "Read the exception and the innermost frame of your own code in that rank's traceback; reproduce "
+        "on one process (world size 1, num_workers=0, on CPU for readable errors) with the same input; "
+        "wrap the entry point with torch.distributed.elastic.multiprocessing.errors.record so the "
+        "launcher reports the traceback.",
+    ),
+    _category(
         "gpu_hardware", "GPU hardware fault (Xid / ECC / fell off the bus)", SEVERITY_CRITICAL,
         "The GPU or its link failed: an NVRM Xid error (79: fallen off the bus, 48/63/64/94/95: ECC, "
         "74: NVLink, 119/120: GSP firmware timeouts), an uncorrectable ECC error or the GPU lost to the "
@@ -173,6 +184,26 @@ _ENTRIES = (
 )
 
 CATEGORIES: Dict[str, Category] = {entry.id: entry for entry in _ENTRIES}
+
+# A rank killed by SIGKILL with no OOM-killer line in the logs: host_oom is the usual cause, but
+# only inferred (an operator's kill -9, a scheduler's limit, a watchdog also send SIGKILL).
+HOST_OOM_INFERRED_CAUSE = (
+    "The process was killed by SIGKILL (exit code -9), which is what the kernel's OOM killer does when "
+    "the host runs out of RAM; no OOM-killer line was seen in these logs, so this is inferred: a kill -9, "
+    "a scheduler's time or memory limit or a watchdog also send SIGKILL.")
+HOST_OOM_INFERRED_REMEDY = (
+    "Confirm on that node: dmesg -T | grep -i -e 'out of memory' -e oom-kill (or journalctl -k) shows "
+    "'Out of memory: Killed process PID'; under Slurm, sacct -j JOB -o JobID,State,MaxRSS shows "
+    "OUT_OF_MEMORY and the job's log 'oom-kill event'; in Kubernetes the pod's state says OOMKilled. "
+    "If confirmed: " + CATEGORIES["host_oom"].remedy)
+HOST_OOM_SEEN_CAUSE = CATEGORIES["host_oom"].cause + " The OOM killer's own report was seen in the logs."
+
+# An index out of range on the CPU is what a device-side assert is on the GPU: the same checks.
+INDEX_ERROR_REMEDY = (
+    "An index was out of range: check the data's label range against the number of classes "
+    "([0, num_classes) for the loss) and token/embedding ids against the vocabulary (nn.Embedding's "
+    "num_embeddings), and the shapes and lengths the indices were computed from; print the min/max of "
+    "the offending batch's indices; then read the innermost frame of your own code.")
 
 STALL_CATEGORY = _category(
     "stall", "Possible hang: logs stopped advancing", SEVERITY_WARNING,
