@@ -399,3 +399,25 @@ def test_a_refresh_pauses_the_cyclic_gc_and_restores_it_even_when_refreshes_over
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_hostile_sample_values_are_left_out_not_raised():
+    """Prometheus answers NaN and ±Inf as values, and an exporter can put anything in a sample."""
+    from opsconsole.sources.prometheus_http import parse_vector
+
+    good = {"metric": {"instance": "gpu-a01:9400"}, "value": [1700000000.0, "42"]}
+    hostile = [
+        {"metric": {"instance": "nan"}, "value": [1700000000.0, "NaN"]},
+        {"metric": {"instance": "inf"}, "value": [1700000000.0, "+Inf"]},
+        {"metric": {"instance": "-inf"}, "value": [1700000000.0, "-Inf"]},
+        {"metric": {"instance": "huge"}, "value": [1700000000.0, "1e400"]},
+        {"metric": {"instance": "big"}, "value": [1700000000.0, "1e300"]},
+        {"metric": {"instance": "text"}, "value": [1700000000.0, "hot"]},
+        {"metric": {"instance": "short"}, "value": [1700000000.0]},
+        {"metric": "not a dict", "value": [1700000000.0, "1"]},
+        {"value": [1700000000.0, "1"]},
+        "not an object",
+    ]
+    series = parse_vector({"resultType": "vector", "result": hostile + [good]})
+    assert series == [({"instance": "gpu-a01:9400"}, 42.0)]
+    assert parse_vector({"resultType": "scalar", "result": [1700000000.0, "+Inf"]}) == []

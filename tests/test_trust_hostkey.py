@@ -315,14 +315,20 @@ async def test_confirm_screen_with_a_typed_word():
 async def test_keys_in_the_burst_that_opened_a_confirmation_are_dropped(keys):
     """Keys arriving before the question can be read (a paste, a laggy link) neither answer nor type."""
     word = "gpu-a01" if "g" in keys else None
-    app = _Host.make(ConfirmScreen("Reset GPU 3?", "nvidia-smi -r -i 3", word=word, danger=True))
+    screen = ConfirmScreen("Reset GPU 3?", "nvidia-smi -r -i 3", word=word, danger=True)
+    screen.ARM_DELAY_S = 60.0  # this screen arms when the test says so, however slow the machine is
+    app = _Host.make(screen)
     async with app.run_test() as pilot:
-        await pilot.press(*keys)  # at once: the screen is not armed yet
-        screen = app.screen
-        assert isinstance(screen, ConfirmScreen) and not screen.armed and screen.keys_dropped == len(keys)
+        for _ in range(200):
+            if app.screen is screen and screen.is_mounted:
+                break
+            await pilot.pause(0.05)
+        await pilot.press(*keys)
+        assert app.screen is screen and not screen.armed and screen.keys_dropped == len(keys)
         assert app.answers == [] and screen.focused is None
-        await until_armed(pilot, app)
-        assert app.answers == []
+        screen._arm()  # what the timer does
+        await pilot.pause()
+        assert app.answers == [] and screen.armed
         if word:
             assert screen.query_one("#confirm-word").value == "" and screen.focused is screen.query_one("#confirm-word")
         else:

@@ -116,16 +116,19 @@ async def test_record_key_writes_a_recording_that_replays(tmp_path):
 
 async def test_report_key_writes_an_incident_report(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    reports_dir = tmp_path / "state" / "opsconsole" / "reports"
     app, fleet = console("")
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("ctrl+e")
         for _ in range(100):
-            if list(tmp_path.glob("opsconsole-report-*.tar.gz")):
+            if list(reports_dir.glob("opsconsole-report-*.tar.gz")):
                 break
             await pilot.pause(0.1)
-    reports = list(tmp_path.glob("opsconsole-report-*.tar.gz"))
-    assert len(reports) == 1
+    reports = list(reports_dir.glob("opsconsole-report-*.tar.gz"))
+    assert len(reports) == 1 and not list(tmp_path.glob("opsconsole-report-*"))  # never the working directory
+    assert reports[0].stat().st_mode & 0o777 == 0o600 and reports_dir.stat().st_mode & 0o777 == 0o700
     with tarfile.open(reports[0]) as tar:
         names = [m.name.split("/", 1)[1] for m in tar.getmembers()]
     assert "summary.md" in names and "snapshot.json" in names

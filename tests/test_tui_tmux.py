@@ -123,3 +123,105 @@ def test_too_small_terminal_in_tmux(tmux, tmp_path):
     assert "newest frame" not in screen
     tmux.keys("q")
     assert tmux.wait_gone()
+
+
+def audit_lines(home: Path) -> list:
+    path = home / ".state" / "opsconsole" / "audit.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+CONFIRMATION = "Every run is written to the audit log first"  # the body of every action's question
+
+
+def filter_text(screen: str) -> str:
+    """What the open filter line holds ('' when it is closed or empty)."""
+    lines = screen.splitlines()
+    for above, line in zip(lines, lines[1:]):
+        if above.startswith("▊▔") and line.startswith("▊"):
+            text = line.strip("▊▎ ")
+            return "" if text.startswith("filter (enter keeps it") else text
+    return ""
+
+
+def filter_closed(screen: str) -> bool:
+    return not any(line.startswith("▊▔") for line in screen.splitlines())
+
+
+def wait_for_filter(tmux: Tmux, wanted: str) -> str:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        screen = tmux.screen()
+        if filter_text(screen) == wanted:
+            return screen
+        time.sleep(0.2)
+    raise AssertionError("the filter never held %r; last screen:\n%s" % (wanted, tmux.screen()))
+
+
+def test_keys_typed_in_a_burst_never_signal_a_process(tmux, tmp_path):
+    """`/eyes` (the `e` of a filter word is Escalate, `y` confirms) and pasted bursts in the Processes
+    pane, with a process of ours highlighted: no signal is sent and nothing is audited."""
+    marker = "burst-target-%s" % uuid.uuid4().hex[:8]
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass", marker])  # tops the host list by CPU
+    try:
+        tmux.start(console_command(tmp_path, "--interval", "0.5"))
+        tmux.wait_for("newest frame", "nodes 1  up 1")
+        tmux.keys("2")
+        tmux.wait_for("GPU compute processes")
+        tmux.keys("t")
+        tmux.keys("t")  # host processes only: the cursor is on a row of the host table
+        tmux.wait_for(str(burner.pid))
+        pid = str(burner.pid)
+
+        def only_ours() -> None:
+            """Filter the host table down to our process, so the highlighted row is one we started.
+
+            The filter opens with its text selected: what is typed replaces it."""
+            deadline = time.monotonic() + WAIT_S
+            while not filter_closed(tmux.screen()) and time.monotonic() < deadline:
+                time.sleep(0.2)  # keys typed before the filter closed are the filter's: wait
+            tmux.keys("/")
+            while filter_closed(tmux.screen()) and time.monotonic() < deadline + WAIT_S:
+                time.sleep(0.2)
+            tmux.keys(marker, "Enter")
+            deadline = time.monotonic() + WAIT_S
+            while "1 host processes" not in tmux.screen() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "1 host processes" in tmux.screen() and pid in tmux.screen(), tmux.screen()
+
+        only_ours()
+        tmux.keys("/eyes")  # one burst: every key after `/` belongs to the filter
+        screen = wait_for_filter(tmux, "eyes")  # all four reached the filter: none reached the table
+        assert CONFIRMATION not in screen
+        tmux.keys("Enter")
+        only_ours()
+        tmux.run("send-keys", "-t", "console", "-l", "/xyKiey")  # a burst typed as literal keys
+        assert CONFIRMATION not in wait_for_filter(tmux, "xyKiey")
+        tmux.keys("Enter")
+        only_ours()
+        tmux.run("set-buffer", "-b", "burst", "xyKieyy")
+        tmux.run("paste-buffer", "-p", "-b", "burst", "-t", "console")  # a bracketed paste into the table
+        time.sleep(1.5)
+        assert CONFIRMATION not in tmux.screen()
+        assert burner.poll() is None, "the highlighted process was signalled"
+        assert audit_lines(tmp_path) == [], "something was audited: %s" % audit_lines(tmp_path)
+
+        for _ in range(6):  # host processes only, so the highlighted row is our process's
+            status = tmux.screen().splitlines()[4]
+            if "GPU processes" not in status and "1 host processes" in status:
+                break
+            tmux.keys("t")
+            time.sleep(1.0)
+        assert "GPU processes" not in tmux.screen().splitlines()[4], tmux.screen()
+        tmux.keys("x", "y")  # `x` opens the SIGTERM question for our process; `y` in the same burst is dropped
+        tmux.wait_for(CONFIRMATION, "kill -s TERM -- " + pid)
+        time.sleep(1.0)
+        assert burner.poll() is None and CONFIRMATION in tmux.screen()
+        tmux.keys("Escape")
+        time.sleep(0.5)
+        assert burner.poll() is None
+        assert [line for line in audit_lines(tmp_path) if '"cancelled"' not in line] == []
+        tmux.keys("q")
+        assert tmux.wait_gone()
+    finally:
+        burner.kill()
+        burner.wait()

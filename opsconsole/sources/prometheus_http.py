@@ -8,6 +8,7 @@ when it changes, so a rotated token is picked up without a restart.
 from __future__ import annotations
 
 import json
+import math
 import os
 import ssl
 import urllib.error
@@ -131,10 +132,10 @@ class PrometheusHttp:
         out: List[RangeSeries] = []
         for item in (data or {}).get("result", ()):
             points = []
-            for stamp, text in item.get("values", ()):
-                value = float(text)
-                if value == value:
-                    points.append((float(stamp), value))
+            for point in item.get("values", ()):
+                value = _usable(point)
+                if value is not None:
+                    points.append(value)
             out.append((item.get("metric", {}), points))
         return out
 
@@ -146,15 +147,36 @@ def parse_vector(data: Any) -> List[Series]:
     kind = data.get("resultType")
     result = data.get("result") or []
     if kind == "scalar":
-        return [({}, float(result[1]))]
+        point = _usable(result)
+        return [] if point is None else [({}, point[1])]
     if kind != "vector":
         raise PrometheusError("expected an instant vector, got %s" % kind)
     out: List[Series] = []
     for item in result:
-        value = float(item["value"][1])
-        if value == value:  # NaN: the series has no usable value
-            out.append((item["metric"], value))
+        point = _usable(item.get("value") if isinstance(item, dict) else None)
+        labels = item.get("metric") if point is not None else None
+        if isinstance(labels, dict):
+            out.append((labels, point[1]))
     return out
+
+
+# Beyond this a reading is no GPU's or host's: it would overflow the integer fields it fills.
+_LARGEST_READING = 1e18
+
+
+def _usable(point: Any) -> Any:
+    """(time, value) of a sample `[time, "value"]`, None when it is malformed or not a finite, sane number.
+
+    Prometheus answers NaN, +Inf and -Inf as values ("no usable value"); an exporter can put
+    anything in a sample: a series without one is left out, as a missing field is.
+    """
+    try:
+        stamp, value = float(point[0]), float(point[1])
+    except (TypeError, ValueError, IndexError, KeyError):
+        return None
+    if not (math.isfinite(stamp) and math.isfinite(value)) or abs(value) > _LARGEST_READING:
+        return None
+    return stamp, value
 
 
 __all__ = ["PrometheusHttp", "PrometheusError", "parse_vector"]

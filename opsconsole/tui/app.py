@@ -299,9 +299,13 @@ class OpsConsole(App[int]):
         pane = self.panes.get(pane_id)
         if pane is None:
             return
-        for widget in pane.query("*"):
-            if widget.focusable:
-                widget.focus()
+        # The first widget of the pane that can take the focus and is shown (the focus chain skips
+        # hidden ones: the Processes pane's other table, say). At once, not after the queued events
+        # (Widget.focus waits): the keys typed right after closing the filter are the pane's.
+        screen = pane.screen
+        for widget in screen.focus_chain:
+            if pane in widget.ancestors:
+                screen.set_focus(widget)
                 return
 
     @on(NodesPane.Drill)
@@ -454,7 +458,7 @@ class OpsConsole(App[int]):
 
         try:
             inputs = await gather(self.config, fleet=self.fleet, health=self.health_results())
-            path = await asyncio.get_running_loop().run_in_executor(None, write_report, inputs, os.getcwd())
+            path = await asyncio.get_running_loop().run_in_executor(None, write_report, inputs)  # private: 0600 in the state dir's reports/
         except Exception as exc:
             self.notify("report failed: %s" % exc, severity="error", timeout=10)
             return
@@ -482,6 +486,11 @@ class OpsConsole(App[int]):
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(self.help_rows(), self.config.source or "the config file"))
+
+    def check_action(self, action: str, parameters: Tuple[object, ...]) -> Optional[bool]:
+        if action == "filter" and (isinstance(self.focused, Input) or self.screen is not self.filter_input.screen):
+            return False  # typed into an input, or a modal screen is up: `/` is not the filter key there
+        return super().check_action(action, parameters)
 
     def action_filter(self) -> None:
         self.filter_input.value = self._pane_filters.get(self.visible_pane_id, "")

@@ -25,7 +25,10 @@ class KeySpec:
 APP_KEYS: Tuple[KeySpec, ...] = (
     KeySpec("app.quit", "q", "quit", "Quit"),
     KeySpec("app.help", "question_mark", "help", "Help: every key"),
-    KeySpec("app.filter", "slash", "filter", "Filter the pane"),
+    # Priority: `/` is handled in the order keys arrive, before the ones typed after it are sent
+    # to the focused table (which would read them as its keys); OpsConsole.check_action lets it
+    # through to a text input, where `/` is just a character.
+    KeySpec("app.filter", "slash", "filter", "Filter the pane", priority=True),
     KeySpec("app.back", "escape", "back", "Back: close filter, leave drill-down", show=False),
     KeySpec("pane.next", "tab", "next_pane", "Next pane", show=False, priority=True),
     KeySpec("pane.previous", "shift+tab", "previous_pane", "Previous pane", show=False, priority=True),
