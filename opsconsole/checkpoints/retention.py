@@ -32,6 +32,11 @@ class PlanItem:
     delete: bool
     reasons: Tuple[str, ...]
     is_dir: bool = False
+    members: Tuple[str, ...] = ()  # the unit's files/dirs relative to the plan's root; default: path's name
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            object.__setattr__(self, "members", (posixpath.basename(self.path.rstrip("/")),))
 
     @property
     def action(self) -> str:
