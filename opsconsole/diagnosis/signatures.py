@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import List, Optional, Pattern, Tuple
+from typing import Callable, List, Match, Optional, Pattern, Tuple
 
 import ahocorasick
 
@@ -27,6 +27,7 @@ class Signature:
     weak: bool = False  # indirect evidence (an exit code, a launcher's report): ranks below direct evidence
     overrides: Tuple[str, ...] = ()  # categories this more specific reading replaces on the same line
     role: str = ""  # ROLE_GENERIC or ROLE_PEER_GONE: read in context by the engine
+    check: Optional[Callable[[Match[str]], bool]] = None  # a further test of the match (numbers a regex cannot compare)
 
 
 ROLE_GENERIC = "generic"  # a generic NCCL result code (unhandled system / internal error)
@@ -34,8 +35,15 @@ ROLE_PEER_GONE = "peer_gone"  # a peer closed or reset its connection, or its pr
 
 
 def _sig(category: str, pattern: str, needles: Tuple[str, ...], weak: bool = False, flags: int = 0,
-         overrides: Tuple[str, ...] = (), role: str = "") -> Signature:
-    return Signature(category, re.compile(pattern, flags), needles, weak, overrides, role)
+         overrides: Tuple[str, ...] = (), role: str = "",
+         check: Optional[Callable[[Match[str]], bool]] = None) -> Signature:
+    return Signature(category, re.compile(pattern, flags), needles, weak, overrides, role, check)
+
+
+def _most_steps_skipped(match: Match[str]) -> bool:
+    """DeepSpeed's "step=N, skipped=M": fp16 overflowing on most of at least 100 steps has diverged."""
+    steps, skipped = int(match.group(1)), int(match.group(2))
+    return steps >= 100 and 2 * skipped > steps
 
 
 _I = re.IGNORECASE
@@ -51,6 +59,9 @@ SIGNATURES: Tuple[Signature, ...] = (
     # --- kernel / hardware ---------------------------------------------------------------------------
     _sig("gpu_hardware", r"NVRM: Xid \(", ("nvrm: xid",)),  # the code decides: xid_category()
     _sig("gpu_hardware", r"fallen off the bus", ("fallen off the bus",), flags=_I),
+    # The driver sees the GPU but cannot bring it up (after Xid 79/48, a bad PCIe link, a dying board).
+    _sig("gpu_hardware", r"NVRM: .*(?:RmInitAdapter failed|rm_init_adapter failed)",
+         ("rminitadapter failed", "rm_init_adapter failed")),
     _sig("gpu_hardware", r"uncorrectable ECC error|ECC errors? (?:detected|encountered)|cudaErrorECCUncorrectable"
          r"|row.?remap(?:ping)? failure|GPU is lost|GPU requires reset|double.?bit (?:ECC|error)"
          r"|Unable to determine the device handle for GPU",
@@ -117,9 +128,10 @@ SIGNATURES: Tuple[Signature, ...] = (
           "timed out initializing", "monitoredbarrier", "rendezvoustimeouterror", "socket timeout")),
     # A peer's connection gone: the cause is on the other side.
     _sig("nccl_remote", r"remote process exited|ncclRemoteError|[Cc]onnection closed by (?:remote )?peer|remote detached"
-         r"|Connection reset by peer|failed : Broken pipe|NCCL communicator was aborted|RendezvousClosedError",
+         r"|Connection reset by peer|failed : Broken pipe|NCCL communicator was aborted|RendezvousClosedError"
+         r"|Horovod has been shut down",
          ("remote process", "ncclremoteerror", "closed by", "remote detached", "reset by peer", "broken pipe",
-          "communicator was aborted", "rendezvousclosed"), weak=True, role="peer_gone"),
+          "communicator was aborted", "rendezvousclosed", "horovod has been shut down"), weak=True, role="peer_gone"),
     # The launcher's report of a failed child (its own error, if any, is in that child's lines).
     _sig("nccl_remote", r"ChildFailedError|Sending process \d+ closing signal SIGTERM"
          r"|failed \(exitcode: (?!-9\b)-?\d+\) local_rank"
@@ -131,9 +143,14 @@ SIGNATURES: Tuple[Signature, ...] = (
     # Only the loss: a NaN/Inf grad norm alone is what fp16 loss scaling shows on the steps it skips.
     # One signature per phrasing, each with its own needles, so a line runs only the regex it may match;
     # case spelled out instead of IGNORECASE, a literal first in every branch (sre scans for it in C).
-    _sig("nan_inf", r"[Ll](?<![A-Za-z][Ll])oss['\"]?\s*(?:is\s+|[:=]\s*)['\"]?(?:nan|NaN|NAN|[-+]?(?:inf|Inf|INF))\b",
+    _sig("nan_inf", r"[Ll](?<![A-Za-z][Ll])oss['\"]?\s*(?:is\s+|[:=]\s*|\s+)['\"]?(?:nan|NaN|NAN|[-+]?(?:inf|Inf|INF))\b",
          ("nan", "inf")),
     _sig("nan_inf", r"number of nan iterations:\s*[1-9]", ("nan iterations",)),
+    # Dynamic loss scaling that never recovers: the scale driven to its floor (apex prints Python's
+    # repr, so below 1e-4 it is in e- notation; fairseq's default floor is 1e-4; DeepSpeed's is 1).
+    _sig("nan_inf", r"loss scale to:? (?:\d(?:\.\d+)?e-\d|0\.000\d)|Attempted loss scale: 1(?:\.0)?, reducing to 1\b",
+         ("loss scale to", "attempted loss scale: 1")),
+    _sig("nan_inf", r"\bstep=(\d+), skipped=(\d+)", ("skipped=",), check=_most_steps_skipped),
     _sig("nan_inf", r"returned nan values|contains (?:NaN|Inf|nan|inf)\b|probability tensor contains either `inf`, `nan`"
          r"|Detected (?:NaN|Inf|non-finite)|[Nn]a[Nn] (?:loss|gradients?) (?:detected|encountered)",
          ("returned nan", "contains nan", "contains inf", "probability tensor", "detected nan", "detected inf",
@@ -160,10 +177,10 @@ SIGNATURES: Tuple[Signature, ...] = (
     _sig("data_corrupt", r"UnidentifiedImageError|cannot identify image file|image file is truncated"
          r"|broken data stream when reading image|JSONDecodeError|ArrowInvalid|DatasetGenerationError"
          r"|Parquet magic bytes not found|Error -3 while decompressing|UnicodeDecodeError: 'utf-8' codec can't decode"
-         r"|tarfile\.ReadError|decoding image failed",
+         r"|tarfile\.ReadError|decoding image failed|struct\.error: unpack(?:_from)? requires a buffer",
          ("unidentifiedimage", "identify image", "image file is truncated", "broken data stream",
           "jsondecodeerror", "arrowinvalid", "datasetgenerationerror", "magic bytes", "decompressing",
-          "unicodedecodeerror", "readerror", "decoding image")),
+          "unicodedecodeerror", "readerror", "decoding image", "struct.error")),
     _sig("dataloader_worker", r"DataLoader worker \(pid\(?s?\)? [\d, ]+\) (?:is killed by signal|exited unexpectedly)"
          r"|Unexpected (?:bus error|segmentation fault) encountered in worker|out of shared memory"
          r"|Too many open files\. Communication with the workers|DataLoader timed out after",
@@ -219,7 +236,7 @@ def has_needle(lowered: str) -> bool:
 # Lines that contain a needle but are known to be healthy: apex/fairseq loss scaling, NCCL's INFO
 # chatter and its optional-plugin warnings.
 BENIGN: Pattern[str] = re.compile(
-    r"Gradient overflow\. +Skipping step|reducing loss scale to"
+    r"Gradient overflow\. +Skipping step(?!.*loss scale to \d(?:\.\d+)?e-)|reducing loss scale to (?!\d(?:\.\d+)?e-)"
     r"|NCCL WARN (?:Failed to open libibverbs|Could not find real path of|NET/Plugin|Error: network \S+ not found)"
     r"|NCCL INFO",
     re.IGNORECASE,
@@ -253,7 +270,8 @@ def match_roles(line: str) -> List[Tuple[str, bool, str]]:
     overridden: set = set()
     for position in positions:
         sig = SIGNATURES[position]
-        if sig.pattern.search(line) is None:
+        found = sig.pattern.search(line)
+        if found is None or (sig.check is not None and not sig.check(found)):
             continue
         if sig.needles == ("nvrm: xid",):
             decided = xid_category(line)
