@@ -532,6 +532,8 @@ def restricted_loads(data: bytes) -> UnpickleResult:
         result.value = unpickler.load()
     except RecursionError:
         result.error = "data.pkl nests too deeply to read"
+    except MemoryError:
+        raise  # not damage: the memory limit of the process reading it (the metadata worker's), said as such there
     except Exception as exc:  # a damaged pickle can raise nearly anything; it is a value here
         result.error = "data.pkl unreadable: %s" % error_text(exc)
     result.storages = unpickler.storages

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from opsconsole.checkpoints import formats
 from opsconsole.checkpoints.access import LOCAL, DirItem, FileSystem
 from opsconsole.checkpoints.cache import CRC_CACHE, METADATA_CACHE, ResultCache
+from opsconsole.checkpoints.worker import read_checkpoint_file
 from opsconsole.checkpoints.records import (
     BROKEN,
     FORMAT_HF,
@@ -67,7 +68,10 @@ def read_file_entry(fs: FileSystem, path: str, item: DirItem, cache: ResultCache
     if cached is not None:
         return cached
     try:
-        result = fs.run_reader(path, lambda size: formats.file_reader(item.name, size, fs.read_window))
+        # Parsed in the limited, reused metadata worker process (worker.py), never in this one:
+        # a crafted file that crashes, hangs or bloats the parse becomes this entry's
+        # "unreadable: <reason>" and the scan goes on. Was: fs.run_reader(path, formats.file_reader ...).
+        result = read_checkpoint_file(fs, path, item.name, fs.read_window)
     except OSError as exc:
         return formats.ReadResult(formats._named_format(item.name), formats.meta_from_name(item.name),
                                   INTEGRITY_UNCHECKED, "cannot read: %s" % (exc.strerror or exc))
