@@ -1,0 +1,336 @@
+"""Acceptance tests: checkpoints as the training libraries write them, and cleanup checked by their own loaders.
+
+For each layout (Lightning, HF Trainer, accelerate, DCP; DeepSpeed and Megatron from their
+documented names): `opsconsole checkpoints DIR --json` lists the units the library made, with best
+and latest where the library recorded them; then `opsconsole cleanup DIR --keep 1 --yes` runs on an
+aged copy of the artifact and what must remain is loaded with the library's own loader
+(`from_pretrained`, `Trainer.train(resume_from_checkpoint=...)`, `Accelerator.load_state`,
+`dcp.load`, `LightningModule.load_from_checkpoint`). Pointed at one unit (a `checkpoint-N/`, a
+`save_state` directory, a DCP directory), cleanup deletes nothing inside it.
+
+The artifacts are built once per session by tests/checkpoint_libraries.py. A copy is aged by an
+hour (every mtime shifted, order kept) so the default min_age does not protect it, and the command
+runs exactly as an operator types it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, List, Set
+
+import pytest
+import torch
+
+from opsconsole import cli
+from tests.checkpoint_libraries import (  # noqa: F401  (session fixtures)
+    ACCELERATE_SAVES,
+    DCP_COMPLETE,
+    DCP_NO_METADATA,
+    DCP_TRUNCATED,
+    HF_BEST_STEP,
+    HF_STEPS,
+    accelerate_load,
+    accelerate_run,
+    copy_artifact,
+    dcp_load,
+    dcp_run,
+    hf_resume_one_step,
+    hf_run,
+    library_root,
+    lightning_module_class,
+    lightning_run,
+    make_accelerator,
+    reset_accelerate_state,
+    tree,
+    write_deepspeed_layout,
+    write_megatron_layout,
+)
+
+BROKEN = {"truncated", "corrupt"}
+AGE_S = 3600.0
+
+
+# --- running the commands -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def console(tmp_path, monkeypatch, capsys):
+    """The real commands, in-process, with a config of this test's own (its audit log in tmp_path)."""
+    config = tmp_path / "config.toml"
+    config.write_text('[actions]\naudit_log = "%s"\n' % (tmp_path / "audit.log"))
+    monkeypatch.setenv("OPSCONSOLE_CONFIG", str(config))
+    return Console(capsys)
+
+
+class Console:
+    def __init__(self, capsys):
+        self.capsys = capsys
+
+    def run(self, *argv: str):
+        self.capsys.readouterr()
+        code = cli.main(list(argv))
+        captured = self.capsys.readouterr()
+        return code, captured.out, captured.err
+
+    def listing(self, directory: Path) -> dict:
+        code, out, err = self.run("checkpoints", str(directory), "--json")
+        assert code == 0, err
+        return json.loads(out)
+
+    def cleanup(self, directory: Path, keep: int = 1) -> dict:
+        code, out, err = self.run("cleanup", str(directory), "--keep", str(keep), "--yes", "--json")
+        assert code == 0, "cleanup exit %d: %s\n%s" % (code, err, out)
+        return json.loads(out)
+
+
+def units(doc: dict) -> Dict[str, dict]:
+    """The listed units by their path relative to the listed directory ('.' for the directory itself)."""
+    root = Path(doc["dir"])
+    return {os.path.relpath(entry["path"], root): entry for entry in doc["checkpoints"]}
+
+
+def flagged(doc: dict, flag: str) -> Set[str]:
+    return {name for name, entry in units(doc).items() if entry[flag]}
+
+
+def deleted(doc: dict, root: Path) -> Set[str]:
+    results = (doc.get("result") or {}).get("results") or []
+    return {os.path.relpath(r["path"], root) for r in results if r["deleted"]}
+
+
+def listing_text(doc: dict) -> str:
+    """The listing, one line per unit, for assertion messages (what was listed, with its marks and problem)."""
+    lines = ["%s %s integrity=%s%s%s %s" % (name, e["format"], e["integrity"], " best" if e["best"] else "",
+                                            " latest" if e["latest"] else "", e["problem"] or "")
+             for name, e in sorted(units(doc).items())]
+    return "listing of %s:\n  %s" % (doc["dir"], "\n  ".join(lines) or "(nothing)")
+
+
+def plan_text(doc: dict) -> str:
+    """The plan, one line per unit, for assertion messages (what was kept or deleted, and why)."""
+    lines = ["%s %s (%s)" % (item["action"], Path(item["path"]).name, "; ".join(item["reasons"]))
+             for item in doc["plan"]["plan"]]
+    return "\n".join(lines + ["result: %s" % json.dumps(doc.get("result"))])
+
+
+def aged_copy(source: Path, tmp_path: Path) -> Path:
+    """A copy of an artifact with every mtime an hour older (their order kept), as a run from yesterday."""
+    dest = copy_artifact(source, tmp_path / "copy")
+    for path in sorted(dest.rglob("*"), key=lambda p: len(p.parts), reverse=True) + [dest]:
+        st = path.lstat()
+        os.utime(path, (st.st_atime - AGE_S, st.st_mtime - AGE_S), follow_symlinks=False)
+    return dest
+
+
+def assert_same_weights(got: Dict[str, torch.Tensor], want: Dict[str, torch.Tensor]) -> None:
+    assert set(got) == set(want)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+
+
+def assert_one_unit_and_nothing_deleted(console: Console, unit: Path, fmt_hint: str) -> None:
+    """Pointed at one unit: listed as that one unit, and cleanup --keep 1 --yes leaves every file in it."""
+    doc = console.listing(unit)
+    listed = units(doc)
+    assert list(listed) == ["."], "%s: expected the directory itself as one unit\n%s" % (fmt_hint, listing_text(doc))
+    before = tree(unit)
+    result = console.cleanup(unit)
+    assert tree(unit) == before, "%s: cleanup changed the unit\n%s" % (fmt_hint, plan_text(result))
+    assert not deleted(result, unit), plan_text(result)
+
+
+# --- Lightning ----------------------------------------------------------------------------------
+
+
+def test_lightning_model_checkpoint_listing(lightning_run, console):
+    doc = console.listing(lightning_run.dir)
+    expected = set(lightning_run.best_k_models) | {"last.ckpt"}
+    assert set(units(doc)) == expected, listing_text(doc)
+    best = Path(lightning_run.best_model_path).name
+    assert best != lightning_run.newest_top_k  # the run was made so
+    assert flagged(doc, "best") == {best}, "Lightning recorded best_model_path=%s (monitor val_acc, max)\n%s" % (best, listing_text(doc))
+    assert "last.ckpt" in flagged(doc, "latest"), "last.ckpt (a regular file) is ModelCheckpoint's last_model_path\n" + listing_text(doc)
+
+
+def test_lightning_cleanup_keeps_best_and_last_loadable(lightning_run, console, tmp_path):
+    copy = aged_copy(lightning_run.dir, tmp_path)
+    result = console.cleanup(copy)
+    best = Path(lightning_run.best_model_path).name
+    remaining = {p.name for p in copy.iterdir()}
+    assert {best, "last.ckpt"} <= remaining, plan_text(result)
+    # Only other top-k members may go (keep 1); nothing outside ModelCheckpoint's own files.
+    assert deleted(result, copy) <= set(lightning_run.best_k_models) - {best}, plan_text(result)
+    module_class = lightning_module_class()
+    for name in (best, "last.ckpt"):
+        loaded = module_class.load_from_checkpoint(str(copy / name), map_location="cpu")
+        original = module_class.load_from_checkpoint(str(lightning_run.dir / name), map_location="cpu")
+        assert_same_weights(loaded.state_dict(), original.state_dict())
+    saved = torch.load(copy / best, map_location="cpu", weights_only=True)
+    callback_state = next(v for k, v in saved["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    assert Path(callback_state["best_model_path"]).name == best
+
+
+# --- Hugging Face Trainer -----------------------------------------------------------------------
+
+
+def final_model_units(listed: Dict[str, dict]) -> List[str]:
+    return [name for name in listed if name in (".", "model.safetensors")]
+
+
+def test_hf_trainer_listing(hf_run, console):
+    assert hf_run.checkpoints == ("checkpoint-%d" % HF_BEST_STEP, "checkpoint-10", "checkpoint-%d" % HF_STEPS)
+    assert hf_run.best_checkpoint == "checkpoint-%d" % HF_BEST_STEP
+    doc = console.listing(hf_run.output_dir)
+    listed = units(doc)
+    stray = sorted(set(listed) & {"config.json", "generation_config.json", "training_args.bin"})
+    assert not stray, "save_model()'s files listed as checkpoints of their own: %s\n%s" % (stray, listing_text(doc))
+    assert len(final_model_units(listed)) == 1, "the final model (save_model) as one unit\n" + listing_text(doc)
+    for name in hf_run.checkpoints:
+        assert listed[name]["format"] == "hf-trainer", (name, listed[name])
+    series = {name for name in listed if name.startswith("checkpoint-")}
+    assert series == set(hf_run.checkpoints), listing_text(doc)
+    assert flagged(doc, "best") & series == {hf_run.best_checkpoint}, listing_text(doc)
+    assert flagged(doc, "latest") & series == {"checkpoint-%d" % HF_STEPS}, listing_text(doc)
+
+
+def test_hf_trainer_cleanup_keeps_final_best_and_newest_loadable(hf_run, console, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    copy = aged_copy(hf_run.output_dir, tmp_path)
+    before = tree(copy)
+    result = console.cleanup(copy)
+    assert deleted(result, copy) == {"checkpoint-10"}, plan_text(result)
+    after = tree(copy)
+    kept = {path: size for path, size in before.items() if not path.startswith("checkpoint-10/")}
+    assert after == kept, "files lost: %s\n%s" % (sorted(set(kept) - set(after)), plan_text(result))
+    final = AutoModelForCausalLM.from_pretrained(str(copy))
+    best = AutoModelForCausalLM.from_pretrained(str(copy / hf_run.best_checkpoint))
+    # load_best_model_at_end: the final model is the best checkpoint's weights.
+    assert_same_weights(final.state_dict(), best.state_dict())
+    newest = copy / ("checkpoint-%d" % HF_STEPS)
+    assert hf_resume_one_step(newest, tmp_path / "resumed") == HF_STEPS + 1
+
+
+def test_hf_cleanup_pointed_at_one_checkpoint_deletes_nothing_inside(hf_run, console, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = aged_copy(hf_run.output_dir / ("checkpoint-%d" % HF_STEPS), tmp_path)
+    assert_one_unit_and_nothing_deleted(console, checkpoint, "HF checkpoint-N/")
+    AutoModelForCausalLM.from_pretrained(str(checkpoint))
+    assert hf_resume_one_step(checkpoint, tmp_path / "resumed") == HF_STEPS + 1
+
+
+# --- accelerate ---------------------------------------------------------------------------------
+
+
+def test_accelerate_automatic_naming_listing(accelerate_run, console):
+    doc = console.listing(accelerate_run.project_dir / "checkpoints")
+    names = {"checkpoint_%d" % i for i in range(ACCELERATE_SAVES)}
+    assert set(units(doc)) == names, listing_text(doc)
+    assert flagged(doc, "latest") == {"checkpoint_%d" % (ACCELERATE_SAVES - 1)}, listing_text(doc)
+    assert not flagged(doc, "best"), listing_text(doc)  # accelerate records no metric
+
+
+def test_accelerate_cleanup_keeps_the_newest_state_loadable(accelerate_run, console, tmp_path):
+    project = aged_copy(accelerate_run.project_dir, tmp_path)
+    checkpoints = project / "checkpoints"
+    newest = "checkpoint_%d" % (ACCELERATE_SAVES - 1)
+    before = tree(checkpoints / newest)
+    result = console.cleanup(checkpoints)
+    assert deleted(result, checkpoints) == {"checkpoint_%d" % i for i in range(ACCELERATE_SAVES - 1)}, plan_text(result)
+    assert tree(checkpoints / newest) == before, plan_text(result)
+    assert_same_weights(accelerate_load(checkpoints / newest), accelerate_run.weights[newest])
+    # accelerate's own resume: load_state() with no path takes the newest checkpoints/checkpoint_N.
+    accelerator, model, _optimizer, _scheduler = make_accelerator(project)
+    accelerator.load_state()
+    assert_same_weights(model.state_dict(), accelerate_run.weights[newest])
+    reset_accelerate_state()
+
+
+def test_accelerate_cleanup_pointed_at_a_save_state_dir_deletes_nothing(accelerate_run, console, tmp_path):
+    plain = aged_copy(accelerate_run.plain_dir, tmp_path)
+    assert_one_unit_and_nothing_deleted(console, plain, "accelerate save_state dir")
+    assert_same_weights(accelerate_load(plain), accelerate_run.weights[accelerate_run.plain_dir.name])
+
+
+# --- torch.distributed.checkpoint ---------------------------------------------------------------
+
+
+def test_dcp_listing_checks_integrity(dcp_run, console):
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+
+    # The library's own loader says what is broken: the truncated shard (torch.load inside dcp.load:
+    # "failed finding central directory") and the missing .metadata (FileNotFoundError).
+    with pytest.raises(CheckpointException, match="central directory"):
+        dcp_load(dcp_run.dir / DCP_TRUNCATED)
+    with pytest.raises((CheckpointException, OSError)):
+        dcp_load(dcp_run.dir / DCP_NO_METADATA)
+    doc = console.listing(dcp_run.dir)
+    listed = units(doc)
+    assert set(listed) == set(DCP_COMPLETE) | {DCP_TRUNCATED, DCP_NO_METADATA}, listing_text(doc)
+    for name in DCP_COMPLETE:
+        assert listed[name]["integrity"] == "ok", listing_text(doc)
+    assert listed[DCP_TRUNCATED]["integrity"] in BROKEN, listing_text(doc)
+    incomplete = listed[DCP_NO_METADATA]
+    assert incomplete["integrity"] != "ok" and incomplete["problem"], listing_text(doc)
+
+
+def test_dcp_cleanup_keeps_the_newest_intact_save_loadable(dcp_run, console, tmp_path):
+    copy = aged_copy(dcp_run.dir, tmp_path)
+    newest_intact = DCP_COMPLETE[-1]
+    before = tree(copy / newest_intact)
+    result = console.cleanup(copy)
+    gone = deleted(result, copy)
+    assert DCP_COMPLETE[0] in gone and newest_intact not in gone, plan_text(result)
+    assert tree(copy / newest_intact) == before
+    assert_same_weights(dcp_load(copy / newest_intact), dcp_run.weights[newest_intact])
+
+
+def test_dcp_pointed_at_one_save(dcp_run, console, tmp_path):
+    one = aged_copy(dcp_run.dir / DCP_COMPLETE[-1], tmp_path)
+    doc = console.listing(one)
+    assert units(doc).get(".", {}).get("integrity") == "ok", listing_text(doc)
+    assert_one_unit_and_nothing_deleted(console, one, "DCP directory")
+    assert_same_weights(dcp_load(one), dcp_run.weights[DCP_COMPLETE[-1]])
+
+
+# --- DeepSpeed and Megatron-LM ------------------------------------------------------------------
+
+
+def test_deepspeed_layout(console, tmp_path):
+    """DeepSpeed cannot run here (it needs CUDA and its compiled ops): the layout is written from its
+    documented names (global_stepN/ with mp_rank_00_model_states.pt and ZeRO optimizer shards, a
+    `latest` file with the tag, zero_to_fp32.py). `latest` names global_step200 while global_step300
+    exists (a save that died before updating `latest`): both must stay."""
+    root = write_deepspeed_layout(tmp_path / "src" / "deepspeed")
+    copy = aged_copy(root, tmp_path)
+    doc = console.listing(copy)
+    assert set(units(doc)) == {"global_step100", "global_step200", "global_step300"}, listing_text(doc)
+    assert flagged(doc, "latest") == {"global_step200"}, listing_text(doc)
+    result = console.cleanup(copy)
+    assert deleted(result, copy) == {"global_step100"}, plan_text(result)
+    assert (copy / "latest").is_file() and (copy / "zero_to_fp32.py").is_file()
+    tag = (copy / "latest").read_text().strip()  # what DeepSpeed's load_checkpoint reads first
+    state = torch.load(copy / tag / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
+    assert state["global_steps"] == 200
+    assert (copy / "global_step300" / "mp_rank_00_model_states.pt").is_file()
+
+
+def test_megatron_layout(console, tmp_path):
+    """Megatron-LM cannot run here (it needs CUDA, apex and a process group): the layout is written from
+    its documented names (iter_0000100/mp_rank_00/model_optim_rng.pt, and
+    latest_checkpointed_iteration.txt naming the last finished iteration, here 200 of 300)."""
+    root = write_megatron_layout(tmp_path / "src" / "megatron")
+    copy = aged_copy(root, tmp_path)
+    doc = console.listing(copy)
+    assert set(units(doc)) == {"iter_0000100", "iter_0000200", "iter_0000300"}, listing_text(doc)
+    assert flagged(doc, "latest") == {"iter_0000200"}, listing_text(doc)
+    result = console.cleanup(copy)
+    assert deleted(result, copy) == {"iter_0000100"}, plan_text(result)
+    iteration = int((copy / "latest_checkpointed_iteration.txt").read_text())
+    state = torch.load(copy / ("iter_%07d" % iteration) / "mp_rank_00" / "model_optim_rng.pt",
+                       map_location="cpu", weights_only=True)
+    assert state["iteration"] == 200
+    assert (copy / "iter_0000300" / "mp_rank_00" / "model_optim_rng.pt").is_file()
