@@ -5,7 +5,9 @@ when the lower-cased line holds one of its needles, and one Aho-Corasick pass ov
 (candidates) rejects the healthy majority of lines. The needles "nan" and "inf" count only
 as whole words there ("INFO" and "inference" are everywhere). Patterns follow the exact messages
 that PyTorch, NCCL, the CUDA runtime, torchelastic, the kernel (OOM killer, NVRM Xid) and
-PIL/datasets print; tests/data/diagnosis/ holds excerpts of each, noting the report each copies.
+PIL/datasets print, and the same failures as TensorFlow, JAX/XLA, ROCm/HIP, Ray and the Hugging Face Hub
+word them; tests/data/diagnosis/ and tests/data/diagnosis_real/ hold excerpts of each, noting the report
+each copies.
 """
 
 from __future__ import annotations
@@ -72,20 +74,33 @@ SIGNATURES: Tuple[Signature, ...] = (
          r"|task \d+: Out Of Memory",
          ("out of memory", "killed process", "oom-killer", "oom-kill", "oom_kill")),
     _sig("host_oom", r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received|\bKilled\s+(?:python|torchrun|deepspeed|\S*\.py)"
-         r"|terminated with signal SIGKILL|died with <Signals\.SIGKILL: 9>|^\s*Killed\s*$",
-         ("exitcode", "sigkill", "killed"), weak=True),
+         r"|terminated with signal SIGKILL|died with <Signals\.SIGKILL: 9>|(?:^|it/s\]|s/it\])\s*Killed\s*$"
+         r"|exits with return code = -9\b|exit code 137\b",
+         ("exitcode", "sigkill", "killed", "return code = -9", "exit code 137"), weak=True),
+    # Ray's memory monitor kills workers before the kernel does; a host allocation refused is the same story.
+    _sig("host_oom", r"Task was killed due to the node running low on memory|killed due to memory pressure \(OOM\)"
+         r"|System memory low at node|DefaultCPUAllocator: can't allocate memory",
+         ("running low on memory", "memory pressure (oom)", "system memory low", "can't allocate memory"),
+         overrides=("cuda_oom",)),
     # --- CUDA --------------------------------------------------------------------------------------
     _sig("cuda_oom", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
          r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|Cuda failure (?:2 )?'out of memory'"
          r"|Failed to CUDA (?:calloc|malloc|host alloc)",
          ("out of memory", "outofmemoryerror", "cudaerrormemoryallocation", "alloc_failed", "failed to cuda")),
+    # The same on the other stacks: XLA (JAX, TF), TensorFlow's BFC allocator (not its CPU allocator), ROCm/HIP.
+    _sig("cuda_oom", r"RESOURCE_EXHAUSTED: (?:Out of memory|.*Ran out of memory in memory space|Attempting to reserve .*"
+         r"That was not possible|Error allocating device buffer)|CUDA_ERROR_OUT_OF_MEMORY"
+         r"|OOM when allocating tensor(?!.*device:CPU)|ResourceExhaustedError: failed to allocate memory"
+         r"|HIP out of memory|HIP_ERROR_OutOfMemory|hipErrorOutOfMemory",
+         ("resource_exhausted: ", "cuda_error_out_of_memory", "oom when allocating tensor",
+          "failed to allocate memory", "hip out of memory", "hip_error_outofmemory", "hiperroroutofmemory")),
     _sig("cuda_device_assert", r"device-side assert(?:ion)? triggered|\.cuh?:\d+: \w.*Assertion `.*` failed"
          r"|cudaErrorAssert", ("device-side assert", "assertion `", "cudaerrorassert")),
     _sig("cuda_illegal_memory", r"illegal memory access|cudaErrorIllegalAddress|illegal instruction was encountered"
          r"|CUDA error: misaligned address|cudaErrorMisalignedAddress|CUDA error: unspecified launch failure"
-         r"|cudaErrorLaunchFailure",
+         r"|cudaErrorLaunchFailure|HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION",
          ("illegal memory", "illegaladdress", "illegal instruction", "misaligned", "unspecified launch failure",
-          "cudaerrorlaunchfailure")),
+          "cudaerrorlaunchfailure", "memory_aperture_violation")),
     _sig("cuda_invalid_device", r"invalid device ordinal|cudaErrorInvalidDevice\b",
          ("invalid device ordinal", "cudaerrorinvaliddevice")),
     # cudaErrorPeerAccessAlreadyEnabled is what enabling twice returns: NCCL and torch ignore it.
@@ -102,6 +117,9 @@ SIGNATURES: Tuple[Signature, ...] = (
           "no cuda gpus", "cuda initialization: ", "cudaerrornodevice", "cudaerrorinsufficientdriver",
           "driver/library version mismatch", "no kernel image", "initialization error", "not yet initialized",
           "failed to initialize nvml", "no devices were found")),
+    # cuDNN that cannot create its handle or list its algorithms: a cuDNN/CUDA/driver mismatch in the environment.
+    _sig("cuda_driver", r"CUDNN_STATUS_NOT_INITIALIZED|Check failed: stream->parent\(\)->GetConvolveAlgorithms",
+         ("cudnn_status_not_initialized", "getconvolvealgorithms")),
     # --- NCCL / torch.distributed --------------------------------------------------------------------
     _sig("nccl_unhandled_cuda", r"unhandled cuda error|ncclUnhandledCudaError", ("unhandled cuda", "ncclunhandledcudaerror")),
     # NCCL's generic result codes say only that something failed; after a peer went away they mean that.
@@ -132,6 +150,10 @@ SIGNATURES: Tuple[Signature, ...] = (
          r"|Horovod has been shut down",
          ("remote process", "ncclremoteerror", "closed by", "remote detached", "reset by peer", "broken pipe",
           "communicator was aborted", "rendezvousclosed", "horovod has been shut down"), weak=True, role="peer_gone"),
+    # A Ray actor or worker gone (ActorDiedError, RayActorError): its own log holds the cause.
+    _sig("nccl_remote", r"The actor died unexpectedly|The actor is dead because its worker process has died"
+         r"|A worker died or was killed while executing a task",
+         ("actor died unexpectedly", "actor is dead", "worker died or was killed"), weak=True),
     # The launcher's report of a failed child (its own error, if any, is in that child's lines).
     _sig("nccl_remote", r"ChildFailedError|Sending process \d+ closing signal SIGTERM"
          r"|failed \(exitcode: (?!-9\b)-?\d+\) local_rank"
@@ -156,8 +178,12 @@ SIGNATURES: Tuple[Signature, ...] = (
          ("returned nan", "contains nan", "contains inf", "probability tensor", "detected nan", "detected inf",
           "detected non-finite", "nan loss", "nan gradient")),
     _sig("nan_inf", r"is non-finite, so it cannot be clipped|FloatingPointError|Minimum loss scale reached"
-         r"|loss scale already at minimum",
-         ("non-finite", "floatingpointerror", "minimum loss scale", "loss scale already at minimum")),
+         r"|loss scale already at minimum|Loss became infinite or NaN|Invalid loss, terminating training",
+         ("non-finite", "floatingpointerror", "minimum loss scale", "loss scale already at minimum",
+          "loss became infinite", "invalid loss, terminating")),
+    # The HF Trainer's metrics when the weights went NaN: the loss reads 0.0 and the grad norm NaN, step after
+    # step (a step an fp16 scaler skips still reports its real loss).
+    _sig("nan_inf", r"'loss': 0\.0, 'grad_norm': nan\b", ("'grad_norm': nan",)),
     # --- storage -------------------------------------------------------------------------------------
     _sig("disk_full", r"No space left on device|Errno 28\]|ENOSPC|Disk quota exceeded|Errno 122\]"
          r"|PytorchStreamWriter failed writing|inline_container\.cc:\d+\] \. unexpected pos",
@@ -167,6 +193,15 @@ SIGNATURES: Tuple[Signature, ...] = (
          r"|nfs: server \S+ not responding|LustreError|PermissionError: \[Errno 13\]|FileNotFoundError: \[Errno 2\]",
          ("input/output", "errno 5]", "stale file", "errno 116]", "transport endpoint", "read-only file", "errno 30]",
           "i/o error", "ext4-fs error", "not responding", "lustreerror", "permissionerror", "filenotfounderror")),
+    _sig("io_error", r"PermissionDeniedError|Permission denied: /", ("permissiondeniederror", "permission denied: /")),
+    # Remote storage that did not answer: the Hugging Face Hub, S3/GCS object stores, dataset mirrors. A
+    # request that will be retried (huggingface_hub's "Retrying in 1s", wandb's retry loop) is not a failure.
+    _sig("io_error", r"^(?!.*(?:Retrying in|retry loop))(?:.*(?:Read timed out|ReadTimeout|Read timeout on endpoint URL"
+         r"|We couldn't connect to 'https?://|LocalEntryNotFoundError|Couldn.t reach https?://"
+         r"|Max retries exceeded with url|ChunkedEncodingError|Connection broken: ))",
+         ("read timed out", "readtimeout", "read timeout on endpoint", "couldn't connect to", "localentrynotfound",
+          "couldn't reach", "couldn’t reach", "max retries exceeded", "chunkedencodingerror", "connection broken: "),
+         overrides=("nccl_remote",)),
     # torch>=2.6 refuses unknown globals with "Weights only load failed": a policy, not a damaged file.
     _sig("checkpoint_corrupt", r"PytorchStreamReader failed|failed finding central directory"
          r"|UnpicklingError(?!: Weights only load failed)|pickle data was truncated|SafetensorError|HeaderTooLarge"
@@ -181,6 +216,7 @@ SIGNATURES: Tuple[Signature, ...] = (
          ("unidentifiedimage", "identify image", "image file is truncated", "broken data stream",
           "jsondecodeerror", "arrowinvalid", "datasetgenerationerror", "magic bytes", "decompressing",
           "unicodedecodeerror", "readerror", "decoding image", "struct.error")),
+    _sig("data_corrupt", r"DataLossError: corrupted record|Data loss: corrupted record", ("corrupted record",)),
     _sig("dataloader_worker", r"DataLoader worker \(pid\(?s?\)? [\d, ]+\) (?:is killed by signal|exited unexpectedly)"
          r"|Unexpected (?:bus error|segmentation fault) encountered in worker|out of shared memory"
          r"|Too many open files\. Communication with the workers|DataLoader timed out after",
@@ -191,6 +227,19 @@ SIGNATURES: Tuple[Signature, ...] = (
          r"|No space left on device.*/dev/shm|/dev/shm.*No space left on device",
          ("</torch_", "<torch_", "/dev/shm"), overrides=("disk_full",)),
     _sig("dataloader_worker", r"Caught \w+ in DataLoader worker process \d+", ("in dataloader worker process",), weak=True),
+    # The training script's own bugs in the words PyTorch and Lightning use for them, for the logs that keep
+    # only the exception line (a notebook's traceback, a report that quotes the last line).
+    _sig("app_error", r"mat1 and mat2 shapes cannot be multiplied|Expected all tensors to be on the same device"
+         r"|IndexError: index out of range in self|Expected input batch_size \(\d+\) to match target batch_size"
+         r"|does not require grad and does not have a grad_fn|Error\(s\) in loading state_dict for"
+         r"|MisconfigurationException|Target modules .{0,400} not found in the base model",
+         ("mat1 and mat2", "expected all tensors to be on the same device", "index out of range in self",
+          "to match target batch_size", "does not require grad", "error(s) in loading state_dict",
+          "misconfigurationexception", "not found in the base model")),
+    # IPython's traceback header names the exception before its frames ("IndexError    Traceback (most
+    # recent call last)"); a more specific line further down still wins on precedence.
+    _sig("app_error", r"^\s*(?!BrokenPipe|ConnectionReset)\w+(?:Error|Exception)\s{2,}Traceback \(most recent call last\)\s*$",
+         ("traceback (most recent call last)",)),
 )
 
 _WORD_NEEDLES = {"nan", "inf"}  # whole words only in the prefilter
