@@ -322,7 +322,7 @@ def serve(limits: WorkerLimits) -> int:
             served.send({"failure": "over the worker's memory limit (%d MiB)" % (limits.memory_bytes // MiB), "exit": True})
             return EXIT_MEMORY
         if len(text) > limits.max_reply_bytes:
-            text = json.dumps({"failure": "metadata of %d bytes is over the %d MiB reply limit" % (len(text), limits.max_reply_bytes // MiB)})
+            text = json.dumps({"failure": "metadata of %d bytes is over the %d-byte reply limit" % (len(text), limits.max_reply_bytes)})
         changed = _stand_ins_fingerprint() != fingerprint
         if changed:  # this file's reply stands; the next file gets a worker whose stand-ins are as built
             text = text[:-1] + ',"exit":true}'
@@ -459,7 +459,7 @@ class WorkerProcess:
                 raise self._fail()
             kind, length = FRAME.unpack(header)
             if kind != b"J" or length > self.limits.max_reply_bytes:
-                raise self._fail("reply of %d bytes is over the %d MiB limit" % (length, self.limits.max_reply_bytes // MiB))
+                raise self._fail("reply of %d bytes is over the %d-byte limit" % (length, self.limits.max_reply_bytes))
             body = _read_exact(read, length)
         except EOFError:
             raise self._fail() from None
@@ -620,8 +620,12 @@ def read_checkpoint_file(fs: Any, path: str, name: str, window: int, workers: Op
     try:
         return (workers or METADATA_WORKERS).read(fs, path, "file", name=name, window=window)
     except WorkerFailure as failure:
-        return formats.ReadResult(formats._named_format(name), formats.meta_from_name(name), INTEGRITY_UNCHECKED,
-                                  "unreadable: %s" % failure.reason)
+        result = formats.ReadResult(formats._named_format(name), formats.meta_from_name(name), INTEGRITY_UNCHECKED,
+                                    "unreadable: %s" % failure.reason)
+        if "unreadable" in {item.name for item in dataclasses.fields(result)}:
+            # Not known damage: retention keeps what it could not read and never ranks it.
+            result = dataclasses.replace(result, unreadable="could not read: %s" % failure.reason)
+        return result
 
 
 if __name__ == "__main__":
