@@ -13,6 +13,7 @@ import json
 import math
 import re
 import struct
+import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Dict, Generator, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -33,7 +34,7 @@ from opsconsole.checkpoints.records import (
     CheckpointMeta,
     StateDictSummary,
 )
-from opsconsole.checkpoints.safe_unpickle import error_text, restricted_loads, unsafe_message
+from opsconsole.checkpoints.safe_unpickle import Unresolved, error_text, restricted_loads, unsafe_message
 from opsconsole.checkpoints.zipmeta import ReadRequest, ZipProblem
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pth.tar")
@@ -42,6 +43,7 @@ HEAD_BYTES = 64 * 1024  # first read of a file: the sniff, and data.pkl of a sma
 MAX_PICKLE_READ = 256 * 1024 * 1024
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the safetensors spec's own limit
 MAX_JSON_BYTES = 32 * 1024 * 1024
+MAX_DCP_METADATA = 64 * 1024 * 1024  # a .metadata of millions of chunks is still far under this
 MAX_NAME_TEXT = 200  # of a key or tensor name shown
 TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickled 0x1950a86a20f9469cfc6c
 DCP_SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -61,6 +63,7 @@ class ReadResult:
     meta: CheckpointMeta
     integrity: str
     problem: Optional[str] = None
+    unreadable: Optional[str] = None  # what could not be read (our limits, a parse we cannot do): not damage
 
 
 # --- names -----------------------------------------------------------------------------------
@@ -244,14 +247,23 @@ def torch_zip_reader(size: int, head: bytes = b"", window: int = HEAD_BYTES) -> 
     pkl = directory.find("data.pkl")
     if pkl is None:
         return ReadResult(FORMAT_UNKNOWN, CheckpointMeta(**counts), integrity, "a zip without data.pkl: not a torch.save file")
+    if max(pkl.size, pkl.compressed_size) > MAX_PICKLE_READ:
+        # torch.load reads it: only our reader's bound is passed. The zip's own integrity stands.
+        why = "could not read: %s is %d bytes, over the reader's %d limit" % (pkl.name[-MAX_NAME_TEXT:], max(pkl.size, pkl.compressed_size), MAX_PICKLE_READ)
+        return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), integrity, why, unreadable=why)
     try:
         data = yield from _served(buffers, size, zipmeta.member_reader(pkl, MAX_PICKLE_READ))
     except ZipProblem as problem:
         return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), problem.integrity, problem.reason)
     loaded = restricted_loads(data)
     if loaded.error:
-        # Over our work bounds is not damage: the zip's own integrity stands.
-        return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), integrity if loaded.over_limit else INTEGRITY_CORRUPT, loaded.error)
+        # Damage only when the bytes are not the ones the zip recorded; otherwise it is our
+        # reader that could not follow them (a work bound, an opcode it does not take).
+        if directory.crc_recorded and zlib.crc32(data) != pkl.crc:
+            return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), INTEGRITY_CORRUPT,
+                              "%s: CRC mismatch (%s)" % (pkl.name[-MAX_NAME_TEXT:], loaded.error))
+        return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), integrity, loaded.error,
+                          unreadable="could not read: %s" % loaded.error)
     scalars: Dict[Any, float] = {}
     for tensor in wanted_scalars(loaded.value):
         entry = directory.storage_entry(tensor.storage.key)
@@ -268,7 +280,8 @@ def torch_zip_reader(size: int, head: bytes = b"", window: int = HEAD_BYTES) -> 
         meta = replace(metadata_from_tree(loaded.value, scalars, loaded.unsafe_globals), **counts)
     except (ArithmeticError, ValueError, TypeError, RecursionError, MemoryError) as exc:
         # Last line of defence: the tree is hostile in a way the extraction did not foresee.
-        return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), integrity, "metadata unreadable: %s" % error_text(exc))
+        why = "metadata unreadable: %s" % error_text(exc)
+        return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), integrity, why, unreadable="could not read: " + why)
     return ReadResult(FORMAT_TORCH, meta, integrity, unsafe_message(loaded.unsafe_globals))
 
 
@@ -388,6 +401,7 @@ def trainer_state_meta(text: bytes) -> Tuple[CheckpointMeta, Optional[str]]:
     meta = CheckpointMeta(
         # int(inf) and int(nan) raise: only a finite epoch is one.
         epoch=int(epoch_number) if epoch_number is not None and math.isfinite(epoch_number) else None,
+        epoch_float=epoch_number if epoch_number is not None and math.isfinite(epoch_number) else None,
         step=step if type(step) is int else None,
         loss=loss,
         best_loss=_json_number(best_metric),
@@ -448,6 +462,64 @@ def combine_integrity(values: Iterable[str]) -> str:
     return INTEGRITY_OK if all(v == INTEGRITY_OK for v in others) else others[0]
 
 
+def _state_of(value: Any) -> Optional[Mapping[Any, Any]]:
+    """The attribute dict pickle handed an object we never loaded (a dataclass's BUILD state)."""
+    if not isinstance(value, Unresolved):
+        return None
+    state = value.state
+    if isinstance(state, tuple) and len(state) == 2:  # (dict, slot state)
+        state = state[0] if isinstance(state[0], Mapping) else state[1]
+    return state if isinstance(state, Mapping) else None
+
+
+def dcp_result(metadata: Optional[bytes], files: Mapping[str, int]) -> ReadResult:
+    """A torch.distributed.checkpoint directory: `.metadata` read, and every shard it names present at its size.
+
+    `.metadata` is a pickle of Metadata(state_dict_metadata, planner_data, storage_data), where
+    storage_data maps each chunk to _StorageInfo(relative_path, offset, length). It goes through
+    the restricted unpickler (those classes stay inert placeholders; their recorded fields are
+    read). `files` maps the directory's file names (relative paths) to sizes. DCP writes
+    `.metadata` last: shards without it are an incomplete save.
+    """
+    shards = sorted(n for n in files if n.endswith(".distcp"))
+    details: List[Tuple[str, str]] = [("shards", "%d (%s)" % (len(shards), ", ".join(shards[:4]) + (", ..." if len(shards) > 4 else "")))]
+    top = tuple(sorted(files))[:200]
+    if metadata is None:
+        return ReadResult(FORMAT_DCP, CheckpointMeta(details=tuple(details), top_keys=top), INTEGRITY_TRUNCATED,
+                          "no .metadata beside %d shards: an incomplete save (DCP writes .metadata last)" % len(shards))
+    loaded = restricted_loads(metadata)
+    root = _state_of(loaded.value) if not loaded.error else None
+    storage = root.get("storage_data") if root is not None else None
+    if loaded.error or not isinstance(storage, Mapping):
+        why = "could not read .metadata: %s" % (loaded.error or "not a DCP Metadata object")
+        return ReadResult(FORMAT_DCP, CheckpointMeta(details=tuple(details), top_keys=top), INTEGRITY_UNCHECKED, why, unreadable=why)
+    needed: Dict[str, int] = {}
+    for info in storage.values():
+        fields = _state_of(info)
+        path = fields.get("relative_path") if fields is not None else None
+        offset = fields.get("offset") if fields is not None else None
+        length = fields.get("length") if fields is not None else None
+        if not isinstance(path, str) or type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
+            why = "could not read .metadata: a storage entry without relative_path, offset and length"
+            return ReadResult(FORMAT_DCP, CheckpointMeta(details=tuple(details), top_keys=top), INTEGRITY_UNCHECKED, why, unreadable=why)
+        needed[path] = max(needed.get(path, 0), offset + length)
+    tensors = root.get("state_dict_metadata")
+    details.append((".metadata", "%d entries, %d chunks in %d files" % (len(tensors) if isinstance(tensors, Mapping) else 0, len(storage), len(needed))))
+    meta = CheckpointMeta(details=tuple(details), top_keys=top,
+                          tensor_count=len(tensors) if isinstance(tensors, Mapping) else None,
+                          tensor_bytes=sum(needed.values()))
+    missing = sorted(p for p in needed if p not in files)
+    if missing:
+        return ReadResult(FORMAT_DCP, meta, INTEGRITY_CORRUPT, "shard %s named in .metadata is missing%s" % (
+            missing[0][:MAX_NAME_TEXT], " (and %d more)" % (len(missing) - 1) if len(missing) > 1 else ""))
+    short = sorted(p for p in needed if files[p] < needed[p])
+    if short:
+        first = short[0]
+        return ReadResult(FORMAT_DCP, meta, INTEGRITY_TRUNCATED, "shard %s is %d bytes, .metadata records data up to %d%s" % (
+            first[:MAX_NAME_TEXT], files[first], needed[first], " (and %d more)" % (len(short) - 1) if len(short) > 1 else ""))
+    return ReadResult(FORMAT_DCP, meta, INTEGRITY_OK, None)
+
+
 def zip_check_reader(size: int) -> Generator[ReadRequest, bytes, ReadResult]:
     """Only the zip directory (quick integrity) of a weight file inside a checkpoint dir."""
     try:
@@ -461,6 +533,7 @@ def zip_check_reader(size: int) -> Generator[ReadRequest, bytes, ReadResult]:
 __all__ = [
     "ReadResult",
     "combine_integrity",
+    "dcp_result",
     "dir_format",
     "dir_meta",
     "file_reader",

@@ -9,11 +9,13 @@ and `decode_scalar` turns the bytes into a number.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
+import re
 import struct
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from opsconsole.checkpoints.records import CheckpointMeta, StateDictSummary
+from opsconsole.checkpoints.records import CheckpointMeta, ModelCheckpointState, StateDictSummary
 from opsconsole.checkpoints.safe_unpickle import DTYPE_SIZES, DtypeStub, TensorStub, Unresolved
 
 EPOCH_KEYS = ("epoch", "current_epoch", "cur_epoch", "epochs")
@@ -29,6 +31,11 @@ MAX_DETAILS = 200
 MAX_TEXT = 80
 MAX_KEY_TEXT = 200
 MAX_FLOAT_INT = 2**1000  # ints past this have no float (and past ~4300 digits no str either)
+MAX_CALLBACKS = 16  # ModelCheckpoint states read from one checkpoint
+MAX_TOP_K = 1000  # best_k_models entries read from one state
+MAX_SCORES_READ = 20  # of their scores fetched from the zip (one member read each)
+MAX_PATH_TEXT = 4096
+CALLBACK_MODE = re.compile(r"""['"]mode['"]\s*:\s*['"](min|max)['"]""")
 
 _SCALAR_FORMATS = {"float64": "<d", "float32": "<f", "float16": "<e", "int64": "<q", "int32": "<i",
                    "int16": "<h", "int8": "<b", "uint8": "<B", "bool": "<?"}
@@ -66,6 +73,54 @@ def _lightning_scores(tree: Mapping[Any, Any]) -> Tuple[Any, Any, Optional[str]]
     return None, None, None
 
 
+def _model_checkpoint_items(tree: Mapping[Any, Any]) -> List[Tuple[str, Mapping[Any, Any]]]:
+    """(key, state) of every ModelCheckpoint callback state in a Lightning checkpoint (bounded)."""
+    callbacks = tree.get("callbacks")
+    if not isinstance(callbacks, Mapping):
+        return []
+    out = []
+    for name, state in itertools.islice(callbacks.items(), MAX_CALLBACKS * 8):
+        if isinstance(name, str) and name.startswith("ModelCheckpoint") and isinstance(state, Mapping):
+            out.append((name, state))
+            if len(out) >= MAX_CALLBACKS:
+                break
+    return out
+
+
+def _path_text(value: Any) -> Optional[str]:
+    """A recorded path: a non-empty str (Lightning writes "" for none), bounded."""
+    return value[:MAX_PATH_TEXT] if isinstance(value, str) and value else None
+
+
+def model_checkpoint_states(tree: Any, scalars: Mapping[TensorStub, float] = {}) -> Tuple[ModelCheckpointState, ...]:
+    """What each ModelCheckpoint recorded: monitor, mode, best_model_path and score, best_k_models, kth and last paths."""
+    if not isinstance(tree, Mapping):
+        return ()
+    states = []
+    for key, state in _model_checkpoint_items(tree):
+        mode = CALLBACK_MODE.search(key[:MAX_PATH_TEXT])
+        monitor = state.get("monitor")
+        top_k = state.get("best_k_models")
+        best_k: List[Tuple[str, Optional[float]]] = []
+        if isinstance(top_k, Mapping):
+            for path, score in itertools.islice(top_k.items(), MAX_TOP_K):
+                text = _path_text(path)
+                if text is not None:
+                    best_k.append((text, _number(score, scalars)))
+        states.append(ModelCheckpointState(
+            key=key[:MAX_PATH_TEXT],
+            monitor=monitor[:MAX_KEY_TEXT] if isinstance(monitor, str) else None,
+            mode=mode.group(1) if mode else None,
+            best_model_path=_path_text(state.get("best_model_path")),
+            best_model_score=_number(state.get("best_model_score"), scalars),
+            kth_best_model_path=_path_text(state.get("kth_best_model_path")),
+            last_model_path=_path_text(state.get("last_model_path")),
+            dirpath=_path_text(state.get("dirpath")),
+            best_k_models=tuple(best_k),
+        ))
+    return tuple(states)
+
+
 def wanted_scalars(tree: Any) -> List[TensorStub]:
     """The one-element tensors whose values the metadata needs (loss, epoch, scores, metrics)."""
     if not isinstance(tree, Mapping):
@@ -74,6 +129,11 @@ def wanted_scalars(tree: Any) -> List[TensorStub]:
     for keys in (EPOCH_KEYS, STEP_KEYS, LOSS_KEYS, BEST_KEYS):
         values.append(_first(tree, keys)[1])
     values.extend(_lightning_scores(tree)[:2])
+    for _, state in _model_checkpoint_items(tree):
+        values.append(state.get("best_model_score"))
+        top_k = state.get("best_k_models")
+        if isinstance(top_k, Mapping):
+            values.extend(itertools.islice(top_k.values(), MAX_SCORES_READ))
     metrics = _first(tree, METRICS_KEYS)[1]
     if isinstance(metrics, Mapping):
         values.extend(list(metrics.values())[:50])
@@ -282,4 +342,5 @@ def metadata_from_tree(
         has_optimizer=_present(tree, OPTIMIZER_KEYS),
         has_scheduler=_present(tree, SCHEDULER_KEYS),
         unsafe_globals=unsafe,
+        callbacks=model_checkpoint_states(tree, scalars),
     )

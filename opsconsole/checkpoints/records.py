@@ -14,6 +14,24 @@ FORMAT_HF = "hf-trainer"  # a Hugging Face Trainer checkpoint-N/ directory
 FORMAT_DCP = "dcp"  # a torch.distributed.checkpoint directory (.metadata + __R_N.distcp)
 FORMAT_LINK = "link"  # a symlink whose target is not a checkpoint of this directory
 FORMAT_UNKNOWN = "unknown"  # a checkpoint-like name whose content we cannot tell
+FORMAT_ACCELERATE = "accelerate"  # an accelerate save_state directory (model, optimizer.bin, random_states_N.pkl)
+FORMAT_DEEPSPEED = "deepspeed"  # a DeepSpeed tag directory (mp_rank_00_model_states.pt, *_optim_states.pt)
+FORMAT_MEGATRON = "megatron"  # a Megatron iter_NNNNNNN/ directory (mp_rank_XX/model_optim_rng.pt)
+
+# Layouts: which library wrote a unit, as the listing shows it (one unit = what that library calls one checkpoint).
+LAYOUT_CHECKPOINT_MANAGER = "checkpoint-manager"  # checkpoint_epoch_N.pt, checkpoint_best.pt, checkpoint_latest.pt
+LAYOUT_NUMBERED = "numbered-files"  # <prefix>_epoch_N.pt / _step_N.pt families written by a training loop
+LAYOUT_LIGHTNING = "lightning"  # ModelCheckpoint's .ckpt files and last.ckpt
+LAYOUT_HF_CHECKPOINT = "hf-trainer"  # Trainer's checkpoint-N/ directories
+LAYOUT_HF_FINAL = "hf-final-model"  # save_model()/save_pretrained() files at the top of an output dir
+LAYOUT_ACCELERATE = "accelerate"  # save_state directories, checkpoints/checkpoint_N/
+LAYOUT_DEEPSPEED = "deepspeed"  # global_stepN/ tags and the `latest` file
+LAYOUT_MEGATRON = "megatron"  # iter_NNNNNNN/ and latest_checkpointed_iteration.txt
+LAYOUT_DCP = "dcp"  # a torch.distributed.checkpoint directory
+LAYOUT_TORCHTITAN = "torchtitan"  # step-N/ DCP directories
+LAYOUT_SHARDED = "sharded-safetensors"  # model-0000K-of-0000N.safetensors with model.safetensors.index.json
+LAYOUT_FILE = "file"  # one torch.save or safetensors file outside any series
+LAYOUT_LINK = "link"
 
 # Integrity values (the `integrity` key of --json).
 INTEGRITY_OK = "ok"
@@ -36,6 +54,21 @@ class StateDictSummary:
 
 
 @dataclass(frozen=True)
+class ModelCheckpointState:
+    """One Lightning ModelCheckpoint callback's state, as the .ckpt records it (never guessed from names)."""
+
+    key: str  # the callbacks key: ModelCheckpoint{'monitor': 'val_acc', 'mode': 'max', ...}
+    monitor: Optional[str] = None
+    mode: Optional[str] = None  # min / max, from the key (the state itself does not hold it)
+    best_model_path: Optional[str] = None
+    best_model_score: Optional[float] = None
+    kth_best_model_path: Optional[str] = None
+    last_model_path: Optional[str] = None
+    dirpath: Optional[str] = None
+    best_k_models: Tuple[Tuple[str, Optional[float]], ...] = ()  # (path, score)
+
+
+@dataclass(frozen=True)
 class CheckpointMeta:
     """What was read from one checkpoint's metadata (never its tensors)."""
 
@@ -54,6 +87,8 @@ class CheckpointMeta:
     tensor_bytes: Optional[int] = None
     unsafe_globals: Tuple[str, ...] = ()  # globals outside the safe list, reported and never run
     best_checkpoint: Optional[str] = None  # HF trainer_state.json's best_model_checkpoint
+    epoch_float: Optional[float] = None  # HF's fractional epoch (1.5 = half way through the second)
+    callbacks: Tuple[ModelCheckpointState, ...] = ()  # Lightning's ModelCheckpoint states
     crc_recorded: Optional[bool] = None  # False: the zip holds CRC 0 everywhere
 
 
@@ -76,6 +111,13 @@ class CheckpointEntry:
     best: bool = False  # checkpoint_best.pt, HF best_model_checkpoint, else the lowest loss
     lowest_loss: bool = False  # the lowest loss of the directory (marked in the loss column)
     crc_checked: bool = False  # integrity comes from a full CRC check, not only the quick one
+    layout: str = LAYOUT_FILE  # which library's layout this unit belongs to
+    unit: str = ""  # what the unit is, in words: "checkpoint", "final model", "incomplete save" ...
+    series: Optional[str] = None  # the recognised series it is a member of (a retention candidate); None: not managed
+    unmanaged: Optional[str] = None  # why it is no retention candidate (final model, no epoch or step, legacy ...)
+    members: Tuple[str, ...] = ()  # the unit's top-level paths relative to the listed root (a directory with all it holds); whole or not at all
+    protections: Tuple[str, ...] = ()  # what the library recorded that keeps it: best, top-k, current tag ...
+    unreadable: Optional[str] = None  # its metadata could not be read (not damage): kept, never judged
 
     @property
     def key(self) -> str:
@@ -110,6 +152,14 @@ class CheckpointEntry:
             "latest": self.latest,
             "integrity": self.integrity,
             "problem": self.problem,
+            "layout": self.layout,
+            "unit": self.unit,
+            "series": self.series,
+            "managed": self.series is not None,
+            "unmanaged": self.unmanaged,
+            "protections": list(self.protections),
+            "unreadable": self.unreadable,
+            "members": list(self.members),
         }
 
 

@@ -1,21 +1,28 @@
-"""The retention plan: which checkpoints to keep and which to delete, each with its reason. Pure.
+"""The retention plan: which checkpoint units to keep and which to delete, each with its reason. Pure.
 
-Kept, whatever `keep` says: the best, the target of `latest`, anything modified within
-`min_age` (it may be mid-write), anything a process holds open, symlinks (cleanup deletes
-checkpoints, never links) and anything whose format was not recognised. Of the rest the
-newest `keep` stay: newest by mtime, ties broken by step, epoch, then the name in natural
-order (epoch_10 after epoch_9). A truncated or corrupt checkpoint takes no `keep` place:
-with keep=3 and a crashed save, three good checkpoints remain.
+Only members of a recognised series are candidates (checkpoint_epoch_N.pt, Lightning's
+ModelCheckpoint files where its callback state was read, checkpoint-N/, checkpoint_N/,
+global_stepN/, iter_N/, step-N/, numbered files of a training loop); everything else (a final
+model, a sharded model, a lone state dict without epoch or step, configs, legacy pickles,
+unknown files, links) is "not managed" and never deleted. A unit goes whole or not at all: the
+plan item is the unit, with its member paths.
+
+Kept, whatever `keep` says: what the library recorded (best, top-k, latest, the current tag),
+anything modified within `min_age` (it may be mid-write), anything a process holds open, and a
+unit whose metadata could not be read (our limits are not damage). Of each series the newest
+`keep` sound units stay, newest by the step (else epoch) the name or content records, then
+mtime, then the name in natural order. A truncated or corrupt unit (proven damage) takes no
+keep place: with keep=3 and a crashed save, three good checkpoints remain.
 """
 
 from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import Collection, Iterable, List, Sequence, Tuple
+from typing import Collection, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from opsconsole.checkpoints.records import BROKEN, FORMAT_LINK, FORMAT_UNKNOWN, CheckpointEntry
-from opsconsole.checkpoints.scan import is_best_name, natural_key
+from opsconsole.checkpoints.records import BROKEN, FORMAT_LINK, CheckpointEntry
+from opsconsole.checkpoints.scan import natural_key
 
 DEFAULT_KEEP = 3
 DEFAULT_MIN_AGE_S = 600.0
@@ -32,6 +39,10 @@ class PlanItem:
     delete: bool
     reasons: Tuple[str, ...]
     is_dir: bool = False
+    members: Tuple[str, ...] = ()  # the unit's paths relative to the plan's root (a directory whole): all or none
+    layout: str = ""
+    unit: str = ""
+    series: Optional[str] = None  # None: not managed (never deleted)
     members: Tuple[str, ...] = ()  # the unit's files/dirs relative to the plan's root; default: path's name
 
     def __post_init__(self) -> None:
@@ -79,17 +90,23 @@ class RetentionPlan:
             "bytes_freed": self.bytes_freed,
             "warnings": list(self.warnings),
             "plan": [
-                {"path": i.path, "action": i.action, "reasons": list(i.reasons), "size_bytes": i.size_bytes, "mtime": i.mtime}
+                {"path": i.path, "action": i.action, "reasons": list(i.reasons), "size_bytes": i.size_bytes, "mtime": i.mtime,
+                 "layout": i.layout, "unit": i.unit, "series": i.series, "managed": i.series is not None,
+                 "members": list(i.members)}
                 for i in self.items
             ],
         }
 
 
 def newness_key(entry: CheckpointEntry) -> Tuple:
-    """Sort key, oldest first: mtime, then step, epoch and the natural order of the name."""
+    """Sort key within a series, oldest first: the step (else epoch) recorded, then mtime, then the natural name order.
+
+    The number a library writes into the name or the checkpoint orders a series as that library
+    does (a copied or touched file keeps its place); mtime and the name break ties.
+    """
     step = entry.meta.step if entry.meta.step is not None else -1
     epoch = entry.meta.epoch if entry.meta.epoch is not None else -1
-    return (entry.mtime, step, epoch, natural_key(entry.name))
+    return (step, epoch, entry.mtime, natural_key(entry.name))
 
 
 def age_text(seconds: float) -> str:
@@ -122,22 +139,23 @@ def plan_retention(
     node: str = "local",
     warnings: Iterable[str] = (),
 ) -> RetentionPlan:
-    """Decide, for every entry, keep or delete (see the module docstring). Pure: no I/O, no clock."""
+    """Decide, for every unit, keep or delete (see the module docstring). Pure: no I/O, no clock."""
     if keep < 0:
         raise ValueError("keep must be 0 or more, got %d" % keep)
     if min_age < 0:
         raise ValueError("min_age must be 0 or more, got %g" % min_age)
-    protected: dict = {}
+    protected: Dict[str, List[str]] = {}
     for entry in entries:
         reasons: List[str] = []
         if entry.format == FORMAT_LINK or entry.is_link:
             reasons.append("symlink: never deleted, never followed")
-        if entry.format == FORMAT_UNKNOWN:
-            reasons.append("format not recognised")
-        if entry.best:
-            reasons.append("best")
-        if entry.latest:
-            reasons.append("latest")
+        elif entry.series is None:
+            reasons.append("not managed: %s" % (entry.unmanaged or "not a member of a recognised checkpoint series"))
+        elif entry.unmanaged:
+            reasons.append("not managed here: %s" % entry.unmanaged)
+        reasons.extend(_recorded(entry))
+        if entry.unreadable and entry.integrity not in BROKEN:
+            reasons.append(entry.unreadable if entry.unreadable.startswith("could not read") else "could not read: %s" % entry.unreadable)
         age = now - entry.mtime
         if age < 0:
             reasons.append("modified in the future (clock skew?)")
@@ -147,40 +165,58 @@ def plan_retention(
             reasons.append("open by a process")
         protected[entry.path] = reasons
 
-    ranked = sorted(
-        (e for e in entries if not (e.format == FORMAT_LINK or e.is_link or e.format == FORMAT_UNKNOWN)),
-        key=newness_key,
-        reverse=True,
-    )
-    newest: dict = {}
-    broken: dict = {}
-    places = 0
-    for entry in ranked:
-        if entry.integrity in BROKEN:
-            broken[entry.path] = "%s: takes no keep place" % entry.integrity
-            continue
-        if is_best_name(entry.name):
-            continue  # a best copy is kept as best; it takes no place of the newest
-        if places < keep:
-            places += 1
-            newest[entry.path] = "newest %d (#%d)" % (keep, places)
+    series: Dict[str, List[CheckpointEntry]] = {}
+    for entry in entries:
+        if _candidate(entry):
+            series.setdefault(entry.series or "", []).append(entry)
+    newest: Dict[str, str] = {}
+    broken: Dict[str, str] = {}
+    for name, members in series.items():
+        places = 0
+        for entry in sorted(members, key=newness_key, reverse=True):
+            if entry.integrity in BROKEN:
+                broken[entry.path] = "%s: takes no keep place" % entry.integrity
+                continue
+            if entry.unreadable:
+                continue  # kept for that reason; it vouches for nothing
+            if places < keep:
+                places += 1
+                newest[entry.path] = "newest %d of %s (#%d)" % (keep, name, places)
 
     items: List[PlanItem] = []
-    for entry in sorted(entries, key=newness_key, reverse=True):
+    for entry in sorted(entries, key=lambda e: (e.mtime,) + newness_key(e), reverse=True):
         reasons = list(protected[entry.path])
         if entry.path in newest:
             reasons.insert(0, newest[entry.path])
-        if reasons:
+        delete = False
+        if not reasons:
+            delete = True
             if entry.path in broken:
-                reasons.append(broken[entry.path])
-            items.append(PlanItem(entry.path, entry.name, entry.size_bytes, entry.mtime, False, tuple(reasons), entry.is_dir))
-            continue
-        if entry.path in broken:
-            why = "%s and older than min_age" % broken[entry.path].split(":")[0]
-        else:
-            why = "older than the newest %d" % keep
-        items.append(PlanItem(entry.path, entry.name, entry.size_bytes, entry.mtime, True, (why,), entry.is_dir))
+                reasons = ["%s and older than min_age" % broken[entry.path].split(":")[0]]
+            else:
+                reasons = ["older than the newest %d of %s" % (keep, entry.series)]
+        elif entry.path in broken:
+            reasons.append(broken[entry.path])
+        items.append(PlanItem(entry.path, entry.name, entry.size_bytes, entry.mtime, delete, tuple(reasons), entry.is_dir,
+                              members=entry.members or (posixpath.basename(entry.path),), layout=entry.layout,
+                              unit=entry.unit, series=entry.series))
     return RetentionPlan(root=root, node=node, keep=keep, min_age=min_age, items=tuple(items), warnings=tuple(warnings))
+
+
+def _candidate(entry: CheckpointEntry) -> bool:
+    """A member of a recognised series that this plan may delete: not a link, not marked unmanaged."""
+    return entry.series is not None and not entry.unmanaged and not entry.is_link and entry.format != FORMAT_LINK
+
+
+def _recorded(entry: CheckpointEntry) -> List[str]:
+    """What the library recorded that keeps this unit (best, top-k, latest, current tag)."""
+    reasons = list(entry.protections)
+    words = " ".join(reasons)
+    if entry.best and "best" not in words:
+        reasons.append("best")
+    if entry.latest and "latest" not in words and "current" not in words:
+        reasons.append("latest")
+    return reasons
 
 
 def entry_in_root(path: str, root: str) -> bool:

@@ -12,21 +12,34 @@ import posixpath
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from opsconsole.checkpoints import formats
-from opsconsole.checkpoints.access import LOCAL, DirItem, FileSystem
+from opsconsole.checkpoints import formats, layouts
+from opsconsole.checkpoints.access import LOCAL, DirItem, FileStat, FileSystem
 from opsconsole.checkpoints.cache import CRC_CACHE, METADATA_CACHE, ResultCache
 from opsconsole.checkpoints.worker import read_checkpoint_file
 from opsconsole.checkpoints.records import (
     BROKEN,
+    FORMAT_DCP,
+    FORMAT_DEEPSPEED,
     FORMAT_HF,
+    FORMAT_LEGACY,
+    FORMAT_LIGHTNING,
     FORMAT_LINK,
+    FORMAT_SAFETENSORS,
+    FORMAT_TORCH,
+    FORMAT_UNKNOWN,
+    INTEGRITY_CORRUPT,
     INTEGRITY_TRUNCATED,
     INTEGRITY_UNCHECKED,
+    LAYOUT_CHECKPOINT_MANAGER,
+    LAYOUT_FILE,
+    LAYOUT_LIGHTNING,
+    LAYOUT_LINK,
     CheckpointEntry,
     CheckpointMeta,
     DirListing,
+    ModelCheckpointState,
 )
 
 GROWING_S = 600.0  # a truncated file modified this recently is probably still being written
@@ -79,73 +92,147 @@ def read_file_entry(fs: FileSystem, path: str, item: DirItem, cache: ResultCache
     return result
 
 
+MAX_UNIT_FILES = 10_000  # files listed in one checkpoint directory (members and size)
+MAX_UNIT_DEPTH = 4  # Megatron: iter_N/mp_rank_00/model_optim_rng.pt; FSDP: pytorch_model_fsdp_0/__0_0.distcp
+MAX_CHECKED_FILES = 64  # weight and state files of one unit whose zip directory or header is checked
+
+
+def _walk_unit(fs: FileSystem, path: str, first: Optional[List[DirItem]] = None) -> Tuple[List[Tuple[str, FileStat]], bool]:
+    """(relative path, stat) of the regular files below `path` (never through a link), bounded; True when cut short."""
+    out: List[Tuple[str, FileStat]] = []
+    stack: List[Tuple[str, str, int, Optional[List[DirItem]]]] = [(path, "", 0, first)]
+    while stack:
+        folder, prefix, depth, children = stack.pop()
+        if children is None:
+            try:
+                children = fs.listdir(folder)
+            except OSError:
+                continue
+        for child in sorted(children, key=lambda c: c.name):
+            rel = prefix + child.name
+            if child.stat.is_file:
+                out.append((rel, child.stat))
+                if len(out) >= MAX_UNIT_FILES:
+                    return out, True
+            elif child.stat.is_dir and not child.stat.is_link and depth + 1 < MAX_UNIT_DEPTH:
+                stack.append((join(fs, folder, child.name), rel + "/", depth + 1, None))
+    return out, False
+
+
+def _check_files(fs: FileSystem, path: str, names: Sequence[str], problems: List[str]) -> Tuple[List[str], List[formats.ReadResult]]:
+    """Quick integrity of a unit's weight and state files: safetensors headers, torch zip directories."""
+    integrities: List[str] = []
+    safetensors: List[formats.ReadResult] = []
+    for rel in list(names)[:MAX_CHECKED_FILES]:
+        is_safetensors = rel.lower().endswith(".safetensors")
+        make = (lambda size: formats.safetensors_reader(size)) if is_safetensors else formats.zip_check_reader
+        try:
+            result = fs.run_reader(join(fs, path, rel), make)
+        except OSError as exc:
+            problems.append("%s: %s" % (rel, exc.strerror or exc))
+            continue
+        integrities.append(result.integrity)
+        if result.problem:
+            problems.append("%s: %s" % (rel, result.problem))
+        if is_safetensors:
+            safetensors.append(result)
+    return integrities, safetensors
+
+
+def _is_checked_weight(rel: str) -> bool:
+    base = rel.rsplit("/", 1)[-1]
+    lower = base.lower()
+    if lower.endswith(".safetensors"):
+        return True
+    return lower.endswith((".bin", ".pt", ".pth")) and base != "training_args.bin"
+
+
+def read_unit_dir(fs: FileSystem, path: str, name: str, kind: layouts.DirKind, children: List[DirItem],
+                  cache: ResultCache) -> Tuple[formats.ReadResult, int, float, Tuple[str, ...]]:
+    """(result, total bytes, newest mtime, member files) of one checkpoint directory."""
+    walked, cut = _walk_unit(fs, path, children)
+    files = {rel: st.size for rel, st in walked}
+    size = sum(files.values())
+    mtime = max([st.mtime for _, st in walked] or [0.0])
+    members = tuple(rel for rel, _ in walked)
+    signature = (kind, cut) + tuple((rel, st.size, st.mtime) for rel, st in walked)
+    cached = cache.get(fs.node, path, signature)
+    if cached is not None:
+        return cached, size, mtime, members
+    problems: List[str] = []
+    integrities: List[str] = []
+    unreadable: Optional[str] = None
+    top = {rel: files[rel] for rel in files if "/" not in rel}
+    meta = formats.dir_meta(kind.format if kind.format in (FORMAT_DCP, FORMAT_HF) else FORMAT_HF, name, top)
+    fmt = kind.format
+    if cut:
+        problems.append("over %d files: members listed in part" % MAX_UNIT_FILES)
+    if ".metadata" in files or fmt == FORMAT_DCP:
+        metadata = None
+        if ".metadata" in files:
+            if files[".metadata"] > formats.MAX_DCP_METADATA:
+                unreadable = "could not read: .metadata is %d bytes, over the reader's limit" % files[".metadata"]
+            else:
+                try:
+                    metadata = fs.read_file(join(fs, path, ".metadata"), formats.MAX_DCP_METADATA)
+                except OSError as exc:
+                    unreadable = "could not read .metadata: %s" % (exc.strerror or exc)
+        if unreadable is None:
+            dcp = formats.dcp_result(metadata, files)
+            integrities.append(dcp.integrity)
+            if dcp.problem:
+                problems.append(dcp.problem)
+            unreadable = dcp.unreadable
+            meta = replace(meta, details=dcp.meta.details, top_keys=dcp.meta.top_keys, tensor_count=dcp.meta.tensor_count,
+                           tensor_bytes=dcp.meta.tensor_bytes)
+    if fmt == FORMAT_HF:
+        if "trainer_state.json" in files:
+            try:
+                text = fs.read_file(join(fs, path, "trainer_state.json"), formats.MAX_JSON_BYTES)
+                state_meta, problem = formats.trainer_state_meta(text)
+            except OSError as exc:
+                state_meta, problem = CheckpointMeta(), "trainer_state.json: %s" % (exc.strerror or exc)
+            if problem:
+                problems.append(problem)
+                unreadable = "could not read: %s" % problem
+            meta = replace(state_meta, step=state_meta.step if state_meta.step is not None else meta.step,
+                           details=state_meta.details + meta.details, has_optimizer=meta.has_optimizer,
+                           has_scheduler=meta.has_scheduler)
+        else:
+            integrities.append(INTEGRITY_TRUNCATED)
+            problems.append("no trainer_state.json: an incomplete save (the Trainer writes it last)")
+    if fmt != FORMAT_DCP:
+        checked, safetensors = _check_files(fs, path, [rel for rel in members if _is_checked_weight(rel)], problems)
+        integrities.extend(checked)
+        summary = formats.safetensors_state(safetensors)
+        if summary is not None:
+            meta = replace(meta, state_dict=summary, tensor_count=summary.keys, tensor_bytes=summary.bytes)
+    if fmt == FORMAT_DEEPSPEED and not any(layouts.DEEPSPEED_FILE.search(rel.rsplit("/", 1)[-1]) and "model_states" in rel for rel in files):
+        integrities.append(INTEGRITY_TRUNCATED)
+        problems.append("no *_model_states.pt: an incomplete save")
+    integrity = formats.combine_integrity(integrities)
+    result = formats.ReadResult(fmt, meta, integrity, "; ".join(problems) or None, unreadable=unreadable)
+    cache.put(fs.node, path, signature, result)
+    return result, size, mtime, members
+
+
 def read_dir_entry(fs: FileSystem, path: str, name: str, cache: ResultCache) -> Optional[Tuple[formats.ReadResult, int, float]]:
-    """(result, total bytes, newest mtime) of a HF or DCP checkpoint directory; None when it is neither."""
+    """(result, total bytes, newest mtime) of a checkpoint directory; None when it is none."""
     try:
         children = fs.listdir(path)
     except OSError:
         return None
-    files = {c.name: c.stat.size for c in children if c.stat.is_file}
-    fmt = formats.dir_format(c.name for c in children)
-    if fmt is None:
+    kind = layouts.dir_kind(name, (c.name for c in children))
+    if kind is None:
         return None
-    size = sum(c.stat.size for c in children if not c.stat.is_link)
-    mtime = max([c.stat.mtime for c in children] or [0.0])
-    for child in children:
-        if child.stat.is_dir and not child.stat.is_link:
-            try:
-                size += sum(g.stat.size for g in fs.listdir(join(fs, path, child.name)) if not g.stat.is_link)
-            except OSError:
-                pass
-    signature = tuple(sorted((c.name, c.stat.size, c.stat.mtime) for c in children))
-    cached = cache.get(fs.node, path, signature)
-    if cached is not None:
-        return cached, size, mtime
-    meta = formats.dir_meta(fmt, name, files)
-    problems: List[str] = []
-    integrities: List[str] = []
-    if fmt == FORMAT_HF:
-        try:
-            text = fs.read_file(join(fs, path, "trainer_state.json"), formats.MAX_JSON_BYTES)
-            state_meta, problem = formats.trainer_state_meta(text)
-        except OSError as exc:
-            state_meta, problem = CheckpointMeta(), "trainer_state.json: %s" % (exc.strerror or exc)
-        if problem:
-            problems.append(problem)
-        meta = replace(
-            state_meta,
-            step=state_meta.step if state_meta.step is not None else meta.step,
-            details=state_meta.details + meta.details,
-            has_optimizer=meta.has_optimizer,
-            has_scheduler=meta.has_scheduler,
-        )
-        weight_results = []
-        for file_name in formats.model_files(files):
-            file_path = join(fs, path, file_name)
-            make = (lambda s: formats.safetensors_reader(s)) if file_name.lower().endswith(".safetensors") else formats.zip_check_reader
-            try:
-                result = fs.run_reader(file_path, make)
-            except OSError as exc:
-                problems.append("%s: %s" % (file_name, exc.strerror or exc))
-                continue
-            integrities.append(result.integrity)
-            if result.problem:
-                problems.append("%s: %s" % (file_name, result.problem))
-            if file_name.lower().endswith(".safetensors"):
-                weight_results.append(result)
-        summary = formats.safetensors_state(weight_results)
-        if summary is not None:
-            meta = replace(meta, state_dict=summary, tensor_count=summary.keys, tensor_bytes=summary.bytes)
-    integrity = formats.combine_integrity(integrities)
-    result = formats.ReadResult(fmt, meta, integrity, "; ".join(problems) or None)
-    cache.put(fs.node, path, signature, result)
+    result, size, mtime, _ = read_unit_dir(fs, path, name, kind, children, cache)
     return result, size, mtime
 
 
-def _entry(path: str, name: str, result: formats.ReadResult, size: int, mtime: float, is_dir: bool) -> CheckpointEntry:
+def _entry(path: str, name: str, result: formats.ReadResult, size: int, mtime: float, is_dir: bool, **unit) -> CheckpointEntry:
     return CheckpointEntry(
         path=path, name=name, format=result.format, size_bytes=size, mtime=mtime, is_dir=is_dir,
-        meta=result.meta, integrity=result.integrity, problem=result.problem,
+        meta=result.meta, integrity=result.integrity, problem=result.problem, unreadable=result.unreadable, **unit,
     )
 
 
@@ -156,6 +243,125 @@ def _apply_crc_cache(fs: FileSystem, entry: CheckpointEntry, crc_cache: ResultCa
     return replace(entry, integrity=found.integrity, problem=found.problem or entry.problem, crc_checked=True)
 
 
+def _read_small(fs: FileSystem, root: str, item: DirItem, limit: int = 1024) -> bytes:
+    if not item.stat.is_file or item.stat.size > limit:
+        return b""
+    try:
+        return fs.read_file(join(fs, root, item.name), limit)
+    except OSError:
+        return b""
+
+
+def _index_shards(fs: FileSystem, root: str, item: DirItem) -> List[str]:
+    """The shard names a *.safetensors.index.json maps its tensors to (bounded JSON)."""
+    if item.stat.size > formats.MAX_JSON_BYTES:
+        return []
+    try:
+        index = formats._json(fs.read_file(join(fs, root, item.name), formats.MAX_JSON_BYTES))
+    except (OSError, ValueError):
+        return []
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        return []
+    return sorted({v for v in weight_map.values() if isinstance(v, str) and "/" not in v and v not in ("", ".", "..")})[:100_000]
+
+
+class _Unit:
+    """A unit found while scanning, before it is read (how to read it, and its name and layout)."""
+
+    def __init__(self, name: str, path: str, rel: str, *, kind: Optional[layouts.DirKind] = None,
+                 children: Optional[List[DirItem]] = None, group: Optional[layouts.FileGroup] = None,
+                 item: Optional[DirItem] = None, nested: Optional[str] = None) -> None:
+        self.name, self.path, self.rel = name, path, rel
+        self.kind, self.children, self.group, self.item, self.nested = kind, children, group, item, nested
+
+
+def _read_unit(fs: FileSystem, root: str, unit: _Unit, cache: ResultCache, now: float) -> CheckpointEntry:
+    if unit.kind is not None:
+        result, size, mtime, members = read_unit_dir(fs, unit.path, posixpath.basename(unit.path.rstrip("/")) or unit.name,
+                                                     unit.kind, unit.children or [], cache)
+        # A directory is one member: it goes whole, with whatever it holds.
+        return _entry(unit.path, unit.name, result, size, mtime, True, layout=unit.kind.layout,
+                      unit=_files_text(unit.kind.unit, members), members=(unit.rel,))
+    group = unit.group
+    assert group is not None
+    if group.layout == LAYOUT_FILE and unit.item is not None:
+        result = _with_growth_note(read_file_entry(fs, unit.path, unit.item, cache), unit.item.stat.mtime, now)
+        return _entry(unit.path, unit.name, result, unit.item.stat.size, unit.item.stat.mtime, False,
+                      layout=LAYOUT_FILE, unit="file", members=group.members)
+    # A final model or a sharded model: several files at the top, one unit.
+    problems: List[str] = []
+    integrities, safetensors = _check_files(fs, root, group.weights, problems)
+    if group.missing:
+        integrities.append(INTEGRITY_CORRUPT)
+        problems.insert(0, "shard %s named in the index is missing%s" % (group.missing[0], " (and %d more)" % (len(group.missing) - 1) if len(group.missing) > 1 else ""))
+    stats = {}
+    for name in group.members:
+        try:
+            stats[name] = fs.lstat(join(fs, root, name))
+        except OSError:
+            continue
+    summary = formats.safetensors_state(safetensors)
+    meta = CheckpointMeta(details=tuple(("file " + n, "%d bytes" % st.size) for n, st in sorted(stats.items())[:50]),
+                          state_dict=summary, tensor_count=summary.keys if summary else None,
+                          tensor_bytes=summary.bytes if summary else None, has_optimizer=False, has_scheduler=False)
+    fmt = FORMAT_SAFETENSORS if any(w.endswith(".safetensors") for w in group.weights) else FORMAT_TORCH
+    result = formats.ReadResult(fmt, meta, formats.combine_integrity(integrities), "; ".join(problems) or None)
+    return _entry(unit.path, unit.name, result, sum(st.size for st in stats.values()),
+                  max([st.mtime for st in stats.values()] or [0.0]), False, layout=group.layout, unit=group.unit,
+                  members=group.members)
+
+
+def _find_units(fs: FileSystem, root: str, items: List[DirItem]) -> Tuple[List[_Unit], int]:
+    """The units among `root`'s entries (links aside), and how many names are no checkpoint."""
+    units: List[_Unit] = []
+    other = 0
+    files = [item for item in items if item.stat.is_file and not item.stat.is_link]
+    by_name = {item.name: item for item in files}
+    index_maps = {item.name: _index_shards(fs, root, item) for item in files if item.name.endswith(".index.json")}
+    groups, others = layouts.group_top_files([item.name for item in files], index_maps)
+    other += len(others)
+    for group in groups:
+        if group.layout == LAYOUT_FILE:
+            units.append(_Unit(group.name, join(fs, root, group.name), "", group=group, item=by_name[group.name]))
+        else:
+            units.append(_Unit(group.name, join(fs, root, group.name), "", group=group))
+    for item in items:
+        if not item.stat.is_dir or item.stat.is_link:
+            if not item.stat.is_file and not item.stat.is_link:
+                other += 1  # a FIFO, socket or device: never opened
+            continue
+        path = join(fs, root, item.name)
+        try:
+            children = fs.listdir(path)
+        except OSError:
+            other += 1
+            continue
+        kind = layouts.dir_kind(item.name, (c.name for c in children))
+        if kind is not None:
+            units.append(_Unit(item.name, path, item.name, kind=kind, children=children))
+            continue
+        found = False
+        if item.name in layouts.NESTED_SERIES_DIRS:
+            # accelerate's automatic naming (checkpoints/checkpoint_N/), torchtitan's checkpoint/step-N/
+            for child in children:
+                if not child.stat.is_dir or child.stat.is_link:
+                    continue
+                child_path = join(fs, path, child.name)
+                try:
+                    grandchildren = fs.listdir(child_path)
+                except OSError:
+                    continue
+                child_kind = layouts.dir_kind(child.name, (g.name for g in grandchildren))
+                if child_kind is not None:
+                    found = True
+                    units.append(_Unit(item.name + "/" + child.name, child_path, item.name + "/" + child.name,
+                                       kind=child_kind, children=grandchildren, nested=path))
+        if not found:
+            other += 1
+    return units, other
+
+
 def scan_directory(
     root: str,
     fs: FileSystem = LOCAL,
@@ -164,7 +370,11 @@ def scan_directory(
     crc_cache: ResultCache = CRC_CACHE,
     now: Optional[float] = None,
 ) -> DirListing:
-    """List the checkpoints of `root` with their metadata, markers, totals and free space."""
+    """List the checkpoint units of `root` with their metadata, markers, series, totals and free space.
+
+    `root` may itself be one checkpoint (a checkpoint-N/, a save_state directory, a DCP
+    directory): it is then listed as that one unit, never as its files.
+    """
     started = time.perf_counter()
     now = time.time() if now is None else now
     try:
@@ -175,55 +385,50 @@ def scan_directory(
         root_real = fs.realpath(root)
     except OSError:
         root_real = root
-    names = {item.name for item in items}
-    entries: Dict[str, CheckpointEntry] = {}
+    root_name = (posixpath.basename(root.rstrip("/")) if fs.remote else os.path.basename(root.rstrip(os.sep))) or root
+    own_kind = layouts.dir_kind(root_name, (item.name for item in items))
+    if own_kind is not None:
+        result, size, mtime, members = read_unit_dir(fs, root, root_name, own_kind, items, cache)
+        entry = _entry(root, root_name, result, size, mtime, True, layout=own_kind.layout,
+                       unit=_files_text(own_kind.unit, members), members=(".",), unmanaged=ROOT_IS_UNIT)
+        return _listing(fs, root, (_apply_crc_cache(fs, entry, crc_cache),), 0, now, started)
+
+    units, other = _find_units(fs, root, items)
+
+    def read(unit: _Unit) -> CheckpointEntry:
+        return _apply_crc_cache(fs, _read_unit(fs, root, unit, cache, now), crc_cache)
+
+    if fs.remote and len(units) > 1:
+        with ThreadPoolExecutor(max_workers=REMOTE_WORKERS) as pool:
+            read_entries = list(pool.map(read, units))
+    else:
+        read_entries = [read(unit) for unit in units]
+    entries: Dict[str, CheckpointEntry] = {unit.name: entry for unit, entry in zip(units, read_entries)}
+    nested = {unit.name: unit.nested for unit in units if unit.nested}
+    protections: Dict[str, List[str]] = {name: [] for name in entries}
     latest: Set[str] = set()
     best: Set[str] = set()
-    other = 0
-    link_items: List[DirItem] = []
-    work: List[DirItem] = []
+
+    def protect(name: str, why: str) -> None:
+        if name in protections and why not in protections[name]:
+            protections[name].append(why)
+
+    # The current tag, as DeepSpeed's `latest` and Megatron's latest_checkpointed_iteration.txt name it.
     for item in items:
-        if item.stat.is_link:
-            link_items.append(item)
-        elif item.stat.is_file and formats.is_checkpoint_file_name(item.name):
-            work.append(item)
-        elif item.stat.is_dir:
-            work.append(item)
-        elif item.name == "latest" and item.stat.is_file and item.stat.size < 1024:
-            # DeepSpeed's `latest` file holds the tag (a directory name) of the newest checkpoint.
-            try:
-                tag = fs.read_file(join(fs, root, item.name), 1024).decode("utf-8", "replace").strip()
-            except OSError:
-                tag = ""
-            if tag in names:
+        if item.name == layouts.DEEPSPEED_LATEST and item.stat.is_file:
+            tag = layouts.deepspeed_latest_tag(_read_small(fs, root, item))
+            if tag in entries:
                 latest.add(tag)
-            other += 1
-        else:
-            other += 1
+                protect(tag, "current tag (DeepSpeed's `latest` names it)")
+        elif item.name == layouts.MEGATRON_LATEST and item.stat.is_file:
+            tag = layouts.megatron_latest_dir(_read_small(fs, root, item))
+            if tag in entries:
+                latest.add(tag)
+                protect(tag, "current (latest_checkpointed_iteration.txt names it)")
 
-    def read(item: DirItem) -> Optional[CheckpointEntry]:
-        path = join(fs, root, item.name)
-        if item.stat.is_dir:
-            found = read_dir_entry(fs, path, item.name, cache)
-            if found is None:
-                return None
-            result, size, mtime = found
-            return _entry(path, item.name, result, size, max(mtime, item.stat.mtime), True)
-        result = _with_growth_note(read_file_entry(fs, path, item, cache), item.stat.mtime, now)
-        return _entry(path, item.name, result, item.stat.size, item.stat.mtime, False)
-
-    if fs.remote and len(work) > 1:
-        with ThreadPoolExecutor(max_workers=REMOTE_WORKERS) as pool:
-            results = list(pool.map(read, work))
-    else:
-        results = [read(item) for item in work]
-    for item, entry in zip(work, results):
-        if entry is None:
-            other += 1
-        else:
-            entries[item.name] = _apply_crc_cache(fs, entry, crc_cache)
-
-    for item in link_items:
+    for item in items:
+        if not item.stat.is_link:
+            continue
         path = join(fs, root, item.name)
         try:
             target = fs.readlink(path)
@@ -237,8 +442,10 @@ def scan_directory(
         if parent == root_real and base in entries:
             if _is_best_name(item.name):
                 best.add(base)
+                protect(base, "best (%s links to it)" % item.name)
             else:
                 latest.add(base)  # checkpoint_latest.pt, last.ckpt, latest: any alias in the dir
+                protect(base, "latest (%s links to it)" % item.name)
             continue
         if not formats.is_checkpoint_file_name(item.name) and not _is_latest_name(item.name):
             other += 1
@@ -249,31 +456,144 @@ def scan_directory(
             reason = "dangling symlink to %s" % target
         entries[item.name] = CheckpointEntry(
             path=path, name=item.name, format=FORMAT_LINK, size_bytes=0, mtime=item.stat.mtime,
-            is_link=True, link_target=target, problem=reason,
+            is_link=True, link_target=target, problem=reason, layout=LAYOUT_LINK, unit="link",
+            unmanaged="symlink: never deleted, never followed",
         )
+        protections[item.name] = []
 
+    # What the libraries recorded: Lightning's callback state, HF's best_model_checkpoint.
+    lightning_state = _lightning_truth(entries.values())
+    top_k: Set[str] = set()
+    if lightning_state is not None:
+        source, states = lightning_state
+        for state in states:
+            what = "ModelCheckpoint(monitor=%s, mode=%s)" % (state.monitor or "none", state.mode or "min")
+            base = layouts.basename_of_recorded(state.best_model_path)
+            if base in entries:
+                best.add(base)
+                score = "" if state.best_model_score is None else ", score %.6g" % state.best_model_score
+                protect(base, "best (%s%s, as %s records)" % (what, score, source))
+            for path, _ in state.best_k_models:
+                base = layouts.basename_of_recorded(path)
+                if base in entries:
+                    top_k.add(base)
+                    protect(base, "top-k of %s" % what)
+            base = layouts.basename_of_recorded(state.last_model_path)
+            if base in entries:
+                latest.add(base)
+                protect(base, "latest (last_model_path of %s)" % what)
     for name, entry in entries.items():
-        if entry.format != FORMAT_LINK and _is_best_name(name):
-            best.add(name)
+        if entry.format == FORMAT_LIGHTNING and layouts.LIGHTNING_LAST.match(name):
+            latest.add(name)
+            protect(name, "latest (Lightning's last.ckpt)")
     hf_best = _newest_hf_best(entries.values())
     if hf_best is not None and hf_best in entries:
         best.add(hf_best)
+        protect(hf_best, "best (best_model_checkpoint of the newest trainer_state.json)")
+
+    for name, entry in entries.items():
+        if entry.format != FORMAT_LINK and not entry.is_dir and entry.layout == LAYOUT_FILE and _is_best_name(name):
+            best.add(name)
+            protect(name, "best (a copy named so)")
     losses = [e.meta.loss for e in entries.values() if e.meta.loss is not None and e.meta.loss == e.meta.loss]
     lowest = {e.name for e in entries.values() if losses and e.meta.loss == min(losses)}
-    if all(entries[name].integrity in BROKEN for name in best if name in entries):
-        # No best file (or only a broken one) and no HF best_model_checkpoint: the lowest loss is the best.
-        best.update(name for name in lowest if entries[name].integrity not in BROKEN)
+    recorded_best = lightning_state is not None or hf_best is not None
+    if not recorded_best and all(entries[name].integrity in BROKEN for name in best if name in entries):
+        # No library recorded a best and there is no sound best copy: the lowest loss a loop saved is kept as best.
+        for name in lowest:
+            if entries[name].integrity not in BROKEN and not entries[name].is_dir:
+                best.add(name)
+                protect(name, "best (lowest loss)")
+
+    placed = {name: _series_of(entry, lightning_state is not None, name in top_k, nested.get(name))
+              for name, entry in entries.items()}
+    # A directory series whose library records no current one (HF Trainer, accelerate, torchtitan):
+    # its newest sound unit is what a resume loads (get_last_checkpoint, load_state(), the max step).
+    dir_series: Dict[str, List[str]] = {}
+    for name, (_, series, _) in placed.items():
+        if series is not None and entries[name].is_dir:
+            dir_series.setdefault(series, []).append(name)
+    for series, names in dir_series.items():
+        sound = [n for n in names if entries[n].integrity not in BROKEN]
+        if sound and not any(n in latest for n in names):
+            newest = max(sound, key=lambda n: (_trailing_number(n), entries[n].mtime))
+            latest.add(newest)
+            protect(newest, "latest (the newest %s: what a resume loads)" % series)
+
     listed = []
     for name in sorted(entries, key=natural_key):
         entry = entries[name]
-        listed.append(replace(entry, latest=name in latest, best=name in best, lowest_loss=name in lowest))
+        layout, series, unmanaged = placed[name]
+        listed.append(replace(entry, latest=name in latest, best=name in best, lowest_loss=name in lowest,
+                              layout=layout, series=series, unmanaged=unmanaged, protections=tuple(protections.get(name, ()))))
+    return _listing(fs, root, tuple(listed), other, now, started)
+
+
+def _files_text(unit: str, members: Sequence[str]) -> str:
+    return "%s (%d file%s)" % (unit, len(members), "" if len(members) == 1 else "s")
+
+
+def _trailing_number(name: str) -> int:
+    digits = len(name) - len(name.rstrip("0123456789"))
+    return int(name[-digits:]) if 0 < digits <= 18 else -1
+
+
+ROOT_IS_UNIT = ("the directory given is itself one checkpoint: cleanup never deletes the directory it is pointed at "
+                "(point it at the parent to manage the series)")
+
+
+def _series_of(entry: CheckpointEntry, lightning_read: bool, in_top_k: bool,
+               nested_in: Optional[str]) -> Tuple[str, Optional[str], Optional[str]]:
+    """(layout, series, why unmanaged) of one listed unit: only members of a recognised series are managed."""
+    if entry.is_link or entry.format == FORMAT_LINK:
+        return entry.layout, None, entry.unmanaged or "symlink: never deleted, never followed"
+    if entry.unmanaged:
+        return entry.layout, None, entry.unmanaged
+    base = entry.name.rsplit("/", 1)[-1]
+    if entry.is_dir:
+        series = layouts.dir_series(base)
+        if series is None:
+            return entry.layout, None, "a %s directory without a number in its name: not part of a series" % entry.layout
+        if nested_in is not None:
+            return entry.layout, series, "inside %s/: clean up that directory to manage this series" % entry.name.split("/")[0]
+        return entry.layout, series, None
+    if entry.format == FORMAT_LEGACY:
+        return entry.layout, None, "legacy pickle: listed, never opened, never deleted"
+    if entry.format == FORMAT_UNKNOWN:
+        return entry.layout, None, "format not recognised"
+    layout, series = layouts.file_series(entry.name)
+    if entry.format == FORMAT_LIGHTNING or layout == LAYOUT_LIGHTNING:
+        if layouts.LIGHTNING_LAST.match(entry.name):
+            return LAYOUT_LIGHTNING, None, "Lightning's last.ckpt: kept as latest"
+        if not lightning_read:
+            return LAYOUT_LIGHTNING, None, "no ModelCheckpoint state could be read in this directory: its best and top-k are unknown"
+        if layouts.lightning_name(entry.name) or in_top_k:
+            return LAYOUT_LIGHTNING, "ModelCheckpoint .ckpt", None
+        return LAYOUT_LIGHTNING, None, "neither named by ModelCheckpoint nor in its top-k"
+    if series is None:
+        if layout == LAYOUT_CHECKPOINT_MANAGER:
+            return layout, None, "CheckpointManager's copy: not part of the epoch series"
+        return layout, None, "no epoch or step in its name: not part of a series"
+    return layout, series, None
+
+
+def _lightning_truth(entries: Iterable[CheckpointEntry]) -> Optional[Tuple[str, Tuple[ModelCheckpointState, ...]]]:
+    """(name, states) of the newest Lightning checkpoint whose ModelCheckpoint state was read: the directory's truth."""
+    read = [e for e in entries if e.meta.callbacks and not e.is_link and e.integrity not in BROKEN]
+    if not read:
+        return None
+    newest = max(read, key=lambda e: (e.meta.step if e.meta.step is not None else -1, e.mtime, natural_key(e.name)))
+    return newest.name, newest.meta.callbacks
+
+
+def _listing(fs: FileSystem, root: str, listed: Tuple[CheckpointEntry, ...], other: int, now: float, started: float) -> DirListing:
     try:
         free, fs_total = fs.statvfs(root)
     except OSError:
         free, fs_total = None, None
     total = sum(e.size_bytes for e in listed if not e.is_link)
     return DirListing(
-        root=root, node=fs.node, entries=tuple(listed), total_bytes=total, free_bytes=free, fs_bytes=fs_total,
+        root=root, node=fs.node, entries=listed, total_bytes=total, free_bytes=free, fs_bytes=fs_total,
         scanned_at=now, scan_seconds=time.perf_counter() - started, other_files=other,
     )
 
