@@ -8,6 +8,7 @@ input for each bug the fuzzers found.
 from __future__ import annotations
 
 import io
+import os
 import json
 import pickle
 import struct
@@ -461,3 +462,38 @@ def test_regression_json_sidecars_nesting_infinity_and_huge_numbers():
     header = json.dumps({"__metadata__": {"loss": 10**400, "epoch": [1] * 10}}).encode()
     result = read_file("m.safetensors", struct.pack("<Q", len(header)) + header)
     assert result.problem is None and result.meta.loss is None and result.meta.epoch is None
+
+
+# --- (e) the same hostile bytes through the metadata worker -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_workers():
+    from opsconsole.checkpoints.worker import MetadataWorkers
+
+    workers = MetadataWorkers(size=1)
+    yield workers
+    workers.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(mutations=st.lists(mutation, min_size=1, max_size=4), body=st.lists(opcode, max_size=30), as_zip=st.booleans())
+def test_hostile_bytes_read_in_the_worker_give_the_in_process_value(fuzz_workers, mutations, body, as_zip):
+    """The worker's result, after its trip through JSON, is the in-process reader's; none of these kills it."""
+    import tempfile
+
+    from opsconsole.checkpoints.access import LOCAL
+    from opsconsole.checkpoints.worker import read_checkpoint_file, to_plain
+
+    pickled = b"\x80\x02" + b"".join(body) + b"."
+    data = torch_zip(pickled) if as_zip else mutate(real_checkpoint(), mutations)
+    expected = read_file("epoch=3-step=10.ckpt", data, window=16 * 1024)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "epoch=3-step=10.ckpt")
+        with open(path, "wb") as handle:
+            handle.write(data)
+        got = read_checkpoint_file(LOCAL, path, "epoch=3-step=10.ckpt", 16 * 1024, fuzz_workers)
+    check_result(got)
+    # Through JSON text: NaN is not equal to itself, its JSON text is.
+    assert json.dumps(to_plain(got), sort_keys=True) == json.dumps(to_plain(expected), sort_keys=True)
+    assert fuzz_workers.starts == 1
