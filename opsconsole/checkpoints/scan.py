@@ -309,7 +309,7 @@ def _read_unit(fs: FileSystem, root: str, unit: _Unit, cache: ResultCache, now: 
     result = formats.ReadResult(fmt, meta, formats.combine_integrity(integrities), "; ".join(problems) or None)
     return _entry(unit.path, unit.name, result, sum(st.size for st in stats.values()),
                   max([st.mtime for st in stats.values()] or [0.0]), False, layout=group.layout, unit=group.unit,
-                  members=group.members)
+                  members=group.members, unmanaged=group.unmanaged)
 
 
 def _find_units(fs: FileSystem, root: str, items: List[DirItem]) -> Tuple[List[_Unit], int]:

@@ -125,6 +125,8 @@ def marks(entry: Any) -> str:
         out.append("latest")
     if entry.best:
         out.append("best")
+    if any(p.startswith("top-k") for p in getattr(entry, "protections", ())):
+        out.append("top-k")
     if entry.is_link:
         out.append("-> " + (entry.link_target or "?"))
     return ",".join(out)
@@ -151,19 +153,28 @@ def listing_table(listing: Any, now: float) -> str:
     """The listing as a text table with a totals line (what the pane shows)."""
     if listing.problem:
         return printable_line("%s: %s" % (listing.root, listing.problem)) + "\n"
-    rows = [("NAME", "FORMAT", "EPOCH", "STEP", "LOSS", "SIZE", "AGE", "INTEGRITY", "MARKS", "PROBLEM")]
+    rows = [("NAME", "LAYOUT", "UNIT", "FORMAT", "EPOCH", "STEP", "LOSS", "SIZE", "AGE", "INTEGRITY", "MARKS", "SERIES",
+             "PROBLEM")]
     for e in listing.entries:
         rows.append((
-            e.name, e.format,
-            "-" if e.meta.epoch is None else str(e.meta.epoch),
+            e.name, e.layout, e.unit, e.format, epoch_text(e),
             "-" if e.meta.step is None else str(e.meta.step),
             loss_text(e), size_text(e.size_bytes), age_text(now - e.mtime),
-            e.integrity + (" (crc)" if e.crc_checked else ""), marks(e), e.problem or "",
+            e.integrity + (" (crc)" if e.crc_checked else ""), marks(e), e.series or "not managed",
+            "; ".join(p for p in (e.problem, e.unreadable if e.unreadable != e.problem else None) if p),
         ))
     text = format_table(rows) if listing.entries else "no checkpoints in %s\n" % printable_line(listing.root)
     free = "" if listing.free_bytes is None else ", %s free of %s" % (size_text(listing.free_bytes), size_text(listing.fs_bytes))
     text += "%d checkpoints, %s in %s%s\n" % (len(listing.entries), size_text(listing.total_bytes), printable_line(listing.root), free)
     return text
+
+
+def epoch_text(entry: Any) -> str:
+    """The epoch as the library recorded it: HF's fractional epoch (1.5), else the whole one."""
+    exact = entry.meta.epoch_float
+    if exact is not None and exact != int(exact):
+        return "%.2f" % exact
+    return "-" if entry.meta.epoch is None else str(entry.meta.epoch)
 
 
 def listing_document(listing: Any) -> dict:

@@ -76,9 +76,10 @@ def plan_table(plan: Any) -> str:
     """The plan as text: one line per checkpoint (keep/delete, size, reason), then the bytes freed."""
     from opsconsole.commands.checkpoints import format_table, size_text
 
-    rows = [("ACTION", "SIZE", "NAME", "REASON")]
+    rows = [("ACTION", "SIZE", "NAME", "UNIT", "REASON")]
     for item in plan.items:
-        rows.append((item.action.upper() if item.delete else item.action, size_text(item.size_bytes), item.name, item.reason))
+        unit = ("%s: %s" % (item.layout, item.unit)) if getattr(item, "layout", "") else ""
+        rows.append((item.action.upper() if item.delete else item.action, size_text(item.size_bytes), item.name, unit, item.reason))
     text = format_table(rows) if plan.items else "no checkpoints in %s\n" % printable_line(plan.root)
     for warning in plan.warnings:
         text += "warning: %s\n" % printable_line(warning)
