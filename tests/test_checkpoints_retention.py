@@ -12,10 +12,13 @@ HOUR = 3600.0
 
 
 def ckpt(name, age_h, *, epoch=None, step=None, latest=False, best=False, integrity="ok", fmt="torch",
-         link=False, size=100, is_dir=False):
+         link=False, size=100, is_dir=False, series="run", unmanaged=None, unreadable=None, protections=()):
+    """A listed unit; `series` None makes it unmanaged (the scanner decides that from the layout)."""
     return CheckpointEntry(
         path="/ck/" + name, name=name, format=fmt, size_bytes=size, mtime=NOW - age_h * HOUR, is_dir=is_dir,
         is_link=link, meta=CheckpointMeta(epoch=epoch, step=step), integrity=integrity, latest=latest, best=best,
+        series=None if link else series, unmanaged=unmanaged, unreadable=unreadable, protections=protections,
+        members=(name,),
     )
 
 
@@ -43,13 +46,34 @@ CASES = [
     ("mtime-ties-by-name", [ckpt("run_%d.pt" % i, 2) for i in (2, 10, 9)], 2, ["run_2.pt"]),
     ("mtime-ties-by-step", [ckpt("a.pt", 2, step=300), ckpt("b.pt", 2, step=100), ckpt("c.pt", 2, step=200)], 1, ["b.pt", "c.pt"]),
     # A best copy takes no keep place; it is kept as best.
-    ("best-copy", seed_dir(4) + [ckpt("checkpoint_best.pt", 3, epoch=1, best=True)], 2,
+    ("best-copy", seed_dir(4) + [ckpt("checkpoint_best.pt", 3, epoch=1, best=True, series=None)], 2,
      ["checkpoint_epoch_0.pt", "checkpoint_epoch_1.pt"]),
     # Truncated: no keep place, deleted when old; the newest good ones stay.
     ("truncated-takes-no-place", seed_dir(4)[:3] + [ckpt("checkpoint_epoch_3.pt", 0.9, epoch=3, integrity="truncated")], 2,
      ["checkpoint_epoch_0.pt", "checkpoint_epoch_3.pt"]),
     ("links-and-unknown-never", [ckpt("a.pt", 5), ckpt("b.pt", 4), ckpt("c.pt", 3, link=True, fmt="link"),
-                                 ckpt("d.bin", 6, fmt="unknown")], 0, ["a.pt", "b.pt"]),
+                                 ckpt("d.bin", 6, fmt="unknown", series=None)], 0, ["a.pt", "b.pt"]),
+    # Issue 13: only series members are candidates; the rest is never deleted, however old.
+    ("final-model-and-lone-files-never", [ckpt("checkpoint-100", 9, step=100, series="checkpoint-N/", is_dir=True),
+                                          ckpt("checkpoint-200", 8, step=200, series="checkpoint-N/", is_dir=True),
+                                          ckpt("model.safetensors", 7, series=None, unmanaged="final model"),
+                                          ckpt("weights.pth", 20, series=None), ckpt("old.pt", 30, fmt="torch-legacy", series=None)],
+     1, ["checkpoint-100"]),
+    # Each series keeps its own newest N.
+    ("per-series", [ckpt("global_step%d" % s, 10 - s / 100, step=s, series="global_stepN/", is_dir=True) for s in (100, 200, 300)]
+     + [ckpt("iter_%07d" % s, 10 - s / 100, step=s, series="iter_N/", is_dir=True) for s in (100, 200)], 1,
+     ["global_step100", "global_step200", "iter_0000100"]),
+    # The recorded step orders a series, not mtime (a copied older checkpoint is not the newest).
+    ("step-beats-mtime", [ckpt("checkpoint-300", 5, step=300), ckpt("checkpoint-100", 1, step=100)], 1, ["checkpoint-100"]),
+    # Could not read: kept with the reason and no keep place; only proven damage is deleted.
+    ("unreadable-kept", [ckpt("checkpoint_epoch_%d.pt" % i, 5 - i, epoch=i) for i in range(3)]
+     + [ckpt("checkpoint_epoch_3.pt", 1, epoch=3, unreadable="could not read: data.pkl over the limit")], 1,
+     ["checkpoint_epoch_0.pt", "checkpoint_epoch_1.pt"]),
+    ("protections-keep", [ckpt("epoch=%d-step=%d.ckpt" % (i, i * 10), 5 - i, epoch=i, step=i * 10,
+                               protections=("top-k of ModelCheckpoint(monitor=val_acc, mode=max)",) if i in (0, 2) else ())
+                          for i in range(4)], 1, ["epoch=1-step=10.ckpt"]),
+    ("nested-series-not-managed-here", [ckpt("checkpoints/checkpoint_%d" % i, 5 - i, series="checkpoint_N/", is_dir=True,
+                                             unmanaged="inside checkpoints/") for i in range(3)], 0, []),
 ]
 
 
@@ -64,13 +88,13 @@ def test_plan_deletes_exactly(entries, keep, expected):
 
 
 def test_reasons_name_each_protection():
-    entries = seed_dir(5, latest=4, best=4) + [ckpt("fresh.pt", 0.05), ckpt("held.pt", 9)]
+    entries = seed_dir(5, latest=4, best=4) + [ckpt("fresh.pt", 0.05, epoch=5), ckpt("held.pt", 9)]
     plan = plan_retention(entries, keep=1, min_age=600, now=NOW, open_paths={"/ck/held.pt"}, root="/ck")
     reasons = {item.name: item.reasons for item in plan.items}
     assert reasons["checkpoint_epoch_4.pt"] == ("best", "latest")  # fresh.pt took the one newest place
-    assert reasons["fresh.pt"][0] == "newest 1 (#1)" and "min_age" in reasons["fresh.pt"][1]
+    assert reasons["fresh.pt"][0] == "newest 1 of run (#1)" and "min_age" in reasons["fresh.pt"][1]
     assert reasons["held.pt"] == ("open by a process",)
-    assert reasons["checkpoint_epoch_0.pt"] == ("older than the newest 1",)
+    assert reasons["checkpoint_epoch_0.pt"] == ("older than the newest 1 of run",)
     # Newest first, as the confirmation lists them.
     assert [i.name for i in plan.items][:2] == ["fresh.pt", "checkpoint_epoch_4.pt"]
 
