@@ -97,7 +97,7 @@ SIGNATURES: Tuple[Signature, ...] = (
     _sig("cuda_device_assert", r"device-side assert(?:ion)? triggered|\.cuh?:\d+: \w.*Assertion `.*` failed"
          r"|cudaErrorAssert", ("device-side assert", "assertion `", "cudaerrorassert")),
     _sig("cuda_illegal_memory", r"illegal memory access|cudaErrorIllegalAddress|illegal instruction was encountered"
-         r"|CUDA error: misaligned address|cudaErrorMisalignedAddress|CUDA error: unspecified launch failure"
+         r"|CUDA error: misaligned address|\(74 vs\. 0\)\s+misaligned address|cudaErrorMisalignedAddress|CUDA error: unspecified launch failure"
          r"|cudaErrorLaunchFailure|HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION",
          ("illegal memory", "illegaladdress", "illegal instruction", "misaligned", "unspecified launch failure",
           "cudaerrorlaunchfailure", "memory_aperture_violation")),
@@ -165,7 +165,7 @@ SIGNATURES: Tuple[Signature, ...] = (
     # Only the loss: a NaN/Inf grad norm alone is what fp16 loss scaling shows on the steps it skips.
     # One signature per phrasing, each with its own needles, so a line runs only the regex it may match;
     # case spelled out instead of IGNORECASE, a literal first in every branch (sre scans for it in C).
-    _sig("nan_inf", r"[Ll](?<![A-Za-z][Ll])oss['\"]?\s*(?:is\s+|[:=]\s*|\s+)['\"]?(?:nan|NaN|NAN|[-+]?(?:inf|Inf|INF))\b",
+    _sig("nan_inf", r"[Ll](?<![A-Za-z][Ll])oss['\"]?\s*(?:is\s+|[:=]\s*|\s+)(?:total[:=]\s*)?['\"]?(?:nan|NaN|NAN|[-+]?(?:inf|Inf|INF))\b",
          ("nan", "inf")),
     _sig("nan_inf", r"number of nan iterations:\s*[1-9]", ("nan iterations",)),
     # Dynamic loss scaling that never recovers: the scale driven to its floor (apex prints Python's
@@ -230,16 +230,18 @@ SIGNATURES: Tuple[Signature, ...] = (
     # The training script's own bugs in the words PyTorch and Lightning use for them, for the logs that keep
     # only the exception line (a notebook's traceback, a report that quotes the last line).
     _sig("app_error", r"mat1 and mat2 shapes cannot be multiplied|Expected all tensors to be on the same device"
-         r"|IndexError: index out of range in self|Expected input batch_size \(\d+\) to match target batch_size"
+         r"|IndexError: index out of range in self|IndexError: list index out of range\s*$|Expected input batch_size \(\d+\) to match target batch_size"
          r"|does not require grad and does not have a grad_fn|Error\(s\) in loading state_dict for"
          r"|MisconfigurationException|Target modules .{0,400} not found in the base model",
          ("mat1 and mat2", "expected all tensors to be on the same device", "index out of range in self",
-          "to match target batch_size", "does not require grad", "error(s) in loading state_dict",
+          "to match target batch_size", "index out of range", "does not require grad", "error(s) in loading state_dict",
           "misconfigurationexception", "not found in the base model")),
     # IPython's traceback header names the exception before its frames ("IndexError    Traceback (most
     # recent call last)"); a more specific line further down still wins on precedence.
     _sig("app_error", r"^\s*(?!BrokenPipe|ConnectionReset)\w+(?:Error|Exception)\s{2,}Traceback \(most recent call last\)\s*$",
          ("traceback (most recent call last)",)),
+    # Sacred's traceback header, which the engine does not read as one ("most recent calls WITHOUT ...").
+    _sig("app_error", r"Traceback \(most recent calls WITHOUT Sacred internals\)", ("without sacred internals",)),
 )
 
 _WORD_NEEDLES = {"nan", "inf"}  # whole words only in the prefilter
