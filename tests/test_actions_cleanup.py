@@ -129,7 +129,10 @@ async def test_hostile_and_undecodable_names_are_shown_one_line_and_audited_esca
     folder = tmp_path / "ckpt"
     folder.mkdir()
     now = time.time()
-    names = [b"step_1\n.pt", b"step_2\x1b]52;c;cm0gLXJm\x07.pt", b"step_3-\xff.pt", b"step_4.pt", b"step_5.pt"]
+    # One series whose names carry an OSC 52 escape and a byte that is not UTF-8; a name with a
+    # newline belongs to no series (kept, and listed as kept).
+    prefix = b"\x1b]52;c;cm0gLXJm\x07-\xff-"
+    names = [b"step_1\n.pt"] + [prefix + b"step_%d.pt" % n for n in (2, 3, 4, 5)]
     for position, raw in enumerate(names):
         path = os.path.join(os.fsencode(str(folder)), raw)
         torch.save({"step": position + 1}, os.fsdecode(path))
@@ -137,12 +140,13 @@ async def test_hostile_and_undecodable_names_are_shown_one_line_and_audited_esca
     ctx = context(tmp_path, folder, keep=2)
     plan = await plan_action("checkpoint_cleanup", Target(TARGET_CHECKPOINT_DIR, "local", path=str(folder)), ctx)
     assert not any(ch in line for line in plan.notes for ch in "\n\x1b\x07\udcff")
-    assert any("step_1␤.pt" in line for line in plan.notes) and any("step_2␛]52;c;" in line for line in plan.notes)
+    assert any("step_1␤.pt" in line for line in plan.notes) and any("␛]52;c;" in line for line in plan.notes)
     report = await run_plan(plan, ctx)
     assert report.ok, report.lines
-    assert sorted(os.listdir(os.fsencode(str(folder)))) == [b"step_4.pt", b"step_5.pt"]
+    assert sorted(os.listdir(os.fsencode(str(folder)))) == sorted([names[0], names[3], names[4]])
     assert not any(ch in line for line in report.lines for ch in "\n\x1b\x07\udcff")
     data = (tmp_path / "audit.log").read_bytes()
     data.decode("utf-8")  # strict
     records = [json.loads(line) for line in data.decode().splitlines()]
-    assert any(r["detail"].startswith("delete %s" % (folder / "step_3-\\xff.pt")) for r in records)
+    deleted = [r["detail"] for r in records if r["action"] == "checkpoint.delete" and r["outcome"] == "ok"]
+    assert len(deleted) == 2 and all("\\xff-step_" in detail for detail in deleted)

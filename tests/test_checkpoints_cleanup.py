@@ -15,10 +15,10 @@ import torch
 
 from opsconsole import cli
 from opsconsole.actions.audit import AuditLog
-from opsconsole.checkpoints.access import LocalFileSystem
+from opsconsole.probe import delete_units
 from opsconsole.checkpoints.cache import ResultCache
-from opsconsole.checkpoints.cleanup import execute_plan, plan_directory
-from opsconsole.checkpoints.retention import PlanItem
+from opsconsole.checkpoints.cleanup import execute_plan, pin_plan, plan_directory
+from opsconsole.checkpoints.retention import PlanItem, RetentionPlan
 from opsconsole.checkpoints.scan import scan_directory
 from tests.test_checkpoints_fixtures import write_seed_layout
 
@@ -75,15 +75,20 @@ def test_a_symlink_out_of_the_root_is_never_followed(tmp_path):
     victim = next(i for i in plan.to_delete)
     os.unlink(victim.path)
     os.symlink(outside / "keep_me.pt", victim.path)
-    # A forged plan entry that walks out of the root through the `escape` dir link.
-    forged = PlanItem(str(root / "escape" / "keep_me.pt"), "keep_me.pt", 1, 0.0, True, ("forged",))
+    # A forged plan entry added after the plan was made: never pinned, never deleted.
+    forged = PlanItem(str(root / "escape" / "keep_me.pt"), "keep_me.pt", 1, 0.0, True, ("forged",),
+                      members=("escape/keep_me.pt",))
     forged_plan = replace(plan, items=plan.items + (forged,))
     result = execute_plan(forged_plan, str(root), AuditLog(str(tmp_path / "a.log")))
     errors = {Path(r.path).name: r.error for r in result.failed}
     assert "symlink" in errors[victim.name]
-    assert "keep_me.pt" in errors and "not a plain name" in errors["keep_me.pt"]
+    assert "keep_me.pt" in errors and "not pinned" in errors["keep_me.pt"]
     assert (outside / "keep_me.pt").exists() and os.path.islink(victim.path)
     assert not result.ok and result.deleted  # the rest went ahead
+    # Pinned like a real plan, the walk through the `escape` dir link stops at the link: kept, with why.
+    repinned = pin_plan(RetentionPlan(str(root), "local", 0, 0.0, (forged,)))
+    assert not repinned.to_delete and "escape is a symlink: never followed" in repinned.items[0].reason
+    assert (outside / "keep_me.pt").exists()
 
 
 def test_partial_failure_is_reported_per_file(seed, tmp_path):
@@ -95,7 +100,7 @@ def test_partial_failure_is_reported_per_file(seed, tmp_path):
         f.write(b"more")  # the run wrote to it again: not what the plan saw
     result = execute_plan(plan, str(seed), AuditLog(str(tmp_path / "a.log")))
     errors = {r.path: r.error for r in result.failed}
-    assert errors == {gone.path: "already gone", changed.path: "changed since the plan (size or mtime): not deleted"}
+    assert errors == {gone.path: "already gone", changed.path: "%s changed since the plan (size or mtime)" % changed.name}
     assert len(result.deleted) == len(plan.to_delete) - 2
     assert os.path.exists(changed.path)
     assert "2 failed" in result.summary()
@@ -213,14 +218,14 @@ def test_cli_exit_codes(seed, tmp_path, monkeypatch, capsys):
 def test_cli_exit_1_when_a_deletion_fails(seed, tmp_path, monkeypatch, capsys):
     (tmp_path / "config.toml").write_text('[actions]\naudit_log = "%s"\n' % (tmp_path / "audit.log"))
     monkeypatch.setenv("OPSCONSOLE_CONFIG", str(tmp_path / "config.toml"))
-    real_remove = LocalFileSystem.remove
+    real_unlink = delete_units.unlink_at
 
-    def remove(self, path):
-        if path.endswith("checkpoint_epoch_0.pt"):
-            raise PermissionError(13, "Permission denied", path)  # as on a read-only mount
-        real_remove(self, path)
+    def unlink_at(name, dir_fd):
+        if name == "checkpoint_epoch_0.pt":
+            raise PermissionError(13, "Permission denied")  # as on a read-only mount (root ignores modes)
+        real_unlink(name, dir_fd)
 
-    monkeypatch.setattr(LocalFileSystem, "remove", remove)
+    monkeypatch.setattr(delete_units, "unlink_at", unlink_at)
     assert cli.main(["cleanup", str(seed), "--keep", "3", "--yes"]) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "Permission denied" in out and "deleted 1 of 2" in out

@@ -25,7 +25,9 @@ from tests.test_checkpoints_fixtures import set_mtime, write_seed_layout
 pytestmark = pytest.mark.sshd
 
 FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2)
-ODD_NAMES = ["checkpoint epoch 7.pt", "it's;done.pt", 'say "hi" $(touch PWNED).pt']
+# One series (step_N.pt behind one prefix) whose names a shell would split, quote or run.
+ODD_PREFIX = """run 'q'; "hi" $(touch PWNED) """
+ODD_NAMES = [ODD_PREFIX + "step_%d.pt" % step for step in (10, 11, 12)]
 
 
 def scan(root, fs):
@@ -64,7 +66,7 @@ async def test_remote_listing_matches_local_and_reads_only_ranges(sshd_factory, 
         assert comparable(remote) == comparable(local)
         names = {e.name: e for e in remote.entries}
         assert set(ODD_NAMES) <= set(names)
-        assert names["it's;done.pt"].meta.epoch == 11
+        assert names[ODD_NAMES[1]].meta.epoch == 11
         assert names["checkpoint_epoch_2.pt"].latest and names["checkpoint_best.pt"].best
         assert names["checkpoint_epoch_99.pt"].format == "link" and "outside" in names["checkpoint_epoch_99.pt"].problem
         assert remote.free_bytes and remote.total_bytes == local.total_bytes
@@ -74,7 +76,7 @@ async def test_remote_listing_matches_local_and_reads_only_ranges(sshd_factory, 
         assert fs.bytes_read < 400 * 1024 < remote.total_bytes
         # The full CRC check reads the whole file, over SFTP too.
         seen = []
-        result = await asyncio.to_thread(verify_checkpoint, names["checkpoint epoch 7.pt"], fs,
+        result = await asyncio.to_thread(verify_checkpoint, names[ODD_NAMES[0]], fs,
                                          lambda done, total: seen.append(done), lambda: False, ResultCache())
         assert result.integrity == "ok" and seen and seen[-1] == result.checked_bytes
     finally:
@@ -98,7 +100,7 @@ async def test_remote_cleanup_keeps_open_files_and_deletes_only_the_plan(sshd_fa
         assert verdicts["checkpoint_epoch_0.pt"].reasons == ("open by a process",)
         assert not verdicts["checkpoint_epoch_99.pt"].delete
         to_delete = sorted(item.name for item in plan.to_delete)
-        assert "it's;done.pt" in to_delete and 'say "hi" $(touch PWNED).pt' in to_delete
+        assert len(set(ODD_NAMES) & set(to_delete)) == 2
         log = tmp_path / "audit.log"
         result = await asyncio.to_thread(execute_plan, plan, str(odd_dir), AuditLog(str(log)), fs=fs)
         assert result.ok, result.summary()
@@ -146,5 +148,5 @@ def test_cli_lists_and_cleans_up_a_node_directory(sshd_factory, odd_dir, tmp_pat
     code = cli.main(["cleanup", str(odd_dir), "--node", "n1", "--config", str(config), "--keep", "1", "--yes"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "it's;done.pt" not in {p.name for p in odd_dir.iterdir()} and "deleted" in out
+    assert len(set(ODD_NAMES) & {p.name for p in odd_dir.iterdir()}) == 1 and "deleted" in out
     assert (odd_dir / "checkpoint_latest.pt").is_symlink() and (odd_dir / "checkpoint_best.pt").exists()

@@ -3,14 +3,16 @@
 Planning scans the directory (locally, or over the node's SFTP) and makes the retention plan
 with the directory's `keep` and `min_age` from `[[checkpoints]]`; only configured directories
 are cleaned. The confirmation lists what goes and asks for the directory's name typed.
-Running audits the attempt (ActionRunner), then `execute_plan` checks each file again and
-audits each deletion itself before it happens; the result record follows. A deletion whose
+Running audits the attempt (ActionRunner), then `execute_plan` checks that the directory is
+the one the plan was made for (its identity, pinned at planning), checks each unit whole again
+(identity, not in use) and audits each deletion itself before it happens; the result record follows. A deletion whose
 record cannot be written does not happen, and the cleanup stops there: the report lists what was
 deleted, what was not attempted, and why it stopped. Names from the disk are shown through
 sanitize.printable_line (a newline or an escape sequence in a file name stays one visible line).
 
 Filesystem calls block, so they run in a worker thread; over SSH, SftpFileSystem hands
-them to the console's event loop, which owns the node's connection.
+them to the console's event loop, which owns the node's connection, and deletes through
+probe/delete_units.py run on the node (never by SFTP path).
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
         notes.append("... and %d more" % (max(0, len(doomed) - LISTED_ITEMS) + max(0, len(kept) - LISTED_ITEMS)))
     notes.extend("warning: %s" % printable_line(w) for w in retention.warnings)
     argv = cleanup_argv(target.node, target.path, entry.keep, entry.min_age, ctx.local)
-    where = "on this machine (%s)" % target.node if ctx.local else "on %s over SFTP" % target.node
+    where = ("on this machine (%s)" % target.node if ctx.local
+             else "on %s over SSH (listed by SFTP, deleted by a pinned helper on the node)" % target.node)
     word = posixpath.basename(posixpath.normpath(target.path)) or target.path
     return Plan(action, target, argv, where, notes=tuple(notes), word=word, payload=retention)
 

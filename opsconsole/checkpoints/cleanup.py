@@ -1,44 +1,54 @@
-"""Carrying out a retention plan: only inside the root, never through a symlink, audited first.
+"""Carrying out a retention plan on the directory it was made for, unit by unit, never on files in use.
 
-Each deletion is checked again at the moment it happens (the plan may be minutes old):
-the path must still be a direct child of the root (by realpath), must not be a symlink
-(lstat), and must have the size and mtime the plan saw; otherwise it is skipped with the
-reason. Its audit record is written before the deletion. One failed deletion never stops the
-rest: results are per file. An audit record that cannot be written (disk full, permission)
-stops the cleanup before the next deletion: the result says what was deleted, what remains
-and why it stopped.
+When the plan is made (`plan_directory`, `pin_plan`) the directory is opened with
+O_DIRECTORY|O_NOFOLLOW and its identity (st_dev, st_ino) recorded, with every doomed unit's
+members: each file's device, inode, size and mtime, each directory's exact entries. A unit that
+cannot be pinned (gone, a symlink, changed since the listing) is kept, with the reason.
+
+At execution the directory is opened again the same way and must be the same one: a root
+swapped for a symlink or another directory while the confirmation waited is refused whole,
+audited. Each unit is then checked whole (every member as recorded, none open or mapped by a
+process) and its audit record written before it is deleted, relative to the directory's
+descriptor, never following a link (probe/delete_units.py: in this process for a local
+directory, on the node over its SSH connection for a remote one). A changed or busy unit is
+kept with the reason; a unit that fails midway is reported with the members that went. One
+failed unit never stops the rest; an audit record that cannot be written stops the cleanup
+before the next deletion: the result says what was deleted, what remains and why it stopped.
 """
 
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Tuple
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from opsconsole.actions.audit import OUTCOME_CONFIRMED, OUTCOME_FAILED, OUTCOME_OK, OUTCOME_REFUSED
 from opsconsole.checkpoints.access import LOCAL, FileSystem
-from opsconsole.checkpoints.retention import PlanItem, RetentionPlan, entry_in_root
+from opsconsole.checkpoints.retention import PlanItem, RetentionPlan
 
 ACTION_DELETE = "checkpoint.delete"
 ACTION_CLEANUP = "checkpoint.cleanup"
+LISTING_MTIME_SLACK_S = 1.0  # SFTP v3 gives whole seconds; the pin has nanoseconds
+SHOWN_MEMBERS = 8
 
 
 @dataclass(frozen=True)
 class FileResult:
-    """What happened to one planned deletion."""
+    """What happened to one planned unit; `went` names its members deleted when it failed midway."""
 
     path: str
     deleted: bool
     size_bytes: int
     error: Optional[str] = None
+    went: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class CleanupResult:
-    """Per-file results of one executed plan; `refused` when nothing was attempted at all.
+    """Per-unit results of one executed plan; `refused` when nothing was attempted at all.
 
-    `stopped` says why the cleanup stopped early (the audit log failed), `remaining` the planned
-    paths it did not reach.
+    `stopped` says why the cleanup stopped early (the audit log failed, the node went away),
+    `remaining` the planned paths it did not reach.
     """
 
     root: str
@@ -88,7 +98,8 @@ class CleanupResult:
             "refused": self.refused,
             "stopped": self.stopped,
             "bytes_freed": self.bytes_freed,
-            "results": [{"path": r.path, "deleted": r.deleted, "size_bytes": r.size_bytes, "error": r.error} for r in self.results],
+            "results": [{"path": r.path, "deleted": r.deleted, "size_bytes": r.size_bytes, "error": r.error,
+                         "members_deleted": list(r.went)} for r in self.results],
             "remaining": list(self.remaining),
         }
 
@@ -127,29 +138,130 @@ def audit_writer(audit: Any) -> AuditWriter:
     return write
 
 
-def _check_still_planned(fs: FileSystem, item: PlanItem, root: str, root_real: str) -> Optional[str]:
-    """Why `item` must not be deleted now (None when it may)."""
-    if not entry_in_root(posixpath.normpath(item.path), posixpath.normpath(root)):
-        return "not a plain name inside %s" % root
-    try:
-        parent_real = fs.realpath(posixpath.dirname(item.path))
-    except OSError as exc:
-        return "cannot resolve its directory: %s" % (exc.strerror or exc)
-    if parent_real.rstrip("/") != root_real.rstrip("/"):
-        return "outside the configured directory %s (resolves into %s)" % (root_real, parent_real)
-    try:
-        st = fs.lstat(item.path)
-    except FileNotFoundError:
-        return "already gone"
-    except OSError as exc:
-        return "cannot lstat: %s" % (exc.strerror or exc)
-    if st.is_link:
-        return "is a symlink now: never followed for deletion"
-    if item.is_dir != st.is_dir or not (st.is_dir or st.is_file):
-        return "changed kind since the plan"
-    if not item.is_dir and (st.size != item.size_bytes or abs(st.mtime - item.mtime) > 1e-6):
-        return "changed since the plan (size or mtime): not deleted"
+# --- the pin: what the plan was made for ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UnitPin:
+    """One doomed unit as it was when the plan was made: its members and the records of everything in them.
+
+    A record is (path relative to the root, kind d/f/l/o, st_dev, st_ino, size, mtime_ns).
+    """
+
+    path: str
+    members: Tuple[str, ...]
+    records: Tuple[Tuple[Any, ...], ...]
+
+
+@dataclass(frozen=True)
+class RootPin:
+    """The directory the plan was made for (st_dev, st_ino of its O_NOFOLLOW descriptor) and its pinned units."""
+
+    root: str
+    dev: int
+    ino: int
+    units: Tuple[UnitPin, ...] = ()
+
+    def unit(self, path: str) -> Optional[UnitPin]:
+        for unit in self.units:
+            if unit.path == path:
+                return unit
+        return None
+
+
+@dataclass(frozen=True)
+class PinnedPlan(RetentionPlan):
+    """A RetentionPlan with the identities execute_plan checks; `pin` None: nothing can be deleted."""
+
+    pin: Optional[RootPin] = None
+
+
+def unit_members(item: PlanItem) -> Tuple[str, ...]:
+    """The unit's members, relative to the plan's root (PlanItem.members; the name in path as a default)."""
+    members = tuple(getattr(item, "members", ()) or ())
+    return members or (posixpath.basename(item.path.rstrip("/")),)
+
+
+def _kept(item: PlanItem, why: str) -> PlanItem:
+    return replace(item, delete=False, reasons=tuple(item.reasons) + ("not deleted: %s" % why,))
+
+
+def _listing_mismatch(item: PlanItem, records: List[list]) -> Optional[str]:
+    """Why a one-file unit is not the file the listing showed (the plan is judged by the listing)."""
+    if len(records) != 1 or records[0][1] != "f":
+        return None
+    _, _, _, _, size, mtime_ns = records[0]
+    if size != item.size_bytes or abs(mtime_ns / 1e9 - item.mtime) > LISTING_MTIME_SLACK_S:
+        return "%s changed between the listing and the plan" % records[0][0]
     return None
+
+
+def _valid_records(value: Any) -> Optional[Tuple[Tuple[Any, ...], ...]]:
+    """The records of a pin answer when each is [str, kind, int, int, int, int]; None otherwise (it may come from a node)."""
+    if not isinstance(value, list) or not value:
+        return None
+    records = []
+    for record in value:
+        if (not isinstance(record, list) or len(record) != 6 or not isinstance(record[0], str)
+                or record[1] not in ("d", "f", "l", "o")
+                or not all(isinstance(n, int) and not isinstance(n, bool) for n in record[2:])):
+            return None
+        records.append(tuple(record))
+    return tuple(records)
+
+
+def pin_plan(plan: RetentionPlan, fs: FileSystem = LOCAL) -> PinnedPlan:
+    """The plan with its directory and doomed units pinned; a unit that cannot be pinned is kept, with why."""
+    base = {f.name: getattr(plan, f.name) for f in fields(RetentionPlan)}
+    doomed = [item for item in plan.items if item.delete]
+    warnings = list(plan.warnings)
+    if not doomed:
+        return PinnedPlan(**base)
+    try:
+        answer = fs.pin_units(plan.root, [list(unit_members(item)) for item in doomed])
+    except OSError as exc:
+        answer = {"problem": "cannot pin the directory: %s" % (exc.strerror or exc)}
+    root_id = answer.get("root_id") if isinstance(answer, dict) else None
+    units = answer.get("units") if isinstance(answer, dict) else None
+    if (not isinstance(root_id, list) or len(root_id) != 2 or not all(isinstance(n, int) for n in root_id)
+            or not isinstance(units, list) or len(units) != len(doomed)):
+        why = str(answer.get("problem") if isinstance(answer, dict) and answer.get("problem") else
+                  "the directory could not be pinned")[:500]
+        warnings.append("nothing will be deleted: %s" % why)
+        items = tuple(_kept(item, why) if item.delete else item for item in plan.items)
+        base.update(items=items, warnings=tuple(warnings))
+        return PinnedPlan(**base)
+    pins: List[UnitPin] = []
+    verdicts: Dict[int, str] = {}
+    for item, unit in zip(doomed, units):
+        records = _valid_records(unit.get("tree")) if isinstance(unit, dict) else None
+        if records is None:
+            problem = unit.get("problem") if isinstance(unit, dict) else None
+            verdicts[id(item)] = str(problem or "could not be pinned")[:500]
+            continue
+        mismatch = _listing_mismatch(item, [list(r) for r in records])
+        if mismatch:
+            verdicts[id(item)] = mismatch
+            continue
+        pins.append(UnitPin(item.path, unit_members(item), records))
+    items = tuple(_kept(item, verdicts[id(item)]) if id(item) in verdicts else item for item in plan.items)
+    base.update(items=items, warnings=tuple(warnings))
+    return PinnedPlan(**base, pin=RootPin(plan.root, root_id[0], root_id[1], tuple(pins)))
+
+
+# --- execution ----------------------------------------------------------------------------------------
+
+
+def _names(members: Tuple[str, ...]) -> str:
+    text = ", ".join(members[:SHOWN_MEMBERS])
+    return text + (" and %d more" % (len(members) - SHOWN_MEMBERS) if len(members) > SHOWN_MEMBERS else "")
+
+
+def _describe(item: PlanItem, members: Tuple[str, ...], user_detail: str) -> str:
+    text = "delete %s (%d bytes; %s)" % (item.path, item.size_bytes, item.reason)
+    if len(members) > 1 or members[0] != posixpath.basename(item.path.rstrip("/")):
+        text += " [unit of %d: %s]" % (len(members), _names(members))
+    return text + user_detail
 
 
 def execute_plan(
@@ -161,65 +273,110 @@ def execute_plan(
     read_only: bool = False,
     user_detail: str = "",
 ) -> CleanupResult:
-    """Delete the plan's `delete` items inside `root`; per-file results (see the module docstring).
+    """Delete the plan's doomed units inside the directory it was made for; per-unit results (module docstring).
 
     `audit` is an AuditLog or a callable `(action, node, detail, outcome)`; `read_only`
-    refuses before anything is touched (and audits the refusal).
+    refuses before anything is touched (and audits the refusal). Only a plan from
+    `plan_directory`/`pin_plan` can delete: one without the pin is refused.
     """
     write = audit_writer(audit)
     node = plan.node or fs.node
     targets = plan.to_delete
+
+    def refuse(why: str, detail: str) -> CleanupResult:
+        problem = write(ACTION_CLEANUP, node, detail, OUTCOME_REFUSED)
+        return CleanupResult(root, node, refused=why + _unaudited(problem))
+
     if read_only:
-        problem = write(ACTION_CLEANUP, node, "read-only: %d deletions in %s refused" % (len(targets), root), OUTCOME_REFUSED)
-        return CleanupResult(root, node, refused="read-only console: deleting is off" + _unaudited(problem))
+        return refuse("read-only console: deleting is off", "read-only: %d deletions in %s refused" % (len(targets), root))
     if posixpath.normpath(plan.root or root) != posixpath.normpath(root):
-        problem = write(ACTION_CLEANUP, node, "plan for %s executed against %s: refused" % (plan.root, root), OUTCOME_REFUSED)
-        return CleanupResult(root, node, refused="the plan is for %s, not %s%s" % (plan.root, root, _unaudited(problem)))
+        return refuse("the plan is for %s, not %s" % (plan.root, root),
+                      "plan for %s executed against %s: refused" % (plan.root, root))
+    if not targets:
+        return CleanupResult(root, node, warnings=plan.warnings)
+    pin: Optional[RootPin] = getattr(plan, "pin", None)
+    if pin is None:
+        return refuse("the plan was not pinned to its directory when it was made: nothing deleted",
+                      "unpinned plan for %s: %d deletions refused" % (root, len(targets)))
+    by_path = {unit.path: unit for unit in pin.units}
+    planned: List[Tuple[PlanItem, Optional[int]]] = []
+    pinned_units: List[UnitPin] = []
+    for item in targets:
+        unit = by_path.pop(item.path, None)  # popped: a path listed twice is pinned once
+        if unit is None or unit.members != unit_members(item):
+            planned.append((item, None))
+        else:
+            planned.append((item, len(pinned_units)))
+            pinned_units.append(unit)
     try:
-        root_real = fs.realpath(root)
+        session = fs.open_pinned(root, [pin.dev, pin.ino],
+                                 [{"members": list(u.members), "tree": [list(r) for r in u.records]} for u in pinned_units])
     except OSError as exc:
-        return CleanupResult(root, node, refused="cannot resolve %s: %s" % (root, exc.strerror or exc))
+        return refuse("cannot reach %s: %s" % (root, exc.strerror or exc),
+                      "%d deletions in %s refused: %s" % (len(targets), root, exc.strerror or exc))
+    if session.refused:
+        return refuse(session.refused, "%d deletions in %s refused: %s" % (len(targets), root, session.refused))
+    try:
+        note = getattr(session, "note", None)
+        warnings = plan.warnings + ((note,) if note and note not in plan.warnings else ())
+        return _run_units(session, planned, warnings, root, node, write, user_detail)
+    finally:
+        session.close()
+
+
+def _run_units(session: Any, planned: List[Tuple[PlanItem, Optional[int]]], warnings: Tuple[str, ...],
+               root: str, node: str, write: AuditWriter, user_detail: str) -> CleanupResult:
     results: List[FileResult] = []
 
     def stopped(at: int, why: str) -> CleanupResult:
-        remaining = tuple(item.path for item in targets[at:])
-        return CleanupResult(root, node, tuple(results), warnings=plan.warnings, stopped=why, remaining=remaining)
+        remaining = tuple(item.path for item, _ in planned[at:])
+        return CleanupResult(root, node, tuple(results), warnings=warnings, stopped=why, remaining=remaining)
 
-    for index, item in enumerate(targets):
-        detail = "delete %s (%d bytes; %s)%s" % (item.path, item.size_bytes, item.reason, user_detail)
-        why_not = _check_still_planned(fs, item, root, root_real)
+    for position, (item, unit) in enumerate(planned):
+        members = unit_members(item)
+        detail = _describe(item, members, user_detail)
+        if unit is None:
+            why_not: Optional[str] = "not pinned when the plan was made: never deleted"
+        else:
+            try:
+                why_not = session.check(unit)
+            except OSError as exc:
+                return stopped(position, "lost the directory before %s: %s" % (item.path, exc.strerror or exc))
         if why_not is not None:
             results.append(FileResult(item.path, False, item.size_bytes, why_not))
             problem = write(ACTION_DELETE, node, "%s: skipped: %s" % (detail, why_not), OUTCOME_REFUSED)
             if problem:
-                return stopped(index + 1, problem)
+                return stopped(position + 1, problem)
             continue
         problem = write(ACTION_DELETE, node, detail, OUTCOME_CONFIRMED)
         if problem:  # no record, no deletion: and the next ones would fare no better
-            return stopped(index, problem)
+            return stopped(position, problem)
+        lost: Optional[str] = None
         try:
-            if item.is_dir:
-                fs.rmtree(item.path)
-            else:
-                fs.remove(item.path)
-        except (OSError, ValueError) as exc:  # ValueError: a name the remote side cannot encode
-            error = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            results.append(FileResult(item.path, False, item.size_bytes, error))
-            problem = write(ACTION_DELETE, node, "%s: %s" % (detail, error), OUTCOME_FAILED)
-        else:
+            went, error = session.delete(unit)
+        except OSError as exc:
+            went, error = [], "no answer (whether it was deleted is unknown): %s" % (exc.strerror or exc)
+            lost = error
+        went_members = tuple(went)
+        if error is None:
             results.append(FileResult(item.path, True, item.size_bytes))
             problem = write(ACTION_DELETE, node, "%s: deleted" % detail, OUTCOME_OK)
+        else:
+            results.append(FileResult(item.path, False, item.size_bytes, error, went_members))
+            problem = write(ACTION_DELETE, node, "%s: %s" % (detail, error), OUTCOME_FAILED)
         if problem:
-            return stopped(index + 1, "result of %s not recorded: %s" % (posixpath.basename(item.path), problem))
-    return CleanupResult(root, node, tuple(results), warnings=plan.warnings)
+            return stopped(position + 1, "result of %s not recorded: %s" % (posixpath.basename(item.path), problem))
+        if lost:
+            return stopped(position + 1, lost)
+    return CleanupResult(root, node, tuple(results), warnings=warnings)
 
 
 def _unaudited(problem: Optional[str]) -> str:
     return "" if problem is None else " (and the refusal was not recorded: %s)" % problem
 
 
-def plan_directory(listing: Any, fs: FileSystem = LOCAL, *, keep: int, min_age: float, now: float) -> RetentionPlan:
-    """The retention plan of a scanned directory, with the open-file check done first."""
+def plan_directory(listing: Any, fs: FileSystem = LOCAL, *, keep: int, min_age: float, now: float) -> PinnedPlan:
+    """The retention plan of a scanned directory, with the open-file check done first and the result pinned."""
     from opsconsole.checkpoints.remote import open_files_for
     from opsconsole.checkpoints.retention import plan_retention
 
@@ -231,10 +388,11 @@ def plan_directory(listing: Any, fs: FileSystem = LOCAL, *, keep: int, min_age: 
         open_paths = opened.paths
         if opened.note:
             warnings.append(opened.note)
-    except Exception as exc:  # psutil or the node failing must not block the plan; it is shown
+    except Exception as exc:  # the node failing must not block the plan; it is shown
         open_paths = frozenset()
         warnings.append("open-file check failed: %s" % exc)
-    return plan_retention(
+    plan = plan_retention(
         listing.entries, keep=keep, min_age=min_age, now=now, open_paths=open_paths,
         root=listing.root, node=listing.node, warnings=warnings,
     )
+    return pin_plan(plan, fs)

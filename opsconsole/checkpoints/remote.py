@@ -8,6 +8,13 @@ and its zip directory, never the whole file (except for an explicit CRC check).
 
 One SFTP channel per node, opened on first use under the link's channel limit
 (`channel_slot`) and reopened after the connection drops.
+
+SFTP lists and reads; it never deletes. Pinning a plan, finding files in use and deleting run
+probe/delete_units.py on the node (its source as `python3 -I -u -c SOURCE`, like the log
+follower), which opens the directory with O_NOFOLLOW, checks its identity and each unit's, and
+deletes relative to that descriptor: the same code that deletes locally. A deletion session is
+one exec channel answering one JSON line per request, so the console writes each unit's audit
+record before it asks for that unit's deletion.
 """
 
 from __future__ import annotations
@@ -15,14 +22,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import inspect
+import json
+import shlex
 import stat as stat_module
 import threading
-from typing import Any, Awaitable, Callable, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
-from opsconsole.checkpoints.access import DirItem, FileStat, FileSystem
-from opsconsole.checkpoints.open_files import REMOTE_FD_SCRIPT, OpenFiles, parse_fd_listing, remote_note
+from opsconsole.checkpoints.access import DirItem, FileStat, FileSystem, not_regular
+from opsconsole.checkpoints.open_files import OpenFiles, open_files_from
 
 CALL_TIMEOUT_S = 60.0
+HELPER_NOISE_LINES = 5  # non-JSON lines of the helper (a warning, `python3: not found`) kept for the error
 
 
 def _file_stat(attrs: Any) -> FileStat:
@@ -120,13 +131,17 @@ class SftpFileSystem(FileSystem):
 
     def call(self, path: str, action: Callable[[Any], Awaitable[Any]]) -> Any:
         """Run `action(sftp)` on the link's loop and wait for it (from a worker thread only)."""
+        return self.wait_for(path, lambda: self._run(path, action))
+
+    def wait_for(self, path: str, make: Callable[[], Awaitable[Any]]) -> Any:
+        """Run the coroutine `make()` on the link's loop and wait for it (from a worker thread only)."""
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is self.loop:
             raise RuntimeError("SftpFileSystem called on its own event loop: use a worker thread")
-        future = asyncio.run_coroutine_threadsafe(self._run(path, action), self.loop)
+        future = asyncio.run_coroutine_threadsafe(make(), self.loop)
         try:
             return future.result(self.timeout)
         except TimeoutError:
@@ -161,7 +176,14 @@ class SftpFileSystem(FileSystem):
     def realpath(self, path: str) -> str:
         return self.call(path, lambda sftp: sftp.realpath(path))
 
+    def _regular(self, path: str) -> None:
+        # An SFTP open of a FIFO blocks the node's SFTP server until a writer comes: lstat first.
+        attrs = self.call(path, lambda sftp: sftp.lstat(path))
+        if not stat_module.S_ISREG(attrs.permissions or 0):
+            raise not_regular(path, attrs.permissions or 0)
+
     def run_reader(self, path: str, make_reader) -> object:
+        self._regular(path)
         handle = self.call(path, lambda sftp: sftp.open(path, "rb"))
         try:
             size = int(self.call(path, lambda sftp: handle.stat()).size or 0)
@@ -180,6 +202,8 @@ class SftpFileSystem(FileSystem):
                 self.call(path, lambda sftp: handle.close())
 
     def read_file(self, path: str, limit: int) -> bytes:
+        self._regular(path)
+
         async def read(sftp: Any) -> bytes:
             async with sftp.open(path, "rb") as handle:
                 return await handle.read(limit)
@@ -190,31 +214,171 @@ class SftpFileSystem(FileSystem):
         st = self.call(path, lambda sftp: sftp.statvfs(path))
         return st.bavail * st.frsize, st.blocks * st.frsize
 
-    def remove(self, path: str) -> None:
-        self.call(path, lambda sftp: sftp.remove(path))
+    # --- the node-side helper: pin, in use, delete ----------------------------------------
 
-    def rmtree(self, path: str) -> None:
-        # asyncssh's rmtree lists with lstat semantics: a link inside is unlinked, never followed.
-        self.call(path, lambda sftp: sftp.rmtree(path))
+    def helper_command(self) -> List[str]:
+        """argv that runs probe/delete_units.py on the node from its source (nothing installed there)."""
+        return helper_argv(getattr(getattr(self.link, "node", None), "python", None) or "python3")
 
-    # --- open files -------------------------------------------------------------------
-
-    def open_files(self, root: str) -> OpenFiles:
-        """Files under `root` some process on the node holds open (`ls -l /proc/*/fd/`)."""
-        real_root = self.realpath(root)
-
-        async def run(sftp: Any) -> Tuple[Optional[int], str, str]:
-            return await self.link.run_command(["sh", "-c", REMOTE_FD_SCRIPT], timeout=self.timeout)
+    async def _ask_once(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        from opsconsole.nodes.ssh import LinkError
 
         try:
-            status, out, _ = self.call(root, run)
-        except OSError as exc:
-            return OpenFiles(frozenset(), "open-file check failed: %s" % (exc.strerror or exc))
-        found, uid = parse_fd_listing(out, real_root)
-        mapped = set(found)
-        if real_root.rstrip("/") != root.rstrip("/"):
-            mapped |= {root.rstrip("/") + p[len(real_root.rstrip("/")):] for p in found}
-        return OpenFiles(frozenset(mapped), remote_note(uid))
+            status, out, err = await self.link.run_command(self.helper_command(), timeout=self.timeout,
+                                                           input=json.dumps(request) + "\n")
+        except LinkError as exc:
+            raise OSError(errno.EHOSTUNREACH, "%s: %s" % (self.node, exc.reason)) from None
+        return first_answer(out + "\n" + err, status)
+
+    def pin_units(self, root: str, units: List[List[str]]) -> Dict[str, Any]:
+        return self.wait_for(root, lambda: self._ask_once({"op": "pin", "root": root, "units": units}))
+
+    def files_in_use(self, root: str) -> Dict[str, Any]:
+        return self.wait_for(root, lambda: self._ask_once({"op": "in_use", "root": root}))
+
+    def open_pinned(self, root: str, root_id: List[int], units: List[Dict[str, Any]]) -> "RemotePinnedRoot":
+        return RemotePinnedRoot(self, root, root_id, units)
+
+
+def helper_argv(python: str) -> List[str]:
+    from opsconsole.probe import delete_units
+
+    # -I: the node's PYTHON* variables and user site-packages cannot change what runs.
+    return shlex.split(python) + ["-I", "-u", "-c", inspect.getsource(delete_units)]
+
+
+def first_answer(text: str, status: Optional[int] = None) -> Dict[str, Any]:
+    """The first JSON object line of the helper's output; OSError with what it said otherwise."""
+    noise = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                answer = None
+            if isinstance(answer, dict):
+                return answer
+        if line and len(noise) < HELPER_NOISE_LINES:
+            noise.append(line[:300])
+    said = "; ".join(noise) or "no output (exit status %s)" % status
+    raise OSError(errno.EIO, "the node's deletion helper did not answer: %s" % said)
+
+
+class RemotePinnedRoot:
+    """delete_units.PinnedRoot on the node, one request and one answer per line over one exec channel.
+
+    Blocking methods for a worker thread, as SftpFileSystem's. OSError when the channel fails:
+    after a `delete` was sent, whether the unit went is then unknown (the caller says so).
+    """
+
+    def __init__(self, fs: SftpFileSystem, root: str, root_id: List[int], units: List[Dict[str, Any]]) -> None:
+        self.fs = fs
+        self.root = root
+        self.refused: Optional[str] = None
+        self.note: Optional[str] = None  # the node's in-use check was incomplete, and why
+        self._process: Any = None
+        self._stack: Optional[contextlib.AsyncExitStack] = None
+        request = {"op": "open", "root": root, "root_id": list(root_id), "units": units}
+        try:
+            answer = fs.wait_for(root, lambda: self._start(request))
+        except BaseException:
+            self.close()
+            raise
+        note = answer.get("note")
+        self.note = str(note)[:500] if note else None
+        if answer.get("ok") is not True:
+            why = answer.get("why") or answer.get("error") or "the node refused the plan"
+            self.refused = str(why)[:1000]
+            self.close()
+
+    async def _start(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        import asyncssh
+
+        from opsconsole.nodes.ssh import LinkError
+
+        stack = contextlib.AsyncExitStack()
+        try:
+            conn = await self.fs.link.connection()
+            await stack.enter_async_context(self.fs.link.channel_slot())
+            # stderr merged: an unread stderr would stall stdout, and what it says explains a failure.
+            process = await conn.create_process(shlex.join(self.fs.helper_command()), stderr=asyncssh.STDOUT,
+                                                encoding="utf-8", errors="replace")
+            stack.callback(process.close)
+        except LinkError as exc:
+            await stack.aclose()
+            raise OSError(errno.EHOSTUNREACH, "%s: %s" % (self.fs.node, exc.reason)) from None
+        except (asyncssh.Error, OSError) as exc:
+            await stack.aclose()
+            raise OSError(errno.EIO, "%s: cannot start the deletion helper: %s"
+                          % (self.fs.node, getattr(exc, "reason", None) or exc)) from None
+        self._process, self._stack = process, stack
+        return await self._exchange(request)
+
+    async def _exchange(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        import asyncssh
+
+        process = self._process
+        if process is None:
+            raise OSError(errno.EPIPE, "the deletion session on %s is closed" % self.fs.node)
+        noise: List[str] = []
+        try:
+            process.stdin.write(json.dumps(request) + "\n")
+            while True:
+                line = await asyncio.wait_for(process.stdout.readline(), self.fs.timeout)
+                if not line:
+                    break
+                if line.lstrip().startswith("{"):
+                    try:
+                        answer = json.loads(line)
+                    except ValueError:
+                        answer = None
+                    if isinstance(answer, dict):
+                        return answer
+                if line.strip() and len(noise) < HELPER_NOISE_LINES:
+                    noise.append(line.strip()[:300])
+        except asyncio.TimeoutError:
+            raise OSError(errno.ETIMEDOUT, "%s: no answer within %g s" % (self.fs.node, self.fs.timeout)) from None
+        except (asyncssh.Error, OSError, BrokenPipeError) as exc:
+            raise OSError(errno.EIO, "%s: the deletion session failed: %s"
+                          % (self.fs.node, getattr(exc, "reason", None) or exc)) from None
+        raise OSError(errno.EIO, "%s: the deletion helper ended: %s" % (self.fs.node, "; ".join(noise) or "no output"))
+
+    def _ask(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        return self.fs.wait_for(self.root, lambda: self._exchange(request))
+
+    def check(self, index: int) -> Optional[str]:
+        answer = self._ask({"op": "check", "unit": index})
+        if "error" in answer:
+            return "the node's helper: %s" % str(answer["error"])[:500]
+        why = answer.get("why")
+        return None if why is None else str(why)[:1000]
+
+    def delete(self, index: int) -> Tuple[List[str], Optional[str]]:
+        answer = self._ask({"op": "delete", "unit": index})
+        if "error" in answer:
+            return [], "the node's helper: %s" % str(answer["error"])[:500]
+        went = answer.get("went")
+        went = [str(m) for m in went] if isinstance(went, list) else []
+        why = answer.get("why")
+        return went, None if why is None else str(why)[:1000]
+
+    async def _close(self) -> None:
+        stack, self._stack, process, self._process = self._stack, None, self._process, None
+        if process is not None:
+            with contextlib.suppress(Exception):
+                process.stdin.write(json.dumps({"op": "close"}) + "\n")
+                process.stdin.write_eof()
+                await asyncio.wait_for(process.wait_closed(), 2.0)
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                await stack.aclose()
+
+    def close(self) -> None:
+        if self._stack is None and self._process is None:
+            return
+        with contextlib.suppress(Exception):
+            self.fs.wait_for(self.root, self._close)
 
 
 class LoopThread:
@@ -236,9 +400,9 @@ class LoopThread:
 
 
 def open_files_for(fs: FileSystem, root: str) -> OpenFiles:
-    """The open-file check of the right kind for `fs`."""
-    if isinstance(fs, SftpFileSystem):
-        return fs.open_files(root)
-    from opsconsole.checkpoints.open_files import open_files_local
-
-    return open_files_local(root)
+    """Files under `root` open or mapped by a process of the machine that holds it."""
+    try:
+        answer = fs.files_in_use(root)
+    except OSError as exc:
+        return OpenFiles(frozenset(), "open-file check failed: %s" % (exc.strerror or exc))
+    return open_files_from(answer)

@@ -1,0 +1,683 @@
+"""Deleting checkpoint units pinned to a directory descriptor, on the machine that holds them.
+
+The console ships this file over a node's SSH connection as source (`python3 -I -u -c SOURCE`,
+the way logs/filetail.py travels) and imports it for its own machine, so local and remote
+deletions keep the same guarantees, in the same code:
+
+- the directory is opened once, O_DIRECTORY|O_NOFOLLOW, and must be the one the plan recorded
+  (st_dev, st_ino): a root swapped for a symlink or for another directory is refused whole;
+- every name is reached relative to that descriptor, each step O_NOFOLLOW: a symlink inside a
+  unit is unlinked, never followed;
+- a unit (one checkpoint: its files and directories, `members`) is checked whole before any of
+  it goes: each file's device, inode, size and mtime and each directory's exact entries, as
+  recorded when the plan was made; a unit that changed, or that a process holds open or has
+  mapped (/proc/PID/fd, /proc/PID/maps: `torch.load(mmap=True)` maps the file), is kept;
+- only recorded entries are deleted: a file that appeared inside a directory since the check
+  makes its rmdir fail, and the unit is reported as partly deleted, with what went.
+Nothing here opens a file that is not a directory: FIFOs and devices are lstat'ed, never read.
+
+Protocol (remote): one JSON request per line on stdin, one JSON answer per line on stdout.
+    {"op": "pin", "root": R, "units": [[member, ...], ...]}
+        -> {"root_id": [dev, ino], "real_root": P, "units": [{"tree": [...]} or {"problem": why}]}
+        or {"problem": why} when the directory itself cannot be pinned
+    {"op": "in_use", "root": R}  -> {"paths": [...], "denied": n, "uid": u}
+    {"op": "open", "root": R, "root_id": [dev, ino], "units": [{"members": [...], "tree": [...]}]}
+        -> {"ok": true} or {"ok": false, "why": why}
+    {"op": "check", "unit": i}   -> {"unit": i, "why": None or why}
+    {"op": "delete", "unit": i}  -> {"unit": i, "went": [member, ...], "why": None or why}
+A tree is a list of [relative path, kind, dev, ino, size, mtime_ns] (kind: d f l o), the
+member first. Names travel as str with surrogateescape (json escapes them: ASCII on the wire).
+Stdlib only, Python 3.8 syntax (probe/ rules).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import sys
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+MAX_TREE_ENTRIES = 100000  # per unit: past this a unit is not pinned (kept)
+MAX_DEPTH = 64
+MAX_MEMBER_CHARS = 4096
+MAX_REQUEST_BYTES = 512 * 1024 * 1024  # one request line (an open request carries every tree)
+MAX_MAPS_BYTES = 64 * 1024 * 1024  # of one process's /proc/PID/maps
+MAX_IN_USE_IDS = 2000000
+MAX_IN_USE_PATHS = 20000
+MAX_ROOT_WALK = 200000  # entries looked at to name the in-use files found by identity
+SHOWN_NAMES = 8
+
+
+class UnitProblem(Exception):
+    """Why a unit (or one of its members) is not deleted: one line."""
+
+
+def kind_of(mode):
+    if stat.S_ISDIR(mode):
+        return "d"
+    if stat.S_ISREG(mode):
+        return "f"
+    if stat.S_ISLNK(mode):
+        return "l"
+    return "o"  # FIFO, socket, device: unlinked like a file, never opened
+
+
+def record_of(rel, st):
+    """[rel, kind, dev, ino, size, mtime_ns]: what must still hold when the unit is deleted."""
+    kind = kind_of(st.st_mode)
+    if kind == "f":
+        return [rel, kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+    # A directory's own mtime moves with any create/unlink inside: its entries are compared instead.
+    return [rel, kind, st.st_dev, st.st_ino, 0, 0]
+
+
+def why_differs(recorded, now):
+    """None when `now` (a record) is the entry the plan recorded, else why not."""
+    rel = recorded[0]
+    if now[1] != recorded[1]:
+        if now[1] == "l":
+            return "%s is a symlink now: never followed" % rel
+        return "%s changed kind since the plan" % rel
+    if now[2:4] != recorded[2:4]:
+        return "%s was replaced since the plan (another file has its name)" % rel
+    if now[4:6] != recorded[4:6]:
+        return "%s changed since the plan (size or mtime)" % rel
+    return None
+
+
+def split_member(rel):
+    """The components of a unit member (a relative path inside the root); UnitProblem when it is not one."""
+    if not isinstance(rel, str) or not rel or len(rel) > MAX_MEMBER_CHARS or "\0" in rel:
+        raise UnitProblem("not a usable relative path: %r" % (rel if isinstance(rel, str) else type(rel).__name__)[:200])
+    parts = rel.split("/")
+    if rel.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        raise UnitProblem("%r is not a plain path inside the directory" % rel[:200])
+    return parts
+
+
+def open_error(what, exc, name=None, dir_fd=None):
+    """One line for a failed O_NOFOLLOW|O_DIRECTORY open (Linux says ENOTDIR for a symlink there)."""
+    if exc.errno == errno.ENOTDIR and name is not None:
+        try:
+            if stat.S_ISLNK(lstat_at(name, dir_fd).st_mode):
+                return "%s is a symlink: never followed" % what
+        except OSError:
+            pass
+    if exc.errno in (errno.ELOOP, errno.EMLINK):
+        return "%s is a symlink: never followed" % what
+    if exc.errno == errno.ENOENT:
+        return "%s is gone" % what
+    if exc.errno == errno.ENOTDIR:
+        return "%s is not a directory" % what
+    return "%s: %s" % (what, exc.strerror or exc)
+
+
+def open_root(root):
+    """The root's descriptor (O_NOFOLLOW: a symlink at the root is refused); UnitProblem when it cannot be."""
+    try:
+        return os.open(root, DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:
+            try:
+                if stat.S_ISLNK(os.lstat(root).st_mode):
+                    raise UnitProblem("%s is a symlink: never followed (name the directory itself)" % root)
+            except OSError:
+                pass
+        raise UnitProblem(open_error(root, exc))
+
+
+def open_parent(root_fd, parts):
+    """A descriptor (the caller closes it) of the directory holding parts[-1], every step O_NOFOLLOW."""
+    fd = os.dup(root_fd)
+    for index, part in enumerate(parts[:-1]):
+        try:
+            child = os.open(part, DIR_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            why = open_error("/".join(parts[:index + 1]), exc, part, fd)
+            os.close(fd)
+            raise UnitProblem(why)
+        os.close(fd)
+        fd = child
+    return fd
+
+
+def lstat_at(name, dir_fd):
+    return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+
+
+def tree_of(root_fd, rel):
+    """The records of one member and, for a directory, of everything below it (never following links)."""
+    parts = split_member(rel)
+    parent = open_parent(root_fd, parts)
+    try:
+        try:
+            st = lstat_at(parts[-1], parent)
+        except FileNotFoundError:
+            raise UnitProblem("%s is gone" % rel)
+        except OSError as exc:
+            raise UnitProblem("%s: %s" % (rel, exc.strerror or exc))
+        records = [record_of(rel, st)]
+        if stat.S_ISDIR(st.st_mode):
+            _walk_dir(parent, parts[-1], rel, st, records, 0)
+        return records
+    finally:
+        os.close(parent)
+
+
+def _walk_dir(parent_fd, name, rel, st, records, depth):
+    if depth >= MAX_DEPTH:
+        raise UnitProblem("%s: nested deeper than %d directories" % (rel, MAX_DEPTH))
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        raise UnitProblem(open_error(rel, exc, name, parent_fd))
+    try:
+        own = os.fstat(fd)
+        if (own.st_dev, own.st_ino) != (st.st_dev, st.st_ino):
+            raise UnitProblem("%s was replaced while it was read" % rel)
+        try:
+            names = sorted(os.listdir(fd))
+        except OSError as exc:
+            raise UnitProblem("cannot list %s: %s" % (rel, exc.strerror or exc))
+        for child in names:
+            if len(records) >= MAX_TREE_ENTRIES:
+                raise UnitProblem("more than %d files and directories: not pinned" % MAX_TREE_ENTRIES)
+            child_rel = rel + "/" + child
+            try:
+                child_st = lstat_at(child, fd)
+            except FileNotFoundError:
+                continue  # gone between listdir and lstat: not part of the unit any more
+            except OSError as exc:
+                raise UnitProblem("%s: %s" % (child_rel, exc.strerror or exc))
+            records.append(record_of(child_rel, child_st))
+            if stat.S_ISDIR(child_st.st_mode):
+                _walk_dir(fd, child, child_rel, child_st, records, depth + 1)
+    finally:
+        os.close(fd)
+
+
+def unit_tree(root_fd, members):
+    """The records of a whole unit; overlapping or repeated members are a UnitProblem."""
+    seen = set()
+    for rel in members:
+        split_member(rel)
+        if rel in seen or any(rel.startswith(other + "/") or other.startswith(rel + "/") for other in seen):
+            raise UnitProblem("member %s overlaps another member" % rel)
+        seen.add(rel)
+    records = []
+    for rel in members:
+        records.extend(tree_of(root_fd, rel))
+        if len(records) > MAX_TREE_ENTRIES:
+            raise UnitProblem("more than %d files and directories: not pinned" % MAX_TREE_ENTRIES)
+    return records
+
+
+def root_identity(fd):
+    st = os.fstat(fd)
+    return [st.st_dev, st.st_ino]
+
+
+def real_path_of(fd, fallback):
+    """The path the kernel gives the pinned directory (what /proc/PID/fd and maps show under it)."""
+    try:
+        path = os.readlink("/proc/self/fd/%d" % fd)
+        if path.startswith("/") and not path.endswith(" (deleted)"):
+            return path
+    except OSError:
+        pass
+    return os.path.realpath(fallback)
+
+
+# --- in use: open descriptors and memory maps of every process we may look at ---------------------
+
+
+class InUse(object):
+    """Files some process holds open or mapped: by (dev, ino), and by path under one directory."""
+
+    def __init__(self):
+        self.ids = set()
+        self.paths = set()  # under the prefix given to scan_in_use
+        self.denied = 0
+        self.processes = 0
+        self.truncated = False
+
+    def holds(self, record, real_root):
+        if (record[2], record[3]) in self.ids:
+            return True
+        return (real_root.rstrip("/") + "/" + record[0]) in self.paths
+
+    def note(self):
+        """None, or why the check may have missed a process."""
+        notes = []
+        if self.denied:
+            text = "open-file check could not look at %d processes" % self.denied
+            if os.geteuid() != 0:
+                text += " of other users (run as root to see them)"
+            notes.append(text)
+        if self.truncated:
+            notes.append("open-file check stopped at its limits: it may be incomplete")
+        return "; ".join(notes) or None
+
+
+def _under(path, prefix):
+    return bool(prefix) and (path == prefix or path.startswith(prefix.rstrip("/") + "/"))
+
+
+def _add_path(found, path, prefix):
+    if path.endswith(" (deleted)") or not _under(path, prefix):
+        return
+    if len(found.paths) >= MAX_IN_USE_PATHS:
+        found.truncated = True
+        return
+    found.paths.add(path)
+
+
+def _add_id(found, dev, ino):
+    if len(found.ids) >= MAX_IN_USE_IDS:
+        found.truncated = True
+        return
+    found.ids.add((dev, ino))
+
+
+def _read_fds(found, pid, prefix):
+    fd_dir = "/proc/%s/fd" % pid
+    try:
+        names = os.listdir(fd_dir)
+    except PermissionError:
+        found.denied += 1
+        return
+    except OSError:
+        return  # the process ended
+    for name in names:
+        link = fd_dir + "/" + name
+        try:
+            target = os.readlink(link)
+        except OSError:
+            continue
+        if not target.startswith("/"):
+            continue  # socket:[..], pipe:[..], anon_inode:..
+        try:
+            st = os.stat(link)  # the magic link leads to the open file itself, whatever its name now
+        except OSError:
+            st = None
+        if st is not None:
+            _add_id(found, st.st_dev, st.st_ino)
+        _add_path(found, target, prefix)
+
+
+def _read_maps(found, pid, prefix):
+    """File-backed mappings: `addr perms offset MAJ:MIN inode path`."""
+    try:
+        handle = open("/proc/%s/maps" % pid, "rb")
+    except PermissionError:
+        found.denied += 1
+        return
+    except OSError:
+        return
+    with handle:
+        read = 0
+        last = None
+        while True:
+            try:
+                line = handle.readline(65536)
+            except OSError:
+                return  # EACCES on read (ptrace check) or the process ended
+            if not line:
+                return
+            read += len(line)
+            if read > MAX_MAPS_BYTES:
+                found.truncated = True
+                return
+            fields = line.split(None, 5)
+            if len(fields) < 6 or not fields[5].startswith(b"/"):
+                continue
+            key = (fields[3], fields[4])
+            if key == last:
+                continue  # a file's segments come one after another
+            last = key
+            try:
+                major, minor = fields[3].split(b":")
+                inode = int(fields[4])
+                if inode:
+                    _add_id(found, os.makedev(int(major, 16), int(minor, 16)), inode)
+            except ValueError:
+                pass
+            _add_path(found, fields[5].rstrip(b"\n").decode("utf-8", "surrogateescape"), prefix)
+
+
+def scan_in_use(prefix, exclude_pid=None):
+    """Every file open or mapped by a process we may look at (our own excluded: the deleter's own descriptors)."""
+    found = InUse()
+    exclude = str(os.getpid() if exclude_pid is None else exclude_pid)
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        found.denied += 1
+        return found
+    for pid in pids:
+        if pid == exclude:
+            continue
+        found.processes += 1
+        _read_fds(found, pid, prefix)
+        _read_maps(found, pid, prefix)
+    return found
+
+
+def in_use_under(root, exclude_pid=None):
+    """{"paths": files under root open or mapped (by the root as named), "denied": n, "uid": u, "note": ...}."""
+    try:
+        fd = open_root(root)
+    except UnitProblem as exc:
+        return {"paths": [], "denied": 0, "uid": os.geteuid(), "note": "open-file check: %s" % exc}
+    try:
+        real_root = real_path_of(fd, root)
+        found = scan_in_use(real_root, exclude_pid)
+        paths = set(found.paths)
+        if found.ids:
+            paths.update(_paths_with_ids(fd, real_root, found))
+    finally:
+        os.close(fd)
+    named = root.rstrip("/") or "/"
+    shown = sorted(named + p[len(real_root.rstrip("/")):] if real_root.rstrip("/") != named else p for p in paths)
+    return {"paths": shown, "denied": found.denied, "uid": os.geteuid(), "note": found.note()}
+
+
+def _paths_with_ids(root_fd, real_root, found):
+    """Paths under the root whose (dev, ino) a process holds: for mappings whose path the kernel shows elsewhere."""
+    hits = []
+    budget = [MAX_ROOT_WALK]
+
+    def walk(fd, prefix, depth):
+        try:
+            names = os.listdir(fd)
+        except OSError:
+            return
+        for name in names:
+            budget[0] -= 1
+            if budget[0] < 0:
+                found.truncated = True
+                return
+            try:
+                st = lstat_at(name, fd)
+            except OSError:
+                continue
+            path = prefix + "/" + name
+            if (st.st_dev, st.st_ino) in found.ids:
+                hits.append(path)
+            if stat.S_ISDIR(st.st_mode) and depth < MAX_DEPTH:
+                try:
+                    child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue
+                try:
+                    walk(child, path, depth + 1)
+                finally:
+                    os.close(child)
+
+    walk(root_fd, real_root.rstrip("/"), 0)
+    return hits
+
+
+# --- plan time: pin ------------------------------------------------------------------------------
+
+
+def pin_units(root, units):
+    """The root's identity and every unit's records, for the plan (see the module docstring)."""
+    try:
+        fd = open_root(root)
+    except UnitProblem as exc:
+        return {"problem": str(exc)}
+    try:
+        answers = []
+        for members in units:
+            try:
+                if not isinstance(members, list) or not members:
+                    raise UnitProblem("a unit without members")
+                answers.append({"tree": unit_tree(fd, members)})
+            except UnitProblem as exc:
+                answers.append({"problem": str(exc)})
+            except OSError as exc:
+                answers.append({"problem": str(exc.strerror or exc)})
+        return {"root_id": root_identity(fd), "real_root": real_path_of(fd, root), "units": answers}
+    finally:
+        os.close(fd)
+
+
+# --- execution ------------------------------------------------------------------------------------
+
+
+def unlink_at(name, dir_fd):
+    """Remove one non-directory entry (a seam for tests that need a deletion to fail)."""
+    os.unlink(name, dir_fd=dir_fd)
+
+
+def rmdir_at(name, dir_fd):
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _names(items):
+    items = list(items)
+    text = ", ".join(items[:SHOWN_NAMES])
+    return text + (" and %d more" % (len(items) - SHOWN_NAMES) if len(items) > SHOWN_NAMES else "")
+
+
+class PinnedRoot(object):
+    """One execution: the root opened and checked once, units checked whole and deleted on request.
+
+    `refused` is set (and nothing can be deleted) when the directory is not the one planned.
+    """
+
+    def __init__(self, root, root_id, units, exclude_pid=None, check_in_use=True):
+        self.root = root
+        self.units = units  # [{"members": [...], "tree": [...]}]
+        self.fd = None
+        self.refused = None
+        self.in_use = InUse()
+        self.real_root = root
+        try:
+            fd = open_root(root)
+        except UnitProblem as exc:
+            self.refused = str(exc)
+            return
+        now = root_identity(fd)
+        if list(now) != list(root_id):
+            os.close(fd)
+            self.refused = ("%s is not the directory the plan was made for (device %s inode %s, planned %s %s):"
+                            " replaced since the plan" % (root, now[0], now[1], root_id[0], root_id[1]))
+            return
+        self.fd = fd
+        self.real_root = real_path_of(fd, root)
+        if check_in_use:
+            self.in_use = scan_in_use(self.real_root, exclude_pid)
+
+    @property
+    def note(self):
+        """None, or why the in-use check may have missed a process."""
+        return self.in_use.note()
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _unit(self, index):
+        if self.fd is None:
+            raise UnitProblem(self.refused or "closed")
+        if not isinstance(index, int) or not 0 <= index < len(self.units):
+            raise UnitProblem("no unit %r in this plan" % (index,))
+        unit = self.units[index]
+        return list(unit["members"]), [list(r) for r in unit["tree"]]
+
+    def check(self, index):
+        """None when the unit may go now, else why it is kept."""
+        try:
+            members, recorded = self._unit(index)
+            return self._why_not(members, recorded)
+        except UnitProblem as exc:
+            return str(exc)
+        except OSError as exc:
+            return str(exc.strerror or exc)
+
+    def _why_not(self, members, recorded):
+        if not recorded:
+            return "nothing recorded for this unit"
+        try:
+            now = unit_tree(self.fd, members)
+        except UnitProblem as exc:
+            text = str(exc)
+            if len(members) == 1 and text == "%s is gone" % members[0]:
+                return "already gone"
+            return text
+        planned = dict((r[0], r) for r in recorded)
+        found = dict((r[0], r) for r in now)
+        gone = [rel for rel in planned if rel not in found]
+        if gone:
+            return "%s gone since the plan: the unit is not whole" % _names(gone)
+        new = [rel for rel in found if rel not in planned]
+        if new:
+            return "%s appeared since the plan: not deleted" % _names(new)
+        for rel in planned:
+            why = why_differs(planned[rel], found[rel])
+            if why:
+                return why
+        held = [r[0] for r in now if self.in_use.holds(r, self.real_root)]
+        if held:
+            return "in use: %s open or mapped by a process" % _names(held)
+        return None
+
+    def delete(self, index):
+        """(members that went, None) when the unit went whole; else (what went, why the rest did not)."""
+        try:
+            members, recorded = self._unit(index)
+            why = self._why_not(members, recorded)  # again: the audit record was written in between
+        except UnitProblem as exc:
+            return [], str(exc)
+        except OSError as exc:
+            return [], str(exc.strerror or exc)
+        if why:
+            return [], why
+        planned = dict((r[0], r) for r in recorded)
+        went = []
+        for rel in members:
+            try:
+                self._remove_member(rel, planned)
+            except UnitProblem as exc:
+                return went, self._partial(went, members, str(exc))
+            except OSError as exc:
+                return went, self._partial(went, members, "%s: %s" % (rel, exc.strerror or exc))
+            went.append(rel)
+        return went, None
+
+    @staticmethod
+    def _partial(went, members, why):
+        if not went:
+            return why
+        return "partly deleted (went: %s; kept: %s): %s" % (_names(went), _names(m for m in members if m not in went), why)
+
+    def _remove_member(self, rel, planned):
+        parts = split_member(rel)
+        parent = open_parent(self.fd, parts)
+        try:
+            self._remove_entry(parent, parts[-1], rel, planned, 0)
+        finally:
+            os.close(parent)
+
+    def _remove_entry(self, parent_fd, name, rel, planned, depth):
+        try:
+            st = lstat_at(name, parent_fd)
+        except FileNotFoundError:
+            raise UnitProblem("%s went missing during the deletion" % rel)
+        why = why_differs(planned[rel], record_of(rel, st))
+        if why:
+            raise UnitProblem(why)
+        if not stat.S_ISDIR(st.st_mode):
+            unlink_at(name, parent_fd)
+            return
+        if depth >= MAX_DEPTH:
+            raise UnitProblem("%s: nested deeper than %d directories" % (rel, MAX_DEPTH))
+        try:
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+        except OSError as exc:
+            raise UnitProblem(open_error(rel, exc, name, parent_fd))
+        try:
+            own = os.fstat(fd)
+            if (own.st_dev, own.st_ino) != (st.st_dev, st.st_ino):
+                raise UnitProblem("%s was replaced during the deletion" % rel)
+            for child in sorted(os.listdir(fd)):
+                child_rel = rel + "/" + child
+                if child_rel in planned:
+                    self._remove_entry(fd, child, child_rel, planned, depth + 1)
+        finally:
+            os.close(fd)
+        try:
+            rmdir_at(name, parent_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise UnitProblem("%s holds files that are not in the plan: they and it were left" % rel)
+            raise
+
+
+# --- the node side of the protocol ------------------------------------------------------------------
+
+
+def answer(request, state):
+    """The reply to one request; `state` holds the open PinnedRoot between requests."""
+    op = request.get("op") if isinstance(request, dict) else None
+    if op == "pin":
+        return pin_units(request["root"], request["units"])
+    if op == "in_use":
+        return in_use_under(request["root"])
+    if op == "open":
+        if state.get("pinned") is not None:
+            state["pinned"].close()
+        pinned = PinnedRoot(request["root"], request["root_id"], request["units"])
+        state["pinned"] = pinned
+        if pinned.refused:
+            return {"ok": False, "why": pinned.refused}
+        return {"ok": True, "real_root": pinned.real_root, "note": pinned.in_use.note()}
+    if op in ("check", "delete"):
+        pinned = state.get("pinned")
+        if pinned is None:
+            return {"unit": request.get("unit"), "why": "no plan opened", "went": []}
+        if op == "check":
+            return {"unit": request["unit"], "why": pinned.check(request["unit"])}
+        went, why = pinned.delete(request["unit"])
+        return {"unit": request["unit"], "went": went, "why": why}
+    return {"error": "unknown request %r" % (op,)}
+
+
+def main(stdin=None, stdout=None):
+    stdin = stdin or sys.stdin.buffer
+    stdout = stdout or sys.stdout
+    state = {}
+    try:
+        while True:
+            line = stdin.readline(MAX_REQUEST_BYTES + 1)
+            if not line:
+                return 0
+            if len(line) > MAX_REQUEST_BYTES:
+                stdout.write(json.dumps({"error": "request over %d bytes" % MAX_REQUEST_BYTES}) + "\n")
+                stdout.flush()
+                return 2
+            try:
+                request = json.loads(line.decode("utf-8"))
+            except ValueError as exc:
+                request, reply = None, {"error": "not a JSON request: %s" % str(exc)[:200]}
+            if isinstance(request, dict) and request.get("op") == "close":
+                return 0
+            if request is not None:
+                try:
+                    reply = answer(request, state)
+                except Exception as exc:  # a bad request is answered, never a traceback on the wire
+                    reply = {"error": "%s: %s" % (type(exc).__name__, str(exc)[:500])}
+            stdout.write(json.dumps(reply) + "\n")
+            stdout.flush()
+    finally:
+        if state.get("pinned") is not None:
+            state["pinned"].close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
