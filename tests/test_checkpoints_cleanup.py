@@ -159,7 +159,8 @@ def test_checkpoints_json_shape(seed, tmp_path, capsys):
     assert cli.main(["checkpoints", str(seed), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["dir"] == str(seed)
-    keys = {"path", "format", "size_bytes", "mtime", "epoch", "step", "loss", "best", "latest", "integrity", "problem"}
+    keys = {"path", "format", "size_bytes", "mtime", "epoch", "step", "loss", "best", "latest", "integrity", "problem",
+            "layout", "unit", "series", "managed", "unmanaged", "protections", "unreadable", "members"}  # issue 13: units
     assert all(set(c) == keys for c in doc["checkpoints"])
     by_name = {Path(c["path"]).name: c for c in doc["checkpoints"]}
     assert by_name["checkpoint_epoch_4.pt"]["latest"] and by_name["checkpoint_best.pt"]["best"]
