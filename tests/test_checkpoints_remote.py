@@ -150,3 +150,134 @@ def test_cli_lists_and_cleans_up_a_node_directory(sshd_factory, odd_dir, tmp_pat
     assert code == 0, out
     assert len(set(ODD_NAMES) & {p.name for p in odd_dir.iterdir()}) == 1 and "deleted" in out
     assert (odd_dir / "checkpoint_latest.pt").is_symlink() and (odd_dir / "checkpoint_best.pt").exists()
+
+
+# --- deletion through the node-side helper: pinned root, whole units, in use by maps, audit first ----------
+
+
+def _remote_fs(sshd_factory):
+    server = sshd_factory.start()
+    link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port), FAST, 1.0)
+    return link, SftpFileSystem(link, asyncio.get_running_loop())
+
+
+def _old_file(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    set_mtime(path, time.time() - 7200)
+    return path
+
+
+def _unit_plan(root: Path, *names):
+    from opsconsole.checkpoints.retention import PlanItem, RetentionPlan
+
+    items = []
+    for name in names:
+        st = (root / name).stat()
+        items.append(PlanItem(str(root / name), name, st.st_size, st.st_mtime, True, ("older",), (root / name).is_dir()))
+    return RetentionPlan(str(root), "n1", 0, 0.0, tuple(items))
+
+
+async def test_remote_root_swapped_for_a_symlink_is_refused_on_the_node(sshd_factory, tmp_path):
+    from opsconsole.checkpoints.cleanup import pin_plan
+
+    link, fs = _remote_fs(sshd_factory)
+    root = tmp_path / "ckpts"
+    for step in (1, 2):
+        _old_file(root / ("step_%d.pt" % step), b"w%d" % step)
+    decoy = tmp_path / "decoy"
+    for step in (1, 2):
+        _old_file(decoy / ("step_%d.pt" % step), b"w%d" % step)
+    try:
+        plan = await asyncio.to_thread(pin_plan, _unit_plan(root, "step_1.pt", "step_2.pt"), fs)
+        assert len(plan.to_delete) == 2 and plan.pin.ino == root.stat().st_ino
+        root.rename(tmp_path / "ckpts.moved")
+        root.symlink_to(decoy)
+        log = tmp_path / "audit.log"
+        result = await asyncio.to_thread(execute_plan, plan, str(root), AuditLog(str(log)), fs=fs)
+        assert result.refused and "symlink" in result.refused and not result.results
+        assert sorted(p.name for p in decoy.iterdir()) == ["step_1.pt", "step_2.pt"]
+        assert len(list((tmp_path / "ckpts.moved").iterdir())) == 2
+        assert '"outcome": "refused"' in log.read_text() and '"node": "n1"' in log.read_text()
+    finally:
+        await fs.aclose()
+        await link.close()
+    assert link.channels_in_use == 0
+
+
+MMAP_THEN_CLOSE = """import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open(sys.argv[1], os.O_RDONLY)
+assert libc.mmap(None, os.fstat(fd).st_size, 1, 2, fd, 0) not in (None, ctypes.c_void_p(-1).value)
+os.close(fd)
+print("mapped", flush=True)
+sys.stdin.readline()"""
+
+
+async def test_remote_units_go_whole_audited_first_and_a_mapped_file_stays(sshd_factory, tmp_path):
+    from opsconsole.checkpoints.cleanup import pin_plan
+
+    link, fs = _remote_fs(sshd_factory)
+    root = tmp_path / "run"
+    mapped = _old_file(root / "step_1.pt", b"m" * 4096)
+    _old_file(root / "checkpoint-2" / "model.safetensors", b"w" * 100)
+    _old_file(root / "checkpoint-2" / "optimizer.pt", b"o" * 100)
+    (root / "checkpoint-2" / "shared").symlink_to(tmp_path)  # unlinked, never followed
+    _old_file(root / "step_3.pt", b"3")
+    outside = _old_file(tmp_path / "keep.txt", b"k")
+    seen = []
+
+    def audit(action, node, detail, outcome):
+        seen.append((outcome, detail.split(" ")[1], (root / "checkpoint-2").exists(), (root / "step_3.pt").exists()))
+        return True
+
+    try:
+        plan = await asyncio.to_thread(pin_plan, _unit_plan(root, "step_1.pt", "checkpoint-2", "step_3.pt"), fs)
+        holder = subprocess.Popen([sys.executable, "-c", MMAP_THEN_CLOSE, str(mapped)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
+        try:
+            assert holder.stdout.readline().strip() == b"mapped"
+            result = await asyncio.to_thread(execute_plan, plan, str(root), audit, fs=fs)
+        finally:
+            holder.stdin.close()
+            holder.wait(10)
+        errors = {Path(r.path).name: r.error for r in result.failed}
+        assert errors == {"step_1.pt": "in use: step_1.pt open or mapped by a process"}
+        assert sorted(p.name for p in root.iterdir()) == ["step_1.pt"] and outside.exists()
+        # Each unit's record was written while all of it was still there; the result after it went.
+        assert seen == [("refused", str(root / "step_1.pt"), True, True),
+                        ("confirmed", str(root / "checkpoint-2"), True, True),
+                        ("ok", str(root / "checkpoint-2"), False, True),
+                        ("confirmed", str(root / "step_3.pt"), False, True),
+                        ("ok", str(root / "step_3.pt"), False, False)]
+        assert not hasattr(fs, "remove") and not hasattr(fs, "rmtree")  # no deletion by SFTP path
+    finally:
+        await fs.aclose()
+        await link.close()
+    assert link.channels_in_use == 0
+
+
+async def test_remote_reads_never_open_a_fifo(sshd_factory, tmp_path):
+    import os
+
+    link, fs = _remote_fs(sshd_factory)
+    root = tmp_path / "ckpts"
+    _old_file(root / "checkpoint_epoch_1.pt", b"not a zip")
+    fifo = root / "checkpoint_epoch_9.pt"
+    os.mkfifo(fifo)
+    try:
+        for read in (lambda: fs.read_file(str(fifo), 100), lambda: fs.run_reader(str(fifo), lambda size: None)):
+            with pytest.raises(OSError, match="FIFO, not a regular file"):
+                await asyncio.wait_for(asyncio.to_thread(read), 60)
+        listing = await asyncio.wait_for(asyncio.to_thread(scan, root, fs), 60)
+        assert listing.problem is None and "checkpoint_epoch_9.pt" not in {
+            e.name for e in listing.entries if e.format != "unknown"}
+    finally:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a reader stuck in open() gets its writer
+        except OSError:
+            pass
+        await fs.aclose()
+        await link.close()

@@ -162,12 +162,6 @@ class RootPin:
     ino: int
     units: Tuple[UnitPin, ...] = ()
 
-    def unit(self, path: str) -> Optional[UnitPin]:
-        for unit in self.units:
-            if unit.path == path:
-                return unit
-        return None
-
 
 @dataclass(frozen=True)
 class PinnedPlan(RetentionPlan):
