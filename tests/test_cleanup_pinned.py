@@ -403,3 +403,15 @@ def test_the_helper_runs_under_python_38_and_answers_line_by_line(tmp_path):
         helper.stdin.close()
         assert helper.wait(30) == 0
     assert sorted(os.listdir(root)) == ["a.pt"]
+
+
+def test_a_configured_root_that_is_a_symlink_is_named_and_nothing_is_planned_for_deletion(tmp_path):
+    real = tmp_path / "real"
+    write(real / "step_1.pt", b"1")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    plan = pin_plan(plan_of(link, item_for(link, "step_1.pt")))
+    assert not plan.to_delete and plan.pin is None
+    assert any("is a symlink: never followed (name the directory itself)" in w for w in plan.warnings)
+    assert "not deleted:" in plan.items[0].reasons[-1]
+    assert run_audited(plan, link, tmp_path / "audit.log").ok and (real / "step_1.pt").exists()
