@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from opsconsole.diagnosis.knowledge import CATEGORIES
+from opsconsole.diagnosis.knowledge import (
+    CATEGORIES,
+    HOST_OOM_INFERRED_CAUSE,
+    HOST_OOM_INFERRED_REMEDY,
+    HOST_OOM_SEEN_CAUSE,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "data" / "diagnosis"
@@ -37,8 +42,13 @@ def test_json_is_one_object_per_file_in_the_issue_shape():
     for finding in documents[0]["findings"] + documents[2]["findings"]:
         assert list(finding) == FINDING_KEYS
         entry = CATEGORIES[finding["category"]]
-        assert (finding["severity"], finding["title"], finding["cause"], finding["remedy"]) == \
-            (entry.severity, entry.title, entry.cause, entry.remedy)
+        expected = (entry.severity, entry.title, entry.cause, entry.remedy)
+        if finding["category"] == "host_oom" and "Out of memory" not in finding["excerpt"]:
+            # SIGKILL without the OOM killer's line: host_oom inferred, with how to confirm it.
+            expected = ("error", entry.title, HOST_OOM_INFERRED_CAUSE, HOST_OOM_INFERRED_REMEDY)
+        elif finding["category"] == "host_oom":
+            expected = (entry.severity, entry.title, HOST_OOM_SEEN_CAUSE, entry.remedy)
+        assert (finding["severity"], finding["title"], finding["cause"], finding["remedy"]) == expected
     oom = [f for f in documents[0]["findings"] if f["category"] == "cuda_oom"]
     assert len(oom) == 1 and oom[0]["excerpt"][:40] in text_lines[oom[0]["line"] - 1]
 
@@ -194,3 +204,73 @@ def test_rank_numbers_too_long_for_int_are_not_ranks():
              "[Rank " + "9" * 5000 + "] CUDA out of memory. Tried to allocate 2 GiB"]
     result = diagnose_lines(lines)
     assert result.root_cause == "cuda_oom" and [f.rank for f in result.findings] == [None, None]
+
+
+# --- --run: the files of one run, one verdict ------------------------------------------------------
+
+RANK0 = [
+    "2026-12-03 10:00:00,100 - INFO - Training started on gpu07",
+    "2026-12-03 10:00:09,500 - INFO - Epoch 1 step 4/8 loss 2.1011",
+    "Traceback (most recent call last):",
+    '  File "/w/train.py", line 40, in <module>',
+    "    dist.all_reduce(loss)",
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.7]:4242",
+]
+RANK1 = [
+    "2026-12-03 10:00:00,120 - INFO - Training started on gpu08",
+    "2026-12-03 10:00:09,100 - ERROR - Rank 1 failed",
+    "Traceback (most recent call last):",
+    '  File "/w/train.py", line 31, in <module>',
+    "    logits = model(batch)",
+    '  File "/usr/lib/python3/site-packages/torch/nn/modules/sparse.py", line 190, in forward',
+    "    return F.embedding(",
+    "IndexError: index out of range in self \x1b]52;c;ZWNobyBoaQ==\x07",
+]
+
+
+def write_run(directory: Path) -> Path:
+    logs = directory / "logs"
+    logs.mkdir(parents=True)
+    (logs / "train_gpu07_rank0_20261203_100000.log").write_text("\n".join(RANK0) + "\n")
+    (logs / "train_gpu08_rank1_20261203_100000.log").write_text("\n".join(RANK1) + "\n")
+    (directory / "checkpoint.pt").write_bytes(b"\x80\x02PK\x03\x04 not a log")
+    return logs
+
+
+def test_run_json_is_one_verdict_naming_the_rank_and_file_it_started_in(tmp_path):
+    logs = write_run(tmp_path)
+    done = diagnose("--run", "--json", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    (document,) = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert list(document) == ["root_cause", "rank", "file", "line", "findings"]
+    assert (document["root_cause"], document["rank"], document["line"]) == ("app_error", 1, 8)
+    assert document["file"] == str(logs / "train_gpu08_rank1_20261203_100000.log")
+    root = next(f for f in document["findings"] if f["category"] == "app_error")
+    assert root["frame"] == "/w/train.py:31 in <module>" and root["rank"] == 1
+    assert "\x1b" not in done.stdout.decode()  # the log's escape arrives as visible text
+    peer = next(f for f in document["findings"] if f["rank"] == 0)
+    assert peer["category"] == "nccl_remote" and peer["file"].endswith("rank0_20261203_100000.log")
+    # Each file alone: rank 0 only knows its peer went away.
+    alone = json.loads(diagnose("--json", str(logs / "train_gpu07_rank0_20261203_100000.log")).stdout)
+    assert alone["root_cause"] == "nccl_remote"
+
+
+def test_run_text_names_the_root_cause_rank_and_file(tmp_path):
+    logs = write_run(tmp_path)
+    done = diagnose("--run", str(logs / "train_gpu07_rank0_20261203_100000.log"),
+                    str(logs / "train_gpu08_rank1_20261203_100000.log"))
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.decode()
+    assert "Root cause: Python exception in the training code [app_error, error]" in text
+    assert "Started on rank 1, in %s line 8" % (logs / "train_gpu08_rank1_20261203_100000.log") in text
+    assert "\x1b" not in text and "label range" in text
+
+
+def test_run_usage_and_unreadable_inputs(tmp_path):
+    done = diagnose("--run")
+    assert done.returncode == 2 and done.stdout == b""
+    write_run(tmp_path)
+    missing = tmp_path / "nope.log"
+    done = diagnose("--run", "--json", str(tmp_path), str(missing))
+    assert done.returncode == 2 and str(missing).encode() in done.stderr
+    assert json.loads(done.stdout)["root_cause"] == "app_error"  # the readable files still got their verdict

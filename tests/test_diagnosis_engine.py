@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import pytest
@@ -46,12 +47,25 @@ EXAMPLES = {
     ("nccl_timeout", False): "[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) ran for 600020 milliseconds before timing out.",
     ("nccl_remote", True): "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
 }
+# app_error is read from a traceback, not from one line: its example is the whole traceback.
+APP_ERROR_TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "/work/train.py", line 41, in <module>',
+    "    labels = table[batch]",
+    "IndexError: index 12 is out of bounds for dimension 0 with size 10",
+]
+
+
+def example_lines(key):
+    return APP_ERROR_TRACEBACK if key == ("app_error", False) else [EXAMPLES[key]]
 
 
 def test_every_precedence_level_has_an_example_that_matches_it():
-    assert set(EXAMPLES) == set(ROOT_CAUSE_ORDER)
+    assert set(EXAMPLES) | {("app_error", False)} == set(ROOT_CAUSE_ORDER)
     for key, line in EXAMPLES.items():
         assert key in match_line(line.split("]:", 1)[-1] if line.startswith("[rank") else line), key
+    assert match_line(APP_ERROR_TRACEBACK[-1]) == []
+    assert diagnose_lines(APP_ERROR_TRACEBACK).root_cause == "app_error"
     assert {category for category, _ in ROOT_CAUSE_ORDER} == set(CATEGORIES)
 
 
@@ -61,7 +75,7 @@ PAIRS = [(cause, symptom) for cause, symptom in itertools.combinations(ROOT_CAUS
 @pytest.mark.parametrize("cause,symptom", PAIRS, ids=["%s%s>%s%s" % (c[0], "~" if c[1] else "", s[0], "~" if s[1] else "")
                                                        for c, s in PAIRS])
 def test_the_more_fundamental_category_is_the_root_cause_in_either_order(cause, symptom):
-    for lines in ([EXAMPLES[symptom], EXAMPLES[cause]], [EXAMPLES[cause], EXAMPLES[symptom]]):
+    for lines in (example_lines(symptom) + example_lines(cause), example_lines(cause) + example_lines(symptom)):
         assert diagnose_lines(["step 10 loss 2.31"] + lines).root_cause == cause[0]
 
 
@@ -161,7 +175,10 @@ def test_traceback_frames_and_quoted_source_are_not_errors():
         '    raise RuntimeError("NCCL error: unhandled system error")',
         "KeyError: 'labels'",
     ]
-    assert diagnose_lines(lines).findings == ()
+    # Neither the frames nor the quoted source match; the exception the traceback ends in is the app's own.
+    found = diagnose_lines(lines).findings
+    assert [(f.line, f.category, f.exception, f.frame) for f in found] == [
+        (6, "app_error", "KeyError: 'labels'", "/workspace/oom_retry.py:20 in handle_oom")]
     # The exception line itself is what counts, even indented under torchelastic's report.
     elastic = ["  traceback : Traceback (most recent call last):",
                '    File "/opt/conda/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 355, in wrapper',
@@ -303,3 +320,176 @@ def test_the_prefilter_finds_needles_and_counts_nan_and_inf_only_as_words(lowere
     from opsconsole.diagnosis.signatures import has_needle
 
     assert has_needle(lowered) is expected
+
+
+# --- time stamps, launcher tables, app_error, evidence, verdicts (issue 14) ---------------------------
+
+import time as _time  # noqa: E402
+
+from opsconsole.diagnosis.launcher import parse_error_file, parse_failure_table  # noqa: E402
+from opsconsole.diagnosis.timestamps import line_time, may_carry_time  # noqa: E402
+
+
+def local_epoch(year, month, day, hour, minute, second, fraction=0.0):
+    return _time.mktime((year, month, day, hour, minute, second, 0, 0, -1)) + fraction
+
+
+STAMPED = [
+    ("2026-12-03 10:10:09,123 - training - INFO - step 5", local_epoch(2026, 12, 3, 10, 10, 9, 0.123)),
+    ("[2026-12-03 10:10:09,123] torch.distributed.elastic.agent.server.api: [WARNING] Received Signals.SIGTERM",
+     local_epoch(2026, 12, 3, 10, 10, 9, 0.123)),
+    ("2026-12-03T10:10:09.5Z worker started", 1796292609.5),
+    ("2026-12-03T11:10:09.25+01:00 worker started", 1796292609.25),
+    ("2026-12-03T05:10:09-05:00 worker started", 1796292609.0),
+    ("E1203 10:10:09.123456 12345 ProcessGroupNCCL.cpp:42] [Rank 1] Watchdog caught collective operation timeout",
+     local_epoch(2026, 12, 3, 10, 10, 9, 0.123456)),
+    ("[E1203 10:10:09.123456 12345 ProcessGroupNCCL.cpp:42] [Rank 1] Watchdog caught", local_epoch(2026, 12, 3, 10, 10, 9, 0.123456)),
+    ("(pid=4242, ip=10.0.0.7) 2026-12-03 10:10:09,123 - INFO - step 5", local_epoch(2026, 12, 3, 10, 10, 9, 0.123)),
+    ("(RayTrainWorker pid=4242, ip=10.0.0.7) [E1203 10:10:09.123456 4242 x.cpp:1] boom", local_epoch(2026, 12, 3, 10, 10, 9, 0.123456)),
+]
+
+
+@pytest.mark.parametrize("line,expected", STAMPED, ids=[line[:24] for line, _ in STAMPED])
+def test_every_common_time_prefix_is_read(line, expected):
+    assert may_carry_time(line)
+    assert line_time(line, 2026)[0] == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("line", [
+    "gpu07:4242:4300 [0] NCCL INFO Channel 00/02 :    0   1",  # NCCL's prefix names no time
+    "IndexError: index out of range in self", "Epoch 3: 100%|██████████| 50/50", "  File \"x.py\", line 3",
+    "12345 tokens/s", "[rank1]: something", "(pid=12) no time here", "",
+])
+def test_lines_without_a_time_prefix_have_none(line):
+    assert line_time(line, 2026) == (None, None) or not may_carry_time(line)
+
+
+def test_a_glog_stamp_takes_the_year_of_the_runs_full_stamps():
+    assert line_time("2025-01-02 03:04:05,000 - INFO - x")[1] == 2025
+    assert line_time("I0102 03:04:05.000000 1 a.cc:1] x", 2025)[0] == local_epoch(2025, 1, 2, 3, 4, 5)
+    assert line_time("I0102 03:04:05.000000 1 a.cc:1] x")[0] <= _time.time() + 86400  # never in the future
+
+
+def test_glog_lines_keep_their_own_time_and_show_the_gap_between_an_oom_and_its_timeout():
+    lines = [
+        "2026-12-03 10:00:00,000 - INFO - step 100",
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        "2026-12-03 10:00:01,000 - INFO - rank 0 waiting",
+        "[E1203 10:10:09.123456 12345 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5) ran for 600013 milliseconds before timing out.",
+        "[rank0]: RuntimeError: still waiting",
+    ]
+    result = diagnose_lines(lines)
+    rows = {row.category: row for row in result.summary}
+    assert result.root_cause == "cuda_oom"
+    assert rows["cuda_oom"].first_seen == local_epoch(2026, 12, 3, 10, 0, 0)
+    assert rows["nccl_timeout"].first_seen - rows["cuda_oom"].first_seen == pytest.approx(609.123456)
+
+
+TABLE = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-03_10:10:09
+  host      : gpu07
+  rank      : 2 (local_rank: 0)
+  exitcode  : -15 (pid: 4241)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 4241
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_10:10:08
+  host      : gpu07
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 4242)
+  error_file: /tmp/torchelastic_x/none_y/attempt_0/1/error.json
+  traceback : Signal 9 (SIGKILL) received by PID 4242
+============================================================""".splitlines()
+
+
+def test_the_torchelastic_failure_table_is_parsed():
+    other, root = parse_failure_table(TABLE)
+    assert (other.rank, other.local_rank, other.exitcode, other.pid, other.signal, other.first) == (2, 0, -15, 4241, "SIGTERM", False)
+    assert (root.rank, root.local_rank, root.exitcode, root.pid, root.signal, root.host, root.first) == (3, 1, -9, 4242, "SIGKILL", "gpu07", True)
+    assert root.error_file == "/tmp/torchelastic_x/none_y/attempt_0/1/error.json" and other.error_file is None
+    assert root.time == local_epoch(2026, 12, 3, 10, 10, 8) and root.killed and not other.killed
+
+
+def test_sigkill_alone_is_host_oom_inferred_on_the_tables_rank_and_the_oom_killer_line_makes_it_seen():
+    diagnoser = Diagnoser()
+    for number, line in enumerate(TABLE, 1):
+        diagnoser.feed_text(line, number, "launcher.log")
+    verdict = diagnoser.verdict()
+    assert (verdict.category, verdict.rank, verdict.launcher.rank) == ("host_oom", 3, 3)
+    assert verdict.finding.evidence == "inferred" and verdict.finding.severity == "error"
+    assert "sacct" in verdict.finding.remedy and "OUT_OF_MEMORY" in verdict.finding.remedy
+    row = next(row for row in diagnoser.summary() if row.category == "host_oom")
+    assert row.severity == "error"
+    # The kernel's own line: seen, critical, and the row says so.
+    diagnoser.feed_text("[2059991.491542] Out of memory: Killed process 4242 (python) total-vm:53312244kB", 1, "dmesg")
+    row = next(row for row in diagnoser.summary() if row.category == "host_oom")
+    assert (row.severity, diagnoser.verdict().finding.evidence) == ("critical", "seen")
+    for line in ("slurmstepd: error: Detected 1 oom-kill event(s) in StepId=4242.0. Some of your processes may have been killed by the cgroup out-of-memory handler.",
+                 "[12.3] Memory cgroup out of memory: Killed process 4242 (python) total-vm:1kB"):
+        assert diagnose_lines([line]).findings[0].evidence == "seen"
+
+
+def test_a_traceback_is_app_error_unless_a_line_of_it_names_a_specific_category():
+    plain = ["Traceback (most recent call last):",
+             '  File "/opt/conda/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1736, in _call_impl',
+             "    return forward_call(*args, **kwargs)",
+             '  File "/work/model.py", line 88, in forward',
+             "    return self.proj(x)",
+             '  File "/opt/conda/lib/python3.11/site-packages/torch/nn/modules/linear.py", line 125, in forward',
+             "    return F.linear(input, self.weight, self.bias)",
+             "RuntimeError: shape '[4, 12]' is invalid for input of size 40"]
+    (finding,) = diagnose_lines(plain).findings
+    assert (finding.category, finding.line, finding.frame) == ("app_error", 8, "/work/model.py:88 in forward")
+    assert finding.exception == "RuntimeError: shape '[4, 12]' is invalid for input of size 40"
+    assert "label range" not in finding.remedy  # the index remedy is for index errors only
+    specific = plain[:-1] + ["RuntimeError: CUDA error: an illegal memory access was encountered"]
+    assert [f.category for f in diagnose_lines(specific).findings] == ["cuda_illegal_memory"]
+    # Chained: the specific error of the first traceback explains the second.
+    chained = specific + ["", "The above exception was the direct cause of the following exception:", ""] + plain
+    assert [f.category for f in diagnose_lines(chained).findings] == ["cuda_illegal_memory"]
+    # A stop the process was told to make is no error of its own.
+    stopped = plain[:-1] + ["KeyboardInterrupt"]
+    assert diagnose_lines(stopped).findings == ()
+
+
+def test_the_rank_that_failed_first_in_time_is_the_root_across_files():
+    diagnoser = Diagnoser()
+    # Fed rank 0's file first, but rank 1 failed a second earlier: rank 1 is the root.
+    rank0 = ["2026-12-03 10:00:05,000 - ERROR - crashed", "Traceback (most recent call last):",
+             '  File "/w/train.py", line 9, in step', "    x = batch[k]", "KeyError: 'k'"]
+    rank1 = ["2026-12-03 10:00:04,000 - ERROR - crashed", "Traceback (most recent call last):",
+             '  File "/w/train.py", line 12, in step', "    y = table[i]", "IndexError: list index out of range"]
+    peer = ["2026-12-03 10:00:03,000 - INFO - rank 2 up",
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1234"]
+    for name, rank, lines in (("r0.log", 0, rank0), ("r2.log", 2, peer), ("r1.log", 1, rank1)):
+        for number, line in enumerate(lines, 1):
+            diagnoser.feed_text(line, number, name, rank=rank)
+    verdict = diagnoser.verdict()
+    assert (verdict.category, verdict.rank, verdict.finding.source, verdict.finding.line) == ("app_error", 1, "r1.log", 5)
+    assert "label range" in verdict.finding.remedy
+
+
+def test_the_console_feed_reads_a_glog_lines_own_time():
+    source = LogSource(node="local", path="/logs/train_gpu07_rank1_x.log", host="gpu07", rank=1, label="gpu07:rank1")
+    diagnoser = Diagnoser()
+    line = LogLine(source=source, number=4, offset=0, time=123.0, rank=1,
+                   text="[E1203 10:10:09.500000 77 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout")
+    finding = diagnoser.feed(line)
+    assert finding.category == "nccl_timeout" and finding.time == local_epoch(2026, 12, 3, 10, 10, 9, 0.5)
+
+
+def test_an_error_file_gives_its_traceback():
+    data = json.dumps({"message": {"message": "IndexError: index out of range in self", "extraInfo": {
+        "py_callstack": "Traceback (most recent call last):\n  File \"/w/t.py\", line 3, in f\n    e(x)\nIndexError: index out of range in self\n",
+        "timestamp": "1796292609"}}}).encode()
+    error = parse_error_file(data)
+    assert error.timestamp == 1796292609.0 and error.traceback.endswith("in self\n")
+    assert diagnose_lines(error.traceback.splitlines()).findings[0].frame == "/w/t.py:3 in f"
+    assert parse_error_file(b'{"x": 1}') is None and parse_error_file(b"not json") is None

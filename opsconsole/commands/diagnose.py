@@ -1,5 +1,10 @@
 """`opsconsole diagnose [FILE ... | -] [--json]`: recognise failures in log files and name the root cause.
 
+`opsconsole diagnose --run FILE...|DIR [--json]` reads the files (directories walked for logs) as one
+run, through the console's merge of ranks (opsconsole.diagnosis.run): one verdict naming the root
+cause, the rank and the file and line it started in; with --json one object `{"root_cause", "rank",
+"file", "line", "findings": [...]}`, each finding with its "file", "rank" and "time" too.
+
 Each input is read as bytes, line by line (memory stays bounded however large the file), decoded
 as UTF-8 with replacement characters, and fed to the same Diagnoser the console's Log pane uses.
 Rotated logs compressed as .gz, .bz2 or .xz are read through the matching decompressor.
@@ -38,6 +43,9 @@ def register(commands, add_node_options) -> None:
     )
     parser.add_argument("files", nargs="*", metavar="FILE", help="log files to read; - reads standard input")
     parser.add_argument("--json", action="store_true", help="one JSON object per input file, one per line")
+    parser.add_argument("--run", action="store_true",
+                        help="read the FILEs and directories as one run (every rank, the launcher's output): "
+                        "one verdict naming the root cause and the rank and file it started in")
     parser.set_defaults(handler=command_diagnose)
 
 
@@ -45,6 +53,10 @@ def command_diagnose(args: argparse.Namespace) -> int:
     from opsconsole.cli import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE, UsageError
 
     files: List[str] = list(args.files)
+    if getattr(args, "run", False):
+        if not files or STDIN in files:
+            raise UsageError("diagnose --run: name the run's log FILEs or directories")
+        return _command_run(args, files)
     if not files:
         if sys.stdin is None or sys.stdin.isatty():
             raise UsageError("diagnose: name the log FILE(s) to read, or - for standard input")
@@ -70,6 +82,98 @@ def command_diagnose(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     return EXIT_USAGE if failed else EXIT_OK
+
+
+def _command_run(args: argparse.Namespace, names: List[str]) -> int:
+    from opsconsole.cli import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE
+    from opsconsole.diagnosis.run import diagnose_run
+
+    missing = [name for name in names if not os.path.exists(name)]
+    for name in missing:
+        print(printable_line("opsconsole: diagnose: %s: No such file or directory" % name), file=sys.stderr)
+    result = diagnose_run([name for name in names if name not in missing], _decoded_lines, _read_errors())
+    for path, reason in result.unreadable:
+        print(printable_line("opsconsole: diagnose: %s: %s" % (path, reason)), file=sys.stderr)
+    try:
+        if args.json:
+            sys.stdout.write(printable_json(run_json_document(result)) + "\n")
+        else:
+            sys.stdout.write(run_report(result))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return EXIT_USAGE if missing or result.unreadable else EXIT_OK
+
+
+def run_json_document(result) -> dict:
+    """One run's verdict: root cause, rank, the file and line it started at, and every finding."""
+    verdict = result.verdict
+    findings = []
+    for finding in result.diagnosis.findings:
+        entry = {key: getattr(finding, key) for key in FINDING_KEYS}
+        entry.update(file=result.file_of(finding), rank=finding.rank, time=finding.time)
+        for key in ("exception", "frame", "evidence"):
+            if getattr(finding, key) is not None:
+                entry[key] = getattr(finding, key)
+        findings.append(entry)
+    return {
+        "root_cause": verdict.category if verdict else None,
+        "rank": verdict.rank if verdict else None,
+        "file": result.file_of(verdict.finding) if verdict else None,
+        "line": verdict.finding.line if verdict else None,
+        "findings": findings,
+    }
+
+
+def run_report(result) -> str:
+    """The run's verdict for people: the root cause, where and on which rank it started, then each category."""
+    diagnosis = result.diagnosis
+    files = len(result.files)
+    out: List[str] = ["== run: %d file%s, %d line%s" % (files, "" if files == 1 else "s",
+                                                        diagnosis.lines, "" if diagnosis.lines == 1 else "s")]
+    verdict = result.verdict
+    if verdict is None:
+        out.append("No failure signature found.")
+        out.append("")
+        return "\n".join(out) + "\n"
+    start = verdict.finding
+    out.append("Root cause: %s [%s, %s]" % (start.title, verdict.category, start.severity))
+    rank = "rank %d" % verdict.rank if verdict.rank is not None else "an unknown rank"
+    out.append("Started on %s, in %s line %d: %s" % (rank, printable_line(result.file_of(start) or "?"), start.line,
+                                                  _one_line(start.excerpt)))
+    if start.evidence == "inferred":
+        out.append("OOM killer not seen in these logs: inferred from SIGKILL (see the remedy to confirm it).")
+    launcher = verdict.launcher
+    if launcher is not None:
+        told = ["rank %s" % launcher.rank if launcher.rank is not None else "rank ?"]
+        if launcher.local_rank is not None:
+            told.append("local_rank %d" % launcher.local_rank)
+        if launcher.exitcode is not None:
+            told.append("exit code %d" % launcher.exitcode)
+        if launcher.signal:
+            told.append(launcher.signal)
+        if launcher.host:
+            told.append("on " + launcher.host)
+        out.append(printable_line("Launcher's first observed failure: " + ", ".join(told)))
+    by_category = _examples(diagnosis.findings)
+    for row in diagnosis.summary:
+        out.append("")
+        marker = "* " if row.category == verdict.category else "  "
+        ranks = ", rank%s %s" % ("" if len(row.ranks) == 1 else "s", _ranks_text(row.ranks)) if row.ranks else ""
+        out.append("%s%s [%s] %s, %d time%s%s" % (marker, row.title, row.category, row.severity, row.count,
+                                                 "" if row.count == 1 else "s", ranks))
+        out.append("    cause:  " + row.cause)
+        out.append("    remedy: " + row.remedy)
+        for finding in by_category.get(row.category, ()):
+            rank_text = " rank %d" % finding.rank if finding.rank is not None else ""
+            out.append("    %s:%d%s: %s" % (printable_line(result.file_of(finding) or "?"), finding.line, rank_text,
+                                            _one_line(finding.excerpt)))
+    if diagnosis.dropped:
+        out.append("")
+        out.append("(%d further matching lines counted above but not listed)" % diagnosis.dropped)
+    out.append("")
+    return "\n".join(out) + "\n"
 
 
 def _read_errors() -> tuple:

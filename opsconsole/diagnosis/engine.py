@@ -10,13 +10,24 @@ Rank prefixes in lines ("[rank3]:", "[default3]:", srun's "3: ") label the findi
 interleaved ranks' tracebacks apart. `diagnose_lines` runs it over one input, for `opsconsole
 diagnose` and reports.
 
+A Python traceback is a finding of its own: its exception line (type and message, with the innermost
+frame outside site-packages) is app_error unless a line of the same traceback, chained ones included,
+matched a specific category (a CUDA, NCCL, data, checkpoint or I/O error wins over the generic one).
+torchelastic's failure table (launcher.FailureTable) gives the findings on its lines the failing
+child's rank and failure time; host_oom found from SIGKILL alone is "inferred" (severity error, how to
+confirm it), from the OOM killer's own line "seen" (critical). Times come from each line's own stamp
+or the latest stamped line of its source (timestamps.py), parsed only when a line is a finding.
+
 Root cause (ROOT_CAUSE_ORDER, most fundamental first): hardware and host faults explain the CUDA
 errors they provoke; a CUDA error explains the NCCL errors after it on any rank (an NCCL error after a
 CUDA OOM is cuda_oom; a watchdog that reports an illegal memory access is cuda_illegal_memory, since the
 line matches both and the CUDA category ranks higher); storage and data failures explain checkpoint
 and loader failures; NCCL network errors explain timeouts; nccl_remote (a peer died) is a symptom
 whenever any local cause is present. Weak evidence (exit code -9, a launcher's report) ranks below all
-direct evidence except nccl_remote: exit code -9 with nothing else is host_oom. Ties go to the earliest.
+direct evidence except nccl_remote: exit code -9 with nothing else is host_oom. app_error (a rank's
+own exception) ranks below every specific direct category and above the weak ones and the NCCL
+consequences. Ties go to the earliest in time (then the first fed): across the files of a run, the rank
+that failed first.
 """
 
 from __future__ import annotations
@@ -25,9 +36,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
-from opsconsole.diagnosis.finding import Finding
-from opsconsole.diagnosis.knowledge import CATEGORIES
+from opsconsole.diagnosis.finding import SEVERITY_ERROR, Finding
+from opsconsole.diagnosis.knowledge import (
+    CATEGORIES,
+    HOST_OOM_INFERRED_CAUSE,
+    HOST_OOM_INFERRED_REMEDY,
+    HOST_OOM_SEEN_CAUSE,
+    INDEX_ERROR_REMEDY,
+)
+from opsconsole.diagnosis.launcher import OTHER_FAILURES_HEADER, ROOT_CAUSE_HEADER, FailureTable, LauncherFailure
 from opsconsole.diagnosis.signatures import ROLE_GENERIC, ROLE_PEER_GONE, match_roles
+from opsconsole.diagnosis.timestamps import line_time, may_carry_time
 
 MAX_FINDINGS = 10_000  # findings kept for jump-to; the per-category counts stay exact beyond it
 MAX_SOURCES = 4096  # per-source traceback state; the oldest source's state is dropped beyond it
@@ -52,6 +71,7 @@ ROOT_CAUSE_ORDER: Tuple[Tuple[str, bool], ...] = (
     ("nan_inf", False),
     ("dataloader_worker", False),
     ("nccl_unhandled_cuda", False),
+    ("app_error", False),  # a rank's own exception that no specific category explains
     ("dataloader_worker", True),  # "Caught X in DataLoader worker": X itself is named further down
     ("host_oom", True),  # exit code -9 / SIGKILL: explains the peers' network errors and timeouts
     ("nccl_network", False),
@@ -67,7 +87,23 @@ _RANK_PREFIX = re.compile(r"^\s*(?:\S+\s+){0,2}?\[(?:rank|default|trainer)([0-9]
 _SRUN_LABEL = re.compile(r"^\s{0,4}([0-9]{1,5}): ")
 _RANK_IN_TEXT = re.compile(r"\[Rank ([0-9]{1,7})\]|\brank(?: |: |=)([0-9]{1,7}) \(local_rank|\bRank ([0-9]{1,7})\] ")
 # A Python traceback frame; the line after it (indented two more) quotes source code, not an error.
-_FRAME = re.compile(r'File "[^"]*", line \d+')
+_FRAME = re.compile(r'File "([^"]*)", line (\d+)(?:, in (\S+))?')
+_TRACEBACK_HEADER = "(most recent call last):"  # "Traceback ...", "Original Traceback ..." (DataLoader workers)
+_CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
+# The line that ends a traceback: "IndexError: ...", "torch.OutOfMemoryError: ...", "AssertionError".
+_EXCEPTION = re.compile(r"([A-Za-z_][\w.]{0,200}?)(?:: ?(.*)|)$")
+_EXCEPTION_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Warning", "Failure", "Fault", "Iteration")
+# Exceptions that say the process was told to stop or that a child failed: consequences, never app_error.
+_CONSEQUENCES = frozenset(("KeyboardInterrupt", "SystemExit", "SignalException", "ChildFailedError",
+                           "BrokenPipeError", "ConnectionResetError", "GeneratorExit"))
+_LIBRARY_PATHS = ("site-packages", "dist-packages", "/lib/python")
+_INDEX_ERROR = re.compile(r"IndexError|index .{0,40}out of (?:range|bounds)|out of bounds for dimension"
+                          r"|[Tt]arget -?\d+ is out of bounds")
+TRACEBACK_SPAN = 500  # lines after a traceback's last frame in which its exception line may still come
+MAX_TABLES = 64  # launcher failure tables kept (one per source that printed one)
+_TABLE_STARTS = frozenset("RF")
+_STAMP_FIRST = frozenset("[IWEF(")  # what a time prefix other than a bare ISO date starts with
+_TABLE_HEADERS = frozenset((ROOT_CAUSE_HEADER, OTHER_FAILURES_HEADER))
 _LAST_ERROR = "Last error:"  # NCCL's detail follows on the next line
 PEER_GONE_WINDOW = 50  # lines after a peer's connection went away in which NCCL's generic errors mean that
 
@@ -78,13 +114,27 @@ def precedence(category: str, weak: bool = False) -> int:
 
 
 def choose_root_cause(findings: Iterable[Finding]) -> Optional[str]:
-    """The category of the most fundamental finding; among equals the earliest seen."""
-    best: Optional[Tuple[int, int, str]] = None
+    """The category of the most fundamental finding; among equals the earliest in time, then seen."""
+    best: Optional[Tuple[int, float, int, str]] = None
     for order, finding in enumerate(findings):
-        key = (precedence(finding.category, finding.weak), order, finding.category)
+        key = (precedence(finding.category, finding.weak), _time_key(finding), order, finding.category)
         if best is None or key < best:
             best = key
-    return best[2] if best else None
+    return best[3] if best else None
+
+
+def _time_key(finding: Finding) -> float:
+    return finding.time if finding.time is not None else float("inf")
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The run's verdict: the root cause's category, the finding it started at, and the failing rank."""
+
+    category: str
+    finding: Finding
+    rank: Optional[int]  # the finding's rank, else the rank the launcher's table names
+    launcher: Optional[LauncherFailure] = None  # torchelastic's first observed failure, when printed
 
 
 @dataclass
@@ -127,6 +177,7 @@ class FindingSummary:
 class _Aggregate:
     first: Finding
     last: Finding
+    best: Finding  # the strongest evidence (a direct finding before a weak one): the row's texts
     count: int = 0
     ranks: set = field(default_factory=set)
     sources: Dict[str, None] = field(default_factory=dict)
@@ -148,6 +199,15 @@ class _SourceState:
     frame_col: int = -1  # where the last line's 'File "..."' began, or -1 after any other line
     last_text: str = ""
     peer_gone_line: int = -PEER_GONE_WINDOW - 1  # the last line saying a peer closed its connection
+    stamp_text: Optional[str] = None  # the latest line that may carry a time, parsed when a finding needs it
+    stamp_time: Optional[float] = None  # the latest time parsed in this source
+    traceback_line: int = -1  # line of the current traceback's header or last frame; -1 outside one
+    traceback_matched: bool = False  # a line of this traceback (or one it is chained to) matched a category
+    chained: bool = False  # "The above exception was the direct cause...": the next traceback is the same story
+    frame: Optional[str] = None  # innermost frame outside site-packages of the current traceback
+    traceback_prefix: int = 0  # length of a log prefix in front of the traceback's lines
+    any_frame: Optional[str] = None  # innermost frame of all
+    table: Optional[FailureTable] = None  # torchelastic's failure table, once this source printed one
 
 
 class Diagnoser:
@@ -159,8 +219,11 @@ class Diagnoser:
         self.dropped = 0  # findings not kept because max_findings was reached
         self._aggregates: Dict[str, _Aggregate] = {}
         self._sources: Dict[str, _SourceState] = {}
-        self._best: Optional[Tuple[int, int, str]] = None
+        self._best: Optional[Tuple[int, float, int, str]] = None
+        self._best_finding: Optional[Finding] = None
         self._seen = 0
+        self._year: Optional[int] = None  # of the latest full time stamp: glog's stamps name none
+        self._tables: List[FailureTable] = []
 
     # --- feeding ------------------------------------------------------------------------------------
 
@@ -199,11 +262,58 @@ class Diagnoser:
         state = self._state((key or "") if line_rank is None else "%s\0%d" % (key or "", line_rank))
         previous = state.last_text
         state.last_text = body
-        if self._is_code(state, body):
+        # Times are the file's (interleaved ranks share its clock), parsed only when a line is a finding.
+        clock = state if line_rank is None else self._state(key or "")
+        first = text[:1]
+        if "0" <= first <= "9":  # the common case, inlined: "2026-12-03 ..."
+            if text[4:5] == "-":
+                clock.stamp_text = text
+        elif first in _STAMP_FIRST and may_carry_time(text):
+            clock.stamp_text = text
+        elif line_rank is not None and may_carry_time(body):
+            clock.stamp_text = body
+        if self._is_code(state, body, number):
             return None
+        entry: Optional[LauncherFailure] = None
+        table = state.table
+        if (table is not None and table.reading) or (body[:1] in _TABLE_STARTS and body.rstrip() in _TABLE_HEADERS):
+            if table is None:
+                table = state.table = FailureTable()
+                if len(self._tables) < MAX_TABLES:
+                    self._tables.append(table)
+            if table.feed(body):
+                entry = table.current
+        exception = None
+        if state.traceback_line >= 0:
+            if number - state.traceback_line > TRACEBACK_SPAN:
+                state.traceback_line = -1
+            else:
+                exception = _exception_of(body)
+                if exception is None and state.traceback_prefix:  # "ERROR 11-29 03:31:11 worker.py:574] ValueError: ..."
+                    exception = _exception_of(body[state.traceback_prefix:])
+        if _TRACEBACK_HEADER in body:
+            if not state.chained:
+                state.traceback_matched = False
+            state.traceback_line, state.chained, state.frame, state.any_frame = number, False, None, None
+            column = body.find("Traceback")
+            # A logger's prefix in front of every line of the traceback: the exception line is after it.
+            state.traceback_prefix = column if column > 0 and body[:column].rstrip().endswith("]") else 0
+        elif state.traceback_matched and state.traceback_line < 0 and "above exception" in body \
+                and body.lstrip().startswith(_CHAINED):  # the chain matters only when it carries a match
+            state.chained = True
         matches = match_roles(body)
+        if exception is not None:
+            state.traceback_line = -1  # the exception line ends the traceback
         if not matches:
-            return None
+            if exception is None or state.traceback_matched or exception[0].rsplit(".", 1)[-1] in _CONSEQUENCES:
+                return None
+            state.traceback_matched = True
+            finding = self._app_error(_exception_text(exception), state.frame or state.any_frame, number, key, rank,
+                                      self._time(clock, time))
+            self._record(finding)
+            return finding
+        if state.traceback_line >= 0 or exception is not None:
+            state.traceback_matched = True
         if any(role == ROLE_PEER_GONE for _, _, role in matches):
             state.peer_gone_line = number
         elif 0 <= number - state.peer_gone_line <= PEER_GONE_WINDOW:
@@ -211,6 +321,9 @@ class Diagnoser:
             matches = [("nccl_remote", True, ROLE_PEER_GONE) if role == ROLE_GENERIC else (category, weak, role)
                        for category, weak, role in matches]
         category, weak, _ = min(matches, key=lambda match: precedence(match[0], match[1]))
+        when = self._time(clock, time)
+        if entry is not None and entry.rank is not None:  # a line of the launcher's failure table: that child's
+            rank = entry.rank
         if rank is None:
             found = _RANK_IN_TEXT.search(body)
             if found:
@@ -218,18 +331,43 @@ class Diagnoser:
         excerpt = body
         if previous.strip() == _LAST_ERROR:
             excerpt = _LAST_ERROR + " " + body.strip()
-        finding = self._finding(category, weak, number, excerpt, key, rank, time)
+        if category == "app_error":  # a signature for an app's own error: with its frame and remedy
+            parsed = exception or _exception_of(body)
+            frame = (state.frame or state.any_frame) if exception is not None else None  # the traceback it ends
+            finding = self._app_error(_exception_text(parsed) if parsed else body.strip(), frame, number, key,
+                                      rank, when)
+        else:
+            finding = self._finding(category, weak, number, excerpt, key, rank, when)
         self._record(finding)
         return finding
 
+    def _time(self, state: _SourceState, given: Optional[float]) -> Optional[float]:
+        """The time of the line being diagnosed: its source's latest stamp, else what the caller gave."""
+        pending = state.stamp_text
+        if pending is not None:
+            state.stamp_text = None
+            when, year = line_time(pending, self._year)
+            if year is not None:
+                self._year = year
+            if when is not None:
+                state.stamp_time = when
+        return state.stamp_time if state.stamp_time is not None else given
+
     @staticmethod
-    def _is_code(state: _SourceState, body: str) -> bool:
-        """Whether the line is a traceback frame or the source line quoted under one."""
+    def _is_code(state: _SourceState, body: str, number: int = 0) -> bool:
+        """Whether the line is a traceback frame or the source line quoted under one (frames are noted)."""
         column, state.frame_col = state.frame_col, -1
         if 'File "' in body:
             frame = _FRAME.search(body)
             if frame:
                 state.frame_col = frame.start()
+                if state.traceback_line >= 0:
+                    state.traceback_line = max(state.traceback_line, number)
+                    path, line, function = frame.groups()
+                    where = "%s:%s" % (path, line) + (" in %s" % function if function else "")
+                    state.any_frame = where
+                    if not path.startswith("<") and not any(part in path for part in _LIBRARY_PATHS):
+                        state.frame = where
                 return True
         return column >= 0 and body[column:column + 2] == "  " and bool(body[column + 2:].strip())
 
@@ -244,12 +382,25 @@ class Diagnoser:
     def _finding(self, category: str, weak: bool, number: int, body: str,
                  key: Optional[str], rank: Optional[int], time: Optional[float]) -> Finding:
         entry = CATEGORIES[category]
-        excerpt = body.strip()
-        if len(excerpt) > EXCERPT_CHARS:
-            excerpt = excerpt[: EXCERPT_CHARS - 1] + "…"
-        return Finding(line=number, category=category, severity=entry.severity, title=entry.title,
-                       cause=entry.cause, remedy=entry.remedy, excerpt=excerpt, source=key, rank=rank,
-                       time=time, weak=weak)
+        severity, cause, remedy, evidence = entry.severity, entry.cause, entry.remedy, None
+        if category == "host_oom":  # SIGKILL alone is only the usual cause; the OOM killer's line proves it
+            evidence = "inferred" if weak else "seen"
+            if weak:
+                severity, cause, remedy = SEVERITY_ERROR, HOST_OOM_INFERRED_CAUSE, HOST_OOM_INFERRED_REMEDY
+            else:
+                cause = HOST_OOM_SEEN_CAUSE
+        return Finding(line=number, category=category, severity=severity, title=entry.title,
+                       cause=cause, remedy=remedy, excerpt=_excerpt(body), source=key, rank=rank,
+                       time=time, weak=weak, evidence=evidence)
+
+    def _app_error(self, text: str, frame: Optional[str], number: int,
+                   key: Optional[str], rank: Optional[int], time: Optional[float]) -> Finding:
+        entry = CATEGORIES["app_error"]
+        remedy = INDEX_ERROR_REMEDY + " " + entry.remedy if _INDEX_ERROR.search(text) else entry.remedy
+        excerpt = text + (" (at %s)" % frame if frame else "")
+        return Finding(line=number, category="app_error", severity=entry.severity, title=entry.title,
+                       cause=entry.cause, remedy=remedy, excerpt=_excerpt(excerpt), source=key, rank=rank,
+                       time=time, exception=_excerpt(text), frame=frame)
 
     def _record(self, finding: Finding) -> None:
         self._seen += 1
@@ -259,16 +410,22 @@ class Diagnoser:
             self.dropped += 1
         aggregate = self._aggregates.get(finding.category)
         if aggregate is None:
-            aggregate = self._aggregates[finding.category] = _Aggregate(first=finding, last=finding)
+            aggregate = self._aggregates[finding.category] = _Aggregate(first=finding, last=finding, best=finding)
+        elif aggregate.best.weak and not finding.weak:
+            aggregate.best = finding
         aggregate.count += 1
-        aggregate.last = finding
+        if _time_key(finding) < _time_key(aggregate.first):
+            aggregate.first = finding  # another file of the run failed earlier
+        if _time_key(finding) >= _time_key(aggregate.last):
+            aggregate.last = finding
         if finding.rank is not None:
             aggregate.ranks.add(finding.rank)
         if finding.source is not None and len(aggregate.sources) < MAX_SOURCES:
             aggregate.sources[finding.source] = None
-        candidate = (precedence(finding.category, finding.weak), self._seen, finding.category)
+        candidate = (precedence(finding.category, finding.weak), _time_key(finding), self._seen, finding.category)
         if self._best is None or candidate < self._best:
             self._best = candidate
+            self._best_finding = finding
 
     # --- results ------------------------------------------------------------------------------------
 
@@ -278,7 +435,34 @@ class Diagnoser:
 
     def root_cause(self) -> Optional[str]:
         """The category that caused the others (see ROOT_CAUSE_ORDER), or None when nothing matched."""
-        return self._best[2] if self._best else None
+        return self._best[3] if self._best else None
+
+    def launcher_failures(self) -> List[LauncherFailure]:
+        """Every failed child the launcher's failure tables listed, in the order read."""
+        return [failure for table in self._tables for failure in table.failures]
+
+    def first_launcher_failure(self) -> Optional[LauncherFailure]:
+        """torchelastic's "first observed failure" (the earliest when several launchers printed one)."""
+        firsts = [failure for failure in self.launcher_failures() if failure.first]
+        if not firsts:
+            return None
+        return min(firsts, key=lambda failure: failure.time if failure.time is not None else float("inf"))
+
+    def verdict(self) -> Optional[RootCause]:
+        """The root cause, the finding where it started (earliest in time; among findings without times
+        the rank the launcher names first), and the failing rank; None when nothing matched."""
+        if self._best is None or self._best_finding is None:
+            return None
+        best = self._best_finding
+        launcher = self.first_launcher_failure()
+        named = launcher.rank if launcher is not None else None
+        candidates = [finding for finding in self._findings
+                      if finding.category == best.category and finding.weak == best.weak]
+        start = best
+        if candidates:
+            start = min(candidates, key=lambda finding: (_time_key(finding), named is not None and finding.rank != named))
+        rank = start.rank if start.rank is not None else named
+        return RootCause(category=best.category, finding=start, rank=rank, launcher=launcher)
 
     def summary(self) -> List[FindingSummary]:
         """One row per category: the root cause first, then by severity and first appearance."""
@@ -286,9 +470,10 @@ class Diagnoser:
         rows = []
         for category, aggregate in self._aggregates.items():
             entry = CATEGORIES[category]
+            best = aggregate.best
             rows.append(FindingSummary(
-                category=category, title=entry.title, severity=entry.severity, cause=entry.cause,
-                remedy=entry.remedy, count=aggregate.count, first=aggregate.first, last=aggregate.last,
+                category=category, title=entry.title, severity=best.severity, cause=best.cause,
+                remedy=best.remedy, count=aggregate.count, first=aggregate.first, last=aggregate.last,
                 ranks=tuple(sorted(aggregate.ranks)), sources=tuple(aggregate.sources)))
         severity_order = {"critical": 0, "error": 1, "warning": 2}
         rows.sort(key=lambda row: (row.category != root, severity_order.get(row.severity, 3),
@@ -299,6 +484,34 @@ class Diagnoser:
     def reset(self) -> None:
         """Forget everything (the console's "clear findings")."""
         self.__init__(self.max_findings)
+
+
+def _excerpt(text: str) -> str:
+    excerpt = text.strip()
+    if len(excerpt) > EXCERPT_CHARS:
+        excerpt = excerpt[: EXCERPT_CHARS - 1] + "…"
+    return excerpt
+
+
+def _exception_text(exception: Tuple[str, str]) -> str:
+    name, message = exception
+    return "%s: %s" % (name, message) if message else name
+
+
+def _exception_of(body: str) -> Optional[Tuple[str, str]]:
+    """(type, message) when the line reads like the exception line that ends a traceback."""
+    stripped = body.strip()
+    if not stripped or not (stripped[0].isalpha() or stripped[0] == "_"):
+        return None
+    match = _EXCEPTION.match(stripped)
+    if match is None:
+        return None
+    name, message = match.group(1), match.group(2)
+    if message is None and not name.endswith(_EXCEPTION_SUFFIXES):
+        return None
+    if message is not None and "." not in name and not name.endswith(_EXCEPTION_SUFFIXES):
+        return None
+    return name, (message or "").strip()
 
 
 def diagnose_lines(lines: Iterable[str], source: Optional[str] = None,

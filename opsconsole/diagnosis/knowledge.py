@@ -203,7 +203,7 @@ INDEX_ERROR_REMEDY = (
     "An index was out of range: check the data's label range against the number of classes "
     "([0, num_classes) for the loss) and token/embedding ids against the vocabulary (nn.Embedding's "
     "num_embeddings), and the shapes and lengths the indices were computed from; print the min/max of "
-    "the offending batch's indices; then read the innermost frame of your own code.")
+    "the offending batch's indices.")
 
 STALL_CATEGORY = _category(
     "stall", "Possible hang: logs stopped advancing", SEVERITY_WARNING,

@@ -1,0 +1,132 @@
+"""One verdict for a run: every file of every rank (and the launcher's output) through one Diagnoser.
+
+The console merges ranks by following every log of the run into one Diagnoser; `diagnose_run` does
+the same over files: each file is a source labelled as the console labels it (logs.names.label_source:
+host and rank from `train_{host}_rank{N}_{ts}.log`, "[rank3]:" prefixes inside lines), plus the
+layout torchrun's --log-dir writes (`.../attempt_0/{local_rank}/stderr.log`, and `error.json` where a
+child recorded its exception) and a `rank{N}` in a file name. The verdict is the Diagnoser's: the
+most fundamental category, started at its earliest finding in time, with that finding's rank or the
+rank torchelastic's failure table names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from opsconsole.diagnosis.engine import Diagnoser, Diagnosis, RootCause
+from opsconsole.diagnosis.finding import Finding
+from opsconsole.diagnosis.launcher import error_file_lines, parse_error_file
+from opsconsole.logs.names import label_source
+from opsconsole.logs.records import LogSource
+
+NODE = "local"
+MAX_RUN_FILES = 100_000
+# What a run directory's logs are called; explicitly named files are read whatever their name.
+LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".stdout", ".stderr")
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")
+LOG_NAMES = ("stdout", "stderr", "output", "log")
+ERROR_FILE_SUFFIX = ".json"
+MAX_ERROR_FILE_BYTES = 4 * 1024 * 1024
+_TORCHRUN_RANK_DIR = re.compile(r"(?:^|/)attempt_\d+/(\d{1,7})/[^/]+$")
+_RANK_IN_NAME = re.compile(r"(?:^|[_.-])rank[_-]?(\d{1,7})(?=[_.-]|$)", re.IGNORECASE)
+
+
+@dataclass
+class RunDiagnosis:
+    """What diagnose_run found in the files of one run."""
+
+    verdict: Optional[RootCause]
+    diagnosis: Diagnosis
+    files: List[str]  # the files read, in order
+    unreadable: List[Tuple[str, str]] = field(default_factory=list)  # (file, reason)
+    paths: Dict[str, str] = field(default_factory=dict)  # source key -> file
+
+    @property
+    def root_cause(self) -> Optional[str]:
+        return self.verdict.category if self.verdict else None
+
+    def file_of(self, finding: Finding) -> Optional[str]:
+        return self.paths.get(finding.source or "", finding.source)
+
+
+def run_files(names: Sequence[str]) -> List[str]:
+    """The files of a run: named files as given, directories walked (sorted) for log-like files."""
+    files: List[str] = []
+    for name in names:
+        if os.path.isdir(name):
+            for root, directories, entries in os.walk(name):
+                directories.sort()
+                for entry in sorted(entries):
+                    if _looks_like_a_log(entry):
+                        files.append(os.path.join(root, entry))
+                        if len(files) >= MAX_RUN_FILES:
+                            return files
+        else:
+            files.append(name)
+    return files
+
+
+def _looks_like_a_log(name: str) -> bool:
+    lowered = name.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        if lowered.endswith(suffix):
+            lowered = lowered[: -len(suffix)]
+            break
+    stem = lowered.rsplit(".", 1)[0] if "." in lowered else lowered
+    return lowered.endswith(LOG_SUFFIXES + (ERROR_FILE_SUFFIX,)) or stem in LOG_NAMES
+
+
+def run_source(path: str) -> LogSource:
+    """The file's source as the console labels it, with the rank torchrun's log layout or the name gives."""
+    source = label_source(NODE, path)
+    if source.rank is not None:
+        return source
+    normalised = path.replace(os.sep, "/")
+    match = _TORCHRUN_RANK_DIR.search(normalised) or _RANK_IN_NAME.search(os.path.basename(path))
+    if match is None:
+        return source
+    rank = int(match.group(1))
+    return LogSource(node=NODE, path=path, host=source.host, rank=rank, label="rank%d:%s" % (rank, os.path.basename(path)))
+
+
+def diagnose_run(names: Sequence[str], lines_of: Callable[[str], Iterable[str]],
+                 unreadable: Tuple[type, ...] = (OSError,)) -> RunDiagnosis:
+    """Diagnose the files (and directories) of one run together; `lines_of(file)` reads a file's lines.
+
+    A file that raises one of `unreadable` is listed with its reason; the others are still read.
+    """
+    diagnoser = Diagnoser()
+    files = run_files(names)
+    result = RunDiagnosis(verdict=None, diagnosis=Diagnosis(root_cause=None, findings=()), files=files)
+    total = 0
+    for path in files:
+        source = run_source(path)
+        result.paths[source.key] = path
+        try:
+            lines = _source_lines(path, lines_of)
+            number = 0
+            for number, text in enumerate(lines, 1):
+                diagnoser.feed_text(text, number, source)
+        except unreadable as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            result.unreadable.append((path, reason))
+            continue
+        total += number
+    result.verdict = diagnoser.verdict()
+    result.diagnosis = Diagnosis(root_cause=diagnoser.root_cause(), findings=tuple(diagnoser.findings()),
+                                 summary=tuple(diagnoser.summary()), lines=total, dropped=diagnoser.dropped)
+    return result
+
+
+def _source_lines(path: str, lines_of: Callable[[str], Iterable[str]]) -> Iterator[str]:
+    """A log's lines; of a torchelastic error file (JSON) the traceback it recorded; other JSON nothing."""
+    if not path.lower().endswith(ERROR_FILE_SUFFIX):
+        yield from lines_of(path)
+        return
+    with open(path, "rb") as handle:
+        error = parse_error_file(handle.read(MAX_ERROR_FILE_BYTES))
+    if error is not None:
+        yield from error_file_lines(error)

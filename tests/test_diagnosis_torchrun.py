@@ -1,0 +1,181 @@
+"""Real torchrun runs (2 ranks, gloo, CPU) that fail as training runs fail; one verdict per run.
+
+Each run writes what a real one leaves behind: torchrun's --log-dir (attempt_0/{rank}/stderr.log with
+"[rankN]:" prefixes), a seed-style log per rank (train_local_rank{N}_x.log) and the launcher's own
+output with its failure table (launcher.log). `opsconsole diagnose --run DIR --json` must name the
+root cause and the rank that failed first, never its peer's consequences. The runs start together
+(tiny tensors: each is mostly torch's import) in one module fixture; the demo's training is one more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 240
+
+WORKER = textwrap.dedent('''
+    import logging, os, sys
+    import torch
+    import torch.distributed as dist
+
+    mode, log_dir = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["RANK"])
+    logging.basicConfig(filename=os.path.join(log_dir, "train_local_rank%d_x.log" % rank), level=logging.INFO,
+                        format="%(asctime)s - %(levelname)s - %(message)s")
+    log = logging.getLogger("train")
+    dist.init_process_group("gloo")
+    log.info("rank %d of %d started", rank, dist.get_world_size())
+    for step in range(3):
+        x = torch.ones(4) * (step + 1)
+        if step == 1 and rank == 1:
+            if mode == "index":
+                labels = torch.arange(10)
+                picked = labels[torch.tensor(12)]
+            elif mode == "embedding":
+                torch.nn.Embedding(10, 4)(torch.tensor([3, 12]))
+            elif mode == "nan":
+                loss = torch.log(torch.tensor(-1.0))
+                log.info("step %d loss: %s", step, loss.item())
+                if not torch.isfinite(loss):
+                    raise FloatingPointError("loss is %s at step %d" % (loss.item(), step))
+        if mode == "sigkill" and step == 1:
+            dist.barrier()
+            if rank == 1:
+                os.kill(os.getpid(), 9)
+        dist.all_reduce(x)
+        log.info("step %d loss: %.4f", step, float(x.sum()) / 100)
+    dist.destroy_process_group()
+    log.info("done")
+''')
+
+MODES = ("index", "embedding", "sigkill", "nan", "healthy")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every mode's run directory (and the demo's), run side by side; {mode: (dir, exit status)}."""
+    base = tmp_path_factory.mktemp("torchrun")
+    script = base / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    started = {}
+    for mode in MODES:
+        directory = base / mode
+        directory.mkdir()
+        launcher = open(directory / "launcher.log", "wb")
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                   "127.0.0.1", "--master-port", str(free_port()), "--redirects", "3", "--log-dir",
+                   str(directory / "torchrun"), str(script), mode, str(directory)]
+        started[mode] = (directory, subprocess.Popen(command, stdout=launcher, stderr=subprocess.STDOUT, env=env), launcher)
+    demo = base / "demo"
+    started["demo"] = (demo, subprocess.Popen(
+        [sys.executable, "-m", "opsconsole.demo.train", "--dir", str(demo), "--ranks", "2", "--epochs", "3",
+         "--steps", "8", "--step-sleep", "0", "--fail-at-epoch", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env), None)
+    finished = {}
+    for mode, (directory, process, launcher) in started.items():
+        try:
+            status = process.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            status = process.wait()
+        if launcher is not None:
+            launcher.close()
+        finished[mode] = (directory, status)
+    return finished
+
+
+def verdict(directory: Path) -> dict:
+    done = subprocess.run([sys.executable, "-m", "opsconsole", "diagnose", "--run", str(directory), "--json"],
+                          capture_output=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def rank_of_file(path: str) -> str:
+    return Path(path).parent.name
+
+
+def test_an_index_error_on_rank_1_is_its_app_error_not_the_peer_it_disconnected(runs):
+    directory, status = runs["index"]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("app_error", 1)
+    assert result["file"].endswith("stderr.log") and rank_of_file(result["file"]) == "1"
+    root = next(f for f in result["findings"] if f["category"] == "app_error")
+    assert root["exception"] == "IndexError: index 12 is out of bounds for dimension 0 with size 10"
+    assert root["frame"].startswith(str(directory.parent / "worker.py") + ":")
+    assert "label range" in root["remedy"]  # the device-assert remedy's data checks
+    # Rank 0's lost connection is read as what it is: a consequence.
+    peer = [f for f in result["findings"] if f["rank"] == 0 and f["file"].endswith("stderr.log")]
+    assert peer and {f["category"] for f in peer} == {"nccl_remote"}
+
+
+def test_an_embedding_index_out_of_range_is_app_error_on_rank_1(runs):
+    directory, status = runs["embedding"]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("app_error", 1)
+    root = next(f for f in result["findings"] if f["category"] == "app_error")
+    assert root["exception"] == "IndexError: index out of range in self"
+    assert root["line"] == result["line"] and "label range" in root["remedy"]
+
+
+def test_a_sigkilled_rank_is_host_oom_inferred_on_the_rank_the_launcher_names(runs):
+    directory, status = runs["sigkill"]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("host_oom", 1)
+    assert result["file"] == str(directory / "launcher.log")
+    oom = [f for f in result["findings"] if f["category"] == "host_oom"]
+    assert oom and all(f["evidence"] == "inferred" and f["severity"] == "error" for f in oom)
+    assert any("sacct" in f["remedy"] and "dmesg" in f["remedy"] for f in oom)
+    assert 1 in {f["rank"] for f in oom}
+
+
+def test_a_nan_loss_is_nan_inf_on_the_rank_that_logged_it(runs):
+    directory, status = runs["nan"]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("nan_inf", 1)
+    # The first sign in time: the loss logged with its time stamp, before the exception it raised.
+    assert result["file"] == str(directory / "train_local_rank1_x.log")
+    assert "loss: nan" in (directory / "train_local_rank1_x.log").read_text().splitlines()[result["line"] - 1]
+    assert not [f for f in result["findings"] if f["category"] == "app_error"]
+
+
+def test_a_healthy_run_has_no_verdict(runs):
+    directory, status = runs["healthy"]
+    assert status == 0
+    assert verdict(directory) == {"root_cause": None, "rank": None, "file": None, "line": None, "findings": []}
+
+
+def test_the_demos_ranks_read_together_say_nan_inf_as_the_console_does(runs):
+    directory, status = runs["demo"]
+    assert status != 0
+    logs = sorted((directory / "logs").glob("train_*_rank*.log"))
+    assert len(logs) == 2
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("nan_inf", 0)
+    assert result["file"] == str(logs[0]) and "rank0" in logs[0].name
+    # Alone, rank 1's file only knows that its peer went away; the run knows why.
+    alone = subprocess.run([sys.executable, "-m", "opsconsole", "diagnose", "--json", str(logs[1])],
+                           capture_output=True, timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert json.loads(alone.stdout)["root_cause"] == "nccl_remote"
