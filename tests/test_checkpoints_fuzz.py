@@ -469,17 +469,24 @@ def test_regression_json_sidecars_nesting_infinity_and_huge_numbers():
 
 @pytest.fixture(scope="module")
 def fuzz_workers():
-    from opsconsole.checkpoints.worker import MetadataWorkers
+    from opsconsole.checkpoints.worker import MetadataWorkers, WorkerLimits
 
-    workers = MetadataWorkers(size=1)
-    yield workers
-    workers.close()
+    careful = MetadataWorkers(size=1, limits=WorkerLimits(optimistic=False))
+    quick = MetadataWorkers(size=1)
+    yield careful, quick
+    careful.close()
+    quick.close()
 
 
 @settings(max_examples=30, deadline=None)
 @given(mutations=st.lists(mutation, min_size=1, max_size=4), body=st.lists(opcode, max_size=30), as_zip=st.booleans())
 def test_hostile_bytes_read_in_the_worker_give_the_in_process_value(fuzz_workers, mutations, body, as_zip):
-    """The worker's result, after its trip through JSON, is the in-process reader's; none of these kills it."""
+    """The careful worker's result, after its trip through JSON, is the in-process reader's; none of these kills it.
+
+    The quick first try (no opcode walk) may read more than the walk lets through (a memo index
+    far past the operations so far is refused by the walk, not by pickle); where the file is
+    fine it reads the same, and either way it gives a value.
+    """
     import tempfile
 
     from opsconsole.checkpoints.access import LOCAL
@@ -492,8 +499,13 @@ def test_hostile_bytes_read_in_the_worker_give_the_in_process_value(fuzz_workers
         path = os.path.join(folder, "epoch=3-step=10.ckpt")
         with open(path, "wb") as handle:
             handle.write(data)
-        got = read_checkpoint_file(LOCAL, path, "epoch=3-step=10.ckpt", 16 * 1024, fuzz_workers)
+        careful, quick = fuzz_workers
+        got = read_checkpoint_file(LOCAL, path, "epoch=3-step=10.ckpt", 16 * 1024, careful)
+        quickly = read_checkpoint_file(LOCAL, path, "epoch=3-step=10.ckpt", 16 * 1024, quick)
     check_result(got)
+    check_result(quickly)
     # Through JSON text: NaN is not equal to itself, its JSON text is.
     assert json.dumps(to_plain(got), sort_keys=True) == json.dumps(to_plain(expected), sort_keys=True)
-    assert fuzz_workers.starts == 1
+    if expected.problem is None or "data.pkl" not in expected.problem:
+        assert json.dumps(to_plain(quickly), sort_keys=True) == json.dumps(to_plain(expected), sort_keys=True)
+    assert careful.starts == 1

@@ -195,8 +195,9 @@ def test_the_neighbours_of_hostile_files_list_correctly_in_the_same_scan(table_l
     assert entries["h_truncated.pt"].integrity == INTEGRITY_TRUNCATED
     # The FIFO is never opened: not a regular file, so not read at all, and the scan did not block.
     assert "j_fifo.pt" not in entries and listing.other_files == 1
-    # One worker for the scan, restarted after each of the three deaths (crash, CPU, memory) only.
-    assert starts == 4
+    # One worker for the scan, restarted only after a death: at least once for each of the crash,
+    # the CPU hang and the bomb, at most twice (quick try, careful try) for those and the memo-doubled tuple.
+    assert 4 <= starts <= 8
 
 
 def test_a_fifo_is_refused_by_the_client_and_by_the_worker_itself(tmp_path):
@@ -257,7 +258,7 @@ def test_a_wall_clock_timeout_kills_the_worker_and_the_next_read_gets_a_new_one(
         result = read_checkpoint_file(LOCAL, str(hang), "hang.pt", 65536, workers)
         assert result.problem == "unreadable: timed out after 1 s"
         assert read_checkpoint_file(LOCAL, str(good), "good.pt", 65536, workers).meta.epoch == 2
-        assert workers.starts == 2
+        assert workers.starts == 3  # the quick try, the careful try, the good file
     finally:
         workers.close()
 

@@ -57,14 +57,23 @@ class WorkerLimits:
     cpu_seconds: int = 10  # RLIMIT_CPU budget per request (whole seconds: the kernel's resolution)
     timeout_s: float = 10.0  # wall clock the parent waits for any one answer
     max_reply_bytes: int = 4 * MiB  # one reply (a ReadResult as JSON is a few KiB)
+    # First try each file without safe_unpickle's opcode walk (most of a read's time), these
+    # limits bounding it with a short CPU budget; a file whose try kills the worker is read
+    # again, walk on, with the full budget: its outcome is then the careful read's.
+    optimistic: bool = True
+    first_try_cpu_seconds: int = 2
 
 
 class WorkerFailure(Exception):
-    """The worker could not give a result for this file: `reason` is one line ("worker killed by SIGSEGV")."""
+    """The worker could not give a result for this file: `reason` is one line ("worker killed by SIGSEGV").
 
-    def __init__(self, reason: str) -> None:
+    `died`: the worker is gone (killed, timed out, over its memory): a careful second try may do better.
+    """
+
+    def __init__(self, reason: str, died: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.died = died
 
 
 # --- frames and plain values, both sides ------------------------------------------------------
@@ -289,6 +298,8 @@ def serve(limits: WorkerLimits) -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(2, 1)
+    from opsconsole.checkpoints import safe_unpickle
+
     served = _Served(fd_in, fd_out)
     readers = _readers()
     fingerprint = _stand_ins_fingerprint()
@@ -308,7 +319,9 @@ def serve(limits: WorkerLimits) -> int:
             usage = resource.getrusage(resource.RUSAGE_SELF)
             served.send({"stats": dict(_memory_figures(), pid=os.getpid(), cpu_s=usage.ru_utime + usage.ru_stime)})
             continue
-        _arm_cpu_budget(limits.cpu_seconds)
+        careful = request.get("careful", True) is not False
+        safe_unpickle.WALK_FIRST = careful
+        _arm_cpu_budget(limits.cpu_seconds if careful else min(limits.cpu_seconds, limits.first_try_cpu_seconds))
         try:
             reply = _run_request(served, request, readers)
             text = json.dumps(reply, ensure_ascii=True, separators=(",", ":"))
@@ -338,8 +351,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--memory-bytes", type=int, default=WorkerLimits.memory_bytes)
     parser.add_argument("--cpu-seconds", type=int, default=WorkerLimits.cpu_seconds)
     parser.add_argument("--max-reply-bytes", type=int, default=WorkerLimits.max_reply_bytes)
+    parser.add_argument("--first-try-cpu-seconds", type=int, default=WorkerLimits.first_try_cpu_seconds)
     args = parser.parse_args(argv)
-    return serve(WorkerLimits(memory_bytes=args.memory_bytes, cpu_seconds=args.cpu_seconds, max_reply_bytes=args.max_reply_bytes))
+    return serve(WorkerLimits(memory_bytes=args.memory_bytes, cpu_seconds=args.cpu_seconds, max_reply_bytes=args.max_reply_bytes,
+                              first_try_cpu_seconds=args.first_try_cpu_seconds))
 
 
 # --- the parent's side -------------------------------------------------------------------------
@@ -379,7 +394,8 @@ class WorkerProcess:
         self.discard()
         command = [sys.executable, "-E", "-s", "-m", "opsconsole.checkpoints.worker",
                    "--memory-bytes", str(self.limits.memory_bytes), "--cpu-seconds", str(self.limits.cpu_seconds),
-                   "--max-reply-bytes", str(self.limits.max_reply_bytes)]
+                   "--max-reply-bytes", str(self.limits.max_reply_bytes),
+                   "--first-try-cpu-seconds", str(self.limits.first_try_cpu_seconds)]
         try:
             # An exec, not a fork of this (threaded) process; its own session: a terminal's
             # Ctrl-C goes to the console, which closes the worker itself.
@@ -430,7 +446,7 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 pass
         self.discard()
-        return WorkerFailure(reason or _death_text(returncode, self.limits))
+        return WorkerFailure(reason or _death_text(returncode, self.limits), died=True)
 
     def _send(self, kind: bytes, payload: bytes) -> None:
         try:
@@ -550,15 +566,22 @@ class MetadataWorkers:
             if not getattr(fs, "remote", False):
                 mode = os.lstat(path).st_mode
             raise WorkerFailure(_not_regular_text(mode))
-        worker = self._take()
-        try:
-            if getattr(fs, "remote", False):
-                reply = fs.run_reader(path, lambda size: worker.exchange({"reader": reader, "args": args, "size": size}))
-            else:
-                reply = _drive_without_fetch(worker.exchange({"reader": reader, "args": args, "path": os.path.abspath(path)}))
-        finally:
-            self._give(worker)
-        return _unpack(reply)
+        tries = (False, True) if self.limits.optimistic else (True,)
+        for careful in tries:
+            worker = self._take()
+            try:
+                request = {"reader": reader, "args": args, "careful": careful}
+                if getattr(fs, "remote", False):
+                    reply = fs.run_reader(path, lambda size: worker.exchange(dict(request, size=size)))
+                else:
+                    reply = _drive_without_fetch(worker.exchange(dict(request, path=os.path.abspath(path))))
+                return _unpack(reply)
+            except WorkerFailure as failure:
+                if not failure.died or careful:
+                    raise
+            finally:
+                self._give(worker)
+        raise AssertionError("unreachable: the careful try returns or raises")
 
     def run(self, request: Dict[str, Any]) -> Any:
         """One raw request (`reader`, `args`, and `path` or nothing): for tests of the worker's own guards."""
@@ -593,7 +616,7 @@ def _drive_without_fetch(exchange: Generator[Tuple[int, int], bytes, Dict[str, A
 
 def _unpack(reply: Dict[str, Any]) -> Any:
     if "failure" in reply:
-        raise WorkerFailure(str(reply["failure"])[:300])
+        raise WorkerFailure(str(reply["failure"])[:300], died=bool(reply.get("exit")))
     if "oserror" in reply:
         number, text = (list(reply["oserror"]) + [0, ""])[:2]
         raise OSError(int(number) if type(number) is int else errno.EIO, str(text)[:300])
