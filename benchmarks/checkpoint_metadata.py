@@ -4,6 +4,8 @@ Writes a CheckpointManager-style checkpoint (model weights + AdamW exp_avg/exp_a
 scheduler, epoch, loss, timestamp) of about 2 GB into a temp dir, warms the page cache,
 then times (median of several runs each):
   ours        opsconsole's reader: zip directory + data.pkl through the restricted unpickler
+  worker      the same reader in the limited metadata worker process (how the console reads),
+              and the worker's peak memory (what RLIMIT_AS must leave room for)
   full        torch.load(weights_only=True)
   mmap        torch.load(mmap=True, weights_only=True)
 and prints the figures and the ratios full/ours and mmap/ours. The file is removed at the end.
@@ -95,17 +97,29 @@ def main() -> int:
 
         ours()
         result = LOCAL.run_reader(path, lambda n: formats.file_reader("checkpoint_epoch_12.pt", n))
+        from opsconsole.checkpoints.worker import METADATA_WORKERS
+
+        def in_worker():
+            result = METADATA_WORKERS.read(LOCAL, path, "file", name="checkpoint_epoch_12.pt", window=64 * 1024)
+            assert result.meta.epoch == 12 and result.meta.has_optimizer and result.integrity == "ok", result
+
+        in_worker()  # starts it
         t_ours = median_time(ours, args.repeat * 4)
+        t_worker = median_time(in_worker, args.repeat * 4)
+        worker_stats = METADATA_WORKERS.stats()
         t_full = median_time(full, args.repeat)
         t_mmap = median_time(mmap, args.repeat)
         meta = result.meta
         print("checkpoint: %.2f GB, %d storages, state dict %d tensors, optimizer %s" % (
             size / 1e9, meta.tensor_count, meta.state_dict.keys, meta.has_optimizer))
         print("metadata read (ours):                     %8.2f ms" % (t_ours * 1e3))
+        print("metadata read in the worker:              %8.2f ms  (worker peak RSS %d KiB, peak VM %d KiB, RLIMIT_AS %d MiB)" % (
+            t_worker * 1e3, worker_stats.get("VmHWM", 0), worker_stats.get("VmPeak", 0), METADATA_WORKERS.limits.memory_bytes >> 20))
         print("torch.load(weights_only=True):            %8.2f ms" % (t_full * 1e3))
         print("torch.load(mmap=True, weights_only=True): %8.2f ms" % (t_mmap * 1e3))
         print("ratio full/ours: %.0fx (target >= 50x)   ratio mmap/ours: %.1fx (target > 1x)" % (t_full / t_ours, t_mmap / t_ours))
-        ok = t_full / t_ours >= 50 and t_mmap > t_ours
+        print("ratio full/worker: %.0fx (target >= 50x)   ratio worker/ours: %.2fx" % (t_full / t_worker, t_worker / t_ours))
+        ok = t_full / t_worker >= 50 and t_mmap > t_ours
         print("PASS" if ok else "FAIL")
         return 0 if ok else 1
     finally:
