@@ -402,7 +402,7 @@ COLUMNS = [("meta", "value"), ("meta", "key"), ("chunks", "t0"), ("chunks", "t1"
            ("events", "kind"), ("events", "node")]
 
 
-@settings(max_examples=60)
+@settings(max_examples=50)
 @given(column=st.sampled_from(COLUMNS), value=SQL_VALUES, row=st.integers(0, 8))
 def test_fuzz_one_mutated_value_replays_or_is_a_clean_error(base_recording, scratch, column, value, row):
     path = fresh(scratch, base_recording)
@@ -436,7 +436,7 @@ RECORD = st.fixed_dictionaries({}, optional={
 })
 
 
-@settings(max_examples=60)
+@settings(max_examples=50)
 @given(records=st.lists(RECORD, min_size=1, max_size=4), where=st.integers(0, 40), which=st.integers(0, 5))
 def test_fuzz_records_in_a_chunk_replay_or_are_a_clean_error(base_recording, scratch, records, where, which):
     path = fresh(scratch, base_recording)
