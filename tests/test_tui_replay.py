@@ -95,3 +95,9 @@ def test_replay_text_shows_position_and_state():
     text = replay_text(0.0, 3600.0, 1800.0, 2.0, paused=False, width=10).plain
     assert "[=====-----]" in text and "30:00 / 1:00:00" in text and "x2" in text
     assert "END" in replay_text(0.0, 60.0, 60.0, 1.0, paused=False).plain
+
+
+def test_replay_text_says_what_part_of_the_file_was_left_out():
+    text = replay_text(0.0, 60.0, 30.0, 1.0, paused=False, problem="chunk at 10.0: inflates past 64 MiB\x1b[2J").plain
+    assert "unreadable part left out: chunk at 10.0: inflates past 64 MiB␛[2J" in text
+    assert "left out" not in replay_text(0.0, 60.0, 30.0, 1.0, paused=False).plain

@@ -33,6 +33,8 @@ class ReplayLink(NodeLink):
         self.reader = RecordingReader(path)
         if self.source is None:
             names = sorted(self.reader.seek(self.reader.end))
+            if not names:
+                raise ValueError("%s: no node could be read at the recording's end" % path)
             self.source = names[0]
 
     def _shifted(self, state: NodeState, offset: float) -> NodeState:

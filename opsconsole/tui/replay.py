@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.widgets import Input, Static
 
 from opsconsole.recording.seek import SeekError, seek_target
+from opsconsole.sanitize import printable_line
 from opsconsole.tui.app import KEY_SPECS, OpsConsole
 from opsconsole.tui.keys import KeySpec, bindings_from_specs
 
@@ -32,8 +33,10 @@ def _clock(seconds: float) -> str:
     return "%d:%02d:%02d" % (hours, rest // 60, rest % 60) if hours else "%d:%02d" % (rest // 60, rest % 60)
 
 
-def replay_text(start: float, end: float, position: float, speed: float, paused: bool, width: int = 30) -> Text:
-    """One line: REPLAY, the recording's clock, a progress bar, offset / length, speed, paused."""
+def replay_text(start: float, end: float, position: float, speed: float, paused: bool, width: int = 30,
+                problem: Optional[str] = None) -> Text:
+    """One line: REPLAY, the recording's clock, a progress bar, offset / length, speed, paused, and
+    the latest part of the file that could not be read (left out: nodes keep their last good frame)."""
     span = max(end - start, 1e-9)
     done = min(max((position - start) / span, 0.0), 1.0)
     filled = int(round(done * width))
@@ -48,6 +51,8 @@ def replay_text(start: float, end: float, position: float, speed: float, paused:
     elif position >= end:
         text.append("  END", style="bold")
     text.append("   actions disabled", style="italic")
+    if problem:
+        text.append("   unreadable part left out: " + printable_line(problem), style="bold")
     return text
 
 
@@ -78,7 +83,8 @@ class ReplayConsole(OpsConsole):
         reader = fleet.reader
         bar = getattr(self, "replay_bar", None)
         if bar is not None:
-            bar.update(replay_text(reader.start, reader.end, reader.position, fleet.speed, fleet.paused))
+            bar.update(replay_text(reader.start, reader.end, reader.position, fleet.speed, fleet.paused,
+                                   problem=getattr(fleet, "problem", None)))
 
     # --- keys ------------------------------------------------------------
 
