@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -47,10 +48,12 @@ async def wait_for(pilot, predicate, what: str, tries: int = 200):
 
 
 def cells(pane: CheckpointsPane, name: str):
+    """The row of `name` as {column key: text} (the narrow pane has fewer columns)."""
     table = pane.checkpoint_table.table
+    keys = [c.key for c in pane.checkpoint_table.columns]
     for row in table.ordered_rows:
         if row.key.value.endswith("/" + name):
-            return [str(cell) for cell in table.get_row(row.key)]
+            return dict(zip(keys, (str(cell) for cell in table.get_row(row.key))))
     raise KeyError(name)
 
 
@@ -79,9 +82,13 @@ async def test_list_markers_detail_view_and_sort(tmp_path, seed):
     async with app.run_test(size=SIZE) as pilot:
         pane = await open_pane(pilot, app)
         row = cells(pane, "checkpoint_epoch_4.pt")
-        assert row[:3] == ["checkpoint_epoch_4.pt", "torch", "4"] and row[7] == "ok" and row[8] == "latest"
-        assert cells(pane, "checkpoint_best.pt")[8] == "best"
-        assert cells(pane, "checkpoint_epoch_1.pt")[4] == "0.5 ★"  # the lowest loss is marked
+        assert (row["name"], row["format"], row["epoch"], row["integrity"], row["marks"]) == (
+            "checkpoint_epoch_4.pt", "torch", "4", "ok", "latest")
+        assert (row["layout"], row["series"], row["note"]) == ("ckpt manager", "checkpoint_epoch_N.pt", "")
+        best = cells(pane, "checkpoint_best.pt")
+        assert best["marks"] == "best" and best["series"] == "not managed"
+        assert best["note"] == "CheckpointManager's copy: not part of the epoch series"
+        assert cells(pane, "checkpoint_epoch_1.pt")["loss"] == "0.5 ★"  # the lowest loss is marked
         dirs = pane.dir_table.table
         assert dirs.row_count == 2 and [str(c) for c in dirs.get_row_at(0)][2] == "6"
         status = str(pane.status.render())
@@ -92,7 +99,9 @@ async def test_list_markers_detail_view_and_sort(tmp_path, seed):
         await wait_for(pilot, lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "the detail view")
         body = app.screen.body.plain
         for text in ("model_state_dict", "optimizer_state_dict", "scheduler_state_dict", "Optimizer         present",
-                     "Scheduler         present", "Loss              0.7", "float32 ×4"):
+                     "Scheduler         present", "Loss              0.7", "float32 ×4",
+                     "Layout            ckpt manager  (checkpoint-manager)", "Series            checkpoint_epoch_N.pt",
+                     "Members (whole)   checkpoint_epoch_2.pt\n", "Protected by      nothing recorded\n"):
             assert text in body, text
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, CheckpointDetailScreen), "the detail view to close")
@@ -118,9 +127,9 @@ async def test_crc_check_runs_in_a_worker_and_marks_the_row(tmp_path, seed):
         pane = await open_pane(pilot, app)
         pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index("checkpoint_epoch_3.pt"))
         await pilot.press("v")
-        await wait_for(pilot, lambda: pane.verifying is None and "crc" in cells(pane, "checkpoint_epoch_3.pt")[7],
+        await wait_for(pilot, lambda: pane.verifying is None and "crc" in cells(pane, "checkpoint_epoch_3.pt")["integrity"],
                        "the CRC check")
-        assert cells(pane, "checkpoint_epoch_3.pt")[7] == "ok ✓crc"
+        assert cells(pane, "checkpoint_epoch_3.pt")["integrity"] == "ok ✓crc"
         assert pane.progress.progress == pane.progress.total
 
 
@@ -194,7 +203,7 @@ async def test_a_remote_directory_is_listed_over_the_nodes_ssh_connection(tmp_pa
     try:
         async with app.run_test(size=SIZE) as pilot:
             pane = await open_pane(pilot, app)
-            assert cells(pane, "checkpoint_epoch_4.pt")[8] == "latest"
+            assert cells(pane, "checkpoint_epoch_4.pt")["marks"] == "latest"
             assert [str(c) for c in pane.dir_table.table.get_row_at(0)][:3] == ["n1", str(seed), "6"]
     finally:
         await link.close()
@@ -224,3 +233,115 @@ async def test_a_node_waiting_in_auth_is_not_logged_into_by_the_pane(tmp_path, s
         assert listing.problem == "node n1 is auth (authentication failed: denied): not scanned"
         assert "not scanned" in str(pane.dir_table.table.get_row_at(0)[6])
     assert link.connect_attempts == 0
+
+
+# --- units as the training libraries write them (tests/checkpoint_libraries.py) ---------------
+
+from tests.checkpoint_libraries import (  # noqa: E402,F401  (session fixtures)
+    HF_STEPS,
+    copy_artifact,
+    hf_run,
+    library_root,
+    lightning_run,
+    write_deepspeed_layout,
+)
+from opsconsole.tui.checkpoints import CKPT_COLUMNS, CKPT_COLUMNS_NARROW  # noqa: E402
+
+
+def screen_text(app) -> str:
+    """What the terminal shows, as plain text (to read the table as an operator would)."""
+    from rich.console import Console
+
+    console = Console(width=app.size.width, height=app.size.height, record=True, color_system=None, file=open(os.devnull, "w"))
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text()
+
+
+async def open_units(pilot, app, count: int):
+    await pilot.press("7")
+    pane = app.panes["checkpoints"]
+    await wait_for(pilot, lambda: pane.checkpoint_table.table.row_count == count, "the scan to list %d units" % count, tries=600)
+    return pane
+
+
+@pytest.mark.parametrize("size", [(170, 45), (120, 40)])
+async def test_hf_trainer_output_shows_layout_series_marks_and_why_not_managed(tmp_path, hf_run, size):
+    root = copy_artifact(hf_run.output_dir, tmp_path)
+    app = make_app(tmp_path, root)
+    async with app.run_test(size=size) as pilot:
+        pane = await open_units(pilot, app, 1 + len(hf_run.checkpoints))
+        expected = CKPT_COLUMNS if size[0] == 170 else CKPT_COLUMNS_NARROW
+        assert [c.key for c in pane.checkpoint_table.columns] == [c.key for c in expected]
+        final = cells(pane, "model.safetensors")
+        assert (final["layout"], final["series"]) == ("final model", "not managed")
+        assert final["note"].startswith("final model (save_model/save_pretrained output)")
+        best = cells(pane, hf_run.best_checkpoint)
+        newest = cells(pane, hf_run.checkpoints[-1])
+        assert (best["layout"], best["series"], best["marks"], best["step"]) == ("HF checkpoint", "checkpoint-N/", "best", "4")
+        assert (newest["marks"], newest["step"], newest["integrity"]) == ("latest", str(HF_STEPS), "ok")
+        shown = screen_text(app)
+        # The row as the operator reads it: layout, series and mark on one line, inside the width.
+        line = next(line for line in shown.splitlines() if hf_run.best_checkpoint + " " in line)
+        assert "HF checkpoint" in line and "checkpoint-N/" in line and "best" in line
+        final_line = next(line for line in shown.splitlines() if "model.safetensors" in line)
+        assert "final model" in final_line and "not managed" in final_line
+        # Details: the final model's members and the best checkpoint's protections.
+        pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index("model.safetensors"))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "details")
+        body = app.screen.body.plain
+        members = body.split("Members (whole)", 1)[1].split("\n\n", 1)[0].split()
+        assert set(hf_run.final_files) <= set(members)
+        assert "Layout            final model  (hf-final-model)" in body
+        assert "Series            not managed: final model" in body
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, CheckpointDetailScreen), "close")
+        pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index(hf_run.best_checkpoint))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "details")
+        body = app.screen.body.plain
+        assert "Protected by      best (best_model_checkpoint of the newest trainer_state.json)\n" in body
+        assert "Members (whole)   %s/  (the directory and all it holds: checkpoint (8 files))" % hf_run.best_checkpoint in body
+
+
+async def test_lightning_top_k_best_and_last(tmp_path, lightning_run):
+    root = copy_artifact(lightning_run.dir, tmp_path)
+    count = len([p for p in root.iterdir()])
+    app = make_app(tmp_path, root)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_units(pilot, app, count)
+        best_name = Path(lightning_run.best_model_path).name
+        best = cells(pane, best_name)
+        assert best["layout"] == "Lightning" and best["series"] == "ModelCheckpoint .ckpt"
+        assert best["marks"].split() == ["best", "top-k"]
+        for name in lightning_run.best_k_models:
+            assert "top-k" in cells(pane, name)["marks"].split()
+        last = cells(pane, "last.ckpt")
+        assert last["marks"] == "latest" and last["series"] == "not managed"
+        assert last["note"] == "Lightning's last.ckpt: kept as latest"
+
+
+async def test_deepspeed_current_tag(tmp_path):
+    root = write_deepspeed_layout(tmp_path / "ds")
+    app = make_app(tmp_path, root)
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = await open_units(pilot, app, 3)
+        assert cells(pane, "global_step200")["marks"] == "current tag"
+        assert cells(pane, "global_step200")["layout"] == "DeepSpeed"
+        assert cells(pane, "global_step300")["marks"] == ""
+
+
+def test_note_says_the_problem_then_why_unreadable_then_why_not_managed():
+    from opsconsole.checkpoints.records import CheckpointEntry
+    from opsconsole.tui.checkpoints import marks_text, note_text
+
+    entry = CheckpointEntry(path="/r/big.pt", name="big.pt", format="torch", size_bytes=1, mtime=0.0,
+                            unreadable="could not read: data.pkl is 300000000 bytes, over the reader's limit",
+                            unmanaged="no epoch or step in its name: not part of a series")
+    assert note_text(entry) == ("could not read: data.pkl is 300000000 bytes, over the reader's limit; "
+                                "no epoch or step in its name: not part of a series")
+    crashed = CheckpointEntry(path="/r/x_step_3.pt", name="x_step_3.pt", format="torch", size_bytes=1, mtime=0.0,
+                              series="x_step_N.pt", problem="worker crashed (SIGSEGV)", unreadable="worker crashed (SIGSEGV)",
+                              protections=("top-k of ModelCheckpoint(monitor=val_acc, mode=max)",), best=True, latest=True)
+    assert note_text(crashed) == "worker crashed (SIGSEGV)"
+    assert marks_text(crashed) == "best top-k latest"

@@ -1,8 +1,11 @@
 """The Checkpoints pane: every configured checkpoint directory, its checkpoints, integrity and cleanup.
 
 Top: one row per `[[checkpoints]]` directory (node, path, count, total size, free space).
-Below: the checkpoints of the highlighted directory: name, format, epoch/step, loss (the
-lowest marked), size, age, integrity and the latest/best markers. Scans, CRC checks,
+Below: the units of the highlighted directory as the headless listing shows them: name, layout
+(which library's unit: HF checkpoint, final model, Lightning, DCP ...), series (or "not managed"),
+epoch/step, loss (the lowest marked), size, age, integrity, the marks (best, top-k, latest,
+current tag) and a note (the problem, why it could not be read, why it is not managed). Below
+WIDE_FROM columns the format and age columns give way so the note stays readable. Scans, CRC checks,
 plans and deletions run in thread workers; a remote directory is read over its node's
 SSH connection (SFTP, opsconsole/checkpoints/remote.py), whose loop is this app's loop.
 
@@ -22,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
@@ -34,6 +37,19 @@ from opsconsole.actions.registry import TARGET_CHECKPOINT_DIR, Target
 from opsconsole.checkpoints.access import LOCAL, FileSystem
 from opsconsole.checkpoints.records import (
     INTEGRITY_CORRUPT,
+    LAYOUT_ACCELERATE,
+    LAYOUT_CHECKPOINT_MANAGER,
+    LAYOUT_DCP,
+    LAYOUT_DEEPSPEED,
+    LAYOUT_FILE,
+    LAYOUT_HF_CHECKPOINT,
+    LAYOUT_HF_FINAL,
+    LAYOUT_LIGHTNING,
+    LAYOUT_LINK,
+    LAYOUT_MEGATRON,
+    LAYOUT_NUMBERED,
+    LAYOUT_SHARDED,
+    LAYOUT_TORCHTITAN,
     INTEGRITY_NO_CRC,
     INTEGRITY_OK,
     INTEGRITY_TRUNCATED,
@@ -67,18 +83,52 @@ DIR_COLUMNS = (
     Column("scanned", "Scanned", 7),
     Column("state", "State", 40),
 )
-CKPT_COLUMNS = (
-    Column("name", "Name"),
-    Column("format", "Format", 12),
+CKPT_COLUMNS = (  # 170 columns: the note keeps about 30 cells
+    Column("name", "Name", 24),
+    Column("layout", "Layout", 13),
+    Column("format", "Format", 11),
+    Column("series", "Series", 15),
     Column("epoch", "Epoch", 5),
-    Column("step", "Step", 8),
-    Column("loss", "Loss", 9),
+    Column("step", "Step", 7),
+    Column("loss", "Loss", 8),
     Column("size", "Size", 9),
     Column("age", "Age", 4),
-    Column("integrity", "Integrity", 11),
-    Column("marks", "Marks", 11),
-    Column("problem", "Problem", 40),
+    Column("integrity", "Integrity", 10),
+    Column("marks", "Marks", 12),
+    Column("note", "Note"),
 )
+NARROW_DROPPED = ("format", "age", "epoch")  # the details screen still has them
+CKPT_COLUMNS_NARROW = tuple(  # 120 columns
+    replace(c, width={"name": 20, "series": 13, "step": 6, "loss": 7, "size": 8, "marks": 11}.get(c.key, c.width)) for c in CKPT_COLUMNS if c.key not in NARROW_DROPPED
+)
+WIDE_FROM = 150  # pane width (cells) from which the wide column set is used
+NOTE_CHARS = 80
+
+# What the Layout column calls each library's unit (the headless listing prints the raw layout).
+LAYOUT_LABELS = {
+    LAYOUT_CHECKPOINT_MANAGER: "ckpt manager",
+    LAYOUT_NUMBERED: "numbered",
+    LAYOUT_LIGHTNING: "Lightning",
+    LAYOUT_HF_CHECKPOINT: "HF checkpoint",
+    LAYOUT_HF_FINAL: "final model",
+    LAYOUT_ACCELERATE: "accelerate",
+    LAYOUT_DEEPSPEED: "DeepSpeed",
+    LAYOUT_MEGATRON: "Megatron",
+    LAYOUT_DCP: "DCP",
+    LAYOUT_TORCHTITAN: "torchtitan",
+    LAYOUT_SHARDED: "sharded model",
+    LAYOUT_FILE: "file",
+    LAYOUT_LINK: "link",
+}
+
+
+def layout_label(entry: CheckpointEntry) -> str:
+    return LAYOUT_LABELS.get(entry.layout, entry.layout)
+
+
+def columns_for(width: int) -> Tuple[Column, ...]:
+    """The checkpoint columns for a pane `width` cells wide."""
+    return CKPT_COLUMNS if width >= WIDE_FROM or width <= 0 else CKPT_COLUMNS_NARROW
 
 
 @dataclass(frozen=True)
@@ -106,7 +156,10 @@ CKPT_SORT_KEYS = {
     "size": lambda e: e.size_bytes,
     "age": lambda e: -e.mtime,
     "integrity": _integrity_key,
-    "marks": lambda e: (not e.latest, not e.best),
+    "marks": lambda e: (not e.latest, not e.best, not is_top_k(e)),
+    "layout": layout_label,
+    "series": lambda e: (e.series is None, e.series or ""),
+    "note": lambda e: note_text(e),
 }
 DIR_SORT_KEYS = {
     "node": lambda r: r.node,
@@ -116,8 +169,9 @@ DIR_SORT_KEYS = {
     "free": lambda r: r.listing.free_bytes if r.listing else None,
 }
 CHECKPOINT_FILTER = FilterFields(
-    free=lambda e: (e.name, e.format, e.integrity, e.problem),
-    text={"name": lambda e: (e.name,), "format": lambda e: (e.format,), "integrity": lambda e: (e.integrity,)},
+    free=lambda e: (e.name, e.format, layout_label(e), e.series or "not managed", e.integrity, note_text(e)),
+    text={"name": lambda e: (e.name,), "format": lambda e: (e.format,), "integrity": lambda e: (e.integrity,),
+          "layout": lambda e: (e.layout, layout_label(e)), "series": lambda e: (e.series or "not managed",)},
     numbers={
         "epoch": lambda e: e.meta.epoch,
         "step": lambda e: e.meta.step,
@@ -131,15 +185,62 @@ def dir_key(config: CheckpointDirConfig) -> str:
     return "%s:%s" % (config.node or "local", config.path)
 
 
+def is_top_k(entry: CheckpointEntry) -> bool:
+    return any(p.startswith("top-k") for p in entry.protections)
+
+
+def is_current_tag(entry: CheckpointEntry) -> bool:
+    """DeepSpeed's `latest` or Megatron's latest_checkpointed_iteration.txt names it."""
+    return any(p.startswith("current") for p in entry.protections)
+
+
 def marks_text(entry: CheckpointEntry) -> str:
+    """What the library recorded about the unit, in words: best, top-k, latest or current tag."""
     parts = []
-    if entry.latest:
-        parts.append("latest")
     if entry.best:
         parts.append("best")
+    if is_top_k(entry):
+        parts.append("top-k")
+    if is_current_tag(entry):
+        parts.append("current tag")
+    elif entry.latest:
+        parts.append("latest")
     if entry.is_link:
         parts.append("link")
     return " ".join(parts)
+
+
+def epoch_text(entry: CheckpointEntry) -> str:
+    """HF's fractional epoch (2.50) as the headless listing prints it, else the whole epoch."""
+    exact = entry.meta.epoch_float
+    if exact is not None and exact != int(exact):
+        return "%.2f" % exact
+    return NA if entry.meta.epoch is None else str(entry.meta.epoch)
+
+
+def note_text(entry: CheckpointEntry) -> str:
+    """The problem, then why it could not be read, then why it is not managed (one line)."""
+    parts = []
+    if entry.problem:
+        parts.append(entry.problem)
+    if entry.unreadable and entry.unreadable != entry.problem:
+        parts.append(entry.unreadable if entry.unreadable.startswith(("unreadable", "could not read"))
+                     else "unreadable: " + entry.unreadable)
+    if entry.series is None and not entry.is_link:
+        parts.append(entry.unmanaged or "no recognised series")  # the Series column says "not managed"
+    return "; ".join(parts)
+
+
+def note_cell(entry: CheckpointEntry) -> Text:
+    note = note_text(entry)
+    style = "yellow" if entry.problem or entry.unreadable else "dim"
+    return Text(shorten(note, NOTE_CHARS), style=style if note else "", no_wrap=True, overflow="ellipsis", end="")
+
+
+def series_cell(entry: CheckpointEntry) -> Text:
+    if entry.series is None:
+        return Text("not managed", style="dim", end="")
+    return Text(entry.series, no_wrap=True, overflow="ellipsis", end="")
 
 
 def loss_cell(entry: CheckpointEntry) -> Text:
@@ -151,21 +252,29 @@ def loss_cell(entry: CheckpointEntry) -> Text:
     return Text(text, end="")
 
 
-def checkpoint_table_row(entry: CheckpointEntry, now: float) -> TableRow:
-    """One checkpoint's cells (integrity coloured, the lowest loss starred)."""
+def checkpoint_cells(entry: CheckpointEntry, now: float) -> Dict[str, Any]:
+    """One unit's cells by column key (integrity coloured, the lowest loss starred)."""
     integrity = entry.integrity + (" ✓crc" if entry.crc_checked and entry.integrity == INTEGRITY_OK else "")
-    return TableRow(entry.key, (
-        Text(entry.name, style="bold" if entry.latest else "", no_wrap=True, overflow="ellipsis", end=""),
-        entry.format,
-        NA if entry.meta.epoch is None else str(entry.meta.epoch),
-        NA if entry.meta.step is None else str(entry.meta.step),
-        loss_cell(entry),
-        NA if entry.is_link else format_bytes(entry.size_bytes),
-        format_age(now - entry.mtime),
-        Text(integrity, style=INTEGRITY_STYLES.get(entry.integrity, "dim"), end=""),
-        Text(marks_text(entry), style="bold cyan", end=""),
-        Text(shorten(entry.problem, 60), style="yellow" if entry.problem else "", end=""),
-    ))
+    return {
+        "name": Text(entry.name, style="bold" if entry.latest else "", no_wrap=True, overflow="ellipsis", end=""),
+        "layout": layout_label(entry),
+        "format": entry.format,
+        "series": series_cell(entry),
+        "epoch": epoch_text(entry),
+        "step": NA if entry.meta.step is None else str(entry.meta.step),
+        "loss": loss_cell(entry),
+        "size": NA if entry.is_link else format_bytes(entry.size_bytes),
+        "age": format_age(now - entry.mtime),
+        "integrity": Text(integrity, style=INTEGRITY_STYLES.get(entry.integrity, "dim"), end=""),
+        "marks": Text(marks_text(entry), style="bold cyan", end=""),
+        "note": note_cell(entry),
+    }
+
+
+def checkpoint_table_row(entry: CheckpointEntry, now: float, columns: Tuple[Column, ...] = CKPT_COLUMNS) -> TableRow:
+    """One unit's row for the columns shown."""
+    cells = checkpoint_cells(entry, now)
+    return TableRow(entry.key, tuple(cells[c.key] for c in columns))
 
 
 def dir_table_row(row: DirRow, now: float) -> TableRow:
@@ -192,11 +301,17 @@ def detail_text(entry: CheckpointEntry, now: float) -> Text:
     text = Text()
 
     def row(label: str, value: Any, style: str = "") -> None:
-        text.append("%-18s" % label, style="bold")
+        text.append("%-18s" % label if len(label) < 18 else label + " ", style="bold")
         text.append("%s\n" % value, style=style)
 
     row("Path", entry.path)
+    row("Layout", "%s  (%s)" % (layout_label(entry), entry.layout))
+    row("Unit", entry.unit or NA)
     row("Format", entry.format + ("  (directory)" if entry.is_dir else ""))
+    if entry.series is not None:
+        row("Series", entry.series + ("  (%s)" % entry.unmanaged if entry.unmanaged else ""))
+    else:
+        row("Series", "not managed: %s" % (entry.unmanaged or "no recognised series"), "dim")
     if entry.is_link:
         row("Link target", entry.link_target or "?")
     row("Size", "%s (%d bytes)" % (format_bytes(entry.size_bytes), entry.size_bytes))
@@ -205,8 +320,21 @@ def detail_text(entry: CheckpointEntry, now: float) -> Text:
         INTEGRITY_STYLES.get(entry.integrity, ""))
     if entry.problem:
         row("Problem", entry.problem, "yellow")
+    if entry.unreadable:
+        row("Unreadable", entry.unreadable, "yellow")
     markers = marks_text(entry) or "-"
     row("Markers", markers + ("  (lowest loss)" if entry.lowest_loss else ""))
+    # What keeps it, as the library recorded it, and what goes with it: a unit is deleted whole or not at all.
+    for index, why in enumerate(entry.protections[:MAX_DETAIL_LINES] or ("nothing recorded",)):
+        row("Protected by" if index == 0 else "", why)
+    members = entry.members[:MAX_DETAIL_LINES] or (entry.name,)
+    for index, member in enumerate(members):
+        shown = entry.path if member == "." else member
+        if entry.is_dir:
+            shown += "/  (the directory and all it holds: %s)" % (entry.unit or "?")
+        row("Members (whole)" if index == 0 else "", shown)
+    if len(entry.members) > MAX_DETAIL_LINES:
+        row("", "… and %d more" % (len(entry.members) - MAX_DETAIL_LINES), "dim")
     row("Epoch", NA if meta.epoch is None else meta.epoch)
     row("Step", NA if meta.step is None else meta.step)
     row("Loss", NA if meta.loss is None else "%.6g" % meta.loss)
@@ -238,6 +366,9 @@ def detail_text(entry: CheckpointEntry, now: float) -> Text:
             text.append(("  " + shorten(key, width - 4)).ljust(width), style="bold")
             text.append("%s\n" % value)
     return text
+
+
+MAX_DETAIL_LINES = 200  # members and protections listed in the details screen
 
 
 def _size(value: Optional[int]) -> str:
@@ -360,9 +491,16 @@ class CheckpointsPane(ActionKeys, TablePane):
     def on_mount(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.dir_table.set_columns(DIR_COLUMNS)
-        self.checkpoint_table.set_columns(CKPT_COLUMNS)
+        self.checkpoint_table.set_columns(columns_for(self.size.width))
         # No focus() here: focusing a widget of a hidden tab would make the tab bar switch to it.
         super().on_mount()
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Narrow panes drop the format and age columns (the note stays readable)."""
+        columns = columns_for(event.size.width)
+        if [c.key for c in columns] != [c.key for c in self.checkpoint_table.columns]:
+            self.checkpoint_table.set_columns(columns)
+            self.redraw()
 
     # --- configured directories --------------------------------------------------------
 
@@ -481,7 +619,7 @@ class CheckpointsPane(ActionKeys, TablePane):
         configured = self.configured
         if not configured:
             self.dir_table.show([], lambda r: dir_table_row(r, self.now))
-            self.checkpoint_table.show([], lambda e: checkpoint_table_row(e, self.now))
+            self.checkpoint_table.show([], lambda e: checkpoint_table_row(e, self.now, tuple(self.checkpoint_table.columns)))
             return ["no [[checkpoints]] directories configured (see config.example.toml)"]
         visible = getattr(self.app, "visible_pane_id", self.pane_id) == self.pane_id
         if visible and (not self._last_scan or time.monotonic() - self._last_scan > RESCAN_S):
@@ -494,7 +632,8 @@ class CheckpointsPane(ActionKeys, TablePane):
         listing = self.listings.get(key) if key else None
         entries = list(listing.entries) if listing else []
         shown = filter_rows(entries, self.filter, self.filter_fields)
-        self.checkpoint_table.show(shown, lambda e: checkpoint_table_row(e, now),
+        columns = tuple(self.checkpoint_table.columns)
+        self.checkpoint_table.show(shown, lambda e: checkpoint_table_row(e, now, columns),
                                    signature=lambda e: (e, format_age(now - e.mtime)))
         parts = [self.count_part(self.checkpoint_table, "checkpoints")]
         if listing is not None and not listing.problem:
