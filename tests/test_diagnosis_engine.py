@@ -493,3 +493,57 @@ def test_an_error_file_gives_its_traceback():
     assert error.timestamp == 1796292609.0 and error.traceback.endswith("in self\n")
     assert diagnose_lines(error.traceback.splitlines()).findings[0].frame == "/w/t.py:3 in f"
     assert parse_error_file(b'{"x": 1}') is None and parse_error_file(b"not json") is None
+
+
+@pytest.mark.parametrize("lines,rank", [
+    (["E1203 10:10:09.480000 8770 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 8774) of binary: /usr/bin/python"], 1),
+    (["slurmstepd: error: Detected 2 oom_kill events in StepId=42.13. Some of the step tasks have been OOM Killed.",
+      "srun: error: node07: task 4: Out Of Memory"], 4),
+    (["torch.multiprocessing.spawn.ProcessRaisedException: ", "", "-- Process 1 terminated with the following error:",
+      "Traceback (most recent call last):", '  File "/w/train.py", line 5, in run', "    step()",
+      "FloatingPointError: Loss became infinite or NaN at iteration=12!"], 1),
+])
+def test_launchers_name_the_failed_process(lines, rank):
+    diagnoser = Diagnoser()
+    for number, line in enumerate(lines, 1):
+        diagnoser.feed_text(line, number, "launcher.log")
+    assert diagnoser.verdict().rank == rank
+
+
+def test_run_sources_take_ranks_from_torchruns_layout_and_names_and_read_error_files(tmp_path):
+    from opsconsole.diagnosis.run import diagnose_run, run_files, run_source
+
+    assert run_source("/x/tr/none_ab/attempt_0/3/stderr.log").rank == 3
+    assert run_source("/x/train_gpu07_rank5_20261203_101010.log").rank == 5
+    assert run_source("/x/worker-rank_2.out").rank == 2 and run_source("/x/launcher.log").rank is None
+    rank_dir = tmp_path / "tr" / "none_ab" / "attempt_0" / "1"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "error.json").write_text(json.dumps({"message": {"message": "IndexError: index out of range in self",
+        "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"/w/t.py\", line 3, in f\n    e(x)\n"
+                                      "IndexError: index out of range in self\n", "timestamp": "1796292609"}}}))
+    (tmp_path / "model.pt").write_bytes(b"PK\x03\x04")
+    (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    assert run_files([str(tmp_path)]) == [str(tmp_path / "config.json"), str(rank_dir / "error.json")]
+    result = diagnose_run([str(tmp_path)], lambda path: open(path, encoding="utf-8").read().splitlines())
+    assert (result.root_cause, result.verdict.rank, result.file_of(result.verdict.finding)) == (
+        "app_error", 1, str(rank_dir / "error.json"))
+    assert result.verdict.finding.frame == "/w/t.py:3 in f"
+
+
+def test_a_run_reads_the_error_file_the_launchers_table_names(tmp_path):
+    from opsconsole.diagnosis.run import diagnose_run
+
+    error_file = tmp_path / "elsewhere" / "error.json"
+    error_file.parent.mkdir()
+    error_file.write_text(json.dumps({"message": {"message": "ValueError: bad lr", "extraInfo": {
+        "py_callstack": "Traceback (most recent call last):\n  File \"/w/t.py\", line 9, in main\n    check(lr)\n"
+                        "ValueError: bad lr\n"}}}))
+    run = tmp_path / "run"
+    run.mkdir()
+    table = [line.replace("/tmp/torchelastic_x/none_y/attempt_0/1/error.json", str(error_file)).replace(
+        "exitcode  : -9 (pid: 4242)", "exitcode  : 1 (pid: 4242)").replace("Signal 9 (SIGKILL) received by PID 4242", "")
+        for line in TABLE]
+    (run / "launcher.log").write_text("\n".join(table) + "\n")
+    result = diagnose_run([str(run)], lambda path: open(path, encoding="utf-8").read().splitlines())
+    assert (result.root_cause, result.verdict.rank) == ("app_error", 3)
+    assert result.file_of(result.verdict.finding) == str(error_file) and result.files[-1] == str(error_file)

@@ -85,7 +85,11 @@ _RANK_OF = {key: index for index, key in enumerate(ROOT_CAUSE_ORDER)}
 # digits: int() of a 5000-digit "rank" raised ValueError (Python's digit limit).
 _RANK_PREFIX = re.compile(r"^\s*(?:\S+\s+){0,2}?\[(?:rank|default|trainer)([0-9]{1,7})\]:\s?")
 _SRUN_LABEL = re.compile(r"^\s{0,4}([0-9]{1,5}): ")
-_RANK_IN_TEXT = re.compile(r"\[Rank ([0-9]{1,7})\]|\brank(?: |: |=)([0-9]{1,7}) \(local_rank|\bRank ([0-9]{1,7})\] ")
+# Launchers name the failed process by its local rank (torchelastic, DeepSpeed) or task id (srun).
+_RANK_IN_TEXT = re.compile(r"\[Rank ([0-9]{1,7})\]|\brank(?: |: |=)([0-9]{1,7}) \(local_rank|\bRank ([0-9]{1,7})\] "
+                           r"|\blocal_rank: ([0-9]{1,7}) \(pid|--local_rank=([0-9]{1,7})\b|\btask ([0-9]{1,7}): ")
+# torch.multiprocessing.spawn's report: the traceback below it is that process's.
+_SPAWN_FAILED = re.compile(r"-- Process ([0-9]{1,7}) terminated with the following error:")
 # A Python traceback frame; the line after it (indented two more) quotes source code, not an error.
 _FRAME = re.compile(r'File "([^"]*)", line (\d+)(?:, in (\S+))?')
 _TRACEBACK_HEADER = "(most recent call last):"  # "Traceback ...", "Original Traceback ..." (DataLoader workers)
@@ -208,6 +212,8 @@ class _SourceState:
     traceback_prefix: int = 0  # length of a log prefix in front of the traceback's lines
     any_frame: Optional[str] = None  # innermost frame of all
     table: Optional[FailureTable] = None  # torchelastic's failure table, once this source printed one
+    spawned_rank: Optional[int] = None  # the process that torch.multiprocessing.spawn says failed
+    clock: Optional["_SourceState"] = None  # an interleaved rank's: its file's state, which keeps the time
 
 
 class Diagnoser:
@@ -259,11 +265,16 @@ class Diagnoser:
             if rank is None:
                 rank = line_rank
         # Interleaved ranks each get their own traceback state.
-        state = self._state((key or "") if line_rank is None else "%s\0%d" % (key or "", line_rank))
+        if line_rank is None:
+            state = clock = self._state(key or "")
+        else:
+            state = self._state("%s\0%d" % (key or "", line_rank))
+            clock = state.clock
+            if clock is None:
+                clock = state.clock = self._state(key or "")
         previous = state.last_text
         state.last_text = body
         # Times are the file's (interleaved ranks share its clock), parsed only when a line is a finding.
-        clock = state if line_rank is None else self._state(key or "")
         first = text[:1]
         if "0" <= first <= "9":  # the common case, inlined: "2026-12-03 ..."
             if text[4:5] == "-":
@@ -274,9 +285,14 @@ class Diagnoser:
             clock.stamp_text = body
         if self._is_code(state, body, number):
             return None
+        head = body[:1]
+        if head == "-" and body.startswith("-- Process "):
+            spawned = _SPAWN_FAILED.match(body)
+            if spawned:
+                state.spawned_rank = int(spawned.group(1))
         entry: Optional[LauncherFailure] = None
         table = state.table
-        if (table is not None and table.reading) or (body[:1] in _TABLE_STARTS and body.rstrip() in _TABLE_HEADERS):
+        if (table is not None and table.reading) or (head in _TABLE_STARTS and body.rstrip() in _TABLE_HEADERS):
             if table is None:
                 table = state.table = FailureTable()
                 if len(self._tables) < MAX_TABLES:
@@ -307,6 +323,8 @@ class Diagnoser:
         if not matches:
             if exception is None or state.traceback_matched or exception[0].rsplit(".", 1)[-1] in _CONSEQUENCES:
                 return None
+            if rank is None:
+                rank = state.spawned_rank
             state.traceback_matched = True
             finding = self._app_error(_exception_text(exception), state.frame or state.any_frame, number, key, rank,
                                       self._time(clock, time))
@@ -328,6 +346,8 @@ class Diagnoser:
             found = _RANK_IN_TEXT.search(body)
             if found:
                 rank = int(next(group for group in found.groups() if group is not None))
+            else:
+                rank = state.spawned_rank
         excerpt = body
         if previous.strip() == _LAST_ERROR:
             excerpt = _LAST_ERROR + " " + body.strip()
@@ -462,6 +482,8 @@ class Diagnoser:
         if candidates:
             start = min(candidates, key=lambda finding: (_time_key(finding), named is not None and finding.rank != named))
         rank = start.rank if start.rank is not None else named
+        if rank is None:  # another line reporting the same failure may name the rank ("srun: task 4: Out Of Memory")
+            rank = next((finding.rank for finding in candidates if finding.rank is not None), None)
         return RootCause(category=best.category, finding=start, rank=rank, launcher=launcher)
 
     def summary(self) -> List[FindingSummary]:

@@ -103,22 +103,35 @@ def diagnose_run(names: Sequence[str], lines_of: Callable[[str], Iterable[str]],
     result = RunDiagnosis(verdict=None, diagnosis=Diagnosis(root_cause=None, findings=()), files=files)
     total = 0
     for path in files:
-        source = run_source(path)
-        result.paths[source.key] = path
-        try:
-            lines = _source_lines(path, lines_of)
-            number = 0
-            for number, text in enumerate(lines, 1):
-                diagnoser.feed_text(text, number, source)
-        except unreadable as exc:
-            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            result.unreadable.append((path, reason))
-            continue
-        total += number
+        total += _feed_file(diagnoser, result, run_source(path), lines_of, unreadable)
+    # The error files the launcher's table names, when they are still there and were not read yet.
+    for failure in diagnoser.launcher_failures():
+        path = failure.error_file
+        if path and path not in files and os.path.isfile(path):
+            files.append(path)
+            source = run_source(path)
+            if failure.rank is not None:
+                source = LogSource(node=NODE, path=path, host=failure.host, rank=failure.rank, label=source.label)
+            total += _feed_file(diagnoser, result, source, lines_of, unreadable)
     result.verdict = diagnoser.verdict()
     result.diagnosis = Diagnosis(root_cause=diagnoser.root_cause(), findings=tuple(diagnoser.findings()),
                                  summary=tuple(diagnoser.summary()), lines=total, dropped=diagnoser.dropped)
     return result
+
+
+def _feed_file(diagnoser: Diagnoser, result: RunDiagnosis, source: LogSource,
+               lines_of: Callable[[str], Iterable[str]], unreadable: Tuple[type, ...]) -> int:
+    """Feed one file's lines; the number read (an unreadable file is listed in result.unreadable)."""
+    path = source.path
+    result.paths[source.key] = path
+    number = 0
+    try:
+        for number, text in enumerate(_source_lines(path, lines_of), 1):
+            diagnoser.feed_text(text, number, source)
+    except unreadable as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        result.unreadable.append((path, reason))
+    return number
 
 
 def _source_lines(path: str, lines_of: Callable[[str], Iterable[str]]) -> Iterator[str]:
