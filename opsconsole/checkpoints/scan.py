@@ -139,8 +139,17 @@ def _check_files(fs: FileSystem, path: str, names: Sequence[str], problems: List
     return integrities, safetensors
 
 
-def _is_checked_weight(rel: str) -> bool:
+def _is_checked_weight(rel: str, fmt: str) -> bool:
+    """Whether the listing checks this member's header or zip directory.
+
+    A HF checkpoint-N/ is judged by trainer_state.json and its weights (model*.safetensors,
+    pytorch_model*.bin ...): optimizer.pt, scheduler.pt, rng_state.pth and training_args.bin
+    are what a resume reads, not what the listing needs, and their zip directory checks made
+    a unit cost ~50x its trainer_state.json (benchmarks/checkpoint_hf_units.py).
+    """
     base = rel.rsplit("/", 1)[-1]
+    if fmt == FORMAT_HF:
+        return layouts.WEIGHT_FILE.match(base) is not None
     lower = base.lower()
     if lower.endswith(".safetensors"):
         return True
@@ -202,7 +211,7 @@ def read_unit_dir(fs: FileSystem, path: str, name: str, kind: layouts.DirKind, c
             integrities.append(INTEGRITY_TRUNCATED)
             problems.append("no trainer_state.json: an incomplete save (the Trainer writes it last)")
     if fmt != FORMAT_DCP:
-        checked, safetensors = _check_files(fs, path, [rel for rel in members if _is_checked_weight(rel)], problems)
+        checked, safetensors = _check_files(fs, path, [rel for rel in members if _is_checked_weight(rel, fmt)], problems)
         integrities.extend(checked)
         summary = formats.safetensors_state(safetensors)
         if summary is not None:
