@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import time as _time
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +22,10 @@ from opsconsole.diagnosis.engine import (
     precedence,
 )
 from opsconsole.diagnosis.knowledge import CATEGORIES
+from opsconsole.diagnosis.launcher import parse_error_file, parse_failure_table
+from opsconsole.diagnosis.run import diagnose_run, run_files, run_source
 from opsconsole.diagnosis.signatures import match_line
+from opsconsole.diagnosis.timestamps import line_time, may_carry_time
 from opsconsole.logs.records import LogLine, LogSource
 
 # One line per (category, weak) as the tools print it.
@@ -324,10 +329,9 @@ def test_the_prefilter_finds_needles_and_counts_nan_and_inf_only_as_words(lowere
 
 # --- time stamps, launcher tables, app_error, evidence, verdicts (issue 14) ---------------------------
 
-import time as _time  # noqa: E402
 
-from opsconsole.diagnosis.launcher import parse_error_file, parse_failure_table  # noqa: E402
-from opsconsole.diagnosis.timestamps import line_time, may_carry_time  # noqa: E402
+def text_lines(path):
+    return Path(path).read_text(encoding="utf-8").splitlines()
 
 
 def local_epoch(year, month, day, hour, minute, second, fraction=0.0):
@@ -476,6 +480,15 @@ def test_the_rank_that_failed_first_in_time_is_the_root_across_files():
     assert "label range" in verdict.finding.remedy
 
 
+def test_rank_labelled_lines_keep_their_files_clock():
+    lines = ["0: 2026-12-03 10:00:00,000 - INFO - step 1", "1: 2026-12-03 10:00:02,000 - INFO - step 1",
+             "1: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+             "[rank0]: [E1203 10:10:00.000000 7 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout"]
+    found = {finding.category: finding for finding in diagnose_lines(lines).findings}
+    assert (found["cuda_oom"].rank, found["cuda_oom"].time) == (1, local_epoch(2026, 12, 3, 10, 0, 2))
+    assert (found["nccl_timeout"].rank, found["nccl_timeout"].time) == (0, local_epoch(2026, 12, 3, 10, 10, 0))
+
+
 def test_the_console_feed_reads_a_glog_lines_own_time():
     source = LogSource(node="local", path="/logs/train_gpu07_rank1_x.log", host="gpu07", rank=1, label="gpu07:rank1")
     diagnoser = Diagnoser()
@@ -511,8 +524,6 @@ def test_launchers_name_the_failed_process(lines, rank):
 
 
 def test_run_sources_take_ranks_from_torchruns_layout_and_names_and_read_error_files(tmp_path):
-    from opsconsole.diagnosis.run import diagnose_run, run_files, run_source
-
     assert run_source("/x/tr/none_ab/attempt_0/3/stderr.log").rank == 3
     assert run_source("/x/train_gpu07_rank5_20261203_101010.log").rank == 5
     assert run_source("/x/worker-rank_2.out").rank == 2 and run_source("/x/launcher.log").rank is None
@@ -524,15 +535,13 @@ def test_run_sources_take_ranks_from_torchruns_layout_and_names_and_read_error_f
     (tmp_path / "model.pt").write_bytes(b"PK\x03\x04")
     (tmp_path / "config.json").write_text('{"lr": 0.1}')
     assert run_files([str(tmp_path)]) == [str(tmp_path / "config.json"), str(rank_dir / "error.json")]
-    result = diagnose_run([str(tmp_path)], lambda path: open(path, encoding="utf-8").read().splitlines())
+    result = diagnose_run([str(tmp_path)], text_lines)
     assert (result.root_cause, result.verdict.rank, result.file_of(result.verdict.finding)) == (
         "app_error", 1, str(rank_dir / "error.json"))
     assert result.verdict.finding.frame == "/w/t.py:3 in f"
 
 
 def test_a_run_reads_the_error_file_the_launchers_table_names(tmp_path):
-    from opsconsole.diagnosis.run import diagnose_run
-
     error_file = tmp_path / "elsewhere" / "error.json"
     error_file.parent.mkdir()
     error_file.write_text(json.dumps({"message": {"message": "ValueError: bad lr", "extraInfo": {
@@ -544,6 +553,6 @@ def test_a_run_reads_the_error_file_the_launchers_table_names(tmp_path):
         "exitcode  : -9 (pid: 4242)", "exitcode  : 1 (pid: 4242)").replace("Signal 9 (SIGKILL) received by PID 4242", "")
         for line in TABLE]
     (run / "launcher.log").write_text("\n".join(table) + "\n")
-    result = diagnose_run([str(run)], lambda path: open(path, encoding="utf-8").read().splitlines())
+    result = diagnose_run([str(run)], text_lines)
     assert (result.root_cause, result.verdict.rank) == ("app_error", 3)
     assert result.file_of(result.verdict.finding) == str(error_file) and result.files[-1] == str(error_file)

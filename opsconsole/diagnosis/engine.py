@@ -44,7 +44,12 @@ from opsconsole.diagnosis.knowledge import (
     HOST_OOM_SEEN_CAUSE,
     INDEX_ERROR_REMEDY,
 )
-from opsconsole.diagnosis.launcher import OTHER_FAILURES_HEADER, ROOT_CAUSE_HEADER, FailureTable, LauncherFailure
+from opsconsole.diagnosis.launcher import (
+    OTHER_FAILURES_HEADER,
+    ROOT_CAUSE_HEADER,
+    FailureTable,
+    LauncherFailure,
+)
 from opsconsole.diagnosis.signatures import ROLE_GENERIC, ROLE_PEER_GONE, match_roles
 from opsconsole.diagnosis.timestamps import line_time, may_carry_time
 
@@ -213,7 +218,7 @@ class _SourceState:
     any_frame: Optional[str] = None  # innermost frame of all
     table: Optional[FailureTable] = None  # torchelastic's failure table, once this source printed one
     spawned_rank: Optional[int] = None  # the process that torch.multiprocessing.spawn says failed
-    clock: Optional["_SourceState"] = None  # an interleaved rank's: its file's state, which keeps the time
+    clock: Optional[_SourceState] = None  # an interleaved rank's: its file's state, which keeps the time
 
 
 class Diagnoser:
@@ -276,9 +281,8 @@ class Diagnoser:
         state.last_text = body
         # Times are the file's (interleaved ranks share its clock), parsed only when a line is a finding.
         first = text[:1]
-        if "0" <= first <= "9":  # the common case, inlined: "2026-12-03 ..."
-            if text[4:5] == "-":
-                clock.stamp_text = text
+        if "0" <= first <= "9" and text[4:5] == "-":  # the common case, inlined: "2026-12-03 ..."
+            clock.stamp_text = text
         elif first in _STAMP_FIRST and may_carry_time(text):
             clock.stamp_text = text
         elif line_rank is not None and may_carry_time(body):

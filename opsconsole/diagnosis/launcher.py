@@ -103,12 +103,6 @@ class FailureTable:
             _set_field(self.current, field.group(1), field.group(2).strip())
         return True
 
-    def first_failure(self) -> Optional[LauncherFailure]:
-        for failure in self.failures:
-            if failure.first:
-                return failure
-        return self.failures[0] if self.failures else None
-
 
 def _set_field(failure: LauncherFailure, name: str, value: str) -> None:
     if name == "rank":

@@ -38,7 +38,7 @@ def may_carry_time(text: str) -> bool:
     if first.isdigit():
         return text[4:5] == "-"
     if first in _GLOG_LEVELS:
-        return first != "" and text[1:5].isdigit() and text[5:6] == " "
+        return text[1:5].isdigit() and text[5:6] == " "
     return first == "(" and "pid=" in text[:RAY_PREFIX_CHARS]
 
 
@@ -63,7 +63,7 @@ def line_time(text: str, year: Optional[int] = None) -> Tuple[Optional[float], O
         when = _epoch(stamp_year, int(match.group(2)), int(match.group(3)), int(match.group(4)),
                       int(match.group(5)), int(match.group(6)), match.group(7), match.group(8))
         return (when, stamp_year) if when is not None else (None, None)
-    if first in _GLOG_LEVELS and first:
+    if first in _GLOG_LEVELS:
         match = _GLOG.match(text, start)
         if match is None:
             return None, None
