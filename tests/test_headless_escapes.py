@@ -124,6 +124,26 @@ def hostile_dir(tmp_path):
     return root
 
 
+# One numbered series (a cleanup deletes only series members) whose shared prefix holds OSC 52, a
+# non-UTF-8 byte and title/clear sequences; the series is `<prefix>step_N.pt`.
+SERIES_PREFIX = b"ckpt" + OSC52 + b"-\xff" + TITLE + CLEAR + b"-"
+SERIES_NAMES = [SERIES_PREFIX + b"step_%d.pt" % n for n in range(1, 7)]
+
+
+@pytest.fixture
+def hostile_series(tmp_path):
+    """Six members of one series with hostile names, oldest first, and a lone file with a newline (not managed)."""
+    torch = pytest.importorskip("torch")
+    root = tmp_path / "series"
+    root.mkdir()
+    now = time.time()
+    for position, raw in enumerate(SERIES_NAMES + [b"final\nmodel.pt"]):
+        path = os.path.join(os.fsencode(str(root)), raw)
+        torch.save({"epoch": position}, os.fsdecode(path))
+        os.utime(path, (now - 10000 + position * 60,) * 2)
+    return root
+
+
 def test_checkpoints_table_has_one_row_per_checkpoint_and_no_escapes(hostile_dir, tmp_path):
     done = run("checkpoints", "--verify", str(hostile_dir), tmp_path=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -141,20 +161,20 @@ def test_checkpoints_table_has_one_row_per_checkpoint_and_no_escapes(hostile_dir
     assert "ckpt-3-\\xff.pt" in names and "ckpt-1\n.pt" in names  # undecodable: escaped; valid text: exact
 
 
-def test_cleanup_of_a_non_utf8_name_runs_to_the_end_and_audits_every_deletion(hostile_dir, tmp_path):
-    done = run("cleanup", str(hostile_dir), "--keep", "2", "--min-age", "0", "--yes", tmp_path=tmp_path)
+def test_cleanup_of_a_non_utf8_name_runs_to_the_end_and_audits_every_deletion(hostile_series, tmp_path):
+    done = run("cleanup", str(hostile_series), "--keep", "2", "--min-age", "0", "--yes", tmp_path=tmp_path)
     assert done.returncode == 0, done.stderr
     assert_no_controls(done.stdout)
     out = done.stdout.decode()
     rows = [line for line in out.splitlines() if line.startswith(("keep", "DELETE"))]
-    assert len(rows) == len(HOSTILE_NAMES) + 1  # the table: one row per checkpoint, none forged
-    assert "deleted 5 of 5" in out
-    left = sorted(os.listdir(os.fsencode(str(hostile_dir))))
-    assert left == [b"ckpt-5.pt", b"ckpt-6.pt"]
+    assert len(rows) == len(SERIES_NAMES) + 1  # the table: one row per checkpoint, none forged by the newline
+    assert "deleted 4 of 4" in out
+    left = sorted(os.listdir(os.fsencode(str(hostile_series))))
+    assert left == sorted([b"final\nmodel.pt"] + SERIES_NAMES[-2:])  # the newest two, and what is not managed
     records = audit_records(tmp_path)
     deletes = [r for r in records if r["action"] == "checkpoint.delete"]
-    assert [r["outcome"] for r in deletes] == ["confirmed", "ok"] * 5
-    assert any("ckpt-3-\\xff.pt" in r["detail"] for r in deletes)
+    assert [r["outcome"] for r in deletes] == ["confirmed", "ok"] * 4
+    assert all("\\xff" in r["detail"] and "\x1b" not in r["detail"] for r in deletes)
     assert_no_controls((tmp_path / "state" / "opsconsole" / "audit.log").read_bytes())
 
 
@@ -167,29 +187,29 @@ def test_cleanup_json_with_a_non_utf8_name(hostile_dir, tmp_path):
 
 
 @pytest.mark.parametrize("how", ["flag", "config"])
-def test_cleanup_refused_read_only_is_audited_and_says_one_line(hostile_dir, tmp_path, how):
-    before = sorted(os.listdir(os.fsencode(str(hostile_dir))))
+def test_cleanup_refused_read_only_is_audited_and_says_one_line(hostile_series, tmp_path, how):
+    before = sorted(os.listdir(os.fsencode(str(hostile_series))))
     args = ("--read-only",) if how == "flag" else ()
     config = "[console]\nread_only = true\n" if how == "config" else ""
-    done = run(*args, "cleanup", str(hostile_dir), "--keep", "1", "--min-age", "0", "--yes", tmp_path=tmp_path,
+    done = run(*args, "cleanup", str(hostile_series), "--keep", "1", "--min-age", "0", "--yes", tmp_path=tmp_path,
                config=config)
     assert done.returncode == 2
     assert done.stderr.decode().splitlines() == ["opsconsole: read-only config: cleanup refused (nothing deleted)"]
-    assert sorted(os.listdir(os.fsencode(str(hostile_dir)))) == before
+    assert sorted(os.listdir(os.fsencode(str(hostile_series)))) == before
     (record,) = audit_records(tmp_path)
     assert (record["action"], record["outcome"]) == ("checkpoint.cleanup", "refused")
-    assert str(hostile_dir) in record["detail"] and "read-only" in record["detail"]
+    assert str(hostile_series) in record["detail"] and "read-only" in record["detail"]
 
 
-def test_cleanup_without_yes_off_a_terminal_is_refused_and_audited(hostile_dir, tmp_path):
-    done = run("cleanup", str(hostile_dir), "--keep", "1", "--min-age", "0", tmp_path=tmp_path)
+def test_cleanup_without_yes_off_a_terminal_is_refused_and_audited(hostile_series, tmp_path):
+    done = run("cleanup", str(hostile_series), "--keep", "1", "--min-age", "0", tmp_path=tmp_path)
     assert done.returncode == 2 and b"without --yes" in done.stderr
     (record,) = audit_records(tmp_path)
     assert record["outcome"] == "refused" and "no --yes" in record["detail"]
 
 
-def test_a_refusal_that_cannot_be_audited_says_so(hostile_dir, tmp_path):
-    done = run("--read-only", "cleanup", str(hostile_dir), "--keep", "1", "--min-age", "0", "--yes",
+def test_a_refusal_that_cannot_be_audited_says_so(hostile_series, tmp_path):
+    done = run("--read-only", "cleanup", str(hostile_series), "--keep", "1", "--min-age", "0", "--yes",
                tmp_path=tmp_path, config='[actions]\naudit_log = "/dev/full"\n')
     assert done.returncode == 2 and done.stderr.count(b"\n") == 1
     assert b"cleanup refused" in done.stderr and b"not recorded" in done.stderr and b"No space" in done.stderr
