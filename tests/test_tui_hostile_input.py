@@ -379,7 +379,7 @@ async def test_detail_screens_and_confirmations_show_the_data_as_it_is(tmp_path)
         assert type(app.screen).__name__ == "ResultScreen"
         assert_drawn(app, "signal[/x] failed on " + NODE, "kill -INT [bold]b[/x]", "␛[31mred")
         await press_and_draw(pilot, "escape", "2", "home", "i")  # SIGINT to the hostile GPU process
-        await wait_for(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", "the confirmation")
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen" and app.screen.armed, "the confirmation")
         assert_drawn(app, "pid 421 (" + LITERAL, "␛[31mred")
         await press_and_draw(pilot, "escape")
         await press_and_draw(pilot, "4", "home", "D")  # drain asks for a reason, naming the node
