@@ -22,6 +22,7 @@ try:
 except ImportError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
+from opsconsole.file_kinds import file_kind
 from opsconsole.hostlist import expand_hostlist
 
 
@@ -262,7 +263,7 @@ def _read_config_bytes(path: Path, shown: str) -> bytes:
         if stat.S_ISDIR(info.st_mode):
             raise ConfigError("cannot read config: Is a directory", file=shown)
         if not stat.S_ISREG(info.st_mode):
-            raise ConfigError("cannot read config: not a regular file (%s)" % _special_kind(info.st_mode), file=shown)
+            raise ConfigError("cannot read config: not a regular file (%s)" % file_kind(info.st_mode), file=shown)
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(path, flags)
         try:
@@ -283,16 +284,6 @@ def _read_config_bytes(path: Path, shown: str) -> bytes:
     if size > MAX_CONFIG_BYTES:
         raise ConfigError("cannot read config: larger than %d KiB" % (MAX_CONFIG_BYTES // 1024), file=shown)
     return b"".join(chunks)
-
-
-def _special_kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a file"
 
 
 def _locate_config(cli_path: Optional[str], env: Mapping[str, str]) -> Optional[Tuple[str, Path]]:
@@ -336,7 +327,7 @@ def parse_config(text: str, filename: str, *, home: Optional[str] = None) -> Con
         raise ConfigError(message, file=filename, line=line, key="syntax") from None
     except RecursionError:  # tomllib recurses once per nested array or inline table
         raise ConfigError("arrays or tables nested too deep", file=filename, key="syntax") from None
-    except ValueError as exc:  # not a TOMLDecodeError: an integer of more than 4300 digits
+    except ValueError:  # not a TOMLDecodeError: an integer of more than 4300 digits
         raise ConfigError("invalid value: a number too long to read", file=filename, key="syntax") from None
     try:
         checker = _Checker(filename, _KeyLines(text), home)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import quote
 
+from opsconsole.file_kinds import file_kind
 from opsconsole.sanitize import printable_line
 
 FORMAT = "opsconsole-recording"
@@ -108,18 +109,6 @@ def _shown(path: str) -> str:
     return printable_line(path)
 
 
-def _file_kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
 def _regular_file_head(path: str, *, must_exist: bool) -> Optional[bytes]:
     """The first bytes of the regular file at `path`; None if it does not exist (and need not).
 
@@ -135,7 +124,7 @@ def _regular_file_head(path: str, *, must_exist: bool) -> Optional[bytes]:
     except OSError as exc:
         raise RecordingError("%s: %s" % (_shown(path), exc.strerror or exc.__class__.__name__)) from None
     if not stat.S_ISREG(info.st_mode):
-        raise RecordingError("%s: not a recording file (it is %s)" % (_shown(path), _file_kind(info.st_mode)))
+        raise RecordingError("%s: not a recording file (it is %s)" % (_shown(path), file_kind(info.st_mode)))
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
