@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # Bump when a field changes meaning or is removed; adding a field is compatible.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, List
+from typing import Callable
 
 # A real 8-GPU node with 2,000 GPU processes sends keyframe lines of about 1.5 MB (a process with
 # its 512-character command line is under 700 bytes); 4 MiB leaves room and bounds the memory and

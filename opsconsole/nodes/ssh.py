@@ -34,7 +34,7 @@ import socket
 import time
 import weakref
 from dataclasses import replace
-from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
 import asyncssh
 
