@@ -143,8 +143,8 @@ async def test_sigint_over_real_ssh_reaches_a_real_sleep(sshd_factory, tmp_path)
             plan = await plan_action("signal_int", Target(TARGET_PROCESS, "n1", pid=sleeper.pid), ctx)
             assert "over SSH" in plan.where and plan.argv[:3] == ("kill", "-s", "INT")
             report = await run_plan(plan, ctx)
+            assert report.ok, report.lines  # first: when the kill did not run over SSH, say why
             assert sleeper.wait(10) == -signal.SIGINT
-            assert report.ok, report.lines
             # A PID that is gone: kill over SSH fails, and that is the result shown.
             result = await deliver_signal("TERM", sleeper.pid, link, 10)
             assert result.exit_status not in (0, None) and not result.ok
