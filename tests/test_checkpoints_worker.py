@@ -352,3 +352,25 @@ def test_a_missing_file_is_an_oserror_as_before(tmp_path):
             workers.read(LOCAL, str(tmp_path / "gone.pt"), "file", name="gone.pt")
     finally:
         workers.close()
+
+
+def test_a_hostile_dcp_metadata_is_parsed_in_the_worker_and_its_neighbours_list(tmp_path):
+    """A DCP directory's .metadata is a pickle too: a crafted one (a 2M-deep tuple used as a key)
+    kills the worker, not the console; that save is 'could not read', its neighbours read well."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from opsconsole.checkpoints.scan import scan_directory
+
+    root = tmp_path / "run"
+    for step in (100, 200):
+        dcp.save({"w": torch.arange(4.0) + step}, checkpoint_id=str(root / ("step-%d" % step)))
+    hostile = root / "step-300"
+    dcp.save({"w": torch.arange(4.0)}, checkpoint_id=str(hostile))
+    (hostile / ".metadata").write_bytes(deep_tuple_key())
+    listing = scan_directory(str(root))
+    by_name = {entry.name: entry for entry in listing.entries}
+    assert set(by_name) >= {"step-100", "step-200", "step-300"}
+    crashed = by_name["step-300"]
+    assert crashed.integrity == INTEGRITY_UNCHECKED and "SIGSEGV" in (crashed.problem or "") + str(crashed.unreadable)
+    assert by_name["step-100"].integrity == "ok" and by_name["step-200"].integrity == "ok"

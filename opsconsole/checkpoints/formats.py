@@ -520,6 +520,15 @@ def dcp_result(metadata: Optional[bytes], files: Mapping[str, int]) -> ReadResul
     return ReadResult(FORMAT_DCP, meta, INTEGRITY_OK, None)
 
 
+def dcp_metadata_reader(size: int, files: Mapping[str, int]) -> Generator[ReadRequest, bytes, ReadResult]:
+    """dcp_result over a DCP directory's `.metadata` file (of `size` bytes), read whole up to MAX_DCP_METADATA."""
+    if size > MAX_DCP_METADATA:
+        why = "could not read: .metadata is %d bytes, over the reader's limit" % size
+        return ReadResult(FORMAT_DCP, CheckpointMeta(), INTEGRITY_UNCHECKED, why, unreadable=why)
+    data = (yield (0, size)) if size else b""
+    return dcp_result(data, files)
+
+
 def zip_check_reader(size: int) -> Generator[ReadRequest, bytes, ReadResult]:
     """Only the zip directory (quick integrity) of a weight file inside a checkpoint dir."""
     try:
@@ -533,6 +542,7 @@ def zip_check_reader(size: int) -> Generator[ReadRequest, bytes, ReadResult]:
 __all__ = [
     "ReadResult",
     "combine_integrity",
+    "dcp_metadata_reader",
     "dcp_result",
     "dir_format",
     "dir_meta",

@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from opsconsole.checkpoints import formats, layouts
 from opsconsole.checkpoints.access import LOCAL, DirItem, FileStat, FileSystem
 from opsconsole.checkpoints.cache import CRC_CACHE, METADATA_CACHE, ResultCache
-from opsconsole.checkpoints.worker import read_checkpoint_file
+from opsconsole.checkpoints.worker import read_checkpoint_file, read_dcp_metadata
 from opsconsole.checkpoints.records import (
     BROKEN,
     FORMAT_DCP,
@@ -177,17 +177,16 @@ def read_unit_dir(fs: FileSystem, path: str, name: str, kind: layouts.DirKind, c
     if cut:
         problems.append("over %d files: members listed in part" % MAX_UNIT_FILES)
     if ".metadata" in files or fmt == FORMAT_DCP:
-        metadata = None
-        if ".metadata" in files:
-            if files[".metadata"] > formats.MAX_DCP_METADATA:
-                unreadable = "could not read: .metadata is %d bytes, over the reader's limit" % files[".metadata"]
-            else:
-                try:
-                    metadata = fs.read_file(join(fs, path, ".metadata"), formats.MAX_DCP_METADATA)
-                except OSError as exc:
-                    unreadable = "could not read .metadata: %s" % (exc.strerror or exc)
-        if unreadable is None:
-            dcp = formats.dcp_result(metadata, files)
+        dcp = None
+        if ".metadata" not in files:
+            dcp = formats.dcp_result(None, files)  # shards without it: an incomplete save
+        else:
+            try:
+                # A pickle: parsed in the limited metadata worker, as data.pkl is (worker.py).
+                dcp = read_dcp_metadata(fs, join(fs, path, ".metadata"), dict(files))
+            except OSError as exc:
+                unreadable = "could not read .metadata: %s" % (exc.strerror or exc)
+        if dcp is not None:
             integrities.append(dcp.integrity)
             if dcp.problem:
                 problems.append(dcp.problem)

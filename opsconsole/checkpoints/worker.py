@@ -153,6 +153,9 @@ def _readers() -> Dict[str, Callable[..., Generator]]:
         "file": lambda size, name, window=formats.HEAD_BYTES: formats.file_reader(str(name), size, int(window)),
         "safetensors": lambda size: formats.safetensors_reader(size),
         "zip_check": lambda size: formats.zip_check_reader(size),
+        # A DCP directory's .metadata is a pickle: parsed here, like data.pkl, never in the console.
+        "dcp_metadata": lambda size, files: formats.dcp_metadata_reader(
+            size, {str(name): int(length) for name, length in dict(files).items()}),
     }
 
 
@@ -649,6 +652,22 @@ def read_checkpoint_file(fs: Any, path: str, name: str, window: int, workers: Op
             # Not known damage: retention keeps what it could not read and never ranks it.
             result = dataclasses.replace(result, unreadable="could not read: %s" % failure.reason)
         return result
+
+
+def read_dcp_metadata(fs: Any, path: str, files: Dict[str, int], workers: Optional[MetadataWorkers] = None) -> Any:
+    """formats.dcp_result for a DCP directory whose `.metadata` is at `path`, parsed in a worker.
+
+    `files` maps the directory's files (relative paths) to their sizes. A worker that dies, times
+    out or says no makes the directory "could not read .metadata: <reason>": kept, never damage.
+    """
+    from opsconsole.checkpoints import formats
+    from opsconsole.checkpoints.records import FORMAT_DCP, INTEGRITY_UNCHECKED, CheckpointMeta
+
+    try:
+        return (workers or METADATA_WORKERS).read(fs, path, "dcp_metadata", files=files)
+    except WorkerFailure as failure:
+        why = "could not read .metadata: %s" % failure.reason
+        return formats.ReadResult(FORMAT_DCP, CheckpointMeta(), INTEGRITY_UNCHECKED, why, unreadable=why)
 
 
 if __name__ == "__main__":
