@@ -235,8 +235,9 @@ def test_cli_exit_1_when_a_deletion_fails(seed, tmp_path, monkeypatch, capsys):
     assert outcomes == ["confirmed", "failed"]
 
 
-@pytest.mark.parametrize("answer, deleted", [(b"n\n", False), (b"y\n", True)])
+@pytest.mark.parametrize("answer, deleted", [(b"n\n", False), (b"y\n", False), (b"ckpts\n", True)])
 def test_on_a_terminal_cleanup_asks_first(seed, tmp_path, answer, deleted):
+    """Two to delete: the directory's name must be typed; `y` alone deletes nothing."""
     import pty
     import select
 
@@ -248,7 +249,7 @@ def test_on_a_terminal_cleanup_asks_first(seed, tmp_path, answer, deleted):
     os.close(slave)
     seen = b""
     try:
-        while b"[y/N]" not in seen:
+        while b"to confirm: " not in seen:
             ready, _, _ = select.select([master], [], [], 30)
             assert ready, seen
             seen += os.read(master, 4096)

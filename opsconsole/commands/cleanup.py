@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import posixpath
 import sys
 import time
 from typing import Any, Callable, Optional, TextIO
@@ -95,6 +96,19 @@ def ask(question: str, stdin: TextIO = sys.stdin, stderr: TextIO = sys.stderr) -
     return answer.strip().lower() in ("y", "yes")
 
 
+def confirmed_at_prompt(plan: Any, root: str, stdin: TextIO = sys.stdin, stderr: TextIO = sys.stderr) -> bool:
+    """One unit: y/N. More than one: the directory's name typed, as the console asks (a stray `y` deletes nothing)."""
+    from opsconsole.commands.checkpoints import size_text
+
+    count, size = len(plan.to_delete), size_text(plan.bytes_freed)
+    if count == 1:
+        return ask("delete 1 checkpoint (%s)? [y/N] " % size, stdin, stderr)
+    word = posixpath.basename(posixpath.normpath(root)) or root
+    stderr.write("delete %d checkpoints (%s)? type the directory's name, %s, to confirm: " % (count, size, printable_line(word)))
+    stderr.flush()
+    return stdin.readline().strip() == word
+
+
 def _refuse(audit: Any, node: str, root: str, detail: str, outcome: str, message: str) -> str:
     """Write the refusal (or cancel) record; the one line to print, saying when it was not recorded."""
     from opsconsole.checkpoints.cleanup import ACTION_CLEANUP
@@ -144,7 +158,7 @@ def command_cleanup(args: argparse.Namespace) -> int:
                 raise UsageError(_refuse(audit, node, access.root, planned + ", no --yes off a terminal: refused",
                                          OUTCOME_REFUSED,
                                          "refusing to delete without --yes when not on a terminal (nothing deleted)"))
-            if not ask("delete %d checkpoints (%s)? [y/N] " % (len(plan.to_delete), size_text(plan.bytes_freed))):
+            if not confirmed_at_prompt(plan, access.root):
                 print(_refuse(audit, node, access.root, planned + ", cancelled at the prompt", OUTCOME_CANCELLED,
                               "cancelled: nothing deleted"), file=sys.stderr)
                 if args.json:
