@@ -62,8 +62,10 @@ class ProbedNode:
 @contextlib.contextmanager
 def started(argv: List[str], wait_ready: bool = False):
     """A child process; with wait_ready, returned once it printed "ready" (its signal handlers are set)."""
+    # SIGINT at its default in the child: a test run started in the background of a non-interactive
+    # shell ignores SIGINT, and an ignored signal stays ignored across exec (a `sleep` would not die).
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if wait_ready else subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         if wait_ready:
             assert proc.stdout.readline().strip() == b"ready"
