@@ -166,17 +166,24 @@ def tree_of(root_fd, rel):
         os.close(parent)
 
 
-def _walk_dir(parent_fd, name, rel, st, records, depth):
+def open_same_dir(parent_fd, name, rel, st, depth, when):
+    """A descriptor of directory `name` under `parent_fd`, refused unless it is still the one `st` describes."""
     if depth >= MAX_DEPTH:
         raise UnitProblem("%s: nested deeper than %d directories" % (rel, MAX_DEPTH))
     try:
         fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
         raise UnitProblem(open_error(rel, exc, name, parent_fd))
+    own = os.fstat(fd)
+    if (own.st_dev, own.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise UnitProblem("%s was replaced %s" % (rel, when))
+    return fd
+
+
+def _walk_dir(parent_fd, name, rel, st, records, depth):
+    fd = open_same_dir(parent_fd, name, rel, st, depth, "while it was read")
     try:
-        own = os.fstat(fd)
-        if (own.st_dev, own.st_ino) != (st.st_dev, st.st_ino):
-            raise UnitProblem("%s was replaced while it was read" % rel)
         try:
             names = sorted(os.listdir(fd))
         except OSError as exc:
@@ -595,16 +602,8 @@ class PinnedRoot(object):
         if not stat.S_ISDIR(st.st_mode):
             unlink_at(name, parent_fd)
             return
-        if depth >= MAX_DEPTH:
-            raise UnitProblem("%s: nested deeper than %d directories" % (rel, MAX_DEPTH))
+        fd = open_same_dir(parent_fd, name, rel, st, depth, "during the deletion")
         try:
-            fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-        except OSError as exc:
-            raise UnitProblem(open_error(rel, exc, name, parent_fd))
-        try:
-            own = os.fstat(fd)
-            if (own.st_dev, own.st_ino) != (st.st_dev, st.st_ino):
-                raise UnitProblem("%s was replaced during the deletion" % rel)
             for child in sorted(os.listdir(fd)):
                 child_rel = rel + "/" + child
                 if child_rel in planned:
