@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from opsconsole.cli import main
 from opsconsole.config import SECTIONS, Config, ConfigError, load_config, parse_config
+from tests.cli_errors import assert_one_line_exit_2
 
 
 def cli_with_config(capsys, path):
@@ -20,12 +21,6 @@ def cli_with_config(capsys, path):
     return code, capsys.readouterr().err
 
 
-def assert_one_line_exit_2(code, err, *words):
-    assert code == 2, err
-    assert len(err.strip().splitlines()) == 1, err
-    assert "Traceback" not in err
-    for word in words:
-        assert word in err, err
 
 
 # --- what the file is -----------------------------------------------------------

@@ -17,6 +17,7 @@ from opsconsole.recording import store
 from opsconsole.recording.recorder import Recorder
 from opsconsole.recording.replay import RecordingReader, ReplayFleet
 from tests.recording_frames import fleet_ticks
+from tests.cli_errors import assert_one_line_exit_2
 
 TICKS = fleet_ticks(nodes=2, ticks=24, gpus=2)
 
@@ -46,12 +47,6 @@ def replay_cli(capsys, path):
     return code, capsys.readouterr().err
 
 
-def assert_one_line_exit_2(code, err, *words):
-    assert code == 2, err
-    assert len(err.strip().splitlines()) == 1, err
-    assert "Traceback" not in err
-    for word in words:
-        assert word in err, err
 
 
 def chunk_ids(path):

@@ -247,18 +247,26 @@ def helper_argv(python: str) -> List[str]:
     return shlex.split(python) + ["-I", "-u", "-c", inspect.getsource(delete_units)]
 
 
+def answer_of(line: str) -> Optional[Dict[str, Any]]:
+    """The helper's answer on this output line (a JSON object), None for anything else it printed."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
 def first_answer(text: str, status: Optional[int] = None) -> Dict[str, Any]:
     """The first JSON object line of the helper's output; OSError with what it said otherwise."""
     noise = []
     for line in text.splitlines():
         line = line.strip()
-        if line.startswith("{"):
-            try:
-                answer = json.loads(line)
-            except ValueError:
-                answer = None
-            if isinstance(answer, dict):
-                return answer
+        answer = answer_of(line)
+        if answer is not None:
+            return answer
         if line and len(noise) < HELPER_NOISE_LINES:
             noise.append(line[:300])
     said = "; ".join(noise) or "no output (exit status %s)" % status
@@ -328,13 +336,9 @@ class RemotePinnedRoot:
                 line = await asyncio.wait_for(process.stdout.readline(), self.fs.timeout)
                 if not line:
                     break
-                if line.lstrip().startswith("{"):
-                    try:
-                        answer = json.loads(line)
-                    except ValueError:
-                        answer = None
-                    if isinstance(answer, dict):
-                        return answer
+                answer = answer_of(line)
+                if answer is not None:
+                    return answer
                 if line.strip() and len(noise) < HELPER_NOISE_LINES:
                     noise.append(line.strip()[:300])
         except asyncio.TimeoutError:
