@@ -38,6 +38,31 @@ LIVE_STATES = (STATE_UP, STATE_FALLBACK)
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance of a GPU in MIG mode: its own memory, and whose work it runs."""
+
+    gpu_instance_id: int  # GPU_I_ID: what dcgm-exporter and nvidia-smi call the instance
+    compute_instance_id: Optional[int] = None
+    profile: Optional[str] = None  # "3g.40gb"
+    uuid: Optional[str] = None  # MIG-...
+    memory_total: Optional[int] = None  # bytes
+    memory_used: Optional[int] = None
+    memory_free: Optional[int] = None
+    utilization_gpu: Optional[float] = None  # percent of its engines busy, where known
+    # Who runs on it, as the exporter says (dcgm-exporter's Kubernetes and HPC job mapping).
+    job_id: Optional[str] = None
+    pod: Optional[str] = None
+    namespace: Optional[str] = None
+    container: Optional[str] = None
+
+    @property
+    def memory_percent(self) -> Optional[float]:
+        if not self.memory_total or self.memory_used is None:
+            return None
+        return 100.0 * self.memory_used / self.memory_total
+
+
+@dataclass(frozen=True)
 class GpuSample:
     """One GPU at one instant. A field is None when the GPU does not support it."""
 
@@ -87,6 +112,12 @@ class GpuSample:
     xid_events: Tuple[int, ...] = ()  # critical XID codes seen since the last frame
     lost: bool = False  # the GPU fell off the bus or NVML lost it
     errors: Tuple[str, ...] = ()  # "field: message" for NVML errors other than NotSupported
+    mig_devices: Tuple[MigDevice, ...] = ()  # its MIG instances, when in MIG mode
+    # Who runs on it, as the exporter says (dcgm-exporter's pod/namespace/container labels, hpc_job).
+    job_id: Optional[str] = None
+    pod: Optional[str] = None
+    namespace: Optional[str] = None
+    container: Optional[str] = None
 
     @property
     def memory_percent(self) -> Optional[float]:
@@ -116,6 +147,14 @@ class ProcessSample:
     # GPU processes only: "NAME=value" of the NCCL/CUDA variables that change a job's behaviour,
     # read from /proc/PID/environ; None when not read (not permitted, or not a GPU process).
     watched_env: Optional[Tuple[str, ...]] = None
+    # Whose job it is, read on the node (/proc/PID/cgroup, else SLURM_JOB_ID in its environment):
+    # the Slurm job id, step ("0", "batch", "extern") and the job's user; the container it runs in
+    # ("docker/ID", "containerd/ID", "k8s/POD_UID/ID", "podman/ID"). None: not in one / not known.
+    job_id: Optional[str] = None
+    job_step: Optional[str] = None
+    job_user: Optional[str] = None
+    container: Optional[str] = None
+    mig_instance: Optional[int] = None  # GPU instance id of the MIG device it runs on
 
 
 @dataclass(frozen=True)
@@ -213,6 +252,7 @@ class NodeState:
 # Nested dataclass fields: name -> (class, is_tuple)
 _NESTED: Dict[type, Dict[str, Tuple[type, bool]]] = {
     HostSample: {"disks": (DiskUsage, True), "net": (NetRate, True)},
+    GpuSample: {"mig_devices": (MigDevice, True)},
     NodeFrame: {
         "host": (HostSample, False),
         "gpus": (GpuSample, True),
@@ -280,6 +320,7 @@ LIST_LIMITS = {
     "disks": 512,
     "net": 512,
     "errors": 1024,
+    "mig_devices": 7,  # an A100/H100/H200 splits into at most 7 instances
 }
 _TEXT_LIMITS = {"command": COMMAND_LIMIT}
 _INF = float("inf")
