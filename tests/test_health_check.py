@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_cli import ROOT, clean_home, closed_loopback_port  # noqa: F401
+
+from opsconsole.health.runner import evidence_value
 
 RELAXED = "[health]\ndisk_free_percent = 0\nmemory_percent = 100\nswap_used_percent = 100\niowait_percent = 100\n"
 LOCAL = '[[nodes]]\nname = "box"\nlocal = true\n'
@@ -37,7 +40,21 @@ def test_all_pass_exits_0_and_json_lists_every_result(tmp_path, clean_home):
     assert {r["status"] for r in results} <= {"pass", "warn"}
     disk = next(r for r in results if r["check"] == "disk_free")
     assert disk["evidence"]["path"] == "/" and float(disk["evidence"]["free_percent"]) > 0
+    # Readings are JSON numbers, not strings ("28.9"); text evidence stays text.
+    assert isinstance(disk["evidence"]["free_percent"], float) and isinstance(disk["evidence"]["free_gib"], float)
+    memory = next(r for r in results if r["check"] == "memory")
+    assert memory["evidence"]["limit_percent"] == 100 and isinstance(memory["evidence"]["limit_percent"], int)
+    assert isinstance(memory["evidence"]["memory_percent"], (int, float))
     assert set(disk) == {"check", "node", "gpu", "status", "message", "evidence", "remedy", "time", "duration_s"}
+
+
+@pytest.mark.parametrize("text, value", [
+    ("28.9", 28.9), ("90", 90), ("-3", -3), ("0", 0), ("0.5", 0.5),
+    ("1.23457e+06", 1234570.0), ("x16/x16", "x16/x16"), ("/", "/"), ("1e400", "1e400"), ("nan", "nan"), ("007", "007"), ("", ""),
+    ("1" * 40, "1" * 40), ("2.", "2."), (" 5", " 5"),
+])
+def test_evidence_values_become_json_numbers_only_when_plain_numbers(text, value):
+    assert evidence_value(text) == value and type(evidence_value(text)) is type(value)
 
 
 def test_a_failing_check_exits_1_and_the_table_shows_it_with_its_remedy(tmp_path, clean_home):

@@ -8,6 +8,8 @@ add the on-node GPU suite when asked (seconds, over the node's SSH connection). 
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
@@ -131,6 +133,20 @@ def exit_status(results: Sequence[HealthResult]) -> int:
     return EXIT_OK
 
 
+# A reading written as a plain number ("28.9", "90", "-3", "%g"'s "1.2e+06"); "x16/x16" and "/" stay text.
+_PLAIN_NUMBER = re.compile(r"^-?(0|[1-9][0-9]{0,17})(\.[0-9]{1,17})?([eE][+-]?[0-9]{1,3})?$")
+
+
+def evidence_value(text: str) -> Any:
+    """An evidence value as JSON wants it: a number when the reading is a plain number, else the text."""
+    if not isinstance(text, str) or not _PLAIN_NUMBER.match(text):
+        return text
+    if text.isdigit() or (text[:1] == "-" and text[1:].isdigit()):
+        return int(text)
+    value = float(text)
+    return value if math.isfinite(value) else text  # "1e400" is not a JSON number
+
+
 def result_to_json(result: HealthResult) -> Dict[str, Any]:
     """The JSON form of a result, as `opsconsole check --json` prints it."""
     return {
@@ -139,7 +155,7 @@ def result_to_json(result: HealthResult) -> Dict[str, Any]:
         "gpu": result.gpu,
         "status": result.status,
         "message": result.message,
-        "evidence": {name: value for name, value in result.evidence},
+        "evidence": {name: evidence_value(value) for name, value in result.evidence},
         "remedy": result.remedy,
         "time": result.time,
         "duration_s": result.duration_s,
