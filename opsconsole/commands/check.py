@@ -82,7 +82,7 @@ async def gather_results(config, timeout: float, gpu_tests: bool, force: bool, f
 
 def results_table(results, show_all: bool) -> str:
     """Problems first (fail, error, warn), one line each, and a summary line."""
-    order = {"fail": 0, "error": 1, "warn": 2, "pass": 3}
+    order = {"fail": 0, "error": 1, "warn": 2, "skip": 3, "pass": 4}
     shown = [r for r in results if show_all or r.status != "pass"]
     shown.sort(key=lambda r: (order.get(r.status, 9), r.node, -1 if r.gpu is None else r.gpu, r.check))
     lines = []
@@ -93,8 +93,9 @@ def results_table(results, show_all: bool) -> str:
             lines.append(printable_line("      remedy: %s" % r.remedy))
     counts = {status: sum(1 for r in results if r.status == status) for status in order}
     nodes = len({r.node for r in results})
-    lines.append("%d checks on %d node(s): %d fail, %d error, %d warn, %d pass" % (
-        len(results), nodes, counts["fail"], counts["error"], counts["warn"], counts["pass"]))
+    lines.append("%d checks on %d node(s): %d fail, %d error, %d warn, %d pass%s" % (
+        len(results), nodes, counts["fail"], counts["error"], counts["warn"], counts["pass"],
+        ", %d skipped" % counts["skip"] if counts["skip"] else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,8 @@ STATUS_PASS = "pass"
 STATUS_WARN = "warn"
 STATUS_FAIL = "fail"
 STATUS_ERROR = "error"  # the check could not run
-STATUSES = (STATUS_PASS, STATUS_WARN, STATUS_FAIL, STATUS_ERROR)
+STATUS_SKIP = "skip"  # nothing to check (the GPU suite on a node without a GPU)
+STATUSES = (STATUS_PASS, STATUS_WARN, STATUS_FAIL, STATUS_ERROR, STATUS_SKIP)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-PASS, WARN, FAIL, ERROR = "pass", "warn", "fail", "error"
+PASS, WARN, FAIL, ERROR, SKIP = "pass", "warn", "fail", "error", "skip"
 PREFIX = "gpu_sanity."
 EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
@@ -169,6 +169,27 @@ def nvml_inventory() -> Tuple[Optional[List[Dict[str, Any]]], str]:
         if len(parts) == 2 and parts[0].isdigit() and parts[1] in by_uuid:
             by_uuid[parts[1]]["pids"].append(int(parts[0]))
     return out, "nvidia-smi"
+
+
+def nvidia_device_files(dev: str = "/dev") -> List[str]:
+    """The NVIDIA GPU device files (/dev/nvidia0, ...): a node with a GPU has one per GPU."""
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return []
+    return sorted(name for name in names if name.startswith("nvidia") and name[len("nvidia"):].isdigit())
+
+
+def no_gpu_reason(inventory: Optional[List[Dict[str, Any]]], source: str, device_files: Sequence[str]) -> str:
+    """Why this node has no GPU to test, or "" when it may have one.
+
+    No GPU at all (no NVIDIA device file, and NVML/nvidia-smi list none or cannot run) is a skip,
+    not an error: there is nothing to test and no job to disturb. With a device file present but no
+    listing, the GPUs exist and their processes are unknown: refusals() refuses them.
+    """
+    if inventory or device_files:
+        return ""
+    return source if inventory is None else "%s lists no GPU" % source
 
 
 def refusals(inventory: Optional[List[Dict[str, Any]]], why: str, wanted: Optional[Sequence[int]], force: bool,
@@ -464,6 +485,10 @@ def run_suite(node: str, level: int = 1, gpus: Optional[Sequence[int]] = None, f
 
     started = time.perf_counter()
     inventory, source = nvml_inventory()
+    no_gpu = no_gpu_reason(inventory, source, nvidia_device_files())
+    if no_gpu:
+        push(result("suite", node, SKIP, "skipped: no GPU (%s)" % no_gpu, None, (("source", source),)))
+        return out
     testable, refused = refusals(inventory, source, gpus, force, node, os.getpid())
     for item in refused:
         push(item)
