@@ -9,8 +9,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from opsconsole.model import BAD_FRAME, STATE_UP, GpuSample, NodeFrame, NodeState, ProcessSample, to_wire
 from opsconsole.sanitize import printable_line
+from opsconsole.units import format_bytes, format_mib
 
-MIB = 1024 * 1024
 MISSING = "?"  # a reading the GPU does not report (gpustat prints "??")
 NAME_WIDTH_MAX = 40  # a node's 4 KiB GPU name must not pad every other line to its width
 
@@ -79,14 +79,10 @@ def _number(value: Optional[float], fmt: str = "%.0f") -> str:
     return MISSING if value is None else fmt % value
 
 
-def _mib(value: Optional[int]) -> str:
-    return MISSING if value is None else "%d" % (value // MIB)
-
-
 def format_process(proc: ProcessSample) -> str:
-    """`user(pid) 21482M`, as gpustat lists a GPU's processes."""
+    """`user(pid) 21 GiB`, as gpustat lists a GPU's processes (sizes as opsconsole.units spells them)."""
     who = printable_line(proc.user or proc.name or MISSING)
-    memory = "" if proc.gpu_memory_bytes is None else " %dM" % (proc.gpu_memory_bytes // MIB)
+    memory = "" if proc.gpu_memory_bytes is None else " " + format_bytes(proc.gpu_memory_bytes)
     return "%s(%d)%s" % (who, proc.pid, memory)
 
 
@@ -101,15 +97,15 @@ def processes_on(frame: NodeFrame, gpu: GpuSample) -> List[ProcessSample]:
 
 
 def format_gpu_line(frame: NodeFrame, gpu: GpuSample, name_width: int = 0) -> str:
-    """`[0] NVIDIA H200 | 39°C,   0 % |     0 / 143771 MB | 109 / 700 W | user(pid) 21482M`."""
+    """`[0] NVIDIA H200 | 39°C,   0 % |     0 / 143771 MiB | 109 / 700 W | user(pid) 21 GiB`."""
     name = printable_line(gpu.name or MISSING).ljust(name_width)
     if gpu.lost:
         return "[%d] %s | lost: the GPU fell off the bus or NVML lost it" % (gpu.index, name)
-    total = _mib(gpu.memory_total)
+    total = format_mib(gpu.memory_total, missing=MISSING)
     parts = [
         "[%d] %s" % (gpu.index, name),
         "%s°C, %s %%" % (_number(gpu.temperature).rjust(2), _number(gpu.utilization_gpu).rjust(3)),
-        "%s / %s MB" % (_mib(gpu.memory_used).rjust(len(total)), total),
+        "%s / %s MiB" % (format_mib(gpu.memory_used, missing=MISSING).rjust(len(total)), total),
         "%s / %s W" % (_number(gpu.power_draw_w).rjust(3), _number(gpu.power_limit_w).rjust(3)),
     ]
     line = " | ".join(parts) + " |"

@@ -247,7 +247,9 @@ def test_gpu_line_reads_like_gpustat():
     gpu, proc = frame.gpus[0], frame.processes[0]
     total = str(gpu.memory_total // MIB)
     used = str(gpu.memory_used // MIB).rjust(len(total))  # right-aligned to the total, as gpustat does
-    expected = "[0] %s | %d°C, %3d %% | %s / %s MB | %3d / %3d W | alice(%d) %dM" % (
+    # Memory in MiB as nvidia-smi counts it, spelled MiB (not "MB"); a process's memory as every pane spells it.
+    assert proc.gpu_memory_bytes == 22525509632  # 20.98 GiB
+    expected = "[0] %s | %d°C, %3d %% | %s / %s MiB | %3d / %3d W | alice(%d) 21 GiB" % (
         gpu.name,
         gpu.temperature,
         gpu.utilization_gpu,
@@ -256,7 +258,6 @@ def test_gpu_line_reads_like_gpustat():
         round(gpu.power_draw_w),
         round(gpu.power_limit_w),
         proc.pid,
-        proc.gpu_memory_bytes // MIB,
     )
     assert format_gpu_line(frame, gpu) == expected
 

@@ -13,11 +13,11 @@ from opsconsole.diagnosis.stalls import (
     ProgressTracker,
     detect_stalls,
     detect_stragglers,
-    format_duration,
     parse_step,
     stall_after_from,
 )
 from opsconsole.logs.records import LogLine, LogSource
+from opsconsole.units import format_duration  # the messages' durations
 
 NOW = 100_000.0
 

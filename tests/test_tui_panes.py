@@ -86,9 +86,9 @@ MIB = 1024 * 1024
 @pytest.mark.parametrize(
     "func, value, expected",
     [
-        (fmt.format_bytes, load_process().gpu_memory_bytes, "21.0 GiB"),  # 22525509632 B
+        (fmt.format_bytes, load_process().gpu_memory_bytes, "21 GiB"),  # 22525509632 B (opsconsole.units)
         (fmt.format_bytes, 900 * MIB, "900 MiB"),
-        (fmt.format_bytes, 4096, "4 KiB"),
+        (fmt.format_bytes, 4096, "4.0 KiB"),
         (fmt.format_bytes, None, "N/A"),
         (fmt.format_percent, 100.0, "100%"),
         (fmt.format_percent, 0.5, "0.5%"),
@@ -475,7 +475,7 @@ async def test_processes_pane_gpu_and_host_rows():
             "pid": "421",
             "user": "alice",
             "gpu": "0",
-            "gpu_memory": "21.0 GiB",  # 22525509632 bytes
+            "gpu_memory": "21 GiB",  # 22525509632 bytes
             "sm": "96%",
             "cpu": "99%",
             "rss": "2.0 GiB",
@@ -582,7 +582,7 @@ async def test_processes_pane_updates_in_place(monkeypatch):
         pane.show(states, None, NOW)
         await pilot.pause()
         assert keys(gpu) == ["gpu01/421@0"]
-        assert cells(gpu, "gpu01/421@0")["gpu_memory"] == "42.0 GiB"
+        assert cells(gpu, "gpu01/421@0")["gpu_memory"] == "42 GiB"
         assert pane.gpu_table.last_diff.updated_cells == 1
         # gpu02 goes away: its host process row goes with it.
         del states["gpu02"]

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 from opsconsole.config import CheckpointDirConfig, Config
 from opsconsole.sanitize import printable_line
+from opsconsole.units import format_bytes
 
 CLEANUP_MODULE = "opsconsole.checkpoints.cleanup"
 LISTED_ITEMS = 12  # deletions named in the confirmation; the rest are counted
@@ -77,14 +78,6 @@ async def _close(fs: Any) -> None:
             pass  # closing a broken SFTP channel: nothing left to do
 
 
-def _size(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return ("%d %s" if unit == "B" else "%.1f %s") % (value, unit)
-        value /= 1024.0
-    return "%d B" % value
-
-
 def cleanup_argv(node: str, path: str, keep: int, min_age: float, local: bool) -> Tuple[str, ...]:
     """The headless command that does the same (shown in the confirmation and the audit log)."""
     argv = ("opsconsole", "cleanup", path, "--keep", str(keep), "--min-age", "%g" % min_age)
@@ -123,12 +116,12 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
     if not doomed:
         raise Refused("nothing to delete in %s (keep %d, min age %g s)" % (target.path, entry.keep, entry.min_age))
     notes = ["deletes %d of %d, frees %s; kept: the newest %d, best, latest's target, open and recent files"
-             % (len(doomed), len(retention.items), _size(retention.bytes_freed), entry.keep)]
+             % (len(doomed), len(retention.items), format_bytes(retention.bytes_freed), entry.keep)]
     kept = [item for item in retention.items if not item.delete]
     # Every deletion up to the limit, and what is kept and why (best, latest), so the plan can be judged.
     for item in doomed[:LISTED_ITEMS] + kept[:LISTED_ITEMS]:
         notes.append("%-6s %s (%s): %s" % ("delete" if item.delete else "keep", printable_line(item.name),
-                                            _size(item.size_bytes), printable_line(item.reason)))
+                                            format_bytes(item.size_bytes), printable_line(item.reason)))
     if len(doomed) > LISTED_ITEMS or len(kept) > LISTED_ITEMS:
         notes.append("... and %d more" % (max(0, len(doomed) - LISTED_ITEMS) + max(0, len(kept) - LISTED_ITEMS)))
     notes.extend("warning: %s" % printable_line(w) for w in retention.warnings)

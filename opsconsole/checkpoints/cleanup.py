@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from opsconsole.actions.audit import OUTCOME_CONFIRMED, OUTCOME_FAILED, OUTCOME_OK, OUTCOME_REFUSED
 from opsconsole.checkpoints.access import LOCAL, FileSystem
 from opsconsole.checkpoints.retention import PlanItem, RetentionPlan
+from opsconsole.units import format_bytes
 
 ACTION_DELETE = "checkpoint.delete"
 ACTION_CLEANUP = "checkpoint.cleanup"
@@ -83,7 +84,7 @@ class CleanupResult:
         if self.refused:
             return "cleanup refused: %s" % self.refused
         planned = len(self.results) + len(self.remaining)
-        text = "deleted %d of %d (%s freed)" % (len(self.deleted), planned, _size_text(self.bytes_freed))
+        text = "deleted %d of %d (%s freed)" % (len(self.deleted), planned, format_bytes(self.bytes_freed))
         if self.failed:
             first = self.failed[0]
             text += "; %d failed: %s: %s" % (len(self.failed), posixpath.basename(first.path), first.error)
@@ -102,14 +103,6 @@ class CleanupResult:
                          "members_deleted": list(r.went)} for r in self.results],
             "remaining": list(self.remaining),
         }
-
-
-def _size_text(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return ("%d %s" if unit == "B" else "%.1f %s") % (value, unit)
-        value /= 1024.0
-    return "%d B" % value
 
 
 AuditWriter = Callable[[str, str, str, str], Optional[str]]

@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from opsconsole.checkpoints.records import CheckpointMeta, ModelCheckpointState, StateDictSummary
 from opsconsole.checkpoints.safe_unpickle import DTYPE_SIZES, DtypeStub, TensorStub, Unresolved
+from opsconsole.units import format_bytes
 
 EPOCH_KEYS = ("epoch", "current_epoch", "cur_epoch", "epochs")
 STEP_KEYS = ("global_step", "step", "iteration", "iter", "num_updates", "steps")
@@ -231,7 +232,7 @@ def describe_value(value: Any, scalars: Mapping[TensorStub, float] = {}) -> str:
         text = "%s: %d %s" % (kind, size, "keys" if isinstance(value, Mapping) else "items")
         if summary.keys:
             text += ", %d tensors (%s), %s" % (
-                summary.keys, ", ".join(d for d, _ in summary.dtypes[:3]), _bytes_text(summary.bytes)
+                summary.keys, ", ".join(d for d, _ in summary.dtypes[:3]), format_bytes(summary.bytes)
             )
         elif isinstance(value, Mapping) and size:
             keys = [_key_text(k)[:MAX_TEXT] for k in list(value)[:6]]
@@ -267,14 +268,6 @@ def short_text(value: Any, limit: int = MAX_TEXT) -> str:
 
 def _key_text(key: Any) -> str:
     return key[:MAX_KEY_TEXT] if isinstance(key, str) else short_text(key, MAX_KEY_TEXT)
-
-
-def _bytes_text(value: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return ("%d %s" if unit == "B" else "%.1f %s") % (value, unit)
-        value /= 1024.0
-    return "%d B" % value
 
 
 def metadata_from_tree(

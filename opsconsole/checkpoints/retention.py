@@ -23,6 +23,7 @@ from typing import Collection, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from opsconsole.checkpoints.records import BROKEN, FORMAT_LINK, CheckpointEntry
 from opsconsole.checkpoints.scan import natural_key
+from opsconsole.units import format_duration
 
 DEFAULT_KEEP = 3
 DEFAULT_MIN_AGE_S = 600.0
@@ -110,15 +111,8 @@ def newness_key(entry: CheckpointEntry) -> Tuple:
 
 
 def age_text(seconds: float) -> str:
-    """`45 s`, `12 min`, `3.0 h`, `2.5 d`."""
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return "%d s" % seconds
-    if seconds < 7200:
-        return "%d min" % (seconds // 60)
-    if seconds < 172800:
-        return "%.1f h" % (seconds / 3600)
-    return "%.1f d" % (seconds / 86400)
+    """`45s`, `12m05s`, `3h00m`, `2d12h` (opsconsole.units.format_duration)."""
+    return format_duration(seconds)
 
 
 def _is_open(entry: CheckpointEntry, open_paths: Collection[str]) -> bool:

@@ -104,19 +104,16 @@ def open_dir_access(args: argparse.Namespace) -> DirAccess:
 
 
 def size_text(value: Optional[float]) -> str:
-    if value is None:
-        return "-"
-    for unit in ("B", "K", "M", "G", "T", "P"):
-        if value < 1024 or unit == "P":
-            return ("%d%s" if unit == "B" else "%.1f%s") % (value, unit)
-        value /= 1024.0
-    return "-"
+    """`537 KiB`, `1.5 GiB`; `-` when unknown (see opsconsole.units)."""
+    from opsconsole.units import format_bytes
+
+    return format_bytes(value, missing="-")
 
 
 def age_text(seconds: float) -> str:
-    from opsconsole.checkpoints.retention import age_text as text
+    from opsconsole.units import format_duration
 
-    return text(seconds)
+    return format_duration(seconds)
 
 
 def marks(entry: Any) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, Hashable, List, Mapping, Optional
 
 from opsconsole.diagnosis.knowledge import STALL_CATEGORY, STRAGGLER_CATEGORY
+from opsconsole.units import format_duration
 
 DEFAULT_STALL_AFTER = 600.0  # seconds; the config's [logs] stall_after when set
 
@@ -155,13 +156,3 @@ class ProgressTracker:
         if stalls:
             return stalls
         return detect_stragglers(self.last_advance, now, stall_after / 2, self.steps, lag_steps, self.ranks)
-
-
-def format_duration(seconds: float) -> str:
-    """Seconds as '45s', '12m05s' or '2h03m'."""
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return "%ds" % seconds
-    if seconds < 3600:
-        return "%dm%02ds" % divmod(seconds, 60)
-    return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)

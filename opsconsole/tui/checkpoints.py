@@ -345,14 +345,14 @@ def detail_text(entry: CheckpointEntry, now: float) -> Text:
     if meta.state_dict is not None:
         sd = meta.state_dict
         dtypes = ", ".join("%s ×%d" % (d, n) for d, n in sd.dtypes) or NA
-        row("State dict", "%d tensors, %s%s" % (sd.keys, _size(sd.bytes), "  (under %r)" % sd.source if sd.source else ""))
+        row("State dict", "%d tensors, %s%s" % (sd.keys, format_bytes(sd.bytes), "  (under %r)" % sd.source if sd.source else ""))
         row("  dtypes", dtypes)
     else:
         row("State dict", NA)
     row("Optimizer", _presence(meta.has_optimizer))
     row("Scheduler", _presence(meta.has_scheduler))
     if meta.tensor_count is not None:
-        row("Zip storages", "%d, %s" % (meta.tensor_count, _size(meta.tensor_bytes)))
+        row("Zip storages", "%d, %s" % (meta.tensor_count, format_bytes(meta.tensor_bytes)))
     if meta.crc_recorded is False:
         row("CRC", "none recorded (every CRC is 0): a CRC check cannot verify this file", "yellow")
     if meta.unsafe_globals:
@@ -369,13 +369,6 @@ def detail_text(entry: CheckpointEntry, now: float) -> Text:
 
 
 MAX_DETAIL_LINES = 200  # members and protections listed in the details screen
-
-
-def _size(value: Optional[int]) -> str:
-    """`60 B` below a KiB (format_bytes would say 0 KiB), else format_bytes."""
-    if value is not None and value < 1024:
-        return "%d B" % value
-    return format_bytes(value)
 
 
 def _presence(value: Optional[bool]) -> str:

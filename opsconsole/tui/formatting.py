@@ -1,4 +1,4 @@
-"""Compact text for the console's cells: sizes, percentages, temperatures, ages, state colours.
+"""Compact text for the console's cells: percentages, temperatures, watts, state colours.
 
 Pure functions (no Textual): every pane formats the same way, and a missing reading
 always reads "N/A".
@@ -21,11 +21,21 @@ from opsconsole.model import (
 )
 from opsconsole.sanitize import printable
 
-NA = "N/A"
-KIB = 1024
-MIB = 1024 * KIB
-GIB = 1024 * MIB
-TIB = 1024 * GIB
+# Sizes, rates and durations have one spelling, in opsconsole.units; re-exported for the panes.
+from opsconsole.units import (  # noqa: F401
+    GIB,
+    KIB,
+    MIB,
+    NA,
+    TIB,
+    format_age,
+    format_bytes,
+    format_duration,
+    format_frame_age,
+    format_gib,
+    format_memory_pair,
+    format_rate,
+)
 
 # Rich styles for the connection states (up green, stale yellow, failures red ...).
 STATE_STYLES = {
@@ -48,47 +58,8 @@ def state_style(state: str) -> str:
     return STATE_STYLES.get(state, "")
 
 
-def format_bytes(value: Optional[float]) -> str:
-    """`512 KiB`, `300 MiB`, `21.0 GiB`, `1.2 TiB`: binary units, at most one decimal."""
-    if value is None:
-        return NA
-    if value < MIB:
-        return "%d KiB" % round(value / KIB)
-    if value < GIB:
-        return "%d MiB" % round(value / MIB)
-    if value < TIB:
-        return "%.1f GiB" % (value / GIB)
-    return "%.1f TiB" % (value / TIB)
 
 
-def format_gib(value: Optional[float]) -> str:
-    """`21.0`: bytes as GiB with one decimal, for a column whose header names the unit."""
-    return NA if value is None else "%.1f" % (value / GIB)
-
-
-def format_bytes_short(value: Optional[float]) -> str:
-    """`812M`, `1.5G`: a binary unit in one letter, for the dense Host summary and table."""
-    if value is None:
-        return NA
-    for unit in ("B", "K", "M", "G", "T", "P"):
-        if abs(value) < KIB or unit == "P":
-            if unit == "B":
-                return "%d%s" % (value, unit)
-            return ("%.1f%s" if abs(value) < 10 else "%.0f%s") % (value, unit)
-        value /= float(KIB)
-    return NA  # not reached
-
-
-def format_memory_pair(used: Optional[float], total: Optional[float]) -> str:
-    """`21.0/140.4 GiB`: used over total in the unit of the total."""
-    if used is None and total is None:
-        return NA
-    if total is None:
-        return format_bytes(used) + "/" + NA
-    if used is None:
-        return NA + "/" + format_bytes(total)
-    unit, scale, fmt = ("GiB", GIB, "%.1f") if total >= GIB else ("MiB", MIB, "%d")
-    return "%s/%s %s" % (fmt % (used / scale), fmt % (total / scale), unit)
 
 
 def format_percent(value: Optional[float]) -> str:
@@ -114,41 +85,7 @@ def format_watts(value: Optional[float]) -> str:
     return "%d W" % round(value)
 
 
-def format_age(seconds: Optional[float]) -> str:
-    """`3s`, `2m`, `5h`, `3d`: the largest whole unit, as ages are glanced at."""
-    if seconds is None:
-        return NA
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return "%ds" % int(seconds)
-    if seconds < 3600:
-        return "%dm" % int(seconds // 60)
-    if seconds < 86400:
-        return "%dh" % int(seconds // 3600)
-    return "%dd" % int(seconds // 86400)
 
-
-def format_duration(seconds: Optional[float]) -> str:
-    """`45s`, `12m05s`, `3h07m`, `2d04h`: two units, for process run times."""
-    if seconds is None:
-        return NA
-    total = int(max(0.0, seconds))
-    if total < 60:
-        return "%ds" % total
-    if total < 3600:
-        return "%dm%02ds" % (total // 60, total % 60)
-    if total < 86400:
-        return "%dh%02dm" % (total // 3600, (total % 3600) // 60)
-    return "%dd%02dh" % (total // 86400, (total % 86400) // 3600)
-
-
-def format_frame_age(seconds: Optional[float]) -> str:
-    """`0.4s`, `12s`, `5m03s`: how old a frame is, tenths while it is fresh; `never` without one."""
-    if seconds is None:
-        return "never"
-    if seconds < 10:
-        return "%.1fs" % seconds
-    return format_duration(seconds)
 
 
 def format_ms(value: Optional[float]) -> str:

@@ -12,7 +12,7 @@ from opsconsole.config import DEFAULT_CONFIG, HealthConfig
 from opsconsole.model import HostSample, NodeState, ProcessSample
 from opsconsole.tui import bars
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_PLAIN, LEVEL_WARN, Palette
-from opsconsole.tui.formatting import NA, format_bytes_short, format_duration, format_frame_age, printable, printable_text
+from opsconsole.tui.formatting import NA, format_bytes, format_duration, format_rate, format_frame_age, printable, printable_text
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow, styled_row
 
@@ -101,12 +101,12 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
     used = None if host.mem_total is None or host.mem_available is None else host.mem_total - host.mem_available
     out += _bar_segments("mem   ", mem, CPU_BAR,
                          bars.level_for(mem, health.memory_percent - 10, health.memory_percent),
-                         "   %s of %s" % (format_bytes_short(used), format_bytes_short(host.mem_total)))
+                         "   %s of %s" % (format_bytes(used), format_bytes(host.mem_total)))
     if host.swap_total:
         swap = 100.0 * (host.swap_used or 0) / host.swap_total
         out.append(("   swap ", LEVEL_PLAIN))
         out.append((bars.percent_bar(swap, DISK_BAR), bars.level_for(swap, 50.0, 90.0)))
-        out.append(("  %s of %s" % (format_bytes_short(host.swap_used), format_bytes_short(host.swap_total)), LEVEL_PLAIN))
+        out.append(("  %s of %s" % (format_bytes(host.swap_used), format_bytes(host.swap_total)), LEVEL_PLAIN))
     else:
         out.append(("   swap none", LEVEL_PLAIN))
     out.append(("\n", ""))
@@ -119,15 +119,15 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
             LEVEL_WARN if free < 2 * health.disk_free_percent else LEVEL_PLAIN)
         out.append(("  %s " % disk.path, LEVEL_PLAIN))
         out.append((bars.bar(100.0 - free, DISK_BAR), level))
-        out.append((" free %.0f%% (%s of %s)" % (free, format_bytes_short(disk.free), format_bytes_short(disk.total)),
+        out.append((" free %.0f%% (%s of %s)" % (free, format_bytes(disk.free), format_bytes(disk.total)),
                     level))
     out.append(("\n", ""))
     out.append(("net  ", LEVEL_PLAIN))
     if not host.net:
         out.append(("  " + NA, LEVEL_PLAIN))
     for rate in host.net:
-        out.append(("  %s rx %s/s tx %s/s" % (rate.interface, format_bytes_short(rate.rx_bytes_per_s),
-                                              format_bytes_short(rate.tx_bytes_per_s)), LEVEL_PLAIN))
+        out.append(("  %s rx %s tx %s" % (rate.interface, format_rate(rate.rx_bytes_per_s),
+                                          format_rate(rate.tx_bytes_per_s)), LEVEL_PLAIN))
     out.append(("\n", ""))
     return out
 
@@ -152,7 +152,7 @@ def process_rows(processes: Sequence[ProcessSample], palette: Palette, dim: bool
             (proc.state or "?", LEVEL_CRIT if proc.state in ("D", "Z") else LEVEL_PLAIN),
             (NA if proc.cpu_percent is None else "%.1f" % proc.cpu_percent,
              bars.level_for(proc.cpu_percent, CPU_WARN, 10 * CPU_CRIT)),
-            (format_bytes_short(proc.rss_bytes), LEVEL_PLAIN),
+            (format_bytes(proc.rss_bytes), LEVEL_PLAIN),
             (NA if proc.threads is None else str(proc.threads), LEVEL_PLAIN),
             (format_duration(proc.elapsed_s), LEVEL_PLAIN),
             (proc.name, LEVEL_PLAIN),
