@@ -31,7 +31,7 @@ PROCESS_COLUMNS = (
 )
 CPU_BAR = 30
 CORE_BAR = 8
-CORE_CELL = 18  # "  12 ████████ 100%" plus a gap
+CORE_GAP = "   "  # between one core's percent and the next core's number
 MANY_CORES = 32  # beyond this, one spark cell per core
 DISK_BAR = 10
 CPU_WARN, CPU_CRIT = 80.0, 95.0
@@ -61,12 +61,17 @@ def core_segments(per_core: Sequence[float], width: int) -> List[Segment]:
                 out.append((bars.spark(value), bars.level_for(value, CPU_WARN, CPU_CRIT)))
             out.append(("\n", ""))
         return out
-    per_line = max(1, (width - 6) // CORE_CELL)
+    # A cell is "NN ████████ 100%": the number padded to the widest index, then the bar and its
+    # percent; cells are parted by CORE_GAP, so a percent never touches the next core's number.
+    digits = len(str(len(per_core) - 1))
+    cell = digits + 1 + len(bars.percent_bar(0.0, CORE_BAR))
+    prefix = "cores "
+    per_line = max(1, (width - len(prefix) + len(CORE_GAP)) // (cell + len(CORE_GAP)))
     for start in range(0, len(per_core), per_line):
-        out.append(("cores" if start == 0 else "     ", LEVEL_PLAIN))
+        out.append((prefix if start == 0 else " " * len(prefix), LEVEL_PLAIN))
         for index in range(start, min(start + per_line, len(per_core))):
             value = per_core[index]
-            out.append((" %4d " % index, LEVEL_PLAIN))
+            out.append(("%s%*d " % (CORE_GAP if index > start else "", digits, index), LEVEL_PLAIN))
             out.append((bars.percent_bar(value, CORE_BAR), bars.level_for(value, CPU_WARN, CPU_CRIT)))
         out.append(("\n", ""))
     return out
@@ -173,7 +178,7 @@ class HostPane(LivePane):
 
     DEFAULT_CSS = """
     HostPane { height: 1fr; }
-    HostPane > #host-summary { height: auto; padding: 0 1; }
+    HostPane > #host-summary { height: auto; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     HostPane > #host-procs-title { height: 1; color: $text-muted; padding: 0 1; }
     HostPane > DataTable { height: 1fr; }
     """
