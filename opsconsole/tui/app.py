@@ -56,6 +56,7 @@ from opsconsole.tui.keys import (
 )
 from opsconsole.tui.logs import LogFeed, LogsPane
 from opsconsole.tui.nodes import NodesPane
+from opsconsole.tui.overview import OverviewPane
 from opsconsole.tui.pane import Pane
 from opsconsole.tui.processes import ProcessesPane
 from opsconsole.tui.services import ConsoleServices
@@ -65,6 +66,7 @@ from opsconsole.tui.themes import DEFAULT_THEME, choose_theme, load_themes
 # The pane registry: tab order, number keys and `pane.<id>` bindings all come from it.
 # Later panes (Logs, Checkpoints, Health) are one line each here.
 PANES: List[Type[Pane]] = [
+    OverviewPane,  # key o: the first pane of a single-node console, and what enter on a node opens
     GpusPane,
     ProcessesPane,
     HostPane,
@@ -210,7 +212,7 @@ class OpsConsole(App[int]):
         with Vertical(id="main"):
             self.header = ConsoleHeader(id="header")
             yield self.header
-            with TabbedContent(id="panes", initial=tab_id(PANES[0].pane_id)):
+            with TabbedContent(id="panes", initial=tab_id(self.first_pane_id())):
                 for cls in PANES:
                     with TabPane("%s %s" % (cls.key, cls.title), id=tab_id(cls.pane_id)):
                         pane = cls()
@@ -220,6 +222,10 @@ class OpsConsole(App[int]):
             yield self.filter_input
             yield Footer()
         yield TooSmall(id="too-small")
+
+    def first_pane_id(self) -> str:
+        """One node: its overview (GPUs, processes and host on one screen); several: every GPU."""
+        return OverviewPane.pane_id if len(self.fleet.states()) == 1 else GpusPane.pane_id
 
     async def on_mount(self) -> None:
         self.tabs = self.query_one("#panes", TabbedContent)
@@ -287,7 +293,7 @@ class OpsConsole(App[int]):
     @property
     def visible_pane_id(self) -> str:
         active = self.tabs.active if hasattr(self, "tabs") else ""
-        return active[len("tab-"):] if active.startswith("tab-") else PANES[0].pane_id
+        return active[len("tab-"):] if active.startswith("tab-") else self.first_pane_id()
 
     @on(TabbedContent.TabActivated)
     def pane_became_visible(self, event: TabbedContent.TabActivated) -> None:
@@ -311,7 +317,7 @@ class OpsConsole(App[int]):
     @on(NodesPane.Drill)
     def drill_into_node(self, message: NodesPane.Drill) -> None:
         self.node = message.node
-        self.action_show_pane(GpusPane.pane_id)
+        self.action_show_pane(OverviewPane.pane_id)
         self.redraw()
 
     # --- host keys -----------------------------------------------------------
