@@ -200,7 +200,7 @@ async def test_totals_count_live_nodes_gpus_and_mean_utilization():
     totals = fleet.totals(now)
     reported = [u for us in utilizations.values() for u in us if u is not None]
     assert totals.nodes == 4
-    assert totals.nodes_up == 3 and totals.nodes_down == 1
+    assert totals.nodes_up == 3 and totals.nodes_down == 1 and totals.nodes_connecting == 0
     assert totals.gpus == sum(len(us) for us in utilizations.values())
     assert totals.mean_utilization == pytest.approx(sum(reported) / len(reported))
     assert totals.alerts == 0
@@ -212,7 +212,8 @@ async def test_totals_count_live_nodes_gpus_and_mean_utilization():
 async def test_totals_of_a_fleet_that_never_polled():
     fleet = Fleet(fast_config(["a", "b"]), links=[FakeLink("a"), FakeLink("b")])
     totals = fleet.totals(time.time())
-    assert (totals.nodes, totals.nodes_up, totals.nodes_down, totals.gpus) == (2, 0, 2, 0)
+    # Not polled yet: connecting, not down (the header said "down 2" before the first frame).
+    assert (totals.nodes, totals.nodes_up, totals.nodes_connecting, totals.nodes_down, totals.gpus) == (2, 0, 2, 0, 0)
     assert totals.mean_utilization is None
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from opsconsole.model import STATE_CONNECTING
+
 
 @dataclass(frozen=True)
 class FleetTotals:
@@ -12,25 +14,30 @@ class FleetTotals:
 
     nodes: int
     nodes_up: int
-    nodes_down: int  # every node not delivering fresh frames (connecting, stale, down, auth ...)
+    nodes_down: int  # every node not delivering fresh frames (stale, down, auth, reconnecting ...)
     gpus: int  # GPUs of the nodes that are up
     mean_utilization: Optional[float]  # percent over those GPUs; None when none report it
     alerts: int = 0
+    nodes_connecting: int = 0  # nodes still making their first connection (no frame yet): not down
 
 
 def totals_of(states: Iterable, now: float, stale_after: float) -> FleetTotals:
     """Node and GPU counts over `states`; a live node gone quiet for `stale_after` s counts as down."""
     states = list(states)
     up = []
+    connecting = 0
     for state in states:
         age = state.age(now)
         if state.is_live and not (age is not None and age > stale_after):
             up.append(state)
+        elif state.state == STATE_CONNECTING and state.frame is None:
+            connecting += 1
     utilizations = [g.utilization_gpu for s in up if s.frame for g in s.frame.gpus if g.utilization_gpu is not None]
     return FleetTotals(
         nodes=len(states),
         nodes_up=len(up),
-        nodes_down=len(states) - len(up),
+        nodes_down=len(states) - len(up) - connecting,
         gpus=sum(len(s.frame.gpus) for s in up if s.frame),
         mean_utilization=sum(utilizations) / len(utilizations) if utilizations else None,
+        nodes_connecting=connecting,
     )

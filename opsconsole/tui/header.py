@@ -59,6 +59,9 @@ def header_text(
     text.append("\n")
     text.append(" nodes %d" % totals.nodes)
     text.append("  up %d" % totals.nodes_up, style=palette.ok if totals.nodes_up else "")
+    connecting = getattr(totals, "nodes_connecting", 0)  # no frame yet: not down
+    if connecting:
+        text.append("  connecting %d" % connecting, style=palette.warn)
     text.append("  down %d" % totals.nodes_down, style=("bold " + palette.crit) if totals.nodes_down else "")
     text.append("   GPUs %d" % totals.gpus)
     util = totals.mean_utilization
