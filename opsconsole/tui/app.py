@@ -516,6 +516,12 @@ class OpsConsole(App[int]):
     async def action_quit(self) -> None:
         self.exit(0)
 
+    def action_help_quit(self) -> None:
+        """ctrl+c: say which keys quit. Textual's own toast is markup ("[b]ctrl+q[/b]"), and our
+        toasts are plain text, so it showed its tags."""
+        keys = [display_key(effective_key(spec, self.keymap)) for spec in self.key_specs if spec.action == "quit"]
+        self.notify("press %s to quit" % " or ".join(keys + ["ctrl+q"]), title="Do you want to quit?")
+
     # --- filter ------------------------------------------------------------
 
     @on(Input.Changed, "#filter")

@@ -1,0 +1,43 @@
+"""ctrl+c in the console: a plain-text toast naming the quit keys, never raw markup."""
+
+from __future__ import annotations
+
+from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states
+
+from opsconsole.config import Config, ConsoleConfig
+from opsconsole.tui.app import OpsConsole
+
+
+def screen_text(app: OpsConsole) -> str:
+    return "\n".join("".join(segment.text for segment in strip) for strip in app.screen._compositor.render_strips())
+
+
+async def drawn(pilot, app: OpsConsole, words: str) -> str:
+    """The screen once `words` is on it (toasts are drawn after a refresh or two)."""
+    for _ in range(100):
+        text = screen_text(app)
+        if words in text:
+            return text
+        await pilot.pause(0.05)
+    raise AssertionError("never drawn: %r in\n%s" % (words, screen_text(app)))
+
+
+async def test_ctrl_c_names_the_quit_keys_without_markup_tags():
+    app = OpsConsole(Config(), FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
+    async with app.run_test(size=(140, 40), notifications=True) as pilot:
+        await pilot.press("ctrl+c")
+        await pilot.pause(0.3)
+        [toast] = list(app._notifications)
+        assert toast.message == "press q or ctrl+q to quit"
+        text = await drawn(pilot, app, "press q or ctrl+q to quit")
+        assert "[b]" not in text and "[/b]" not in text
+        assert app.is_running  # ctrl+c does not quit
+
+
+async def test_ctrl_c_follows_a_remapped_quit_key():
+    config = Config(console=ConsoleConfig(keys=(("app.quit", "x"),)))
+    app = OpsConsole(config, FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
+    async with app.run_test(size=(140, 40), notifications=True) as pilot:
+        await pilot.press("ctrl+c")
+        await pilot.pause(0.3)
+        assert [n.message for n in app._notifications] == ["press x or ctrl+q to quit"]
