@@ -31,7 +31,7 @@ from opsconsole.sanitize import printable_line
 DEFAULT_DUMP_TIMEOUT_S = 10.0  # per process, on the node
 NODE_SLACK_S = 20.0  # a node's whole answer: connecting, starting Python, the dumps in waves of 16
 MAX_ANSWER_LINE_CHARS = 8 * 1024 * 1024  # one rank's line: 2 MiB of py-spy JSON, escaped once more
-MAX_NODE_ANSWER_CHARS = 256 * 1024 * 1024
+MAX_NODE_ANSWER_CHARS = 64 * 1024 * 1024
 MAX_RANKS_PER_NODE = 4096
 MAX_NOTE_CHARS = 300
 READ_CHUNK = 256 * 1024
@@ -190,21 +190,31 @@ def rank_of(node: str, answer: Mapping[str, Any], head: Mapping[str, Any], timeo
 
 
 class NodeAnswer:
-    """Collects one node's answer lines as they arrive, checking each."""
+    """One node's answer: its lines kept as they arrive (bounded), read and checked by `finish`.
+
+    Reading (JSON of up to MAX_ANSWER_LINE_CHARS a line, py-spy's dumps inside) is left to `finish`,
+    which the caller runs in a worker thread: the event loop only moves bytes.
+    """
 
     def __init__(self, node: str, timeout: float) -> None:
         self.node = node
         self.timeout = timeout
+        self.lines: List[str] = []
         self.head: Dict[str, Any] = {}
         self.ranks: List[RankStack] = []
         self.errors: List[StackError] = []
         self.done_s: Optional[float] = None
         self.noise: List[str] = []
-        self.rank_lines = 0
-        self.chars = 0
 
     def on_line(self, line: str) -> None:
-        self.chars += len(line)
+        if len(self.lines) <= MAX_RANKS_PER_NODE + 2:
+            self.lines.append(line)
+
+    def on_too_long(self, length: int) -> None:
+        self.errors.append(StackError(self.node, "an answer line of %d characters was dropped (over %d)"
+                                      % (length, MAX_ANSWER_LINE_CHARS)))
+
+    def _read(self, line: str) -> None:
         try:
             answer = json.loads(line) if line.lstrip().startswith("{") else None
         except (ValueError, RecursionError):
@@ -217,9 +227,6 @@ class NodeAnswer:
         if kind == "node" and not self.head:
             self.head = answer
         elif kind == "rank" and self.head:
-            self.rank_lines += 1
-            if self.rank_lines > MAX_RANKS_PER_NODE:
-                return
             stack, error = rank_of(self.node, answer, self.head, self.timeout)
             if stack is not None:
                 self.ranks.append(stack)
@@ -228,12 +235,13 @@ class NodeAnswer:
         elif kind == "done":
             self.done_s = _number(answer.get("seconds"))
 
-    def on_too_long(self, length: int) -> None:
-        self.errors.append(StackError(self.node, "an answer line of %d characters was dropped (over %d)"
-                                      % (length, MAX_ANSWER_LINE_CHARS)))
-
-    def finish(self, failure: Optional[str] = None) -> None:
-        """Turn what did not come into errors: the node's failure, a missing head, no ranks."""
+    def finish(self, failure: Optional[str] = None) -> "NodeAnswer":
+        """Read the lines; turn what did not come into errors (the node's failure, no answer, no ranks)."""
+        lines, self.lines = self.lines, []
+        for line in lines:
+            self._read(line)
+        if len(lines) > MAX_RANKS_PER_NODE + 2:
+            self.errors.append(StackError(self.node, "more than %d processes: the rest left out" % MAX_RANKS_PER_NODE))
         if failure:
             self.errors.append(StackError(self.node, failure))
         elif not self.head:
@@ -244,6 +252,7 @@ class NodeAnswer:
         if self.head and _int(self.head.get("ranks"), 0, 10 ** 6) == 0 and not failure:
             self.errors.append(StackError(self.node, "no training ranks found (no process with RANK or LOCAL_RANK "
                                                      "in its environment, no GPU compute process)"))
+        return self
 
 
 # --- running the helper ----------------------------------------------------------------------
@@ -321,11 +330,11 @@ async def collect_node(name: str, link: Any, pids: Optional[Sequence[int]] = Non
     answer = NodeAnswer(name, timeout)
     channel = command_channel(link)
     if is_replayed(link) or channel not in (COMMANDS_HERE, COMMANDS_SSH):
-        answer.finish("no command channel to the node (a replay or a metrics-only source): its processes "
-                      "cannot be read")
-        return answer
+        return answer.finish("no command channel to the node (a replay or a metrics-only source): its processes "
+                             "cannot be read")
     request = request_line(pids, native, timeout)
     deadline = timeout * 3 + NODE_SLACK_S
+    failure = None
     try:
         if channel == COMMANDS_HERE:
             coro = _run_here(helper_argv(shlex.quote(sys.executable)), request, answer)
@@ -334,13 +343,11 @@ async def collect_node(name: str, link: Any, pids: Optional[Sequence[int]] = Non
             coro = _run_over_ssh(link, helper_argv(python), request, answer)
         await asyncio.wait_for(coro, deadline)
     except asyncio.TimeoutError:
-        answer.finish("no complete answer within %g s" % deadline)
-        return answer
+        failure = "no complete answer within %g s" % deadline
     except Exception as exc:  # a node's failure (LinkError, asyncssh, OS) is its error line, never the others'
-        answer.finish("%s: %s" % ("unreachable" if type(exc).__name__ == "LinkError" else "failed", _describe(exc)))
-        return answer
-    answer.finish()
-    return answer
+        failure = "%s: %s" % ("unreachable" if type(exc).__name__ == "LinkError" else "failed", _describe(exc))
+    # The reading (JSON, py-spy's dumps) in a thread: the event loop (the console's) only moved bytes.
+    return await asyncio.to_thread(answer.finish, failure)
 
 
 async def collect_stacks(links: Mapping[str, Any], pids: Optional[Mapping[str, Sequence[int]]] = None,

@@ -153,7 +153,7 @@ def find_ranks():
             continue
         candidates[pid] = (env, argv, is_python(pid, argv), ancestors_of(pid))
     kept = []
-    for pid, (env, argv, python, ancestors) in candidates.items():
+    for pid, (env, _argv, _python, ancestors) in candidates.items():
         identity = rank_identity(env)
         inside_python_rank = any(
             a in candidates and candidates[a][2] and rank_identity(candidates[a][0]) == identity for a in ancestors)
