@@ -316,7 +316,11 @@ def test_record_numbers_are_checked(tmp_path, capsys, args, message):
 
 @pytest.mark.parametrize("args, message", [
     (["--speed", "inf"], "--speed must be"), (["--speed", "nan"], "--speed must be"),
-    (["--at", "nan"], "--at must be"),
+    (["--at", "nan"], "--at 'nan': expected seconds"), (["--at", "-5"], "--at '-5': expected"),
+    (["--at", "2:75"], "--at '2:75': expected"), (["--at", "1e999"], "--at '1e999'"),
+    # Past the end: said, not a silent start at the end (the recording is 2 s long).
+    (["--at", "5"], "--at 5 is past the end of the recording (0:02 long): give 0 to 0:02"),
+    (["--at", "2:25"], "--at 2:25 is past the end of the recording (0:02 long)"),
 ])
 def test_replay_numbers_are_checked(tmp_path, capsys, args, message):
     path = record(tmp_path / "ok.opsrec", TICKS[:3])

@@ -70,6 +70,14 @@ async def test_replay_console_shows_recorded_gpus_and_moves_with_the_keys(record
         shown = fleet.states()["gpu000"]
         assert shown.frame.seq == ticks[tick][0].frame.seq
 
+        # The bar's own m:ss: 0:42 is 42 s in (it jumped to 0:00, read as 00:42 at night).
+        await pilot.press("g", *"0:42", "enter")
+        await pilot.pause()
+        assert fleet.now() == pytest.approx(fleet.reader.start + 42)
+        assert "0:42 / " in str(app.replay_bar.render())
+        await pilot.press("g", *"50%", "enter")
+        await pilot.pause()
+
         await pilot.press("g", *"soon", "enter")
         await pilot.pause()
         assert fleet.now() == pytest.approx(middle)  # refused, position kept

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 
 
 def register(commands, add_node_options) -> None:
@@ -15,8 +14,8 @@ def register(commands, add_node_options) -> None:
     parser.add_argument("file", metavar="FILE", help="the recording")
     parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help="config file (theme, keys)")
     parser.add_argument("--speed", type=float, default=1.0, help="playback speed (1 = real time)")
-    parser.add_argument("--at", metavar="S", type=float, default=None,
-                        help="start S seconds into the recording")
+    parser.add_argument("--at", metavar="OFFSET", default=None,
+                        help="start this far into the recording: seconds (90), 2m, or m:ss / h:mm:ss as the replay bar shows")
     parser.set_defaults(handler=command_replay)
 
 
@@ -25,12 +24,18 @@ def command_replay(args: argparse.Namespace) -> int:
 
     from opsconsole.cli import UsageError, config_from_args
     from opsconsole.recording.replay import SPEEDS, ReplayFleet
+    from opsconsole.recording.seek import SeekError, offset_seconds, offset_text
     from opsconsole.recording.store import RecordingError
+    from opsconsole.sanitize import printable_line
 
     if not (0 < args.speed <= SPEEDS[-1]):  # NaN and inf fail too
         raise UsageError("--speed must be positive, at most %g, got %g" % (SPEEDS[-1], args.speed))
-    if args.at is not None and not math.isfinite(args.at):
-        raise UsageError("--at must be a number of seconds, got %g" % args.at)
+    at = None
+    if args.at is not None:
+        try:
+            at = offset_seconds(args.at)
+        except SeekError as exc:
+            raise UsageError(printable_line("--at %s" % exc)) from None
     config = config_from_args(args)
     config = replace(config, console=replace(config.console, read_only=True))  # nothing to act on in the past
     try:
@@ -38,12 +43,14 @@ def command_replay(args: argparse.Namespace) -> int:
     except RecordingError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
-        from opsconsole.sanitize import printable_line
-
         raise UsageError("%s: %s" % (printable_line(args.file), exc.strerror or exc)) from None
     fleet.speed = args.speed
-    if args.at is not None:
-        fleet.start_at = fleet.reader.start + args.at
+    if at is not None:
+        length = fleet.reader.end - fleet.reader.start
+        if at > length:  # it used to start at the end without a word
+            raise UsageError("--at %s is past the end of the recording (%s long): give 0 to %s" % (
+                printable_line(args.at.strip()), offset_text(length), offset_text(length)))
+        fleet.start_at = fleet.reader.start + at
     from opsconsole.tui.app import run_console
 
     return run_console(config, fleet, now=fleet.now)

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 from rich.text import Text
 from textual.widgets import Input, Static
 
-from opsconsole.recording.seek import SeekError, seek_target
+from opsconsole.recording.seek import SeekError, offset_text, seek_target
 from opsconsole.sanitize import printable_line
 from opsconsole.tui.app import KEY_SPECS, OpsConsole
 from opsconsole.tui.keys import KeySpec, bindings_from_specs
@@ -23,15 +23,11 @@ REPLAY_KEYS: Tuple[KeySpec, ...] = (
     KeySpec("replay.forward_minute", "right_curly_bracket", "replay_step(60)", "Replay: forward 1 min", show=False),
     KeySpec("replay.start", "less_than_sign", "replay_go('0%')", "Replay: to the start", show=False),
     KeySpec("replay.end", "greater_than_sign", "replay_go('100%')", "Replay: to the end", show=False),
-    KeySpec("replay.goto", "g", "replay_goto", "Replay: go to a time (+30s, -5m, 50%, 14:05)"),
+    KeySpec("replay.goto", "g", "replay_goto", "Replay: go to a time (+30s, -5m, 2:25, 50%, 14:05)"),
 )
 
 
-def _clock(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return "%d:%02d:%02d" % (hours, rest // 60, rest % 60) if hours else "%d:%02d" % (rest // 60, rest % 60)
-
+_clock = offset_text  # the bar writes offsets as `g` and --at read them back
 
 def replay_text(start: float, end: float, position: float, speed: float, paused: bool, width: int = 30,
                 problem: Optional[str] = None) -> Text:
@@ -71,7 +67,7 @@ class ReplayConsole(OpsConsole):
     async def on_mount(self) -> None:
         self.replay_bar = ReplayBar(id="replay-bar")
         await self.query_one("#main").mount(self.replay_bar, after=self.header)
-        self.seek_input = Input(placeholder="go to: +30s, -5m, 90, 50%, 14:05:30 (enter goes, esc cancels)",
+        self.seek_input = Input(placeholder="go to: +30s, -5m, 90, 2:25 (as the bar), 50%, 14:05:30 (enter goes, esc cancels)",
                                 id="replay-seek")
         self.seek_input.display = False
         await self.query_one("#main").mount(self.seek_input, after=self.replay_bar)
