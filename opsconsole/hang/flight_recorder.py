@@ -323,8 +323,20 @@ def dump_files(directory: str, prefix: Optional[str] = None) -> Tuple[List[Tuple
 
     A dump's name ends in its rank (`nccl_trace_rank_3`, `gpu07_nccl_trace_rank_3`, `...3.json`);
     what comes before the names' shared stem is the host the console or the user prefixed. With
-    `prefix`, only names holding it are dumps.
+    `prefix`, only names holding it are dumps. A subdirectory (one level: what collect_dumps
+    writes, `<dir>/<host>/nccl_trace_rank_3`) names the host of the dumps in it.
     """
+    dumps, skipped = _dump_files_in(directory, prefix, None)
+    for name in sorted(os.listdir(directory))[:MAX_DUMP_FILES]:
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            more, more_skipped = _dump_files_in(path, prefix, name)
+            dumps.extend(more)
+            skipped.extend(more_skipped)
+    return dumps, skipped
+
+
+def _dump_files_in(directory: str, prefix: Optional[str], folder_host: Optional[str]) -> Tuple[List[Tuple[str, int, Optional[str]]], List[Tuple[str, str]]]:
     names = sorted(os.listdir(directory))[:MAX_DUMP_FILES]
     found: List[Tuple[str, str, int]] = []  # (name, before, rank)
     skipped: List[Tuple[str, str]] = []
@@ -353,7 +365,7 @@ def dump_files(directory: str, prefix: Optional[str] = None) -> Tuple[List[Tuple
     for name, before, rank in found:
         at = before.rfind(stem) if stem else len(before)
         host = before[:at].strip(SEPARATORS) if at >= 0 else before.strip(SEPARATORS)
-        dumps.append((os.path.join(directory, name), rank, host or None))
+        dumps.append((os.path.join(directory, name), rank, host or folder_host))
     return dumps, skipped
 
 
@@ -492,8 +504,10 @@ def match_dumps(dumps: Sequence[RankDump], skipped: Sequence[Tuple[str, str]] = 
             if group.ranks:
                 members.setdefault(group.name, set()).update(group.ranks)
             descs.setdefault(group.name, group.desc)
-        for group in collectives[rank]:
+        for group, entries in collectives[rank].items():
             members.setdefault(group, set()).add(rank)
+            if not descs.get(group):  # gloo's pg_config names the default group "" with no desc
+                descs[group] = next(iter(entries.values())).group_desc
     missing = sorted({rank for ranks in members.values() for rank in ranks} - set(by_rank))
     candidates: List[Tuple[int, int, Mismatch]] = []  # (kind order, seq, mismatch)
     for group in sorted(members, key=lambda name: (name != "0", name)):
@@ -603,13 +617,14 @@ def summary_text(analysis: FrAnalysis) -> str:
         return "no readable flight-recorder dump"
     if found is None:
         ranks = sorted({dump.rank for dump in analysis.readable if dump.rank is not None})
-        return "ranks %s agree on every collective they still hold; none is pending" % rank_list(ranks)
+        return "%s %s: every collective they still hold agrees and completed" % ("rank" if len(ranks) == 1 else "ranks", rank_list(ranks))
     group = "group %s%s" % (found.group, " (%s)" % found.group_desc if found.group_desc else "")
     collective = "collective %d (%s %s) of %s" % (found.seq, found.op, _shape_text(found.sizes, found.dtypes).strip(), group)
     ranks = found.culprit_ranks
     word = "rank" if len(ranks) == 1 else "ranks"
     if found.kind == KIND_NOT_JOINED:
-        lines = ["%s %s never joined %s; ranks %s wait in it" % (word, rank_list(ranks), collective, rank_list(found.agreeing) or "-")]
+        waiting = "rank %s waits in it" if len(found.agreeing) == 1 else "ranks %s wait in it"
+        lines = ["%s %s never joined %s; %s" % (word, rank_list(ranks), collective, waiting % rank_list(found.agreeing))]
         for item in found.culprits:
             if item.last is not None:
                 lines.append("  rank %d last enqueued collective %d (%s)%s" % (item.rank, item.last.collective_seq_id, item.last.op, _where(item)))
@@ -780,7 +795,7 @@ class Collected:
 
 
 def _safe_name_part(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.-]", "-", text)[:64] or "node"
+    return re.sub(r"[^A-Za-z0-9._-]", "-", text)[:64].lstrip(".") or "node"
 
 
 async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir: str, host: str,
@@ -789,7 +804,7 @@ async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir:
     """Ask the ranks for dumps through their FIFOs (when `trigger`), then copy each dump file here.
 
     Over the node's SSH connection when `link` has `run_command`, else as a local process. Files
-    land in `dest_dir` as `<host>_<basename>` (basename ends in the rank), ready for analyse_dir.
+    land in `dest_dir/<host>/` under their own names (ending in the rank), ready for analyse_dir.
     Sizes are bounded per file and in all; a file not brought back is a (rank, why) problem.
     """
     spec = {"ranks": [{"rank": item.rank, "dump_file": item.dump_file, "pipe_file": item.pipe_file} for item in locations],
@@ -833,10 +848,12 @@ async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir:
         if len(data) > max_bytes:
             problems.append((rank, "dump over %d bytes" % max_bytes))
             continue
-        name = "%s_%s" % (_safe_name_part(host), _safe_name_part(os.path.basename(str(message.get("path")))))
+        name = _safe_name_part(os.path.basename(str(message.get("path"))))
         if not name.endswith(str(rank)):
             name = "%s_rank%d" % (name, rank)
-        path = os.path.join(dest_dir, name)
+        folder = os.path.join(dest_dir, _safe_name_part(host))
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
