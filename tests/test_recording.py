@@ -1,6 +1,7 @@
 """Record then replay: every state equal, seeking, retention, bad files, the replaying fleet."""
 
 import asyncio
+import re
 import statistics
 import sqlite3
 from dataclasses import replace
@@ -163,11 +164,63 @@ def test_record_command_records_the_local_node_until_its_duration(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "recorded" in done.stderr and "1 node(s)" in done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr  # not a terminal, no --progress: the summary only
     reader = RecordingReader(str(out))
     state = reader.seek(reader.end)["local"]
     assert state.frame is not None and state.frame.host is not None
     assert reader.end - reader.start >= 1.0
     reader.close()
+
+
+PROGRESS = re.compile(r"recording to \S+: (\d+) states, (\d+) chunks, ([\d.]+) kB written, (\d+:\d\d) elapsed")
+
+
+def test_record_progress_lines_with_the_flag_when_stderr_is_not_a_terminal(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "local.opsrec"
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "record", "--out", str(out), "--duration", "5", "--interval", "0.5",
+         "--progress"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    *progress, summary = done.stderr.splitlines()
+    assert summary.startswith("recorded ") and "\r" not in done.stderr and "\x1b" not in done.stderr
+    assert 1 <= len(progress) <= 3, done.stderr  # every 2 s over 5 s
+    counts = [int(PROGRESS.fullmatch(line).group(1)) for line in progress]
+    assert counts == sorted(counts) and counts[-1] > 0
+
+
+def test_record_progress_is_rewritten_in_place_on_a_terminal(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "local.opsrec"
+    controller, terminal = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opsconsole", "record", "--out", str(out), "--duration", "5", "--interval", "0.5"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal,
+    )
+    os.close(terminal)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # EIO: the child's side closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(controller)
+    assert proc.wait(timeout=30) == 0, seen
+    text = seen.decode("utf-8", "replace")
+    updates = text.split("\r\x1b[K")
+    assert len(updates) >= 3, text  # at least one progress line, then the one that clears it
+    assert PROGRESS.fullmatch(updates[1]), text
+    assert updates[-1].startswith("recorded ") and "states of 1 node(s)" in updates[-1]
 
 
 def test_record_command_stops_cleanly_on_sigint(tmp_path):

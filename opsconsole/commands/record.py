@@ -21,10 +21,51 @@ def register(commands, add_node_options) -> None:
     parser.add_argument("--duration", metavar="S", type=float, default=None, help="stop after S seconds")
     parser.add_argument("--interval", metavar="S", type=float, default=None, help="seconds between polls")
     parser.add_argument("--max-mb", metavar="MB", type=float, default=None, help="keep the file under MB megabytes")
+    parser.add_argument("--progress", action="store_true",
+                        help="print a progress line every %g s even when stderr is not a terminal" % PROGRESS_S)
     parser.set_defaults(handler=command_record)
 
 
-async def record(config, out: str, duration, stop_event: asyncio.Event) -> "RecorderStats":
+PROGRESS_S = 2.0  # how often the progress line is written: readable, and cheap on a slow terminal
+
+
+def progress_line(out: str, stats, elapsed_s: float) -> str:
+    """"recording to FILE: 120 states, 3 chunks, 41.2 kB written, 1:02 elapsed"."""
+    from opsconsole.recording.seek import offset_text
+    from opsconsole.sanitize import printable_line
+
+    return "recording to %s: %d states, %d chunks, %.1f kB written, %s elapsed" % (
+        printable_line(out), stats.records, stats.chunks, stats.bytes_written / 1024, offset_text(elapsed_s))
+
+
+class ProgressReporter:
+    """Writes the progress line to `stream`: rewritten in place on a terminal, a line each time otherwise."""
+
+    def __init__(self, stream, out: str, started: float, in_place: bool) -> None:
+        self.stream, self.out, self.started, self.in_place = stream, out, started, in_place
+        self.shown = False
+
+    def show(self, stats) -> None:
+        line = progress_line(self.out, stats, time.monotonic() - self.started)
+        self.stream.write("\r\x1b[K" + line if self.in_place else line + "\n")
+        self.stream.flush()
+        self.shown = True
+
+    def finish(self) -> None:
+        """Leave the in-place line, so the summary starts on a line of its own."""
+        if self.in_place and self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+async def report_progress(recorder, reporter: "ProgressReporter") -> None:
+    while True:
+        await asyncio.sleep(PROGRESS_S)
+        reporter.show(recorder.stats)
+
+
+async def record(config, out: str, duration, stop_event: asyncio.Event,
+                 reporter: "ProgressReporter" = None) -> "RecorderStats":
     from opsconsole.nodes.fleet import Fleet
     from opsconsole.recording.recorder import Recorder
 
@@ -32,6 +73,7 @@ async def record(config, out: str, duration, stop_event: asyncio.Event) -> "Reco
     # The file first: a bad --out is refused before any node is reached.
     recorder = Recorder(out, chunk_s=rec.chunk_s, max_bytes=int(rec.max_mb * 1024 * 1024), max_age_s=rec.max_age_s)
     fleet = Fleet(config)
+    progress = None if reporter is None else asyncio.ensure_future(report_progress(recorder, reporter))
     try:
         await fleet.start(recorder.observe)
         try:
@@ -39,6 +81,10 @@ async def record(config, out: str, duration, stop_event: asyncio.Event) -> "Reco
         except asyncio.TimeoutError:
             pass
     finally:
+        if progress is not None:
+            progress.cancel()
+            await asyncio.gather(progress, return_exceptions=True)
+            reporter.finish()
         await fleet.stop()
         recorder.close()
     return recorder.stats
@@ -68,8 +114,10 @@ def command_record(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop_event.set)
     started = time.monotonic()
+    in_place = sys.stderr.isatty()
+    reporter = ProgressReporter(sys.stderr, args.out, started, in_place) if in_place or args.progress else None
     try:
-        stats = loop.run_until_complete(record(config, args.out, args.duration, stop_event))
+        stats = loop.run_until_complete(record(config, args.out, args.duration, stop_event, reporter))
     except RecordingError as exc:  # already names the file
         raise UsageError(str(exc)) from None
     except (OSError, sqlite3.Error) as exc:
@@ -77,6 +125,6 @@ def command_record(args: argparse.Namespace) -> int:
     finally:
         loop.close()
     print("recorded %d states of %d node(s) in %.0f s to %s (%d chunks, %.1f kB)"
-          % (stats.records, len(config.nodes), time.monotonic() - started, args.out, stats.chunks,
+          % (stats.records, len(config.nodes), time.monotonic() - started, printable_line(args.out), stats.chunks,
              stats.bytes_written / 1024), file=sys.stderr)
     return 0
