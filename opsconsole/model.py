@@ -155,6 +155,18 @@ class ProcessSample:
     job_user: Optional[str] = None
     container: Optional[str] = None
     mig_instance: Optional[int] = None  # GPU instance id of the MIG device it runs on
+    # When it started, epoch seconds on the node's clock: host processes carry this instead of
+    # elapsed_s, which changes every frame and would make every idle process a delta item.
+    start_time: Optional[float] = None
+    kernel_thread: Optional[bool] = None  # a kernel thread (PF_KTHREAD): hidden by default, as htop does
+
+    def elapsed_at(self, now: float) -> Optional[float]:
+        """Seconds it has run at `now` (its frame's time): elapsed_s, else from start_time."""
+        if self.elapsed_s is not None:
+            return self.elapsed_s
+        if self.start_time is None:
+            return None
+        return max(0.0, now - self.start_time)
 
 
 @dataclass(frozen=True)

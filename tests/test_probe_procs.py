@@ -136,12 +136,16 @@ def test_live_sample_finds_busy_child(busy, sleeper):
     assert hot.cpu_percent > 10.0 and hot.state in BUSY_STATES
     assert "opsconsole-busy-marker" in hot.command
     assert hot.user == pwd.getpwuid(os.getuid()).pw_name
-    assert hot.threads == 1 and hot.rss_bytes > 1 << 20 and hot.elapsed_s >= 0.5
+    # A host process carries its start time, not an elapsed time that changes every frame.
+    assert hot.threads == 1 and hot.rss_bytes > 1 << 20 and hot.elapsed_s is None
+    assert hot.elapsed_at(time.time()) >= 0.5 and hot.kernel_thread is False
     cold = rows[sleeper.pid]
     assert cold.state == "S" and cold.cpu_percent < 5.0
+    # Every process, in pid order; kernel threads flagged, not left out (this VM has kthreadd).
+    assert list(rows) == sorted(rows) and len(rows) > 3
+    assert rows[1].kernel_thread is False and (2 not in rows or rows[2].kernel_thread is True)
     top = table.sample(3)
-    assert len(top) == 3
-    assert [r.cpu_percent for r in top] == sorted((r.cpu_percent for r in top), reverse=True)
+    assert len(top) == 3 and [r.pid for r in top] == sorted(r.pid for r in top)
 
 
 def test_join_fills_host_fields_and_keeps_gpu_fields(busy):
@@ -178,11 +182,13 @@ def test_join_without_sample_computes_its_own_delta(busy):
     assert table._counters == {}  # join-only use forgets processes that left the GPU list
 
 
-def write_proc_pid(root: Path, pid: int, state: str, starttime: int, ticks: int, command: bytes, uid: int) -> None:
+def write_proc_pid(root: Path, pid: int, state: str, starttime: int, ticks: int, command: bytes, uid: int,
+                   flags: int = 0x400100) -> None:
     base = root / str(pid)
     base.mkdir(parents=True, exist_ok=True)
     (base / "stat").write_text(
-        "%d (pt_data_worker) %s 1 %d %d 0 -1 0 0 0 0 0 %d 0 0 0 20 0 1 0 %d 1000 250 0\n" % (pid, state, pid, pid, ticks, starttime)
+        "%d (pt_data_worker) %s 1 %d %d 0 -1 %d 0 0 0 0 %d 0 0 0 20 0 1 0 %d 1000 250 0\n"
+        % (pid, state, pid, pid, flags, ticks, starttime)
     )
     (base / "status").write_text("Name:\tpt_data_worker\nState:\t%s\nUid:\t%d\t%d\t%d\t%d\nThreads:\t1\n" % (state, uid, uid, uid, uid))
     (base / "cmdline").write_bytes(command)
@@ -211,7 +217,8 @@ def test_hung_d_state_worker_shows_in_top(tmp_path):
     ticks = os.sysconf("SC_CLK_TCK")
     assert worker.state == "D" and worker.cpu_percent == pytest.approx(100.0 * 50 / ticks, abs=0.1)
     assert worker.command == "python -c dataloader worker 3"
-    assert worker.elapsed_s == pytest.approx(1001.0 - 50000 / ticks, abs=0.1)
+    assert worker.elapsed_s is None  # a host process: its start time instead
+    assert worker.elapsed_at(time.time()) == pytest.approx(1000.0 - 50000 / ticks, abs=1.0)
     assert worker.rss_bytes == 250 * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -232,13 +239,15 @@ def test_reused_pid_gets_fresh_identity_and_cpu(tmp_path):
 
 def test_vanished_mid_sample_and_kernel_threads(tmp_path):
     root = fake_proc_root(tmp_path, 1000.0)
-    write_proc_pid(root, 2, "S", starttime=0, ticks=0, command=b"", uid=0)
+    write_proc_pid(root, 2, "S", starttime=0, ticks=0, command=b"", uid=0, flags=procs.PF_KTHREAD | 0x8040)
+    write_proc_pid(root, 3, "S", starttime=0, ticks=0, command=b"init\0", uid=0)
     (root / "77").mkdir()  # a pid that exited between listdir and open: no files
     (root / "net").mkdir()
     table = ProcessTable(use_psutil=False, proc_root=str(root))
     rows = table.sample(5)
-    assert [r.pid for r in rows] == [2]
+    assert [r.pid for r in rows] == [2, 3]
     assert rows[0].command == "[pt_data_worker]"  # no cmdline: shown as ps does
+    assert [r.kernel_thread for r in rows] == [True, False]  # PF_KTHREAD in the stat flags
     assert table.last_errors == ()
 
 
@@ -308,3 +317,36 @@ def test_idle_every_one_reads_every_process_every_tick(tmp_path):
     table.sample(5)
     write_proc_pid(root, 600, "D", starttime=100, ticks=10, command=b"idle\0", uid=os.getuid())
     assert table.sample(5)[0].state == "D"
+
+
+def test_sleeping_and_d_state_idle_processes_stay_listed_across_frames(tmp_path, sleeper):
+    """Every frame lists an idle process: no top-N by CPU that drops it while it sleeps (the
+    issue saw a hung worker flicker `0111111111111111111111110000111100011111`)."""
+    # A real sleeping process, through the live /proc with idle processes held between reads.
+    live = ProcessTable(use_psutil=False, idle_every=3)
+    presence = []
+    for _ in range(12):
+        presence.append(any(row.pid == sleeper.pid and row.state == "S" for row in live.sample()))
+    assert all(presence), presence
+    # A D-state worker that uses no CPU, among more busy processes than a frame carries:
+    # D-state processes go first, so it is in every frame all the same.
+    root = fake_proc_root(tmp_path, 1000.0)
+    uid = os.getuid()
+    write_proc_pid(root, 900, "D", starttime=100, ticks=10, command=b"python\0dataloader worker 0\0", uid=uid)
+    clock = iter(float(t) for t in range(100)).__next__
+    table = ProcessTable(use_psutil=False, proc_root=str(root), clock=clock, idle_every=3)
+    for frame in range(12):
+        for pid in range(1000, 1030):  # busy ones, each using more CPU every tick
+            write_proc_pid(root, pid, "R", starttime=100, ticks=100 * (frame + 1) + pid, command=b"busy\0", uid=uid)
+        rows = table.sample(10)
+        assert len(rows) == 10 and rows[0].pid == 900 and rows[0].state == "D", (frame, [r.pid for r in rows])
+
+
+def test_an_unchanged_idle_process_is_the_same_sample_object(tmp_path):
+    """What the delta stream relies on: an idle process that was not re-read is the same object, same fields."""
+    root = fake_proc_root(tmp_path, 1000.0)
+    write_proc_pid(root, 700, "S", starttime=100, ticks=10, command=b"idle\0", uid=os.getuid())
+    table = ProcessTable(use_psutil=False, proc_root=str(root), clock=iter([0.0, 1.0, 2.0, 3.0, 4.0]).__next__, idle_every=3)
+    samples = [table.sample()[0] for _ in range(5)]
+    assert len({(s.start_time, s.cpu_percent, s.state, s.rss_bytes) for s in samples[1:]}) == 1
+    assert any(a is b for a, b in zip(samples[1:], samples[2:]))

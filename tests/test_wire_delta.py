@@ -180,7 +180,7 @@ def test_a_delta_carries_only_what_changed():
     new["seq"] += 1
     new["gpus"][2]["power_draw_w"] = 123.45
     delta = delta_of(wire, new)
-    assert delta == {"delta": 1, "base": wire["seq"], "f": {"seq": wire["seq"] + 1}, "gpus": [0, 1, {"power_draw_w": 123.45, "@": 2}, 3, 4, 5, 6, 7]}
+    assert delta == {"delta": 1, "base": wire["seq"], "f": {"seq": wire["seq"] + 1}, "gpus": [0, 1, {"power_draw_w": 123.45, "@": 2}, [3, 5]]}
 
 
 def test_rounding_makes_noise_below_the_precision_unchanged():
@@ -256,6 +256,13 @@ def test_a_delta_before_any_keyframe_is_dropped():
         ({"f": [1]}, "bad top-level fields"),
         ({"f": {"gpus": []}}, "bad top-level fields"),
         ({"gpus": [{"name": "no index"}]}, "missing field 'index'"),
+        ({"gpus": [[0, 99]]}, "gpus: bad run"),
+        ({"gpus": [[-1, 2]]}, "gpus: bad run"),
+        ({"gpus": [[0]]}, "gpus: bad run"),
+        ({"gpus": [[0, 0]]}, "gpus: bad run"),
+        ({"gpus": [[0, True]]}, "gpus: bad run"),
+        ({"gpus": [[0, 2, 3]]}, "gpus: bad run"),
+        ({"gpus": [[0, 8]] * 40}, "gpus: 320 items, at most 256"),  # runs cannot make a list past its bound
     ],
 )
 def test_a_bad_delta_is_rejected_with_its_reason(change, message):
@@ -378,7 +385,7 @@ def test_process_lists_and_host_cores_travel_after_a_tab_and_nothing_else_does()
     assert keyframe.split("\t")[1].startswith('{"cpu_per_core":')  # first: the decoder knows it is there
     assert json.loads(keyframe.split("\t")[1])["cpu_per_core"] == wire["host"]["cpu_per_core"]
     assert set(json.loads(keyframe.split("\t")[0])["host"]) == set(wire["host"]) - {"cpu_per_core"}
-    assert json.loads(delta.split("\t")[1]) == {"top_processes": [0, 1, 2, {"cpu_percent": 12.5, "@": 3}] + list(range(4, 30))}
+    assert json.loads(delta.split("\t")[1]) == {"top_processes": [[0, 3], {"cpu_percent": 12.5, "@": 3}, [4, 26]]}
     unchanged = copy.deepcopy(new)
     unchanged["seq"] += 1
     unchanged["gpus"][2]["utilization_gpu"] = 4.0
@@ -526,3 +533,49 @@ def test_random_sequences_read_now_and_then_decode_right(seed):
         if rng.random() < 0.3:  # a pane that looks now and then: the chain in between stays unread
             assert exact(frame) == exact(from_wire(NodeFrame, wire))
     assert exact(frame) == exact(from_wire(NodeFrame, wires[-1]))
+
+
+def test_unchanged_runs_and_null_fields_keep_an_idle_process_list_small():
+    """All host processes in pid order: an unchanged stretch is one [i, n]; null fields are left out."""
+    procs = [{"pid": 100 + i, "name": "idle", "user": "root", "command": "idle", "cpu_percent": 0.0, "rss_bytes": 4096,
+              "state": "S", "threads": 1, "ppid": 1, "start_time": 1700000000.5, "kernel_thread": i % 2 == 0,
+              "elapsed_s": None, "job_id": None} for i in range(500)]
+    wire = dict(real_wire(), top_processes=procs)
+    encoder, decoder = DeltaEncoder(keyframe_every=10), StreamDecoder()
+    keyframe = encoder.encode_wire(wire_delta.round_wire(copy.deepcopy(wire)))
+    host_part = json.loads(keyframe.split("\t")[1])["top_processes"]
+    assert all("elapsed_s" not in p and "job_id" not in p and p["start_time"] == 1700000000.5 for p in host_part)
+    first, _ = decoder.decode_line(keyframe)
+    new = copy.deepcopy(wire)
+    new["seq"] += 1
+    new["top_processes"][250]["state"] = "D"
+    delta = encoder.encode_wire(wire_delta.round_wire(new))
+    assert json.loads(delta.split("\t")[1]) == {"top_processes": [[0, 250], {"state": "D", "@": 250}, [251, 249]]}
+    decoded, dropped = decoder.decode_line(delta)
+    assert dropped is None and len(decoded.top_processes) == 500
+    assert decoded.top_processes[250].state == "D" and decoded.top_processes[250].elapsed_s is None
+    assert all(a is b for i, (a, b) in enumerate(zip(first.top_processes, decoded.top_processes)) if i != 250)
+    assert len(delta) < len(keyframe) / 50
+
+
+def test_a_sleeping_process_is_in_every_decoded_frame_of_a_real_probe():
+    """The node's whole process list crosses the wire: a process that sleeps is never left out."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    probe = Probe(node_name="delta-node", gpu_reader=None)
+    probe.prime(0.05)
+    encoder, decoder = DeltaEncoder(keyframe_every=5), StreamDecoder()
+    sizes = []
+    try:
+        for _ in range(8):
+            line = encoder.encode(probe.poll())
+            sizes.append(len(line))
+            decoded, dropped = decoder.decode_line(line)
+            assert dropped is None
+            listed = {p.pid: p for p in decoded.top_processes}
+            assert sleeper.pid in listed and os.getpid() in listed and 1 in listed
+            assert listed[sleeper.pid].state in ("R", "S") and listed[sleeper.pid].start_time is not None
+    finally:
+        probe.close()
+        sleeper.kill()
+        sleeper.wait()
+    assert encoder.deltas >= 6 and max(sizes[1:5]) < sizes[0]  # deltas carry what changed, not every process

@@ -151,7 +151,7 @@ def reset_argv(template: Sequence[str], node: str, gpu: GpuSample, use_sudo: boo
 def _local_state() -> NodeState:
     from opsconsole.probe.agent import Probe
 
-    probe = Probe(node_name=socket.gethostname())
+    probe = Probe(node_name=socket.gethostname(), top=0)  # GPUs and their processes only
     probe.prime(0.1)
     frame = probe.poll()
     now = time.time()

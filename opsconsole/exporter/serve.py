@@ -115,7 +115,7 @@ def serve_probe(
     if probe is None:
         from opsconsole.probe.agent import Probe
 
-        probe = Probe()
+        probe = Probe(top=0)  # the host process list is not exported
     stop = threading.Event()
     previous = _install_stop(stop)
     exporter = Exporter(probe.poll, port, bind)

@@ -21,7 +21,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from opsconsole.model import NodeFrame, ProcessSample, to_wire
 from opsconsole.probe.host import HostReader, describe_error
-from opsconsole.probe.procs import ProcessTable
+from opsconsole.probe.procs import MAX_HOST_PROCESSES, ProcessTable
 from opsconsole.probe.wire_delta import DEFAULT_KEYFRAME_EVERY, DeltaEncoder
 
 
@@ -61,7 +61,7 @@ class Probe:
         node_name: Optional[str] = None,
         disk_paths: Sequence[str] = ("/",),
         slow_every: int = 5,
-        top: int = 30,
+        top: int = MAX_HOST_PROCESSES,
         gpu_reader: Any = None,
         host_reader: Optional[HostReader] = None,
         process_table: Optional[ProcessTable] = None,
@@ -222,7 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--interval", type=_positive_float, default=2.0, metavar="SECONDS", help="seconds between polls")
     parser.add_argument("--once", action="store_true", help="print one frame (with rates) and exit")
     parser.add_argument("--disk", action="append", metavar="PATH", help="disk path to report (repeatable; default /)")
-    parser.add_argument("--top", type=_non_negative_int, default=30, metavar="N", help="host processes by CPU (0: none)")
+    parser.add_argument(
+        "--top", type=_non_negative_int, default=MAX_HOST_PROCESSES, metavar="N",
+        help="host processes sent, at most (all of them up to N; beyond, D state then busiest first; 0: none)",
+    )
     parser.add_argument("--slow-every", type=_positive_int, default=5, metavar="N", help="read slow GPU fields every N polls")
     parser.add_argument("--node-name", default=None, metavar="NAME", help="node name in frames (default: hostname)")
     parser.add_argument(

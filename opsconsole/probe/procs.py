@@ -1,10 +1,16 @@
-"""Host processes: the top ones by CPU, and GPU compute processes joined with their host info.
+"""Host processes: all of them (kernel threads flagged), and GPU compute processes joined with their host info.
+
+Every process is reported, not a top few by CPU: an idle or D-state process (a hung data
+loader worker) must stay listed, not flicker in and out with its CPU. Beyond `limit`
+processes (a bound on the frame), D-state ones go first, then the busiest.
 
 Per-tick cost matters (every second on every node), so the /proc path reads one file per
-process per tick (/proc/PID/stat: state, CPU ticks, threads, RSS, start time) and reads
-status and cmdline only for the processes it reports, caching user and command line per
-(pid, start time) so a reused pid never inherits another process's identity. psutil is the
-path where /proc is not mounted (or when asked for); it costs more per process.
+process per tick (/proc/PID/stat: state, flags, CPU ticks, threads, RSS, start time) and
+reads status and cmdline once per (pid, start time), so a reused pid never inherits another
+process's identity; a sleeping process is re-read every idle_every ticks and its sample
+object reused in between. Host processes carry their start time, not their elapsed time,
+so an unchanged process is an unchanged item in the delta stream (probe/wire_delta.py).
+psutil is the path where /proc is not mounted (or when asked for); it costs more per process.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ except (AttributeError, ValueError, OSError):
     _PAGE_SIZE = 4096
 # A command line longer than this is cut: the console shows one line, and frames stay small.
 MAX_COMMAND_CHARS = 512
+# Host processes one frame carries at most (model.LIST_LIMITS allows 10000): a node with more
+# sends its D-state processes and then the busiest.
+MAX_HOST_PROCESSES = 5000
+PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
 
 
 # --- pure parsers --------------------------------------------------------------
@@ -44,6 +54,7 @@ def parse_pid_stat(text: str) -> Dict[str, Any]:
         "comm": comm,
         "state": fields[0],
         "ppid": int(fields[1]),
+        "flags": int(fields[6]),
         "utime": int(fields[11]),
         "stime": int(fields[12]),
         "threads": int(fields[17]),
@@ -91,10 +102,30 @@ def parse_cmdline(data: bytes) -> str:
     return " ".join(a.decode("utf-8", "replace") for a in args if a)[:MAX_COMMAND_CHARS]
 
 
+def is_kernel_thread(flags: int) -> bool:
+    """Whether the flags field of /proc/PID/stat marks a kernel thread."""
+    return bool(flags & PF_KTHREAD)
+
+
 def top_by_cpu(rows: Sequence[ProcessSample], limit: int) -> Tuple[ProcessSample, ...]:
     """The `limit` rows with the most CPU %, ties broken by RSS then pid (None counts as 0)."""
     ranked = sorted(rows, key=lambda r: (-(r.cpu_percent or 0.0), -(r.rss_bytes or 0), r.pid))
     return tuple(ranked[: max(0, limit)])
+
+
+def _first(item: Tuple[int, Any]) -> int:
+    return item[0]
+
+
+def _report_rank(item: Tuple[int, Tuple[Optional[float], int, Any, bool]]) -> Tuple[bool, float, int, int]:
+    """Which processes a frame keeps when there are more than it carries: D state, then CPU, RSS, pid."""
+    pid, (cpu, rss, payload, _) = item
+    if isinstance(payload, ProcessSample):
+        state = payload.state
+        stuck = state == "D"
+    else:
+        stuck = payload[2][0] == b"D"
+    return (not stuck, -(cpu or 0.0), -rss, pid)
 
 
 # --- reading one process ---------------------------------------------------------
@@ -184,6 +215,8 @@ class ProcessTable:
         self.idle_every = max(1, int(idle_every))
         self._tick = 0
         self._sample_uptime = 0.0
+        self._booted_at = None  # type: Optional[float]
+        self._built = {}  # type: Dict[int, Tuple[Any, ProcessSample]]  # pid -> (payload, sample) of the last sample
         self._rows_unjoined = False
         self._sampled_once = False
         self.last_errors = ()  # type: Tuple[str, ...]
@@ -195,8 +228,12 @@ class ProcessTable:
 
     # -- public ---------------------------------------------------------------
 
-    def sample(self, limit: int = 30) -> Tuple[ProcessSample, ...]:
-        """The host's `limit` busiest processes by CPU % since the last sample (first call: None)."""
+    def sample(self, limit: int = MAX_HOST_PROCESSES) -> Tuple[ProcessSample, ...]:
+        """The host's processes in pid order (at most `limit`: D state first, then by CPU %); CPU % None on the first call.
+
+        CPU % is since the previous sample. A process not re-read this tick (idle, see
+        idle_every) is the same ProcessSample object as last time.
+        """
         try:
             rows = self._sample_psutil() if self._psutil is not None else self._sample_proc()
             self.last_errors = ()
@@ -206,15 +243,25 @@ class ProcessTable:
         self._rows = rows
         self._rows_unjoined = True
         self._sampled_once = True
-        # Only the reported rows become ProcessSamples: building one per process costs too much.
-        ranked = heapq.nsmallest(max(0, limit), rows.items(), key=lambda kv: (-(kv[1][0] or 0.0), -kv[1][1], kv[0]))
-        top = []
-        for pid, row in ranked:
-            try:
-                top.append(self._with_identity(self._build(pid, row)))
-            except Exception:
-                continue  # a malformed line for one process: leave it out
-        return tuple(top)
+        limit = max(0, limit)
+        chosen = rows.items()  # type: Any
+        if len(rows) > limit:
+            chosen = heapq.nsmallest(limit, chosen, key=_report_rank)
+        built, self._built = self._built, {}
+        out = []
+        for pid, row in sorted(chosen, key=_first):  # pid order: unchanged runs stay runs in the delta
+            payload = row[2]
+            kept = built.get(pid)
+            if kept is not None and kept[0] is payload:
+                sample = kept[1]  # not re-read this tick: the same object (and the same delta item)
+            else:
+                try:
+                    sample = self._with_identity(self._build(pid, row))
+                except Exception:
+                    continue  # a malformed line for one process: leave it out
+            self._built[pid] = (payload, sample)
+            out.append(sample)
+        return tuple(out)
 
     def prime(self) -> None:
         """Take the CPU baseline now, so the next sample() has percentages."""
@@ -232,7 +279,7 @@ class ProcessTable:
             try:
                 raw = rows.get(proc.pid)
                 fresh = raw is not None and raw[3]  # a held idle row is up to idle_every ticks old
-                row = self._build(proc.pid, raw) if fresh else self._read_one(proc.pid)
+                row = self._build(proc.pid, raw, elapsed=True) if fresh else self._read_one(proc.pid)
                 if row is None:
                     joined.append(dataclasses.replace(proc, state=None))
                     continue
@@ -271,22 +318,31 @@ class ProcessTable:
         self._envs[key] = env
         return env
 
-    def _build(self, pid: int, row: Tuple[Optional[float], int, Any, bool]) -> ProcessSample:
+    def _build(self, pid: int, row: Tuple[Optional[float], int, Any, bool], elapsed: bool = False) -> ProcessSample:
+        """The ProcessSample of a sampled row; with `elapsed`, elapsed_s too (GPU processes keep it)."""
         cpu, rss, payload, _ = row
         if isinstance(payload, ProcessSample):
-            return payload
+            return payload if elapsed else dataclasses.replace(payload, elapsed_s=None)
         data, rparen, fields = payload
-        uptime = self._sample_uptime
+        started = int(fields[19]) / float(_CLOCK_TICKS)
         return ProcessSample(
             pid=pid,
             name=data[data.index(b"(") + 1 : rparen].decode("utf-8", "replace"),
             cpu_percent=round(cpu, 1) if cpu is not None else None,
             rss_bytes=rss,
-            elapsed_s=round(max(0.0, uptime - int(fields[19]) / float(_CLOCK_TICKS)), 1),
+            elapsed_s=round(max(0.0, self._sample_uptime - started), 1) if elapsed else None,
             state=fields[0].decode("ascii", "replace"),
             threads=int(fields[17]),
             ppid=int(fields[1]),
+            start_time=round(self._boot_time(self._sample_uptime) + started, 2),
+            kernel_thread=is_kernel_thread(int(fields[6])),
         )
+
+    def _boot_time(self, uptime: float) -> float:
+        """Epoch seconds of the node's boot, taken once: start times computed from it stay put between ticks."""
+        if self._booted_at is None:
+            self._booted_at = round(time.time() - uptime, 2)
+        return self._booted_at
 
     # -- /proc path ---------------------------------------------------------------
 
@@ -382,6 +438,8 @@ class ProcessTable:
             state=stat["state"],
             threads=stat["threads"],
             ppid=stat["ppid"],
+            start_time=round(self._boot_time(uptime) + stat["starttime"] / float(_CLOCK_TICKS), 2),
+            kernel_thread=is_kernel_thread(stat["flags"]),
         )
 
     def _identity_proc(self, pid: int) -> Tuple[Optional[str], str]:
@@ -454,6 +512,8 @@ class ProcessTable:
             state=_PSUTIL_STATES.get(status, status[:1].upper() if status else None),
             threads=threads,
             ppid=ppid,
+            start_time=round(created, 2),
+            kernel_thread=pid == 2 or ppid == 2,  # kthreadd and its children (Linux)
         )
 
     def _identity_psutil(self, pid: int) -> Tuple[Optional[str], str]:
@@ -500,8 +560,8 @@ def _default_table() -> ProcessTable:
     return _DEFAULT_TABLE
 
 
-def top_processes(limit: int = 30) -> Tuple[ProcessSample, ...]:
-    """The host's busiest processes by CPU % since the previous call (first call: CPU % None)."""
+def top_processes(limit: int = MAX_HOST_PROCESSES) -> Tuple[ProcessSample, ...]:
+    """The host's processes (see ProcessTable.sample) with CPU % since the previous call (first call: None)."""
     with _DEFAULT_LOCK:
         return _default_table().sample(limit)
 

@@ -9,9 +9,11 @@ A delta line carries only what changed since the previous line the agent sent:
      "gpus" / "processes" / "top_processes": [ITEM, ...]}
 
 A list field is sent only when it changed, and then as the whole new list in order, each
-ITEM being: an int (the previous list's item at that position, unchanged), {"@": i,
-changed fields} (the previous item at position i with those fields changed) or a full item
-(new). The encoder matches items by key (GPU index; pid and gpu_index for GPU processes;
+ITEM being: an int (the previous list's item at that position, unchanged), [i, n] (the n
+previous items from position i on, unchanged: a node's hundreds of idle processes in pid
+order are a few runs), {"@": i, changed fields} (the previous item at position i with
+those fields changed) or a full item (new). Process items leave out their null fields
+(null is every process field's default), which halves a process list's bytes. The encoder matches items by key (GPU index; pid and gpu_index for GPU processes;
 pid for host processes) and diffs against exactly the item it refers to, so the decoded
 frame is right whatever the keys are. Nested lists inside a host (disks, net) travel whole.
 
@@ -82,7 +84,12 @@ _GPU_DIGITS = {
 }
 _HOST_DIGITS = {"cpu_percent": 1, "iowait_percent": 1, "uptime_s": 2}
 _HOST_LIST_DIGITS = {"cpu_per_core": 1, "load_avg": 2}
-_PROCESS_DIGITS = {"cpu_percent": 1, "elapsed_s": 2, "gpu_sm_percent": 1}
+_PROCESS_DIGITS = {"cpu_percent": 1, "elapsed_s": 2, "gpu_sm_percent": 1, "start_time": 2}
+# Process fields whose default is None: left out of the wire when null, and decoded back as None.
+_PROCESS_NULLABLE = frozenset(
+    f.name for f in dataclasses.fields(ProcessSample) if f.default is None and f.default_factory is dataclasses.MISSING
+)
+MIN_RUN = 3  # unchanged items in a row sent as one [i, n] run
 _NET_DIGITS = {"rx_bytes_per_s": 0, "tx_bytes_per_s": 0}
 _FRAME_DIGITS = {"probe_ms": 2}
 
@@ -114,9 +121,13 @@ def round_wire(wire: Dict[str, Any]) -> Dict[str, Any]:
         if type(gpu) is dict:
             _round_fields(gpu, _GPU_DIGITS)
     for name in ("processes", "top_processes"):
-        for proc in wire.get(name) or ():
+        procs = wire.get(name)
+        if type(procs) is not list:
+            continue
+        for index, proc in enumerate(procs):
             if type(proc) is dict:
                 _round_fields(proc, _PROCESS_DIGITS)
+                procs[index] = {key: value for key, value in proc.items() if value is not None or key not in _PROCESS_NULLABLE}
     return wire
 
 
@@ -191,7 +202,36 @@ def _diff_list(old: List[Any], new: List[Any], key: Callable[[Dict[str, Any]], A
         else:
             out.append(i)
             changed = changed or i != j
-    return out if changed else None
+    return _runs(out) if changed else None
+
+
+def _runs(items: List[Any]) -> List[Any]:
+    """`items` with each stretch of MIN_RUN or more consecutive unchanged positions as one [i, n]."""
+    out = []  # type: List[Any]
+    run_start, run_length = -1, 0
+
+    def close() -> None:
+        if run_length >= MIN_RUN:
+            out.append([run_start, run_length])
+        else:
+            out.extend(range(run_start, run_start + run_length))
+
+    for item in items:
+        if type(item) is int:
+            if run_length and item == run_start + run_length:
+                run_length += 1
+                continue
+            if run_length:
+                close()
+            run_start, run_length = item, 1
+            continue
+        if run_length:
+            close()
+            run_length = 0
+        out.append(item)
+    if run_length:
+        close()
+    return out
 
 
 def delta_of(old: Dict[str, Any], new: Dict[str, Any]) -> Dict[str, Any]:
@@ -342,6 +382,11 @@ def _apply_list(old: Tuple[Any, ...], items: Any, cls: type, name: str) -> Tuple
                 if not 0 <= item < count:
                     raise BadDelta("%s: no item %d in the last frame (it has %d)" % (name, item, count))
                 append(old[item])
+            elif kind is list:
+                if (len(item) != 2 or type(item[0]) is not int or type(item[1]) is not int
+                        or item[1] < 1 or not 0 <= item[0] <= count - item[1]):
+                    raise BadDelta("%s: bad run %s of the last frame's %d items" % (name, _short(item), count))
+                out.extend(old[item[0] : item[0] + item[1]])
             elif kind is dict:
                 at = item.pop(CHANGED, None)  # popped: the rest are field names only (the fast path)
                 if at is None:
@@ -356,6 +401,8 @@ def _apply_list(old: Tuple[Any, ...], items: Any, cls: type, name: str) -> Tuple
         raise
     except FrameError as exc:
         raise BadDelta("%s[%d].%s" % (name, len(out), exc)) from None
+    if len(out) > list_limit(name):  # runs can make a short delta a long list
+        raise BadDelta("%s: %d items, at most %d" % (name, len(out), list_limit(name)))
     return tuple(out)
 
 
