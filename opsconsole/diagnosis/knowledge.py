@@ -209,7 +209,8 @@ STALL_CATEGORY = _category(
     "stall", "Possible hang: logs stopped advancing", SEVERITY_WARNING,
     "The run's logs have not advanced while its processes are alive and its GPUs idle: a deadlock (a "
     "collective or barrier reached by some ranks only, mismatched send/recv), a stuck data loader or I/O.",
-    "py-spy dump --pid <pid> on every rank to see where each is stuck; strace -p <pid> -e trace=network; "
+    "S in the console (headless: opsconsole stacks) dumps every rank's stack and names the odd one out "
+    "(the same as py-spy dump --pid <pid> on every rank); strace -p <pid> -e trace=network; "
     "set NCCL_DEBUG=INFO to see the last collective; check the other ranks' logs; make sure every rank "
     "calls the same collectives; set a process group timeout so a hang becomes an error.",
 )

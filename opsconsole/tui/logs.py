@@ -523,6 +523,7 @@ class LogsPane(Pane):
         Binding("]", "step_source(1)", "Next source", id="logs.next_source", show=False),
         Binding("[", "step_source(-1)", "Previous source", id="logs.previous_source", show=False),
         Binding("F", "toggle_findings", "Findings", id="logs.findings"),
+        Binding("S", "stacks", "Stacks", id="logs.stacks"),  # a hang's culprit: every rank's py-spy stack
     ]
 
     def __init__(self) -> None:
@@ -946,13 +947,22 @@ class LogsPane(Pane):
         self.after_change(None if self.view.following else top)
 
     def show_progress_finding(self, finding: Any) -> None:
-        """A straggler: its source alone, at its end; a hang: what was measured (it has no line)."""
+        """A straggler: its source alone, at its end; a hang: what was measured (it has no line).
+
+        Both offer S, the stacks of every rank, where the odd rank and its line show."""
         source = getattr(finding, "source", None)
         if source and source in self.view.sources:
             self.set_source(source)
             self.resume_following()
             self.lines.focus()
-        self.app.notify(getattr(finding, "excerpt", ""), title=getattr(finding, "title", ""), timeout=8)
+        self.app.notify(getattr(finding, "excerpt", "") + "\nS: stacks of every rank (which one is stuck, where)",
+                        title=getattr(finding, "title", ""), timeout=8)
+
+    def action_stacks(self) -> None:
+        """Every rank's stack on every node: a hang's odd rank and the line it waits in."""
+        from opsconsole.tui.stacks import open_stacks
+
+        open_stacks(self.app)
 
     @on(FindingsList.Jump)
     def jump_to_finding(self, message: FindingsList.Jump) -> None:

@@ -102,6 +102,7 @@ class NodesPane(ActionKeys, TablePane):
     BINDINGS = [
         Binding("T", "trust_hostkey", "Trust host key", id="node.trust_hostkey"),
         Binding("t", "trends", "Trends", id="node.trends"),
+        Binding("S", "stacks", "Stacks", id="node.stacks"),  # every rank's py-spy stack (reads only)
     ] + action_bindings(TARGET_NODE)
 
     class TrustHostKey(Message):
@@ -168,6 +169,13 @@ class NodesPane(ActionKeys, TablePane):
             return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
         except Exception:  # a cursor past the rows after a filter: no node
             return None
+
+    def action_stacks(self) -> None:
+        """The stacks of the training ranks of the highlighted node (`a` there widens to every node)."""
+        from opsconsole.tui.stacks import open_stacks
+
+        node = self.highlighted_node()
+        open_stacks(self.app, nodes=[node] if node else None)
 
     def action_trust_hostkey(self) -> None:
         """Ask the app to trust the host key of the highlighted node (it confirms first)."""

@@ -109,9 +109,10 @@ class ProcessesPane(ActionKeys, TablePane):
     """
 
     # Signals for the highlighted process (i, x, K, e): absent in a read-only console.
-    BINDINGS = [Binding("t", "toggle_view", "GPU / host processes", id="processes.toggle")] + action_bindings(
-        TARGET_PROCESS
-    )
+    BINDINGS = [
+        Binding("t", "toggle_view", "GPU / host processes", id="processes.toggle"),
+        Binding("S", "stacks", "Stack", id="processes.stacks"),  # the process's py-spy stack (reads only)
+    ] + action_bindings(TARGET_PROCESS)
 
     view = VIEW_BOTH
 
@@ -181,6 +182,16 @@ class ProcessesPane(ActionKeys, TablePane):
         shown = [t.table for t in self.tables if t.table.display]
         if shown and (focused is None or not focused.display):
             shown[0].focus()
+
+    def action_stacks(self) -> None:
+        """The py-spy stack of the highlighted process (`a` there widens to every rank of every node)."""
+        from opsconsole.tui.stacks import open_stacks
+
+        found = self.highlighted_process()
+        if found is None:
+            open_stacks(self.app)
+            return
+        open_stacks(self.app, nodes=[found[0]], pid=found[1])
 
     def highlighted_process(self) -> Optional[Tuple[str, int]]:
         """(node, pid) of the row under the cursor of the active table, None when there is none."""
