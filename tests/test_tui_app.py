@@ -45,6 +45,12 @@ def gpu_table(app: OpsConsole) -> DataTable:
     return app.panes["gpus"].query_one(DataTable)
 
 
+async def show_gpus(pilot) -> None:
+    """Open the GPUs pane (a one-node console opens on its overview)."""
+    await pilot.press("1")
+    await pilot.pause()
+
+
 def row_text(table: DataTable, key: str) -> str:
     return " | ".join(str(cell) for cell in table.get_row(key))
 
@@ -56,6 +62,7 @@ async def test_launch_shows_one_row_per_gpu_with_the_captured_values():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
+        await show_gpus(pilot)
         table = gpu_table(app)
         idle, loaded = idle_gpu(0), loaded_gpu(1)
         assert [key.value for key in table.rows] == ["local/0", "local/1"]
@@ -112,7 +119,7 @@ async def test_number_keys_and_tab_switch_panes():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        assert app.visible_pane_id == "gpus"
+        assert app.visible_pane_id == "overview"  # one node: its overview first
         for cls in PANES:
             await pilot.press(cls.key)
             await pilot.pause()
@@ -209,7 +216,7 @@ async def test_config_remaps_a_key_and_the_old_one_stops_working():
         await pilot.pause()
         await pilot.press("3")
         await pilot.pause()
-        assert app.visible_pane_id == "gpus"
+        assert app.visible_pane_id == "overview"
         await pilot.press("h")
         await pilot.pause()
         assert app.visible_pane_id == "host"
@@ -235,7 +242,8 @@ async def test_drill_down_from_nodes_and_escape_back():
         await pilot.press("down", "enter")
         await pilot.pause()
         assert app.node == "gpu-a02"
-        assert app.visible_pane_id == "gpus"
+        assert app.visible_pane_id == "overview"
+        await show_gpus(pilot)
         assert [key.value for key in gpu_table(app).rows] == ["gpu-a02/0"]
         assert "> gpu-a02" in app.header._shown.plain
         await pilot.press("escape")
@@ -273,6 +281,7 @@ async def test_theme_from_config_is_applied():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert app.theme == "opsconsole-light"
+        await show_gpus(pilot)
         light = load_theme_file(THEMES_DIR / "opsconsole-light.toml")
         assert app.theme_variables["background"].upper() == light.background.upper()
         # The cells take their colours from the theme in use.
@@ -295,6 +304,7 @@ async def test_theme_switch_recolours_cells_in_place():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
+        await show_gpus(pilot)
         table = gpu_table(app)
         before = str(table.get_cell("local/0", "status").style)
         app.theme = "opsconsole-light"
@@ -343,7 +353,7 @@ async def test_too_small_terminal_gets_a_message_then_the_layout_comes_back():
         await pilot.resize_terminal(120, 30)
         await pilot.pause(0.2)
         assert app.query_one(TooSmall).region.height == 0
-        assert gpu_table(app).region.height > 0
+        assert app.panes["overview"].region.height > 0
 
 
 async def test_update_changes_cells_in_place():
@@ -351,6 +361,7 @@ async def test_update_changes_cells_in_place():
     app = OpsConsole(Config(), fleet, now=lambda: FROZEN_NOW)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
+        await show_gpus(pilot)
         table = gpu_table(app)
         pane = app.panes["gpus"]
         cleared = []

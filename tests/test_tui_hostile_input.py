@@ -254,6 +254,11 @@ async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
         gpus = cell_texts(app.query_one("#gpus-table", DataTable))
         assert any(SHOWN in cell for cell in gpus) and printable(LONG) in gpus and "err 1" in gpus
 
+        await press_and_draw(pilot, "o")  # the first node's overview: GPU names, processes, host
+        assert_drawn(app, "host " + NODE + " (" + printable(HOSTILE)[:40], "GPU 2", "LOST")
+        overview = cell_texts(app.query_one("#overview-procs", DataTable))
+        assert any(SHOWN[:60] in cell for cell in overview) and "[bold]b…" in overview  # the user, cut
+
         await press_and_draw(pilot, "2")
         pane = app.panes["processes"]
         commands = cell_texts(pane.gpu_table.table) + cell_texts(pane.host_table.table)
@@ -325,8 +330,10 @@ async def test_drill_history_help_and_tooltips_with_hostile_names(tmp_path):
     app = console(tmp_path)
     async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
         await settled(pilot, app)
-        await press_and_draw(pilot, "4", "home", "enter")  # drill into gpu[/x]01
-        assert app.node == NODE and app.visible_pane_id == "gpus"
+        await press_and_draw(pilot, "4", "home", "enter")  # drill into gpu[/x]01: its overview
+        assert app.node == NODE and app.visible_pane_id == "overview"
+        assert_drawn(app, "processes on the GPUs of " + NODE, "host " + NODE)
+        await press_and_draw(pilot, "1")
         assert_drawn(app, "node " + NODE + " (esc: all nodes)")
         await press_and_draw(pilot, "t")  # the GPU's history
         assert type(app.screen).__name__ == "HistoryScreen"

@@ -35,6 +35,8 @@ async def test_gpu_rows_draw_the_recent_utilisation_and_t_plots_it():
     app = OpsConsole(parse_config("", "test.toml"), fleet, now=lambda: FROZEN_NOW)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
+        await pilot.press("1")  # one node opens on its overview; this is the GPUs pane's row
+        await pilot.pause()
         assert "█" in util_text(app, "local/1") and "100%" in util_text(app, "local/1")  # no past yet: a bar
         for seq, percent in enumerate((0, 25, 50, 75, 100, 12), start=2):
             fleet.publish(with_utilisation(state, seq, percent))

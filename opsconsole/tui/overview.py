@@ -29,6 +29,7 @@ from opsconsole.tui.formatting import (
     format_gib,
     format_rate,
     printable,
+    shorten,
 )
 from opsconsole.tui.gpus import gpu_status, memory_level, temperature_level, throttle_text
 from opsconsole.tui.live_pane import LivePane
@@ -126,7 +127,7 @@ def gpu_block(gpu: GpuSample, state: NodeState, health: HealthConfig, history: O
     throttle, throttle_level = throttle_text(gpu.clock_event_reasons)
     head: Line = [
         ("GPU %d " % gpu.index, "bold"),
-        ("%-10s " % _short_name(gpu.name), LEVEL_PLAIN),
+        ("%-10s " % shorten(_short_name(gpu.name), 16), LEVEL_PLAIN),  # a name from the node: bounded
         _temperature_text(gpu, health),
         ("  %s" % _power_text(gpu), LEVEL_PLAIN),
         ("  SM %s" % _reading(gpu.clock_sm_mhz, "%dMHz"), LEVEL_PLAIN),
@@ -348,7 +349,7 @@ def process_rows(state: NodeState, palette: Palette, filter_text: str, command_w
         command = " ".join((proc.command or proc.name).split())
         cells = [
             (str(proc.pid), LEVEL_PLAIN),
-            (proc.user or NA, LEVEL_PLAIN),
+            (shorten(proc.user, 8) or NA, LEVEL_PLAIN),
             (NA if proc.gpu_index is None else str(proc.gpu_index), LEVEL_PLAIN),
             (format_bytes(proc.gpu_memory_bytes), LEVEL_PLAIN),
             (NA if proc.gpu_sm_percent is None else "%d" % proc.gpu_sm_percent, LEVEL_PLAIN),
@@ -356,7 +357,7 @@ def process_rows(state: NodeState, palette: Palette, filter_text: str, command_w
              bars.level_for(proc.cpu_percent, HOST_WARN, 10 * HOST_CRIT)),
             (format_bytes(proc.rss_bytes), LEVEL_PLAIN),
             (proc.state or "?", LEVEL_CRIT if proc.state in ("D", "Z") else LEVEL_PLAIN),
-            (format_duration(proc.elapsed_s), LEVEL_PLAIN),
+            (format_duration(proc.elapsed_at(frame.time) if frame is not None else None), LEVEL_PLAIN),
             (command[:command_width], LEVEL_PLAIN),
         ]
         if needle and needle not in " ".join(text for text, _ in cells).lower():
