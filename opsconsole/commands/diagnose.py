@@ -3,7 +3,8 @@
 `opsconsole diagnose --run FILE...|DIR [--json]` reads the files (directories walked for logs) as one
 run, through the console's merge of ranks (opsconsole.diagnosis.run): one verdict naming the root
 cause, the rank and the file and line it started in; with --json one object `{"root_cause", "rank",
-"file", "line", "findings": [...]}`, each finding with its "file", "rank" and "time" too.
+"file", "line", "findings": [...]}`, each finding with its "file", "rank" and "time" too, and "watchdog"
+where the ranks' NCCL watchdog lines were seen (the rank that never reached the collective, or a freeze).
 
 Each input is read as bytes, line by line (memory stays bounded however large the file), decoded
 as UTF-8 with replacement characters, and fed to the same Diagnoser the console's Log pane uses.
@@ -117,13 +118,24 @@ def run_json_document(result) -> dict:
             if getattr(finding, key) is not None:
                 entry[key] = getattr(finding, key)
         findings.append(entry)
-    return {
+    document = {
         "root_cause": verdict.category if verdict else None,
         "rank": verdict.rank if verdict else None,
         "file": result.file_of(verdict.finding) if verdict else None,
         "line": verdict.finding.line if verdict else None,
         "findings": findings,
     }
+    if verdict is not None and verdict.watchdog is not None:  # only where the ranks' NCCL watchdog lines were seen
+        document["watchdog"] = _watchdog_json(verdict.watchdog)
+    return document
+
+
+def _watchdog_json(watchdog) -> dict:
+    """The NCCL watchdog lines of every rank together: who never reached collective N, or that all froze."""
+    return {"kind": watchdog.kind, "group": watchdog.group, "seq": watchdog.seq, "op": watchdog.op,
+            "culprit_ranks": list(watchdog.culprit_ranks), "culprit_enqueued": watchdog.culprit_enqueued,
+            "others_enqueued": watchdog.others_enqueued, "reporting_ranks": list(watchdog.reporting_ranks),
+            "text": watchdog.text}
 
 
 def run_report(result) -> str:
@@ -142,6 +154,8 @@ def run_report(result) -> str:
     rank = "rank %d" % verdict.rank if verdict.rank is not None else "an unknown rank"
     out.append("Started on %s, in %s line %d: %s" % (rank, printable_line(result.file_of(start) or "?"), start.line,
                                                   _one_line(start.excerpt)))
+    if verdict.watchdog is not None:
+        out.append(printable_line(verdict.watchdog.text))
     if start.evidence == "inferred":
         out.append("OOM killer not seen in these logs: inferred from SIGKILL (see the remedy to confirm it).")
     launcher = verdict.launcher

@@ -52,6 +52,7 @@ from opsconsole.diagnosis.launcher import (
 )
 from opsconsole.diagnosis.signatures import ROLE_GENERIC, ROLE_PEER_GONE, match_roles
 from opsconsole.diagnosis.timestamps import line_time, may_carry_time
+from opsconsole.hang.watchdog import WatchdogLines, WatchdogVerdict
 
 MAX_FINDINGS = 10_000  # findings kept for jump-to; the per-category counts stay exact beyond it
 MAX_SOURCES = 4096  # per-source traceback state; the oldest source's state is dropped beyond it
@@ -84,6 +85,8 @@ ROOT_CAUSE_ORDER: Tuple[Tuple[str, bool], ...] = (
     ("nccl_remote", True),
 )
 _RANK_OF = {key: index for index, key in enumerate(ROOT_CAUSE_ORDER)}
+# Root causes that watchdog lines refine: the rank that never reached the collective caused them.
+WATCHDOG_CATEGORIES = frozenset(("nccl_timeout", "nccl_remote", "nccl_network"))
 
 # "[rank3]:" (torch's C++ log prefix), "[default3]:" (torchrun --tee), possibly after a pid or host
 # column ("[80746] [rank0]:", "gpu07: [rank3]:"); srun --label writes "3: ". A rank has at most 7
@@ -144,6 +147,9 @@ class RootCause:
     finding: Finding
     rank: Optional[int]  # the finding's rank, else the rank the launcher's table names
     launcher: Optional[LauncherFailure] = None  # torchelastic's first observed failure, when printed
+    # What every rank's NCCL watchdog lines say together: the rank that never reached the collective
+    # (then `rank` is that one, not the first rank that timed out waiting for it), or that all froze.
+    watchdog: Optional[WatchdogVerdict] = None
 
 
 @dataclass
@@ -235,6 +241,7 @@ class Diagnoser:
         self._seen = 0
         self._year: Optional[int] = None  # of the latest full time stamp: glog's stamps name none
         self._tables: List[FailureTable] = []
+        self._watchdog = WatchdogLines()
 
     # --- feeding ------------------------------------------------------------------------------------
 
@@ -279,6 +286,8 @@ class Diagnoser:
                 clock = state.clock = self._state(key or "")
         previous = state.last_text
         state.last_text = body
+        if "NCCL" in body and ("NCCL work" in body or "watchdog at work" in body or "WorkNCCL(" in body):
+            self._watchdog.feed(body, rank, number, key)  # every rank's progress, compared in verdict()
         # Times are the file's (interleaved ranks share its clock), parsed only when a line is a finding.
         first = text[:1]
         if "0" <= first <= "9" and text[4:5] == "-":  # the common case, inlined: "2026-12-03 ..."
@@ -488,17 +497,28 @@ class Diagnoser:
         rank = start.rank if start.rank is not None else named
         if rank is None:  # another line reporting the same failure may name the rank ("srun: task 4: Out Of Memory")
             rank = next((finding.rank for finding in candidates if finding.rank is not None), None)
-        return RootCause(category=best.category, finding=start, rank=rank, launcher=launcher)
+        watchdog = self._watchdog.verdict() if best.category in WATCHDOG_CATEGORIES else None
+        if watchdog is not None and watchdog.kind == "never_reached" and watchdog.culprit_ranks:
+            rank = watchdog.culprit_ranks[0]  # the first rank to time out only waited for this one
+        return RootCause(category=best.category, finding=start, rank=rank, launcher=launcher, watchdog=watchdog)
+
+    def watchdog_verdict(self) -> Optional[WatchdogVerdict]:
+        """What the NCCL watchdog lines of every rank fed so far say together (None when none was seen)."""
+        return self._watchdog.verdict()
 
     def summary(self) -> List[FindingSummary]:
         """One row per category: the root cause first, then by severity and first appearance."""
         root = self.root_cause()
         rows = []
+        watchdog = self._watchdog.verdict() if "nccl_timeout" in self._aggregates else None
         for category, aggregate in self._aggregates.items():
             entry = CATEGORIES[category]
             best = aggregate.best
+            cause = best.cause
+            if watchdog is not None and category == "nccl_timeout":
+                cause = "%s. %s" % (watchdog.text, cause)  # the findings row names the rank that never got there
             rows.append(FindingSummary(
-                category=category, title=entry.title, severity=best.severity, cause=best.cause,
+                category=category, title=entry.title, severity=best.severity, cause=cause,
                 remedy=best.remedy, count=aggregate.count, first=aggregate.first, last=aggregate.last,
                 ranks=tuple(sorted(aggregate.ranks)), sources=tuple(aggregate.sources)))
         severity_order = {"critical": 0, "error": 1, "warning": 2}
