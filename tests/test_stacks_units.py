@@ -1,0 +1,275 @@
+"""Stacks of every rank, the parts without a job: py-spy's JSON as hostile input, grouping and naming the
+odd ranks, the node helper's answers checked line by line, and its real failures (py-spy missing,
+ptrace refused for an unprivileged user)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from opsconsole.hang.grouping import Member, group_stacks, odd_ranks, ranks_text, summary, verdict, where
+from opsconsole.hang.pyspy import MAX_FRAMES, MAX_THREADS, Frame, main_thread, parse_dump
+from opsconsole.hang.stacks import NodeAnswer, build_report, helper_argv, report_text
+from opsconsole.probe import rank_stacks
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pyspy"
+SITE = "/venv/lib/python3.11/site-packages/"
+PY_SPY = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+
+
+# --- py-spy's JSON -----------------------------------------------------------------------------
+
+
+def test_real_dumps_of_a_hung_torchrun_job_read_as_py_spy_printed_them():
+    threads, problem = parse_dump((FIXTURES / "rank0_all_reduce.json").read_text())
+    assert problem is None and len(threads) == 1
+    main = main_thread(threads, json.loads((FIXTURES / "rank0_all_reduce.json").read_text())[0]["pid"])
+    assert [f.function for f in main.frames] == [
+        "all_reduce", "_exception_logger.<locals>.wrapper", "train_step", "main", "<module>"]
+    assert main.frames[0].file.endswith("torch/distributed/distributed_c10d.py") and main.frames[0].line > 0
+    assert main.frames[2] == Frame("train_step", "/tmp/stk/job.py", 14)
+    native, problem = parse_dump((FIXTURES / "rank1_sleep_native.json").read_text())
+    assert problem is None
+    names = [f.function for f in native[0].frames]
+    assert names[:3] == ["clock_nanosleep", "time_sleep", "stuck_before_all_reduce"]
+    # The innermost *Python* frame names where a native dump stands.
+    assert where(native[0].frames) == "`stuck_before_all_reduce` (job.py:7)"
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("", "py-spy printed nothing"),
+    ("Error: Permission Denied", "py-spy output is not JSON"),
+    ("[" * 200000 + "]" * 200000, None),  # deep nesting: never a RecursionError out of the parser
+    ('{"frames": []}', "py-spy output is not a list of threads"),
+    ("[]", "py-spy found no Python thread"),
+    ('[{"frames": {"name": "x"}}]', "1 malformed thread(s) or frame(s) skipped"),
+    ('[{"frames": [1, "x", null, {"line": 3}]}]', "4 malformed thread(s) or frame(s) skipped"),
+    ("x" * (5 * 1024 * 1024), "py-spy output over"),
+])
+def test_hostile_dumps_give_a_problem_line_never_an_exception(text, problem):
+    threads, said = parse_dump(text)
+    assert said is not None
+    if problem is not None:
+        assert said.startswith(problem)
+    assert all(isinstance(t.frames, tuple) for t in threads)
+
+
+def test_wrong_types_are_left_out_field_by_field_and_escapes_are_made_visible():
+    raw = [{"thread_name": "\x1b]52;c;ZXZpbA==\x07Main", "os_thread_id": "7", "frames": [
+        {"name": "\x1b[2Jwipe\nsecond line", "filename": "/a\u202eb.py", "line": True},
+        {"name": 42, "filename": "x.py", "line": -5},
+        {"name": "ok", "short_filename": "s.py", "line": 10 ** 12},
+        {"name": "n" * 5000, "filename": "f" * 5000, "line": 3},
+    ]}]
+    threads, problem = parse_dump(json.dumps(raw))
+    assert problem is None
+    thread = threads[0]
+    assert thread.os_thread_id is None and "\x1b" not in thread.name and "␛" in thread.name
+    first, second, third, fourth = thread.frames
+    assert first.function == "␛[2Jwipe␤second line" and first.line == 0 and "\u202e" not in first.file
+    assert (second.function, second.file, second.line) == ("?", "x.py", 0)
+    assert (third.file, third.line) == ("s.py", 0)
+    assert len(fourth.function) == 200 and len(fourth.file) == 400
+
+
+def test_thread_and_frame_counts_are_bounded():
+    frames = [{"name": "f%d" % i, "filename": "a.py", "line": i + 1} for i in range(MAX_FRAMES + 50)]
+    threads, problem = parse_dump(json.dumps([{"frames": frames}] + [{"frames": []}] * (MAX_THREADS + 5)))
+    assert len(threads) == MAX_THREADS and "left out" in problem
+    assert len(threads[0].frames) == MAX_FRAMES and threads[0].frames_cut == 50
+    assert threads[0].frames[0].function == "f0"  # the innermost kept
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(
+        st.sampled_from(["frames", "name", "filename", "short_filename", "line", "thread_name", "os_thread_id", "x"]),
+        inner, max_size=6),
+    max_leaves=40)
+
+
+@given(json_values)
+def test_any_json_value_reads_without_raising(value):
+    threads, problem = parse_dump(json.dumps(value))
+    for thread in threads:
+        for frame in thread.frames:
+            assert isinstance(frame.function, str) and isinstance(frame.file, str) and isinstance(frame.line, int)
+
+
+@given(st.text(max_size=200))
+def test_any_text_reads_without_raising(text):
+    parse_dump(text)
+
+
+# --- grouping and naming -----------------------------------------------------------------------
+
+ALL_REDUCE = (Frame("all_reduce", SITE + "torch/distributed/distributed_c10d.py", 3252),
+              Frame("wrapper", SITE + "torch/distributed/c10d_logger.py", 83),
+              Frame("train", "/job/train.py", 120), Frame("<module>", "/job/train.py", 200))
+DATALOADER = (Frame("__next__", SITE + "torch/utils/data/dataloader.py", 631),
+              Frame("train", "/job/train.py", 88), Frame("<module>", "/job/train.py", 200))
+
+
+def members(stacks):
+    return [Member(rank, "n%d" % (rank // 8), 1000 + rank, frames) for rank, frames in stacks.items()]
+
+
+def test_the_one_rank_outside_the_collective_is_named_as_the_issue_words_it():
+    groups = group_stacks(members({rank: DATALOADER if rank == 5 else ALL_REDUCE for rank in range(16)}))
+    assert summary(groups) == ("rank 5 in `__next__` (dataloader.py:631) via train.py:88; "
+                               "ranks 0-4, 6-15 in `all_reduce` (distributed_c10d.py:3252) via train.py:120")
+    assert odd_ranks(groups) == [5]
+    assert verdict(groups) == "rank 5 in `__next__` (dataloader.py:631) via train.py:88, while the others wait in a collective"
+
+
+def test_two_ranks_one_waiting_one_not_names_the_one_not_waiting():
+    stuck = (Frame("stuck_before_all_reduce", "/job/job.py", 12), Frame("train_step", "/job/job.py", 18))
+    groups = group_stacks(members({0: ALL_REDUCE, 1: stuck}))
+    assert [g.ranks for g in groups] == [(1,), (0,)] and [g.odd for g in groups] == [True, False]
+
+
+def test_without_collectives_the_minority_is_odd_and_a_tie_names_nobody():
+    compute = (Frame("forward", "/job/model.py", 40),)
+    save = (Frame("save", SITE + "torch/serialization.py", 900), Frame("checkpoint", "/job/train.py", 61))
+    groups = group_stacks(members({r: save if r == 3 else compute for r in range(8)}))
+    assert odd_ranks(groups) == [3] and verdict(groups).endswith("unlike the others")
+    tie = group_stacks(members({0: compute, 1: compute, 2: save, 3: save}))
+    assert odd_ranks(tie) == [] and "no group stands out" in verdict(tie)
+    assert verdict(group_stacks(members({r: compute for r in range(4)}))) is None
+
+
+def test_a_different_collective_among_collectives_is_odd_when_it_is_the_minority():
+    barrier = (Frame("barrier", SITE + "torch/distributed/distributed_c10d.py", 4000), Frame("train", "/job/train.py", 130))
+    groups = group_stacks(members({r: barrier if r == 7 else ALL_REDUCE for r in range(8)}))
+    assert odd_ranks(groups) == [7]
+
+
+def test_ranks_text_and_processes_without_a_rank():
+    assert ranks_text([3]) == "rank 3"
+    assert ranks_text([0, 1, 2, 4, 6, 7, 9]) == "ranks 0-2, 4, 6-7, 9"
+    assert ranks_text([1, "gpu1:400"]) == "ranks 1, pid gpu1:400"
+    report = build_report([], [])
+    assert report.to_json() == {"ranks": [], "groups": [], "odd": [], "errors": []}
+
+
+# --- the helper's answers, checked -----------------------------------------------------------
+
+
+def answer_lines(*records):
+    return [json.dumps(record) + "\n" for record in records]
+
+
+HEAD = {"kind": "node", "source": "environ", "ranks": 2, "py_spy": "/x/py-spy", "looked_in": ["PATH"],
+        "uid": 1000, "ptrace_scope": 1, "cap_sys_ptrace": False}
+DUMP0 = (FIXTURES / "rank0_all_reduce.json").read_text()
+
+
+def read(lines):
+    answer = NodeAnswer("gpu1", 10.0)
+    for line in lines:
+        answer.on_line(line)
+    return answer.finish()
+
+
+def test_a_node_answer_with_a_good_rank_a_refused_one_and_garbage():
+    answer = read(["Warning: something on stdout\n"] + answer_lines(
+        HEAD,
+        {"kind": "rank", "pid": 11, "rank": 0, "status": "ok", "stdout": DUMP0, "seconds": 0.02},
+        {"kind": "rank", "pid": 12, "rank": 1, "status": "failed", "exit": 1,
+         "stderr": "Permission Denied: Try running again with elevated permissions\n"},
+        {"kind": "rank", "pid": "13", "rank": 2, "status": "ok"},
+        {"kind": "rank", "pid": 14, "rank": 3, "status": "exploded"},
+        {"kind": "done", "seconds": 0.1}) + ["[1, 2]\n", "{not json\n"])
+    assert [(r.pid, r.rank) for r in answer.ranks] == [(11, 0)] and answer.ranks[0].dump_s == 0.02
+    reasons = [(e.pid, e.reason) for e in answer.errors]
+    assert reasons[0][0] == 12 and reasons[0][1].startswith("ptrace refused (kernel.yama.ptrace_scope = 1, uid 1000, "
+                                                            "no CAP_SYS_PTRACE)")
+    assert "SYS_PTRACE" in reasons[0][1] and "kernel.yama.ptrace_scope=0" in reasons[0][1]
+    assert reasons[1] == (None, "the node's helper sent a rank without a valid pid")
+    assert reasons[2] == (14, "the node's helper sent an unknown status")
+
+
+def test_no_answer_no_ranks_no_py_spy_and_a_cut_answer_are_errors_that_say_so():
+    assert read(["bash: python3: command not found\n"]).errors[0].reason == (
+        "the stack helper did not answer: bash: python3: command not found")
+    none = read(answer_lines(dict(HEAD, ranks=0), {"kind": "done", "seconds": 0.01}))
+    assert none.errors[0].reason.startswith("no training ranks found")
+    missing = read(answer_lines(dict(HEAD, py_spy=None, looked_in=["PATH", "/opt/venv/bin"]),
+                                {"kind": "rank", "pid": 5, "rank": 0, "status": "no-py-spy"}))
+    assert missing.errors[0].reason == ("py-spy not found (looked in PATH, /opt/venv/bin): pip install py-spy on the "
+                                        "node (into the training environment, or ~/.local/bin)")
+    assert missing.errors[1].reason == "the stack helper stopped before it was done"
+    answer = NodeAnswer("gpu1", 10.0)
+    answer.on_too_long(9 * 1024 * 1024)
+    assert "dropped" in answer.finish().errors[0].reason
+
+
+def test_the_table_prints_hostile_names_as_visible_characters():
+    from opsconsole.hang.stacks import RankStack
+
+    evil = (Frame("\x1b[31mred\x07", "/x/\x1b]0;title\x07.py", 1),)
+    report = build_report([RankStack("n\x1b[1m1", 1, 0, evil), RankStack("n2", 2, 1, ALL_REDUCE)], [])
+    text = report_text(report)
+    assert "\x1b" not in text and "\x07" not in text and "␛[31mred" in text
+
+
+# --- the node helper for real ----------------------------------------------------------------
+
+
+@pytest.fixture
+def sleeper():
+    process = subprocess.Popen([sys.executable, "-c", "import time\ndef waiting_here():\n    time.sleep(120)\nwaiting_here()"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def run_helper(request, prefix=()):
+    done = subprocess.run(list(prefix) + helper_argv(sys.executable), input=json.dumps(request) + "\n",
+                          capture_output=True, text=True, timeout=60)
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_py_spy_missing_is_said_with_where_it_was_looked_for(sleeper, tmp_path):
+    lines = run_helper({"pids": [sleeper.pid], "py_spy": str(tmp_path / "no-py-spy")})
+    answer = read([json.dumps(line) + "\n" for line in lines])
+    assert answer.ranks == [] and answer.errors[0].pid == sleeper.pid
+    assert answer.errors[0].reason.startswith("py-spy not found (looked in %s)" % (tmp_path / "no-py-spy"))
+    assert "pip install py-spy" in answer.errors[0].reason
+
+
+def test_ptrace_refused_for_an_unprivileged_user_is_said_with_the_fix(sleeper):
+    setpriv = shutil.which("setpriv")
+    if os.getuid() != 0 or setpriv is None or not os.path.exists(PY_SPY):
+        pytest.skip("needs root, setpriv and py-spy to run the helper as nobody against our process")
+    lines = run_helper({"pids": [sleeper.pid], "py_spy": PY_SPY},
+                       prefix=(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"))
+    answer = read([json.dumps(line) + "\n" for line in lines])
+    assert answer.ranks == []
+    assert answer.errors[0].reason.startswith("ptrace refused (") and "uid 65534" in answer.errors[0].reason
+    assert "SYS_PTRACE" in answer.errors[0].reason
+
+
+def test_the_helper_dumps_an_explicit_pid_and_reports_its_time(sleeper):
+    if not os.path.exists(PY_SPY):
+        pytest.skip("py-spy is not installed: pip install py-spy")
+    for _ in range(100):  # until the child runs its function (its interpreter starts first)
+        answer = read([json.dumps(line) + "\n" for line in run_helper({"pids": [sleeper.pid]})])
+        if answer.ranks and answer.ranks[0].frames and answer.ranks[0].frames[0].function == "waiting_here":
+            break
+    assert answer.errors == [] and answer.ranks[0].frames[0] == Frame("waiting_here", "<string>", 3)
+    assert answer.head["source"] == "pids" and answer.ranks[0].dump_s > 0
+
+
+def test_the_helper_source_is_python_3_6_syntax():
+    import ast
+
+    ast.parse(Path(rank_stacks.__file__).read_text(), feature_version=(3, 6))
