@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -15,20 +13,12 @@ from opsconsole.commands.demo import demo_config_text, demo_links, shipped_recor
 from opsconsole.config import load_config
 from opsconsole.nodes.fleet import Fleet
 from opsconsole.tui.app import OpsConsole
+from tests.waiting import wait_for
 
 pytest.importorskip("torch")
 
 SIZE = (160, 45)
 LOG_NAME = re.compile(r"^train_.+_rank(\d+)_\d{8}_\d{6}\.log$")
-
-
-async def wait_for(pilot, predicate, what: str, seconds: float = 90.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.2)
-    raise AssertionError("never happened: " + what)
 
 
 @pytest.fixture
@@ -49,8 +39,8 @@ async def test_the_console_on_the_demo_shows_the_nan_finding_checkpoints_and_the
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("6")
         feed_ready = lambda: app.log_feed is not None  # noqa: E731
-        await wait_for(pilot, feed_ready, "the log feed to start")
-        await wait_for(pilot, lambda: app.log_feed.summary()[1] == "nan_inf", "the NaN finding")
+        await wait_for(feed_ready, "the log feed to start", pilot=pilot)
+        await wait_for(lambda: app.log_feed.summary()[1] == "nan_inf", "the NaN finding", pilot=pilot)
         rows, root = app.log_feed.summary()
         nan = next(row for row in rows if row.category == "nan_inf")
         assert nan.ranks == (0,) and "nan" in nan.first.excerpt.lower()
@@ -63,10 +53,10 @@ async def test_the_console_on_the_demo_shows_the_nan_finding_checkpoints_and_the
         await pilot.press("7")
         pane = app.panes["checkpoints"]
         listed = lambda: {r.key.value.rsplit("/", 1)[1] for r in pane.checkpoint_table.table.ordered_rows}  # noqa: E731
-        await wait_for(pilot, lambda: {"checkpoint_epoch_1.pt", "checkpoint_best.pt"} <= listed(), "the checkpoints")
+        await wait_for(lambda: {"checkpoint_epoch_1.pt", "checkpoint_best.pt"} <= listed(), "the checkpoints", pilot=pilot)
         # The shipped recording plays as a node of its own, with its H200.
         replay = recording.stem + "-replay"
-        await wait_for(pilot, lambda: app.fleet.states()[replay].frame is not None, "the replayed node's first frame")
+        await wait_for(lambda: app.fleet.states()[replay].frame is not None, "the replayed node's first frame", pilot=pilot)
         assert app.fleet.states()[replay].frame.gpus[0].name == "NVIDIA H200"
 
 

@@ -6,16 +6,15 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from opsconsole.config import Config, LogsConfig
 from opsconsole.logs.filetail import FileTail
-from opsconsole.logs.follow import LocalFollower
 from opsconsole.logs.hub import LogHub
 from opsconsole.logs.index import LineIndex, read_last_lines
 from opsconsole.logs.records import MAX_LINE_BYTES, TRUNCATED_MARKER
+from tests.waiting import wait_for
 
 WRITER = r"""
 import os, sys, time
@@ -42,14 +41,6 @@ elif action == "bytes":
 def write(path, action, *args):
     """Run the writer as a separate process (the way a training job writes its log)."""
     subprocess.run([sys.executable, "-c", WRITER, str(path), action, *map(str, args)], check=True)
-
-
-async def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in %g s" % timeout)
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture(params=["inotify", "polling"])

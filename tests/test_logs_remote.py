@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -11,18 +10,11 @@ from opsconsole.config import Config, LogsConfig, NodeConfig, SshConfig
 from opsconsole.logs.hub import LogHub
 from opsconsole.nodes.ssh import SshLink
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sshd
 
 FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
-
-
-async def wait_for(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in %g s" % timeout)
-        await asyncio.sleep(0.05)
 
 
 def append(path, lines):

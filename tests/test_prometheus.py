@@ -24,9 +24,10 @@ from typing import Dict, List
 import pytest
 
 from opsconsole.config import DEFAULT_CONFIG, NodeConfig, SourceConfig, parse_config
-from opsconsole.model import STATE_DOWN, STATE_UP, GpuSample, NodeFrame, from_wire
+from opsconsole.model import STATE_DOWN, STATE_UP, NodeFrame, from_wire
 from opsconsole.sources import metric_names as names
 from opsconsole.sources.prometheus import PrometheusSource
+from tests.waiting import wait_for_sync
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,17 +67,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float = STARTUP_S, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("gave up waiting for " + what)
-        time.sleep(0.1)
 
 
 class Exporter:
@@ -129,7 +119,7 @@ class Prometheus:
              "--web.listen-address=127.0.0.1:%d" % self.port, "--log.level=warn"],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
-        wait_for(self._ready, what="prometheus /-/ready")
+        wait_for_sync(self._ready, what="prometheus /-/ready")
 
     def _ready(self) -> bool:
         try:
@@ -191,7 +181,7 @@ def refresh_until_complete(source: PrometheusSource, expected: Dict[str, int]) -
         )
         return states if ok else None
 
-    states = wait_for(complete, what="both nodes up in Prometheus")
+    states = wait_for_sync(complete, what="both nodes up in Prometheus")
     for _ in range(max(source.slow_every, len(source.slow_parts))):  # one whole slow-tier cycle on top
         states = {s.name: s for s in source.refresh()}
     return states
@@ -257,10 +247,10 @@ def test_history_comes_from_query_range(cluster):
     source = source_for(prometheus.url)
     refresh_until_complete(source, {"node-a": 8, "node-b": 2})
     power = exporters["node-a"].frame().gpus[3].power_draw_w
-    points = wait_for(lambda: source.history_blocking("node-a", 3, "power_w", 30) or None, what="power history")
+    points = wait_for_sync(lambda: source.history_blocking("node-a", 3, "power_w", 30) or None, what="power history")
     times = [t for t, _ in points]
     assert times == sorted(times) and all(v == power for _, v in points)
-    memory = wait_for(lambda: source.history_blocking("node-b", 1, "memory_used", 30) or None, what="memory history")
+    memory = wait_for_sync(lambda: source.history_blocking("node-b", 1, "memory_used", 30) or None, what="memory history")
     assert {v for _, v in memory} == {exporters["node-b"].frame().gpus[1].memory_used}
     util = asyncio.run(source.history("node-a", None, "gpu_utilization", 30))
     expected = sum(g.utilization_gpu for g in exporters["node-a"].frame().gpus) / 8
@@ -277,7 +267,7 @@ def test_a_stopped_exporter_is_a_scrape_failure(cluster):
         states = {s.name: s for s in source.refresh()}
         return states if states["node-c"].state == STATE_DOWN else None
 
-    states = wait_for(node_c_down, what="node-c's scrape to fail")
+    states = wait_for_sync(node_c_down, what="node-c's scrape to fail")
     port = exporters["node-c"].port
     assert states["node-c"].reason == "scrape failed: job=opsconsole instance=127.0.0.1:%d (up == 0)" % port
     assert states["node-c"].frame == before["node-c"].frame  # the last good frame is kept

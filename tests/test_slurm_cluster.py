@@ -35,6 +35,7 @@ from opsconsole.nodes.slurm import (
     query_job,
     query_user_jobs,
 )
+from tests.waiting import wait_for_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,17 +125,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("gave up waiting for " + what)
-        time.sleep(0.1)
-
-
 def slurm(*argv: str) -> str:
     result = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
@@ -196,7 +186,7 @@ def cluster(tmp_path_factory):
         start("munged", "-F", "--force", "-S", str(tmp / "munge.sock"), "--key-file", str(key),
               "--pid-file", str(tmp / "munged.pid"), "--log-file", str(tmp / "munged.log"),
               "--seed-file", str(tmp / "munge.seed"))
-        wait_for(lambda: (tmp / "munge.sock").exists(), what="munged")
+        wait_for_sync(lambda: (tmp / "munge.sock").exists(), what="munged")
         start("slurmctld", "-D", "-c", "-f", str(conf))
         start("slurmd", "-D", "-N", "node1", "-f", str(conf))
         start("slurmd", "-D", "-N", "node2", "-f", str(conf))
@@ -205,7 +195,7 @@ def cluster(tmp_path_factory):
             result = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=10)
             return result.returncode == 0 and result.stdout.split() == ["node1", "idle", "node2", "idle"]
 
-        wait_for(idle, timeout=60, what="both slurmd idle")
+        wait_for_sync(idle, timeout=60, what="both slurmd idle")
         yield tmp
     finally:
         subprocess.run(["scancel", "--full", "--partition", "debug"], capture_output=True, timeout=30)
@@ -231,7 +221,7 @@ def submit(nodes: int, name: str) -> str:
 
 def cancel(*job_ids: str) -> None:
     slurm("scancel", *job_ids)
-    wait_for(lambda: all(query_job(j).state not in ("RUNNING", "PENDING", "COMPLETING") for j in job_ids),
+    wait_for_sync(lambda: all(query_job(j).state not in ("RUNNING", "PENDING", "COMPLETING") for j in job_ids),
              what="jobs to end")
 
 
@@ -239,7 +229,7 @@ def test_a_real_job_its_nodes_and_a_pending_one(cluster):
     running = submit(2, "train-llm")
     waiting = submit(2, "queued")
     try:
-        job = wait_for(lambda: (lambda j: j if j.state == "RUNNING" else None)(query_job(running)), what="job to run")
+        job = wait_for_sync(lambda: (lambda j: j if j.state == "RUNNING" else None)(query_job(running)), what="job to run")
         assert (job.job_id, job.name, job.nodes, job.user) == (running, "train-llm", ("node1", "node2"), "root")
         assert job.elapsed_s is not None and job.elapsed_s >= 0
         pending = query_job(waiting)
@@ -265,7 +255,7 @@ def test_the_text_fallback_runs_real_squeue_when_json_is_not_supported(cluster, 
     monkeypatch.setenv("PATH", "%s%s%s" % (fake.parent, os.pathsep, os.environ["PATH"]))
     job_id = submit(1, "text-path")
     try:
-        wait_for(lambda: query_job(job_id).state == "RUNNING", what="job to run")
+        wait_for_sync(lambda: query_job(job_id).state == "RUNNING", what="job to run")
         jobs = query_user_jobs("root")
         assert [(j.job_id, j.name, j.state, len(j.nodes)) for j in jobs] == [(job_id, "text-path", "RUNNING", 1)]
         assert jobs[0].elapsed_s is not None

@@ -11,14 +11,11 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List
 
-import pytest
 from textual.widgets import Button, DataTable, Input
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 from h200_fleet import idle_gpu, load_process, loaded_gpu  # noqa: E402
 from tui_fakes import FakeFleet, single_node_states  # noqa: E402

@@ -6,11 +6,8 @@ import json
 import sys
 import tarfile
 from dataclasses import replace
-from pathlib import Path
 
-import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states  # noqa: E402
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from textual.command import CommandPalette
 from textual.widgets import DataTable, Input
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 from tui_fakes import (  # noqa: E402
     FROZEN_NOW,
@@ -25,7 +22,6 @@ from tui_fakes import (  # noqa: E402
 from opsconsole.config import Config, ConsoleConfig  # noqa: E402
 from opsconsole.tui import bars  # noqa: E402
 from opsconsole.tui.app import KEY_SPECS, PANES, OpsConsole, TooSmall  # noqa: E402
-from opsconsole.tui.gpus import GpusPane  # noqa: E402
 from opsconsole.tui.help import HelpScreen  # noqa: E402
 from opsconsole.tui.host import HostPane  # noqa: E402
 from opsconsole.tui.keys import APP_KEYS, display_key, keymap_from_config  # noqa: E402

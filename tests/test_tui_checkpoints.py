@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 from tui_fakes import FakeFleet, ThisMachineFleet, single_node_states  # noqa: E402
 
@@ -20,6 +18,7 @@ from opsconsole.tui.checkpoints import CheckpointDetailScreen, CheckpointsPane  
 from opsconsole.tui.confirm import ConfirmScreen  # noqa: E402
 from tests.sshd import ssh_client, sshd_factory  # noqa: E402,F401,F811 (pytest fixtures)
 from tests.test_checkpoints_fixtures import write_seed_layout  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (170, 45)
 
@@ -36,15 +35,6 @@ def make_app(tmp_path: Path, root: Path, read_only: bool = False, extra_dirs=())
 def audit(tmp_path: Path):
     path = tmp_path / "audit.log"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-async def wait_for(pilot, predicate, what: str, tries: int = 200):
-    """Let the app run until `predicate()` holds (workers finish in their own time)."""
-    for _ in range(tries):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("never happened: " + what)
 
 
 def cells(pane: CheckpointsPane, name: str):
@@ -71,7 +61,7 @@ def seed(tmp_path):
 async def open_pane(pilot, app):
     await pilot.press("7")
     pane = app.panes["checkpoints"]
-    await wait_for(pilot, lambda: pane.checkpoint_table.table.row_count == 6, "the scan to list 6 checkpoints")
+    await wait_for(lambda: pane.checkpoint_table.table.row_count == 6, "the scan to list 6 checkpoints", pilot=pilot)
     return pane
 
 
@@ -96,7 +86,7 @@ async def test_list_markers_detail_view_and_sort(tmp_path, seed):
         # Detail view of the highlighted row.
         pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index("checkpoint_epoch_2.pt"))
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "the detail view")
+        await wait_for(lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "the detail view", pilot=pilot)
         body = app.screen.body.plain
         for text in ("model_state_dict", "optimizer_state_dict", "scheduler_state_dict", "Optimizer         present",
                      "Scheduler         present", "Loss              0.7", "float32 ×4",
@@ -104,7 +94,7 @@ async def test_list_markers_detail_view_and_sort(tmp_path, seed):
                      "Members (whole)   checkpoint_epoch_2.pt\n", "Protected by      nothing recorded\n"):
             assert text in body, text
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not isinstance(app.screen, CheckpointDetailScreen), "the detail view to close")
+        await wait_for(lambda: not isinstance(app.screen, CheckpointDetailScreen), "the detail view to close", pilot=pilot)
         # Sort by loss, then the second directory with d.
         pane.checkpoint_table.sort.sort_by("loss")
         pane.redraw()
@@ -117,7 +107,7 @@ async def test_list_markers_detail_view_and_sort(tmp_path, seed):
         assert sorted(names_in_order(pane)) == ["checkpoint_epoch_3.pt", "checkpoint_epoch_4.pt"]
         pane.apply_filter("")
         await pilot.press("d")
-        await wait_for(pilot, lambda: pane.checkpoint_table.table.row_count == 0, "the empty directory")
+        await wait_for(lambda: pane.checkpoint_table.table.row_count == 0, "the empty directory", pilot=pilot)
         assert str(empty) in str(pane.status.render())
 
 
@@ -127,8 +117,8 @@ async def test_crc_check_runs_in_a_worker_and_marks_the_row(tmp_path, seed):
         pane = await open_pane(pilot, app)
         pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index("checkpoint_epoch_3.pt"))
         await pilot.press("v")
-        await wait_for(pilot, lambda: pane.verifying is None and "crc" in cells(pane, "checkpoint_epoch_3.pt")["integrity"],
-                       "the CRC check")
+        await wait_for(lambda: pane.verifying is None and "crc" in cells(pane, "checkpoint_epoch_3.pt")["integrity"],
+                       "the CRC check", pilot=pilot)
         assert cells(pane, "checkpoint_epoch_3.pt")["integrity"] == "ok ✓crc"
         assert pane.progress.progress == pane.progress.total
 
@@ -144,7 +134,7 @@ async def test_cleanup_is_absent_in_read_only(tmp_path, seed):
         assert not isinstance(app.screen, ConfirmScreen)
         # Asked for anyway (the palette, a script): the registered action refuses it, audited.
         app.action_flow.start("checkpoint_cleanup", pane.action_target("checkpoint_cleanup"))
-        await wait_for(pilot, lambda: audit(tmp_path), "the refusal")
+        await wait_for(lambda: audit(tmp_path), "the refusal", pilot=pilot)
     assert sorted(p.name for p in seed.iterdir()) == before
     records = audit(tmp_path)
     assert [(r["action"], r["outcome"]) for r in records] == [("checkpoint_cleanup", "refused")]
@@ -155,7 +145,7 @@ async def test_c_runs_the_registered_cleanup_typed_word_cancel_then_confirm_dele
     async with app.run_test(size=SIZE) as pilot:
         pane = await open_pane(pilot, app)
         await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the cleanup confirmation")
+        await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the cleanup confirmation", pilot=pilot)
         screen = app.screen
         assert app.focused.id == "confirm-word"  # deleting checkpoints: the directory's name must be typed
         body = screen.body.plain
@@ -170,12 +160,12 @@ async def test_c_runs_the_registered_cleanup_typed_word_cancel_then_confirm_dele
         await pilot.pause()
         assert app.screen is screen and len(list(seed.iterdir())) == 7
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the cancel")
+        await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the cancel", pilot=pilot)
         assert len(list(seed.iterdir())) == 7
         await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the second confirmation")
+        await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the second confirmation", pilot=pilot)
         await pilot.press(*seed.name, "enter")
-        await wait_for(pilot, lambda: pane.checkpoint_table.table.row_count == 3, "the deletions and the rescan")
+        await wait_for(lambda: pane.checkpoint_table.table.row_count == 3, "the deletions and the rescan", pilot=pilot)
     left = sorted(p.name for p in seed.iterdir())
     assert left == ["checkpoint_best.pt", "checkpoint_epoch_3.pt", "checkpoint_epoch_4.pt", "checkpoint_latest.pt"]
     records = audit(tmp_path)
@@ -228,7 +218,7 @@ async def test_a_node_waiting_in_auth_is_not_logged_into_by_the_pane(tmp_path, s
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("7")
         pane = app.panes["checkpoints"]
-        await wait_for(pilot, lambda: pane.listings, "the scan result")
+        await wait_for(lambda: pane.listings, "the scan result", pilot=pilot)
         listing = next(iter(pane.listings.values()))
         assert listing.problem == "node n1 is auth (authentication failed: denied): not scanned"
         assert "not scanned" in str(pane.dir_table.table.get_row_at(0)[6])
@@ -260,7 +250,7 @@ def screen_text(app) -> str:
 async def open_units(pilot, app, count: int):
     await pilot.press("7")
     pane = app.panes["checkpoints"]
-    await wait_for(pilot, lambda: pane.checkpoint_table.table.row_count == count, "the scan to list %d units" % count, tries=600)
+    await wait_for(lambda: pane.checkpoint_table.table.row_count == count, "the scan to list %d units" % count, timeout=30, pilot=pilot)
     return pane
 
 
@@ -288,17 +278,17 @@ async def test_hf_trainer_output_shows_layout_series_marks_and_why_not_managed(t
         # Details: the final model's members and the best checkpoint's protections.
         pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index("model.safetensors"))
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "details")
+        await wait_for(lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "details", pilot=pilot)
         body = app.screen.body.plain
         members = body.split("Members (whole)", 1)[1].split("\n\n", 1)[0].split()
         assert set(hf_run.final_files) <= set(members)
         assert "Layout            final model  (hf-final-model)" in body
         assert "Series            not managed: final model" in body
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not isinstance(app.screen, CheckpointDetailScreen), "close")
+        await wait_for(lambda: not isinstance(app.screen, CheckpointDetailScreen), "close", pilot=pilot)
         pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index(hf_run.best_checkpoint))
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "details")
+        await wait_for(lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "details", pilot=pilot)
         body = app.screen.body.plain
         assert "Protected by      best (best_model_checkpoint of the newest trainer_state.json)\n" in body
         assert "Members (whole)   %s/  (the directory and all it holds: checkpoint (8 files))" % hf_run.best_checkpoint in body

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 import struct
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 from rich.text import Text  # noqa: E402
 from textual.widgets import DataTable  # noqa: E402
@@ -45,9 +43,9 @@ from opsconsole.tui.formatting import printable  # noqa: E402
 from opsconsole.tui.help import HelpScreen  # noqa: E402
 from opsconsole.tui.table_diff import as_cell  # noqa: E402
 from opsconsole.tui.themes import load_themes  # noqa: E402
+from tests.waiting import wait_for
 
 SIZE = (160, 50)
-WAIT_TRIES = 200  # bounded polls of 0.05 s: each wait returns as soon as the screen shows it
 
 # Markup Textual would act on: a closing tag with no opening one (MarkupError), a link, a click action.
 MARKUP = "[bold]b[/x] [/__w/pytorch/gloo/pair.cc:553] [link=https://evil.example]l[/link] [@click=app.quit]q[/]"
@@ -188,14 +186,6 @@ def assert_drawn(app: OpsConsole, *literal: str) -> str:
     return text
 
 
-async def wait_for(pilot, predicate, what: str) -> None:
-    for _ in range(WAIT_TRIES):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("never happened: " + what)
-
-
 def cell_texts(table: DataTable) -> List[str]:
     """Every cell of the table as the text it draws."""
     return [str(cell) for row in table.ordered_rows for cell in table.get_row(row.key)]
@@ -242,7 +232,7 @@ def test_a_theme_file_whose_name_is_markup_is_a_problem_not_a_theme(tmp_path):
 async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
     app = console(tmp_path)
     async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
-        await wait_for(pilot, lambda: list(app.screen.query(Toast)), "the alerts' toasts")
+        await wait_for(lambda: list(app.screen.query(Toast)), "the alerts' toasts", pilot=pilot)
         # Alert toasts name the node and the rule from the config: drawn literally.
         toasts = " ".join(str(toast.render()) for toast in app.screen.query(Toast))
         assert "gpu[/x]01 GPU 0" in toasts and "rule " + LITERAL in toasts
@@ -281,13 +271,13 @@ async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
 
         await press_and_draw(pilot, "6")
         logs = app.panes["logs"]
-        await wait_for(pilot, lambda: len(logs.view.visible) >= 4, "the hostile log lines")
+        await wait_for(lambda: len(logs.view.visible) >= 4, "the hostile log lines", pilot=pilot)
         await pilot.pause(0.1)
         text = assert_drawn(app, LITERAL, "[link=https://evil.example]l[/link]")
 
         await press_and_draw(pilot, "7")
         checkpoints = app.panes["checkpoints"]
-        await wait_for(pilot, lambda: checkpoints.checkpoint_table.table.row_count == 2, "the two checkpoints")
+        await wait_for(lambda: checkpoints.checkpoint_table.table.row_count == 2, "the two checkpoints", pilot=pilot)
         await pilot.pause(0.1)
         # Names are cut to the Name column, literally (the whole names: the detail screen, below).
         assert_drawn(app, FILE_MARKUP[:23] + "…", "epoch=3-step=100 [bold]…")
@@ -317,7 +307,7 @@ async def test_filters_with_brackets_and_bad_regexes_show_an_error_not_a_crash(t
             await press_and_draw(pilot, "escape")
         logs = app.panes["logs"]
         await press_and_draw(pilot, "6", "slash", "[")
-        await wait_for(pilot, lambda: "invalid regex" in str(logs.status.render()), "the regex error")
+        await wait_for(lambda: "invalid regex" in str(logs.status.render()), "the regex error", pilot=pilot)
         assert_drawn(app, "/[/", "invalid regex")
         await press_and_draw(pilot, "escape", "4", "slash", *"util<[/x]")
         assert "'[/x]' is not a number" in str(app.panes["nodes"].status.render())
@@ -375,7 +365,7 @@ async def test_detail_screens_and_confirmations_show_the_data_as_it_is(tmp_path)
         await settled(pilot, app)
         await press_and_draw(pilot, "7")
         checkpoints = app.panes["checkpoints"]
-        await wait_for(pilot, lambda: checkpoints.checkpoint_table.table.row_count == 2, "the two checkpoints")
+        await wait_for(lambda: checkpoints.checkpoint_table.table.row_count == 2, "the two checkpoints", pilot=pilot)
         table = checkpoints.checkpoint_table.table
         safetensors = next(i for i, row in enumerate(table.ordered_rows) if row.key.value.endswith(".safetensors"))
         table.focus()
@@ -389,17 +379,17 @@ async def test_detail_screens_and_confirmations_show_the_data_as_it_is(tmp_path)
         assert type(app.screen).__name__ == "ResultScreen"
         assert_drawn(app, "signal[/x] failed on " + NODE, "kill -INT [bold]b[/x]", "␛[31mred")
         await press_and_draw(pilot, "escape", "2", "home", "i")  # SIGINT to the hostile GPU process
-        await wait_for(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen" and app.screen.armed, "the confirmation")
+        await wait_for(lambda: type(app.screen).__name__ == "ConfirmScreen" and app.screen.armed, "the confirmation", pilot=pilot)
         assert_drawn(app, "pid 421 (" + LITERAL, "␛[31mred")
         await press_and_draw(pilot, "escape")
         await press_and_draw(pilot, "4", "home", "D")  # drain asks for a reason, naming the node
-        await wait_for(pilot, lambda: type(app.screen).__name__ == "ReasonScreen", "the reason prompt")
+        await wait_for(lambda: type(app.screen).__name__ == "ReasonScreen", "the reason prompt", pilot=pilot)
         assert_drawn(app, NODE)
         await press_and_draw(pilot, "escape")
         app.clear_notifications()
         await pilot.pause(0.1)
         app.notify(HOSTILE, title=CONTROL)
-        await wait_for(pilot, lambda: list(app.screen.query(Toast)), "the toast")
+        await wait_for(lambda: list(app.screen.query(Toast)), "the toast", pilot=pilot)
         assert_drawn(app)  # a toast wraps: its own text says what it shows
         toast = " ".join(str(toast.render()) for toast in app.screen.query(Toast))
         assert printable(HOSTILE) in toast and printable(CONTROL) in toast

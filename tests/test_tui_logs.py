@@ -12,10 +12,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List
+from typing import List
 
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
 
@@ -26,6 +25,7 @@ from opsconsole.logs.records import MAX_LINE_BYTES, TRUNCATED_MARKER  # noqa: E4
 from opsconsole.tui.app import OpsConsole  # noqa: E402
 from opsconsole.tui.findings import COLUMNS  # noqa: E402
 from opsconsole.tui.logs import LogsPane  # noqa: E402
+from tests.waiting import wait_for
 
 
 
@@ -98,14 +98,6 @@ def pane_of(app: OpsConsole) -> LogsPane:
     return pane
 
 
-async def wait_for(pilot, condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("the Logs pane never showed " + what)
-        await pilot.pause(0.05)
-
-
 def shown_texts(pane: LogsPane) -> List[str]:
     return [entry.text for entry in pane.view.visible]
 
@@ -128,8 +120,8 @@ def oom_time(pane: LogsPane) -> float:
 async def open_logs(pilot, pane: LogsPane, count: int) -> None:
     await pilot.pause()
     await pilot.press("6")
-    await wait_for(pilot, lambda: pane.app.visible_pane_id == "logs", "itself (key 6)")
-    await wait_for(pilot, lambda: len(pane.view.entries) >= count, "%d lines" % count)
+    await wait_for(lambda: pane.app.visible_pane_id == "logs", "itself (key 6)", pilot=pilot)
+    await wait_for(lambda: len(pane.view.entries) >= count, "%d lines" % count, pilot=pilot)
     await pilot.pause(0.1)
 
 
@@ -146,7 +138,7 @@ async def test_lines_written_by_another_process_appear_labelled(tmp_path):
         await open_logs(pilot, pane, 2)
         write_lines(rank1, [record(3, "INFO", "step 1 loss 2.31")])
         write_lines(rank0, [record(4, "INFO", "step 1 loss 2.30")])
-        await wait_for(pilot, lambda: len(pane.view.entries) == 4, "the two new lines")
+        await wait_for(lambda: len(pane.view.entries) == 4, "the two new lines", pilot=pilot)
         await pilot.pause(0.1)
         assert [t.split(" - ")[-1] for t in shown_texts(pane)] == [
             "Training started on gpu01", "Training started on gpu02", "step 1 loss 2.31", "step 1 loss 2.30"]
@@ -171,7 +163,7 @@ async def test_scrolling_up_stops_following_and_counts_new_lines(tmp_path):
         assert not pane.view.following
         top_before = pane.lines.top_entry()
         write_lines(rank0, [record(200 + n, "INFO", "late %d" % n) for n in range(5)])
-        await wait_for(pilot, lambda: pane.view.new_lines == 5, "5 new lines counted")
+        await wait_for(lambda: pane.view.new_lines == 5, "5 new lines counted", pilot=pilot)
         await pilot.pause(0.1)
         assert "5 new lines" in status_text(pane) and "paused" in status_text(pane)
         assert pane.lines.top_entry() is top_before  # the user's place stays put
@@ -180,7 +172,7 @@ async def test_scrolling_up_stops_following_and_counts_new_lines(tmp_path):
         assert pane.view.following and pane.view.new_lines == 0
         assert "late 4" in screen_rows(pane)[-1]
         write_lines(rank0, [record(300, "INFO", "after resume")])
-        await wait_for(pilot, lambda: "after resume" in screen_rows(pane)[-1], "the line after resuming")
+        await wait_for(lambda: "after resume" in screen_rows(pane)[-1], "the line after resuming", pilot=pilot)
 
 
 # --- search, level, n / N -------------------------------------------------------------------------
@@ -253,7 +245,7 @@ async def test_a_finding_is_listed_and_enter_jumps_to_its_line(tmp_path):
         await open_logs(pilot, pane, 200)
         write_lines(rank1, [record(201, "ERROR", "step 201 failed")] + OOM_TRACEBACK)
         write_lines(rank1, [record(202 + n, "INFO", "cleanup %d" % n) for n in range(60)])
-        await wait_for(pilot, lambda: pane.findings.table.row_count > 0, "a finding")
+        await wait_for(lambda: pane.findings.table.row_count > 0, "a finding", pilot=pilot)
         await pilot.pause(0.1)
         assert "cuda_oom" in [summary.category for summary in pane.findings.summaries]
         row = {key: cell.plain for (key, _, _), cell in zip(COLUMNS, pane.findings.table.get_row("cuda_oom"))}
@@ -288,7 +280,7 @@ async def test_binary_bytes_show_as_replacement_characters_and_a_10_mb_line_is_c
         append_from_another_process(rank0, b"BIN \xff\xfe\x00\x1b[31m\x07 payload \xc3\n"
                                     + record(2, "INFO", "x" * (10 * 1024 * 1024)).encode() + b"\n"
                                     + record(3, "INFO", "after the long one").encode() + b"\n")
-        await wait_for(pilot, lambda: len(pane.view.entries) == 4, "the binary line, the long one and the next")
+        await wait_for(lambda: len(pane.view.entries) == 4, "the binary line, the long one and the next", pilot=pilot)
         await pilot.pause(0.1)
         rows = [row for row in screen_rows(pane) if row.strip()]
         assert len(rows) == 4 and rows[-1].rstrip().endswith("after the long one")
@@ -331,7 +323,7 @@ async def test_v_shows_one_source_and_back_to_the_merge(tmp_path):
         assert "only gpu02:rank1" in status_text(pane)
         write_lines(rank0, [record(30, "INFO", "rank0 late")])
         write_lines(rank1, [record(31, "INFO", "rank1 late")])
-        await wait_for(pilot, lambda: len(pane.view.entries) == 22, "both late lines")
+        await wait_for(lambda: len(pane.view.entries) == 22, "both late lines", pilot=pilot)
         assert shown_texts(pane)[-1].endswith("rank1 late") and len(shown_texts(pane)) == 11
         await pilot.press("v", "home", "enter")
         await pilot.pause(0.1)
@@ -389,7 +381,7 @@ async def test_sources_of_a_node_that_is_down_are_shown_as_such():
         await pilot.pause()
         await pilot.press("6")
         pane.add_lines([LogLine(source, 1, 0, record(1, "INFO", "step 1"), time=1.0, level="INFO", rank=8)], [None])
-        await wait_for(pilot, lambda: len(pane.view.entries) == 1, "the remote line")
+        await wait_for(lambda: len(pane.view.entries) == 1, "the remote line", pilot=pilot)
         app.redraw()
         await pilot.pause(0.1)
         problems = str(pane.problems_box.render())
@@ -406,12 +398,12 @@ async def test_scrolling_to_the_top_loads_older_lines_and_following_reloads_a_dr
     async with app.run_test(size=SIZE) as pilot:
         pane = pane_of(app)
         await open_logs(pilot, pane, 1)
-        await wait_for(pilot, lambda: pane.view.entries[-1].line.number == TOTAL, "the last line")
+        await wait_for(lambda: pane.view.entries[-1].line.number == TOTAL, "the last line", pilot=pilot)
         first = pane.view.entries[0].line.number
         assert first > 1  # the last page first, not the whole file
         pane.lines.focus()
         await pilot.press("home")  # loads older lines and shows the first of them
-        await wait_for(pilot, lambda: pane.view.entries[0].line.number < first, "older lines")
+        await wait_for(lambda: pane.view.entries[0].line.number < first, "older lines", pilot=pilot)
         await pilot.pause(0.1)
         numbers = [entry.line.number for entry in pane.view.entries]
         assert numbers == list(range(numbers[0], TOTAL + 1))  # contiguous: nothing lost, nothing twice
@@ -420,7 +412,7 @@ async def test_scrolling_to_the_top_loads_older_lines_and_following_reloads_a_dr
         second = numbers[0]
         if second > 1:
             await pilot.press("up")  # up at the top: more older lines, above the user's place
-            await wait_for(pilot, lambda: pane.view.entries[0].line.number < second, "more older lines")
+            await wait_for(lambda: pane.view.entries[0].line.number < second, "more older lines", pilot=pilot)
             await pilot.pause(0.1)
             assert pane.lines.top_entry().line.number == second
             numbers = [entry.line.number for entry in pane.view.entries]
@@ -429,13 +421,13 @@ async def test_scrolling_to_the_top_loads_older_lines_and_following_reloads_a_dr
         pane.view.max_lines = len(pane.view.entries)
         oldest = pane.view.entries[0].line.number
         await pilot.press("home")
-        await wait_for(pilot, lambda: pane.view.tail_dropped, "the tail dropped")
+        await wait_for(lambda: pane.view.tail_dropped, "the tail dropped", pilot=pilot)
         assert pane.view.entries[0].line.number < oldest and len(pane.view.entries) == pane.view.max_lines
         assert pane.view.entries[-1].line.number < TOTAL
         write_lines(rank0, [record(4000 + n, "INFO", "new %d" % n) for n in range(3)])
-        await wait_for(pilot, lambda: pane.view.new_lines == 3, "3 new lines counted")
+        await wait_for(lambda: pane.view.new_lines == 3, "3 new lines counted", pilot=pilot)
         await pilot.press("end")
-        await wait_for(pilot, lambda: not pane.view.tail_dropped and pane.view.following, "the tail reloaded")
+        await wait_for(lambda: not pane.view.tail_dropped and pane.view.following, "the tail reloaded", pilot=pilot)
         await pilot.pause(0.1)
         offsets = [entry.line.offset for entry in pane.view.entries]
         assert offsets == sorted(set(offsets))  # in file order, none twice
@@ -473,4 +465,4 @@ async def test_the_first_page_is_drawn_as_it_comes_and_its_diagnosis_marks_it_af
         pane.add_findings(page, [None, oom, None])
         assert pane.view.entries[1].finding is oom and pane.view.entries[1].level == "CRITICAL"
         assert pane.findings_of(page) == [None, oom, None]  # remembered for lines read again
-        await wait_for(pilot, lambda: len(pane.view.entries) == 4, "the later line")
+        await wait_for(lambda: len(pane.view.entries) == 4, "the later line", pilot=pilot)

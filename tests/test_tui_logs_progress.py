@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 import time  # noqa: E402
 
@@ -38,21 +35,21 @@ async def test_a_rank_whose_log_stops_shows_as_a_straggler_and_alerts(tmp_path):
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.press("6")
         pane = pane_of(app)
-        await wait_for(pilot, lambda: app.log_feed is not None and len(pane.view.entries) >= 6, "the first pages")
+        await wait_for(lambda: app.log_feed is not None and len(pane.view.entries) >= 6, "the first pages", pilot=pilot)
         app.log_feed.now = lambda: clock[0]  # the feed's clock: arrival times the test controls
         app.check_log_progress()
         assert not pane.findings.table.row_count  # both ranks advanced together
         clock[0] += 30
         write_lines(rank0, [record(30, "step 3 loss 1.9")])  # rank 0 goes on, rank 1 does not
-        await wait_for(pilot, lambda: len(pane.view.entries) >= 7, "rank 0's new line")
+        await wait_for(lambda: len(pane.view.entries) >= 7, "rank 0's new line", pilot=pilot)
         app.check_log_progress()
-        await wait_for(pilot, lambda: pane.findings.table.row_count == 1, "the straggler row")
+        await wait_for(lambda: pane.findings.table.row_count == 1, "the straggler row", pilot=pilot)
         row = [str(cell) for cell in pane.findings.table.get_row_at(0)]
         assert row[2] == "straggler" and row[6] == "1"  # category, ranks
         firing = [event for event in app.services.alerts.firing() if event.rule == "finding.straggler"]
         assert [event.node for event in firing] == ["local"] and "rank 1" in firing[0].message
         clock[0] += 1
         write_lines(rank1, [record(31, "step 3 loss 1.9")])  # it catches up: the row goes
-        await wait_for(pilot, lambda: len(pane.view.entries) >= 8, "rank 1's new line")
+        await wait_for(lambda: len(pane.view.entries) >= 8, "rank 1's new line", pilot=pilot)
         app.check_log_progress()
-        await wait_for(pilot, lambda: pane.findings.table.row_count == 0, "the straggler row gone")
+        await wait_for(lambda: pane.findings.table.row_count == 0, "the straggler row gone", pilot=pilot)

@@ -7,13 +7,10 @@ and read the SVG (tests/__snapshots__/test_tui_logs_snapshot/) before committing
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 from test_tui_logs import (  # noqa: E402
     OOM_TRACEBACK, console, needs_followers, pane_of, rank_file, record, write_lines)

@@ -7,10 +7,7 @@ which markup reads as a closing tag; drawn as markup it raised MarkupError and t
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 from textual.widgets._toast import Toast  # noqa: E402
 
@@ -39,7 +36,7 @@ async def test_a_finding_whose_excerpt_has_brackets_alerts_without_breaking_the_
     async with app.run_test(size=(140, 40), notifications=True) as pilot:  # run_test draws no toasts unless told
         await pilot.press("6")
         pane = pane_of(app)
-        await wait_for(pilot, lambda: pane.findings.table.row_count > 0, "the finding")
+        await wait_for(lambda: pane.findings.table.row_count > 0, "the finding", pilot=pilot)
         await pilot.pause(0.3)  # the alert's toast is drawn meanwhile
         assert app.is_running and app.services.alerts.counts()
         assert any("pair.cc:553]" in str(toast.render()) for toast in app.screen.query(Toast))

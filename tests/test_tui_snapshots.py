@@ -7,14 +7,10 @@ and read the SVGs (tests/__snapshots__/) before committing them.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states  # noqa: E402
 
