@@ -20,7 +20,7 @@ from opsconsole.checkpoints.cache import ResultCache
 from opsconsole.checkpoints.cleanup import execute_plan, pin_plan, plan_directory
 from opsconsole.checkpoints.retention import PlanItem, RetentionPlan
 from opsconsole.checkpoints.scan import scan_directory
-from tests.test_checkpoints_fixtures import write_seed_layout
+from tests.checkpoint_writers import write_seed_layout
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -124,7 +124,7 @@ def test_read_only_refuses_and_an_unwritable_audit_log_deletes_nothing(seed, tmp
 
 
 def test_an_hf_directory_is_removed_whole_without_following_links_inside(tmp_path):
-    from tests.test_checkpoints_fixtures import write_hf_layout
+    from tests.checkpoint_writers import write_hf_layout
 
     outside = tmp_path / "shared_tokenizer"
     outside.mkdir()

@@ -29,7 +29,7 @@ from opsconsole.checkpoints.records import (
 from opsconsole.checkpoints.safe_unpickle import restricted_loads
 from opsconsole.checkpoints.scan import scan_directory
 from opsconsole.checkpoints.verify import verify_checkpoint
-from tests.test_checkpoints_fixtures import (
+from tests.checkpoint_writers import (
     safetensors_bytes,
     small_model,
     write_dcp,

@@ -32,7 +32,7 @@ from opsconsole.checkpoints.records import (
 )
 from opsconsole.checkpoints.retention import plan_retention
 from opsconsole.checkpoints.scan import scan_directory
-from tests.test_checkpoints_fixtures import safetensors_bytes, small_model, write_hf_layout
+from tests.checkpoint_writers import safetensors_bytes, small_model, write_hf_layout
 
 HOUR = 3600.0
 
@@ -488,7 +488,7 @@ def test_an_unparsable_pickle_is_corrupt_only_when_its_crc_says_so(tmp_path):
 
 
 def test_checkpoint_manager_layout_as_today(tmp_path):
-    from tests.test_checkpoints_fixtures import write_seed_layout
+    from tests.checkpoint_writers import write_seed_layout
 
     write_seed_layout(tmp_path)
     listing, plan = plan_of(tmp_path, keep=2)

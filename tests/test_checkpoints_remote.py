@@ -20,7 +20,7 @@ from opsconsole.checkpoints.verify import verify_checkpoint
 from opsconsole.config import NodeConfig, SshConfig
 from opsconsole.nodes.ssh import SshLink
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401,F811 (pytest fixtures)
-from tests.test_checkpoints_fixtures import set_mtime, write_seed_layout
+from tests.checkpoint_writers import set_mtime, write_seed_layout
 
 pytestmark = pytest.mark.sshd
 

@@ -17,7 +17,7 @@ from opsconsole.tui.app import OpsConsole  # noqa: E402
 from opsconsole.tui.checkpoints import CheckpointDetailScreen, CheckpointsPane  # noqa: E402
 from opsconsole.tui.confirm import ConfirmScreen  # noqa: E402
 from tests.sshd import ssh_client, sshd_factory  # noqa: E402,F401,F811 (pytest fixtures)
-from tests.test_checkpoints_fixtures import write_seed_layout  # noqa: E402
+from tests.checkpoint_writers import write_seed_layout  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (170, 45)

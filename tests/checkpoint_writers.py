@@ -1,5 +1,7 @@
 """Real checkpoints for the checkpoint tests, written by torch in each layout the console reads.
 
+A helper module, not a test file: collecting the suite does not import torch for it.
+
 The seed layout is written by the seed chapter's own CheckpointManager (copied below, with
 its `torch.save`, `checkpoint_best.pt` copy and `checkpoint_latest.pt` symlink), so the
 tests read exactly what that code leaves on disk. No tests live here.
