@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from opsconsole.model import ProcessSample
+from opsconsole.probe.jobs import JobInfo, read_job
 
 try:
     _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -210,6 +211,7 @@ class ProcessTable:
         self._identity = {}  # type: Dict[Tuple[int, int], Tuple[Optional[str], str]]
         self._users = {}  # type: Dict[int, str]
         self._envs = {}  # type: Dict[Tuple[int, int], Optional[Tuple[str, ...]]]
+        self._jobs = {}  # type: Dict[Tuple[int, int], JobInfo]
         # pid -> (cpu %, rss bytes, payload to build the ProcessSample from, read this tick).
         self._rows = {}  # type: Dict[int, Tuple[Optional[float], int, Any, bool]]
         self.idle_every = max(1, int(idle_every))
@@ -284,9 +286,14 @@ class ProcessTable:
                     joined.append(dataclasses.replace(proc, state=None))
                     continue
                 row = self._with_identity(row)
+                job = self._job(proc.pid)
                 joined.append(
                     dataclasses.replace(
                         proc,
+                        job_id=job.job_id,
+                        job_step=job.job_step,
+                        job_user=job.job_user if job.job_uid is None else _user_name(job.job_uid, self._users),
+                        container=job.container,
                         name=row.name or proc.name,
                         user=row.user,
                         command=row.command or proc.command,
@@ -302,6 +309,18 @@ class ProcessTable:
             except Exception:  # a process changing under us: keep what NVML said
                 joined.append(dataclasses.replace(proc, state=None))
         return tuple(joined)
+
+    def _job(self, pid: int) -> JobInfo:
+        """The Slurm job and container of a GPU process, read once per (pid, start time)."""
+        counters = self._counters.get(pid)
+        key = (pid, counters[0] if counters is not None else 0)
+        job = self._jobs.get(key)
+        if job is None:
+            job = read_job(pid, self._prefix)
+            if len(self._jobs) > 256:  # bounded: GPU processes come and go
+                self._jobs.clear()
+            self._jobs[key] = job
+        return job
 
     def _watched_env(self, pid: int) -> Optional[Tuple[str, ...]]:
         """WATCHED_ENV of a GPU process, read once per (pid, start time); None when not permitted."""
