@@ -324,7 +324,9 @@ def collect(request, emit):
             with lock:
                 emit(answer)
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_DUMPS, len(ranks))) as pool:
+        # More dumps at once than the node has cores only queue behind each other (each one stops its rank).
+        workers = max(1, min(MAX_PARALLEL_DUMPS, os.cpu_count() or 1, len(ranks)))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(run, ranks))
     elif ranks:
         for rank in ranks:
