@@ -1,7 +1,16 @@
-"""Console themes: TOML files in opsconsole/themes/ turned into Textual themes."""
+"""Console themes: TOML files turned into Textual themes, the user's own folder, and the last choice kept.
+
+The shipped themes live in the project's top-level `themes/` folder; an install maps that folder into
+the package as `opsconsole.themes` (pyproject.toml, `package-dir`), and a source checkout reads it in
+place. A user adds themes in `$XDG_CONFIG_HOME/opsconsole/themes/*.toml` (as k9s skins); a bad file
+there is reported and skipped. The theme picked with ctrl+t or the palette is kept in
+`$XDG_STATE_HOME/opsconsole/theme` and used at the next start unless --theme says otherwise.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -13,8 +22,39 @@ except ImportError:  # Python < 3.11
 
 from textual.theme import Theme
 
-THEMES_DIR = Path(__file__).resolve().parent.parent / "themes"
 DEFAULT_THEME = "opsconsole-dark"
+SAVED_THEME_MAX = 200  # bytes read from the saved-theme file: a name is one short word
+
+
+def shipped_themes_dir() -> Path:
+    """The shipped themes: the installed `opsconsole.themes` package, else the checkout's `themes/`."""
+    candidates = []
+    try:
+        spec = importlib.util.find_spec("opsconsole.themes")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(location) for location in spec.submodule_search_locations]
+    candidates.append(Path(__file__).resolve().parents[2] / "themes")  # a source checkout
+    for candidate in candidates:
+        if candidate.is_dir() and any(candidate.glob("*.toml")):
+            return candidate
+    return candidates[-1]
+
+
+THEMES_DIR = shipped_themes_dir()
+
+
+def user_themes_dir(env=os.environ) -> Path:
+    """`$XDG_CONFIG_HOME/opsconsole/themes`, `~/.config/opsconsole/themes` without it."""
+    config_home = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(config_home) / "opsconsole" / "themes"
+
+
+def saved_theme_path(env=os.environ) -> Path:
+    """`$XDG_STATE_HOME/opsconsole/theme`: the theme last picked in the console."""
+    state_home = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state_home) / "opsconsole" / "theme"
 
 _COLOURS = ("primary", "secondary", "accent", "foreground", "background", "surface", "panel", "boost",
             "success", "warning", "error")
