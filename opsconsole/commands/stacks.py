@@ -79,7 +79,7 @@ async def gather_stacks(config, pids, native: bool, timeout: float):
 
 def command_stacks(args: argparse.Namespace) -> int:
     from opsconsole.cli import UsageError, config_from_args, run_without_joining_threads
-    from opsconsole.hang.stacks import report_text
+    from opsconsole.hang.stacks import StacksReport, report_text
 
     config = chosen_nodes(config_from_args(args), args.node)
     if not config.nodes:
@@ -88,7 +88,7 @@ def command_stacks(args: argparse.Namespace) -> int:
         raise UsageError("stacks: --pid names a process of one node: give --node too")
     if not 0 < args.timeout <= 300:
         raise UsageError("stacks: --timeout must be between 0 and 300 seconds")
-    report = run_without_joining_threads(gather_stacks(config, args.pid, args.native, args.timeout))
+    report: StacksReport = run_without_joining_threads(gather_stacks(config, args.pid, args.native, args.timeout))  # type: ignore[assignment]
     text = printable_json(report.to_json(), indent=2) + "\n" if args.json else report_text(report)
     try:
         sys.stdout.write(text)

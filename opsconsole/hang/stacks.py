@@ -305,11 +305,12 @@ async def _run_here(argv: List[str], request: str, answer: NodeAnswer) -> None:
                                                    stderr=asyncio.subprocess.STDOUT)
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     try:
-        assert process.stdin is not None and process.stdout is not None
-        process.stdin.write(request.encode())
-        await process.stdin.drain()
-        process.stdin.close()
-        await _pump(lambda: process.stdout.read(READ_CHUNK), answer, decoder.decode)
+        stdin, stdout = process.stdin, process.stdout
+        assert stdin is not None and stdout is not None
+        stdin.write(request.encode())
+        await stdin.drain()
+        stdin.close()
+        await _pump(lambda: stdout.read(READ_CHUNK), answer, decoder.decode)
     finally:
         if process.returncode is None:
             try:
