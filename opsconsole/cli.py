@@ -209,9 +209,28 @@ def config_from_args(args: argparse.Namespace, load: Optional[Callable[..., Conf
 # --- commands ----------------------------------------------------------------
 
 
+def console_theme(config: Config, args: argparse.Namespace) -> Config:
+    """The theme a console starts with: --theme (refused when unknown), else the one last picked
+    with ctrl+t, else the config's. Loads Textual: only for the commands that start the console."""
+    from opsconsole.sanitize import printable_line
+    from opsconsole.tui.themes import resolve_theme_name, saved_theme, theme_names
+
+    wanted = getattr(args, "theme", None)
+    if wanted:
+        names = theme_names()
+        name = resolve_theme_name(wanted, names)
+        if name is None:
+            raise UsageError(printable_line("--theme %s: no such theme; available: %s" % (wanted, ", ".join(names))))
+    else:
+        name = saved_theme()
+    if not name:
+        return config
+    return replace(config, console=replace(config.console, theme=name))
+
+
 def command_console(args: argparse.Namespace) -> int:
     """Start the interactive console on the configured nodes."""
-    config = config_from_args(args)
+    config = console_theme(config_from_args(args), args)
     from opsconsole.nodes.fleet import Fleet
 
     fleet = Fleet(config)

@@ -22,7 +22,7 @@ def register(commands, add_node_options) -> None:
 def command_replay(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from opsconsole.cli import UsageError, config_from_args
+    from opsconsole.cli import UsageError, config_from_args, console_theme
     from opsconsole.recording.replay import SPEEDS, ReplayFleet
     from opsconsole.recording.seek import SeekError, offset_seconds, offset_text
     from opsconsole.recording.store import RecordingError
@@ -36,7 +36,7 @@ def command_replay(args: argparse.Namespace) -> int:
             at = offset_seconds(args.at)
         except SeekError as exc:
             raise UsageError(printable_line("--at %s" % exc)) from None
-    config = config_from_args(args)
+    config = console_theme(config_from_args(args), args)
     config = replace(config, console=replace(config.console, read_only=True))  # nothing to act on in the past
     try:
         fleet = ReplayFleet(args.file)

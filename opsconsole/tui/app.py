@@ -12,7 +12,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Protocol, Sequence,
 from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
-from textual.command import DiscoveryHit, Hit, Hits, Matcher, Provider
+from textual.command import CommandPalette, DiscoveryHit, Hit, Hits, Matcher, Provider
 from textual.content import Content
 from textual.containers import Vertical
 from textual.notifications import SeverityLevel
@@ -61,7 +61,14 @@ from opsconsole.tui.pane import Pane
 from opsconsole.tui.processes import ProcessesPane
 from opsconsole.tui.services import ConsoleServices
 from opsconsole.tui import bars
-from opsconsole.tui.themes import DEFAULT_THEME, choose_theme, load_themes
+from opsconsole.tui.themes import (
+    DEFAULT_THEME,
+    ThemePicker,
+    choose_theme,
+    drop_builtin_themes,
+    load_console_themes,
+    save_theme,
+)
 
 # The pane registry: tab order, number keys and `pane.<id>` bindings all come from it.
 # Later panes (Logs, Checkpoints, Health) are one line each here.
@@ -135,7 +142,7 @@ class ConsoleCommands(Provider):
         for name in sorted(app.available_themes):
             if name == "textual-ansi":
                 continue
-            yield "Theme: %s" % name, partial(setattr, app, "theme", name), "switch the colour theme"
+            yield "Theme: %s" % name, partial(app.pick_theme, name), "switch the colour theme (kept for the next start)"
 
     # The palette reads a str prompt or help as markup, and so does Matcher.highlight: a key from
     # [console.keys] or a theme's name holding "[/x]" raised MarkupError and took the console down.
@@ -198,7 +205,7 @@ class OpsConsole(App[int]):
     # --- set-up ------------------------------------------------------------
 
     def _install_themes(self, wanted: str) -> None:
-        themes, problems = load_themes()
+        themes, problems = load_console_themes()  # shipped, then $XDG_CONFIG_HOME/opsconsole/themes
         for theme in themes:
             self.register_theme(theme)
         self._notes += [(problem, "error") for problem in problems]
@@ -207,6 +214,18 @@ class OpsConsole(App[int]):
         if message:
             self._notes.append((message, "warning"))
         self.theme = name
+        drop_builtin_themes(self)
+
+    def pick_theme(self, name: str) -> None:
+        """A theme the user picked (ctrl+t, palette): used now and kept for the next start."""
+        self.theme = name
+        problem = save_theme(name)
+        if problem:
+            self.notify(problem, severity="warning", timeout=8)
+
+    def action_change_theme(self) -> None:
+        """ctrl+t: the console's themes only (Textual's picker listed its own 20-odd)."""
+        self.push_screen(CommandPalette(providers=[ThemePicker], placeholder="Search for themes…"))
 
     def compose(self) -> ComposeResult:
         with Vertical(id="main"):

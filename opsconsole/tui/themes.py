@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -20,10 +21,14 @@ try:
 except ImportError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
-from textual.theme import Theme
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.theme import BUILTIN_THEMES, Theme
+
+from opsconsole.file_kinds import file_kind
 
 DEFAULT_THEME = "opsconsole-dark"
 SAVED_THEME_MAX = 200  # bytes read from the saved-theme file: a name is one short word
+THEME_FILE_MAX = 64 * 1024  # a theme is a few dozen lines
 
 
 def shipped_themes_dir() -> Path:
@@ -103,12 +108,23 @@ def theme_from_mapping(data: Dict[str, Any], source: str) -> Theme:
 
 
 def load_theme_file(path: Path) -> Theme:
-    """Read one theme file."""
+    """Read one theme file (a regular file of at most THEME_FILE_MAX bytes)."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        with open(path, "rb", opener=_open_no_block) as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            if not stat.S_ISREG(mode):  # a FIFO would block the start, a device never end
+                raise ThemeFileError("%s: %s, not a theme file" % (path, file_kind(mode)))
+            raw = handle.read(THEME_FILE_MAX + 1)
+        if len(raw) > THEME_FILE_MAX:
+            raise ThemeFileError("%s: larger than %d bytes" % (path, THEME_FILE_MAX))
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ThemeFileError("%s: %s" % (path, exc)) from None
     return theme_from_mapping(data, str(path))
+
+
+def _open_no_block(path, flags):
+    return os.open(path, flags | os.O_NONBLOCK)  # a FIFO opens at once, to be refused by its mode
 
 
 def load_themes(directory: Path = THEMES_DIR) -> Tuple[List[Theme], List[str]]:
@@ -123,6 +139,60 @@ def load_themes(directory: Path = THEMES_DIR) -> Tuple[List[Theme], List[str]]:
     return themes, problems
 
 
+def load_console_themes(env=os.environ) -> Tuple[List[Theme], List[str]]:
+    """The shipped themes, then the user's (a user theme of the same name replaces the shipped one),
+    and the problems of files that were skipped."""
+    themes, problems = load_themes(THEMES_DIR)
+    user_dir = user_themes_dir(env)
+    if user_dir.is_dir():
+        mine, mine_problems = load_themes(user_dir)
+        themes += mine
+        problems += ["theme skipped: %s" % problem for problem in mine_problems]
+    return themes, problems
+
+
+def theme_names(env=os.environ) -> List[str]:
+    """The names a console can use: the shipped ones first, then the user's."""
+    return sorted({theme.name for theme in load_console_themes(env)[0]}, key=lambda name: (not name.startswith("opsconsole-"), name))
+
+
+def resolve_theme_name(wanted: str, names: Sequence[str]) -> Optional[str]:
+    """`wanted` if it is a theme, `opsconsole-WANTED` for a short name ("light"), else None."""
+    if wanted in names:
+        return wanted
+    if "opsconsole-" + wanted in names:
+        return "opsconsole-" + wanted
+    return None
+
+
+def saved_theme(env=os.environ) -> Optional[str]:
+    """The theme last picked in the console, None when none was (or the file is not a name)."""
+    try:
+        with open(saved_theme_path(env), "rb", opener=_open_no_block) as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return None
+            raw = handle.read(SAVED_THEME_MAX + 1)
+    except OSError:
+        return None
+    if len(raw) > SAVED_THEME_MAX:
+        return None
+    name = raw.decode("utf-8", "replace").strip()
+    return name if THEME_NAME.match(name) else None
+
+
+def save_theme(name: str, env=os.environ) -> Optional[str]:
+    """Keep `name` as the theme for the next start; a problem worded for the user, None when saved."""
+    path = saved_theme_path(env)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".%d.tmp" % os.getpid())
+        partial.write_text(name + "\n", encoding="utf-8")
+        os.replace(partial, path)  # whole or not at all: a crash never leaves half a name
+    except OSError as exc:
+        return "theme %s not kept for the next start: %s" % (name, exc)
+    return None
+
+
 def choose_theme(wanted: str, available: Sequence[str], fallback: str = DEFAULT_THEME) -> Tuple[str, Optional[str]]:
     """The theme to use for `wanted`, and a message naming the choices when it is not there."""
     if wanted in available:
@@ -131,3 +201,34 @@ def choose_theme(wanted: str, available: Sequence[str], fallback: str = DEFAULT_
     others = [name for name in available if not name.startswith("opsconsole-")]
     message = "unknown theme %r, using %s; available: %s" % (wanted, fallback, ", ".join(ours + others))
     return fallback, message
+
+
+def drop_builtin_themes(app) -> None:
+    """Leave only the console's themes registered, so ctrl+t and the palette list ours, not Textual's 20-odd."""
+    ours = set(app.available_themes) - set(BUILTIN_THEMES)
+    if app.theme not in ours:
+        return  # nothing of ours loaded: Textual's stay, the console still draws
+    for name in BUILTIN_THEMES:
+        app.unregister_theme(name)
+
+
+class ThemePicker(Provider):
+    """ctrl+t: the console's themes (shipped and the user's); the one picked is kept for the next start."""
+
+    def _names(self) -> List[str]:
+        return sorted(self.app.available_themes)
+
+    def _pick(self, name: str):
+        pick = getattr(self.app, "pick_theme", None)
+        return (lambda: pick(name)) if pick is not None else (lambda: setattr(self.app, "theme", name))
+
+    async def discover(self) -> Hits:
+        for name in self._names():
+            yield DiscoveryHit(name, self._pick(name), text=name)  # names are [A-Za-z0-9_-]: no markup
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name in self._names():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), self._pick(name), text=name)
