@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -273,3 +274,44 @@ def test_the_helper_source_is_python_3_6_syntax():
     import ast
 
     ast.parse(Path(rank_stacks.__file__).read_text(), feature_version=(3, 6))
+
+
+LAUNCHER = '''
+import os, subprocess, sys, time
+rank_env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", TORCHELASTIC_RUN_ID="job7")
+forking_rank = """
+import os, time
+if os.fork() == 0:  # a data-loader worker: the rank's environment, inherited
+    time.sleep(120)
+else:
+    time.sleep(120)
+"""
+children = [subprocess.Popen([sys.executable, "-c", forking_rank], env=rank_env)]
+# Rank 1 behind a shell that does not exec it (as a wrapper script does).
+wrapped = dict(rank_env, RANK="1", LOCAL_RANK="1")
+children.append(subprocess.Popen(["/bin/sh", "-c", sys.executable + " -c 'import time; time.sleep(120)'; true"], env=wrapped))
+print(" ".join(str(c.pid) for c in children), flush=True)
+time.sleep(120)
+'''
+
+
+def test_ranks_are_found_by_environment_without_launcher_wrapper_or_forked_worker():
+    import psutil
+
+    # The launcher carries a RANK of its own (a node rank, as Kubeflow gives torchrun).
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True,
+                                env=dict(os.environ, RANK="7", WORLD_SIZE="2"), start_new_session=True)
+    try:
+        rank0, shell = (int(pid) for pid in launcher.stdout.readline().split())
+        for _ in range(400):  # until the fork and the shell's python have started
+            if psutil.Process(rank0).children() and psutil.Process(shell).children():
+                break
+            time.sleep(0.05)
+        tree = {launcher.pid} | {p.pid for p in psutil.Process(launcher.pid).children(recursive=True)}
+        rank1 = next(p.pid for p in psutil.Process(shell).children() if "python" in p.name())
+        worker = psutil.Process(rank0).children()[0].pid
+        found = {entry["pid"]: entry["rank"] for entry in rank_stacks.find_ranks() if entry["pid"] in tree}
+        assert found == {rank0: 0, rank1: 1}, (found, launcher.pid, shell, worker)
+    finally:
+        os.killpg(launcher.pid, 9)
+        launcher.wait()

@@ -7,7 +7,8 @@ take one code path.
 Ranks: processes whose /proc/PID/environ holds RANK or LOCAL_RANK (read bounded, values checked as
 small integers). A data-loader worker forked from a rank inherits its environment: of processes
 with the same rank identity (RANK, LOCAL_RANK, WORLD_SIZE, run id, master port) only the outermost
-Python one counts, and a non-Python wrapper (a shell) gives way to the Python rank below it. With no
+Python one counts, a non-Python wrapper (a shell) gives way to the Python rank below it, and a
+launcher with a RANK of its own (torchrun under Kubeflow gets the node's) is not a rank. With no
 such process, the GPU compute processes (`nvidia-smi --query-compute-apps=pid`) stand in. Explicit
 PIDs in the request replace the search.
 
@@ -162,10 +163,13 @@ def find_ranks():
     ranks = []
     for pid in kept:
         env, argv, python, _ = candidates[pid]
-        wraps_a_rank = not python and any(
-            pid in candidates[other][3] and rank_identity(candidates[other][0]) == rank_identity(env)
-            for other in kept if other != pid)
-        if not wraps_a_rank:
+        below = [other for other in kept if other != pid and pid in candidates[other][3]]
+        # A shell that execs the rank's Python passes its identity down: the Python one is the rank.
+        wraps_a_rank = not python and any(rank_identity(candidates[o][0]) == rank_identity(env) for o in below)
+        # A launcher that carries a RANK of its own (a node rank, as Kubeflow sets for torchrun) starts
+        # ranks with other identities: it is not one of them.
+        launches_ranks = any(rank_identity(candidates[o][0]) != rank_identity(env) for o in below)
+        if not wraps_a_rank and not launches_ranks:
             ranks.append(describe(pid, env, argv))
     return ranks
 
