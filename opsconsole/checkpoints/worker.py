@@ -108,12 +108,12 @@ def _result_types() -> Dict[str, type]:
     from opsconsole.checkpoints import records
     from opsconsole.checkpoints.formats import ReadResult
     from opsconsole.checkpoints.zipmeta import CrcResult
-    from opsconsole.hang import flight_recorder
+    from opsconsole.checkpoints import fr_dump
 
     types = {name: value for name, value in vars(records).items()
              if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == records.__name__}
     types.update(ReadResult=ReadResult, CrcResult=CrcResult)
-    types.update(flight_recorder.RECORD_TYPES)  # a flight-recorder dump, read by the "fr_dump" reader
+    types.update(fr_dump.RECORD_TYPES)  # a flight-recorder dump, read by the "fr_dump" reader
     return types
 
 
@@ -150,7 +150,7 @@ def from_plain(value: Any, types: Dict[str, type]) -> Any:
 def _readers() -> Dict[str, Callable[..., Generator]]:
     """The readers a request may name, each as make(size, **args)."""
     from opsconsole.checkpoints import formats
-    from opsconsole.hang import flight_recorder
+    from opsconsole.checkpoints import fr_dump
 
     return {
         "file": lambda size, name, window=formats.HEAD_BYTES: formats.file_reader(str(name), size, int(window)),
@@ -160,7 +160,7 @@ def _readers() -> Dict[str, Callable[..., Generator]]:
         "dcp_metadata": lambda size, files: formats.dcp_metadata_reader(
             size, {str(name): int(length) for name, length in dict(files).items()}),
         # PyTorch's flight-recorder dumps are pickles from the training processes: same limits, same unpickler.
-        "fr_dump": lambda size: flight_recorder.fr_dump_reader(size),
+        "fr_dump": lambda size: fr_dump.fr_dump_reader(size),
     }
 
 

@@ -52,7 +52,8 @@ from opsconsole.diagnosis.launcher import (
 )
 from opsconsole.diagnosis.signatures import ROLE_GENERIC, ROLE_PEER_GONE, match_roles
 from opsconsole.diagnosis.timestamps import line_time, may_carry_time
-from opsconsole.hang.watchdog import WatchdogLines, WatchdogVerdict
+from opsconsole.diagnosis.watchdog import WatchdogLines, WatchdogVerdict
+from opsconsole.health import xid
 
 MAX_FINDINGS = 10_000  # findings kept for jump-to; the per-category counts stay exact beyond it
 MAX_SOURCES = 4096  # per-source traceback state; the oldest source's state is dropped beyond it
@@ -256,7 +257,9 @@ class Diagnoser:
                   time: Optional[float] = None, rank: Optional[int] = None) -> Optional[Finding]:
         """Diagnose one line of plain text (number is 1-based); `source` is a name or a LogSource."""
         key = None
-        if source is not None:
+        if type(source) is str:  # the common case, without two failed attribute lookups a line
+            key = source
+        elif source is not None:
             key = getattr(source, "key", None) or str(source)
             if rank is None:
                 rank = getattr(source, "rank", None)
@@ -268,8 +271,8 @@ class Diagnoser:
             text = text[:MAX_SCAN_CHARS]
         body = text
         line_rank = None
-        prefix = _RANK_PREFIX.match(text) if "]:" in text[:80] else None
-        if prefix is None and text[:1] in " 0123456789":
+        prefix = _RANK_PREFIX.match(text) if text.find("]:", 0, 80) >= 0 else None
+        if prefix is None and text[:1] in " 0123456789" and text.find(": ", 1, 12) > 0:  # "2026-..." has none there
             prefix = _SRUN_LABEL.match(text)
         if prefix:
             body = text[prefix.end():]
@@ -278,7 +281,7 @@ class Diagnoser:
                 rank = line_rank
         # Interleaved ranks each get their own traceback state.
         if line_rank is None:
-            state = clock = self._state(key or "")
+            state = clock = self._sources.get(key or "") or self._state(key or "")
         else:
             state = self._state("%s\0%d" % (key or "", line_rank))
             clock = state.clock
@@ -296,7 +299,8 @@ class Diagnoser:
             clock.stamp_text = text
         elif line_rank is not None and may_carry_time(body):
             clock.stamp_text = body
-        if self._is_code(state, body, number):
+        # (_is_code's test inlined for the common line: no frame before it and none in it)
+        if (state.frame_col >= 0 or 'File "' in body) and self._is_code(state, body, number):
             return None
         head = body[:1]
         if head == "-" and body.startswith("-- Process "):
@@ -422,6 +426,11 @@ class Diagnoser:
                 severity, cause, remedy = SEVERITY_ERROR, HOST_OOM_INFERRED_CAUSE, HOST_OOM_INFERRED_REMEDY
             else:
                 cause = HOST_OOM_SEEN_CAUSE
+        elif "NVRM: Xid" in body:  # NVIDIA's catalog: what this Xid means and the action it calls for
+            seen = xid.decode_line(body)
+            if seen is not None:
+                cause, remedy = "%s. %s" % (seen.describe(), cause), "%s%s. %s" % (
+                    seen.action_text[:1].upper(), seen.action_text[1:], " (%s)" % seen.note if seen.note else "") + remedy
         return Finding(line=number, category=category, severity=severity, title=entry.title,
                        cause=cause, remedy=remedy, excerpt=_excerpt(body), source=key, rank=rank,
                        time=time, weak=weak, evidence=evidence)

@@ -14,7 +14,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from opsconsole.config import HealthConfig
 from opsconsole.health.result import STATUS_FAIL, STATUS_PASS, STATUS_WARN, HealthResult, make_result
 from opsconsole.model import GpuSample, HostSample, NodeFrame
-from opsconsole.probe.nvml_decode import describe_xid
+from opsconsole.health import xid
 
 GpuRule = Callable[[str, GpuSample, HealthConfig, float], Optional[HealthResult]]
 HostRule = Callable[[str, HostSample, HealthConfig, float], List[HealthResult]]
@@ -135,10 +135,19 @@ def gpu_xid(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) -> Optiona
     """Fail on critical XID events seen since the previous frame."""
     if not gpu.xid_events:
         return make_result("gpu_xid", node, STATUS_PASS, "GPU %d: no critical XID" % gpu.index, gpu.index, (), REMEDY_XID, now)
-    described = "; ".join(describe_xid(code) for code in gpu.xid_events)
+    # Each Xid with NVIDIA's catalog meaning and the action it calls for; the remedy is the most disruptive one.
+    seen = [xid.decode(code) for code in gpu.xid_events]
+    described = "; ".join(item.describe() for item in seen)
+    action = xid.worst_action(seen)
+    notes = "; ".join(sorted({item.note for item in seen if item.note}))
+    remedy = "%s%s%s" % (xid.ACTION_TEXT[action][:1].upper(), xid.ACTION_TEXT[action][1:], " (%s)" % notes if notes else "")
+    if action == xid.ACTION_RESET_GPU:
+        remedy += "; the GPUs pane offers R (reset) once the GPU runs no process"
+    elif action in (xid.ACTION_REBOOT_NODE, xid.ACTION_DRAIN):
+        remedy += "; drain the node first (D on the Nodes pane)"
     return make_result(
         "gpu_xid", node, STATUS_FAIL, "GPU %d: %s" % (gpu.index, described), gpu.index,
-        (("xid", ",".join(str(code) for code in gpu.xid_events)),), REMEDY_XID, now,
+        (("xid", ",".join(str(code) for code in gpu.xid_events)), ("action", action)), remedy, now,
     )
 
 

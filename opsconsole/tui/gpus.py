@@ -11,6 +11,7 @@ from textual.widgets import DataTable, Static
 
 from opsconsole.actions.registry import TARGET_GPU, Target
 from opsconsole.config import DEFAULT_CONFIG, HealthConfig
+from opsconsole.health import xid
 from opsconsole.history import History, sparkline
 from opsconsole.model import GpuSample, NodeState
 from opsconsole.tui import bars
@@ -89,7 +90,7 @@ def gpu_status(gpu: GpuSample, state: NodeState, now: float) -> StyledCell:
     if not state.is_live:
         return "%s %s" % (state.state, format_frame_age(state.age(now))), LEVEL_DIM
     if gpu.xid_events:
-        return "XID " + ",".join(str(code) for code in gpu.xid_events), LEVEL_CRIT
+        return xid.short_status(gpu.xid_events), LEVEL_CRIT  # the codes and the catalog's action: "X79 reboot"
     if gpu.errors:
         return "err %d" % len(gpu.errors), LEVEL_WARN
     return "ok", LEVEL_OK
@@ -204,6 +205,9 @@ def gpus_hint(states: Mapping[str, NodeState], node: Optional[str], filter_text:
         if s.frame is not None and not s.frame.gpus and s.frame.gpu_note and (node is None or s.name == node)
     ]
     parts.extend(notes[:3])
+    shown = [s for s in states.values() if node is None or s.name == node]
+    for name, index, offer in xid.offers_in(shown)[:2]:  # the key the Xid catalog calls for: R (idle GPU) or D
+        parts.append("%s/%d: %s: %s" % (name, index, offer.reason, offer.key_hint))
     if filter_text:
         parts.append("filter: %s" % filter_text)
     return "   ".join(parts)
