@@ -65,6 +65,30 @@ def _add_node_options(parser: argparse.ArgumentParser, in_subcommand: bool) -> N
     )
 
 
+class PathsAction(argparse.Action):
+    """Several paths after one flag (an unquoted glob the shell expanded), never a command's name:
+    `opsconsole --logs a.log report` would follow a file named report and start the console."""
+
+    commands: Sequence[str] = ()
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        for value in values:
+            if value in self.commands:
+                raise argparse.ArgumentError(self, "%r is a command: give %s after it (opsconsole %s %s ...)"
+                                             % (value, option_string, value, option_string))
+        setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or []) + list(values))
+
+
+def add_watch_options(parser: argparse.ArgumentParser) -> List[argparse.Action]:
+    """--logs and --checkpoints: what [logs] paths and [[checkpoints]] say, without a config file."""
+    return [
+        parser.add_argument("--logs", metavar="GLOB", nargs="+", action=PathsAction,
+                            help="follow these log files (globs, quoted or not; on every node), beside [logs] paths"),
+        parser.add_argument("--checkpoints", metavar="DIR", nargs="+", action=PathsAction,
+                            help="list these checkpoint directories of this machine, beside [[checkpoints]]"),
+    ]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser: console options at the top, one subparser per headless command."""
     parser = argparse.ArgumentParser(
@@ -76,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--interval", metavar="S", type=_interval, help="seconds between polls")
     parser.add_argument("--read-only", action="store_true", default=None, help="offer no actions that change anything")
     parser.add_argument("--theme", metavar="NAME", help="colour theme")
+    watch_actions = add_watch_options(parser)
     parser.set_defaults(handler=command_console)
 
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -92,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.set_defaults(handler=command_snapshot)
     for module in command_modules():
         module.register(commands, lambda sub: _add_node_options(sub, in_subcommand=True))
+    for action in watch_actions:
+        action.commands = tuple(commands.choices)
     return parser
 
 
@@ -203,7 +230,33 @@ def config_from_args(args: argparse.Namespace, load: Optional[Callable[..., Conf
         console = replace(console, read_only=True)
     if getattr(args, "theme", None):
         console = replace(console, theme=args.theme)
-    return replace(config, console=console)
+    config = replace(config, console=console)
+    return watched_from_args(config, args)
+
+
+def watched_from_args(config: Config, args: argparse.Namespace) -> Config:
+    """Add --logs globs to [logs] paths and --checkpoints directories to [[checkpoints]]."""
+    from opsconsole.config import CheckpointDirConfig
+    from opsconsole.sanitize import printable_line
+
+    globs = [glob for glob in getattr(args, "logs", None) or () if glob not in config.logs.paths]
+    for glob in globs:
+        if not glob.strip():
+            raise UsageError("--logs: an empty glob names no file")
+    if globs:
+        paths = config.logs.paths + tuple(dict.fromkeys(os.path.expanduser(glob) for glob in globs))
+        config = replace(config, logs=replace(config.logs, paths=paths))
+    dirs = []
+    for directory in getattr(args, "checkpoints", None) or ():
+        path = os.path.abspath(os.path.expanduser(directory))
+        if not os.path.isdir(path):  # a typo is said now, not as an empty pane
+            why = "no such directory" if not os.path.exists(path) else "not a directory"
+            raise UsageError(printable_line("--checkpoints %s: %s" % (directory, why)))
+        if all(entry.path != path or entry.node is not None for entry in config.checkpoints + tuple(dirs)):
+            dirs.append(CheckpointDirConfig(path=path))
+    if dirs:
+        config = replace(config, checkpoints=config.checkpoints + tuple(dirs))
+    return config
 
 
 # --- commands ----------------------------------------------------------------

@@ -18,6 +18,8 @@ def register(commands, add_node_options) -> None:
         help="an existing directory for the report, or a new FILE.tar.gz in an existing directory (never made, never "
              "overwritten); default: $XDG_STATE_HOME/opsconsole/reports (0700)")
     parser.add_argument("--timeout", metavar="S", type=float, default=10.0, help="give up on a node after S s")
+    parser.add_argument("--logs", metavar="GLOB", nargs="+", action="extend", default=argparse.SUPPRESS,
+                        help="also take the last lines of these log files (globs), beside [logs] paths")
     parser.set_defaults(handler=command_report)
 
 
