@@ -22,6 +22,8 @@ STATE_DOWN = "down"
 STATE_AUTH = "auth"
 STATE_HOSTKEY = "hostkey"
 STATE_FALLBACK = "fallback"
+# Live, but part of what it reports is missing: one of its exporters is down ("node_exporter down").
+STATE_DEGRADED = "degraded"
 NODE_STATES = (
     STATE_CONNECTING,
     STATE_UP,
@@ -30,11 +32,12 @@ NODE_STATES = (
     STATE_AUTH,
     STATE_HOSTKEY,
     STATE_FALLBACK,
+    STATE_DEGRADED,
 )
 # How a node's reason starts when what it sent should have been a frame but failed the checks.
 BAD_FRAME = "bad frame: "
 # States in which the node is delivering fresh frames.
-LIVE_STATES = (STATE_UP, STATE_FALLBACK)
+LIVE_STATES = (STATE_UP, STATE_FALLBACK, STATE_DEGRADED)
 
 
 @dataclass(frozen=True)

@@ -128,3 +128,19 @@ NODE_EXPORTER_GAUGES = (
     "node_boot_time_seconds",
 )
 NODE_EXPORTER_FILESYSTEM = ("node_filesystem_size_bytes", "node_filesystem_free_bytes", "node_filesystem_avail_bytes")
+
+# dcgm-exporter's labels beyond a GPU's own: the host (`Hostname` until 4.x, `hostname` since its
+# commit d5e5f51 "Rename Hostname label to hostname"), a MIG instance, and whose work it runs
+# (the Kubernetes pod mapper's pod/namespace/container, the HPC job mapper's hpc_job).
+LABEL_HOSTNAME_NEW = "hostname"
+LABEL_GPU_I_ID = "GPU_I_ID"
+LABEL_GPU_I_PROFILE = "GPU_I_PROFILE"
+LABEL_POD = "pod"
+LABEL_NAMESPACE = "namespace"
+LABEL_CONTAINER = "container"
+LABEL_HPC_JOB = "hpc_job"
+JOB_LABELS = (LABEL_POD, LABEL_NAMESPACE, LABEL_CONTAINER, LABEL_HPC_JOB)
+# A MIG instance's graphics engine activity (a ratio): its utilisation, as GPU_UTIL is not kept per instance.
+METRIC_GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+# Fields dcgm-exporter keeps per MIG instance (the rest are the parent GPU's, repeated on each instance).
+MIG_INSTANCE_FIELDS = frozenset(("memory_used", "memory_free", "memory_reserved"))
