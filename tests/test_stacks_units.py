@@ -315,3 +315,20 @@ def test_ranks_are_found_by_environment_without_launcher_wrapper_or_forked_worke
     finally:
         os.killpg(launcher.pid, 9)
         launcher.wait()
+
+
+def test_a_stopped_process_is_said_to_be_stopped_with_py_spys_own_error_in_one_line(sleeper):
+    if not os.path.exists(PY_SPY):
+        pytest.skip("py-spy is not installed: pip install py-spy")
+    for _ in range(100):  # until its interpreter is up and in its function
+        if read([json.dumps(line) + "\n" for line in run_helper({"pids": [sleeper.pid]})]).ranks:
+            break
+    os.kill(sleeper.pid, 19)  # SIGSTOP: what ctrl-z or a debugger leaves
+    try:
+        answer = read([json.dumps(line) + "\n" for line in run_helper({"pids": [sleeper.pid]})])
+    finally:
+        os.kill(sleeper.pid, 18)
+    reason = answer.errors[0].reason
+    assert reason.startswith("the process is stopped (state T") and "kill -CONT" in reason
+    said = reason.split("(py-spy said: ", 1)[1]
+    assert said.startswith("Failed to") and "backtrace" not in said and "␤" not in said  # its Error line and causes

@@ -142,17 +142,23 @@ def _number(value: Any) -> float:
 def why_dump_failed(answer: Mapping[str, Any], head: Mapping[str, Any], timeout: float) -> str:
     """A failed dump's reason for people, with the fix (py-spy missing, ptrace refused, a timeout)."""
     status = answer.get("status")
-    stderr = _text(answer.get("stderr"), 2000)
-    said = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+    raw = answer.get("stderr")
+    stderr = raw[:4000] if isinstance(raw, str) else ""
+    said = printable_line(py_spy_error(stderr))
+    state = answer.get("state") if answer.get("state") in ("D", "T", "t", "Z") else None
     if status == "no-py-spy":
         looked = head.get("looked_in")
         places = ", ".join(_text(p, 200) for p in looked[:8]) if isinstance(looked, list) else "PATH"
         return "py-spy not found (looked in %s): %s" % (places, PY_SPY_FIX)
     if status == "timeout":
-        return ("py-spy gave no stack within %g s (a process in uninterruptible I/O, D state, cannot be "
-                "attached; see /proc/PID/stack)" % timeout)
-    if status == "gone":
+        return ("py-spy gave no stack within %g s%s (a process in uninterruptible I/O, state D, cannot be "
+                "attached: cat /proc/PID/stack shows where the kernel holds it)"
+                % (timeout, " and the process is in state D" if state == "D" else ""))
+    if status == "gone" or state == "Z":
         return "the process exited before its stack was read"
+    if state in ("T", "t"):
+        return ("the process is stopped (state %s: SIGSTOP, ctrl-z or a debugger holds it), so py-spy cannot "
+                "suspend it: kill -CONT it, or detach the debugger (py-spy said: %s)" % (state, said or "nothing"))
     lowered = stderr.lower()
     if "permission denied" in lowered or "operation not permitted" in lowered or "ptrace" in lowered:
         scope = _int(head.get("ptrace_scope"), 0, 3)
@@ -165,6 +171,22 @@ def why_dump_failed(answer: Mapping[str, Any], head: Mapping[str, Any], timeout:
     if "failed to find python version" in lowered or "python interpreter" in lowered:
         return "not a Python process py-spy can read: %s" % (said or "py-spy failed")
     return "py-spy failed (exit %s): %s" % (answer.get("exit"), said or "no message")
+
+
+def py_spy_error(stderr: str) -> str:
+    """py-spy's error in one line: `Error: X` and its `Caused by` chain, without the backtrace."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if line.startswith("Error")), None)
+    if start is None:
+        return lines[-1] if lines else ""
+    parts = [lines[start][len("Error"):].lstrip(": ").strip()]
+    for line in lines[start + 1:]:
+        if line.startswith("Stack backtrace"):
+            break
+        if line.startswith("Caused by"):
+            continue
+        parts.append(line.split(": ", 1)[1] if line[:1].isdigit() and ": " in line else line)
+    return ": ".join(part for part in parts if part)[:MAX_NOTE_CHARS]
 
 
 def rank_of(node: str, answer: Mapping[str, Any], head: Mapping[str, Any], timeout: float) -> Tuple[Optional[RankStack], Optional[StackError]]:

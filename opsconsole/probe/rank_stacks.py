@@ -83,12 +83,23 @@ def environ_of(pid):
     return found
 
 
-def parent_of(pid):
+def stat_fields(pid):
+    """/proc/PID/stat after the name: [state, ppid, ...] ([] when unreadable)."""
     data = read_bounded("/proc/%d/stat" % pid, 4096)
     if not data:
-        return None
-    fields = data[data.rfind(b")") + 2:].split()  # the name in (...) may hold spaces and parentheses
+        return []
+    return data[data.rfind(b")") + 2:].split()  # the name in (...) may hold spaces and parentheses
+
+
+def parent_of(pid):
+    fields = stat_fields(pid)
     return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def state_of(pid):
+    """The process state letter (R, S, D, T, Z, ...), None when unreadable."""
+    fields = stat_fields(pid)
+    return fields[0].decode("ascii", "replace")[:1] if fields else None
 
 
 def cmdline_of(pid):
@@ -269,6 +280,8 @@ def dump_one(py_spy, rank, native, timeout):
     )
     if status == "ok" and not os.path.exists("/proc/%d" % pid):
         answer["status"] = "gone"
+    if status != "ok":
+        answer["state"] = state_of(pid)  # D (uninterruptible I/O) or T (stopped) explain a failed dump
     return answer
 
 
