@@ -178,6 +178,8 @@ class SourceConfig:
     rate_window: str = "1m"  # range of rate() over node-exporter counters
     slow_every: int = 6  # names, limits, ECC, file systems: every N refreshes
     stale_after: Optional[float] = None  # None: 3 x max(scrape interval seen, interval) + 2 s
+    # "ADDRESS_OR_NAME=NODE": names a host whose exporters say no usable name (see sources/node_identity.py).
+    node_names: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -631,7 +633,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "alerting": ("builtin_rules", "bell", "toast", "hook", "hook_timeout_s"),
     "sources": (
         "kind", "name", "url", "bearer_token_file", "ca_file", "node_labels", "gpu_label", "interval",
-        "timeout", "telemetry", "nodes", "selector", "rate_window", "slow_every", "stale_after",
+        "timeout", "telemetry", "nodes", "selector", "rate_window", "slow_every", "stale_after", "node_names",
         "insecure_skip_verify",
     ),
 }
@@ -1116,6 +1118,10 @@ class _Checker:
                     nodes.extend(expand_hostlist(pattern, allow_duplicates=True))
                 except ValueError as exc:
                     self.fail(entry_path + ("nodes", pattern_index), str(exc))
+            node_names = self.strings(entry, entry_path, "node_names", ())
+            for name_index, entry_text in enumerate(node_names):
+                if not re.fullmatch(r"[^=\s]{1,253}=[^=\s]{1,253}", entry_text):
+                    self.fail(entry_path + ("node_names", name_index), 'expected "ADDRESS=NODE" like "10.0.0.5=gpu-a", got %s' % _show(entry_text))
             interval = self.number(entry, entry_path, "interval", 0.0, low=MIN_INTERVAL_S, most=MAX_INTERVAL_S) if "interval" in entry else None
             stale_after = self.number(entry, entry_path, "stale_after", 0.0, above=0, most=MAX_TIMEOUT_S) if "stale_after" in entry else None
             sources.append(SourceConfig(
@@ -1134,6 +1140,7 @@ class _Checker:
                 rate_window=window,
                 slow_every=self.integer(entry, entry_path, "slow_every", d.slow_every, low=1, most=10_000),
                 stale_after=stale_after,
+                node_names=node_names,
             ))
         return tuple(sources)
 
