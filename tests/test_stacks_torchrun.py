@@ -255,3 +255,13 @@ async def _wait(pilot, predicate, timeout: float = 60.0):
             return value
         await pilot.pause(0.05)
     raise AssertionError("condition not met within %g s" % timeout)
+
+
+def test_native_frames_on_request_keep_rank_1_odd(hung_job, tmp_path):
+    ranks = hung_job["ranks"]
+    result = run_stacks("--config", str(local_config(tmp_path)), "--native", "--pid", str(ranks[0]), "--pid", str(ranks[1]))
+    rank1 = next(entry for entry in result["ranks"] if entry["pid"] == ranks[1])
+    functions = [frame["function"] for frame in rank1["frames"]]
+    assert "stuck_before_all_reduce" in functions
+    assert functions.index("stuck_before_all_reduce") > 0  # native frames (the sleep in libc) inside it
+    assert result["odd"] == [1]
