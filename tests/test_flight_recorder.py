@@ -131,6 +131,13 @@ def test_missing_ranks_and_host_names_are_tolerated(tmp_path):
     assert document["missing_ranks"] == [2] and [d["host"] for d in document["dumps"]] == ["gpu07", "gpu07", "gpu08"]
 
 
+def test_one_host_before_torchs_own_file_name(tmp_path):
+    for rank, trace in enumerate(world(2)):
+        (tmp_path / ("gpu07_nccl_trace_rank_%d" % rank)).write_bytes(pickle.dumps(trace, protocol=2))
+    files, _ = dump_files(str(tmp_path))
+    assert [(r, h) for _, r, h in files] == [(0, "gpu07"), (1, "gpu07")]
+
+
 def test_an_unfinished_collective_that_everyone_joined_is_stuck(tmp_path):
     traces = dict(enumerate(world(2)))
     for rank in (0, 1):

@@ -152,8 +152,14 @@ def run_report(result) -> str:
     start = verdict.finding
     out.append("Root cause: %s [%s, %s]" % (start.title, verdict.category, start.severity))
     rank = "rank %d" % verdict.rank if verdict.rank is not None else "an unknown rank"
-    out.append("Started on %s, in %s line %d: %s" % (rank, printable_line(result.file_of(start) or "?"), start.line,
-                                                  _one_line(start.excerpt)))
+    if verdict.watchdog is not None and start.rank is not None and verdict.rank != start.rank:
+        # The watchdog lines name the rank that never got there; the first line is a waiting rank's.
+        out.append("Started on %s (it never reached the collective the others waited in); first seen on rank %d, "
+                   "in %s line %d: %s" % (rank, start.rank, printable_line(result.file_of(start) or "?"), start.line,
+                                          _one_line(start.excerpt)))
+    else:
+        out.append("Started on %s, in %s line %d: %s" % (rank, printable_line(result.file_of(start) or "?"), start.line,
+                                                      _one_line(start.excerpt)))
     if verdict.watchdog is not None:
         out.append(printable_line(verdict.watchdog.text))
     if start.evidence == "inferred":

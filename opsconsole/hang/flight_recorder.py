@@ -119,6 +119,9 @@ def _dump_files_in(directory: str, prefix: Optional[str], folder_host: Optional[
         stem = os.path.basename(prefix)
     elif len(set(befores)) <= 1:
         stem = befores[0] if befores else ""
+        default_stem = os.path.basename(DEFAULT_DUMP_PREFIX)  # "gpu07_nccl_trace_rank_": torch's name, a host before it
+        if stem.endswith(default_stem) and stem[: -len(default_stem)][-1:] in tuple(SEPARATORS):
+            stem = default_stem
     else:
         stem = _trim_to_separator(_common_suffix(befores), befores)
     dumps: List[Tuple[str, int, Optional[str]]] = []
