@@ -16,14 +16,14 @@ from __future__ import annotations
 import errno
 import os
 import stat as stat_module
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from opsconsole.checkpoints.zipmeta import Reader
 
 
-@dataclass(frozen=True)
-class FileStat:
+# Immutable tuples rather than frozen dataclasses: a listing makes one of each per file, and a
+# frozen dataclass costs ~4x a tuple to build (benchmarks/checkpoint_hf_units.py).
+class FileStat(NamedTuple):
     """lstat-like facts about one path."""
 
     size: int
@@ -33,8 +33,7 @@ class FileStat:
     is_file: bool
 
 
-@dataclass(frozen=True)
-class DirItem:
+class DirItem(NamedTuple):
     """One name in a directory with its lstat."""
 
     name: str
@@ -98,20 +97,28 @@ def not_regular(path: str, mode: int) -> OSError:
 
 def open_regular(path: str) -> int:
     """A read descriptor of a regular file; OSError for anything else, without blocking or following a link."""
+    return open_regular_sized(path)[0]
+
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+
+
+def open_regular_sized(path: str) -> Tuple[int, int]:
+    """(descriptor, size) of a regular file, as open_regular opens it."""
     mode = os.lstat(path).st_mode
     if not stat_module.S_ISREG(mode):
         raise not_regular(path, mode)
     # Swapped for a FIFO after the lstat: O_NONBLOCK opens it without waiting, the fstat refuses it.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
+    fd = os.open(path, _OPEN_FLAGS)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat_module.S_ISREG(mode):
-            raise not_regular(path, mode)
-        os.set_blocking(fd, True)
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            raise not_regular(path, st.st_mode)
+        os.set_blocking(fd, True)  # a FUSE or network file system may honour O_NONBLOCK on a regular file
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st.st_size
 
 
 def _file_stat(st: os.stat_result) -> FileStat:
@@ -130,12 +137,15 @@ class LocalFileSystem(FileSystem):
 
     def listdir(self, path: str) -> List[DirItem]:
         items = []
+        is_dir, is_link, is_file = stat_module.S_ISDIR, stat_module.S_ISLNK, stat_module.S_ISREG
         with os.scandir(path) as it:
             for entry in it:
                 try:
-                    items.append(DirItem(entry.name, _file_stat(entry.stat(follow_symlinks=False))))
+                    st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # deleted between readdir and stat
+                mode = st.st_mode
+                items.append(DirItem(entry.name, FileStat(st.st_size, st.st_mtime, is_dir(mode), is_link(mode), is_file(mode))))
         return items
 
     def stat(self, path: str) -> FileStat:
@@ -153,15 +163,27 @@ class LocalFileSystem(FileSystem):
     def run_reader(self, path: str, make_reader) -> object:
         from opsconsole.checkpoints.zipmeta import drive_local
 
-        fd = open_regular(path)
+        fd, size = open_regular_sized(path)
         try:
-            return drive_local(make_reader(os.fstat(fd).st_size), fd)
+            return drive_local(make_reader(size), fd)
         finally:
             os.close(fd)
 
     def read_file(self, path: str, limit: int) -> bytes:
-        with os.fdopen(open_regular(path), "rb") as f:
-            return f.read(limit)
+        fd = open_regular(path)
+        try:
+            # os.read on the descriptor: a buffered file object costs more than a small JSON file's read.
+            chunks = []
+            left = limit
+            while left > 0:
+                chunk = os.read(fd, min(left, (1 << 20) if chunks else (1 << 16)))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        finally:
+            os.close(fd)
 
     def statvfs(self, path: str) -> Tuple[Optional[int], Optional[int]]:
         st = os.statvfs(path)

@@ -158,13 +158,23 @@ def _is_checked_weight(rel: str, fmt: str) -> bool:
 
 def read_unit_dir(fs: FileSystem, path: str, name: str, kind: layouts.DirKind, children: List[DirItem],
                   cache: ResultCache) -> Tuple[formats.ReadResult, int, float, Tuple[str, ...]]:
-    """(result, total bytes, newest mtime, member files) of one checkpoint directory."""
+    """(result, total bytes, newest mtime, member files) of one checkpoint directory.
+
+    The record is built once from what each file says (one dict of fields, one CheckpointMeta):
+    a listing of many HF units was dominated by copies of the records (dataclasses.replace),
+    not by reading their files (benchmarks/checkpoint_hf_units.py).
+    """
     walked, cut = _walk_unit(fs, path, children)
-    files = {rel: st.size for rel, st in walked}
-    size = sum(files.values())
-    mtime = max([st.mtime for _, st in walked] or [0.0])
-    members = tuple(rel for rel, _ in walked)
-    signature = (kind, cut) + tuple((rel, st.size, st.mtime) for rel, st in walked)
+    files: Dict[str, int] = {}
+    size = 0
+    mtime = 0.0
+    for rel, st in walked:
+        files[rel] = st.size
+        size += st.size
+        if st.mtime > mtime:
+            mtime = st.mtime
+    members = tuple(files)
+    signature = (kind, cut, tuple((rel, st.size, st.mtime) for rel, st in walked))
     cached = cache.get(fs.node, path, signature)
     if cached is not None:
         return cached, size, mtime, members
@@ -172,8 +182,8 @@ def read_unit_dir(fs: FileSystem, path: str, name: str, kind: layouts.DirKind, c
     integrities: List[str] = []
     unreadable: Optional[str] = None
     top = {rel: files[rel] for rel in files if "/" not in rel}
-    meta = formats.dir_meta(kind.format if kind.format in (FORMAT_DCP, FORMAT_HF) else FORMAT_HF, name, top)
     fmt = kind.format
+    fields = formats.dir_meta_fields(fmt if fmt in (FORMAT_DCP, FORMAT_HF) else FORMAT_HF, name, top)
     if cut:
         problems.append("over %d files: members listed in part" % MAX_UNIT_FILES)
     if ".metadata" in files or fmt == FORMAT_DCP:
@@ -191,21 +201,24 @@ def read_unit_dir(fs: FileSystem, path: str, name: str, kind: layouts.DirKind, c
             if dcp.problem:
                 problems.append(dcp.problem)
             unreadable = dcp.unreadable
-            meta = replace(meta, details=dcp.meta.details, top_keys=dcp.meta.top_keys, tensor_count=dcp.meta.tensor_count,
-                           tensor_bytes=dcp.meta.tensor_bytes)
+            fields.update(details=dcp.meta.details, top_keys=dcp.meta.top_keys, tensor_count=dcp.meta.tensor_count,
+                          tensor_bytes=dcp.meta.tensor_bytes)
     if fmt == FORMAT_HF:
         if "trainer_state.json" in files:
             try:
                 text = fs.read_file(join(fs, path, "trainer_state.json"), formats.MAX_JSON_BYTES)
-                state_meta, problem = formats.trainer_state_meta(text)
+                state, problem = formats.trainer_state_fields(text)
             except OSError as exc:
-                state_meta, problem = CheckpointMeta(), "trainer_state.json: %s" % (exc.strerror or exc)
+                state, problem = {}, "trainer_state.json: %s" % (exc.strerror or exc)
             if problem:
                 problems.append(problem)
                 unreadable = "could not read: %s" % problem
-            meta = replace(state_meta, step=state_meta.step if state_meta.step is not None else meta.step,
-                           details=state_meta.details + meta.details, has_optimizer=meta.has_optimizer,
-                           has_scheduler=meta.has_scheduler)
+            # What trainer_state.json records, with the step from the name when it records none.
+            state["step"] = state["step"] if state.get("step") is not None else fields.get("step")
+            state["details"] = state.get("details", ()) + fields["details"]
+            state["has_optimizer"] = fields["has_optimizer"]
+            state["has_scheduler"] = fields["has_scheduler"]
+            fields = state
         else:
             integrities.append(INTEGRITY_TRUNCATED)
             problems.append("no trainer_state.json: an incomplete save (the Trainer writes it last)")
@@ -214,12 +227,12 @@ def read_unit_dir(fs: FileSystem, path: str, name: str, kind: layouts.DirKind, c
         integrities.extend(checked)
         summary = formats.safetensors_state(safetensors)
         if summary is not None:
-            meta = replace(meta, state_dict=summary, tensor_count=summary.keys, tensor_bytes=summary.bytes)
+            fields.update(state_dict=summary, tensor_count=summary.keys, tensor_bytes=summary.bytes)
     if fmt == FORMAT_DEEPSPEED and not any(layouts.DEEPSPEED_FILE.search(rel.rsplit("/", 1)[-1]) and "model_states" in rel for rel in files):
         integrities.append(INTEGRITY_TRUNCATED)
         problems.append("no *_model_states.pt: an incomplete save")
     integrity = formats.combine_integrity(integrities)
-    result = formats.ReadResult(fmt, meta, integrity, "; ".join(problems) or None, unreadable=unreadable)
+    result = formats.ReadResult(fmt, CheckpointMeta(**fields), integrity, "; ".join(problems) or None, unreadable=unreadable)
     cache.put(fs.node, path, signature, result)
     return result, size, mtime, members
 
