@@ -1021,7 +1021,7 @@ class _Checker:
         )
 
     def section_alerts(self, value: Any) -> Tuple[AlertRuleConfig, ...]:
-        from opsconsole.alerts.rules import COMPARISONS, METRICS, SEVERITIES
+        from opsconsole.alert_names import COMPARISONS, METRICS, SEVERITIES
 
         path: KeyPath = ("alerts",)
         rules: List[AlertRuleConfig] = []

@@ -43,3 +43,15 @@ def private_state_home():
 @pytest.fixture
 def fixtures_dir() -> Path:
     return FIXTURES
+
+
+# Tests that train or launch with the real training libraries (Lightning, Hugging Face, accelerate, DCP,
+# torchrun): marked `libraries`, so scripts/test runs and times them apart from the rest of the suite.
+LIBRARY_FIXTURES = {"lightning_run", "hf_run", "accelerate_run", "dcp_run", "demo_run", "hung_job", "gloo_dumps"}
+LIBRARY_FILES = {"test_checkpoints_libraries.py", "test_diagnosis_torchrun.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if LIBRARY_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name in LIBRARY_FILES:
+            item.add_marker(pytest.mark.libraries)

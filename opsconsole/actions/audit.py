@@ -28,14 +28,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from opsconsole.config import ActionsConfig
 from opsconsole.sanitize import printable_json
 
-OUTCOME_CONFIRMED = "confirmed"
-OUTCOME_CANCELLED = "cancelled"
-OUTCOME_REFUSED = "refused"
-OUTCOME_FAILED = "failed"  # confirmed, but carrying it out did not work
-# Actions run by the action runner write two records: the attempt (fsynced before the
-# command starts) and its result, linked by "id". An attempt without a result is a crash.
-OUTCOME_ATTEMPT = "attempt"
-OUTCOME_OK = "ok"  # the command ran and exited 0 (or the signal was delivered)
+from opsconsole.audit_outcomes import (  # noqa: F401 (the writer's vocabulary, imported from here too)
+    OUTCOME_ATTEMPT,
+    OUTCOME_CANCELLED,
+    OUTCOME_CONFIRMED,
+    OUTCOME_FAILED,
+    OUTCOME_OK,
+    OUTCOME_REFUSED,
+)
 
 READ_TAIL_BYTES = 512 * 1024  # the Audit pane reads at most this much of the file's end
 

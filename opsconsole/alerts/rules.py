@@ -11,6 +11,7 @@ import operator
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
+from opsconsole import alert_names
 from opsconsole.history import gpu_values
 from opsconsole.model import STATE_DOWN, STATE_AUTH, STATE_HOSTKEY, GpuSample, NodeState
 
@@ -22,7 +23,7 @@ COMPARISONS: Dict[str, Callable[[float, float], bool]] = {
     "==": operator.eq,
     "!=": operator.ne,
 }
-SEVERITIES = ("info", "warning", "critical")
+SEVERITIES = alert_names.SEVERITIES
 
 
 def _gpu_ecc(gpu: GpuSample) -> Optional[float]:
@@ -89,6 +90,8 @@ NODE_METRICS: Dict[str, Callable[[NodeState], Optional[float]]] = {
     "node.unreachable": _unreachable,
 }
 METRICS = tuple(GPU_METRICS) + tuple(NODE_METRICS)
+if METRICS != alert_names.METRICS or tuple(COMPARISONS) != alert_names.COMPARISONS:
+    raise ImportError("alerts.rules and alert_names disagree on the metric or comparison names")
 
 
 @dataclass(frozen=True)

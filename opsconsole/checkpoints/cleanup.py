@@ -22,7 +22,7 @@ import posixpath
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from opsconsole.actions.audit import OUTCOME_CONFIRMED, OUTCOME_FAILED, OUTCOME_OK, OUTCOME_REFUSED
+from opsconsole.audit_outcomes import OUTCOME_CONFIRMED, OUTCOME_FAILED, OUTCOME_OK, OUTCOME_REFUSED
 from opsconsole.checkpoints.access import LOCAL, FileSystem
 from opsconsole.checkpoints.retention import PlanItem, RetentionPlan
 from opsconsole.units import format_bytes

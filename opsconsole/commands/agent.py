@@ -49,7 +49,7 @@ def register(commands, add_node_options) -> None:
 
 
 def command_agent(args: argparse.Namespace) -> int:
-    from opsconsole.cli import UsageError
+    from opsconsole.commands._arguments import UsageError
 
     if args.metrics_port is None:
         if args.bind is not None:

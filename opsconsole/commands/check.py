@@ -44,7 +44,7 @@ def select_nodes(config, names):
     import difflib
     from dataclasses import replace
 
-    from opsconsole.cli import UsageError
+    from opsconsole.commands._arguments import UsageError
 
     if not names:
         return config
@@ -100,12 +100,12 @@ def results_table(results, show_all: bool) -> str:
 
 
 def command_check(args: argparse.Namespace) -> int:
-    from opsconsole.cli import config_from_args, run_without_joining_threads, slurm_follower
+    from opsconsole.commands._arguments import config_from_args, run_without_joining_threads, slurm_follower
     from opsconsole.health.runner import exit_status, result_to_json
 
     config = select_nodes(config_from_args(args), args.node)
     if not config.nodes and not getattr(config, "sources", ()):
-        from opsconsole.cli import UsageError
+        from opsconsole.commands._arguments import UsageError
 
         raise UsageError("check: no nodes configured")
     results = run_without_joining_threads(gather_results(config, args.timeout, args.gpu_tests, args.force, slurm_follower(args), args.level))

@@ -57,7 +57,7 @@ class DirAccess:
 
 def open_dir_access(args: argparse.Namespace) -> DirAccess:
     """Check DIR (and --node) and return how to reach it; UsageError for a bad one."""
-    from opsconsole.cli import UsageError, config_from_args
+    from opsconsole.commands._arguments import UsageError, config_from_args
 
     root = args.dir
     if not root or not root.strip():

@@ -122,7 +122,7 @@ def command_cleanup(args: argparse.Namespace) -> int:
     from opsconsole.actions.audit import OUTCOME_CANCELLED, OUTCOME_REFUSED, AuditLog, audit_path
     from opsconsole.checkpoints.cleanup import execute_plan, plan_directory
     from opsconsole.checkpoints.scan import scan_directory
-    from opsconsole.cli import UsageError, config_from_args
+    from opsconsole.commands._arguments import UsageError, config_from_args
     from opsconsole.commands.checkpoints import open_dir_access, write_out
 
     config = config_from_args(args)

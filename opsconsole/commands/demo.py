@@ -91,7 +91,7 @@ def demo_links(config, recording: Optional[Path]) -> List:
 
 
 def command_demo(args: argparse.Namespace) -> int:
-    from opsconsole.cli import UsageError
+    from opsconsole.commands._arguments import UsageError
     from opsconsole.config import load_config
 
     if args.ranks < 1:

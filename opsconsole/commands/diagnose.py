@@ -51,7 +51,7 @@ def register(commands, add_node_options) -> None:
 
 
 def command_diagnose(args: argparse.Namespace) -> int:
-    from opsconsole.cli import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE, UsageError
+    from opsconsole.commands._arguments import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE, UsageError
 
     files: List[str] = list(args.files)
     if getattr(args, "run", False):
@@ -86,7 +86,7 @@ def command_diagnose(args: argparse.Namespace) -> int:
 
 
 def _command_run(args: argparse.Namespace, names: List[str]) -> int:
-    from opsconsole.cli import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE
+    from opsconsole.commands._arguments import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE
     from opsconsole.diagnosis.run import diagnose_run
 
     missing = [name for name in names if not os.path.exists(name)]

@@ -38,7 +38,7 @@ def register(commands: Any, add_node_options: Callable[[argparse.ArgumentParser]
 
 
 def command_fr(args: argparse.Namespace) -> int:
-    from opsconsole.cli import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE, UsageError
+    from opsconsole.commands._arguments import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE, UsageError
     from opsconsole.hang.flight_recorder import analyse_dir, analysis_json
 
     if not os.path.isdir(args.directory):

@@ -95,7 +95,7 @@ def command_record(args: argparse.Namespace) -> int:
 
     import sqlite3
 
-    from opsconsole.cli import UsageError, config_from_args
+    from opsconsole.commands._arguments import UsageError, config_from_args
     from opsconsole.config import MAX_INTERVAL_S, MAX_RECORD_MB, MIN_INTERVAL_S
     from opsconsole.recording.store import RecordingError
     from opsconsole.sanitize import printable_line

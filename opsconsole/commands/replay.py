@@ -22,7 +22,7 @@ def register(commands, add_node_options) -> None:
 def command_replay(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from opsconsole.cli import UsageError, config_from_args, console_theme
+    from opsconsole.commands._arguments import UsageError, config_from_args, console_theme
     from opsconsole.recording.replay import SPEEDS, ReplayFleet
     from opsconsole.recording.seek import SeekError, offset_seconds, offset_text
     from opsconsole.recording.store import RecordingError

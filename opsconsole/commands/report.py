@@ -24,7 +24,7 @@ def register(commands, add_node_options) -> None:
 
 
 def command_report(args: argparse.Namespace) -> int:
-    from opsconsole.cli import UsageError, config_from_args, run_without_joining_threads
+    from opsconsole.commands._arguments import UsageError, config_from_args, run_without_joining_threads
     from opsconsole.report.builder import ReportDestinationError, default_report_dir, report_destination, write_report
     from opsconsole.report.gather import gather
 

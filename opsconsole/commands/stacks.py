@@ -52,7 +52,7 @@ def chosen_nodes(config, names):
     """The config's nodes, or only `names` (UsageError naming an unknown one)."""
     from dataclasses import replace
 
-    from opsconsole.cli import UsageError
+    from opsconsole.commands._arguments import UsageError
 
     if not names:
         return config
@@ -78,7 +78,7 @@ async def gather_stacks(config, pids, native: bool, timeout: float):
 
 
 def command_stacks(args: argparse.Namespace) -> int:
-    from opsconsole.cli import UsageError, config_from_args, run_without_joining_threads
+    from opsconsole.commands._arguments import UsageError, config_from_args, run_without_joining_threads
     from opsconsole.hang.stacks import StacksReport, report_text
 
     config = chosen_nodes(config_from_args(args), args.node)
