@@ -42,6 +42,7 @@ from simulated_nodes import make_keys, write_known_hosts  # noqa: E402
 NODES = 8
 RANKS_PER_NODE = 8
 ODD_RANK = 37
+WARM_RUNS = 5
 PY_SPY = os.path.join(os.path.dirname(sys.executable), "py-spy")
 
 C10D = textwrap.dedent('''
@@ -175,7 +176,7 @@ async def measure(ports, keys, pids_by_node):
         cold = await collect_stacks(links, pids_by_node)
         cold_s = time.perf_counter() - started
         warm_runs = []
-        for _ in range(3):
+        for _ in range(WARM_RUNS):
             started = time.perf_counter()
             warm = await collect_stacks(links, pids_by_node)
             warm_runs.append(time.perf_counter() - started)
@@ -239,6 +240,8 @@ def main() -> int:
     print("  ratio ours / py-spy per process: %.1fx; ours / sequential py-spy: %.2fx" % (
         warm_s / per_process, warm_s / sequential_s))
     print("  rank search by environment (all of /proc, %d found of ours): %.1f ms" % (len(found), search_s * 1000))
+    print("  load average while measured: %.2f (%d cores; every simulated node's dumps share them)" % (
+        os.getloadavg()[0], os.cpu_count() or 0))
     print("  target <= 2 s for 64 ranks: %s" % ("met" if warm_s <= 2.0 else "NOT met"))
     assert warm.odd == [ODD_RANK], warm.odd
     return 0
