@@ -83,7 +83,7 @@ def _exporter_kind(metric: str) -> Optional[str]:
 
 
 def _target_words(key: Tuple[str, str], target: _Target) -> str:
-    what = target.kind or "job %s" % key[0]
+    what = target.kind or key[0] or "target"  # a target never up said nothing: its job names it
     where = "instance=%s" % key[1]
     return "%s down (%s%s)" % (what, where, ": " + target.error if target.error else ", up == 0")
 
