@@ -25,6 +25,7 @@ from opsconsole.hang.flight_recorder import (
     KIND_DTYPE, KIND_NOT_JOINED, KIND_OP, KIND_SIZE, KIND_STUCK, analyse_dir, analysis_json, dump_files, dump_locations,
     summary_text,
 )
+from tests.sshd import ssh_client, sshd_factory  # noqa: F401  (pytest fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "flight_recorder"
@@ -347,4 +348,34 @@ async def test_a_pipe_with_no_reader_is_said_so(tmp_path):
     assert any("no reader on the pipe" in why for why in whys) and any("No such file" in why for why in whys)
 
 
-from tests.sshd import ssh_client, sshd_factory  # noqa: E402,F401
+
+async def test_collect_by_rank_pids_reads_each_ranks_own_environment(tmp_path, sshd_factory):
+    from opsconsole.config import NodeConfig, SshConfig
+    from opsconsole.nodes.ssh import SshLink
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    shutil.copy(PIPE_DUMP, dumps / "trace_rank_3")
+    env = {**os.environ, "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(dumps / "trace_rank_")}
+    plain = {key: value for key, value in os.environ.items() if not key.startswith("TORCH_")}
+    ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=e) for e in (env, plain)]
+    try:
+        here = tmp_path / "here"
+        collected = await fr.collect_dumps(None, [], str(here), host="gpu01", wait_s=0.2,
+                                           rank_pids=[(ranks[0].pid, 3), (ranks[1].pid, 4)])
+        assert [os.path.relpath(p, here) for p in collected.saved] == ["gpu01/trace_rank_3"]
+        assert [(rank, "keeps no flight recorder" in why) for rank, why in collected.problems] == [(4, True)]
+        server = sshd_factory.start()
+        link = SshLink(NodeConfig(name="gpu02", host=server.address, port=server.port),
+                       SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2), 0.3)
+        try:
+            remote = await fr.collect_dumps(link, [], str(tmp_path / "remote"), host="gpu02", wait_s=0.2,
+                                            rank_pids=[(ranks[0].pid, 3)])
+        finally:
+            await link.close()
+        assert remote.problems == () and Path(remote.saved[0]).read_bytes() == PIPE_DUMP.read_bytes()
+        assert analyse_dir(str(tmp_path / "remote")).dumps[0].host == "gpu02"
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait()

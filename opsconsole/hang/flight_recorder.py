@@ -485,6 +485,32 @@ def mtime(path):
         return st.st_mtime if stat.S_ISREG(st.st_mode) else None
     except OSError:
         return None
+def first(env, names):
+    for name in names:
+        if env.get(name):
+            return env[name]
+    return None
+for item in spec.get("pids", []):  # where each rank writes, from its own environment
+    env = {}
+    try:
+        with open("/proc/%d/environ" % int(item["pid"]), "rb") as handle:
+            raw = handle.read(262144)
+        for part in raw.split(b"\0"):
+            name, _, value = part.decode("utf-8", "replace").partition("=")
+            env[name] = value[:4096]
+    except (OSError, ValueError) as exc:
+        print(json.dumps({"rank": item["rank"], "path": "/proc/%s/environ" % item["pid"], "error": getattr(exc, "strerror", None) or str(exc)}), flush=True)
+        continue
+    try:
+        size = int(first(env, BUFFER_VARS) or "0")
+    except ValueError:
+        size = 0
+    if size <= 0:
+        print(json.dumps({"rank": item["rank"], "path": "pid %s" % item["pid"], "error": "keeps no flight recorder (%s unset or 0)" % BUFFER_VARS[0]}), flush=True)
+        continue
+    pipe = first(env, PIPE_VARS)
+    spec["ranks"].append({"rank": item["rank"], "dump_file": "%s%d" % (first(env, DUMP_VARS) or DEFAULT_PREFIX, item["rank"]),
+                          "pipe_file": "%s%d.pipe" % (pipe, item["rank"]) if pipe else None})
 before = {}
 for item in spec["ranks"]:
     before[item["dump_file"]] = mtime(item["dump_file"])
@@ -549,16 +575,24 @@ def _safe_name_part(text: str) -> str:
 
 async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir: str, host: str,
                         trigger: bool = True, wait_s: float = 10.0, max_bytes: int = 64 * 1024 * 1024,
-                        max_total: int = 256 * 1024 * 1024, python: str = "python3") -> Collected:
+                        max_total: int = 256 * 1024 * 1024, python: str = "python3",
+                        rank_pids: Sequence[Tuple[int, int]] = ()) -> Collected:
     """Ask the ranks for dumps through their FIFOs (when `trigger`), then copy each dump file here.
+
+    The ranks are `locations` (from dump_locations) and/or `rank_pids`, (pid, rank) pairs whose
+    dump locations the node reads from each process's own /proc/PID/environ (what the stacks side
+    finds: the ranks' pids); a rank that keeps no flight recorder is a problem saying so.
 
     Over the node's SSH connection when `link` has `run_command`, else as a local process. Files
     land in `dest_dir/<host>/` under their own names (ending in the rank), ready for analyse_dir.
     Sizes are bounded per file and in all; a file not brought back is a (rank, why) problem.
     """
     spec = {"ranks": [{"rank": item.rank, "dump_file": item.dump_file, "pipe_file": item.pipe_file} for item in locations],
+            "pids": [{"pid": int(pid), "rank": int(rank)} for pid, rank in rank_pids],
             "trigger": bool(trigger), "wait_s": float(wait_s), "max_bytes": int(max_bytes), "max_total": int(max_total)}
-    argv = [python, "-c", _REMOTE_COLLECT, json.dumps(spec)]
+    script = "BUFFER_VARS, DUMP_VARS, PIPE_VARS, DEFAULT_PREFIX = %r, %r, %r, %r\n%s" % (
+        BUFFER_SIZE_VARS, DUMP_FILE_VARS, PIPE_FILE_VARS, DEFAULT_DUMP_PREFIX, _REMOTE_COLLECT)
+    argv = [python, "-c", script, json.dumps(spec)]
     timeout = wait_s + 60.0
     if link is not None and hasattr(link, "run_command"):
         status, out, err = await link.run_command(argv, timeout=timeout)
@@ -570,10 +604,10 @@ async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir:
         status, out, err = process.returncode, raw_out.decode("utf-8", "replace"), raw_err.decode("utf-8", "replace")
     saved: List[str] = []
     problems: List[Tuple[int, str]] = []
-    limit_chars = (max_total * 4) // 3 + 1024 * len(locations) + 4096
+    limit_chars = (max_total * 4) // 3 + 1024 * (len(locations) + len(rank_pids)) + 4096
     if len(out) > limit_chars:
-        return Collected((), tuple((item.rank, "the node sent more than asked for") for item in locations))
-    ranks = {item.rank for item in locations}
+        return Collected((), tuple((rank, "the node sent more than asked for") for rank in sorted(ranks)))
+    ranks = {item.rank for item in locations} | {int(rank) for _, rank in rank_pids}
     for line in out.splitlines():
         try:
             message = json.loads(line)
