@@ -283,8 +283,9 @@ class NodeAnswer:
 def helper_argv(python: str) -> List[str]:
     from opsconsole.probe import rank_stacks
 
-    # -I: the node's PYTHON* variables and user site-packages cannot change what runs.
-    return shlex.split(python) + ["-I", "-u", "-c", inspect.getsource(rank_stacks)]
+    # -I: the node's PYTHON* variables and user site-packages cannot change what runs; -S: no site at
+    # all (the helper is stdlib only, and a site with many .pth files costs tens of ms a start).
+    return shlex.split(python) + ["-I", "-S", "-u", "-c", inspect.getsource(rank_stacks)]
 
 
 def request_line(pids: Optional[Sequence[int]], native: bool, timeout: float) -> str:
