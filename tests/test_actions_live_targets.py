@@ -37,7 +37,7 @@ from opsconsole.actions.signals import deliver_signal
 from opsconsole.config import ActionsConfig, Config, ConsoleConfig, NodeConfig
 from opsconsole.model import STATE_UP, ProcessSample
 from opsconsole.nodes.local import LocalLink
-from opsconsole.nodes.replay_link import ReplayLink
+from opsconsole.recording.replay_link import ReplayLink
 
 SHIPPED = Path(__file__).resolve().parents[1] / "examples" / "h200-training.opsrec"
 

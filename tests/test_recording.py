@@ -280,7 +280,7 @@ def test_the_shipped_h200_recording_replays_a_real_training_load():
 
 
 async def test_replay_link_plays_the_recording_as_a_live_looking_node():
-    from opsconsole.nodes.replay_link import ReplayLink
+    from opsconsole.recording.replay_link import ReplayLink
 
     link = ReplayLink("h200-replay", str(SHIPPED))
     seen = []

@@ -82,7 +82,7 @@ def stop_training(proc: subprocess.Popen) -> None:
 def demo_links(config, recording: Optional[Path]) -> List:
     """The local node, and the shipped recording played as a node named after it."""
     from opsconsole.nodes.fleet import build_link
-    from opsconsole.nodes.replay_link import ReplayLink
+    from opsconsole.recording.replay_link import ReplayLink
 
     links = [build_link(node, config, None) for node in config.nodes]
     if recording is not None:

@@ -1,6 +1,6 @@
 """What the fleet gains from issue 8: sources beside links, one node per name, and Slurm following.
 
-Kept apart from opsconsole/nodes/fleet.py (Fleet inherits FleetSources) so the fleet's
+Kept apart from fleet.py (Fleet inherits FleetSources) so the fleet's
 hot path stays small: with no sources and no Slurm job, the only cost is one empty-dict
 test per published state.
 
