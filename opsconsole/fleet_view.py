@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from opsconsole.model import (
     STATE_AUTH,
     STATE_CONNECTING,
+    STATE_DEGRADED,
     STATE_DOWN,
     STATE_FALLBACK,
     STATE_HOSTKEY,
@@ -31,6 +32,7 @@ from opsconsole.model import (
     NodeState,
     ProcessSample,
 )
+from opsconsole.jobs_view import device_jobs, frame_jobs, job_users, marks
 
 Row = TypeVar("Row")
 
@@ -63,6 +65,8 @@ class NodeRow:
     age: Optional[float]  # seconds since the last good frame
     rtt_ms: Optional[float]
     util_trend: Tuple[Optional[float], ...] = ()  # recent mean GPU utilisation, oldest first
+    jobs: Tuple[str, ...] = ()  # whose jobs run on it (opsconsole/jobs_view.py), sorted
+    users: Tuple[str, ...] = ()  # users of its GPU processes and jobs, sorted
 
     @property
     def mem_percent(self) -> Optional[float]:
@@ -112,6 +116,8 @@ def node_row(state: NodeState, now: float, history=None) -> NodeRow:
         age=state.age(now),
         rtt_ms=state.rtt_ms,
         util_trend=_trend(history, state.name),
+        jobs=frame_jobs(frame),
+        users=tuple(sorted({u for p in frame.processes for u in (p.user, p.job_user) if u})) if frame else (),
     )
 
 
@@ -161,6 +167,11 @@ class GpuRow:
     node_state: str
     live: bool
     lost: bool
+    jobs: Tuple[str, ...] = ()  # whose jobs it runs (opsconsole/jobs_view.py), sorted
+    job_users: Tuple[str, ...] = ()
+    marked: bool = False  # runs the followed job (--slurm-job)
+    mig_instance: Optional[int] = None  # a MIG instance's row: its GPU_I_ID (index is its GPU's)
+    mig_profile: Optional[str] = None
 
 
 def processes_on_gpu(frame: NodeFrame, gpu: GpuSample) -> List[ProcessSample]:
@@ -173,8 +184,9 @@ def processes_on_gpu(frame: NodeFrame, gpu: GpuSample) -> List[ProcessSample]:
     ]
 
 
-def cluster_gpu_rows(states: Mapping[str, NodeState], node: Optional[str] = None) -> List[GpuRow]:
-    """Every GPU of every node's (last) frame, nodes in config order, GPUs by index."""
+def cluster_gpu_rows(states: Mapping[str, NodeState], node: Optional[str] = None, job: Optional[str] = None) -> List[GpuRow]:
+    """Every GPU of every node's (last) frame, nodes in config order, GPUs by index, each MIG instance
+    in a row of its own under its GPU; `job` (a followed Slurm job) marks the rows that run it."""
     rows: List[GpuRow] = []
     for state in _selected(states, node):
         frame = state.frame
@@ -204,8 +216,39 @@ def cluster_gpu_rows(states: Mapping[str, NodeState], node: Optional[str] = None
                     node_state=state.state,
                     live=state.is_live,
                     lost=gpu.lost,
+                    jobs=device_jobs(gpu, procs),
+                    job_users=job_users(procs),
+                    marked=marks(device_jobs(gpu, procs), job),
                 )
             )
+            for mig in gpu.mig_devices:
+                mig_procs = [p for p in procs if p.mig_instance == mig.gpu_instance_id]
+                jobs = device_jobs(mig, mig_procs)
+                rows.append(
+                    GpuRow(
+                        key="%s/%d.mig%d" % (state.name, gpu.index, mig.gpu_instance_id),
+                        node=state.name,
+                        index=gpu.index,
+                        name="MIG %s" % (mig.profile or "?"),
+                        util=mig.utilization_gpu,
+                        mem_used=mig.memory_used,
+                        mem_total=mig.memory_total,
+                        mem_percent=mig.memory_percent,
+                        temp=None,
+                        power=None,
+                        power_limit=None,
+                        users=tuple(sorted({p.user or "?" for p in mig_procs})),
+                        process_count=len(mig_procs),
+                        node_state=state.state,
+                        live=state.is_live,
+                        lost=gpu.lost,
+                        jobs=jobs,
+                        job_users=job_users(mig_procs),
+                        marked=marks(jobs, job),
+                        mig_instance=mig.gpu_instance_id,
+                        mig_profile=mig.profile,
+                    )
+                )
     return rows
 
 
@@ -232,6 +275,9 @@ class ProcessRow:
     proc_state: Optional[str]
     node_state: str
     live: bool
+    job_id: Optional[str] = None  # whose job (opsconsole/jobs_view.py): Slurm job id, its user, the container
+    job_user: Optional[str] = None
+    container: Optional[str] = None
 
     @property
     def stuck(self) -> bool:
@@ -270,6 +316,9 @@ def process_rows(states: Mapping[str, NodeState], node: Optional[str], kind: str
                     command=proc.command or proc.name,
                     gpu_index=proc.gpu_index,
                     gpu_memory=proc.gpu_memory_bytes,
+                    job_id=proc.job_id,
+                    job_user=proc.job_user,
+                    container=proc.container,
                     sm_percent=proc.gpu_sm_percent,
                     cpu_percent=proc.cpu_percent,
                     rss=proc.rss_bytes,
@@ -313,6 +362,7 @@ STATE_SEVERITY = {
     STATE_STALE: 3,
     STATE_CONNECTING: 4,
     STATE_FALLBACK: 5,
+    STATE_DEGRADED: 5,
     STATE_UP: 6,
 }
 
@@ -336,6 +386,7 @@ NODE_SORT_KEYS: Dict[str, Callable[[NodeRow], Any]] = {
     "errors": lambda r: r.errors,
     "age": lambda r: r.age,
     "rtt": lambda r: r.rtt_ms,
+    "jobs": lambda r: ",".join(r.jobs) if r.jobs else None,
 }
 
 GPU_SORT_KEYS: Dict[str, Callable[[GpuRow], Any]] = {
@@ -348,6 +399,7 @@ GPU_SORT_KEYS: Dict[str, Callable[[GpuRow], Any]] = {
     "temp": lambda r: r.temp,
     "power": lambda r: r.power,
     "users": lambda r: ",".join(r.users).lower() if r.users else None,
+    "jobs": lambda r: ",".join(r.jobs) if r.jobs else None,
     "node_state": lambda r: state_sort_key(r.node_state),
 }
 
@@ -515,8 +567,9 @@ def _index_text(index: Optional[int]) -> Tuple[Optional[str], ...]:
 
 
 NODE_FILTER = FilterFields(
-    free=lambda r: (r.name, r.state, r.reason),
-    text={"name": lambda r: (r.name,), "node": lambda r: (r.name,), "state": lambda r: (r.state,)},
+    free=lambda r: (r.name, r.state, r.reason) + r.jobs,
+    text={"name": lambda r: (r.name,), "node": lambda r: (r.name,), "state": lambda r: (r.state,),
+          "job": lambda r: r.jobs, "user": lambda r: r.users},
     numbers={
         "util": lambda r: r.util_mean,
         "maxutil": lambda r: r.util_max,
@@ -530,10 +583,11 @@ NODE_FILTER = FilterFields(
 )
 
 GPU_FILTER = FilterFields(
-    free=lambda r: (r.node, r.name, r.node_state) + r.users,
+    free=lambda r: (r.node, r.name, r.node_state) + r.users + r.jobs,
     text={
         "node": lambda r: (r.node,),
-        "user": lambda r: r.users,
+        "user": lambda r: r.users + r.job_users,
+        "job": lambda r: r.jobs,
         "gpu": lambda r: _index_text(r.index),
         "name": lambda r: (r.name,),
         "state": lambda r: (r.node_state,),
@@ -550,7 +604,8 @@ GPU_FILTER = FilterFields(
 PROCESS_FILTER = FilterFields(
     free=lambda r: (r.command, r.name, r.user, str(r.pid), r.node),
     text={
-        "user": lambda r: (r.user,),
+        "user": lambda r: (r.user, r.job_user),
+        "job": lambda r: (r.job_id, r.container),
         "gpu": lambda r: _index_text(r.gpu_index),
         "pid": lambda r: (str(r.pid),),
         "node": lambda r: (r.node,),
