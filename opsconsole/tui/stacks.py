@@ -167,10 +167,11 @@ class StacksScreen(Screen[None]):
             errors.update("")
             return
         verdict.update(verdict_text(report))
+        by_process = {(r.node, r.pid): r for r in report.ranks}
         for index, group in enumerate(report.groups, 1):
             place = where(group.frames)
             for member in group.members:
-                stack = next((r for r in report.ranks if r.node == member.node and r.pid == member.pid), None)
+                stack = by_process.get((member.node, member.pid))
                 if stack is None:
                     continue
                 key = "%s/%d" % (member.node, member.pid)
