@@ -198,6 +198,13 @@ def test_a_node_answer_with_a_good_rank_a_refused_one_and_garbage():
     assert reasons[2] == (14, "the node's helper sent an unknown status")
 
 
+def test_a_process_sent_twice_is_one_rank():
+    line = {"kind": "rank", "pid": 11, "rank": 0, "status": "ok", "stdout": DUMP0}
+    answer = read(answer_lines(HEAD, line, dict(line, rank=5), {"kind": "done", "seconds": 0.1}))
+    assert [(r.pid, r.rank) for r in answer.ranks] == [(11, 0)] and answer.errors == []
+    assert rank_stacks.checked_pids([3, 3, True, "4", 0, 5]) == [3, 5]
+
+
 def test_no_answer_no_ranks_no_py_spy_and_a_cut_answer_are_errors_that_say_so():
     assert read(["bash: python3: command not found\n"]).errors[0].reason == (
         "the stack helper did not answer: bash: python3: command not found")

@@ -227,6 +227,7 @@ class NodeAnswer:
         self.errors: List[StackError] = []
         self.done_s: Optional[float] = None
         self.noise: List[str] = []
+        self._seen: set = set()
 
     def on_line(self, line: str) -> None:
         if len(self.lines) <= MAX_RANKS_PER_NODE + 2:
@@ -249,6 +250,10 @@ class NodeAnswer:
         if kind == "node" and not self.head:
             self.head = answer
         elif kind == "rank" and self.head:
+            pid = answer.get("pid")
+            if isinstance(pid, int) and pid in self._seen:
+                return  # a process once: a second line for it (a hostile node) is not a second rank
+            self._seen.add(pid)
             stack, error = rank_of(self.node, answer, self.head, self.timeout)
             if stack is not None:
                 self.ranks.append(stack)

@@ -298,7 +298,7 @@ def checked_pids(value):
         return None
     pids = []
     for item in value[:MAX_PIDS]:
-        if isinstance(item, int) and not isinstance(item, bool) and 0 < item <= 2 ** 31:
+        if isinstance(item, int) and not isinstance(item, bool) and 0 < item <= 2 ** 31 and item not in pids:
             pids.append(item)
     return pids
 
