@@ -339,3 +339,24 @@ def test_a_stopped_process_is_said_to_be_stopped_with_py_spys_own_error_in_one_l
     assert reason.startswith("the process is stopped (state T") and "kill -CONT" in reason
     said = reason.split("(py-spy said: ", 1)[1]
     assert said.startswith("Failed to") and "backtrace" not in said and "␤" not in said  # its Error line and causes
+
+
+def old_pythons():
+    root = Path(os.path.expanduser("~/.pyenv/versions"))
+    found = sorted(root.glob("3.[678].*/bin/python3")) if root.is_dir() else []
+    return [str(path) for path in found]
+
+
+@pytest.mark.parametrize("python", old_pythons() or [None])
+def test_the_helper_runs_on_an_old_node_python(python, sleeper):
+    if python is None:
+        pytest.skip("no Python 3.6-3.8 under ~/.pyenv here")
+    if not os.path.exists(PY_SPY):
+        pytest.skip("py-spy is not installed: pip install py-spy")
+    for _ in range(100):
+        done = subprocess.run(helper_argv(python), input=json.dumps({"pids": [sleeper.pid], "py_spy": PY_SPY}) + "\n",
+                              capture_output=True, text=True, timeout=60)
+        answer = read(done.stdout.splitlines(keepends=True))
+        if answer.ranks and answer.ranks[0].frames[0].function == "waiting_here":
+            break
+    assert answer.errors == [] and answer.ranks[0].frames[0].function == "waiting_here", done.stderr
