@@ -7,7 +7,6 @@ saving each as the pickle torch writes; hostile files sit beside them and end as
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import pickle

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Generator, List, Tuple
+from typing import Any, Dict, Generator, List, Optional, Tuple
 
 MAX_DUMP_BYTES = 128 * 1024 * 1024  # a 20k-entry buffer with 30-frame stacks is ~20 MB
 MAX_ENTRIES = 200_000

@@ -30,8 +30,8 @@ import shlex
 import stat
 import sys
 from collections import Counter
-from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from opsconsole.checkpoints.fr_dump import (  # noqa: F401  (the records are this module's API too)
     RECORD_TYPES, FrEntry, FrFrame, FrGroup, FrGroupStatus, RankDump, dump_from_bytes, dump_from_value,
@@ -600,14 +600,20 @@ async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir:
         if python == "python3":
             argv[0] = sys.executable
         process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        raw_out, raw_err = await asyncio.wait_for(process.communicate(), timeout)
+        try:
+            raw_out, raw_err = await asyncio.wait_for(process.communicate(), timeout)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+            return Collected((), tuple((rank, "the collector timed out after %g s" % timeout)
+                                       for rank in sorted({item.rank for item in locations} | {r for _, r in rank_pids})))
         status, out, err = process.returncode, raw_out.decode("utf-8", "replace"), raw_err.decode("utf-8", "replace")
     saved: List[str] = []
     problems: List[Tuple[int, str]] = []
+    ranks = {item.rank for item in locations} | {int(rank) for _, rank in rank_pids}
     limit_chars = (max_total * 4) // 3 + 1024 * (len(locations) + len(rank_pids)) + 4096
     if len(out) > limit_chars:
         return Collected((), tuple((rank, "the node sent more than asked for") for rank in sorted(ranks)))
-    ranks = {item.rank for item in locations} | {int(rank) for _, rank in rank_pids}
     for line in out.splitlines():
         try:
             message = json.loads(line)
