@@ -85,7 +85,7 @@ def cleanup_argv(node: str, path: str, keep: int, min_age: float, local: bool) -
 
 
 async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, str]) -> Any:
-    from opsconsole.actions.registry import Plan, Refused
+    from opsconsole.actions.plan import Plan, Refused
     from opsconsole.checkpoints.cleanup import plan_directory
     from opsconsole.checkpoints.scan import scan_directory
 
@@ -133,7 +133,7 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
 
 
 async def run_cleanup(plan: Any, ctx: Any) -> Any:
-    from opsconsole.actions.registry import ActionReport
+    from opsconsole.actions.plan import ActionReport
     from opsconsole.actions.runner import CommandResult
     from opsconsole.checkpoints.cleanup import execute_plan
 

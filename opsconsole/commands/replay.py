@@ -52,5 +52,6 @@ def command_replay(args: argparse.Namespace) -> int:
                 printable_line(args.at.strip()), offset_text(length), offset_text(length)))
         fleet.start_at = fleet.reader.start + at
     from opsconsole.tui.app import run_console
+    from opsconsole.tui.replay import ReplayConsole
 
-    return run_console(config, fleet, now=fleet.now)
+    return run_console(config, fleet, now=fleet.now, console=ReplayConsole)

@@ -612,14 +612,13 @@ def changed_key_text(plan) -> Text:
     return text
 
 
-def run_console(config: Config, fleet: FleetLike, *, now: Callable[[], float] = time.time) -> int:
-    """Run the console until the user quits; returns the exit status (a replay gets its own console)."""
-    if getattr(fleet, "is_replay", False):
-        from opsconsole.tui.replay import ReplayConsole
+def run_console(config: Config, fleet: FleetLike, *, now: Callable[[], float] = time.time,
+                console: Optional[Callable[..., "OpsConsole"]] = None) -> int:
+    """Run the console until the user quits; returns the exit status.
 
-        app: OpsConsole = ReplayConsole(config, fleet, now=now)
-    else:
-        app = OpsConsole(config, fleet, now=now)
+    `console` is the app class, OpsConsole by default: the replay command passes its ReplayConsole.
+    """
+    app = (console or OpsConsole)(config, fleet, now=now)
     result = app.run()
     if app.return_code:
         return app.return_code
