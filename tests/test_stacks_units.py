@@ -360,3 +360,16 @@ def test_the_helper_runs_on_an_old_node_python(python, sleeper):
         if answer.ranks and answer.ranks[0].frames[0].function == "waiting_here":
             break
     assert answer.errors == [] and answer.ranks[0].frames[0].function == "waiting_here", done.stderr
+
+
+def test_an_mpi_launched_rank_is_found_by_its_launchers_variables():
+    env = dict(os.environ, OMPI_COMM_WORLD_RANK="3", OMPI_COMM_WORLD_LOCAL_RANK="1", OMPI_COMM_WORLD_SIZE="4")
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        found = [entry for entry in rank_stacks.find_ranks() if entry["pid"] == process.pid]
+        assert [(e["rank"], e["local_rank"], e["world_size"]) for e in found] == [(3, 1, 4)]
+    finally:
+        process.kill()
+        process.wait()

@@ -4,8 +4,8 @@ The console ships this file over a node's SSH connection as source (`python3 -I 
 delete_units.py travels) and runs the same source in a subprocess for its own machine, so both
 take one code path.
 
-Ranks: processes whose /proc/PID/environ holds RANK or LOCAL_RANK (read bounded, values checked as
-small integers). A data-loader worker forked from a rank inherits its environment: of processes
+Ranks: processes whose /proc/PID/environ holds RANK or LOCAL_RANK (or an MPI launcher's
+OMPI_COMM_WORLD_RANK, PMI_RANK; read bounded, values checked as small integers). A data-loader worker forked from a rank inherits its environment: of processes
 with the same rank identity (RANK, LOCAL_RANK, WORLD_SIZE, run id, master port) only the outermost
 Python one counts, a non-Python wrapper (a shell) gives way to the Python rank below it, and a
 launcher with a RANK of its own (torchrun under Kubeflow gets the node's) is not a rank. With no
@@ -45,7 +45,12 @@ DEFAULT_TIMEOUT_S = 10.0
 MAX_TIMEOUT_S = 300.0
 ANCESTOR_DEPTH = 64
 CAP_SYS_PTRACE = 19
-RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "MASTER_PORT")
+# torch.distributed's launchers set RANK/LOCAL_RANK/WORLD_SIZE per process; MPI launchers (mpirun,
+# DeepSpeed's MPI mode) set their own per process, read when RANK is absent.
+RANK_NAMES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+LOCAL_RANK_NAMES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+WORLD_SIZE_NAMES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+RANK_KEYS = RANK_NAMES + LOCAL_RANK_NAMES + WORLD_SIZE_NAMES + ("GROUP_RANK", "TORCHELASTIC_RUN_ID", "MASTER_PORT")
 _PYTHON_NAME = re.compile(r"^(python|pypy)[0-9.]*[dmu]*$")
 
 
@@ -139,12 +144,21 @@ def rank_identity(env):
     return tuple(env.get(key) for key in RANK_KEYS if key != "PATH")
 
 
+def first_int(env, names):
+    """The first of `names` set to a small integer in `env`, None when none is."""
+    for name in names:
+        value = small_int(env.get(name))
+        if value is not None:
+            return value
+    return None
+
+
 def describe(pid, env, argv):
     return {
         "pid": pid,
-        "rank": small_int(env.get("RANK")),
-        "local_rank": small_int(env.get("LOCAL_RANK")),
-        "world_size": small_int(env.get("WORLD_SIZE")),
+        "rank": first_int(env, RANK_NAMES),
+        "local_rank": first_int(env, LOCAL_RANK_NAMES),
+        "world_size": first_int(env, WORLD_SIZE_NAMES),
         "cmd": " ".join(argv)[:MAX_CMD_CHARS],
     }
 
@@ -157,7 +171,7 @@ def find_ranks():
         if pid in own:
             continue
         env = environ_of(pid)
-        if small_int(env.get("RANK")) is None and small_int(env.get("LOCAL_RANK")) is None:
+        if first_int(env, RANK_NAMES) is None and first_int(env, LOCAL_RANK_NAMES) is None:
             continue
         argv = cmdline_of(pid)
         if not argv:  # a kernel thread or a process that just exited
