@@ -83,7 +83,8 @@ def format_process(proc: ProcessSample) -> str:
     """`user(pid) 21 GiB`, as gpustat lists a GPU's processes (sizes as opsconsole.units spells them)."""
     who = printable_line(proc.user or proc.name or MISSING)
     memory = "" if proc.gpu_memory_bytes is None else " " + format_bytes(proc.gpu_memory_bytes)
-    return "%s(%d)%s" % (who, proc.pid, memory)
+    job = proc.job_id or proc.container  # whose job (read on the node)
+    return "%s(%d)%s%s" % (who, proc.pid, memory, " job " + printable_line(job) if job else "")
 
 
 def processes_on(frame: NodeFrame, gpu: GpuSample) -> List[ProcessSample]:

@@ -356,6 +356,7 @@ async def test_cluster_pane_rows_and_cells():
             "temp": "59°C",
             "power": "692/700 W",
             "users": "alice",
+            "jobs": "-",
             "node_state": "up",
         }
         assert cells(table, "gpu01/1")["users"] == "-"

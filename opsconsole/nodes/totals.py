@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from opsconsole.jobs_view import count_jobs
 from opsconsole.model import STATE_CONNECTING
 
 
@@ -19,6 +20,7 @@ class FleetTotals:
     mean_utilization: Optional[float]  # percent over those GPUs; None when none report it
     alerts: int = 0
     nodes_connecting: int = 0  # nodes still making their first connection (no frame yet): not down
+    jobs: int = 0  # distinct jobs running on the GPUs of the nodes that are up
 
 
 def totals_of(states: Iterable, now: float, stale_after: float) -> FleetTotals:
@@ -40,4 +42,5 @@ def totals_of(states: Iterable, now: float, stale_after: float) -> FleetTotals:
         gpus=sum(len(s.frame.gpus) for s in up if s.frame),
         mean_utilization=sum(utilizations) / len(utilizations) if utilizations else None,
         nodes_connecting=connecting,
+        jobs=count_jobs(up),
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import List, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Tuple
+
+from dataclasses import replace
 
 from rich.text import Text
 from textual.widgets import DataTable
@@ -24,6 +26,8 @@ from opsconsole.tui.table_diff import TableRow
 from opsconsole.tui.table_pane import Column, SortedTable, TablePane
 
 USERS_WIDTH = 20
+JOBS_WIDTH = 16
+MARK = "\u25b6"  # ▶ before the job of a row that runs the followed job (--slurm-job)
 
 GPU_COLUMNS = (
     Column("node", "Node"),
@@ -35,6 +39,7 @@ GPU_COLUMNS = (
     Column("temp", "Temp", 5),
     Column("power", "Power", 11),
     Column("users", "Users", USERS_WIDTH),
+    Column("jobs", "Job", JOBS_WIDTH),
     Column("node_state", "Node state", 11),
 )
 
@@ -51,6 +56,18 @@ def _users(row: GpuRow) -> str:
     if not row.users:
         return "-" if row.process_count == 0 else NA
     return shorten(",".join(row.users), USERS_WIDTH)
+
+
+def _jobs(row: GpuRow) -> str:
+    if not row.jobs:
+        return "-"
+    return shorten((MARK + " " if row.marked else "") + ",".join(row.jobs), JOBS_WIDTH)
+
+
+def followed_jobs(fleet: Any) -> Tuple[str, ...]:
+    """The job ids the console follows (--slurm-job, or --slurm-user's running jobs); () when none."""
+    run = getattr(fleet, "slurm_run", None)
+    return tuple(job.job_id for job in getattr(run, "jobs", ()) or ())
 
 
 def node_state_text(row: GpuRow, states: Mapping[str, NodeState], now: float) -> str:
@@ -70,11 +87,12 @@ def gpu_table_row(row: GpuRow, node_state: str) -> TableRow:
         return Text(text, style=style, end="")
 
     name = (row.name or NA) + (" LOST" if row.lost else "")
+    index = str(row.index) if row.mig_instance is None else "%d.%d" % (row.index, row.mig_instance)
     return TableRow(
         row.key,
         (
             cell(row.node),
-            cell(str(row.index)),
+            cell(index),
             cell(name, "bold red" if row.lost else base),
             cell(format_percent(row.util)),
             cell(format_memory_pair(row.mem_used, row.mem_total)),
@@ -82,16 +100,21 @@ def gpu_table_row(row: GpuRow, node_state: str) -> TableRow:
             cell(format_temperature(row.temp)),
             cell(_power(row)),
             cell(_users(row)),
+            cell(_jobs(row), "bold magenta" if row.marked else base),
             cell(node_state, state_style(row.node_state)),
         ),
     )
 
 
 class ClusterGpusPane(TablePane):
-    """Every GPU of every node: node, index, name, util, memory, temp, power, users, node state.
+    """Every GPU of every node: node, index, name, util, memory, temp, power, users, job, node state.
 
+    A GPU in MIG mode is followed by a row per MIG instance (GPU `0.1`: GPU 0's instance 1) with
+    its own memory. The job is the Slurm job id of its processes, or the pod dcgm-exporter names;
+    ▶ marks the GPUs of the followed job (--slurm-job).
     Keys: `s` next sort column, `r` reverse, header click sorts. Filter (AND of terms): free
-    text, `node:gpu01`, `user:alice`, `gpu:0`, `util<10`, `util>90`, `mem>80`, `temp>80`, `power>500`.
+    text, `node:gpu01`, `user:alice`, `job:812`, `job:ml/train-0`, `gpu:0`, `util<10`, `util>90`,
+    `mem>80`, `temp>80`, `power>500`.
     """
 
     pane_id = "cluster"
@@ -106,7 +129,10 @@ class ClusterGpusPane(TablePane):
     def draw(self) -> List[str]:
         sorted_table = self.tables[0]
         sorted_table.set_columns(GPU_COLUMNS)  # once; later calls see the same layout and return
-        rows = cluster_gpu_rows(self.states, self.node)
+        jobs = followed_jobs(getattr(self.app, "fleet", None))
+        rows = cluster_gpu_rows(self.states, self.node, jobs[0] if len(jobs) == 1 else None)
+        if len(jobs) > 1:  # --slurm-user: every one of the user's jobs is followed
+            rows = [replace(row, marked=any(job in row.jobs for job in jobs)) for row in rows]
         shown = filter_rows(rows, self.filter, self.filter_fields)
         states, now = self.states, self.now
         sorted_table.show(
@@ -115,9 +141,11 @@ class ClusterGpusPane(TablePane):
             signature=lambda row: (row, node_state_text(row, states, now)),
         )
         nodes = len({row.node for row in rows})
+        marked = sum(1 for row in rows if row.marked and row.mig_instance is None)
         return [
             self.count_part(sorted_table, "GPUs"),
             "%d nodes" % nodes,
+        ] + (["%d GPUs of job %s" % (marked, ",".join(jobs))] if jobs else []) + [
             "sort: " + sorted_table.sort_label(),
         ]
 
@@ -127,4 +155,4 @@ class ClusterGpusPane(TablePane):
         if table.row_count == 0:
             return None
         key = table.ordered_rows[table.cursor_row].key.value or ""
-        return key.rsplit("/", 1)[0] or None
+        return key.rsplit("/", 1)[0] or None  # "node/3" and a MIG instance's "node/3.mig1"

@@ -13,6 +13,7 @@ from rich.text import Text
 from opsconsole.model import (
     STATE_AUTH,
     STATE_CONNECTING,
+    STATE_DEGRADED,
     STATE_DOWN,
     STATE_FALLBACK,
     STATE_HOSTKEY,
@@ -45,6 +46,7 @@ STATE_STYLES = {
     STATE_AUTH: "bold red",
     STATE_HOSTKEY: "bold red",
     STATE_FALLBACK: "cyan",
+    STATE_DEGRADED: "yellow",
     STATE_CONNECTING: "dim",
 }
 # Rows of a node that is not delivering fresh frames: its last values, dimmed.

@@ -64,6 +64,9 @@ def header_text(
         text.append("  connecting %d" % connecting, style=palette.warn)
     text.append("  down %d" % totals.nodes_down, style=("bold " + palette.crit) if totals.nodes_down else "")
     text.append("   GPUs %d" % totals.gpus)
+    jobs = getattr(totals, "jobs", 0)  # distinct jobs on the live nodes' GPUs (opsconsole/jobs_view.py)
+    if jobs:
+        text.append("  jobs %d" % jobs)
     util = totals.mean_utilization
     text.append("   mean util " + (NA if util is None else "%.0f%%" % util))
     alerts = getattr(totals, "alerts", 0)

@@ -32,6 +32,7 @@ from opsconsole.tui.table_diff import TableRow
 from opsconsole.tui.table_pane import Column, SortedTable, TablePane
 
 REASON_WIDTH = 22
+JOBS_WIDTH = 14
 
 NODE_COLUMNS = (
     Column("name", "Node"),
@@ -47,6 +48,7 @@ NODE_COLUMNS = (
     Column("errors", "Errors", 6),
     Column("age", "Age", 4),
     Column("rtt", "RTT", 7),
+    Column("jobs", "Jobs", JOBS_WIDTH),
 )
 
 
@@ -81,6 +83,7 @@ def node_table_row(row: NodeRow) -> TableRow:
             cell(format_count(row.errors), errors_style),
             cell(format_age(row.age)),
             cell(format_ms(row.rtt_ms)),
+            cell(shorten(",".join(row.jobs), JOBS_WIDTH) if row.jobs else "-"),
         ),
     )
 
@@ -90,7 +93,7 @@ class NodesPane(ActionKeys, TablePane):
 
     Keys: `s` next sort column, `r` reverse, header click sorts; `enter` on a row posts
     `NodesPane.Drill(node)`; `T` posts `NodesPane.TrustHostKey(node)` for the row's node. Filter: free text on name/state/reason, `state:down`, `node:gpu0*`,
-    `util<10`, `temp>80`, `errors>0`, `age>60`.
+    `util<10`, `temp>80`, `errors>0`, `age>60`, `job:812` (whose jobs run there), `user:alice`.
     """
 
     pane_id = "nodes"
