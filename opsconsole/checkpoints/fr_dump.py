@@ -157,7 +157,7 @@ def _frames(value: Any) -> Tuple[FrFrame, ...]:
 def _entry(raw: Any) -> FrEntry:
     if type(raw) is not dict:
         raise _Bad("an entry is not a dict")
-    group = raw.get("process_group")
+    group: Any = raw.get("process_group")
     if type(group) in (list, tuple) and len(group) == 2:
         group_name, group_desc = _text(group[0]), _text(group[1])
     else:

@@ -184,7 +184,7 @@ def verdict_text(verdict: WatchdogVerdict) -> str:
     collective = "collective %s%s" % (verdict.seq if verdict.seq is not None else "?", " (%s)" % verdict.op if verdict.op else "")
     if verdict.kind == "never_reached":
         word = "rank" if len(verdict.culprit_ranks) == 1 else "ranks"
-        return ("NCCL watchdog: %s %s never reached %s of group %s: last enqueued %d there, the other ranks %d"
+        return ("NCCL watchdog: %s %s never reached %s of group %s: last enqueued %s there, the other ranks %s"
                 % (word, _ranks(verdict.culprit_ranks), collective, verdict.group, verdict.culprit_enqueued, verdict.others_enqueued))
     return ("NCCL watchdog: every reporting rank (%s) enqueued %s of group %s and waits in it: the rank that never "
             "reached it printed no watchdog line, or the collective itself is stuck (network, GPU)"

@@ -263,10 +263,10 @@ def match_dumps(dumps: Sequence[RankDump], skipped: Sequence[Tuple[str, str]] = 
     members: Dict[str, set] = {}
     descs: Dict[str, str] = {}
     for rank, dump in by_rank.items():
-        for group in dump.groups:
-            if group.ranks:
-                members.setdefault(group.name, set()).update(group.ranks)
-            descs.setdefault(group.name, group.desc)
+        for config in dump.groups:
+            if config.ranks:
+                members.setdefault(config.name, set()).update(config.ranks)
+            descs.setdefault(config.name, config.desc)
         for group, entries in collectives[rank].items():
             members.setdefault(group, set()).add(rank)
             if not descs.get(group):  # gloo's pg_config names the default group "" with no desc
@@ -369,11 +369,11 @@ def summary_text(analysis: FrAnalysis) -> str:
         return "%s %s: every collective they still hold agrees and completed" % ("rank" if len(ranks) == 1 else "ranks", rank_list(ranks))
     group = "group %s%s" % (found.group, " (%s)" % found.group_desc if found.group_desc else "")
     collective = "collective %d (%s %s) of %s" % (found.seq, found.op, _shape_text(found.sizes, found.dtypes).strip(), group)
-    ranks = found.culprit_ranks
-    word = "rank" if len(ranks) == 1 else "ranks"
+    culprits = found.culprit_ranks
+    word = "rank" if len(culprits) == 1 else "ranks"
     if found.kind == KIND_NOT_JOINED:
         waiting = "rank %s waits in it" if len(found.agreeing) == 1 else "ranks %s wait in it"
-        lines = ["%s %s never joined %s; %s" % (word, rank_list(ranks), collective, waiting % rank_list(found.agreeing))]
+        lines = ["%s %s never joined %s; %s" % (word, rank_list(culprits), collective, waiting % rank_list(found.agreeing))]
         for item in found.culprits:
             if item.last is not None:
                 lines.append("  rank %d last enqueued collective %d (%s)%s" % (item.rank, item.last.collective_seq_id, item.last.op, _where(item)))
@@ -382,9 +382,9 @@ def summary_text(analysis: FrAnalysis) -> str:
         return "\n".join(lines)
     if found.kind == KIND_STUCK:
         return "%s: every rank joined %s with the same op, sizes and dtypes; not completed on %s %s%s" % (
-            "stuck", collective, word, rank_list(ranks), "" if not found.agreeing else " (completed on %s)" % rank_list(found.agreeing))
+            "stuck", collective, word, rank_list(culprits), "" if not found.agreeing else " (completed on %s)" % rank_list(found.agreeing))
     what = {KIND_OP: "another op", KIND_SIZE: "other sizes", KIND_DTYPE: "another dtype"}[found.kind]
-    lines = ["%s %s joined %s with %s" % (word, rank_list(ranks), collective, what)]
+    lines = ["%s %s joined %s with %s" % (word, rank_list(culprits), collective, what)]
     for item in found.culprits:
         entry = item.entry
         assert entry is not None
