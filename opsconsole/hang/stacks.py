@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from opsconsole.hang.grouping import Group, Member, RankId, group_stacks, odd_ranks, summary, verdict
+from opsconsole.hang.grouping import Group, Member, RankId, group_line, group_stacks, odd_ranks, summary, verdict
 from opsconsole.hang.pyspy import Frame, ThreadStack, main_thread, parse_dump
 from opsconsole.nodes.base import COMMANDS_HERE, COMMANDS_SSH, command_channel, is_replayed
 from opsconsole.nodes.line_split import LineSplitter
@@ -408,8 +408,6 @@ def report_text(report: StacksReport) -> str:
         if report.verdict:
             lines.append("odd: " + report.verdict)
     for group in report.groups:
-        from opsconsole.hang.grouping import group_line
-
         lines.append("")
         lines.append(("ODD  " if group.odd else "     ") + group_line(group))
         for frame in group.frames[:12]:
