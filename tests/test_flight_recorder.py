@@ -72,6 +72,17 @@ def test_the_real_nccl_dump_reads_as_torch_wrote_it():
     assert analysis.mismatch is None
 
 
+def test_the_dump_the_collector_brought_back_from_a_live_nccl_rank(tmp_path):
+    # tests/data/flight_recorder/check_pipe_collect.py on the H200: asked through the FIFO by collect_dumps.
+    shutil.copy(DATA / "collected_h200_nccl_trace_rank_0", tmp_path / "nccl_trace_rank_0")
+    (dump,) = analyse_dir(str(tmp_path)).dumps
+    assert dump.unreadable is None and dump.comm_lib_version == "2.28.9"
+    assert [(e.collective_seq_id, e.op, e.state) for e in dump.entries] == [
+        (1, "all_reduce", "completed"), (2, "all_reduce", "completed"), (3, "all_reduce", "completed"),
+        (4, "all_reduce", "completed"), (5, "broadcast", "completed")]
+    assert dump.entries[0].input_sizes == ((256, 256),) and dump.entries[0].input_dtypes == ("BFloat16",)
+
+
 def test_the_json_dump_agrees_with_the_pickle(tmp_path):
     shutil.copy(JSON_DUMP, tmp_path / "trace_rank_0.json")
     shutil.copy(PIPE_DUMP, tmp_path / "trace_rank_1")
