@@ -257,7 +257,7 @@ def cluster_gpu_rows(states: Mapping[str, NodeState], node: Optional[str] = None
 
 @dataclass(frozen=True)
 class ProcessRow:
-    """A GPU compute process (kind "gpu") or a host top process (kind "host") of one node."""
+    """A GPU compute process (kind "gpu") or a host process (kind "host") of one node."""
 
     key: str  # "node/pid@gpu" for GPU processes, "node/pid" for host ones
     kind: str
@@ -278,6 +278,8 @@ class ProcessRow:
     job_id: Optional[str] = None  # whose job (opsconsole/jobs_view.py): Slurm job id, its user, the container
     job_user: Optional[str] = None
     container: Optional[str] = None
+    ppid: Optional[int] = None
+    kernel_thread: bool = False
 
     @property
     def stuck(self) -> bool:
@@ -293,7 +295,7 @@ def _process_key(node: str, kind: str, proc: ProcessSample) -> str:
 
 
 def process_rows(states: Mapping[str, NodeState], node: Optional[str], kind: str) -> List[ProcessRow]:
-    """GPU compute processes (`kind` "gpu") or host top processes ("host"), nodes in config order."""
+    """GPU compute processes (`kind` "gpu") or host processes ("host"), nodes in config order."""
     rows: List[ProcessRow] = []
     for state in _selected(states, node):
         frame = state.frame
@@ -322,10 +324,12 @@ def process_rows(states: Mapping[str, NodeState], node: Optional[str], kind: str
                     sm_percent=proc.gpu_sm_percent,
                     cpu_percent=proc.cpu_percent,
                     rss=proc.rss_bytes,
-                    elapsed=proc.elapsed_s,
+                    elapsed=proc.elapsed_at(frame.time),
                     proc_state=proc.state,
                     node_state=state.state,
                     live=state.is_live,
+                    ppid=proc.ppid,
+                    kernel_thread=bool(proc.kernel_thread),
                 )
             )
     return rows
@@ -352,6 +356,55 @@ def sort_rows(
 
 def _text_key(value: Optional[str]) -> Optional[str]:
     return value.lower() if value else None
+
+
+TREE_BRANCH, TREE_LAST, TREE_PIPE, TREE_SPACE = "├─ ", "└─ ", "│  ", "   "
+
+
+def process_tree(
+    rows: Sequence[ProcessRow], value_of: Optional[Callable[[ProcessRow], Any]], reverse: bool = False
+) -> List[Tuple[ProcessRow, str]]:
+    """`rows` as a tree by parent pid, per node, siblings in sort order: (row, prefix) pairs, as htop's `t`.
+
+    A row whose parent is not among `rows` (filtered out, a kernel thread hidden, another
+    node's) is a root. Parent links that loop (hostile or racing data) cannot hide a row:
+    whatever the walk from the roots did not reach is listed as a root too.
+    """
+    by_key = {(row.node, row.pid): row for row in rows}
+    children: Dict[Tuple[str, int], List[ProcessRow]] = {}
+    roots: List[ProcessRow] = []
+    for row in rows:
+        parent = (row.node, row.ppid) if row.ppid is not None and row.ppid != row.pid else None
+        if parent is not None and parent in by_key:
+            children.setdefault(parent, []).append(row)
+        else:
+            roots.append(row)
+    out: List[Tuple[ProcessRow, str]] = []
+    placed = set()
+
+    def walk(level: List[ProcessRow], indent: str, top: bool) -> None:
+        stack = [(sort_rows(level, value_of, reverse), indent, top)]
+        while stack:  # iterative: a chain of thousands of processes must not hit the recursion limit
+            siblings, indent, top = stack.pop()
+            while siblings:
+                row = siblings.pop(0)
+                key = (row.node, row.pid)
+                if key in placed:
+                    continue
+                placed.add(key)
+                last = not siblings
+                out.append((row, "" if top else indent + (TREE_LAST if last else TREE_BRANCH)))
+                kids = children.get(key)
+                if kids:
+                    stack.append((siblings, indent, top))
+                    stack.append((sort_rows(kids, value_of, reverse), indent if top else indent + (TREE_SPACE if last else TREE_PIPE), False))
+                    break
+
+    walk(roots, "", True)
+    left = [row for row in rows if (row.node, row.pid) not in placed]
+    if left:
+        walk(left, "", True)
+    return out
 
 
 # Sorting by state puts the nodes that need attention first.

@@ -22,7 +22,7 @@ import string
 import types
 from collections import Counter, deque
 from pathlib import Path
-from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200"
 
@@ -140,6 +140,27 @@ class _Handle(object):
         return "<handle %d>" % self.index
 
 
+class _MigHandle(_Handle):
+    """A MIG device's handle (nvmlDeviceGetMigDeviceHandleByIndex): its parent's index and its instance."""
+
+    def __init__(self, index: int, instance: Dict[str, Any]) -> None:
+        super().__init__(index)
+        self.instance = instance
+
+    def __repr__(self) -> str:
+        return "<mig handle %d/%d>" % (self.index, self.instance["gi"])
+
+
+# MIG instances as NVML describes them (nvml.h: nvmlDeviceGetMigDeviceHandleByIndex,
+# nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId; a MIG device's name is its
+# parent's name + " MIG " + profile). The recorded H200 runs with MIG off, and these tests never
+# change a GPU's mode: the instances are given here, with the H200's profile names and sizes.
+H200_MIG_3G = (
+    {"gi": 1, "ci": 0, "profile": "3g.71gb", "total": 71_940_702_208, "used": 3000 * 2 ** 20, "pids": ((4101, 2900 * 2 ** 20),)},
+    {"gi": 2, "ci": 0, "profile": "3g.71gb", "total": 71_940_702_208, "used": 12000 * 2 ** 20, "pids": ((4102, 11800 * 2 ** 20),)},
+)
+
+
 def load_capture() -> Dict[str, Any]:
     """The idle capture as recorded."""
     return json.loads((FIXTURES / "nvml.json").read_text())
@@ -171,6 +192,7 @@ class ReplayNvml(object):
         init_error: Optional[str] = None,
         events_supported: bool = True,
         pcie_counters: Optional[Dict[int, Tuple[int, int]]] = None,
+        mig: Optional[Dict[int, Sequence[Dict[str, Any]]]] = None,
     ) -> None:
         self.capture = load_capture()
         self.device = dict(self.capture["devices"][0])
@@ -184,6 +206,7 @@ class ReplayNvml(object):
         self.init_error = init_error
         self.events_supported = events_supported
         self.pcie_counters = pcie_counters  # {index: (tx bytes, rx bytes)}, cumulative
+        self.mig = {index: list(instances) for index, instances in (mig or {}).items()}  # GPUs in MIG mode
         self.calls = Counter()  # type: Counter[Tuple[str, Optional[int]]]
         self.events = {}  # type: Dict[int, Deque[Tuple[int, int]]]
         self.initialised = 0
@@ -307,7 +330,9 @@ class ReplayNvml(object):
         device("nvmlDeviceGetMaxPcieLinkWidth", lambda i: rec("pcie_width_max"))
         device("nvmlDeviceGetPersistenceMode", lambda i: rec("persistence"))
         device("nvmlDeviceGetComputeMode", lambda i: rec("compute_mode"))
-        device("nvmlDeviceGetMigMode", lambda i: list(rec("mig")))
+        device("nvmlDeviceGetMigMode", lambda i: [1, 1] if i in self.mig else list(rec("mig")))
+        device("nvmlDeviceGetMaxMigDeviceCount", lambda i: 7)
+        self._install_mig()
         device("nvmlDeviceGetSerial", lambda i: rec("serial"))
         device("nvmlDeviceGetVbiosVersion", lambda i: rec("vbios"))
         for suffix in ("_v3", "_v2", ""):
@@ -319,6 +344,46 @@ class ReplayNvml(object):
         system("nvmlEventSetWait_v2", self._event_wait)
         system("nvmlEventSetWait", self._event_wait)
         system("nvmlEventSetFree", self._event_free)
+
+    def _install_mig(self) -> None:
+        m = self.module
+        replay = self
+
+        def mig_handle(handle: Any, slot: int) -> Any:
+            replay.calls[("nvmlDeviceGetMigDeviceHandleByIndex", handle.index)] += 1
+            instances = replay.mig.get(handle.index)
+            if instances is None:
+                raise replay.error("NVMLError_NotSupported")
+            if not 0 <= slot < len(instances):
+                raise replay.error("NVMLError_NotFound")
+            return _MigHandle(handle.index, instances[slot])
+
+        def on_mig(name: str, parent: Any, answer: Any) -> None:
+            # A function both handles take: a MIG handle gets the instance's answer.
+            def wrapper(handle: Any, *args: Any) -> Any:
+                if isinstance(handle, _MigHandle):
+                    replay.calls[(name + "(mig)", handle.index)] += 1
+                    return answer(handle.index, handle.instance)
+                return parent(handle, *args)
+
+            wrapper.__name__ = name
+            setattr(m, name, wrapper)
+
+        def mig_only(answer: Any) -> Any:
+            def wrapper(handle: Any) -> Any:
+                if not isinstance(handle, _MigHandle):
+                    raise replay.error("NVMLError_InvalidArgument")
+                return answer(handle.instance)
+            return wrapper
+
+        m.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle  # type: ignore[attr-defined]
+        m.nvmlDeviceGetGpuInstanceId = mig_only(lambda inst: inst["gi"])  # type: ignore[attr-defined]
+        m.nvmlDeviceGetComputeInstanceId = mig_only(lambda inst: inst["ci"])  # type: ignore[attr-defined]
+        on_mig("nvmlDeviceGetName", m.nvmlDeviceGetName, lambda i, inst: "%s MIG %s" % (self._recorded("name"), inst["profile"]))
+        on_mig("nvmlDeviceGetUUID", m.nvmlDeviceGetUUID,
+               lambda i, inst: "MIG-%08x-0000-5000-8000-%012x" % (0x6A00 + i, inst["gi"]))
+        on_mig("nvmlDeviceGetMemoryInfo", m.nvmlDeviceGetMemoryInfo,
+               lambda i, inst: _Obj(total=inst["total"], used=inst["used"], free=inst["total"] - inst["used"]))
 
     def _by_arg(self, what: str, arg: int, keys: Dict[int, str]) -> Any:
         key = keys.get(arg)
@@ -340,6 +405,9 @@ class ReplayNvml(object):
         return self._recorded(key)
 
     def _processes(self, index: int) -> List[Any]:
+        if index in self.mig:  # in MIG mode the parent lists every instance's processes, with their instance ids
+            return [_Obj(pid=pid, usedGpuMemory=used, gpuInstanceId=inst["gi"], computeInstanceId=inst["ci"])
+                    for inst in self.mig[index] for pid, used in inst["pids"]]
         if self.procs_capture is not None and index == 0:
             return [_Obj(pid=p["pid"], usedGpuMemory=p["usedGpuMemory"], gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF) for p in self.procs_capture["procs"]]
         return [_Obj(**p) for p in self._recorded("procs")]

@@ -167,8 +167,8 @@ def test_keys_typed_in_a_burst_never_signal_a_process(tmux, tmp_path):
         tmux.wait_for("newest frame", "nodes 1  up 1")
         tmux.keys("2")
         tmux.wait_for("GPU compute processes")
-        tmux.keys("t")
-        tmux.keys("t")  # host processes only: the cursor is on a row of the host table
+        tmux.keys("v")
+        tmux.keys("v")  # host processes only: the cursor is on a row of the host table
         tmux.wait_for(str(burner.pid))
         pid = str(burner.pid)
 
@@ -209,7 +209,7 @@ def test_keys_typed_in_a_burst_never_signal_a_process(tmux, tmp_path):
             status = tmux.screen().splitlines()[4]
             if "GPU processes" not in status and "1 host processes" in status:
                 break
-            tmux.keys("t")
+            tmux.keys("v")
             time.sleep(1.0)
         assert "GPU processes" not in tmux.screen().splitlines()[4], tmux.screen()
         tmux.keys("x", "y")  # `x` opens the SIGTERM question for our process; `y` in the same burst is dropped
@@ -225,3 +225,44 @@ def test_keys_typed_in_a_burst_never_signal_a_process(tmux, tmp_path):
     finally:
         burner.kill()
         burner.wait()
+
+
+def test_pick_a_sleeping_host_process_by_keyboard_after_a_filter(tmux, tmp_path):
+    """The default Processes view, a filter for a process that sleeps (no CPU: a top-N list would
+    drop it), `enter` on it: its details, read on the node, name its rank variables; `x` asks
+    to signal that very pid."""
+    marker = "pick-me-%s" % uuid.uuid4().hex[:8]
+    env = dict(os.environ, RANK="5", LOCAL_RANK="1", WORLD_SIZE="16", MASTER_ADDR="127.0.0.1")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker], env=env)
+    try:
+        tmux.start(console_command(tmp_path, "--interval", "0.5"))
+        tmux.wait_for("newest frame", "nodes 1  up 1")
+        tmux.keys("2")
+        tmux.wait_for("GPU compute processes", "Host processes", "sort: ")
+        tmux.keys("/")
+        deadline = time.monotonic() + WAIT_S
+        while filter_closed(tmux.screen()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        tmux.keys(marker, "Enter")
+        screen = tmux.wait_for("1 host processes", str(sleeper.pid))
+        assert filter_closed(screen)
+        for _ in range(10):  # a few frames: the sleeping process stays listed
+            time.sleep(0.3)
+            assert str(sleeper.pid) in tmux.screen() and "1 host processes" in tmux.screen(), tmux.screen()
+        tmux.keys("Enter")
+        screen = tmux.wait_for("Process %d on local" % sleeper.pid, "RANK=5", "WORLD_SIZE=16", "MASTER_ADDR=127.0.0.1")
+        assert marker in screen
+        tmux.keys("Escape")
+        deadline = time.monotonic() + WAIT_S
+        while "RANK=5" in tmux.screen() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        tmux.keys("x")  # SIGTERM's question names the highlighted pid: ours
+        tmux.wait_for(CONFIRMATION, "kill -s TERM -- %d" % sleeper.pid)
+        tmux.keys("Escape")
+        time.sleep(0.5)
+        assert sleeper.poll() is None
+        tmux.keys("q")
+        assert tmux.wait_gone()
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from opsconsole.model import GpuSample, ProcessSample
+from opsconsole.model import GpuSample, MigDevice, ProcessSample
 from opsconsole.probe import nvml_decode as nv
 from opsconsole.probe.smi import (
     BASIC_GPU_FIELD_LIST,
@@ -100,6 +100,9 @@ class _Device(object):
         self.proc_util_ts = 0  # last per-process utilisation sample seen (microseconds)
         self.pcie_counters = None  # type: Optional[Tuple[float, int, int]]  (time, tx bytes, rx bytes)
         self.mem_v2 = True
+        # In MIG mode: (handle, GPU instance id, compute instance id, UUID, profile) per MIG device,
+        # found again on every slow tick (instances change only when an admin reconfigures).
+        self.mig_handles = None  # type: Optional[List[Tuple[Any, int, Optional[int], Optional[str], Optional[str]]]]
 
 
 class GpuReader(object):
@@ -330,6 +333,10 @@ class GpuReader(object):
             values.update(dev.slow)
             errors.extend(dev.slow_errors)
             values.update(self._read_fast(dev, errors))
+            if values.get("mig_mode"):
+                if slow:
+                    dev.mig_handles = None
+                values["mig_devices"] = self._read_mig_devices(dev, errors)
             procs = self._read_processes(dev, errors)
             xids = self._drain_xids(dev, errors)
         except _Lost:
@@ -495,6 +502,58 @@ class GpuReader(object):
             "memory_reserved": _int(getattr(mem, "reserved", None)),
         }
 
+    def _find_mig_devices(self, dev: _Device, errors: List[str]) -> List[Tuple[Any, int, Optional[int], Optional[str], Optional[str]]]:
+        """The MIG devices under a GPU in MIG mode: their handles, instance ids, UUIDs and profiles."""
+        nvml = self._nvml
+        count = self._call(dev, "mig_devices", errors, "nvmlDeviceGetMaxMigDeviceCount")
+        found = []
+        for slot in range(min(int(count or 0), 7)):  # at most 7 instances on any GPU NVIDIA makes
+            try:
+                handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, slot)
+            except Exception as exc:
+                if nv.error_code(exc) == nv.NVML_ERROR_NOT_FOUND:
+                    continue  # an empty slot
+                errors.append("mig_devices: %s" % _describe(exc))
+                break
+            try:
+                gpu_instance = int(nvml.nvmlDeviceGetGpuInstanceId(handle))
+            except Exception as exc:
+                errors.append("mig_devices: slot %d: %s" % (slot, _describe(exc)))
+                continue
+            compute_instance = uuid = profile = None
+            try:
+                compute_instance = int(nvml.nvmlDeviceGetComputeInstanceId(handle))
+                uuid = _as_text(nvml.nvmlDeviceGetUUID(handle))
+                name = _as_text(nvml.nvmlDeviceGetName(handle))  # "NVIDIA H200 MIG 3g.71gb"
+                profile = name.rpartition("MIG ")[2] if "MIG " in name else None
+            except Exception as exc:
+                errors.append("mig_devices: instance %d: %s" % (gpu_instance, _describe(exc)))
+            found.append((handle, gpu_instance, compute_instance, uuid, profile))
+        return found
+
+    def _read_mig_devices(self, dev: _Device, errors: List[str]) -> Tuple[MigDevice, ...]:
+        """Each MIG instance of a GPU in MIG mode with its own memory (NVML keeps no utilisation per instance)."""
+        if dev.mig_handles is None:
+            dev.mig_handles = self._find_mig_devices(dev, errors)
+        out = []
+        for handle, gpu_instance, compute_instance, uuid, profile in dev.mig_handles:
+            memory = None
+            try:
+                memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            except Exception as exc:
+                errors.append("mig_devices: instance %d memory: %s" % (gpu_instance, _describe(exc)))
+                dev.mig_handles = None  # find them again next tick: the instance may be gone
+            out.append(MigDevice(
+                gpu_instance_id=gpu_instance,
+                compute_instance_id=compute_instance,
+                profile=profile,
+                uuid=uuid,
+                memory_total=_int(getattr(memory, "total", None)),
+                memory_used=_int(getattr(memory, "used", None)),
+                memory_free=_int(getattr(memory, "free", None)),
+            ))
+        return tuple(sorted(out, key=lambda m: m.gpu_instance_id))
+
     def _read_clock_event_reasons(self, dev: _Device, errors: List[str]) -> Optional[int]:
         if hasattr(self._nvml, "nvmlDeviceGetCurrentClocksEventReasons"):
             return self._call(dev, "clock_event_reasons", errors, "nvmlDeviceGetCurrentClocksEventReasons")
@@ -537,8 +596,12 @@ class GpuReader(object):
         if not found:
             return []
         memory = {}  # type: Dict[int, Optional[int]]
+        instance = {}  # type: Dict[int, int]
         for proc in found:  # one pid may appear once per MIG instance: add them up
             pid = int(proc.pid)
+            gpu_instance = getattr(proc, "gpuInstanceId", None)
+            if gpu_instance is not None and 0 <= int(gpu_instance) < 0xFFFFFFFF:  # 0xFFFFFFFF: not in MIG mode
+                instance.setdefault(pid, int(gpu_instance))
             used = getattr(proc, "usedGpuMemory", None)
             if used is not None:
                 memory[pid] = (memory.get(pid) or 0) + int(used)
@@ -553,6 +616,7 @@ class GpuReader(object):
                 gpu_uuid=uuid,
                 gpu_memory_bytes=used,
                 gpu_sm_percent=sm.get(pid),
+                mig_instance=instance.get(pid),
             )
             for pid, used in sorted(memory.items())
         ]

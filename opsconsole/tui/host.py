@@ -145,12 +145,19 @@ def segments_text(segments: Sequence[Segment], palette: Palette, dim: bool) -> T
     return text
 
 
-def process_rows(processes: Sequence[ProcessSample], palette: Palette, dim: bool, filter_text: str) -> List[TableRow]:
-    """Top host processes by CPU; a D (uninterruptible) or Z state is marked, not just coloured."""
+HOST_PANE_PROCESSES = 30  # the summary's share; the Processes pane lists them all
+
+
+def process_rows(processes: Sequence[ProcessSample], palette: Palette, dim: bool, filter_text: str,
+                 frame_time: float = 0.0) -> List[TableRow]:
+    """The top host processes: D and Z first (marked, not just coloured), then by CPU; kernel threads left out."""
     needle = filter_text.lower()
     rows: List[TableRow] = []
-    ordered = sorted(processes, key=lambda p: -(p.cpu_percent or 0.0))
+    ordered = sorted((p for p in processes if not p.kernel_thread),
+                     key=lambda p: (p.state not in ("D", "Z"), -(p.cpu_percent or 0.0)))
     for proc in ordered:
+        if len(rows) >= HOST_PANE_PROCESSES:
+            break
         cells = [
             (str(proc.pid), LEVEL_PLAIN),
             (proc.user or NA, LEVEL_PLAIN),
@@ -159,7 +166,7 @@ def process_rows(processes: Sequence[ProcessSample], palette: Palette, dim: bool
              bars.level_for(proc.cpu_percent, CPU_WARN, 10 * CPU_CRIT)),
             (format_bytes(proc.rss_bytes), LEVEL_PLAIN),
             (NA if proc.threads is None else str(proc.threads), LEVEL_PLAIN),
-            (format_duration(proc.elapsed_s), LEVEL_PLAIN),
+            (format_duration(proc.elapsed_at(frame_time)), LEVEL_PLAIN),
             (proc.name, LEVEL_PLAIN),
             (proc.command.replace("\n", " "), LEVEL_PLAIN),
         ]
@@ -208,10 +215,12 @@ class HostPane(LivePane):
         if state is None:
             segments: List[Segment] = [("no nodes", LEVEL_PLAIN)]
             processes: Sequence[ProcessSample] = ()
+            frame_time = now
             dim = False
         else:
             segments = host_segments(state, health, now, width)
             processes = state.frame.top_processes if state.frame is not None else ()
+            frame_time = state.frame.time if state.frame is not None else now
             dim = not state.is_live
         key = (tuple(segments), palette, dim)
         if key != self._summary_key:
@@ -226,4 +235,4 @@ class HostPane(LivePane):
         if title != self._title_text:
             self._title_text = title
             self.query_one("#host-procs-title", Static).update(Text(printable(title)))
-        self.sync_table(self.query_one(DataTable), process_rows(processes, palette, dim, self.filter_text))
+        self.sync_table(self.query_one(DataTable), process_rows(processes, palette, dim, self.filter_text, frame_time))

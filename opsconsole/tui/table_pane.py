@@ -8,7 +8,7 @@ its columns and sort state; rows reach it through `table_diff.apply_rows`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rich.text import Text
 from textual import on
@@ -38,12 +38,18 @@ class Column:
 
 
 class SortState:
-    """Which column a table is sorted by (None: config order) and in which direction."""
+    """Which column a table is sorted by (None: config order) and in which direction.
 
-    def __init__(self, keys: Sequence[str]) -> None:
+    With a `default` (column, reverse) the table is always sorted by a column: it starts
+    there and `cycle` goes round the columns without a "config order" step (process lists
+    have no config order worth showing).
+    """
+
+    def __init__(self, keys: Sequence[str], default: Optional[Tuple[str, bool]] = None) -> None:
         self.keys = list(keys)
-        self.column: Optional[str] = None
-        self.reverse = False
+        self.default = default if default is not None and default[0] in self.keys else None
+        self.column: Optional[str] = self.default[0] if self.default else None
+        self.reverse = self.default[1] if self.default else False
 
     def cycle(self) -> None:
         """Next sort column: config order, then each column in turn, then config order again."""
@@ -51,7 +57,8 @@ class SortState:
             self.column = self.keys[0] if self.keys else None
         else:
             position = self.keys.index(self.column) if self.column in self.keys else -1
-            self.column = self.keys[position + 1] if position + 1 < len(self.keys) else None
+            following = self.keys[position + 1] if position + 1 < len(self.keys) else None
+            self.column = following if following is not None or self.default is None else self.keys[0]
         self.reverse = False
 
     def toggle_reverse(self) -> None:
@@ -70,9 +77,17 @@ class SortState:
 class SortedTable:
     """One DataTable with its columns and sort; `show()` sorts, caps and applies rows."""
 
-    def __init__(self, table: DataTable, sort_keys: Mapping[str, Callable[[Any], Any]]) -> None:
+    def __init__(
+        self,
+        table: DataTable,
+        sort_keys: Mapping[str, Callable[[Any], Any]],
+        default_sort: Optional[Tuple[str, bool]] = None,
+        max_rows: int = MAX_ROWS,
+    ) -> None:
         self.table = table
         self.sort_keys = sort_keys
+        self.default_sort = default_sort
+        self.max_rows = max_rows
         self.columns: List[Column] = []
         self.sort = SortState([])
         self.total = 0  # rows before the cap, for the status line
@@ -94,7 +109,7 @@ class SortedTable:
             self.table.add_column(Text(column.label + " "), width=width, key=column.key)
         keys = [c.key for c in columns if c.sortable and c.key in self.sort_keys]
         old = self.sort
-        self.sort = SortState(keys)
+        self.sort = SortState(keys, self.default_sort)
         if old.column in keys:
             self.sort.column, self.sort.reverse = old.column, old.reverse
         self.mark_sorted_column()
@@ -107,24 +122,27 @@ class SortedTable:
         self.table.notify_style_update()  # the header is cached by DataTable
 
     def sort_label(self) -> str:
+        """What the status line says of the sort: the sorted column's header as drawn (`CPU▼`)."""
         if self.sort.column is None:
             return "config order" + (" reversed" if self.sort.reverse else "")
         label = next((c.label for c in self.columns if c.key == self.sort.column), self.sort.column)
-        return "%s %s" % (label, SORT_ARROWS[self.sort.reverse])
+        return label + SORT_ARROWS[self.sort.reverse]
 
     def show(
         self,
         rows: Sequence[Any],
         to_table_row: Callable[[Any], TableRow],
         signature: Callable[[Any], Any] = lambda row: row,
+        presorted: bool = False,
     ) -> TableDiff:
-        """Sort `rows`, keep the first MAX_ROWS, and apply them to the table in place.
+        """Sort `rows` (unless `presorted`: a tree's order), keep the first max_rows, and apply them in place.
 
         `signature(row)` is everything a row's cells are made from (by default the frozen
         row itself); a row whose signature did not change is not formatted again.
         """
         value_of = self.sort_keys.get(self.sort.column) if self.sort.column else None
-        ordered = sort_rows(rows, value_of, self.sort.reverse)[:MAX_ROWS]
+        ordered = list(rows) if presorted else sort_rows(rows, value_of, self.sort.reverse)
+        ordered = ordered[: self.max_rows]
         self.total = len(rows)
         previous, current = self._signatures, {}
         table_rows = []

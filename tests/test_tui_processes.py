@@ -1,0 +1,284 @@
+"""The Processes pane on this machine's real processes: kernel threads, tree, details, keyboard selection, sort label.
+
+Frames come from the real probe polling this VM (its kernel threads, this test's own process
+tree); details are read node-side by the real reader through a real LocalLink.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.widgets import DataTable
+
+from h200_fleet import NOW, three_nodes
+from opsconsole.config import NodeConfig
+from opsconsole.fleet_view import TREE_BRANCH, TREE_LAST, ProcessRow, process_tree
+from opsconsole.model import STATE_UP, NodeState
+from opsconsole.nodes.local import LocalLink
+from opsconsole.probe.agent import Probe
+from opsconsole.tui.process_details import ProcessDetailsScreen
+from opsconsole.tui.processes import ProcessesPane
+from opsconsole.tui.table_diff import row_keys_in_order
+
+SIZE = (200, 50)
+NODE = "local"
+
+
+class ConsoleLikeApp(App):
+    """One Processes pane, and the console's way to a node's link (`_link_of`), to a real LocalLink."""
+
+    def __init__(self, pane: ProcessesPane) -> None:
+        super().__init__()
+        self.pane = pane
+        self.link = LocalLink(NodeConfig(name=NODE, local=True), interval=1.0)
+
+    def compose(self) -> ComposeResult:
+        yield self.pane
+
+    def _link_of(self, name: str) -> object:
+        return self.link if name == NODE else None
+
+
+@pytest.fixture
+def rank_child():
+    """A sleeping child started as torchrun starts a rank, with a marker and an escape in its argv."""
+    marker = "opsconsole-rank-%s" % uuid.uuid4().hex[:8]
+    env = dict(os.environ, RANK="3", LOCAL_RANK="1", WORLD_SIZE="8", MASTER_ADDR="10.0.0.7", MASTER_PORT="29500",
+               OPSCONSOLE_TEST_SECRET="not-for-the-screen")
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)",
+         marker, "\x1b]52;c;aGk=\x07"],
+        env=env, stdout=subprocess.PIPE,
+    )
+    assert child.stdout.readline() == b"ready\n"
+    yield child, marker
+    child.kill()
+    child.wait()
+
+
+def local_states() -> Dict[str, NodeState]:
+    """This machine polled by the real probe (two polls: CPU % is a delta)."""
+    probe = Probe(node_name=NODE, gpu_reader=None)
+    try:
+        probe.prime(0.05)
+        frame = probe.poll()
+    finally:
+        probe.close()
+    now = time.time()
+    return {NODE: NodeState(name=NODE, state=STATE_UP, frame=frame, received_at=now, since=now)}
+
+
+def keys(table: DataTable) -> List[str]:
+    return row_keys_in_order(table)
+
+
+def cell(table: DataTable, key: str, column: str) -> str:
+    return dict(zip((c.key.value for c in table.ordered_columns), table.get_row(key)))[column].plain
+
+
+def status(pane: ProcessesPane) -> str:
+    return str(pane.status.render())
+
+
+async def until(pilot, condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in %g s" % timeout
+        await pilot.pause(0.05)
+
+
+def focus_pane_as_the_console_does(app: App, pane: ProcessesPane) -> None:
+    """OpsConsole.focus_pane after the filter closes: the pane's first focusable widget."""
+    app.screen.set_focus(next(widget for widget in app.screen.focus_chain if pane in widget.ancestors))
+
+
+def tree_prefix(command: str) -> str:
+    """The tree branch drawn before a command (`│  └─ `)."""
+    return command[: len(command) - len(command.lstrip("│├└─ "))]
+
+
+def kernel_pids() -> List[int]:
+    """Kernel threads on this machine, by the PF_KTHREAD flag of their stat (the probe's own test)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path("/proc/%s/stat" % entry).read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2:].split()[6]) & 0x00200000:
+                found.append(int(entry))
+    return found
+
+
+async def test_kernel_threads_hidden_until_T(rank_child):
+    if not kernel_pids():
+        pytest.skip("no kernel threads visible here (a container without the host's /proc)")
+    child, _ = rank_child
+    pane = ProcessesPane()
+    async with ConsoleLikeApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(local_states(), None, NOW)
+        await pilot.pause()
+        host = pane.host_table.table
+        listed = {int(key.rpartition("/")[2]) for key in keys(host)}
+        kernel = {p.pid for p in pane.states[NODE].frame.top_processes if p.kernel_thread}
+        assert kernel and not listed & kernel
+        assert {os.getpid(), child.pid, 1} <= listed  # every user process, the sleeping child too
+        assert "%d kernel threads hidden: T" % len(kernel) in status(pane)
+        await pilot.press("T")
+        listed = {int(key.rpartition("/")[2]) for key in keys(host)}
+        assert kernel <= listed and child.pid in listed
+        assert "kernel threads shown: T" in status(pane)
+        assert cell(host, "%s/2" % NODE, "command") == "[kthreadd]"
+        await pilot.press("T")
+        assert not {int(key.rpartition("/")[2]) for key in keys(host)} & kernel
+
+
+async def test_tree_view_puts_children_under_their_parent_and_keeps_the_cursor(rank_child):
+    child, marker = rank_child
+    pane = ProcessesPane()
+    async with ConsoleLikeApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(local_states(), None, NOW)
+        await pilot.pause()
+        host = pane.host_table.table
+        await pilot.press("t")
+        assert "tree" in status(pane)
+        order = keys(host)
+        me, kid = "%s/%d" % (NODE, os.getpid()), "%s/%d" % (NODE, child.pid)
+        assert order.index(me) < order.index(kid)
+        # The child one level deeper than this process, on a branch.
+        branch, own = tree_prefix(cell(host, kid, "command")), tree_prefix(cell(host, me, "command"))
+        assert branch.endswith((TREE_BRANCH, TREE_LAST)) and len(branch) == len(own) + 3 if own else len(branch) == 3
+        assert cell(host, "%s/1" % NODE, "command")[:1] not in "├└│ "  # init is a root
+        # The cursor moves by keyboard in the tree, and what it is on is what actions target.
+        host.focus()
+        host.move_cursor(row=order.index(kid), animate=False)
+        await pilot.pause()
+        assert pane.highlighted_process() == (NODE, child.pid)
+        await pilot.press("down", "up")
+        assert pane.highlighted_process() == (NODE, child.pid)
+        await pilot.press("t")
+        assert "tree" not in status(pane) and not cell(host, kid, "command").startswith(("├", "└", "│", " "))
+
+
+async def test_enter_opens_details_read_on_the_node(rank_child):
+    child, marker = rank_child
+    pane = ProcessesPane()
+    app = ConsoleLikeApp(pane)
+    async with app.run_test(size=SIZE) as pilot:
+        pane.show(local_states(), None, NOW)
+        pane.apply_filter(marker)
+        await pilot.pause()
+        host = pane.host_table.table
+        assert keys(host) == ["%s/%d" % (NODE, child.pid)]
+        host.focus()
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ProcessDetailsScreen) and app.screen.details is not None)
+        screen = app.screen
+        assert screen.details.problem is None, screen.details
+        assert dict(screen.details.rank_env) == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8",
+                                                 "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"}
+        text = str(screen.query_one("#details-node").render()) + str(screen.query_one("#details-frame").render())
+        assert "RANK=3" in text and "MASTER_ADDR=10.0.0.7" in text
+        assert "not-for-the-screen" not in text  # only the rank variables of the environment
+        assert marker in text and "\x1b" not in text and "\x07" not in text  # the escape is shown, never sent
+        assert "Cgroup" in text and any(line.startswith("0::") or ":" in line for line in screen.details.cgroup)
+        assert "GPUs" in text and "none" in text  # no GPU context on this VM
+        assert "Process %d on %s" % (child.pid, NODE) in str(screen.query_one("#details-title").render())
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ProcessDetailsScreen))
+
+
+async def test_details_of_a_process_that_exited_say_so(rank_child):
+    child, marker = rank_child
+    pane = ProcessesPane()
+    app = ConsoleLikeApp(pane)
+    async with app.run_test(size=SIZE) as pilot:
+        pane.show(local_states(), None, NOW)
+        pane.apply_filter(marker)
+        await pilot.pause()
+        child.kill()
+        child.wait()
+        pane.host_table.table.focus()
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ProcessDetailsScreen) and app.screen.details is not None)
+        assert app.screen.details.problem == "gone: /proc has no such process"
+
+
+async def test_selection_after_a_filter_runs_across_both_tables():
+    """In the default view (both tables), the keyboard reaches host processes: down from the last
+    GPU row enters the host table; a filter that empties the GPU table leaves it out of the focus."""
+    pane = ProcessesPane()
+    async with ConsoleLikeApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        pane.apply_filter("user:alice")
+        await pilot.pause()
+        gpu, host = pane.gpu_table.table, pane.host_table.table
+        assert keys(gpu) == ["gpu01/421@0"] and keys(host) == ["gpu01/421", "gpu01/501"]
+        focus_pane_as_the_console_does(pilot.app, pane)
+        await pilot.pause()
+        assert pilot.app.focused is gpu and pane.highlighted_process() == ("gpu01", 421)
+        await pilot.press("down")
+        assert pilot.app.focused is host and pane.highlighted_process() == ("gpu01", 421)
+        await pilot.press("down")
+        assert pane.highlighted_process() == ("gpu01", 501)  # the hung worker: pickable by keyboard
+        await pilot.press("up", "up")
+        assert pilot.app.focused is gpu
+        # A filter that leaves no GPU process: the GPU table takes no focus, the host table has it.
+        pane.apply_filter("state:D")
+        await pilot.pause()
+        assert keys(gpu) == [] and not gpu.can_focus and host.can_focus
+        focus_pane_as_the_console_does(pilot.app, pane)
+        await pilot.pause()
+        assert pilot.app.focused is host and pane.highlighted_process() == ("gpu01", 501)
+        pane.apply_filter("")
+        await pilot.pause()
+        assert gpu.can_focus
+
+
+async def test_sort_label_is_the_header_of_the_sorted_column():
+    pane = ProcessesPane()
+    async with ConsoleLikeApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        await pilot.pause()
+        host = pane.host_table.table
+        host.focus()
+        await pilot.pause()
+        seen = []
+        for _ in range(len(pane.host_table.sort.keys) + 2):
+            column = pane.host_table.sort.column
+            header = host.columns[column].label.plain
+            assert "sort: %s" % header in status(pane), (header, status(pane))
+            assert header.endswith(("▲", "▼")) and "config order" not in status(pane)
+            seen.append(column)
+            await pilot.press("r")
+            assert "sort: %s" % host.columns[column].label.plain in status(pane)
+            await pilot.press("s")
+        assert seen[0] == "cpu" and set(seen) >= set(pane.host_table.sort.keys)  # round the columns, no "config order"
+
+
+def row(node: str, pid: int, ppid, cpu: float = 0.0) -> ProcessRow:
+    return ProcessRow(key="%s/%d" % (node, pid), kind="host", node=node, pid=pid, user="u", name="p", command="c%d" % pid,
+                      gpu_index=None, gpu_memory=None, sm_percent=None, cpu_percent=cpu, rss=None, elapsed=None,
+                      proc_state="S", node_state="up", live=True, ppid=ppid)
+
+
+def test_process_tree_orders_siblings_and_survives_loops():
+    rows = [row("a", 1, 0), row("a", 10, 1, cpu=5.0), row("a", 11, 1, cpu=50.0), row("a", 12, 11), row("b", 12, 1),
+            row("a", 20, 21), row("a", 21, 20)]  # b's 12 has no parent on b; 20 and 21 loop
+    placed = process_tree(rows, lambda r: r.cpu_percent, reverse=True)
+    assert [(r.node, r.pid, prefix) for r, prefix in placed] == [
+        ("a", 1, ""), ("a", 11, "├─ "), ("a", 12, "│  └─ "), ("a", 10, "└─ "),
+        ("b", 12, ""),
+        ("a", 20, ""), ("a", 21, "└─ "),
+    ]
+    chain = [row("a", 1, 0)] + [row("a", pid, pid - 1) for pid in range(2, 3000)]  # deeper than the recursion limit
+    assert len(process_tree(chain, None)) == 2999
