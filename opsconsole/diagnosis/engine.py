@@ -293,7 +293,9 @@ class Diagnoser:
             self._watchdog.feed(body, rank, number, key)  # every rank's progress, compared in verdict()
         # Times are the file's (interleaved ranks share its clock), parsed only when a line is a finding.
         first = text[:1]
-        if "0" <= first <= "9" and text[4:5] == "-":  # the common case, inlined: "2026-12-03 ..."
+        if "0" <= first <= "9" and text[4:5] == "-":  # the common cases, inlined: "2026-12-03 ..."
+            clock.stamp_text = text
+        elif first == "[" and "0" <= text[1:2] <= "9" and text[5:6] == "-":  # "[2026-12-03 ..."
             clock.stamp_text = text
         elif first in _STAMP_FIRST and may_carry_time(text):
             clock.stamp_text = text

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, List, Match, Optional, Pattern, Tuple
 
-import ahocorasick
+import ahocorasick_rs
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,8 @@ SIGNATURES: Tuple[Signature, ...] = (
     # Only the loss: a NaN/Inf grad norm alone is what fp16 loss scaling shows on the steps it skips.
     # One signature per phrasing, each with its own needles, so a line runs only the regex it may match;
     # case spelled out instead of IGNORECASE, a literal first in every branch (sre scans for it in C).
-    _sig("nan_inf", r"[Ll](?<![A-Za-z][Ll])oss['\"]?\s*(?:is\s+|[:=]\s*|\s+)(?:total[:=]\s*)?['\"]?(?:nan|NaN|NAN|[-+]?(?:inf|Inf|INF))\b",
+    # "oss" first, "[Ll]" and the letter before it checked behind: 1.7 us a Megatron metrics line, 8 us with "[Ll]" first.
+    _sig("nan_inf", r"oss(?<![A-Za-z][Ll]oss)(?<=[Ll]oss)['\"]?\s*(?:is\s+|[:=]\s*|\s+)(?:total[:=]\s*)?['\"]?(?:nan|NaN|NAN|[-+]?(?:inf|Inf|INF))\b",
          ("nan", "inf")),
     _sig("nan_inf", r"number of nan iterations:\s*[1-9]", ("nan iterations",)),
     # Dynamic loss scaling that never recovers: the scale driven to its floor (apex prints Python's
@@ -244,39 +245,44 @@ SIGNATURES: Tuple[Signature, ...] = (
     _sig("app_error", r"Traceback \(most recent calls WITHOUT Sacred internals\)", ("without sacred internals",)),
 )
 
-_WORD_NEEDLES = {"nan", "inf"}  # whole words only in the prefilter
+_WORD_NEEDLES = ("nan", "inf")  # whole words only in the prefilter
 
 
-# One pass rejects a healthy line: an Aho-Corasick automaton over the union of every
-# signature's needles (pyahocorasick), 0.5 us a line where one regex alternation of them
-# took 7.8 us (sre tries the alternation at every position of the line).
-_NEEDLES = sorted({needle for sig in SIGNATURES for needle in sig.needles})
-# needle -> the positions in SIGNATURES of the signatures that name it
-_SIGNATURES_OF = {needle: tuple(i for i, sig in enumerate(SIGNATURES) if needle in sig.needles) for needle in _NEEDLES}
-_AUTOMATON = ahocorasick.Automaton()
-for _needle in _NEEDLES:
-    _AUTOMATON.add_word(_needle, (len(_needle), _needle in _WORD_NEEDLES, _SIGNATURES_OF[_needle]))
-_AUTOMATON.make_automaton()
-
-
-def _is_word(lowered: str, end: int, length: int) -> bool:
-    start = end - length + 1
-    return not (start > 0 and "a" <= lowered[start - 1] <= "z") and not (
-        end + 1 < len(lowered) and "a" <= lowered[end + 1] <= "z"
-    )
+# One pass rejects a healthy line: an Aho-Corasick automaton (a DFA, ahocorasick_rs) over the union of
+# every signature's needles, 0.8 us a line where one regex alternation of them took 7.8 us (sre tries
+# the alternation at every position) and pyahocorasick's iterator 2-2.5 us (the benchmark's lines,
+# benchmarks/diagnosis_throughput.py). "nan" and "inf" stay out of it: "inf" is in every "INFO" and
+# "inference". They are found as whole words by a regex each, behind a substring test (both in C).
+_NEEDLES = sorted({needle for sig in SIGNATURES for needle in sig.needles if needle not in _WORD_NEEDLES})
+# needle index -> the positions in SIGNATURES of the signatures that name it
+_SIGNATURES_OF = tuple(tuple(i for i, sig in enumerate(SIGNATURES) if needle in sig.needles) for needle in _NEEDLES)
+_find_needles = ahocorasick_rs.AhoCorasick(_NEEDLES, implementation=ahocorasick_rs.Implementation.DFA).find_matches_as_indexes
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# The word, its whole-word regex (the literal first: sre scans for it in C), the signatures naming it.
+_NAN_WORD = re.compile(r"nan(?<![a-z]nan)(?![a-z])")
+_INF_WORD = re.compile(r"inf(?<![a-z]inf)(?![a-z])")
+_NAN_AT = tuple(i for i, sig in enumerate(SIGNATURES) if "nan" in sig.needles)
+_INF_AT = tuple(i for i, sig in enumerate(SIGNATURES) if "inf" in sig.needles)
 
 
 def candidates(lowered: str) -> List[int]:
     """The positions in SIGNATURES of the signatures whose needles the lower-cased line holds, in order;
-    [] when it holds none ("nan" and "inf" count as whole words only there, as anywhere in a line
-    that holds another needle): the one pass of the automaton replaces a needle test per signature."""
+    [] when it holds none ("nan" and "inf" count as whole words only): the one pass of the automaton
+    replaces a needle test per signature."""
+    try:
+        hits = _find_needles(lowered, overlapping=True)
+    except UnicodeEncodeError:  # a lone surrogate (bytes decoded with surrogateescape): no needle holds one
+        hits = _find_needles(_SURROGATE.sub("\ufffd", lowered), overlapping=True)
     found: set = set()
-    passed = False
-    for end, (length, whole_word, positions) in _AUTOMATON.iter(lowered):
-        found.update(positions)
-        if not passed and (not whole_word or _is_word(lowered, end, length)):
-            passed = True
-    return sorted(found) if passed else []
+    for needle, _, _ in hits:
+        found.update(_SIGNATURES_OF[needle])
+    # "info" and "nano..." hold the word but never as a whole one: only more of it than of them is worth a
+    # search (each "info" holds one "inf"; a counted "nan" that overlaps a "nano" is followed by a letter).
+    if "inf" in lowered and lowered.count("inf") != lowered.count("info") and _INF_WORD.search(lowered) is not None:
+        found.update(_INF_AT)
+    if "nan" in lowered and lowered.count("nan") != lowered.count("nano") and _NAN_WORD.search(lowered) is not None:
+        found.update(_NAN_AT)
+    return sorted(found) if found else []
 
 
 def has_needle(lowered: str) -> bool:
@@ -317,6 +323,8 @@ def match_roles(line: str) -> List[Tuple[str, bool, str]]:
     positions = candidates(line.lower())
     if not positions:
         return []
+    if "NCCL INFO" in line and all(SIGNATURES[position].category in _SOFT for position in positions):
+        return []  # BENIGN would clear whatever these match: NCCL's INFO chatter, without its regexes
     matches: List[Tuple[str, bool, str]] = []
     overridden: set = set()
     for position in positions:
