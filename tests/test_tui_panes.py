@@ -264,7 +264,7 @@ async def test_nodes_pane_sort_cycle_reverse_and_header_click():
         assert keys(table) == ["gpu01", "gpu02", "gpu03"]
         await pilot.press("r")
         assert keys(table) == ["gpu02", "gpu01", "gpu03"]
-        assert "RTT ▼" in status_text(pane)
+        assert "sort: RTT▼" in status_text(pane)  # the header as drawn
 
 
 async def test_nodes_pane_sort_cycles_back_to_config_order():
@@ -484,7 +484,7 @@ async def test_processes_pane_gpu_and_host_rows():
             "state": "R",
             "command": "python3 train.py --bf16-matmul",
         }
-        assert keys(host) == ["gpu01/421", "gpu01/501", "gpu02/7001"]
+        assert keys(host) == ["gpu01/421", "gpu02/7001", "gpu01/501"]  # busiest first: 99 %, 87.5 %, 0 %
         assert cells(host, "gpu01/501")["command"] == "python3 train.py [dataloader worker 0]"
         assert "gpu" not in cells(host, "gpu01/501")
 
@@ -552,20 +552,21 @@ async def test_processes_pane_toggle_and_sort_the_focused_table():
         await pilot.pause()
         gpu, host = pane.gpu_table.table, pane.host_table.table
         assert gpu.display and host.display
-        await pilot.press("t")
+        await pilot.press("v")
         assert gpu.display and not host.display
-        await pilot.press("t")
+        await pilot.press("v")
         assert host.display and not gpu.display
         assert pane.screen.focused is host
-        await click_header(pilot, host, "cpu")
+        assert pane.host_table.sort_label() == "CPU▼"  # busiest first until asked otherwise
+        await click_header(pilot, host, "cpu")  # the sorted column again: the other way round
         assert keys(host) == ["gpu01/501", "gpu02/7001", "gpu01/421"]  # 0 %, 87.5 %, 99 %
         await pilot.press("r")
         assert keys(host) == ["gpu01/421", "gpu02/7001", "gpu01/501"]
-        assert pane.gpu_table.sort.column is None  # the other table keeps its own sort
+        assert pane.gpu_table.sort.column == "gpu_memory"  # the other table keeps its own sort
         await pilot.press("s")  # next column after CPU: RSS
         assert pane.host_table.sort.column == "rss"
         assert keys(host) == ["gpu02/7001", "gpu01/501", "gpu01/421"]  # 12 MiB, 900 MiB, 2 GiB
-        await pilot.press("t")
+        await pilot.press("v")
         assert gpu.display and host.display
 
 
