@@ -195,3 +195,51 @@ def test_alert_rules_from_config():
         ("idle", "gpu.utilization", "<", 5.0, 300.0)]
     default = rules_from_config(parse_config("", "x.toml"))
     assert "gpu_hot" in [r.name for r in default]
+
+
+# --- acknowledging, silencing, findings from before the start ------------------------------------
+
+
+def test_an_acknowledged_alert_is_listed_but_neither_counted_nor_announced_until_taken_back():
+    clock = [100.0]
+    engine = AlertEngine([AlertRule("hot", "gpu.temperature", ">", 85, clear=50)])
+    engine.clock = lambda: clock[0]
+    [fired] = engine.observe(state_with_temperature(90), now=100.0)
+    assert engine.counts() == {"warning": 1} and engine.announces(fired, 100.0)
+    assert engine.acknowledge(fired.key) is True
+    assert engine.counts() == {} and engine.quiet_reason(fired.key, 100.0) == "acknowledged"
+    # It flaps: resolved, firing again; still acknowledged, so not announced again.
+    engine.observe(state_with_temperature(40), now=110.0)
+    [again] = engine.observe(state_with_temperature(95), now=120.0)
+    assert again.state == EVENT_FIRING and not engine.announces(again, 120.0)
+    assert [e.key for e in engine.firing()] == [fired.key]  # still listed as firing
+    assert engine.acknowledge(fired.key) is False  # taken back
+    assert engine.counts() == {"warning": 1} and engine.announces(again, 120.0)
+
+
+def test_a_silence_lasts_until_its_time_then_the_alert_speaks_again():
+    clock = [1000.0]
+    engine = AlertEngine([AlertRule("hot", "gpu.temperature", ">", 85, clear=50)])
+    engine.clock = lambda: clock[0]
+    [fired] = engine.observe(state_with_temperature(90), now=1000.0)
+    engine.silence(fired.key, 1000.0 + 900)
+    assert engine.counts() == {} and not engine.announces(fired, 1000.0)
+    assert engine.silenced_until(fired.key, 1899.0) == 1900.0
+    clock[0] = 1900.0
+    assert engine.silenced_until(fired.key, 1900.0) is None and engine.counts() == {"warning": 1}
+    engine.silence(fired.key, 5000.0)
+    engine.silence(fired.key, None)  # lifted
+    assert engine.announces(fired, 1900.0)
+
+
+def test_findings_from_before_the_start_are_listed_once_and_a_new_one_still_fires():
+    engine = AlertEngine([])
+    old = Finding(line=7, category="cuda_oom", severity="critical", title="CUDA out of memory", cause="", remedy="",
+                  excerpt="torch.OutOfMemoryError", source="n:/logs/rank0.log", rank=0, time=50.0)
+    [listed] = engine.observe_finding(old, "n", now=1000.0, earlier=True)
+    assert listed.earlier and listed.time == 50.0 and not engine.announces(listed, 1000.0)
+    assert engine.observe_finding(replace(old, line=9), "n", now=1000.0, earlier=True) == []  # once per source
+    assert engine.firing() == [] and engine.counts() == {}
+    [new] = engine.observe_finding(replace(old, line=30, time=1100.0), "n", now=1100.0)
+    assert not new.earlier and engine.announces(new, 1100.0) and engine.counts() == {"critical": 1}
+    assert new.to_json()["earlier"] is False and listed.to_json()["earlier"] is True

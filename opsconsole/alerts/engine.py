@@ -3,12 +3,18 @@
 Each (rule, node, GPU) is a small state machine: ok -> pending (condition true since t) ->
 firing (held for `for_s`) -> ok again only once the value is past the clear level. A node
 that stops reporting keeps its alerts as they are: no reading is not a recovery.
+
+An alert (rule, node, GPU) can be acknowledged (until it is un-acknowledged) or silenced until a
+time: its events are still kept and listed, but are not announced (toast, bell, hook) and do not
+count in the header. Findings from log lines written before the console started ("earlier") are
+listed the same way: an old log file does not re-fire its alerts at every start.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from opsconsole.alerts.rules import AlertRule, readings
 from opsconsole.model import NodeState
@@ -30,12 +36,21 @@ class AlertEvent:
     gpu: Optional[int] = None
     value: Optional[float] = None
     threshold: Optional[float] = None
+    earlier: bool = False  # from a log line written before the console started: listed, never announced
+
+    @property
+    def key(self) -> "AlertKey":
+        return (self.rule, self.node, self.gpu)
 
     def to_json(self) -> dict:
         return {
             "time": self.time, "rule": self.rule, "node": self.node, "gpu": self.gpu, "state": self.state,
             "severity": self.severity, "message": self.message, "value": self.value, "threshold": self.threshold,
+            "earlier": self.earlier,
         }
+
+
+AlertKey = Tuple[str, str, Optional[int]]  # (rule, node, GPU): what acknowledging and silencing act on
 
 
 @dataclass
@@ -62,6 +77,10 @@ class AlertEngine:
         self._tracks: Dict[Tuple[str, str, Optional[int]], _Track] = {}
         self._health: Dict[Tuple[str, str, Optional[int]], str] = {}
         self._findings: Dict[Tuple[str, str, Optional[str]], int] = {}
+        self._earlier_findings: Set[Tuple[str, str, Optional[str]]] = set()
+        self.acknowledged: Set[AlertKey] = set()
+        self.silenced: Dict[AlertKey, float] = {}  # key -> silenced until (epoch seconds)
+        self.clock: Callable[[], float] = time.time  # the console sets its own (a replay's clock)
 
     # --- inputs ---------------------------------------------------------------
 
@@ -119,14 +138,25 @@ class AlertEngine:
             self._health[key] = result.status if bad else "pass"
         return self._record(events)
 
-    def observe_finding(self, finding, node: str, now: float) -> List[AlertEvent]:
-        """A log finding (opsconsole.diagnosis.finding.Finding): the first of its category per source fires."""
+    def observe_finding(self, finding, node: str, now: float, earlier: bool = False) -> List[AlertEvent]:
+        """A log finding (opsconsole.diagnosis.finding.Finding): the first of its category per source fires.
+
+        `earlier`: the line was written before the console started; it is listed once per category and
+        source as an earlier event, and a new line of the same kind after the start still fires.
+        """
         key = (node, finding.category, finding.source)
+        where = "" if finding.rank is None else " (rank %d)" % finding.rank
+        if earlier:
+            if key in self._earlier_findings or key in self._findings:
+                return []
+            self._earlier_findings.add(key)
+            return self._record([AlertEvent(finding.time or now, "finding." + finding.category, node, EVENT_FIRING,
+                                            finding.severity, "%s%s: %s" % (finding.title, where, finding.excerpt[:200]),
+                                            earlier=True)])
         seen = self._findings.get(key, 0)
         self._findings[key] = seen + 1
         if seen:
             return []
-        where = "" if finding.rank is None else " (rank %d)" % finding.rank
         return self._record([AlertEvent(now, "finding." + finding.category, node, EVENT_FIRING,
                                         finding.severity, "%s%s: %s" % (finding.title, where, finding.excerpt[:200]))])
 
@@ -139,17 +169,56 @@ class AlertEngine:
         return events
 
     def firing(self) -> List[AlertEvent]:
-        """The alerts firing now (the latest firing event of each), newest first."""
-        latest: Dict[Tuple[str, str, Optional[int]], AlertEvent] = {}
+        """The alerts firing now (the latest firing event of each), newest first; earlier ones left out."""
+        latest: Dict[AlertKey, AlertEvent] = {}
         for event in self.history:
-            latest[(event.rule, event.node, event.gpu)] = event
+            if not event.earlier:
+                latest[event.key] = event
         live = [e for e in latest.values() if e.state == EVENT_FIRING and not e.rule.startswith("finding.")]
         live += [e for e in latest.values() if e.rule.startswith("finding.")]
         return sorted(live, key=lambda e: e.time, reverse=True)
 
     def counts(self) -> Dict[str, int]:
-        """Firing alerts by severity, for the header badge."""
+        """Firing alerts by severity that nobody acknowledged or silenced, for the header badge."""
         out: Dict[str, int] = {}
+        now = self.clock()
         for event in self.firing():
-            out[event.severity] = out.get(event.severity, 0) + 1
+            if not self.quiet_reason(event.key, now):
+                out[event.severity] = out.get(event.severity, 0) + 1
         return out
+
+    # --- acknowledging and silencing -------------------------------------------
+
+    def acknowledge(self, key: AlertKey) -> bool:
+        """Acknowledge the alert `key`, or take the acknowledgement back; True when it is acknowledged now."""
+        if key in self.acknowledged:
+            self.acknowledged.discard(key)
+            return False
+        self.acknowledged.add(key)
+        return True
+
+    def silence(self, key: AlertKey, until: Optional[float]) -> None:
+        """Silence the alert `key` until `until` (epoch seconds); None lifts the silence."""
+        if until is None:
+            self.silenced.pop(key, None)
+        else:
+            self.silenced[key] = until
+
+    def silenced_until(self, key: AlertKey, now: float) -> Optional[float]:
+        until = self.silenced.get(key)
+        if until is not None and until <= now:
+            del self.silenced[key]  # ran out: the alert speaks again
+            return None
+        return until
+
+    def quiet_reason(self, key: AlertKey, now: float) -> str:
+        """Why the alert `key` is not announced: "acknowledged", "silenced", or "" when it is."""
+        if key in self.acknowledged:
+            return "acknowledged"
+        if self.silenced_until(key, now) is not None:
+            return "silenced"
+        return ""
+
+    def announces(self, event: AlertEvent, now: float) -> bool:
+        """Whether `event` is announced (toast, bell, hook): not earlier, acknowledged or silenced."""
+        return not event.earlier and not self.quiet_reason(event.key, now)

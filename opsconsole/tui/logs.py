@@ -66,6 +66,9 @@ LABEL_COLOURS = (
 )
 assert len(LABEL_COLOURS) == COLOUR_COUNT
 MARK_STYLES = {"critical": "bold red", "error": "red", "warning": "yellow"}
+# A line stamped this much before the console started is from before it (clocks of nodes and the
+# console differ by a little; a line written during the start must not count as old).
+BEFORE_START_SLACK_S = 5.0
 
 
 # --- the feed: LogHub + Diagnoser --------------------------------------------------------------
@@ -96,9 +99,12 @@ def deliver_findings_to(app: Any, pane: "LogsPane", lines: Sequence[LogLine], fi
     services = getattr(app, "services", None)
     if services is None:
         return
+    feed = getattr(pane, "feed", None)
+    before_start = getattr(feed, "before_start", None)
     for line, finding in zip(lines, findings):
         if finding is not None:
-            services.observe_finding(finding, line.source.node)
+            earlier = bool(before_start(line)) if before_start is not None else False
+            services.observe_finding(finding, line.source.node, earlier=earlier)
 
 
 class LogFeed:
@@ -118,6 +124,8 @@ class LogFeed:
         self._last_time: Dict[str, float] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.progress = RunProgress(stall_after)
+        self.started_at: Optional[float] = None  # when following began
+        self._reading_backlog = False  # while the hub delivers the files' last pages at start
 
     @classmethod
     async def start_for(cls, app: Any) -> Optional["LogFeed"]:
@@ -147,7 +155,21 @@ class LogFeed:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        await self.hub.start(self.on_lines)
+        self.started_at = self.now()
+        self._reading_backlog = True  # local files' last pages arrive before hub.start returns
+        try:
+            await self.hub.start(self.on_lines)
+        finally:
+            self._reading_backlog = False
+
+    def before_start(self, line: LogLine) -> bool:
+        """Whether `line` was written before the console started: it was in a file's last page read at
+        the start, or its timestamp (its own, or the record above it) is older than the start. Its
+        findings are listed as earlier, not fired as new alerts."""
+        if self._reading_backlog:
+            return True
+        started = self.started_at
+        return started is not None and line.time is not None and line.time < started - BEFORE_START_SLACK_S
 
     async def stop(self) -> None:
         """Stop the followers; a failure is logged, so the console still closes the fleet after it."""

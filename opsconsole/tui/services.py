@@ -34,6 +34,7 @@ class ConsoleServices:
         self.now = now
         self.history = History(config.history.size)
         self.alerts = AlertEngine(rules_from_config(config))
+        self.alerts.clock = now  # silences run out on the console's clock
         self.recorder = None  # opsconsole.recording.recorder.Recorder while recording
         self.recording_path: Optional[str] = None
         self.hook_results: List[HookResult] = []  # newest last, bounded
@@ -63,8 +64,9 @@ class ConsoleServices:
             for result in results:
                 self.recorder.event("health", result.node, to_wire(result), t=self.now())
 
-    def observe_finding(self, finding, node: str) -> None:
-        for event in self.alerts.observe_finding(finding, node, self.now()):
+    def observe_finding(self, finding, node: str, earlier: bool = False) -> None:
+        """A log finding; `earlier` when its line was written before the console started (listed, not fired)."""
+        for event in self.alerts.observe_finding(finding, node, self.now(), earlier=earlier):
             self.fire(event)
         if self.recorder is not None:
             from opsconsole.model import to_wire
@@ -72,9 +74,11 @@ class ConsoleServices:
             self.recorder.event("finding", node, to_wire(finding), t=self.now())
 
     def fire(self, event: AlertEvent) -> None:
-        self.announce(event)
         if self.recorder is not None:
             self.recorder.event("alert", event.node, event.to_json(), t=event.time)
+        if not self.alerts.announces(event, self.now()):
+            return  # earlier than the start, acknowledged or silenced: listed in the pane, not announced
+        self.announce(event)
         hook = self.config.alerting.hook
         if hook and event.state == EVENT_FIRING:
             self._start_hook(list(hook), event)
