@@ -27,6 +27,7 @@ from opsconsole.probe.agent import Probe
 from opsconsole.tui.process_details import ProcessDetailsScreen
 from opsconsole.tui.processes import ProcessesPane
 from opsconsole.tui.table_diff import row_keys_in_order
+from tests.sshd import ssh_client, sshd_factory  # noqa: F401
 
 SIZE = (200, 50)
 NODE = "local"
@@ -282,3 +283,50 @@ def test_process_tree_orders_siblings_and_survives_loops():
     ]
     chain = [row("a", 1, 0)] + [row("a", pid, pid - 1) for pid in range(2, 3000)]  # deeper than the recursion limit
     assert len(process_tree(chain, None)) == 2999
+
+
+async def test_details_are_read_over_the_nodes_real_ssh_connection(rank_child, sshd_factory):
+    """A remote node: the reader runs there as `python3 -I -c SOURCE PID` over the node's own connection
+    (the sshd runs here, so the node's /proc is this machine's)."""
+    from opsconsole.config import SshConfig
+    from opsconsole.nodes.process_details import fetch_process_details
+    from opsconsole.nodes.ssh import SshLink
+
+    child, marker = rank_child
+    server = sshd_factory.start()
+    fast = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
+    link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port, python=sys.executable), fast, 0.3)
+    try:
+        details = await fetch_process_details(link, child.pid)
+        assert details.problem is None, details
+        assert dict(details.rank_env)["RANK"] == "3" and dict(details.rank_env)["MASTER_ADDR"] == "10.0.0.7"
+        assert marker in details.args and details.cgroup
+        gone = await fetch_process_details(link, int(Path("/proc/sys/kernel/pid_max").read_text()) + 1)
+        assert gone.problem == "gone: /proc has no such process"
+    finally:
+        await link.close()
+
+
+@pytest.mark.parametrize(
+    "answer, problem",
+    [
+        ("", "the node's answer is not JSON"),
+        ("Traceback (most recent call last):", "the node's answer is not JSON"),
+        ("[1, 2]", "the node's answer is not an object"),
+        ('{"pid": 999, "errors": {}}', "the node answered for another pid"),
+        ("x" * (2 << 20), "answer of 2097152 characters, over the 1048576 limit"),
+    ],
+)
+def test_a_bad_answer_from_the_node_is_a_problem_not_a_crash(answer, problem):
+    from opsconsole.nodes.process_details import details_from_answer
+
+    assert details_from_answer(42, answer).problem == problem
+
+
+def test_odd_fields_in_an_answer_are_left_out():
+    from opsconsole.nodes.process_details import details_from_answer
+
+    details = details_from_answer(42, '{"pid": 42, "args": ["a", 5, {"x": 1}, "b"], "rank_env": {"RANK": 7, "WORLD_SIZE": "8",'
+                                      ' "EVIL": "1"}, "cgroup": "0::/", "cwd": ["x"], "starttime": -1, "errors": []}')
+    assert details.args == ("a", "b") and details.rank_env == (("WORLD_SIZE", "8"),)
+    assert details.cgroup == () and details.cwd is None and details.starttime is None and details.problem is None
