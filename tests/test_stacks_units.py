@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -373,3 +374,27 @@ def test_an_mpi_launched_rank_is_found_by_its_launchers_variables():
     finally:
         process.kill()
         process.wait()
+
+
+def test_without_ranks_the_gpu_processes_the_console_saw_are_dumped():
+    unshare = shutil.which("unshare")
+    if os.getuid() != 0 or unshare is None or not os.path.exists(PY_SPY):
+        pytest.skip("needs root, unshare and py-spy: a PID namespace where no process has a RANK")
+    # In a fresh PID namespace only this script's processes exist: no rank by environment, so the
+    # GPU compute process the console's frame listed (here: the sleeper) is what gets dumped.
+    helper = " ".join(shlex.quote(word) for word in helper_argv(sys.executable))
+    script = (
+        "env -u RANK -u LOCAL_RANK %s -c 'import time\ndef on_the_gpu():\n    time.sleep(60)\non_the_gpu()' &\n"
+        "for try in $(seq 200); do\n"  # until the sleeper is in its function
+        "  out=$(echo '{\"gpu_pids\": ['$!'], \"py_spy\": %s}' | %s)\n"
+        "  case \"$out\" in *on_the_gpu*) break;; esac\n"
+        "  sleep 0.05\n"
+        "done\n"
+        "printf '%%s\\n' \"$out\"\n"  # dash's echo would turn the JSON's \\n escapes into newlines
+        "kill $!\n" % (shlex.quote(sys.executable), json.dumps(PY_SPY), helper))
+    done = subprocess.run([unshare, "--pid", "--fork", "--mount-proc", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=60)
+    answer = read(done.stdout.splitlines(keepends=True))
+    assert answer.head["source"] == "gpu", done.stdout + done.stderr
+    assert answer.errors == [] and answer.ranks[0].frames[0].function == "on_the_gpu"
+    assert answer.ranks[0].rank is None and answer.ranks[0].rank_id == "gpu1:%d" % answer.ranks[0].pid

@@ -69,3 +69,14 @@ async def test_a_node_that_is_down_is_an_error_line_and_hostile_frames_show_as_v
         await pilot.press("escape")
         await pilot.press("escape")
         await wait(pilot, lambda: not isinstance(app.screen, (StacksScreen, RankStackScreen)))
+
+
+def test_the_gpu_processes_of_each_nodes_last_frame_go_to_the_node_as_the_fallback():
+    from opsconsole.model import NodeFrame, NodeState, ProcessSample
+    from opsconsole.tui.stacks import gpu_processes
+
+    frame = NodeFrame(node="g1", time=0.0, processes=(ProcessSample(pid=40, gpu_index=1), ProcessSample(pid=40, gpu_index=2),
+                                                      ProcessSample(pid=31, gpu_index=0)),
+                      top_processes=(ProcessSample(pid=7),))
+    states = {"g1": NodeState(name="g1", frame=frame), "g2": NodeState(name="g2"), "g3": NodeState(name="g3")}
+    assert gpu_processes(states, ["g1", "g2"]) == {"g1": [31, 40]}

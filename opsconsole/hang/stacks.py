@@ -293,8 +293,10 @@ def helper_argv(python: str) -> List[str]:
     return shlex.split(python) + ["-I", "-S", "-u", "-c", inspect.getsource(rank_stacks)]
 
 
-def request_line(pids: Optional[Sequence[int]], native: bool, timeout: float) -> str:
-    return json.dumps({"pids": list(pids) if pids else None, "native": bool(native), "timeout": timeout}) + "\n"
+def request_line(pids: Optional[Sequence[int]], native: bool, timeout: float,
+                 gpu_pids: Optional[Sequence[int]] = None) -> str:
+    return json.dumps({"pids": list(pids) if pids else None, "native": bool(native), "timeout": timeout,
+                       "gpu_pids": list(gpu_pids) if gpu_pids else None}) + "\n"
 
 
 async def _pump(read: Callable[[], Any], answer: NodeAnswer, decode: Callable[[Any], str]) -> None:
@@ -354,14 +356,17 @@ def _describe(exc: BaseException) -> str:
 
 
 async def collect_node(name: str, link: Any, pids: Optional[Sequence[int]] = None, native: bool = False,
-                       timeout: float = DEFAULT_DUMP_TIMEOUT_S) -> NodeAnswer:
-    """One node's ranks and stacks over its link; every failure ends up in the answer's errors."""
+                       timeout: float = DEFAULT_DUMP_TIMEOUT_S, gpu_pids: Optional[Sequence[int]] = None) -> NodeAnswer:
+    """One node's ranks and stacks over its link; every failure ends up in the answer's errors.
+
+    `gpu_pids`: the node's GPU compute processes as its last frame listed them, dumped when no
+    process has a rank in its environment."""
     answer = NodeAnswer(name, timeout)
     channel = command_channel(link)
     if is_replayed(link) or channel not in (COMMANDS_HERE, COMMANDS_SSH):
         return answer.finish("no command channel to the node (a replay or a metrics-only source): its processes "
                              "cannot be read")
-    request = request_line(pids, native, timeout)
+    request = request_line(pids, native, timeout, gpu_pids)
     deadline = timeout * 3 + NODE_SLACK_S
     failure = None
     try:
@@ -380,12 +385,15 @@ async def collect_node(name: str, link: Any, pids: Optional[Sequence[int]] = Non
 
 
 async def collect_stacks(links: Mapping[str, Any], pids: Optional[Mapping[str, Sequence[int]]] = None,
-                         native: bool = False, timeout: float = DEFAULT_DUMP_TIMEOUT_S) -> StacksReport:
-    """Every node's rank stacks, all nodes at once, grouped. `pids` limits a node to those processes."""
+                         native: bool = False, timeout: float = DEFAULT_DUMP_TIMEOUT_S,
+                         gpu_pids: Optional[Mapping[str, Sequence[int]]] = None) -> StacksReport:
+    """Every node's rank stacks, all nodes at once, grouped. `pids` limits a node to those processes;
+    `gpu_pids` are each node's GPU compute processes from its frame (used where no rank is found)."""
     started = time.monotonic()
     names = list(links)
     answers = await asyncio.gather(*(
-        collect_node(name, links[name], (pids or {}).get(name), native, timeout) for name in names))
+        collect_node(name, links[name], (pids or {}).get(name), native, timeout, (gpu_pids or {}).get(name))
+        for name in names))
     ranks = [stack for answer in answers for stack in answer.ranks]
     errors = [error for answer in answers for error in answer.errors]
     node_s = {answer.node: answer.done_s for answer in answers if answer.done_s is not None}

@@ -9,7 +9,8 @@ OMPI_COMM_WORLD_RANK, PMI_RANK; read bounded, values checked as small integers).
 with the same rank identity (RANK, LOCAL_RANK, WORLD_SIZE, run id, master port) only the outermost
 Python one counts, a non-Python wrapper (a shell) gives way to the Python rank below it, and a
 launcher with a RANK of its own (torchrun under Kubeflow gets the node's) is not a rank. With no
-such process, the GPU compute processes (`nvidia-smi --query-compute-apps=pid`) stand in. Explicit
+such process, the GPU compute processes stand in: those the console's frame listed, else
+`nvidia-smi --query-compute-apps=pid`. Explicit
 PIDs in the request replace the search.
 
 Each rank gets `py-spy dump --pid P --json` (`--native` on request), several at once, each with its
@@ -18,7 +19,8 @@ it (it is input from a node). What the console needs to explain a failure comes 
 was looked for, kernel.yama.ptrace_scope, the uid and whether CAP_SYS_PTRACE is held.
 
 Protocol: one JSON request line on stdin
-    {"pids": [P, ...] or null, "native": bool, "timeout": seconds, "py_spy": path or null}
+    {"pids": [P, ...] or null, "native": bool, "timeout": seconds, "py_spy": path or null,
+     "gpu_pids": [P, ...] or null (the GPU compute processes the console saw, for when no rank is found)}
 and JSON lines on stdout: {"kind": "node", ...} first, one {"kind": "rank", ...} per process as
 its dump ends, {"kind": "done", "seconds": s} last.
 Stdlib only, Python 3.6+ syntax (probe/ rules).
@@ -338,8 +340,11 @@ def collect(request, emit):
         for rank in ranks:
             envs[rank["pid"]] = environ_of(rank["pid"])
         if not ranks:
+            # The console's frame already lists the GPU compute processes (NVML); nvidia-smi without it.
             source = "gpu"
-            ranks = [describe(pid, environ_of(pid), cmdline_of(pid)) for pid in gpu_compute_pids(timeout)]
+            gpu_pids = checked_pids(request.get("gpu_pids")) or gpu_compute_pids(timeout)
+            ranks = [describe(pid, environ_of(pid), cmdline_of(pid)) for pid in gpu_pids
+                     if os.path.exists("/proc/%d" % pid)]
     explicit = request.get("py_spy") if isinstance(request.get("py_spy"), str) else None
     py_spy, looked = find_py_spy(explicit, ranks, envs)
     head = {"kind": "node", "source": source, "ranks": len(ranks), "py_spy": py_spy, "looked_in": looked[:20],

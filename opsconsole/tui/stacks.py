@@ -73,16 +73,28 @@ def _runner(app: Any) -> ActionRunner:
     return ActionRunner(AuditLog(audit_path(app.config.actions)))
 
 
+def gpu_processes(states: Dict[str, Any], names: Sequence[str]) -> Dict[str, List[int]]:
+    """Each node's GPU compute processes as its latest frame lists them (the ranks when none has RANK)."""
+    found: Dict[str, List[int]] = {}
+    for name in names:
+        frame = getattr(states.get(name), "frame", None)
+        pids = [p.pid for p in getattr(frame, "processes", ()) or () if getattr(p, "gpu_index", None) is not None]
+        if pids:
+            found[name] = sorted(set(pids))
+    return found
+
+
 async def collect_audited(app: Any, scope: StacksScope) -> Tuple[Optional[StacksReport], Optional[str]]:
     """The report for `scope`, audited first; (None, why) when the audit record could not be written."""
     names = list(scope.nodes) if scope.nodes else list(app.fleet.states())
     link_of = getattr(app, "_link_of", lambda name: None)
     links = {name: link_of(name) for name in names}
     pids = {names[0]: [scope.pid]} if scope.pid is not None and names else None
+    gpu_pids = gpu_processes(app.fleet.states(), names)
     found: Dict[str, StacksReport] = {}
 
     async def execute() -> CommandResult:
-        report = await collect_stacks(links, pids, scope.native, DEFAULT_DUMP_TIMEOUT_S)
+        report = await collect_stacks(links, pids, scope.native, DEFAULT_DUMP_TIMEOUT_S, gpu_pids)
         found["report"] = report
         errors = "\n".join("%s: %s" % (e.node, e.reason) for e in report.errors)
         return CommandResult(0 if report.ranks else 1, stdout=report.verdict or report.summary, stderr=errors,
