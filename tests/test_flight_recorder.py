@@ -389,3 +389,87 @@ async def test_collect_by_rank_pids_reads_each_ranks_own_environment(tmp_path, s
         for process in ranks:
             process.kill()
             process.wait()
+
+
+async def test_the_node_finds_its_ranks_itself(tmp_path):
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    shutil.copy(PIPE_DUMP, dumps / "trace_rank_5")
+    plain = {key: value for key, value in os.environ.items() if not key.startswith("TORCH_") and "RANK" not in key}
+    env = dict(plain, RANK="5", LOCAL_RANK="1", WORLD_SIZE="8", TORCH_FR_BUFFER_SIZE="2000",
+               TORCH_FR_DUMP_TEMP_FILE=str(dumps / "trace_rank_"))
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        collected = await fr.collect_dumps(None, [], str(tmp_path / "got"), host="gpu05", wait_s=0.2, discover=True)
+    finally:
+        rank.kill()
+        rank.wait()
+    # Other ranks of this machine (another test's torchrun) may be found too: ours is among what came back.
+    assert str(tmp_path / "got" / "gpu05" / "trace_rank_5") in collected.saved
+
+
+HUNG_GLOO_JOB = r'''
+import datetime, os, time
+import torch, torch.distributed as dist
+import torch._C._distributed_c10d as c10d
+
+rank = int(os.environ["RANK"])
+
+def dump():  # gloo has no dump FIFO: the job writes its own, as torch's NCCL watchdog would on a timeout
+    path = os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank)
+    with open(path + ".tmp", "wb") as out:
+        out.write(c10d._dump_fr_trace())
+    os.rename(path + ".tmp", path)
+
+def train_step():
+    dist.all_reduce(torch.ones(64, 8))
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+for step in range(3):
+    train_step()
+if rank == 0:
+    work = dist.all_reduce(torch.ones(3), async_op=True)  # rank 0 waits in collective 4; rank 1 never calls it
+dump()
+time.sleep(300)
+'''
+
+
+@pytest.fixture
+def hung_gloo_job(tmp_path):
+    """A live 2-rank torchrun job on gloo, hung: rank 0 in collective 4, rank 1 elsewhere; both dumped."""
+    script = tmp_path / "job.py"
+    script.write_text(HUNG_GLOO_JOB)
+    dumps = tmp_path / "on_node"
+    dumps.mkdir()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "2000",
+           "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "gloo_trace_rank_")}
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                            "127.0.0.1", "--master-port", str(free_port()), str(script)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((dumps / ("gloo_trace_rank_%d" % rank)).exists() for rank in (0, 1)):
+            assert job.poll() is None and time.monotonic() < deadline, "the job ended or took too long"
+            time.sleep(0.2)
+        yield dumps
+    finally:
+        os.killpg(job.pid, 9)  # torchrun and its two ranks: the session the test started
+        job.wait()
+
+
+def test_fr_collect_over_ssh_from_a_live_hung_job(hung_gloo_job, sshd_factory, tmp_path):
+    server = sshd_factory.start()
+    config = tmp_path / "ssh.toml"
+    config.write_text('[[nodes]]\nname = "n1"\nhost = "%s"\nport = %d\npython = "%s"\n'
+                      % (server.address, server.port, sys.executable))
+    into = tmp_path / "collected"
+    done = subprocess.run([sys.executable, "-m", "opsconsole", "fr", "--collect", "--config", str(config), "--wait", "1",
+                           str(into), "--json"], capture_output=True, text=True, timeout=180, cwd=ROOT, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert "dumps in %s" % into in done.stderr
+    document = json.loads(done.stdout)
+    ours = [d for d in document["dumps"] if "gloo_trace_rank_" in d["path"]]
+    assert sorted((d["rank"], d["host"]) for d in ours) == [(0, "n1"), (1, "n1")]
+    mismatch = document["mismatch"]
+    assert (mismatch["kind"], mismatch["seq"], mismatch["culprit_ranks"]) == ("not_joined", 4, [1])
+    assert mismatch["culprits"][0]["last"]["frames"][2]["function"] == "train_step"

@@ -490,6 +490,12 @@ def first(env, names):
         if env.get(name):
             return env[name]
     return None
+if spec.get("discover"):  # the ranks of this node, found as the stacks helper finds them (RANK/LOCAL_RANK)
+    found = {"__name__": "rank_stacks"}
+    exec(RANK_FINDER, found)
+    for described in found["find_ranks"]():
+        if described.get("rank") is not None:
+            spec.setdefault("pids", []).append({"pid": described["pid"], "rank": described["rank"]})
 for item in spec.get("pids", []):  # where each rank writes, from its own environment
     env = {}
     try:
@@ -576,22 +582,31 @@ def _safe_name_part(text: str) -> str:
 async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir: str, host: str,
                         trigger: bool = True, wait_s: float = 10.0, max_bytes: int = 64 * 1024 * 1024,
                         max_total: int = 256 * 1024 * 1024, python: str = "python3",
-                        rank_pids: Sequence[Tuple[int, int]] = ()) -> Collected:
+                        rank_pids: Sequence[Tuple[int, int]] = (), discover: bool = False) -> Collected:
     """Ask the ranks for dumps through their FIFOs (when `trigger`), then copy each dump file here.
 
     The ranks are `locations` (from dump_locations) and/or `rank_pids`, (pid, rank) pairs whose
     dump locations the node reads from each process's own /proc/PID/environ (what the stacks side
-    finds: the ranks' pids); a rank that keeps no flight recorder is a problem saying so.
+    finds: the ranks' pids); a rank that keeps no flight recorder is a problem saying so. With
+    `discover`, the node also finds its ranks itself, as the stacks helper does (RANK or LOCAL_RANK
+    in a process's environment).
 
     Over the node's SSH connection when `link` has `run_command`, else as a local process. Files
     land in `dest_dir/<host>/` under their own names (ending in the rank), ready for analyse_dir.
     Sizes are bounded per file and in all; a file not brought back is a (rank, why) problem.
     """
     spec = {"ranks": [{"rank": item.rank, "dump_file": item.dump_file, "pipe_file": item.pipe_file} for item in locations],
-            "pids": [{"pid": int(pid), "rank": int(rank)} for pid, rank in rank_pids],
+            "pids": [{"pid": int(pid), "rank": int(rank)} for pid, rank in rank_pids], "discover": bool(discover),
             "trigger": bool(trigger), "wait_s": float(wait_s), "max_bytes": int(max_bytes), "max_total": int(max_total)}
-    script = "BUFFER_VARS, DUMP_VARS, PIPE_VARS, DEFAULT_PREFIX = %r, %r, %r, %r\n%s" % (
-        BUFFER_SIZE_VARS, DUMP_FILE_VARS, PIPE_FILE_VARS, DEFAULT_DUMP_PREFIX, _REMOTE_COLLECT)
+    finder = ""
+    if discover:
+        import inspect
+
+        from opsconsole.probe import rank_stacks
+
+        finder = inspect.getsource(rank_stacks)
+    script = "BUFFER_VARS, DUMP_VARS, PIPE_VARS, DEFAULT_PREFIX, RANK_FINDER = %r, %r, %r, %r, %r\n%s" % (
+        BUFFER_SIZE_VARS, DUMP_FILE_VARS, PIPE_FILE_VARS, DEFAULT_DUMP_PREFIX, finder, _REMOTE_COLLECT)
     argv = [python, "-c", script, json.dumps(spec)]
     timeout = wait_s + 60.0
     if link is not None and hasattr(link, "run_command"):
@@ -611,7 +626,9 @@ async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir:
     saved: List[str] = []
     problems: List[Tuple[int, str]] = []
     ranks = {item.rank for item in locations} | {int(rank) for _, rank in rank_pids}
-    limit_chars = (max_total * 4) // 3 + 1024 * (len(locations) + len(rank_pids)) + 4096
+    if discover:  # whatever ranks the node found: any small rank number is one we asked for
+        ranks |= {rank for rank in _ranks_answered(out)}
+    limit_chars = (max_total * 4) // 3 + 1024 * (len(locations) + len(rank_pids) + len(ranks)) + 4096
     if len(out) > limit_chars:
         return Collected((), tuple((rank, "the node sent more than asked for") for rank in sorted(ranks)))
     for line in out.splitlines():
@@ -652,6 +669,42 @@ async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir:
     return Collected(tuple(saved), tuple(problems))
 
 
+def _ranks_answered(out: str) -> List[int]:
+    ranks = []
+    for line in out.splitlines()[:100_000]:
+        match = re.match(r'\{"rank": (\d{1,7}),', line)
+        if match:
+            ranks.append(int(match.group(1)))
+    return ranks
+
+
 def shell_quote(argv: Sequence[str]) -> str:
     """The collector's command line as a shell would see it (for the audit log)."""
     return shlex.join([str(word) for word in argv])
+
+
+async def collect_from_links(links: Mapping[str, Any], dest_dir: str, trigger: bool = True, wait_s: float = 10.0,
+                             rank_pids: Optional[Mapping[str, Sequence[Tuple[int, int]]]] = None) -> Dict[str, Collected]:
+    """collect_dumps on every node at once, each over its own link; {node: what came back}.
+
+    Ranks are `rank_pids[node]` where given (the stacks screen's), else what each node finds itself.
+    A node without a command channel (a replay, a metrics-only source) is one problem, never an error.
+    """
+    from opsconsole.nodes.base import COMMANDS_HERE, COMMANDS_SSH, command_channel, is_replayed
+
+    async def one(name: str, link: Any) -> Collected:
+        channel = command_channel(link)
+        if is_replayed(link) or channel not in (COMMANDS_HERE, COMMANDS_SSH):
+            return Collected((), ((-1, "no command channel to %s: its dumps cannot be read" % name),))
+        pids = list((rank_pids or {}).get(name, ()))
+        python = getattr(getattr(link, "node", None), "python", None) or "python3"
+        try:
+            return await collect_dumps(link if channel == COMMANDS_SSH else None, [], dest_dir, host=name, trigger=trigger,
+                                       wait_s=wait_s, rank_pids=pids, discover=not pids, python=python)
+        except Exception as exc:  # one node's failure (unreachable, timed out) is its problem line, not the others'
+            reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+            return Collected((), ((-1, "%s: %s" % (name, str(reason).splitlines()[0][:200])),))
+
+    names = list(links)
+    results = await asyncio.gather(*(one(name, links[name]) for name in names))
+    return dict(zip(names, results))
