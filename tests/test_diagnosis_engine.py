@@ -556,3 +556,30 @@ def test_a_run_reads_the_error_file_the_launchers_table_names(tmp_path):
     result = diagnose_run([str(run)], text_lines)
     assert (result.root_cause, result.verdict.rank) == ("app_error", 3)
     assert result.file_of(result.verdict.finding) == str(error_file) and result.files[-1] == str(error_file)
+
+
+# --- a peer gone while NCCL sets up its communicator is the network (issue 14's test-part misses by kind) ----
+
+_SETUP = ["node0:1:1 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>",
+          "node0:1:1 [0] NCCL INFO Using network Socket"]
+_CLOSED = "node0:1:9 [0] misc/socket.cc:50 NCCL WARN socketProgress: Connection closed by remote peer node1<5123>"
+_COMPLETE = "node0:1:9 [0] NCCL INFO comm 0x55 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE"
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (_SETUP + [_CLOSED], "nccl_network"),  # nobody ran a step yet: the peers could not reach each other
+    (_SETUP + [_COMPLETE, _CLOSED], "nccl_remote"),  # mid-run: a peer went away, its own log holds why
+    ([_CLOSED], "nccl_remote"),  # no sign of a setup in progress: as before
+], ids=["during-setup", "after-init-complete", "no-setup-seen"])
+def test_a_connection_closed_during_nccl_setup_is_the_network(lines, expected):
+    assert diagnose_lines(lines).root_cause == expected
+
+
+def test_a_frame_with_more_after_it_is_read_as_a_line():
+    # A pasted traceback whose line breaks were lost (awsome-distributed-ai#192): the error after the frame counts.
+    flattened = ('File "/opt/conda/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 1906, '
+                 "in broadcast 10: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1331, "
+                 "unhandled system error 10: Last error: 10: socketStartConnect: Connect to 127.0.0.1<45069> failed")
+    assert diagnose_lines([flattened]).root_cause == "nccl_network"
+    frame = '  File "/x/train.py", line 12, in <module>'
+    assert diagnose_lines(["Traceback (most recent call last):", frame, "    loss = NaN_guard()"]).findings == ()

@@ -226,6 +226,7 @@ class _SourceState:
     table: Optional[FailureTable] = None  # torchelastic's failure table, once this source printed one
     spawned_rank: Optional[int] = None  # the process that torch.multiprocessing.spawn says failed
     clock: Optional[_SourceState] = None  # an interleaved rank's: its file's state, which keeps the time
+    nccl_setup: bool = False  # NCCL INFO said a communicator is being set up (Bootstrap, Init START) and not yet complete
 
 
 class Diagnoser:
@@ -289,8 +290,14 @@ class Diagnoser:
                 clock = state.clock = self._state(key or "")
         previous = state.last_text
         state.last_text = body
-        if "NCCL" in body and ("NCCL work" in body or "watchdog at work" in body or "WorkNCCL(" in body):
-            self._watchdog.feed(body, rank, number, key)  # every rank's progress, compared in verdict()
+        if "NCCL" in body:
+            if "NCCL INFO" in body:  # whether this source's communicators are still being set up
+                if "Init COMPLETE" in body:
+                    state.nccl_setup = False
+                elif "Bootstrap" in body or "Init START" in body or "Using network" in body:
+                    state.nccl_setup = True
+            if "NCCL work" in body or "watchdog at work" in body or "WorkNCCL(" in body:
+                self._watchdog.feed(body, rank, number, key)  # every rank's progress, compared in verdict()
         # Times are the file's (interleaved ranks share its clock), parsed only when a line is a finding.
         first = text[:1]
         if "0" <= first <= "9" and text[4:5] == "-":  # the common cases, inlined: "2026-12-03 ..."
@@ -352,7 +359,13 @@ class Diagnoser:
         if state.traceback_line >= 0 or exception is not None:
             state.traceback_matched = True
         if any(role == ROLE_PEER_GONE for _, _, role in matches):
-            state.peer_gone_line = number
+            if state.nccl_setup:
+                # Closed while the communicator was being set up (bootstrap, proxy connect), before any peer ran a
+                # step: peers that could not reach each other (an interface, a firewall), the network's story.
+                matches = [("nccl_network", False, "") if role == ROLE_PEER_GONE else (category, weak, role)
+                           for category, weak, role in matches]
+            else:
+                state.peer_gone_line = number
         elif 0 <= number - state.peer_gone_line <= PEER_GONE_WINDOW:
             # "unhandled system error" / "ncclInternalError" just after a peer vanished: that peer is the story.
             matches = [("nccl_remote", True, ROLE_PEER_GONE) if role == ROLE_GENERIC else (category, weak, role)
@@ -407,7 +420,9 @@ class Diagnoser:
                     state.any_frame = where
                     if not path.startswith("<") and not any(part in path for part in _LIBRARY_PATHS):
                         state.frame = where
-                return True
+                # A frame with more after its function name is a pasted traceback whose line breaks were lost
+                # ("... in broadcast 10: work = ... 10: torch.distributed.DistBackendError: ..."): read the rest.
+                return not body[frame.end():].strip()
         return column >= 0 and body[column:column + 2] == "  " and bool(body[column + 2:].strip())
 
     def _state(self, key: str) -> _SourceState:

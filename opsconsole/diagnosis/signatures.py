@@ -171,13 +171,22 @@ SIGNATURES: Tuple[Signature, ...] = (
     _sig("nan_inf", r"number of nan iterations:\s*[1-9]", ("nan iterations",)),
     # Dynamic loss scaling that never recovers: the scale driven to its floor (apex prints Python's
     # repr, so below 1e-4 it is in e- notation; fairseq's default floor is 1e-4; DeepSpeed's is 1).
-    _sig("nan_inf", r"loss scale to:? (?:\d(?:\.\d+)?e-\d|0\.000\d)|Attempted loss scale: 1(?:\.0)?, reducing to 1\b",
-         ("loss scale to", "attempted loss scale: 1")),
+    # A scale halved all the way to zero (DeepSpeed's "Attempted loss scale: 0.0, reducing to 0.0") is the same story.
+    _sig("nan_inf", r"loss scale to:? (?:\d(?:\.\d+)?e-\d|0\.000\d)|Attempted loss scale: 1(?:\.0)?, reducing to 1\b"
+         r"|Attempted loss scale: 0(?:\.0+)?, reducing to 0(?:\.0+)?\b",
+         ("loss scale to", "attempted loss scale: 1", "attempted loss scale: 0")),
     _sig("nan_inf", r"\bstep=(\d+), skipped=(\d+)", ("skipped=",), check=_most_steps_skipped),
     _sig("nan_inf", r"returned nan values|contains (?:NaN|Inf|nan|inf)\b|probability tensor contains either `inf`, `nan`"
          r"|Detected (?:NaN|Inf|non-finite)|[Nn]a[Nn] (?:loss|gradients?) (?:detected|encountered)",
          ("returned nan", "contains nan", "contains inf", "probability tensor", "detected nan", "detected inf",
           "detected non-finite", "nan loss", "nan gradient")),
+    # The frameworks' own NaN checks: TensorFlow's CheckNumerics op ("LossTensor is inf or nan : Tensor had NaN
+    # values"), Megatron's grad-norm and loss checks ("Rank 11: found NaN in local grad norm ...", the rerun
+    # machine's "Unexpected result nan"), tf.estimator's NanLossDuringTrainingError.
+    _sig("nan_inf", r"Tensor had (?:NaN|Inf) values|found (?:NaN|Inf) in local (?:grad norm|forward loss)"
+         r"|Unexpected result nan\b|NaN loss during training",
+         ("tensor had nan", "tensor had inf", "found nan in local", "found inf in local", "unexpected result nan",
+          "nan loss during training")),
     _sig("nan_inf", r"is non-finite, so it cannot be clipped|FloatingPointError|Minimum loss scale reached"
          r"|loss scale already at minimum|Loss became infinite or NaN|Invalid loss, terminating training",
          ("non-finite", "floatingpointerror", "minimum loss scale", "loss scale already at minimum",
