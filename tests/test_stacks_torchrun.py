@@ -265,3 +265,34 @@ def test_native_frames_on_request_keep_rank_1_odd(hung_job, tmp_path):
     assert "stuck_before_all_reduce" in functions
     assert functions.index("stuck_before_all_reduce") > 0  # native frames (the sleep in libc) inside it
     assert result["odd"] == [1]
+
+
+async def test_S_on_the_nodes_pane_then_every_node_and_again_each_audited(hung_job, tmp_path):
+    from opsconsole.config import load_config
+    from opsconsole.nodes.fleet import Fleet
+    from opsconsole.tui.app import OpsConsole
+    from opsconsole.tui.stacks import StacksScreen
+
+    config = load_config(str(local_config(tmp_path)))
+    app = OpsConsole(config, Fleet(config))
+    ranks = hung_job["ranks"]
+    async with app.run_test(size=(160, 48)) as pilot:
+        app.action_show_pane("nodes")
+        await _wait(pilot, lambda: app.panes["nodes"].highlighted_node() == "local")
+        await pilot.press("S")
+        screen = await _wait(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None
+                             and app.screen)
+        assert screen.scope.nodes == ("local",) and "node local" in str(screen.query_one("#stacks-title").content)
+        assert ranks[1] in {r.pid for r in screen.report.ranks}
+        for key, title in (("a", "every node"), ("g", "every node")):
+            before = screen.report
+            await pilot.press(key)
+            await _wait(pilot, lambda: screen.report is not None and screen.report is not before)  # a new one
+            assert title in str(screen.query_one("#stacks-title").content)
+            assert 1 in screen.report.odd
+            assert str(screen.query_one("#stacks-table").get_row("local/%d" % ranks[1])[0]) == "ODD"
+    records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    stacks = [(r["outcome"], r["command"]) for r in records if r["action"] == "stacks"]
+    assert stacks == [("attempt", ["opsconsole", "stacks", "--node", "local"]), ("ok", ["opsconsole", "stacks", "--node", "local"]),
+                      ("attempt", ["opsconsole", "stacks"]), ("ok", ["opsconsole", "stacks"]),
+                      ("attempt", ["opsconsole", "stacks"]), ("ok", ["opsconsole", "stacks"])]
