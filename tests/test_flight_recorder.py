@@ -196,6 +196,7 @@ def test_hostile_dumps_end_as_unreadable_and_the_rest_is_matched(tmp_path):
     assert "no list of entries" in unreadable[[r for r, n in names.items() if n == "entries_not_list"][0]]
     assert unreadable[[r for r, n in names.items() if n == "empty"][0]] == "empty file"
     assert not os.path.exists("/tmp/opsconsole-fr-pwned")
+    assert "names posix.system, which no flight-recorder dump holds" in unreadable[[r for r, n in names.items() if n == "code"][0]]
     partly = next(d for d in analysis.dumps if d.rank == 30)
     assert partly.unreadable is None and partly.dropped == 1 and len(partly.entries) == 9
     found = analysis.mismatch

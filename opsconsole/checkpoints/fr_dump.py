@@ -244,6 +244,9 @@ def dump_from_bytes(data: bytes) -> RankDump:
         result = restricted_loads(data)
         if result.error is not None:
             return RankDump(unreadable=result.error.replace("data.pkl", "the pickle"))
+        if result.unsafe_globals:  # torch writes only dicts, lists, text and numbers: anything else is not its dump
+            return RankDump(unreadable="names %s, which no flight-recorder dump holds (nothing of it was run)"
+                            % ", ".join(result.unsafe_globals[:3]))
         value = result.value
     try:
         return dump_from_value(value)
