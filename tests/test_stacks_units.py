@@ -241,6 +241,23 @@ def sleeper():
     process.wait()
 
 
+@pytest.fixture
+def traceable_sleeper(sleeper):
+    """The sleeper once py-spy has seen it in its function; a skip saying why where py-spy cannot."""
+    if not os.path.exists(PY_SPY):
+        pytest.skip("py-spy is not installed: pip install py-spy (it is in the test extra)")
+    for _ in range(200):
+        done = subprocess.run([PY_SPY, "dump", "--pid", str(sleeper.pid)], capture_output=True, text=True, timeout=60)
+        lowered = done.stderr.lower()
+        if "permission" in lowered or "not permitted" in lowered:
+            pytest.skip("ptrace refused here (%s): kernel.yama.ptrace_scope or the container's SYS_PTRACE"
+                        % done.stderr.strip()[-200:])
+        if "waiting_here" in done.stdout:
+            return sleeper
+        time.sleep(0.05)
+    pytest.fail("py-spy never saw the sleeper in its function: %s" % done.stderr[-500:])
+
+
 def run_helper(request, prefix=()):
     done = subprocess.run(list(prefix) + helper_argv(sys.executable), input=json.dumps(request) + "\n",
                           capture_output=True, text=True, timeout=60)
@@ -267,13 +284,9 @@ def test_ptrace_refused_for_an_unprivileged_user_is_said_with_the_fix(sleeper):
     assert "SYS_PTRACE" in answer.errors[0].reason
 
 
-def test_the_helper_dumps_an_explicit_pid_and_reports_its_time(sleeper):
-    if not os.path.exists(PY_SPY):
-        pytest.skip("py-spy is not installed: pip install py-spy")
-    for _ in range(100):  # until the child runs its function (its interpreter starts first)
-        answer = read([json.dumps(line) + "\n" for line in run_helper({"pids": [sleeper.pid]})])
-        if answer.ranks and answer.ranks[0].frames and answer.ranks[0].frames[0].function == "waiting_here":
-            break
+def test_the_helper_dumps_an_explicit_pid_and_reports_its_time(traceable_sleeper):
+    sleeper = traceable_sleeper
+    answer = read([json.dumps(line) + "\n" for line in run_helper({"pids": [sleeper.pid]})])
     assert answer.errors == [] and answer.ranks[0].frames[0] == Frame("waiting_here", "<string>", 3)
     assert answer.head["source"] == "pids" and answer.ranks[0].dump_s > 0
 
@@ -325,12 +338,8 @@ def test_ranks_are_found_by_environment_without_launcher_wrapper_or_forked_worke
         launcher.wait()
 
 
-def test_a_stopped_process_is_said_to_be_stopped_with_py_spys_own_error_in_one_line(sleeper):
-    if not os.path.exists(PY_SPY):
-        pytest.skip("py-spy is not installed: pip install py-spy")
-    for _ in range(100):  # until its interpreter is up and in its function
-        if read([json.dumps(line) + "\n" for line in run_helper({"pids": [sleeper.pid]})]).ranks:
-            break
+def test_a_stopped_process_is_said_to_be_stopped_with_py_spys_own_error_in_one_line(traceable_sleeper):
+    sleeper = traceable_sleeper
     os.kill(sleeper.pid, 19)  # SIGSTOP: what ctrl-z or a debugger leaves
     try:
         answer = read([json.dumps(line) + "\n" for line in run_helper({"pids": [sleeper.pid]})])
@@ -349,17 +358,12 @@ def old_pythons():
 
 
 @pytest.mark.parametrize("python", old_pythons() or [None])
-def test_the_helper_runs_on_an_old_node_python(python, sleeper):
+def test_the_helper_runs_on_an_old_node_python(python, traceable_sleeper):
     if python is None:
         pytest.skip("no Python 3.6-3.8 under ~/.pyenv here")
-    if not os.path.exists(PY_SPY):
-        pytest.skip("py-spy is not installed: pip install py-spy")
-    for _ in range(100):
-        done = subprocess.run(helper_argv(python), input=json.dumps({"pids": [sleeper.pid], "py_spy": PY_SPY}) + "\n",
-                              capture_output=True, text=True, timeout=60)
-        answer = read(done.stdout.splitlines(keepends=True))
-        if answer.ranks and answer.ranks[0].frames[0].function == "waiting_here":
-            break
+    done = subprocess.run(helper_argv(python), input=json.dumps({"pids": [traceable_sleeper.pid], "py_spy": PY_SPY}) + "\n",
+                          capture_output=True, text=True, timeout=60)
+    answer = read(done.stdout.splitlines(keepends=True))
     assert answer.errors == [] and answer.ranks[0].frames[0].function == "waiting_here", done.stderr
 
 
@@ -376,7 +380,7 @@ def test_an_mpi_launched_rank_is_found_by_its_launchers_variables():
         process.wait()
 
 
-def test_without_ranks_the_gpu_processes_the_console_saw_are_dumped():
+def test_without_ranks_the_gpu_processes_the_console_saw_are_dumped(traceable_sleeper):
     unshare = shutil.which("unshare")
     if os.getuid() != 0 or unshare is None or not os.path.exists(PY_SPY):
         pytest.skip("needs root, unshare and py-spy: a PID namespace where no process has a RANK")
