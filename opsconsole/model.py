@@ -1,15 +1,14 @@
 """Plain frozen dataclasses that cross layers, and their JSON wire form.
 
 This module is shipped to nodes with the probe, so it must stay stdlib-only
-and parse as Python 3.8 (no `match`, no runtime `X | Y`, no dataclass slots).
+and run on Python 3.6+ (no `from __future__ import annotations`, no walrus, no f-string `=`, no
+runtime `X | Y`, no dataclass slots; on 3.6 the bundle supplies the dataclasses backport).
 """
-
-from __future__ import annotations
 
 import dataclasses
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 # Bump when a field changes meaning or is removed; adding a field is compatible.
 FRAME_VERSION = 1
@@ -341,7 +340,7 @@ _TEXT_LIMITS = {"command": COMMAND_LIMIT}
 _INF = float("inf")
 _NONE = type(None)
 
-# Field annotations (strings: `from __future__ import annotations`) -> allowed wire types and what to call them.
+# Field annotations (as _annotation_text writes them) -> allowed wire types and what to call them.
 _SCALAR_KINDS = {
     "int": ((int,), "an integer"),
     "float": ((float, int), "a number"),  # 55 is a temperature as much as 55.0
@@ -441,8 +440,23 @@ class _FieldSpec(object):
         self.convert = convert
 
 
+def _annotation_text(annotation: Any) -> str:
+    """A field's annotation as the source writes it ("Optional[int]", "Tuple[str, ...]"), whether the
+    interpreter keeps it as that text or as a typing object (no `from __future__ import annotations`:
+    the module runs on 3.6)."""
+    if isinstance(annotation, str):
+        return annotation
+    args = getattr(annotation, "__args__", None) or ()
+    origin = getattr(annotation, "__origin__", None)
+    if origin is Union and len(args) == 2 and _NONE in args:
+        return "Optional[%s]" % _annotation_text(args[0] if args[1] is _NONE else args[1])
+    if origin in (tuple, Tuple) and len(args) == 2 and args[1] is Ellipsis:
+        return "Tuple[%s, ...]" % _annotation_text(args[0])
+    return getattr(annotation, "__name__", str(annotation))
+
+
 def _field_spec(cls: type, f: Any, nested: Dict[str, Tuple[type, bool]]) -> _FieldSpec:
-    annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    annotation = _annotation_text(f.type)
     nullable = annotation.startswith("Optional[")
     if nullable:
         annotation = annotation[len("Optional["):-1]

@@ -100,13 +100,13 @@ def test_bundle_bad_arguments_exit_2_with_usage():
 
 
 def test_old_python_gets_a_marker_not_a_syntax_error():
-    # Stand in for Python 3.7 by faking version_info before the bundle's own check runs.
-    source = "import sys\nsys.version_info = (3, 7, 9)\n" + probe_bundle()
+    # Stand in for Python 3.5 by faking version_info before the bundle's own check runs.
+    source = "import sys\nsys.version_info = (3, 5, 9)\n" + probe_bundle()
     result = run_bundle(["--once"], cwd="/tmp", source=source)
     assert result.returncode == UNSUPPORTED_EXIT
     assert result.stderr.startswith(UNSUPPORTED_MARKER)
     why = unusable_python_reason(result.returncode, result.stderr.splitlines())
-    assert why is not None and "older than 3.8" in why
+    assert why is not None and "older than 3.6" in why
 
 
 @pytest.mark.parametrize(

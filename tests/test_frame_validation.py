@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opsconsole.config import Config, ConsoleConfig, NodeConfig
+from opsconsole.model import _annotation_text  # the annotations as text, on any Python
 from opsconsole.model import (
     BAD_FRAME,
     STATE_DOWN,
@@ -308,7 +309,7 @@ _JSONISH = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
-_FIELD_TYPES = {cls: {f.name: f.type for f in dataclasses.fields(cls)}
+_FIELD_TYPES = {cls: {f.name: _annotation_text(f.type) for f in dataclasses.fields(cls)}  # "Optional[int]", ...
                 for cls in (NodeFrame, HostSample, GpuSample, ProcessSample, DiskUsage, NetRate)}
 _NESTED = {"host": HostSample, "gpus": GpuSample, "processes": ProcessSample, "top_processes": ProcessSample,
            "disks": DiskUsage, "net": NetRate}

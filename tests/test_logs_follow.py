@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from opsconsole.config import Config, LogsConfig
-from opsconsole.logs.filetail import FileTail
+from opsconsole.probe.filetail import FileTail
 from opsconsole.logs.hub import LogHub
 from opsconsole.logs.index import LineIndex, read_last_lines
 from opsconsole.logs.records import MAX_LINE_BYTES, TRUNCATED_MARKER

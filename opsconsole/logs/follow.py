@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from opsconsole.logs.filetail import COUNT_LINES_LIMIT, FileTail, count_lines_before, last_page_start
+from opsconsole.probe.filetail import COUNT_LINES_LIMIT, FileTail, count_lines_before, last_page_start
 
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200

@@ -10,7 +10,7 @@ import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from opsconsole.config import Config
-from opsconsole.logs.filetail import FileTail
+from opsconsole.probe.filetail import FileTail
 from opsconsole.logs.follow import LocalFollower
 from opsconsole.logs.index import LineIndex, read_last_lines
 from opsconsole.logs.names import label_source, parse_line

@@ -12,7 +12,7 @@ import threading
 from bisect import bisect_right
 from typing import Callable, List, Optional, Tuple
 
-from opsconsole.logs.filetail import read_lines_before
+from opsconsole.probe.filetail import read_lines_before
 
 INDEX_EVERY = 1024  # lines between two kept offsets
 INDEX_BLOCK = 4 << 20

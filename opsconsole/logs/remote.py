@@ -18,7 +18,7 @@ import json
 import shlex
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from opsconsole.logs import filetail
+from opsconsole.probe import filetail
 
 RemoteLines = Callable[[str, List[list]], None]  # (path, [[offset, number, text, truncated], ...])
 RECONNECT_DELAY_S = 1.0

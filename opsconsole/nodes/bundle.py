@@ -21,10 +21,10 @@ from typing import List, Tuple
 
 import opsconsole
 
-# Printed (on stderr) by a bundle whose interpreter is older than 3.8, then exit 3.
+# Printed (on stderr) by a bundle whose interpreter is older than 3.6, then exit 3.
 UNSUPPORTED_MARKER = "OPSCONSOLE_UNSUPPORTED_PYTHON"
 UNSUPPORTED_EXIT = 3
-MIN_PYTHON = (3, 8)
+MIN_PYTHON = (3, 6)  # the python3 of RHEL 8 and CentOS 7 compute nodes
 
 # The top package as shipped: the console's own __init__ may grow imports the node lacks.
 _PACKAGE_SOURCE = '"""opsconsole, as shipped to a node with the probe (model and probe only)."""\n'
@@ -79,6 +79,9 @@ for _name in list(sys.modules):
     if _name == "opsconsole" or _name.startswith("opsconsole."):
         del sys.modules[_name]  # never mix in modules of an installed opsconsole
 sys.meta_path.insert(0, _BundleImporter())
+if sys.version_info < (3, 7):  # dataclasses is 3.7+: a 3.6 node gets the backport the bundle carries
+    import opsconsole.probe.dataclasses_py36
+    sys.modules["dataclasses"] = opsconsole.probe.dataclasses_py36
 
 from opsconsole.probe.agent import main
 

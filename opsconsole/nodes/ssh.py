@@ -56,7 +56,7 @@ from opsconsole.model import (
 )
 from opsconsole.nodes.backoff import Backoff
 from opsconsole.nodes.base import COMMANDS_SSH, NodeLink, Publish
-from opsconsole.nodes.bundle import UNSUPPORTED_MARKER, probe_bundle
+from opsconsole.nodes.bundle import MIN_PYTHON, UNSUPPORTED_MARKER, probe_bundle
 from opsconsole.nodes.hostkeys import HostKeyVerdict, HostKeyVerifier
 from opsconsole.nodes.line_split import MAX_LINE_CHARS, LineSplitter
 from opsconsole.nodes.smi_fallback import FallbackPoller
@@ -269,14 +269,14 @@ def unusable_python_reason(exit_status: Optional[int], lines: Sequence[str]) -> 
     """Why the node's interpreter cannot run the probe, judged from a run that gave no frame; None if it could.
 
     127/126 are the shell's "not found" and "not executable"; a SyntaxError means a
-    python too old for the bundle's code; the bundle's own marker means older than 3.8.
+    python too old for the bundle's code; the bundle's own marker means older than MIN_PYTHON (3.6).
     """
     text = "\n".join(lines)
     meaningful = [line.strip() for line in lines if line.strip()]
     last = meaningful[-1] if meaningful else "exit status %s" % exit_status
     for line in meaningful:
         if line.startswith(UNSUPPORTED_MARKER):
-            return "python %s is older than 3.8" % line[len(UNSUPPORTED_MARKER) :].strip()
+            return "python %s is older than %s" % (line[len(UNSUPPORTED_MARKER) :].strip(), ".".join(map(str, MIN_PYTHON)))
     if exit_status in (126, 127):
         return last
     if "SyntaxError" in text:

@@ -7,8 +7,6 @@ quietly (exit 0) when stdout closes or on SIGTERM, SIGINT or SIGHUP; stdin is ne
 because the interpreter consumed it as the script.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import math

@@ -1,7 +1,7 @@
 """Deleting checkpoint units pinned to a directory descriptor, on the machine that holds them.
 
 The console ships this file over a node's SSH connection as source (`python3 -I -u -c SOURCE`,
-the way logs/filetail.py travels) and imports it for its own machine, so local and remote
+the way probe/filetail.py travels) and imports it for its own machine, so local and remote
 deletions keep the same guarantees, in the same code:
 
 - the directory is opened once, O_DIRECTORY|O_NOFOLLOW, and must be the one the plan recorded
@@ -27,10 +27,8 @@ Protocol (remote): one JSON request per line on stdin, one JSON answer per line 
     {"op": "delete", "unit": i}  -> {"unit": i, "went": [member, ...], "why": None or why}
 A tree is a list of [relative path, kind, dev, ino, size, mtime_ns] (kind: d f l o), the
 member first. Names travel as str with surrogateescape (json escapes them: ASCII on the wire).
-Stdlib only, Python 3.8 syntax (probe/ rules).
+Stdlib only, Python 3.6+ (probe/ rules).
 """
-
-from __future__ import annotations
 
 import errno
 import json

@@ -1,7 +1,8 @@
 """Reading one growing log file line by line, through rotation and truncation (stdlib only).
 
-The same code follows local files (follow.py) and runs on remote nodes (remote.py ships this
-module's source to the node's Python), so it imports only the stdlib and parses as Python 3.8.
+The same code follows local files (logs/follow.py) and runs on remote nodes (logs/remote.py ships
+this module's source to the node's Python): it lives in probe/, with what else runs on nodes, imports
+only the stdlib and runs on Python 3.6+.
 
 A `FileTail` keeps the file open and remembers, besides its read position, the inode and the
 last bytes before that position (a fingerprint). Each `poll()`:
@@ -21,7 +22,7 @@ import select
 import stat
 import sys
 import time
-from itertools import accumulate, repeat
+from itertools import accumulate, chain, repeat
 
 MAX_LINE_BYTES = 64 * 1024  # the same value as records.MAX_LINE_BYTES (kept here: stdlib only)
 FINGERPRINT_BYTES = 64
@@ -280,7 +281,7 @@ class FileTail(object):
         lengths = list(map(len, parts))
         if lengths and max(lengths) <= MAX_LINE_BYTES:
             # No line to cut (the usual case): offsets, numbers and tuples made by C loops.
-            starts = list(accumulate(map((1).__add__, lengths), initial=offset))
+            starts = list(accumulate(chain((offset,), map((1).__add__, lengths))))  # initial= is 3.8+
             first = self.count + 1
             self.count += len(parts)
             numbers = repeat(0) if self.base is None else range(self.base + first, self.base + self.count + 1)

@@ -13,8 +13,6 @@ NotSupported field is None (and is not asked again), another NVML error becomes
 pynvml is imported lazily, inside the reader, so this module loads on any python3.
 """
 
-from __future__ import annotations
-
 import shutil
 import subprocess
 import time

@@ -12,10 +12,8 @@ NCCL all-reduce across them (torch.cuda.nccl, single process) with its result an
 bandwidth. A GPU with running compute processes is refused (it would disturb the job)
 unless --force. Without torch or CUDA every check reports `error` with the reason.
 
-Stdlib only at import time; torch and pynvml are imported inside functions. Python 3.8.
+Stdlib only at import time; torch and pynvml are imported inside functions. Python 3.6+.
 """
-
-from __future__ import annotations
 
 import argparse
 import json

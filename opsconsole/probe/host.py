@@ -1,6 +1,6 @@
 """Host readings of the node the probe runs on: CPU, load, memory, swap, disks, network, uptime.
 
-Runs on compute nodes that have only python3 (3.8+): stdlib at import, psutil imported
+Runs on compute nodes that have only python3 (3.6+): stdlib at import, psutil imported
 lazily when present, /proc read directly otherwise. The /proc parsers are pure functions
 so the SSH fallback (which cats the same files over a plain exec) can reuse them.
 
@@ -8,8 +8,6 @@ Percentages and rates are deltas between two consecutive reads. The first read o
 takes the baseline: CPU percentages are None and `net` is empty until the second read
 (`HostReader.prime()` takes that baseline early, for one-shot callers).
 """
-
-from __future__ import annotations
 
 import os
 import shutil

@@ -5,8 +5,6 @@ parser. The numbers are NVML's C ABI values (nvml.h), the same in every pynvml r
 the reader does not depend on which constants a given pynvml happens to export.
 """
 
-from __future__ import annotations
-
 from typing import Dict, Optional, Tuple
 
 # --- error codes (nvmlReturn_t) -------------------------------------------------------

@@ -13,8 +13,6 @@ so an unchanged process is an unchanged item in the delta stream (probe/wire_del
 psutil is the path where /proc is not mounted (or when asked for); it costs more per process.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import heapq
 import os

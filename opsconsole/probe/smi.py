@@ -6,8 +6,6 @@ that runs nvidia-smi on a node without the probe. The parsers accept both
 header and units ("21491 MiB", "692.06 W", "100 %"), as older captures and users have it.
 """
 
-from __future__ import annotations
-
 import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple

@@ -35,10 +35,8 @@ ProcessSample is the same object as in the previous frame. A delta that does not
 dropped (an error value, not an exception) and the chain waits for the next keyframe,
 which the agent sends first, every `keyframe_every` lines and after any encode problem.
 
-Shipped to nodes with the probe: stdlib only, Python 3.8 syntax.
+Shipped to nodes with the probe: stdlib only, Python 3.6+.
 """
-
-from __future__ import annotations
 
 import dataclasses
 import json
