@@ -256,7 +256,7 @@ class ProcessTable:
                 sample = kept[1]  # not re-read this tick: the same object (and the same delta item)
             else:
                 try:
-                    sample = self._with_identity(self._build(pid, row))
+                    sample = self._build(pid, row, identity=True)
                 except Exception:
                     continue  # a malformed line for one process: leave it out
             self._built[pid] = (payload, sample)
@@ -335,16 +335,23 @@ class ProcessTable:
         self._envs[key] = env
         return env
 
-    def _build(self, pid: int, row: Tuple[Optional[float], int, Any, bool], elapsed: bool = False) -> ProcessSample:
-        """The ProcessSample of a sampled row; with `elapsed`, elapsed_s too (GPU processes keep it)."""
+    def _build(self, pid: int, row: Tuple[Optional[float], int, Any, bool], elapsed: bool = False,
+               identity: bool = False) -> ProcessSample:
+        """The ProcessSample of a sampled row; with `elapsed`, elapsed_s too (GPU processes keep it);
+        with `identity`, user and command line too (one object built, not two)."""
         cpu, rss, payload, _ = row
         if isinstance(payload, ProcessSample):
-            return payload if elapsed else dataclasses.replace(payload, elapsed_s=None)
+            sample = payload if elapsed else dataclasses.replace(payload, elapsed_s=None)
+            return self._with_identity(sample) if identity else sample
         data, rparen, fields = payload
         started = int(fields[19]) / float(_CLOCK_TICKS)
+        name = data[data.index(b"(") + 1 : rparen].decode("utf-8", "replace")
+        user, command = self._identity_of(pid, name) if identity else (None, "")
         return ProcessSample(
             pid=pid,
-            name=data[data.index(b"(") + 1 : rparen].decode("utf-8", "replace"),
+            name=name,
+            user=user,
+            command=command,
             cpu_percent=round(cpu, 1) if cpu is not None else None,
             rss_bytes=rss,
             elapsed_s=round(max(0.0, self._sample_uptime - started), 1) if elapsed else None,
@@ -477,16 +484,21 @@ class ProcessTable:
 
     def _with_identity(self, row: ProcessSample) -> ProcessSample:
         """The row with user and command line, read once per (pid, start time)."""
-        counters = self._counters.get(row.pid)
-        key = (row.pid, counters[0] if counters is not None else 0)
+        user, command = self._identity_of(row.pid, row.name)
+        return dataclasses.replace(row, user=user, command=command)
+
+    def _identity_of(self, pid: int, name: str) -> Tuple[Optional[str], str]:
+        """(user, command line) of `pid`, read once per (pid, start time)."""
+        counters = self._counters.get(pid)
+        key = (pid, counters[0] if counters is not None else 0)
         identity = self._identity.get(key)
         if identity is None:
-            identity = self._identity_psutil(row.pid) if self._psutil is not None else self._identity_proc(row.pid)
+            identity = self._identity_psutil(pid) if self._psutil is not None else self._identity_proc(pid)
             if identity[0] is not None or identity[1]:
                 self._identity[key] = identity
         user, command = identity
         # Kernel threads have no command line: show [name] as ps does.
-        return dataclasses.replace(row, user=user, command=command or "[%s]" % row.name)
+        return user, command or "[%s]" % name
 
     # -- psutil path -------------------------------------------------------------
 

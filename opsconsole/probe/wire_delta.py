@@ -124,9 +124,14 @@ def round_wire(wire: Dict[str, Any]) -> Dict[str, Any]:
             continue
         for index, proc in enumerate(procs):
             if type(proc) is dict:
-                _round_fields(proc, _PROCESS_DIGITS)
-                procs[index] = {key: value for key, value in proc.items() if value is not None or key not in _PROCESS_NULLABLE}
+                procs[index] = rounded_process(proc)
     return wire
+
+
+def rounded_process(proc: Dict[str, Any]) -> Dict[str, Any]:
+    """A process's wire dict rounded, its null fields left out (a new dict)."""
+    _round_fields(proc, _PROCESS_DIGITS)
+    return {key: value for key, value in proc.items() if value is not None or key not in _PROCESS_NULLABLE}
 
 
 def rounded_wire(frame: NodeFrame) -> Dict[str, Any]:
@@ -154,6 +159,8 @@ def _same(a: Any, b: Any) -> bool:
 
 def _diff_item(old: Dict[str, Any], new: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The fields of `new` that differ from `old`; None when they don't have the same fields."""
+    if old is new:
+        return {}  # the encoder's cached wire form of an unchanged process
     if old.keys() != new.keys():
         return None
     return {key: value for key, value in new.items() if not _same(old[key], value)}
@@ -302,6 +309,9 @@ class DeltaEncoder(object):
         self.keyframe_every = max(1, int(keyframe_every))
         self._line = split_line if split else _dumps
         self._last = None  # type: Optional[Dict[str, Any]]
+        # id(sample) -> (sample, its rounded wire dict): a process that is the same object as in
+        # the last frame (the probe reuses an idle one's) is neither converted nor diffed again.
+        self._process_wire = {}  # type: Dict[int, Tuple[Any, Dict[str, Any]]]
         self._since_keyframe = 0
         self.keyframes = 0
         self.deltas = 0
@@ -312,7 +322,23 @@ class DeltaEncoder(object):
 
     def encode(self, frame: NodeFrame) -> str:
         """The line (no newline) for `frame`, floats rounded."""
-        return self.encode_wire(rounded_wire(frame))
+        return self.encode_wire(self._rounded_wire(frame))
+
+    def _rounded_wire(self, frame: NodeFrame) -> Dict[str, Any]:
+        """rounded_wire(frame), the process lists through the per-object cache."""
+        wire = round_wire(to_wire(dataclasses.replace(frame, processes=(), top_processes=())))
+        cache, kept = self._process_wire, {}  # type: Dict[int, Tuple[Any, Dict[str, Any]]], Dict[int, Tuple[Any, Dict[str, Any]]]
+        for name in LAZY_LISTS:
+            items = []
+            for proc in getattr(frame, name):
+                hit = cache.get(id(proc))
+                if hit is None or hit[0] is not proc:
+                    hit = (proc, rounded_process(to_wire(proc)))
+                kept[id(proc)] = hit
+                items.append(hit[1])
+            wire[name] = items
+        self._process_wire = kept  # only this frame's: bounded, and no id of a freed object is trusted
+        return wire
 
     def encode_wire(self, wire: Dict[str, Any]) -> str:
         """The line (no newline) for a frame already in (rounded) wire form."""
