@@ -282,16 +282,20 @@ def candidates(lowered: str) -> List[int]:
         hits = _find_needles(lowered, overlapping=True)
     except UnicodeEncodeError:  # a lone surrogate (bytes decoded with surrogateescape): no needle holds one
         hits = _find_needles(_SURROGATE.sub("\ufffd", lowered), overlapping=True)
+    # "info" and "nano..." hold the word but never as a whole one: only more of it than of them is worth a
+    # search (each "info" holds one "inf"; a counted "nan" that overlaps a "nano" is followed by a letter).
+    inf = "inf" in lowered and lowered.count("inf") != lowered.count("info") and _INF_WORD.search(lowered) is not None
+    nan = "nan" in lowered and lowered.count("nan") != lowered.count("nano") and _NAN_WORD.search(lowered) is not None
+    if not hits and not inf and not nan:
+        return []  # the healthy majority: no set built
     found: set = set()
     for needle, _, _ in hits:
         found.update(_SIGNATURES_OF[needle])
-    # "info" and "nano..." hold the word but never as a whole one: only more of it than of them is worth a
-    # search (each "info" holds one "inf"; a counted "nan" that overlaps a "nano" is followed by a letter).
-    if "inf" in lowered and lowered.count("inf") != lowered.count("info") and _INF_WORD.search(lowered) is not None:
+    if inf:
         found.update(_INF_AT)
-    if "nan" in lowered and lowered.count("nan") != lowered.count("nano") and _NAN_WORD.search(lowered) is not None:
+    if nan:
         found.update(_NAN_AT)
-    return sorted(found) if found else []
+    return sorted(found)
 
 
 def has_needle(lowered: str) -> bool:
