@@ -172,7 +172,7 @@ def test_record_command_records_the_local_node_until_its_duration(tmp_path):
     reader.close()
 
 
-PROGRESS = re.compile(r"recording to \S+: (\d+) states, (\d+) chunks, ([\d.]+) kB written, (\d+:\d\d) elapsed")
+PROGRESS = re.compile(r"recording to \S+: (\d+) states, (\d+) chunks, ([\d.]+ (?:B|KiB|MiB|GiB)) written, (\d+:\d\d) elapsed")
 
 
 def test_record_progress_lines_with_the_flag_when_stderr_is_not_a_terminal(tmp_path):

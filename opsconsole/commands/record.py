@@ -30,12 +30,13 @@ PROGRESS_S = 2.0  # how often the progress line is written: readable, and cheap 
 
 
 def progress_line(out: str, stats, elapsed_s: float) -> str:
-    """"recording to FILE: 120 states, 3 chunks, 41.2 kB written, 1:02 elapsed"."""
+    """"recording to FILE: 120 states, 3 chunks, 41 KiB written, 1:02 elapsed"."""
     from opsconsole.recording.seek import offset_text
     from opsconsole.sanitize import printable_line
+    from opsconsole.units import format_bytes
 
-    return "recording to %s: %d states, %d chunks, %.1f kB written, %s elapsed" % (
-        printable_line(out), stats.records, stats.chunks, stats.bytes_written / 1024, offset_text(elapsed_s))
+    return "recording to %s: %d states, %d chunks, %s written, %s elapsed" % (
+        printable_line(out), stats.records, stats.chunks, format_bytes(stats.bytes_written), offset_text(elapsed_s))
 
 
 class ProgressReporter:
@@ -124,7 +125,9 @@ def command_record(args: argparse.Namespace) -> int:
         raise UsageError("%s: %s" % (printable_line(args.out), getattr(exc, "strerror", None) or exc)) from None
     finally:
         loop.close()
-    print("recorded %d states of %d node(s) in %.0f s to %s (%d chunks, %.1f kB)"
+    from opsconsole.units import format_bytes
+
+    print("recorded %d states of %d node(s) in %.0f s to %s (%d chunks, %s)"
           % (stats.records, len(config.nodes), time.monotonic() - started, printable_line(args.out), stats.chunks,
-             stats.bytes_written / 1024), file=sys.stderr)
+             format_bytes(stats.bytes_written)), file=sys.stderr)
     return 0
