@@ -25,8 +25,6 @@ from opsconsole.nodes.slurm import (
     SlurmFollower,
     SlurmUnavailable,
     describe_run,
-    drain_argv,
-    drain_node,
     format_elapsed,
     node_state,
     parse_elapsed,
@@ -99,19 +97,6 @@ def test_squeue_text_fallback_and_elapsed_formats():
         parse_squeue_text("garbage without separators")
     with pytest.raises(SlurmUnavailable, match="not JSON"):
         parse_squeue_json("squeue: error: something", 0.0)
-
-
-def test_drain_argv_is_argv_and_refuses_bad_names_and_reasons():
-    assert drain_argv("gpu-a07", "xid 79 on gpu 3") == [
-        "scontrol", "update", "NodeName=gpu-a07", "State=DRAIN", "Reason=xid 79 on gpu 3"
-    ]
-    for name in ("", "a b", "x;reboot", "-all"):
-        with pytest.raises(SlurmUnavailable, match="not a Slurm node name"):
-            drain_argv(name, "why")
-    with pytest.raises(SlurmUnavailable, match="needs a reason"):
-        drain_argv("gpu1", "  ")
-    with pytest.raises(SlurmUnavailable, match="one printable line"):
-        drain_argv("gpu1", "two\nlines")
 
 
 # --- a real cluster ---------------------------------------------------------------------------------
@@ -274,7 +259,7 @@ async def test_fleet_follows_nodes_joining_and_leaving_a_users_jobs(cluster):
     first = submit(1, "first")
     second = None
     try:
-        await asyncio.to_thread(wait_for, lambda: query_job(first).state == "RUNNING", 30.0, "first job")
+        await asyncio.to_thread(lambda: wait_for_sync(lambda: query_job(first).state == "RUNNING", "first job", timeout=30.0))
         follower = SlurmFollower(user="root", interval=0.2)
         initial = follower.poll()
         node_of_first = initial.jobs[0].nodes[0]
@@ -309,17 +294,36 @@ async def test_fleet_follows_nodes_joining_and_leaving_a_users_jobs(cluster):
         await asyncio.to_thread(cancel, *[j for j in (first, second) if j])
 
 
-def test_drain_node_drains_a_real_node_with_the_reason(cluster):
+def test_the_drain_action_drains_a_real_node_with_the_reason(cluster, tmp_path):
+    """The registered drain action (actions/drain.py, the one path a key, the palette and a command take)."""
+    import asyncio
+
+    from opsconsole.actions.audit import AuditLog
+    from opsconsole.actions.registry import TARGET_NODE, ActionContext, Target, plan_action, run_plan
+    from opsconsole.actions.runner import ActionRunner
+    from opsconsole.config import ActionsConfig, Config
+    from opsconsole.model import STATE_UP, NodeFrame, NodeState
+
+    audit = str(tmp_path / "audit.log")
+    now = time.time()
+    state = NodeState(name="node2", state=STATE_UP, frame=NodeFrame(node="node2", time=now), received_at=now)
+    ctx = ActionContext(config=Config(actions=ActionsConfig(audit_log=audit)), get_state=lambda: state, link=None,
+                        runner=ActionRunner(AuditLog(audit)))
+
+    async def drain(node: str, reason: str):
+        plan = await plan_action("drain_node", Target(TARGET_NODE, node), ctx, {"reason": reason})
+        return plan, await run_plan(plan, ctx)
+
     try:
-        argv = drain_node("node2", "xid 79 on gpu 3")
-        assert argv[-1] == "Reason=xid 79 on gpu 3"
+        plan, report = asyncio.run(drain("node2", "xid 79 on gpu 3"))
+        assert plan.argv[-1] == "Reason=xid 79 on gpu 3" and report.ok, report.lines
         fields = node_state("node2")
         assert "DRAIN" in fields["State"]
         assert fields["Reason"].startswith("xid 79 on gpu 3")
     finally:
         slurm("scontrol", "update", "NodeName=node2", "State=RESUME")
-    with pytest.raises(SlurmUnavailable, match="Invalid node name specified"):
-        drain_node("node9", "no such node")
+    _, refused = asyncio.run(drain("node9", "no such node"))
+    assert not refused.ok and "Invalid node name specified" in refused.output
     fields = node_state("node2")
     assert "DRAIN" not in fields["State"]
 

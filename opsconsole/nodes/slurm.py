@@ -81,7 +81,6 @@ SQUEUE_TEXT_FORMAT = "%i|%j|%T|%M|%N|%u|%r"
 _USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*\$?$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 DEFAULT_FOLLOW_INTERVAL_S = 30.0
-MAX_REASON_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -424,30 +423,6 @@ class SlurmFollower:
             except Exception:
                 log.exception("slurm follower: on_change failed")
             await asyncio.sleep(self.interval)
-
-
-def drain_argv(name: str, reason: str) -> List[str]:
-    """`scontrol update NodeName=NAME State=DRAIN Reason=REASON` as argv; SlurmUnavailable for bad input."""
-    if not _NODE_NAME.match(name or ""):
-        raise SlurmUnavailable("%r is not a Slurm node name" % name)
-    text = (reason or "").strip()
-    if not text:
-        raise SlurmUnavailable("a drain needs a reason")
-    if len(text) > MAX_REASON_CHARS or not text.isprintable():
-        raise SlurmUnavailable("the drain reason must be one printable line of at most %d characters" % MAX_REASON_CHARS)
-    return ["scontrol", "update", "NodeName=" + name, "State=DRAIN", "Reason=" + text]
-
-
-def drain_node(name: str, reason: str, run: Run = subprocess.run) -> List[str]:
-    """Drain node `name` in Slurm with `reason` (argv, no shell); returns the argv run.
-
-    Raises SlurmUnavailable with scontrol's own words when Slurm refuses.
-    """
-    argv = drain_argv(name, reason)
-    result = _run_slurm(argv, run)
-    if result.returncode != 0:
-        raise SlurmUnavailable("scontrol update NodeName=%s: %s" % (name, _last_line(result)))
-    return argv
 
 
 def node_state(name: str, run: Run = subprocess.run) -> dict:
