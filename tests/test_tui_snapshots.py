@@ -40,7 +40,8 @@ def test_gpus_pane_cluster(snap_compare):
 
 
 def test_gpus_pane_single_node(snap_compare):
-    assert snap_compare(console(single_node_states()), terminal_size=SIZE)
+    # One node opens on its overview (tests/test_tui_overview.py); 1 shows its GPUs.
+    assert snap_compare(console(single_node_states()), terminal_size=SIZE, press=["1"])
 
 
 def test_processes_pane(snap_compare):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import time
-from dataclasses import replace
-from functools import partial
+from dataclasses import dataclass, replace
+from functools import lru_cache, partial
 from typing import Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type
 
 from rich.text import Text
@@ -32,18 +33,9 @@ from opsconsole.actions.registry import hidden_binding_ids
 from opsconsole.config import Config
 from opsconsole.health.monitor import HealthMonitor
 from opsconsole.model import STATE_HOSTKEY, NodeState
-from opsconsole.tui.action_flow import ActionFlow
-from opsconsole.tui.audit import AuditPane
-from opsconsole.tui.alerts import AlertsPane
-from opsconsole.tui.checkpoints import CheckpointsPane
-from opsconsole.tui.health import HealthPane
-from opsconsole.tui.cluster import ClusterGpusPane
-from opsconsole.tui.confirm import ConfirmScreen
-from opsconsole.tui.gpus import GpusPane
 from opsconsole.tui.header import ConsoleHeader, header_text
 from opsconsole.tui.formatting import printable
-from opsconsole.tui.help import HelpRow, HelpScreen
-from opsconsole.tui.host import HostPane
+from opsconsole.tui.help import HelpRow
 from opsconsole.tui.keys import (
     APP_KEYS,
     KeySpec,
@@ -54,11 +46,7 @@ from opsconsole.tui.keys import (
     pane_binding_specs,
     pane_key_specs,
 )
-from opsconsole.tui.logs import LogFeed, LogsPane
-from opsconsole.tui.nodes import NodesPane
-from opsconsole.tui.overview import OverviewPane
 from opsconsole.tui.pane import Pane
-from opsconsole.tui.processes import ProcessesPane
 from opsconsole.tui.services import ConsoleServices
 from opsconsole.tui import bars
 from opsconsole.tui.themes import (
@@ -70,27 +58,77 @@ from opsconsole.tui.themes import (
     save_theme,
 )
 
+@dataclass(frozen=True)
+class PaneEntry:
+    """A pane of the registry: its id, title and key, and where its class is, imported when first shown.
+
+    A console opens one pane; the others' modules (logs, checkpoints, health ...) and widgets cost
+    launch time and memory only once someone looks at them. tests/test_tui_overview.py checks that
+    each entry's words match its class's.
+    """
+
+    module: str
+    class_name: str
+    pane_id: str
+    title: str
+    key: str
+
+    def load(self) -> Type[Pane]:
+        return getattr(importlib.import_module(self.module), self.class_name)
+
+
 # The pane registry: tab order, number keys and `pane.<id>` bindings all come from it.
-# Later panes (Logs, Checkpoints, Health) are one line each here.
-PANES: List[Type[Pane]] = [
-    OverviewPane,  # key o: the first pane of a single-node console, and what enter on a node opens
-    GpusPane,
-    ProcessesPane,
-    HostPane,
-    NodesPane,
-    ClusterGpusPane,
-    LogsPane,  # key 6
-    CheckpointsPane,  # key 7
-    HealthPane,  # key 8
-    AlertsPane,  # key 9
-    AuditPane,  # key 0
+PANES: List[PaneEntry] = [
+    # key o: the first pane of a single-node console, and what enter on a node opens
+    PaneEntry("opsconsole.tui.overview", "OverviewPane", "overview", "Overview", "o"),
+    PaneEntry("opsconsole.tui.gpus", "GpusPane", "gpus", "GPUs", "1"),
+    PaneEntry("opsconsole.tui.processes", "ProcessesPane", "processes", "Processes", "2"),
+    PaneEntry("opsconsole.tui.host", "HostPane", "host", "Host", "3"),
+    PaneEntry("opsconsole.tui.nodes", "NodesPane", "nodes", "Nodes", "4"),
+    PaneEntry("opsconsole.tui.cluster", "ClusterGpusPane", "cluster", "Cluster GPUs", "5"),
+    PaneEntry("opsconsole.tui.logs", "LogsPane", "logs", "Logs", "6"),
+    PaneEntry("opsconsole.tui.checkpoints", "CheckpointsPane", "checkpoints", "Checkpoints", "7"),
+    PaneEntry("opsconsole.tui.health", "HealthPane", "health", "Health", "8"),
+    PaneEntry("opsconsole.tui.alerts", "AlertsPane", "alerts", "Alerts", "9"),
+    PaneEntry("opsconsole.tui.audit", "AuditPane", "audit", "Audit", "0"),
 ]
+PANE_IDS = {entry.pane_id: entry for entry in PANES}
 # Keys of what the console keeps beside the panes (recording, incident report).
 SERVICE_KEYS: Tuple[KeySpec, ...] = (
-    KeySpec("app.record", "ctrl+r", "record", "Start / stop recording to a file"),
-    KeySpec("app.report", "ctrl+e", "report", "Write an incident report (tar.gz)"),
+    KeySpec("app.record", "ctrl+r", "record", "Start / stop recording to a file", footer="Record"),
+    KeySpec("app.report", "ctrl+e", "report", "Write an incident report (tar.gz)", footer="Report"),
 )
-KEY_SPECS: Tuple[KeySpec, ...] = APP_KEYS + SERVICE_KEYS + pane_key_specs(PANES) + pane_binding_specs(PANES)
+class Panes(dict):
+    """The console's panes by id. `panes[id]` makes a pane not made yet (imports its module and
+    mounts it in its tab); `get` and `in` see only the panes made so far, so a redraw or a focus
+    change never loads a pane nobody asked for."""
+
+    def __init__(self, make: Callable[[str], Optional[Pane]]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, pane_id: str) -> Pane:
+        pane = self._make(pane_id)
+        if pane is None:
+            raise KeyError(pane_id)
+        return pane
+
+
+# The app's own bindings (pane bindings live on the panes): known without importing any pane.
+APP_KEY_SPECS: Tuple[KeySpec, ...] = APP_KEYS + SERVICE_KEYS + pane_key_specs(PANES)
+
+
+@lru_cache(maxsize=1)
+def all_key_specs() -> Tuple[KeySpec, ...]:
+    """Every binding, the panes' own included (imports every pane: for help, palette and keymaps)."""
+    return APP_KEY_SPECS + pane_binding_specs([entry.load() for entry in PANES])
+
+
+def __getattr__(name: str):
+    # KEY_SPECS stays importable by name, built on first use rather than at import.
+    if name == "KEY_SPECS":
+        return all_key_specs()
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 MIN_WIDTH = 80
 MIN_HEIGHT = 20
@@ -176,8 +214,8 @@ class OpsConsole(App[int]):
 
     CSS_PATH = "app.tcss"
     TITLE = "opsconsole"
-    BINDINGS = bindings_from_specs(KEY_SPECS)
-    key_specs: Tuple[KeySpec, ...] = KEY_SPECS  # a subclass (the replay console) adds its own
+    BINDINGS = bindings_from_specs(APP_KEY_SPECS)
+    extra_key_specs: Tuple[KeySpec, ...] = ()  # a subclass (the replay console) adds its own
     COMMANDS = App.COMMANDS | {ConsoleCommands}
     HORIZONTAL_BREAKPOINTS = [(0, "-too-narrow"), (MIN_WIDTH, "-wide-enough")]
     VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_HEIGHT, "-tall-enough")]
@@ -188,17 +226,21 @@ class OpsConsole(App[int]):
         self.fleet = fleet
         self.now = now
         self.node: Optional[str] = None  # the node drilled into; None = all nodes
-        self.panes: Dict[str, Pane] = {}
-        self.keymap, self._key_problems = keymap_from_config(config.console.keys, self.key_specs)
+        self.panes: Dict[str, Pane] = Panes(self.ensure_pane)
+        # Checking [console.keys] needs every pane's bindings; without it no pane is imported here.
+        self.keymap, self._key_problems = (keymap_from_config(config.console.keys, self.key_specs)
+                                           if config.console.keys else ({}, []))
         self._pane_filters: Dict[str, str] = {}
         self._redraw_timer: Optional[Timer] = None
         self._first_frame_file: Optional[str] = os.environ.get("OPSCONSOLE_FIRST_FRAME_FILE")
         self._notes: List[Tuple[str, str]] = []  # (message, severity) to show once mounted
         self._audit: Optional[AuditLog] = None  # opened on the first action
-        self.log_feed: Optional[LogFeed] = None  # follows [logs] paths once mounted
+        self.log_feed = None  # a LogFeed following [logs] paths once mounted
         self.services = ConsoleServices(config, now)
         self.health = HealthMonitor(config, now)  # rules on each fleet change; the Health pane and header read it
-        self.action_flow = ActionFlow(self)  # registered actions (opsconsole/actions/registry.py)
+        self._action_flow = None  # made on first use (it imports every action)
+        self._pane_mounts: set = set()  # panes being mounted on first show (ensure_pane)
+        self._first_pane: Optional[str] = None
         self.hidden_binding_ids = hidden_binding_ids(config)  # read-only: absent from keys, help, palette
         self._install_themes(config.console.theme)
 
@@ -231,12 +273,15 @@ class OpsConsole(App[int]):
         with Vertical(id="main"):
             self.header = ConsoleHeader(id="header")
             yield self.header
-            with TabbedContent(id="panes", initial=tab_id(self.first_pane_id())):
-                for cls in PANES:
-                    with TabPane("%s %s" % (cls.key, cls.title), id=tab_id(cls.pane_id)):
-                        pane = cls()
-                        self.panes[cls.pane_id] = pane
-                        yield pane
+            first = self.first_pane_id()
+            with TabbedContent(id="panes", initial=tab_id(first)):
+                for entry in PANES:
+                    # Only the first pane is made now; the others when first shown (ensure_pane).
+                    with TabPane("%s %s" % (entry.key, entry.title), id=tab_id(entry.pane_id)):
+                        if entry.pane_id == first:
+                            pane = entry.load()()
+                            self.panes[entry.pane_id] = pane
+                            yield pane
             self.filter_input = Input(placeholder="filter (enter keeps it, esc clears it)", id="filter")
             yield self.filter_input
             yield Footer()
@@ -244,7 +289,48 @@ class OpsConsole(App[int]):
 
     def first_pane_id(self) -> str:
         """One node: its overview (GPUs, processes and host on one screen); several: every GPU."""
-        return OverviewPane.pane_id if len(self.fleet.states()) == 1 else GpusPane.pane_id
+        if self._first_pane is None:
+            self._first_pane = "overview" if self.node_count() == 1 else "gpus"
+        return self._first_pane
+
+    def node_count(self) -> int:
+        """How many nodes the console watches (known before the first frame)."""
+        return len(self.fleet.states())
+
+    def ensure_pane(self, pane_id: str) -> Optional[Pane]:
+        """The pane `pane_id`, imported and mounted in its tab the first time it is asked for.
+
+        Synchronous, so a key, a drill or a test can show a pane in one call: the mount goes on
+        in the message loop and the pane is drawn (and focused, if shown) once it is in place.
+        """
+        pane = self.panes.get(pane_id)
+        entry = PANE_IDS.get(pane_id)
+        if pane is None and entry is not None:
+            pane = entry.load()()
+            self.panes[pane_id] = pane
+            mounted = self.query_one("#" + tab_id(pane_id), TabPane).mount(pane)
+            self._pane_mounts.add(asyncio.ensure_future(self._draw_when_mounted(mounted, pane_id)))
+        return pane
+
+    async def _draw_when_mounted(self, mounted, pane_id: str) -> None:
+        await mounted
+        self._pane_mounts = {task for task in self._pane_mounts if not task.done()}
+        if pane_id == self.visible_pane_id and not getattr(self, "_exit", False):
+            self.redraw()
+            self.focus_pane(pane_id)
+
+    @property
+    def key_specs(self) -> Tuple[KeySpec, ...]:
+        return all_key_specs() + self.extra_key_specs
+
+    @property
+    def action_flow(self):
+        """The registered actions (opsconsole/actions/registry.py), loaded with the first pane that offers one."""
+        if self._action_flow is None:
+            from opsconsole.tui.action_flow import ActionFlow
+
+            self._action_flow = ActionFlow(self)
+        return self._action_flow
 
     async def on_mount(self) -> None:
         self.tabs = self.query_one("#panes", TabbedContent)
@@ -255,11 +341,22 @@ class OpsConsole(App[int]):
             self.notify(message, severity=severity, timeout=10)
         self.services.announce = self.announce_alert
         self.services.report_problem = lambda message: self.notify(message, severity="warning", timeout=8)
-        await self.fleet.start(self.on_fleet_change)
-        self.log_feed = await LogFeed.start_for(self)  # None without [logs] paths
+        await self.fleet.start(self.on_fleet_change)  # polls run in their own tasks and threads
         self.redraw()
         self.focus_pane(self.visible_pane_id)
         self.set_interval(TICK_S, self.redraw)
+        # The first screen is drawn before the log followers (and the Logs pane they feed) start.
+        self.call_after_refresh(self.start_log_feed)
+
+    async def start_log_feed(self) -> None:
+        """Follow the [logs] paths into the Logs pane (nothing without them)."""
+        if not (self.config.logs.paths or self.config.logs.node_paths) or getattr(self, "_exit", False):
+            return
+        from opsconsole.tui.logs import LogFeed
+
+        self.ensure_pane("logs")
+        await asyncio.gather(*self._pane_mounts)
+        self.log_feed = await LogFeed.start_for(self)
         if self.log_feed is not None:
             self.set_interval(PROGRESS_CHECK_S, self.check_log_progress)
 
@@ -269,8 +366,8 @@ class OpsConsole(App[int]):
             return
         for finding, node in self.log_feed.check_progress(self.fleet.states()):
             self.services.observe_finding(finding, node)
-        pane = self.panes.get(LogsPane.pane_id)
-        if isinstance(pane, LogsPane):
+        pane = self.panes.get("logs")
+        if pane is not None:
             pane.redraw_findings()
 
     async def on_unmount(self) -> None:
@@ -317,6 +414,7 @@ class OpsConsole(App[int]):
     @on(TabbedContent.TabActivated)
     def pane_became_visible(self, event: TabbedContent.TabActivated) -> None:
         self.close_filter(clear=False)
+        self.ensure_pane(self.visible_pane_id)  # a tab clicked before its pane was made
         self.redraw()
         self.focus_pane(self.visible_pane_id)
 
@@ -333,16 +431,16 @@ class OpsConsole(App[int]):
                 screen.set_focus(widget)
                 return
 
-    @on(NodesPane.Drill)
-    def drill_into_node(self, message: NodesPane.Drill) -> None:
+    # Named for NodesPane.Drill and NodesPane.TrustHostKey (Textual's handler names), so the
+    # Nodes pane is imported only when it is shown.
+    def on_nodes_pane_drill(self, message) -> None:
         self.node = message.node
-        self.action_show_pane(OverviewPane.pane_id)
+        self.action_show_pane("overview")
         self.redraw()
 
     # --- host keys -----------------------------------------------------------
 
-    @on(NodesPane.TrustHostKey)
-    def trust_host_key_asked(self, message: NodesPane.TrustHostKey) -> None:
+    def on_nodes_pane_trust_host_key(self, message) -> None:
         message.stop()
         self.ask_to_trust_host_key(message.node)
 
@@ -350,6 +448,7 @@ class OpsConsole(App[int]):
         """`T` on a node: refuse, or show the key and the known_hosts line and ask (see nodes/trust.py)."""
         # Imported here: it loads asyncssh, which a local-only console never needs.
         from opsconsole.nodes.trust import ACTION_TRUST_HOSTKEY, plan_trust, ssh_link_of
+        from opsconsole.tui.confirm import ConfirmScreen
 
         state = self.fleet.states().get(name)
         link = self._link_of(name)
@@ -494,11 +593,11 @@ class OpsConsole(App[int]):
         return self.health.latest()
 
     def action_show_pane(self, pane_id: str) -> None:
-        if pane_id in self.panes:
+        if self.ensure_pane(pane_id) is not None:
             self.tabs.active = tab_id(pane_id)
 
     def _step_pane(self, step: int) -> None:
-        ids = [cls.pane_id for cls in PANES]
+        ids = [entry.pane_id for entry in PANES]
         index = ids.index(self.visible_pane_id) if self.visible_pane_id in ids else 0
         self.action_show_pane(ids[(index + step) % len(ids)])
 
@@ -509,6 +608,8 @@ class OpsConsole(App[int]):
         self._step_pane(-1)
 
     def action_help(self) -> None:
+        from opsconsole.tui.help import HelpScreen
+
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(self.help_rows(), self.config.source or "the config file"))
 
@@ -529,7 +630,7 @@ class OpsConsole(App[int]):
             self.close_filter(clear=True)
         elif self.node is not None:
             self.node = None
-            self.action_show_pane(NodesPane.pane_id)
+            self.action_show_pane("nodes")
             self.redraw()
 
     async def action_quit(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -15,9 +15,10 @@ from opsconsole.health import xid
 from opsconsole.history import History, sparkline
 from opsconsole.model import GpuSample, NodeState
 from opsconsole.tui import bars
-from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_OK, LEVEL_PLAIN, LEVEL_WARN, Palette
-from opsconsole.tui.formatting import NA, format_frame_age, format_gib, printable
+from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_PLAIN, Palette
+from opsconsole.tui.formatting import NA, format_gib, printable
 from opsconsole.tui.action_flow import ActionKeys, action_bindings
+from opsconsole.tui.gpu_levels import gpu_status, memory_level, temperature_level, throttle_text
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import StyledCell, TableRow, styled_row
 
@@ -40,60 +41,8 @@ COLUMNS = (
 )
 UTIL_BAR = 6
 MEMORY_BAR = 6
-# Below the configured limit by this much a temperature is a warning.
-TEMPERATURE_MARGIN_C = 10.0
-MEMORY_WARN_MARGIN = 10.0
-
-# NVML clock-event reason names (opsconsole.probe.nvml_decode) that cost speed.
-_CRITICAL_REASONS = frozenset(("HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"))
-_WARNING_REASONS = frozenset(("SwPowerCap",))
-_SHORT_REASONS = {"GpuIdle": "idle", "ApplicationsClocksSetting": "app-clocks"}
-
-
-def temperature_level(gpu: GpuSample, health: HealthConfig) -> str:
-    """Critical at the configured limit or the GPU's own slowdown point, warning just below."""
-    if gpu.temperature is None:
-        return LEVEL_PLAIN
-    limit = health.gpu_temperature_c
-    if gpu.temperature_slowdown is not None:
-        limit = min(limit, gpu.temperature_slowdown)
-    return bars.level_for(gpu.temperature, limit - TEMPERATURE_MARGIN_C, limit)
-
-
-def memory_level(gpu: GpuSample, health: HealthConfig) -> str:
-    crit = health.memory_percent
-    return bars.level_for(gpu.memory_percent, crit - MEMORY_WARN_MARGIN, crit)
-
-
-def throttle_text(reasons: Optional[Sequence[str]]) -> StyledCell:
-    """Active clock-event reasons; the level says whether they cost speed."""
-    if reasons is None:
-        return NA, LEVEL_PLAIN
-    if not reasons:
-        return "-", LEVEL_PLAIN
-    text = ",".join(_SHORT_REASONS.get(reason, reason) for reason in reasons)
-    if any(reason in _CRITICAL_REASONS for reason in reasons):
-        return text, LEVEL_CRIT
-    if any(reason in _WARNING_REASONS for reason in reasons):
-        return text, LEVEL_WARN
-    return text, LEVEL_PLAIN
-
-
 def _number(value: Optional[float], fmt: str = "%d") -> str:
     return NA if value is None else fmt % value
-
-
-def gpu_status(gpu: GpuSample, state: NodeState, now: float) -> StyledCell:
-    """What is wrong with the GPU (or its node), most serious first."""
-    if gpu.lost:
-        return "LOST", LEVEL_CRIT
-    if not state.is_live:
-        return "%s %s" % (state.state, format_frame_age(state.age(now))), LEVEL_DIM
-    if gpu.xid_events:
-        return xid.short_status(gpu.xid_events), LEVEL_CRIT  # the codes and the catalog's action: "X79 reboot"
-    if gpu.errors:
-        return "err %d" % len(gpu.errors), LEVEL_WARN
-    return "ok", LEVEL_OK
 
 
 def util_cell(gpu: GpuSample, history: Optional[History], node: str) -> str:

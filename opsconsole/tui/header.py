@@ -94,4 +94,6 @@ class ConsoleHeader(Static):
         if self._shown is not None and text == self._shown and text.style == self._shown.style:
             return
         self._shown = text
-        self.update(printable_text(text))  # node and host names, job and source reasons are data
+        # Node and host names, job and source reasons are data. Two fixed lines: a new text never
+        # changes the layout, so the screen is not reflowed for the clock ticking each second.
+        self.update(printable_text(text), layout=False)

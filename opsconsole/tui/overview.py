@@ -31,7 +31,7 @@ from opsconsole.tui.formatting import (
     printable,
     shorten,
 )
-from opsconsole.tui.gpus import gpu_status, memory_level, temperature_level, throttle_text
+from opsconsole.tui.gpu_levels import gpu_status, memory_level, temperature_level, throttle_text
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow, styled_row
 
@@ -362,7 +362,7 @@ def process_rows(state: NodeState, palette: Palette, filter_text: str, command_w
         ]
         if needle and needle not in " ".join(text for text, _ in cells).lower():
             continue
-        key = "%d/%s" % (proc.pid, proc.gpu_uuid or proc.gpu_index)
+        key = "%d/%s/%s" % (proc.pid, proc.gpu_index, proc.gpu_uuid)
         rows.append(styled_row(key, [(text, palette.style(LEVEL_DIM if dim else level)) for text, level in cells]))
     return rows
 
@@ -420,11 +420,14 @@ class OverviewPane(LivePane):
         self.redraw()
 
     def _update(self, widget_id: str, text: Text) -> None:
+        """Show `text` in the widget if it differs; reflow the screen only when its height changes."""
         key = (text.plain, tuple(text.spans))
-        if self._shown.get(widget_id) == key:
+        shown = self._shown.get(widget_id)
+        if shown == key:
             return
         self._shown[widget_id] = key
-        self.query_one("#" + widget_id, Static).update(text)
+        same_height = shown is not None and shown[0].count("\n") == key[0].count("\n")
+        self.query_one("#" + widget_id, Static).update(text, layout=not same_height)
 
     def _fit_command_column(self, width: int) -> int:
         """Give the command column what the other columns leave (it was cut at 60 cells before)."""

@@ -10,7 +10,7 @@ from textual.widgets import Input, Static
 
 from opsconsole.recording.seek import SeekError, offset_text, seek_target
 from opsconsole.sanitize import printable_line
-from opsconsole.tui.app import KEY_SPECS, OpsConsole
+from opsconsole.tui.app import OpsConsole
 from opsconsole.tui.keys import KeySpec, bindings_from_specs
 
 REPLAY_KEYS: Tuple[KeySpec, ...] = (
@@ -62,7 +62,12 @@ class ReplayConsole(OpsConsole):
     """OpsConsole fed by a ReplayFleet; read-only whatever the config says (set by the command)."""
 
     BINDINGS = bindings_from_specs(REPLAY_KEYS)
-    key_specs = KEY_SPECS + REPLAY_KEYS
+    extra_key_specs = REPLAY_KEYS
+
+    def node_count(self) -> int:
+        """The nodes of the recording (its first record holds one; where play starts holds all)."""
+        reader = self.fleet.reader
+        return len(reader.seek(reader.first_full_time()))  # start() seeks where it plays from
 
     async def on_mount(self) -> None:
         self.replay_bar = ReplayBar(id="replay-bar")

@@ -1,0 +1,68 @@
+"""How serious a GPU reading is: temperature, memory and throttle levels and the GPU's status word.
+
+Shared by the GPUs pane and the node overview; kept apart from the GPUs pane so the overview (the
+first screen of a one-node console) loads without the pane's action keys.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from opsconsole.config import HealthConfig
+from opsconsole.health import xid
+from opsconsole.model import GpuSample, NodeState
+from opsconsole.tui import bars
+from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_OK, LEVEL_PLAIN, LEVEL_WARN
+from opsconsole.tui.formatting import NA, format_frame_age
+from opsconsole.tui.table_diff import StyledCell
+
+# Below the configured limit by this much a temperature is a warning.
+TEMPERATURE_MARGIN_C = 10.0
+MEMORY_WARN_MARGIN = 10.0
+
+# NVML clock-event reason names (opsconsole.probe.nvml_decode) that cost speed.
+_CRITICAL_REASONS = frozenset(("HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"))
+_WARNING_REASONS = frozenset(("SwPowerCap",))
+_SHORT_REASONS = {"GpuIdle": "idle", "ApplicationsClocksSetting": "app-clocks"}
+
+
+def temperature_level(gpu: GpuSample, health: HealthConfig) -> str:
+    """Critical at the configured limit or the GPU's own slowdown point, warning just below."""
+    if gpu.temperature is None:
+        return LEVEL_PLAIN
+    limit = health.gpu_temperature_c
+    if gpu.temperature_slowdown is not None:
+        limit = min(limit, gpu.temperature_slowdown)
+    return bars.level_for(gpu.temperature, limit - TEMPERATURE_MARGIN_C, limit)
+
+
+def memory_level(gpu: GpuSample, health: HealthConfig) -> str:
+    crit = health.memory_percent
+    return bars.level_for(gpu.memory_percent, crit - MEMORY_WARN_MARGIN, crit)
+
+
+def throttle_text(reasons: Optional[Sequence[str]]) -> StyledCell:
+    """Active clock-event reasons; the level says whether they cost speed."""
+    if reasons is None:
+        return NA, LEVEL_PLAIN
+    if not reasons:
+        return "-", LEVEL_PLAIN
+    text = ",".join(_SHORT_REASONS.get(reason, reason) for reason in reasons)
+    if any(reason in _CRITICAL_REASONS for reason in reasons):
+        return text, LEVEL_CRIT
+    if any(reason in _WARNING_REASONS for reason in reasons):
+        return text, LEVEL_WARN
+    return text, LEVEL_PLAIN
+
+
+def gpu_status(gpu: GpuSample, state: NodeState, now: float) -> StyledCell:
+    """What is wrong with the GPU (or its node), most serious first."""
+    if gpu.lost:
+        return "LOST", LEVEL_CRIT
+    if not state.is_live:
+        return "%s %s" % (state.state, format_frame_age(state.age(now))), LEVEL_DIM
+    if gpu.xid_events:
+        return xid.short_status(gpu.xid_events), LEVEL_CRIT  # the codes and the catalog's action: "X79 reboot"
+    if gpu.errors:
+        return "err %d" % len(gpu.errors), LEVEL_WARN
+    return "ok", LEVEL_OK

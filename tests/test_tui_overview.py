@@ -1,0 +1,146 @@
+"""The node overview: snapshots of a replayed 8-GPU node at three terminal sizes, the drill from
+Nodes with `enter`, the layout rules, and that an unchanged tick rewrites nothing.
+
+Regenerate the snapshots after a deliberate change with
+    .venv/bin/python -m pytest tests/test_tui_overview.py --snapshot-update
+and read the SVGs (tests/__snapshots__/test_tui_overview/) before committing them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from textual.widgets import DataTable, Static
+
+from opsconsole.config import Config, ConsoleConfig
+from opsconsole.recording.recorder import Recorder
+from opsconsole.recording.replay import RecordingReader, ReplayFleet
+from opsconsole.tui.app import PANES, OpsConsole
+from opsconsole.tui.overview import gpu_layout, pack
+from opsconsole.tui.replay import ReplayConsole
+from tests.recording_frames import fleet_ticks
+from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states
+
+TICKS = 90
+SHOWN_AT_TICK = 75  # where the replay is paused for the snapshots: 75 s of history behind it
+
+
+@pytest.fixture(autouse=True)
+def utc_clock(monkeypatch):
+    """The header clock prints local time: pin the zone so the snapshot is the same everywhere."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.fixture(scope="module")
+def eight_gpu_recording(tmp_path_factory):
+    """A recording of one 8-GPU node (frames derived from the real H200 capture), 90 s long."""
+    path = tmp_path_factory.mktemp("overview") / "node.opsrec"
+    with Recorder(str(path)) as recorder:
+        for states in fleet_ticks(nodes=1, ticks=TICKS):
+            for state in states:
+                recorder.observe(state)
+    return str(path)
+
+
+def replay_console(path: str) -> ReplayConsole:
+    """The replay console paused at SHOWN_AT_TICK, its history filled from the same recording."""
+    fleet = ReplayFleet(path)
+    start = RecordingReader(path)
+    fleet.start_at = start.start + SHOWN_AT_TICK
+    fleet.paused = True  # a still picture: the clock does not move between runs
+    app = ReplayConsole(Config(console=ConsoleConfig(read_only=True)), fleet, now=fleet.now)
+    for second in range(SHOWN_AT_TICK + 1):  # what the console would have seen playing up to there
+        for state in start.advance(start.start + second):
+            app.services.history.observe(state)
+    start.close()
+    return app
+
+
+@pytest.mark.parametrize("size", [(80, 24), (140, 45), (200, 60)], ids=["80x24", "140x45", "200x60"])
+def test_overview_of_a_replayed_8_gpu_node(snap_compare, eight_gpu_recording, size):
+    assert snap_compare(replay_console(eight_gpu_recording), terminal_size=size, press=["o"])
+
+
+def test_one_node_console_opens_on_its_overview(snap_compare):
+    app = OpsConsole(Config(), FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
+    assert snap_compare(app, terminal_size=(140, 40))
+
+
+async def test_enter_on_a_node_opens_its_overview():
+    app = OpsConsole(Config(), FakeFleet(cluster_states()), now=lambda: FROZEN_NOW)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.pause()
+        assert app.visible_pane_id == "gpus"  # several nodes: every GPU first
+        await pilot.press("4")
+        await pilot.pause()
+        await pilot.press("down", "down", "enter")  # gpu-a03: down, its last frame kept
+        await pilot.pause()
+        assert app.node == "gpu-a03" and app.visible_pane_id == "overview"
+        pane = app.panes["overview"]
+        gpus = str(pane.query_one("#overview-gpus", Static).render())
+        assert "GPU 0" in gpus and "GPU 1" in gpus and "GPU 2" not in gpus  # its two GPUs, not gpu-a01's eight
+        host = str(pane.query_one("#overview-host", Static).render())
+        assert "host gpu-a03" in host and "down, frame 42s old" in host
+        procs = pane.query_one("#overview-procs", DataTable)
+        assert procs.row_count == 2  # the load process on each of its busy GPUs
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.node is None and app.visible_pane_id == "nodes"
+
+
+async def test_an_unchanged_tick_rewrites_no_widget(monkeypatch):
+    fleet = FakeFleet(single_node_states())
+    app = OpsConsole(Config(), fleet, now=lambda: FROZEN_NOW)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.pause()
+        pane = app.panes["overview"]
+        assert app.visible_pane_id == "overview"
+        updates = []
+        original = Static.update
+        monkeypatch.setattr(Static, "update", lambda self, *a, **k: (updates.append(self.id), original(self, *a, **k)))
+        cells_before = pane.cells_updated
+        app.redraw()
+        app.redraw()
+        await pilot.pause()
+        assert [i for i in updates if i and i.startswith("overview")] == []
+        assert pane.cells_updated == cells_before
+
+
+def test_layout_fits_the_height_with_the_fewest_columns():
+    assert gpu_layout(8, 200, 44) == ("detailed", 1)  # 32 lines: one column, the longest history
+    assert gpu_layout(8, 140, 28) == ("blocks", 1)
+    assert gpu_layout(8, 200, 14) == ("blocks", 2)  # side by side only when it must
+    assert gpu_layout(8, 80, 10) == ("lines", 1)  # 80x24: one line per GPU
+    assert gpu_layout(8, 160, 5) == ("lines", 2)
+    assert gpu_layout(1, 80, 10) == ("detailed", 1)
+    assert gpu_layout(0, 80, 10) == ("lines", 1)
+
+
+def test_pack_puts_items_side_by_side_and_wraps():
+    items = [[("a" * 10, "")], [("b" * 10, "")], [("c" * 10, "")]]
+    assert ["".join(t for t, _ in line) for line in pack(items, 25, 3, gap="  ")] == ["a" * 10 + "  " + "b" * 10, "c" * 10]
+    assert len(pack(items, 25, 1, gap="  ")) == 1
+
+
+def test_the_pane_registry_names_each_pane_as_its_class_does():
+    for entry in PANES:
+        cls = entry.load()
+        assert (cls.pane_id, cls.title, cls.key) == (entry.pane_id, entry.title, entry.key)
+
+
+def test_a_console_imports_only_the_pane_it_shows():
+    # A fresh interpreter: the launch path of a one-node console loads the overview, not the rest.
+    code = (
+        "import sys; from opsconsole.tui.app import OpsConsole; "
+        "print(sorted(m for m in sys.modules if m.startswith('opsconsole.tui.') and m != 'opsconsole.tui.app'))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for heavy in ("logs", "checkpoints", "health", "processes", "nodes", "cluster", "audit", "gpus"):
+        assert "'opsconsole.tui.%s'" % heavy not in loaded, loaded
