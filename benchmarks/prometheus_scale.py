@@ -6,6 +6,12 @@ memory, load and file system series, and `up` for both targets of every node), s
 Prometheus does no scraping while we measure and its CPU is not ours. The source's clock is
 set to the time of the samples, so they are as fresh as a live scrape.
 
+The targets are what a site's static or file_sd config gives: addresses, not names
+(instance="10.0.3.1:9100" and "10.0.3.1:9400"), so every node is joined from its two exporters
+by node_uname_info's nodename and dcgm-exporter's Hostname; GPUs carry dcgm-exporter's
+Kubernetes pod labels (even nodes) or its hpc_job label (odd nodes); DOWN_NODES nodes have
+their node_exporter down (up == 0, no host series): they are degraded.
+
 For each size: full refresh cycles (slow_every = 6: the slow tier's queries spread one per
 refresh over the cycle) are run several times; we report wall time per refresh, our process's CPU per
 refresh, CPU as a share of one core at a 5 s interval, and HTTP requests per refresh. The
@@ -54,6 +60,15 @@ DCGM_DEFAULT = (
 CPUS = 32
 CPU_MODES = ("idle", "user", "system", "iowait")
 STEP_S = 10.0  # two samples per series, STEP_S apart: enough for rate() over 30 s
+DOWN_NODES = 8  # nodes whose node_exporter is down: degraded, GPUs still shown
+
+
+def address(n: int) -> str:
+    return "10.%d.%d.1" % (n // 256, n % 256)
+
+
+def node_exporter_up(n: int) -> bool:
+    return n % max(1, 1024 // DOWN_NODES) != 7
 
 
 def openmetrics(nodes: int, t1: float) -> str:
@@ -65,40 +80,49 @@ def openmetrics(nodes: int, t1: float) -> str:
         for n in range(nodes):
             host = "gpu%04d" % n
             for g in range(8):
+                owner = ('pod="train-%d",namespace="ml",container="trainer"' % (n // 2) if n % 2 == 0
+                         else 'hpc_job="%d"' % (100000 + n // 2))
                 labels = ('{gpu="%d",UUID="GPU-6777fcb4-080d-bc07-9109-%08x%04x",device="nvidia%d",modelName="NVIDIA H200",'
-                          'Hostname="%s",pci_bus_id="00000000:%02X:00.0",DCGM_FI_DRIVER_VERSION="580.159.04",'
-                          'job="dcgm",instance="%s:9400"}' % (g, n, g, g, host, 0x18 + g, host))
+                          'Hostname="%s",pci_bus_id="00000000:%02X:00.0",DCGM_FI_DRIVER_VERSION="580.159.04",%s,'
+                          'job="dcgm",instance="%s:9400"}' % (g, n, g, g, host, 0x18 + g, owner, address(n)))
                 v = value + (n + g) % 7 if metric == "DCGM_FI_DEV_GPU_UTIL" and value else value
                 for stamp in stamps:
                     lines.append("%s%s %s %.3f" % (metric, labels, v, stamp))
     gauges = (("node_load1", 12.5), ("node_load5", 11.0), ("node_load15", 10.2),
               ("node_memory_MemTotal_bytes", 2.16e12), ("node_memory_MemAvailable_bytes", 1.9e12),
               ("node_memory_SwapTotal_bytes", 0), ("node_memory_SwapFree_bytes", 0), ("node_boot_time_seconds", t1 - 86400))
+    up_nodes = [n for n in range(nodes) if node_exporter_up(n)]
     for metric, value in gauges:
         lines.append("# TYPE %s gauge" % metric)
-        for n in range(nodes):
+        for n in up_nodes:
             for stamp in stamps:
-                lines.append('%s{job="node",instance="gpu%04d:9100"} %s %.3f' % (metric, n, value, stamp))
+                lines.append('%s{job="node",instance="%s:9100"} %s %.3f' % (metric, address(n), value, stamp))
+    lines.append("# TYPE node_uname_info gauge")
+    for n in up_nodes:
+        for stamp in stamps:
+            lines.append('node_uname_info{job="node",instance="%s:9100",nodename="gpu%04d",sysname="Linux",'
+                         'release="6.8.0-49-generic",machine="x86_64"} 1 %.3f' % (address(n), n, stamp))
     for metric, value in (("node_filesystem_size_bytes", 3.8e12), ("node_filesystem_free_bytes", 3.0e12),
                           ("node_filesystem_avail_bytes", 2.8e12)):
         lines.append("# TYPE %s gauge" % metric)
-        for n in range(nodes):
+        for n in up_nodes:
             for stamp in stamps:
-                lines.append('%s{job="node",instance="gpu%04d:9100",mountpoint="/",fstype="ext4",device="/dev/nvme0n1p1"} %s %.3f'
-                             % (metric, n, value, stamp))
+                lines.append('%s{job="node",instance="%s:9100",mountpoint="/",fstype="ext4",device="/dev/nvme0n1p1"} %s %.3f'
+                             % (metric, address(n), value, stamp))
     lines.append("# TYPE node_cpu_seconds_total counter")
-    for n in range(nodes):
+    for n in up_nodes:
         for cpu in range(CPUS):
             for mode in CPU_MODES:
                 per_step = {"idle": 2.0, "user": 7.0, "system": 0.8, "iowait": 0.2}[mode]
                 for i, stamp in enumerate(stamps):
-                    lines.append('node_cpu_seconds_total{job="node",instance="gpu%04d:9100",cpu="%d",mode="%s"} %s %.3f'
-                                 % (n, cpu, mode, 100000 + per_step * i, stamp))
+                    lines.append('node_cpu_seconds_total{job="node",instance="%s:9100",cpu="%d",mode="%s"} %s %.3f'
+                                 % (address(n), cpu, mode, 100000 + per_step * i, stamp))
     lines.append("# TYPE up gauge")
     for n in range(nodes):
         for job, port in (("dcgm", 9400), ("node", 9100)):
             for stamp in stamps:
-                lines.append('up{job="%s",instance="gpu%04d:%d"} 1 %.3f' % (job, n, port, stamp))
+                up = 0 if job == "node" and not node_exporter_up(n) else 1
+                lines.append('up{job="%s",instance="%s:%d"} %d %.3f' % (job, address(n), port, up, stamp))
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
 
@@ -141,9 +165,15 @@ def measure(url: str, nodes: int, t1: float, cycles: int) -> dict:
     states = source.refresh()  # warm: Prometheus loads the block's index
     gpus = sum(len(s.frame.gpus) for s in states if s.frame)
     assert len(states) == nodes and gpus == nodes * 8, (len(states), gpus)
-    assert all(s.state == "up" for s in states), {s.state for s in states}
+    # One node per host, joined from its exporters' addresses: every one named by its nodename.
+    assert sorted(s.name for s in states) == ["gpu%04d" % n for n in range(nodes)], [s.name for s in states][:5]
+    degraded = [s.name for s in states if s.state == "degraded"]
+    assert len(degraded) == sum(1 for n in range(nodes) if not node_exporter_up(n)), degraded
+    assert all(s.state in ("up", "degraded") for s in states), {s.state for s in states}
     assert states[0].frame.host.cpu_count == CPUS and states[0].frame.host.cpu_percent is not None
+    assert states[0].frame.gpus[0].pod == "train-0" and states[1].frame.gpus[0].job_id == "100000"
     walls, cpus, requests, asked = [], [], [], []
+    connections_before = source.http.connections_opened
     for _ in range(cycles * config.slow_every):
         asked.append([source.query_up] + source.queries_fast + [source.query_rates] + source.slow_now())
         wall0, cpu0, req0 = time.perf_counter(), time.process_time(), source.http.requests
@@ -151,6 +181,7 @@ def measure(url: str, nodes: int, t1: float, cycles: int) -> dict:
         walls.append(time.perf_counter() - wall0)
         cpus.append(time.process_time() - cpu0)
         requests.append(source.http.requests - req0)
+    connections = source.http.connections_opened - connections_before
     # Baseline: the very same queries of each refresh, raw HTTP fetch + json.loads only.
     base_walls, base_cpus = [], []
 
@@ -174,6 +205,7 @@ def measure(url: str, nodes: int, t1: float, cycles: int) -> dict:
         "requests_mean": statistics.mean(requests),
         "base_wall_mean_s": statistics.mean(base_walls),
         "base_cpu_mean_s": statistics.mean(base_cpus),
+        "connections_per_refresh": connections / len(walls),
     }
 
 
@@ -207,6 +239,8 @@ def main() -> int:
     if len(results) >= 2:
         same = results[0]["requests"] == results[-1]["requests"]
         print("\nrequests per refresh independent of node count: %s" % ("yes" if same else "NO"))
+    print("TCP connections opened per refresh (pooled, kept alive): %s" % ", ".join(
+        "%.2f at %d nodes" % (r["connections_per_refresh"], r["nodes"]) for r in results))
     last = results[-1]
     print("target at %d nodes: full refresh <= 1 s: %s (max %.3f s); <= 30 %% of a core at 5 s: %s (%.1f %%)" % (
         last["nodes"], "met" if last["wall_max_s"] <= 1.0 else "NOT met", last["wall_max_s"],
