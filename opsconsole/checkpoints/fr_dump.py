@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Generator, List, Optional, Tuple
 
 MAX_DUMP_BYTES = 128 * 1024 * 1024  # a 20k-entry buffer with 30-frame stacks is ~20 MB
@@ -20,6 +20,7 @@ MAX_DIMS = 64
 MAX_FRAMES = 256
 MAX_TEXT = 300
 MAX_GROUPS = 10_000
+MAX_STACKS = 50_000  # distinct call stacks in one dump
 
 
 # --- records -----------------------------------------------------------------------------------
@@ -55,6 +56,7 @@ class FrEntry:
     output_sizes: Tuple[Tuple[int, ...], ...] = ()
     output_dtypes: Tuple[str, ...] = ()
     frames: Tuple[FrFrame, ...] = ()
+    stack: int = -1  # in the worker's reply: the index of `frames` in RankDump.stacks (frames left empty)
 
     def signature(self) -> Tuple[Any, ...]:
         return (self.op, self.input_sizes, self.input_dtypes)
@@ -93,6 +95,32 @@ class RankDump:
     entries: Tuple[FrEntry, ...] = ()
     dropped: int = 0  # entries left out as malformed
     unreadable: Optional[str] = None
+    # Each distinct stack once (a training loop calls its collectives from a few lines): the worker's
+    # reply carries entries with `stack` indexes into this; with_frames() puts the frames back.
+    stacks: Tuple[Tuple[FrFrame, ...], ...] = ()
+
+    def compact(self) -> "RankDump":
+        """Entries' frames moved into `stacks`, each distinct stack once (what crosses the worker's pipe)."""
+        index: Dict[int, int] = {}  # by identity: the reader gives equal stacks one shared tuple
+        stacks: List[Tuple[FrFrame, ...]] = []
+        entries = []
+        for entry in self.entries:
+            if entry.frames:
+                number = index.get(id(entry.frames))
+                if number is None:
+                    number = index[id(entry.frames)] = len(stacks)
+                    stacks.append(entry.frames)
+                entry = replace(entry, frames=(), stack=number)
+            entries.append(entry)
+        return replace(self, entries=tuple(entries), stacks=tuple(stacks))
+
+    def with_frames(self) -> "RankDump":
+        """compact() undone: every entry with its frames again (the tuples shared, not copied)."""
+        if not self.stacks:
+            return self
+        entries = tuple(replace(entry, frames=self.stacks[entry.stack], stack=-1) if 0 <= entry.stack < len(self.stacks)
+                        else entry for entry in self.entries)
+        return replace(self, entries=entries, stacks=())
 
 
 RECORD_TYPES: Dict[str, type] = {cls.__name__: cls for cls in (FrFrame, FrEntry, FrGroup, FrGroupStatus, RankDump)}
@@ -141,20 +169,30 @@ def _dtypes(value: Any) -> Tuple[str, ...]:
     return tuple(_text(item) for item in value)
 
 
-def _frames(value: Any) -> Tuple[FrFrame, ...]:
+def _frames(value: Any, seen: Dict[Tuple[Any, ...], Tuple[FrFrame, ...]]) -> Tuple[FrFrame, ...]:
+    """The checked frames; `seen` holds the stacks of this dump so far, so equal stacks share one tuple."""
     if value is None:
         return ()
     if type(value) not in (list, tuple):
         raise _Bad("frames are not a list")
-    frames = []
+    key = []
     for frame in value[:MAX_FRAMES]:
         if type(frame) is not dict:
             raise _Bad("a frame is not a dict")
-        frames.append(FrFrame(_opt_text(frame.get("name")), _opt_text(frame.get("filename")), _int(frame.get("line", 0))))
-    return tuple(frames)
+        name, filename, line = frame.get("name"), frame.get("filename"), frame.get("line", 0)
+        if type(name) is not str or type(filename) is not str or type(line) is not int:  # the rare, slower checks
+            name, filename, line = _opt_text(name), _opt_text(filename), _int(line)
+        key.append((name[:MAX_TEXT], filename[:MAX_TEXT], line))
+    stack_key = tuple(key)
+    stack = seen.get(stack_key)
+    if stack is None:
+        if len(seen) >= MAX_STACKS:
+            raise _Bad("over %d distinct stacks" % MAX_STACKS)
+        stack = seen[stack_key] = tuple(FrFrame(*item) for item in key)
+    return stack
 
 
-def _entry(raw: Any) -> FrEntry:
+def _entry(raw: Any, stacks: Dict[Tuple[Any, ...], Tuple[FrFrame, ...]]) -> FrEntry:
     if type(raw) is not dict:
         raise _Bad("an entry is not a dict")
     group: Any = raw.get("process_group")
@@ -171,7 +209,7 @@ def _entry(raw: Any) -> FrEntry:
         state=_opt_text(raw.get("state")),
         input_sizes=_sizes(raw.get("input_sizes", [])), input_dtypes=_dtypes(raw.get("input_dtypes", [])),
         output_sizes=_sizes(raw.get("output_sizes", [])), output_dtypes=_dtypes(raw.get("output_dtypes", [])),
-        frames=_frames(raw.get("frames")),
+        frames=_frames(raw.get("frames"), stacks),
     )
 
 
@@ -220,9 +258,10 @@ def dump_from_value(value: Any) -> RankDump:
                     continue
     entries: List[FrEntry] = []
     dropped = 0
+    stacks: Dict[Tuple[Any, ...], Tuple[FrFrame, ...]] = {}
     for raw in entries_raw:
         try:
-            entries.append(_entry(raw))
+            entries.append(_entry(raw, stacks))
         except _Bad:
             dropped += 1
     if entries_raw and not entries:
@@ -261,4 +300,4 @@ def fr_dump_reader(size: int) -> Generator[Tuple[int, int], bytes, RankDump]:
     if size == 0:
         return RankDump(unreadable="empty file")
     data = yield (0, size)
-    return dump_from_bytes(bytes(data))
+    return dump_from_bytes(bytes(data)).compact()

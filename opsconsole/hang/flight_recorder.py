@@ -46,6 +46,8 @@ DUMP_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 PIPE_FILE_VARS = ("TORCH_FR_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
 
 MAX_DUMP_FILES = 100_000
+MAX_REPLY_BYTES = 96 * 1024 * 1024  # one dump's records as the worker sends them
+DUMP_CPU_S = 30  # CPU and wall seconds for one dump in the worker (a 77 MB, 20k-entry dump needs ~10 on a busy core)
 FILE_RANK = re.compile(r"^(?P<before>.*?)(?P<rank>\d{1,7})(?P<suffix>\.(?:pkl|pickle|json))?$")
 SEPARATORS = "._-"
 
@@ -138,11 +140,11 @@ def read_dump_dir(directory: str, prefix: Optional[str] = None, workers: Any = N
     A dump the worker cannot read (killed, over its limits) or that fails validation comes back
     with `unreadable` set; it never stops the others.
     """
-    from opsconsole.checkpoints.worker import METADATA_WORKERS, WorkerFailure
     from opsconsole.checkpoints.access import LocalFileSystem
+    from opsconsole.checkpoints.worker import WorkerFailure
 
     files, skipped = dump_files(directory, prefix)
-    pool = workers or METADATA_WORKERS
+    pool = workers or dump_workers()
     fs = LocalFileSystem()
     dumps: List[RankDump] = []
     for path, rank, host in files:
@@ -154,8 +156,31 @@ def read_dump_dir(directory: str, prefix: Optional[str] = None, workers: Any = N
             dump = RankDump(unreadable=failure.reason)
         except OSError as exc:
             dump = RankDump(unreadable=exc.strerror or str(exc))
-        dumps.append(replace(dump, path=path, rank=rank, host=host))
+        dumps.append(replace(dump.with_frames(), path=path, rank=rank, host=host))
     return dumps, skipped
+
+
+_DUMP_WORKERS: List[Any] = []
+
+
+def dump_workers() -> Any:
+    """The worker pool for dumps: the checkpoints' worker and memory limit, CPU, time and reply sized for a dump.
+
+    A 20k-entry buffer is tens of MB of pickle and replies with megabytes of entries (each distinct
+    stack once), past the 10 s and 4 MiB a checkpoint's metadata needs; the memory bound (RLIMIT_AS)
+    and everything else about the worker are the metadata worker's own.
+    """
+    if not _DUMP_WORKERS:
+        import atexit
+
+        from opsconsole.checkpoints.worker import MetadataWorkers, WorkerLimits
+
+        limits = WorkerLimits(cpu_seconds=DUMP_CPU_S, timeout_s=float(DUMP_CPU_S), first_try_cpu_seconds=DUMP_CPU_S // 2,
+                              max_reply_bytes=MAX_REPLY_BYTES)
+        pool = MetadataWorkers(size=max(2, min(4, (os.cpu_count() or 2) // 2)), limits=limits)
+        atexit.register(pool.close)
+        _DUMP_WORKERS.append(pool)
+    return _DUMP_WORKERS[0]
 
 
 # --- matching across ranks -----------------------------------------------------------------------
