@@ -30,7 +30,7 @@ from opsconsole.probe.smi import (  # noqa: E402
     BASIC_GPU_FIELDS,
     QUERY_GPU_FIELDS,
     is_invalid_field_error,
-    parse_query_gpu_csv,
+    parse_query_gpu_csv_with_driver,
     query_gpu_argv,
 )
 
@@ -145,7 +145,7 @@ def bench_smi(calls: int, gpus: int) -> Dict[str, Any]:
         "fields": "full" if fields == QUERY_GPU_FIELDS else "basic (full list refused)",
         "mean_ms_per_gpu": statistics.mean(per_call) * 1000.0 / max(1, gpus),
         "mean_ms_per_call": statistics.mean(per_call) * 1000.0,
-        "parsed_gpus": len(parse_query_gpu_csv(text, fields.split(","))),
+        "parsed_gpus": len(parse_query_gpu_csv_with_driver(text, fields.split(","))[0]),
     }
 
 

@@ -230,12 +230,6 @@ class ConfigError(Exception):
 ENV_CONFIG = "OPSCONSOLE_CONFIG"
 
 
-def find_config_file(cli_path: Optional[str], env: Mapping[str, str]) -> Optional[Path]:
-    """Return the config file to read: --config, then $OPSCONSOLE_CONFIG, then XDG; None if none."""
-    found = _locate_config(cli_path, env)
-    return None if found is None else found[1]
-
-
 def load_config(cli_path: Optional[str] = None, env: Mapping[str, str] = os.environ) -> Config:
     """Find, read and validate the config; DEFAULT_CONFIG when there is no file at all."""
     found = _locate_config(cli_path, env)

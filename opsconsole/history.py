@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from opsconsole.model import GpuSample, NodeFrame, NodeState
 
@@ -123,10 +123,6 @@ class History:
         self._last_seq[state.name] = stamp
         self.add_frame(state.name, frame)
         return True
-
-    def observe_all(self, states: Mapping[str, NodeState]) -> None:
-        for state in states.values():
-            self.observe(state)
 
     def add_frame(self, node: str, frame: NodeFrame) -> None:
         t = frame.time

@@ -15,7 +15,7 @@ from opsconsole.config import (
     ConfigError,
     NodeConfig,
     _KeyLines,
-    find_config_file,
+    _locate_config,
     load_config,
     parse_config,
 )
@@ -440,22 +440,28 @@ def three_files(tmp_path):
     return dict(cli=cli, env=env_file, xdg=xdg, home=home_default, root=tmp_path)
 
 
+def located(cli_path, env):
+    """The file load_config would read (through its own lookup), None when there is none."""
+    found = _locate_config(cli_path, env)
+    return None if found is None else found[1]
+
+
 def test_cli_path_wins(three_files):
     env = {"OPSCONSOLE_CONFIG": str(three_files["env"]), "XDG_CONFIG_HOME": str(three_files["root"] / "xdg")}
-    assert find_config_file(str(three_files["cli"]), env) == three_files["cli"]
+    assert located(str(three_files["cli"]), env) == three_files["cli"]
     cfg = load_config(str(three_files["cli"]), env)
     assert cfg.console.interval == 1.0 and cfg.source == str(three_files["cli"])
 
 
 def test_env_variable_beats_xdg(three_files):
     env = {"OPSCONSOLE_CONFIG": str(three_files["env"]), "XDG_CONFIG_HOME": str(three_files["root"] / "xdg")}
-    assert find_config_file(None, env) == three_files["env"]
+    assert located(None, env) == three_files["env"]
     assert load_config(None, env).console.interval == 2.0
 
 
 def test_xdg_config_home(three_files):
     env = {"XDG_CONFIG_HOME": str(three_files["root"] / "xdg"), "HOME": str(three_files["root"] / "home")}
-    assert find_config_file(None, env) == three_files["xdg"]
+    assert located(None, env) == three_files["xdg"]
     assert load_config(None, env).console.interval == 3.0
 
 
@@ -464,18 +470,18 @@ def test_xdg_defaults_to_home_config(three_files, xdg):
     env = {"HOME": str(three_files["root"] / "home")}
     if xdg is not None:
         env["XDG_CONFIG_HOME"] = xdg  # empty or relative: ignored, as the XDG spec says
-    assert find_config_file(None, env) == three_files["home"]
+    assert located(None, env) == three_files["home"]
     assert load_config(None, env).console.interval == 4.0
 
 
 def test_empty_env_variable_is_ignored(three_files):
     env = {"OPSCONSOLE_CONFIG": "", "XDG_CONFIG_HOME": str(three_files["root"] / "xdg")}
-    assert find_config_file(None, env) == three_files["xdg"]
+    assert located(None, env) == three_files["xdg"]
 
 
 def test_nothing_found_gives_default(tmp_path):
     env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "nothing")}
-    assert find_config_file(None, env) is None
+    assert located(None, env) is None
     assert load_config(None, env) is DEFAULT_CONFIG
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from opsconsole.diagnosis.engine import diagnose_lines
 from opsconsole.diagnosis.knowledge import CATEGORIES
-from opsconsole.diagnosis.signatures import SIGNATURES, has_needle
+from opsconsole.diagnosis.signatures import SIGNATURES, candidates
 
 CORPUS = Path(__file__).parent / "data" / "diagnosis_real"
 REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -104,6 +104,6 @@ def test_prefilter_never_hides_a_signature_match_in_tune_excerpts():
             lowered = line.lower()
             for sig in SIGNATURES:
                 if sig.pattern.search(line):
-                    assert has_needle(lowered), "prefilter rejects %s line in %s: %s" % (sig.category, name, line)
+                    assert candidates(lowered), "prefilter rejects %s line in %s: %s" % (sig.category, name, line)
                     assert any(needle in lowered for needle in sig.needles), \
                         "no %s needle in %s: %s" % (sig.category, name, line)

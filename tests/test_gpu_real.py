@@ -14,7 +14,7 @@ import pytest
 
 from opsconsole.model import GpuSample, NodeFrame, from_wire, to_wire
 from opsconsole.probe.gpu import GpuReader, run_nvidia_smi
-from opsconsole.probe.smi import parse_query_apps_csv, parse_query_gpu_csv, query_apps_argv, query_gpu_argv
+from opsconsole.probe.smi import parse_query_apps_csv, parse_query_gpu_csv_with_driver, query_apps_argv, query_gpu_argv
 
 pytestmark = pytest.mark.gpu
 
@@ -99,7 +99,7 @@ def test_real_readings_survive_the_wire(reader):
 @pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="nvidia-smi not on PATH")
 def test_real_nvidia_smi_agrees_with_nvml(reader):
     reading = reader.read()
-    smi_gpus = parse_query_gpu_csv(run_nvidia_smi(query_gpu_argv()))
+    smi_gpus = parse_query_gpu_csv_with_driver(run_nvidia_smi(query_gpu_argv()))[0]
     assert [g.uuid for g in smi_gpus] == [g.uuid for g in reading.gpus]
     for smi, ours in zip(smi_gpus, reading.gpus):
         assert smi.errors == (), smi.errors

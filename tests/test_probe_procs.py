@@ -16,7 +16,6 @@ from opsconsole.model import ProcessSample
 from opsconsole.probe import procs
 from opsconsole.probe.procs import (
     ProcessTable,
-    join_gpu_processes,
     parse_cmdline,
     parse_pid_stat,
     parse_pid_status,
@@ -275,13 +274,11 @@ def test_psutil_path_agrees_with_proc_path(busy):
     assert joined[0].state in BUSY_STATES and joined[1].state is None
 
 
-def test_module_functions_share_one_table(busy):
+def test_the_module_function_keeps_one_table_between_calls(busy):
     top_processes(5)
     time.sleep(0.3)
     rows = top_processes(5)
     assert busy.pid in [r.pid for r in rows]
-    joined = join_gpu_processes((ProcessSample(pid=busy.pid, gpu_index=0, gpu_memory_bytes=5),))
-    assert joined[0].gpu_memory_bytes == 5 and joined[0].state in BUSY_STATES
 
 
 def test_idle_process_is_held_then_reread_with_a_correct_delta(tmp_path):

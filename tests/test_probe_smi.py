@@ -16,7 +16,7 @@ from opsconsole.probe.smi import (
     QUERY_GPU_FIELD_LIST,
     QUERY_GPU_FIELDS,
     parse_query_apps_csv,
-    parse_query_gpu_csv,
+    parse_query_gpu_csv_with_driver,
     parse_query_gpu_csv_with_driver,
     query_apps_argv,
     query_gpu_argv,
@@ -104,7 +104,7 @@ def test_our_own_query_on_the_h200_parses_every_field():
 
 def test_our_query_agrees_with_nvml_on_the_same_gpu():
     # Both taken seconds apart on the same H200, in the same device run.
-    (smi,) = parse_query_gpu_csv((PROBE / "smi-query-load.csv").read_text())
+    (smi,) = parse_query_gpu_csv_with_driver((PROBE / "smi-query-load.csv").read_text())[0]
     nvml = GpuSample(**{k: v for k, v in json.loads((PROBE / "h200_nvml_frame_with_smi.json").read_text())["gpus"][0].items() if k not in ("clock_event_reasons", "xid_events", "errors")})
     for field in ("uuid", "pci_bus_id", "name", "ecc_enabled", "persistence_mode", "compute_mode", "mig_mode", "pcie_gen", "pcie_width", "clock_sm_max_mhz", "clock_mem_max_mhz", "power_limit_w"):
         assert getattr(smi, field) == getattr(nvml, field), field
@@ -115,7 +115,7 @@ def test_our_query_agrees_with_nvml_on_the_same_gpu():
 def test_lead_captures_without_header_parse_with_their_field_list(capture):
     path = H200 / capture
     values = dict(zip(LEAD_CAPTURE_FIELDS, cells(path)))
-    (gpu,) = parse_query_gpu_csv(path.read_text(), LEAD_CAPTURE_FIELDS)
+    (gpu,) = parse_query_gpu_csv_with_driver(path.read_text(), LEAD_CAPTURE_FIELDS)[0]
     assert gpu.index == int(values["index"]) and gpu.uuid == values["uuid"]
     assert gpu.utilization_gpu == float(values["utilization.gpu"])
     assert gpu.memory_total == int(values["memory.total"]) * MIB
@@ -132,7 +132,7 @@ def test_header_with_units_is_read_from_the_header():
     path = H200 / "under-load" / "load-query.csv"
     header, row = path.read_text().strip().splitlines()
     values = [c.strip() for c in row.split(",")]
-    (gpu,) = parse_query_gpu_csv(path.read_text())
+    (gpu,) = parse_query_gpu_csv_with_driver(path.read_text())[0]
     assert "[MiB]" in header and "MiB" in values[2]  # the capture really has units
     assert gpu.index == int(values[0])
     assert gpu.utilization_gpu == float(values[1].split()[0])
@@ -144,7 +144,7 @@ def test_header_with_units_is_read_from_the_header():
 
 
 def test_apps_with_header_and_units_map_to_the_gpu_by_uuid():
-    (gpu,) = parse_query_gpu_csv((H200 / "under-load" / "nvidia-smi-query.csv").read_text(), LEAD_CAPTURE_FIELDS)
+    (gpu,) = parse_query_gpu_csv_with_driver((H200 / "under-load" / "nvidia-smi-query.csv").read_text(), LEAD_CAPTURE_FIELDS)[0]
     path = H200 / "under-load" / "load-apps.csv"
     pid, name, used, uuid = [c.strip() for c in path.read_text().strip().splitlines()[1].split(",")]
     (proc,) = parse_query_apps_csv(path.read_text(), (gpu,))
@@ -154,14 +154,14 @@ def test_apps_with_header_and_units_map_to_the_gpu_by_uuid():
 
 
 def test_apps_without_header_from_our_own_query():
-    (gpu,) = parse_query_gpu_csv((PROBE / "smi-query-load.csv").read_text())
+    (gpu,) = parse_query_gpu_csv_with_driver((PROBE / "smi-query-load.csv").read_text())[0]
     pid, name, used, uuid = cells(PROBE / "smi-apps-load.csv")
     (proc,) = parse_query_apps_csv((PROBE / "smi-apps-load.csv").read_text(), (gpu,))
     assert (proc.pid, proc.name, proc.gpu_memory_bytes, proc.gpu_index) == (int(pid), name, int(used) * MIB, 0)
 
 
 def test_apps_header_only_or_no_processes_is_empty():
-    (gpu,) = parse_query_gpu_csv((H200 / "nvidia-smi-query.csv").read_text(), LEAD_CAPTURE_FIELDS)
+    (gpu,) = parse_query_gpu_csv_with_driver((H200 / "nvidia-smi-query.csv").read_text(), LEAD_CAPTURE_FIELDS)[0]
     header_only = (H200 / "nvidia-smi-apps.csv").read_text().split("--stderr--")[0]
     assert parse_query_apps_csv(header_only, (gpu,)) == ()
     assert parse_query_apps_csv("", (gpu,)) == ()
@@ -169,7 +169,7 @@ def test_apps_header_only_or_no_processes_is_empty():
 
 
 def test_an_unknown_uuid_keeps_the_process_without_an_index():
-    (gpu,) = parse_query_gpu_csv((PROBE / "smi-query-load.csv").read_text())
+    (gpu,) = parse_query_gpu_csv_with_driver((PROBE / "smi-query-load.csv").read_text())[0]
     pid, name, used, uuid = cells(PROBE / "smi-apps-load.csv")
     (proc,) = parse_query_apps_csv("%s, /usr/bin/%s, [N/A], GPU-other\n" % (pid, name), (gpu,))
     assert proc.gpu_index is None and proc.gpu_memory_bytes is None
@@ -184,19 +184,19 @@ def _row_with(field: str, cell: str) -> str:
 
 @pytest.mark.parametrize("cell", ["[N/A]", "[Not Supported]", "N/A"])
 def test_absent_cells_are_none_without_errors(cell):
-    (gpu,) = parse_query_gpu_csv(_row_with("temperature.gpu", cell))
+    (gpu,) = parse_query_gpu_csv_with_driver(_row_with("temperature.gpu", cell))[0]
     assert gpu.temperature is None and gpu.errors == ()
 
 
 def test_error_cells_are_none_with_an_error_and_lost_marks_the_gpu():
-    (gpu,) = parse_query_gpu_csv(_row_with("utilization.gpu", "[Unknown Error]"))
+    (gpu,) = parse_query_gpu_csv_with_driver(_row_with("utilization.gpu", "[Unknown Error]"))[0]
     assert gpu.utilization_gpu is None and gpu.errors == ("utilization.gpu: Unknown Error",) and not gpu.lost
-    (gpu,) = parse_query_gpu_csv(_row_with("power.draw", "[GPU is lost]"))
+    (gpu,) = parse_query_gpu_csv_with_driver(_row_with("power.draw", "[GPU is lost]"))[0]
     assert gpu.lost and gpu.power_draw_w is None
 
 
 def test_several_gpus_and_stray_lines():
     row = (PROBE / "smi-query-load.csv").read_text().strip()
     second = row.replace("0, GPU-", "1, GPU-", 1)
-    gpus = parse_query_gpu_csv(row + "\n" + second + "\n\nNo devices were found\n")
+    gpus = parse_query_gpu_csv_with_driver(row + "\n" + second + "\n\nNo devices were found\n")[0]
     assert [g.index for g in gpus] == [0, 1]

@@ -434,9 +434,3 @@ async def run_plan(plan: Plan, ctx: ActionContext) -> ActionReport:
     if why:
         raise Refused(why)
     return await plan.action.run(plan, ctx)
-
-
-def refuse_and_note(ctx: ActionContext, action_id: str, target: Target, reason: str, command: Sequence[str] = ()) -> Optional[str]:
-    """Audit a refusal (outcome refused); None when written, else why not."""
-    return ctx.runner.note(action_id, target.node, target.describe(), command, "refused", reason)
-

@@ -126,16 +126,6 @@ def precedence(category: str, weak: bool = False) -> int:
     return _RANK_OF.get((category, weak), len(ROOT_CAUSE_ORDER))
 
 
-def choose_root_cause(findings: Iterable[Finding]) -> Optional[str]:
-    """The category of the most fundamental finding; among equals the earliest in time, then seen."""
-    best: Optional[Tuple[int, float, int, str]] = None
-    for order, finding in enumerate(findings):
-        key = (precedence(finding.category, finding.weak), _time_key(finding), order, finding.category)
-        if best is None or key < best:
-            best = key
-    return best[3] if best else None
-
-
 def _time_key(finding: Finding) -> float:
     return finding.time if finding.time is not None else float("inf")
 

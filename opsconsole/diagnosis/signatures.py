@@ -298,11 +298,6 @@ def candidates(lowered: str) -> List[int]:
     return sorted(found)
 
 
-def has_needle(lowered: str) -> bool:
-    """Whether the lower-cased line passes the prefilter: holds a needle ("nan", "inf" as whole words only)."""
-    return bool(candidates(lowered))
-
-
 # Lines that contain a needle but are known to be healthy: apex/fairseq loss scaling, NCCL's INFO
 # chatter and its optional-plugin warnings.
 BENIGN: Pattern[str] = re.compile(

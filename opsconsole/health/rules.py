@@ -9,7 +9,7 @@ tick (benchmarks/health_rules.py), so each rule is a few comparisons and one dat
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from opsconsole.config import HealthConfig
 from opsconsole.health.result import STATUS_FAIL, STATUS_PASS, STATUS_WARN, HealthResult, make_result
@@ -314,13 +314,3 @@ def evaluate_frame(frame: NodeFrame, cfg: HealthConfig, now: Optional[float] = N
         for host_rule in HOST_RULES:
             out.extend(host_rule(name, host, cfg, when))
     return out
-
-
-def worst_status(results: Sequence[HealthResult]) -> str:
-    """The most serious status among results (fail > error > warn > pass); pass when empty."""
-    order = {STATUS_PASS: 0, STATUS_WARN: 1, "error": 2, STATUS_FAIL: 3}
-    worst = STATUS_PASS
-    for result in results:
-        if order.get(result.status, 0) > order[worst]:
-            worst = result.status
-    return worst

@@ -92,18 +92,6 @@ def trust_host_key(known_hosts_path: str, host: str, port: Optional[int], key: a
     return line
 
 
-async def fetch_host_key(host: str, port: int = DEFAULT_PORT, timeout: float = 10.0) -> Tuple[asyncssh.SSHKey, str]:
-    """Connect far enough to see the server's host key: (key, "SHA256:...").
-
-    Reads ~/.ssh/config like `ssh` (HostName, Port of an alias). Raises OSError,
-    asyncio.TimeoutError or asyncssh.Error when the server cannot be reached.
-    """
-    key = await asyncssh.get_server_host_key(host, port, options=asyncssh.SSHClientConnectionOptions(connect_timeout=timeout))
-    if key is None:
-        raise asyncssh.KeyExchangeFailed("the server presented no host key")
-    return key, fingerprint(key)
-
-
 @dataclass
 class HostKeyVerdict:
     """What one connection attempt saw of the server's host key."""

@@ -594,8 +594,3 @@ def top_processes(limit: int = MAX_HOST_PROCESSES) -> Tuple[ProcessSample, ...]:
     with _DEFAULT_LOCK:
         return _default_table().sample(limit)
 
-
-def join_gpu_processes(gpu_procs: Sequence[ProcessSample]) -> Tuple[ProcessSample, ...]:
-    """GPU compute processes with their host fields filled in; never raises."""
-    with _DEFAULT_LOCK:
-        return _default_table().join(gpu_procs)

@@ -265,7 +265,13 @@ def parse_query_gpu_row(cells: Sequence[str], fields: Sequence[str]) -> Tuple[Gp
 def parse_query_gpu_csv_with_driver(
     text: str, fields: Sequence[str] = QUERY_GPU_FIELD_LIST
 ) -> Tuple[Tuple[GpuSample, ...], Optional[str]]:
-    """GPUs from --query-gpu output and the driver version (when driver_version was asked)."""
+    """GPUs from `nvidia-smi --query-gpu` CSV, with or without header and units, and the driver version
+    (when driver_version was asked).
+
+    Without a header the columns are taken to be `fields` (default: QUERY_GPU_FIELDS).
+    "[N/A]" and "[Not Supported]" become None; other bracketed cells ("[Unknown Error]")
+    become None plus an entry in that GPU's errors, and "[GPU is lost]" sets lost.
+    """
     order, rows = _rows(text, fields, _GPU_FIELDS)
     gpus = []
     driver = None  # type: Optional[str]
@@ -277,16 +283,6 @@ def parse_query_gpu_csv_with_driver(
         gpus.append(gpu)
         driver = driver or row_driver
     return tuple(gpus), driver
-
-
-def parse_query_gpu_csv(text: str, fields: Sequence[str] = QUERY_GPU_FIELD_LIST) -> Tuple[GpuSample, ...]:
-    """GPUs from `nvidia-smi --query-gpu` CSV, with or without header and units.
-
-    Without a header the columns are taken to be `fields` (default: QUERY_GPU_FIELDS).
-    "[N/A]" and "[Not Supported]" become None; other bracketed cells ("[Unknown Error]")
-    become None plus an entry in that GPU's errors, and "[GPU is lost]" sets lost.
-    """
-    return parse_query_gpu_csv_with_driver(text, fields)[0]
 
 
 _APP_FIELDS = {
