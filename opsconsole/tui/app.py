@@ -11,7 +11,7 @@ from functools import lru_cache, partial
 from typing import Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.command import CommandPalette, DiscoveryHit, Hit, Hits, Matcher, Provider
 from textual.content import Content
@@ -49,6 +49,7 @@ from opsconsole.tui.keys import (
 from opsconsole.tui.pane import Pane
 from opsconsole.tui.services import ConsoleServices
 from opsconsole.tui import bars
+from opsconsole.tui.tab_labels import fit_tab_labels
 from opsconsole.tui.themes import (
     DEFAULT_THEME,
     ThemePicker,
@@ -284,8 +285,26 @@ class OpsConsole(App[int]):
                             yield pane
             self.filter_input = Input(placeholder="filter (enter keeps it, esc clears it)", id="filter")
             yield self.filter_input
-            yield Footer()
+            yield Footer(compact=True)  # every key of a busy pane fits at 160 columns
         yield TooSmall(id="too-small")
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.fit_tabs(event.size.width)
+
+    def fit_tabs(self, width: int) -> None:
+        """Tab labels that fit `width`: every pane stays in sight at 80 columns (tab_labels.py)."""
+        tabs = getattr(self, "tabs", None)
+        if tabs is None:
+            return
+        labels, compact = fit_tab_labels(PANES, width)
+        for pane_id, label in labels.items():
+            try:
+                tab = tabs.get_tab(tab_id(pane_id))
+            except Exception:  # a pane without a tab
+                continue
+            if str(tab.label) != label:
+                tab.label = label
+        tabs.set_class(compact, "-compact-tabs")
 
     def first_pane_id(self) -> str:
         """One node: its overview (GPUs, processes and host on one screen); several: every GPU."""
@@ -334,6 +353,7 @@ class OpsConsole(App[int]):
 
     async def on_mount(self) -> None:
         self.tabs = self.query_one("#panes", TabbedContent)
+        self.fit_tabs(self.size.width)
         if self.keymap:
             self.set_keymap(self.keymap)
         self._notes += [(problem, "warning") for problem in self._key_problems]

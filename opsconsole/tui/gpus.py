@@ -24,7 +24,7 @@ from opsconsole.tui.table_diff import StyledCell, TableRow, styled_row
 
 # (key, label, width): fixed widths so an update never reflows the table.
 COLUMNS = (
-    ("node", "node", 9),
+    ("node", "node", None),  # as wide as the longest name: names were cut at 9 cells
     ("gpu", "#", 2),
     ("name", "name", 11),
     ("util", "util", 11),

@@ -83,7 +83,7 @@ class ConsoleHeader(Static):
     """Two header lines, redrawn only when their text changes."""
 
     DEFAULT_CSS = """
-    ConsoleHeader { height: 2; background: $panel; color: $foreground; }
+    ConsoleHeader { height: 2; background: $panel; color: $foreground; text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
     def __init__(self, *, id: Optional[str] = None) -> None:

@@ -29,6 +29,7 @@ PROCESS_COLUMNS = (
     ("name", "name", 15),
     ("command", "command", 60),
 )
+COMMAND_MIN_WIDTH = 20
 CPU_BAR = 30
 CORE_BAR = 8
 CORE_GAP = "   "  # between one core's percent and the next core's number
@@ -207,6 +208,17 @@ class HostPane(LivePane):
         self._summary_key = None  # the core grid depends on the width
         self.redraw()
 
+    def fit_command_column(self, width: int) -> None:
+        """Give the command column what the other columns leave (it stopped at 60 cells at any width)."""
+        others = sum(column_width + 2 for _, _, column_width in PROCESS_COLUMNS[:-1])
+        command_width = max(COMMAND_MIN_WIDTH, width - others - 3)  # 2 of cell padding, 1 for a scroll bar
+        table = self.query_one("#host-procs", DataTable)
+        column = table.columns.get("command")
+        if column is not None and column.width != command_width:
+            column.width = command_width
+            table._require_update_dimensions = True  # no public way to resize a fixed-width column
+            table.refresh()
+
     def draw(self, states: Mapping[str, NodeState], node: Optional[str], now: float) -> None:
         health = getattr(self.app, "config", DEFAULT_CONFIG).health
         palette = bars.palette_from_variables(self.app.theme_variables)
@@ -235,4 +247,5 @@ class HostPane(LivePane):
         if title != self._title_text:
             self._title_text = title
             self.query_one("#host-procs-title", Static).update(Text(printable(title)))
+        self.fit_command_column(self.size.width)
         self.sync_table(self.query_one(DataTable), process_rows(processes, palette, dim, self.filter_text, frame_time))

@@ -19,16 +19,17 @@ class KeySpec:
     show: bool = True  # in the footer
     priority: bool = False  # checked before the focused widget (tab must beat focus cycling)
     scope: str = ""  # "" for the app; a pane id for a binding of that pane
+    footer: str = ""  # the footer's word when the description is too long for it ("Record")
 
 
 # App-wide bindings; pane bindings are made from the pane registry (see pane_key_specs).
 APP_KEYS: Tuple[KeySpec, ...] = (
     KeySpec("app.quit", "q", "quit", "Quit"),
-    KeySpec("app.help", "question_mark", "help", "Help: every key"),
+    KeySpec("app.help", "question_mark", "help", "Help: every key", footer="Help"),
     # Priority: `/` is handled in the order keys arrive, before the ones typed after it are sent
     # to the focused table (which would read them as its keys); OpsConsole.check_action lets it
     # through to a text input, where `/` is just a character.
-    KeySpec("app.filter", "slash", "filter", "Filter the pane", priority=True),
+    KeySpec("app.filter", "slash", "filter", "Filter the pane", priority=True, footer="Filter"),
     KeySpec("app.back", "escape", "back", "Back: close filter, leave drill-down", show=False),
     KeySpec("pane.next", "tab", "next_pane", "Next pane", show=False, priority=True),
     KeySpec("pane.previous", "shift+tab", "previous_pane", "Previous pane", show=False, priority=True),
@@ -67,7 +68,10 @@ def pane_binding_specs(panes: Sequence[type]) -> Tuple[KeySpec, ...]:
 def bindings_from_specs(specs: Iterable[KeySpec]) -> List[Binding]:
     """Textual Binding objects carrying the spec ids, so App.set_keymap can remap them."""
     return [
-        Binding(spec.key, spec.action, spec.description, show=spec.show, priority=spec.priority, id=spec.id)
+        # The footer shows the short word (a footer of whole sentences was cut at 160 columns); help, the
+        # palette and the binding's tooltip keep the whole description.
+        Binding(spec.key, spec.action, spec.footer or spec.description, show=spec.show, priority=spec.priority,
+                id=spec.id, tooltip=spec.description if spec.footer else "")
         for spec in specs
         if not spec.scope
     ]

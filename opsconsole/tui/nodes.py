@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import List, Optional
+from functools import partial
+from typing import List, Optional, Sequence, Tuple
 
 from rich.text import Text
 from textual import on
@@ -33,6 +34,10 @@ from opsconsole.tui.table_pane import Column, SortedTable, TablePane
 
 REASON_WIDTH = 22
 JOBS_WIDTH = 14
+REASON_MIN, REASON_MAX = 12, 80  # the reason column takes the room the others leave, within these
+# What a narrow terminal gives up first (first to go first); Node, State, GPUs, Util and Memory stay.
+DROP_ORDER = ("trend", "rtt", "power", "util_max", "jobs", "temp", "age", "errors")
+CELL_PADDING = 2  # DataTable draws one cell of padding on each side of a column
 
 NODE_COLUMNS = (
     Column("name", "Node"),
@@ -52,14 +57,36 @@ NODE_COLUMNS = (
 )
 
 
+def node_columns(width: int, name_width: int = 0, state_width: int = 0) -> Tuple[Column, ...]:
+    """NODE_COLUMNS fitted to `width` cells: the Node column as wide as the longest name, the Reason column
+    with the room left (REASON_MIN to REASON_MAX), and columns dropped in DROP_ORDER until the rest fits."""
+    sized = []
+    for column in NODE_COLUMNS:
+        if column.key == "name":
+            column = replace(column, width=max(len(column.label) + 1, name_width))
+        elif column.key == "state":
+            column = replace(column, width=max(len(column.label) + 1, min(state_width, column.width or 10)))
+        sized.append(column)
+    dropped = list(DROP_ORDER)
+    while True:
+        fixed = sum(max(c.width or 0, len(c.label) + 1) + CELL_PADDING for c in sized if c.key != "reason")
+        room = width - fixed - CELL_PADDING
+        if room >= REASON_MIN:
+            return tuple(replace(c, width=min(room, REASON_MAX)) if c.key == "reason" else c for c in sized)
+        if not dropped:  # long node names on a narrow terminal: the names stay whole, the reason goes
+            return tuple(c for c in sized if c.key != "reason")
+        gone = dropped.pop(0)
+        sized = [c for c in sized if c.key != gone]
+
+
 def _hottest(row: NodeRow) -> str:
     if row.hottest_temp is None:
         return NA
     return "%s #%d" % (format_temperature(row.hottest_temp), row.hottest_gpu)
 
 
-def node_table_row(row: NodeRow) -> TableRow:
-    """A node's cells; a node not live keeps its last values, dimmed, with their age."""
+def node_table_row(row: NodeRow, columns: Sequence[Column] = NODE_COLUMNS) -> TableRow:
+    """A node's cells for `columns`; a node not live keeps its last values, dimmed, with their age."""
     base = "" if row.live else STALE_ROW_STYLE
     errors_style = "bold red" if row.errors else base
 
@@ -67,25 +94,24 @@ def node_table_row(row: NodeRow) -> TableRow:
         return Text(text, style=style, end="")
 
     state_cell_style = state_style(row.state)
-    return TableRow(
-        row.key,
-        (
-            cell(row.name),
-            cell(row.state, state_cell_style),
-            cell(shorten(row.reason, REASON_WIDTH)),
-            cell(format_count(row.gpu_count)),
-            cell(format_percent(row.util_mean)),
-            cell(format_percent(row.util_max)),
-            cell(sparkline(row.util_trend, TREND_POINTS, 0.0, 100.0)),
-            cell(format_memory_pair(row.mem_used, row.mem_total)),
-            cell(_hottest(row)),
-            cell(format_watts(row.power_sum)),
-            cell(format_count(row.errors), errors_style),
-            cell(format_age(row.age)),
-            cell(format_ms(row.rtt_ms)),
-            cell(shorten(",".join(row.jobs), JOBS_WIDTH) if row.jobs else "-"),
-        ),
-    )
+    reason_width = next((c.width for c in columns if c.key == "reason"), None) or REASON_WIDTH
+    cells = {
+        "name": lambda: cell(row.name),
+        "state": lambda: cell(row.state, state_cell_style),
+        "reason": lambda: cell(shorten(row.reason, reason_width)),
+        "gpus": lambda: cell(format_count(row.gpu_count)),
+        "util_mean": lambda: cell(format_percent(row.util_mean)),
+        "util_max": lambda: cell(format_percent(row.util_max)),
+        "trend": lambda: cell(sparkline(row.util_trend, TREND_POINTS, 0.0, 100.0)),
+        "memory": lambda: cell(format_memory_pair(row.mem_used, row.mem_total)),
+        "temp": lambda: cell(_hottest(row)),
+        "power": lambda: cell(format_watts(row.power_sum)),
+        "errors": lambda: cell(format_count(row.errors), errors_style),
+        "age": lambda: cell(format_age(row.age)),
+        "rtt": lambda: cell(format_ms(row.rtt_ms)),
+        "jobs": lambda: cell(shorten(",".join(row.jobs), JOBS_WIDTH) if row.jobs else "-"),
+    }
+    return TableRow(row.key, tuple(cells[column.key]() for column in columns))
 
 
 class NodesPane(ActionKeys, TablePane):
@@ -126,14 +152,24 @@ class NodesPane(ActionKeys, TablePane):
         table: DataTable = DataTable(cursor_type="row", zebra_stripes=True, id="nodes-table")
         return [SortedTable(table, NODE_SORT_KEYS)]
 
+    def on_resize(self) -> None:
+        self.redraw()  # the columns follow the width
+
     def draw(self) -> List[str]:
         sorted_table = self.tables[0]
-        sorted_table.set_columns(NODE_COLUMNS)  # once; later calls see the same layout and return
         rows = node_rows(self.states, self.now, self.node, self.history())
+        columns = node_columns(self.size.width - 2, max((len(row.name) for row in rows), default=0),
+                               max((len(row.state) for row in rows), default=0))
+        if list(columns) != sorted_table.columns:
+            # Laid out again only when the width, the longest name or the widest state changes, never per tick.
+            if sorted_table.columns:
+                sorted_table.table.clear(columns=True)
+                sorted_table.columns = []
+            sorted_table.set_columns(columns)
         live = sum(1 for row in rows if row.live)
         sorted_table.show(
             filter_rows(rows, self.filter, self.filter_fields),
-            node_table_row,
+            partial(node_table_row, columns=columns),
             # The age ticks every second; the cells change only when its text does.
             signature=lambda row: (replace(row, age=None), format_age(row.age)),
         )

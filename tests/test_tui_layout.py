@@ -1,0 +1,138 @@
+"""The console's layout at 80x24, 160 and 300 columns: every tab in sight, the Nodes table fitted to the
+width, the footer whole at 160, the host's command column using the space, node names whole.
+
+Assertions read the screen as the terminal would get it; the snapshots keep the whole picture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import List
+
+import pytest
+from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states
+
+from opsconsole.config import Config
+from opsconsole.tui.app import PANES, OpsConsole
+from opsconsole.tui.nodes import DROP_ORDER, NODE_COLUMNS, node_columns
+from opsconsole.tui.tab_labels import fit_tab_labels
+
+LONG_NAME = "gpu-node-0017.research.example.org"
+
+
+def screen_lines(app: OpsConsole) -> List[str]:
+    return ["".join(segment.text for segment in strip) for strip in app.screen._compositor.render_strips()]
+
+
+def long_named_cluster():
+    states = cluster_states()
+    first = states[0]
+    frame = replace(first.frame, node=LONG_NAME)
+    return [replace(first, name=LONG_NAME, frame=frame)] + states[1:]
+
+
+def console(states) -> OpsConsole:
+    return OpsConsole(Config(), FakeFleet(states), now=lambda: FROZEN_NOW)
+
+
+@pytest.mark.parametrize("width", [80, 100, 160, 300])
+async def test_every_pane_has_its_tab_in_sight(width):
+    app = console(cluster_states())
+    async with app.run_test(size=(width, 24)) as pilot:
+        await pilot.press("4")
+        await pilot.pause()
+        tab_line = screen_lines(app)[2]
+        labels, _ = fit_tab_labels(PANES, width)
+        for entry in PANES:
+            assert labels[entry.pane_id] in tab_line, (entry.pane_id, tab_line)
+        assert tab_line.index(labels[PANES[0].pane_id]) <= 2  # the first tab is not scrolled away
+        if width >= 160:
+            assert "5 Cluster GPUs" in tab_line and "7 Checkpoints" in tab_line
+
+
+@pytest.mark.parametrize("width", [80, 120, 160, 300])
+async def test_nodes_table_fits_the_width_and_keeps_what_matters(width):
+    app = console(long_named_cluster())
+    async with app.run_test(size=(width, 24)) as pilot:
+        await pilot.press("4")
+        await pilot.pause(0.3)
+        lines = screen_lines(app)
+        header = next(line for line in lines if line.lstrip().startswith("Node "))
+        for label in ("Node", "State", "GPUs", "Util", "Memory"):
+            assert " %s" % label in header, header
+        assert len(header.rstrip()) <= width
+        # Nothing scrolls off the right edge: the table's virtual width is the screen's.
+        table = app.panes["nodes"].tables[0].table
+        assert table.virtual_size.width <= width
+        # Node names whole, not cut to a column's fixed width.
+        assert any(LONG_NAME in line for line in lines)
+        reason = "connection refused (127.0.0.1:2222)"
+        if width >= 120:
+            assert " Reason" in header
+        if width >= 160:
+            for label in ("Errors", "Age", "Hottest"):
+                assert label in header
+        if width >= 300:
+            assert reason in "\n".join(lines) and "Trend" in header and "RTT" in header
+
+
+def test_node_columns_drop_in_order_and_give_the_reason_the_rest():
+    assert [c.key for c in node_columns(78, 34, 4)] == ["name", "state", "gpus", "util_mean", "memory"]
+    full = node_columns(400, 8, 4)
+    assert [c.key for c in full] == [c.key for c in NODE_COLUMNS]
+    assert next(c.width for c in full if c.key == "reason") == 80  # capped
+    narrow = node_columns(78, 8, 4)
+    kept = [c.key for c in narrow]
+    assert kept[:6] == ["name", "state", "reason", "gpus", "util_mean", "memory"]
+    dropped = [key for key in DROP_ORDER if key not in kept]
+    assert dropped == list(DROP_ORDER[:len(dropped)])  # in order, the first first
+    assert sum(max(c.width, len(c.label) + 1) + 2 for c in narrow) <= 78
+
+
+async def test_footer_is_whole_at_160_columns():
+    app = console(cluster_states())
+    async with app.run_test(size=(160, 30)) as pilot:
+        for key in ("4", "6", "1"):
+            await pilot.press(key)
+            await pilot.pause(0.3)
+            footer = screen_lines(app)[-1]
+            for words in ("q Quit", "? Help", "/ Filter", "^r Record", "^e Report", "^p Command palette"):
+                assert words in footer, (key, footer)
+
+
+async def test_host_command_column_uses_a_wide_terminal():
+    app = console(single_node_states())
+    async with app.run_test(size=(300, 30)) as pilot:
+        await pilot.press("3")
+        await pilot.pause(0.3)
+        text = "\n".join(screen_lines(app))
+        commands = [p.command for p in single_node_states()[0].frame.top_processes]
+        longest = max(commands, key=len)
+        assert len(longest) > 100
+        assert longest in text  # whole, where it stopped at 60 characters
+
+
+async def test_gpu_rows_show_long_node_names_whole():
+    app = console(long_named_cluster())
+    async with app.run_test(size=(160, 30)) as pilot:
+        await pilot.press("1")
+        await pilot.pause(0.3)
+        assert sum(LONG_NAME in line for line in screen_lines(app)) == 1  # whole, on its first GPU row (it was cut at 9)
+
+
+@pytest.mark.parametrize("size, keys", [
+    ((80, 24), ["4"]), ((160, 40), ["4"]), ((300, 40), ["4"]), ((80, 24), ["3"]), ((300, 40), ["3"]),
+])
+def test_layout_snapshots(snap_compare, size, keys):
+    assert snap_compare(console(long_named_cluster() if keys == ["4"] else single_node_states()),
+                        terminal_size=size, press=keys)
+
+
+async def test_the_header_never_wraps_onto_the_tab_bar_at_80_columns():
+    app = console(single_node_states())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        await pilot.pause()
+        lines = screen_lines(app)
+        assert lines[0].startswith(" opsconsole ") and lines[1].startswith(" nodes 1")
+        assert lines[2].startswith(" o Over 1 GPUs")  # the tab bar, not the header's last word
