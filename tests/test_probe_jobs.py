@@ -224,3 +224,17 @@ def test_a_job_of_a_real_slurmd_under_proctrack_cgroup_is_attributed(tmp_path):
                 slurm_root.rmdir()
             except OSError:
                 pass
+
+
+def test_a_frame_recorded_before_job_attribution_still_decodes_with_no_job():
+    """Old frames and recordings carry none of the new fields: they read as 'not known', not as errors."""
+    import json
+
+    from opsconsole.model import from_wire
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "h200_frame.json"
+    wire = json.loads(fixture.read_text())
+    assert "job_id" not in json.dumps(wire) and "mig_devices" not in json.dumps(wire)
+    frame = checked(from_wire(NodeFrame, wire))
+    assert frame.gpus and all(g.mig_devices == () and g.pod is None for g in frame.gpus)
+    assert all(p.job_id is None and p.container is None and p.mig_instance is None for p in frame.processes)
