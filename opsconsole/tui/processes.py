@@ -98,6 +98,12 @@ def process_table_row(row: ProcessRow, columns: Sequence[Column], tree_prefix: s
     return TableRow(row.key, tuple(Text(values[c.key], style=style, end="") for c in columns))
 
 
+def row_signature(row: ProcessRow) -> tuple:
+    """What a row's cells show: its elapsed time as drawn (the number moves every frame; `2h12m` once a minute)."""
+    return (row.cpu_percent, row.rss, row.proc_state, row.user, row.command, row.gpu_memory, row.sm_percent,
+            row.live, row.node_state, format_duration(row.elapsed))
+
+
 class ProcessTable(DataTable):
     """A DataTable whose cursor runs on into the table below at its last row (and back up at its first),
     so the GPU and host tables read as one list by keyboard."""
@@ -206,7 +212,7 @@ class ProcessesPane(ActionKeys, TablePane):
         self._layout()
         parts: List[str] = []
         gpu_rows = filter_rows(process_rows(self.states, self.node, GPU_PROCESSES), self.filter, self.filter_fields)
-        self.gpu_table.show(gpu_rows, lambda row: process_table_row(row, self.gpu_table.columns))
+        self.gpu_table.show(gpu_rows, lambda row: process_table_row(row, self.gpu_table.columns), signature=row_signature)
         host_all = process_rows(self.states, self.node, HOST_PROCESSES)
         kernel = sum(1 for row in host_all if row.kernel_thread)
         shown = host_all if self.show_kernel_threads else [row for row in host_all if not row.kernel_thread]
@@ -239,13 +245,13 @@ class ProcessesPane(ActionKeys, TablePane):
         table = self.host_table
         columns = table.columns
         if not self.tree:
-            table.show(rows, lambda row: process_table_row(row, columns))
+            table.show(rows, lambda row: process_table_row(row, columns), signature=row_signature)
             return
         value_of = PROCESS_SORT_KEYS.get(table.sort.column) if table.sort.column else None
         placed = process_tree(rows, value_of, table.sort.reverse)
         prefixes = {row.key: prefix for row, prefix in placed}
         table.show([row for row, _ in placed], lambda row: process_table_row(row, columns, prefixes[row.key]),
-                   signature=lambda row: (row, prefixes[row.key]), presorted=True)
+                   signature=lambda row: (row_signature(row), prefixes[row.key]), presorted=True)
 
     def _keep_focus_selectable(self) -> None:
         """An empty table takes no focus (so the pane's focus lands where rows are) unless no shown
