@@ -330,3 +330,27 @@ def test_odd_fields_in_an_answer_are_left_out():
                                       ' "EVIL": "1"}, "cgroup": "0::/", "cwd": ["x"], "starttime": -1, "errors": []}')
     assert details.args == ("a", "b") and details.rank_env == (("WORLD_SIZE", "8"),)
     assert details.cgroup == () and details.cwd is None and details.starttime is None and details.problem is None
+
+
+async def test_details_name_the_job_and_container_the_probe_found():
+    """A GPU process whose job the probe read (probe/jobs.py): the details say whose job it is; a node
+    with no connection says so instead of the node's part."""
+    from dataclasses import replace
+
+    states = three_nodes()
+    frame = states["gpu01"].frame
+    owned = replace(frame.processes[0], job_id="4242", job_step="0", job_user="alice", container="docker/0123456789ab")
+    states["gpu01"] = replace(states["gpu01"], frame=replace(frame, processes=(owned,)))
+    pane = ProcessesPane()
+    app = ConsoleLikeApp(pane)
+    async with app.run_test(size=SIZE) as pilot:
+        pane.show(states, None, NOW)
+        pane.apply_filter("gpu:0")
+        await pilot.pause()
+        pane.gpu_table.table.focus()
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ProcessDetailsScreen) and app.screen.details is not None)
+        text = str(app.screen.query_one("#details-frame").render())
+        assert "Slurm job     4242" in text and "Job user      alice" in text and "docker/0123456789ab" in text
+        assert "GPU 0" in text and "21 GiB GPU memory" in text
+        assert app.screen.details.problem == "no connection to the node"  # gpu01 is a fixture, not a link
