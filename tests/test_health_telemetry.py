@@ -15,6 +15,7 @@ from opsconsole.health.result import STATUS_PASS, STATUS_WARN
 from opsconsole.health.telemetry import evaluate_telemetry, training_processes, visible_devices_agree
 from opsconsole.model import ProcessSample
 from opsconsole.probe.procs import ProcessTable, read_watched_env
+from tests.waiting import wait_for_sync
 from test_health_rules import IDLE, LOADED, by_check
 
 CFG = HealthConfig()
@@ -53,12 +54,22 @@ def sleeper(env=None):
     return proc
 
 
-def read_frame(base, gpu_procs, settle=0.6):
-    """A frame like `base` with real process rows: the GPU processes joined, host processes sampled."""
+def read_frame(base, gpu_procs, busy_pid=None):
+    """A frame like `base` with real process rows: the GPU processes joined, host processes sampled.
+
+    CPU % is a rate between two samples: with `busy_pid`, sampling goes on until that process is
+    seen busy (on a loaded machine it may get no CPU for a while), instead of one fixed sleep.
+    """
     table = ProcessTable(use_psutil=False)
     table.prime()
-    time.sleep(settle)  # CPU % is a rate between two samples
-    top = table.sample(limit=4000)
+
+    def sampled():
+        time.sleep(0.3)
+        top = table.sample(limit=4000)
+        seen = busy_pid is None or any(p.pid == busy_pid and (p.cpu_percent or 0) > CFG.loader_busy_percent for p in top)
+        return top if seen else None
+
+    top = wait_for_sync(sampled, "process %s seen busy" % busy_pid, interval=0)
     joined = table.join(gpu_procs)
     return replace(base, processes=joined, top_processes=top)
 
@@ -66,7 +77,7 @@ def read_frame(base, gpu_procs, settle=0.6):
 def test_idle_gpu_with_a_busy_data_loader_child_is_a_data_loading_bottleneck(trainer):
     parent, child = trainer
     gpu = IDLE.gpus[0]
-    frame = read_frame(IDLE, [ProcessSample(pid=parent, gpu_index=gpu.index, gpu_uuid=gpu.uuid)])
+    frame = read_frame(IDLE, [ProcessSample(pid=parent, gpu_index=gpu.index, gpu_uuid=gpu.uuid)], busy_pid=child)
     assert frame.processes[0].ppid is not None  # the probe reports parents now
     worker = next(p for p in frame.top_processes if p.pid == child)
     assert worker.ppid == parent and worker.cpu_percent > CFG.loader_busy_percent
@@ -85,7 +96,7 @@ def test_environment_disabling_p2p_and_hiding_the_gpu_is_found_from_proc_environ
     good = sleeper({"CUDA_VISIBLE_DEVICES": gpu.uuid or "0", "NCCL_P2P_DISABLE": "0"})
     try:
         frame = read_frame(IDLE, [ProcessSample(pid=bad.pid, gpu_index=gpu.index, gpu_uuid=gpu.uuid),
-                                  ProcessSample(pid=good.pid, gpu_index=gpu.index, gpu_uuid=gpu.uuid)], settle=0.1)
+                                  ProcessSample(pid=good.pid, gpu_index=gpu.index, gpu_uuid=gpu.uuid)])
     finally:
         bad.kill()
         good.kill()

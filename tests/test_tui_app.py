@@ -427,7 +427,9 @@ def test_gpu_temperature_threshold_follows_config_and_slowdown():
     from opsconsole.tui.gpus import temperature_level
 
     gpu = replace(idle_gpu(), temperature=80.0)  # slowdown is 89 on the H200
-    assert temperature_level(gpu, HealthConfig(gpu_temperature_c=85.0)) == "warn"
+    assert temperature_level(gpu, HealthConfig(gpu_temperature_c=85.0)) == "ok"  # 9 °C from slowdown
+    assert temperature_level(gpu, HealthConfig(gpu_temperature_c=85.0, temperature_margin_c=10.0)) == "warn"
+    assert temperature_level(replace(gpu, temperature=84.0), HealthConfig(gpu_temperature_c=95.0)) == "warn"
     assert temperature_level(gpu, HealthConfig(gpu_temperature_c=80.0)) == "crit"
     assert temperature_level(replace(gpu, temperature=89.0), HealthConfig(gpu_temperature_c=95.0)) == "crit"
 

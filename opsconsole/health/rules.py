@@ -13,6 +13,7 @@ from typing import Callable, List, Optional, Tuple
 
 from opsconsole.config import HealthConfig
 from opsconsole.health.result import STATUS_FAIL, STATUS_PASS, STATUS_WARN, HealthResult, make_result
+from opsconsole.health.thresholds import temperature_limit, temperature_status
 from opsconsole.model import GpuSample, HostSample, NodeFrame
 from opsconsole.health import xid
 
@@ -73,20 +74,22 @@ def _num(value: float) -> str:
 
 
 def gpu_temperature(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) -> Optional[HealthResult]:
-    """Fail above [health] gpu_temperature_c or at the slowdown threshold; warn within the margin of it."""
-    temp = gpu.temperature
-    if temp is None:
+    """Fail at the limit (health/thresholds.py: [health] gpu_temperature_c or the GPU's slowdown point,
+    the lower); warn within [health] temperature_margin_c of the slowdown point."""
+    status = temperature_status(gpu, cfg)
+    if status is None:
         return None
-    slowdown = gpu.temperature_slowdown
+    temp, slowdown = gpu.temperature, gpu.temperature_slowdown
     evidence = (("temperature_c", _num(temp)), ("limit_c", _num(cfg.gpu_temperature_c)))
     if slowdown is not None:
         evidence += (("slowdown_c", _num(slowdown)),)
-    if temp > cfg.gpu_temperature_c or (slowdown is not None and temp >= slowdown):
-        status, message = STATUS_FAIL, "GPU %d at %s°C (limit %s°C)" % (gpu.index, _num(temp), _num(cfg.gpu_temperature_c))
-    elif slowdown is not None and slowdown - temp <= cfg.temperature_margin_c:
-        status, message = STATUS_WARN, "GPU %d at %s°C, %s°C from slowdown" % (gpu.index, _num(temp), _num(slowdown - temp))
+    limit = temperature_limit(gpu, cfg)
+    if status == STATUS_FAIL:
+        message = "GPU %d at %s°C (limit %s°C)" % (gpu.index, _num(temp), _num(limit))
+    elif status == STATUS_WARN:
+        message = "GPU %d at %s°C, %s°C from slowdown" % (gpu.index, _num(temp), _num(slowdown - temp))
     else:
-        status, message = STATUS_PASS, "GPU %d at %s°C" % (gpu.index, _num(temp))
+        message = "GPU %d at %s°C" % (gpu.index, _num(temp))
     return make_result("gpu_temperature", node, status, message, gpu.index, evidence, REMEDY_TEMPERATURE, now)
 
 

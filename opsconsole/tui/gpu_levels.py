@@ -10,15 +10,16 @@ from typing import Optional, Sequence
 
 from opsconsole.config import HealthConfig
 from opsconsole.health import xid
+from opsconsole.health.result import STATUS_FAIL, STATUS_PASS, STATUS_WARN
+from opsconsole.health.thresholds import temperature_status
 from opsconsole.model import GpuSample, NodeState
 from opsconsole.tui import bars
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_OK, LEVEL_PLAIN, LEVEL_WARN
 from opsconsole.tui.formatting import NA, format_frame_age
 from opsconsole.tui.table_diff import StyledCell
 
-# Below the configured limit by this much a temperature is a warning.
-TEMPERATURE_MARGIN_C = 10.0
 MEMORY_WARN_MARGIN = 10.0
+_LEVEL_OF_STATUS = {STATUS_FAIL: LEVEL_CRIT, STATUS_WARN: LEVEL_WARN, STATUS_PASS: LEVEL_OK}
 
 # NVML clock-event reason names (opsconsole.probe.nvml_decode) that cost speed.
 _CRITICAL_REASONS = frozenset(("HwSlowdown", "SwThermalSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"))
@@ -27,13 +28,10 @@ _SHORT_REASONS = {"GpuIdle": "idle", "ApplicationsClocksSetting": "app-clocks"}
 
 
 def temperature_level(gpu: GpuSample, health: HealthConfig) -> str:
-    """Critical at the configured limit or the GPU's own slowdown point, warning just below."""
-    if gpu.temperature is None:
-        return LEVEL_PLAIN
-    limit = health.gpu_temperature_c
-    if gpu.temperature_slowdown is not None:
-        limit = min(limit, gpu.temperature_slowdown)
-    return bars.level_for(gpu.temperature, limit - TEMPERATURE_MARGIN_C, limit)
+    """Critical at the limit (the configured one or the GPU's own slowdown point), warning within
+    [health] temperature_margin_c of slowdown: health/thresholds.py, as the health rule judges it."""
+    status = temperature_status(gpu, health)
+    return LEVEL_PLAIN if status is None else _LEVEL_OF_STATUS[status]
 
 
 def memory_level(gpu: GpuSample, health: HealthConfig) -> str:
