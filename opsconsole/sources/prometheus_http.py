@@ -18,6 +18,8 @@ import ssl
 import urllib.parse
 from typing import Any, Dict, List, Optional, Tuple
 
+from opsconsole.units import format_bytes
+
 Series = Tuple[Dict[str, str], float]  # (labels, value) of an instant vector
 RangeSeries = Tuple[Dict[str, str], List[Tuple[float, float]]]
 # Connections kept per server: the source runs at most this many requests at once.
@@ -138,7 +140,7 @@ class PrometheusHttp:
             text = str(exc) or type(exc).__name__
             raise PrometheusError(_one_line("unreachable: " + text), reachable=False) from None
         if len(data) > MAX_ANSWER_BYTES:
-            raise PrometheusError("answer larger than %d MB" % (MAX_ANSWER_BYTES // (1024 * 1024)))
+            raise PrometheusError("answer larger than %s" % format_bytes(MAX_ANSWER_BYTES))
         self.bytes_received += len(data)
         if response.status >= 400:
             detail = ""
