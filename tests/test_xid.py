@@ -104,3 +104,34 @@ def test_diagnose_names_meaning_and_action_of_a_kernel_xid(tmp_path):
     assert finding["category"] == "gpu_hardware"
     assert finding["cause"].startswith("Xid 79 (GPU has fallen off the bus: the host no longer reaches it): reboot the node.")
     assert finding["remedy"].startswith("Reboot the node")
+
+
+async def test_the_gpus_pane_shows_the_action_and_offers_the_key():
+    from textual.app import App, ComposeResult
+    from textual.widgets import DataTable, Static
+
+    from h200_fleet import idle_gpu, loaded_gpu
+    from tui_fakes import FROZEN_NOW, up_state
+    from opsconsole.tui.gpus import GpusPane
+
+    class OnePane(App):
+        def __init__(self, pane) -> None:
+            super().__init__()
+            self.pane = pane
+
+        def compose(self) -> ComposeResult:
+            yield self.pane
+
+    # gpu07's idle H200 saw Xid 95 (reset class): R is offered; gpu08's busy one saw 48: no reset while it runs.
+    states = {"gpu07": up_state("gpu07", [replace(idle_gpu(0), xid_events=(95,))]),
+              "gpu08": up_state("gpu08", [replace(loaded_gpu(0), xid_events=(48,))])}
+    pane = GpusPane()
+    async with OnePane(pane).run_test(size=(200, 30)) as pilot:
+        pane.show(states, None, FROZEN_NOW)
+        await pilot.pause()
+        table = pane.query_one(DataTable)
+        assert str(table.get_cell("gpu07/0", "status")) == "X95 reset"
+        assert str(table.get_cell("gpu08/0", "status")) == "X48 reset"
+        hint = str(pane.query_one("#gpus-hint", Static).render())
+        assert "gpu07/0: Xid 95 calls for a GPU reset and the GPU runs no process: R: reset the GPU" in hint
+        assert "gpu08/0" not in hint
