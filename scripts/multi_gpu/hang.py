@@ -125,6 +125,8 @@ def main(argv=None):
     parser.add_argument("--timeout-s", type=float, default=30.0, help="the process group's timeout (30)")
     parser.add_argument("--python", default=sys.executable, help="python for torchrun and the console")
     args = parser.parse_args(argv)
+    if os.sep in args.python:  # the job runs in the output directory
+        args.python = os.path.abspath(args.python)
     out = os.path.abspath(args.out)
     for sub in ("own", "watchdog", "collected"):
         os.makedirs(os.path.join(out, sub), exist_ok=True)
