@@ -4,7 +4,6 @@ start through the probe bundle locally and over a real sshd."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 

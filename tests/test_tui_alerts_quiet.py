@@ -6,7 +6,6 @@ import json
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states
 
