@@ -151,3 +151,28 @@ def test_diagnose_run_says_frozen_when_every_rank_says_minus_one(tmp_path):
     document = diagnose_run(tmp_path)
     assert document["watchdog"]["kind"] == "frozen" and document["rank"] in (0, 1)
     assert "froze" in document["watchdog"]["text"]
+
+
+async def test_the_console_findings_name_the_rank_that_never_got_there(tmp_path):
+    from tests.waiting import wait_for
+    from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states
+    from opsconsole.config import Config, LogsConfig
+    from opsconsole.tui.app import OpsConsole
+    from opsconsole.tui.findings import COLUMNS
+
+    for text in BASICSR + [BASICSR_RANK3]:
+        rank = parse_watchdog_line(text).rank if parse_watchdog_line(text) else int(text.split("[rank", 1)[1].split("]", 1)[0])
+        with open(tmp_path / ("train_gpu0%d_rank%d_20261202_120000.log" % (rank // 2, rank)), "a") as log:
+            log.write(text + "\n")
+    config = Config(logs=LogsConfig(paths=(str(tmp_path / "train_*_rank*_*.log"),)))
+    app = OpsConsole(config, FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("6")
+        pane = app.panes["logs"]
+        await wait_for(lambda: "nccl_timeout" in [s.category for s in pane.findings.summaries], "the timeout finding",
+                       pilot=pilot)
+        row = {key: cell.plain for (key, _, _), cell in zip(COLUMNS, pane.findings.table.get_row("nccl_timeout"))}
+        assert row["ranks"] == "0-2"  # the ranks that timed out waiting
+        summary = next(s for s in pane.findings.summaries if s.category == "nccl_timeout")
+        assert summary.cause.startswith("NCCL watchdog: rank 3 never reached collective 808 (ALLREDUCE) of group 0")
