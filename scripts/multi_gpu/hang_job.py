@@ -34,8 +34,13 @@ else:
 def dump_own_trace():
     import torch._C._distributed_c10d as c10d
 
-    data = c10d._dump_nccl_trace() if backend == "nccl" else c10d._dump_fr_trace()
     path = os.path.join(directory, "own", "trace_rank_%d" % rank)
+    try:  # gloo's recorder is read with _dump_fr_trace (torch 2.13); a build without it is said so
+        data = c10d._dump_nccl_trace() if backend == "nccl" else c10d._dump_fr_trace()
+    except Exception as exc:
+        with open(path + ".error", "w") as out:
+            out.write("%s: %s\n" % (type(exc).__name__, exc))
+        return
     with open(path + ".tmp", "wb") as out:
         out.write(data)
     os.rename(path + ".tmp", path)
