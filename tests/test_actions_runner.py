@@ -186,7 +186,7 @@ def test_recent_records_are_newest_first_and_bad_lines_show(tmp_path):
     audit = tmp_path / "audit.log"
     log = AuditLog(str(audit))
     for i in range(5):
-        assert log.write_entry("signal_int", "n%d" % i, "d", "ok", target="pid %d" % i, command=["kill"], entry_id=str(i)) is None
+        assert log.write("signal_int", "n%d" % i, "d", "ok", target="pid %d" % i, command=["kill"], entry_id=str(i)) is None
     with open(audit, "a") as f:
         f.write("not json at all\n")
     shown, problem = read_recent_records(str(audit), limit=3)
@@ -205,7 +205,7 @@ def test_reading_the_tail_of_a_big_log_skips_the_cut_line(tmp_path, monkeypatch,
     audit = tmp_path / "audit.log"
     log = AuditLog(str(audit))
     for i in range(40):
-        log.write_entry("signal_int", "node%02d" % i, "x" * 50, "ok")
+        log.write("signal_int", "node%02d" % i, "x" * 50, "ok")
     shown, _ = read_recent_records(str(audit))
     assert shown[0]["node"] == "node39"
     assert all(r["outcome"] == "ok" for r in shown)  # no torn first line

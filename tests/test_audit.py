@@ -9,7 +9,7 @@ import stat
 from opsconsole.actions.audit import AuditLog, audit_path, default_audit_path
 from opsconsole.config import ActionsConfig
 
-FIELDS = ["time", "user", "host", "action", "node", "detail", "outcome"]
+FIELDS = ["time", "user", "host", "action", "node", "detail", "outcome", "target", "command", "id"]
 
 
 def read_records(path):
@@ -70,7 +70,7 @@ def test_hostile_content_is_written_escaped_one_line_each(tmp_path):
     name = os.fsdecode(b"/ckpts/ckpt-\xff.pt")  # what os.listdir gives for a non-UTF-8 name
     assert log.write("checkpoint.delete", "gpu\x1b]0;pwned\x07", "delete %s" % name, "confirmed") is None
     assert log.write("checkpoint.cleanup", "n1", "osc52 \x1b]52;c;cm0gLXJm\x07 csi \x9b2J rlo \u202e sep \u2028 nl\n", "refused") is None
-    assert log.write_entry("checkpoint_cleanup", "n1", "about to run", "attempt", target=name,
+    assert log.write("checkpoint_cleanup", "n1", "about to run", "attempt", target=name,
                            command=["opsconsole", "cleanup", name], entry_id="abc",
                            result={"stdout": "deleted %s\n" % name, "odd": object()}) is None
     data = path.read_bytes()
@@ -90,4 +90,4 @@ def test_a_full_disk_is_a_message_not_an_exception():
     log = AuditLog("/dev/full")  # every write fails with ENOSPC
     problem = log.write("checkpoint.delete", "n1", os.fsdecode(b"ckpt-\xff.pt"), "confirmed")
     assert problem is not None and "/dev/full" in problem and "No space" in problem
-    assert log.write_entry("kill", "n1", "d", "attempt", command=["kill", "1"], entry_id="x") is not None
+    assert log.write("kill", "n1", "d", "attempt", command=["kill", "1"], entry_id="x") is not None

@@ -345,12 +345,14 @@ def test_audit_rows_show_old_and_new_records_on_one_line():
     from opsconsole.tui.audit import record_cells, record_detail
 
     log = AuditLog("/nonexistent/audit.log")  # only used to format lines, never written
-    old = json.loads(log.record_line("trust_hostkey", "n1", "[127.0.0.1]:22 ssh-ed25519 SHA256:x", "confirmed"))
+    # A record as written before every record had target, command and id: it still reads.
+    old = {"time": "2026-12-01T10:00:00.000+00:00", "user": "u", "host": "login1", "action": "trust_hostkey",
+           "node": "n1", "detail": "[127.0.0.1]:22 ssh-ed25519 SHA256:x", "outcome": "confirmed"}
     cells = record_cells(old)
     assert cells["what"] == "[127.0.0.1]:22 ssh-ed25519 SHA256:x" and cells["target"] == ""
-    new = json.loads(log.entry_line("drain_node", "n1", "exit 1: bad\nnews", "failed", target="node n1",
-                                    command=["scontrol", "update", "Reason=a b"], entry_id="abc",
-                                    result={"exit_status": 1, "stdout": "", "stderr": "bad\nnews"}))
+    new = json.loads(log.record_line("drain_node", "n1", "exit 1: bad\nnews", "failed", target="node n1",
+                                     command=["scontrol", "update", "Reason=a b"], entry_id="abc",
+                                     result={"exit_status": 1, "stdout": "", "stderr": "bad\nnews"}))
     cells = record_cells(new)
     assert cells["what"] == "scontrol update Reason=a b ← exit 1: bad news"  # one line in the table
     detail = str(record_detail(new))

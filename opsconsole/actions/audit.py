@@ -9,9 +9,10 @@ Content never makes a write fail: records are written by sanitize.printable_json
 with undecodable bytes is written escaped (`ckpt-\\xff.pt`), control characters are JSON escapes
 (an ESC never reaches a terminal that `cat`s the log), and each record stays one line.
 
-Records have time, user, host, action, node, detail, outcome. The action runner's records
-add target, command (argv) and id; its "attempt" record precedes the command and its
-result record ("ok" or "failed", with exit status and output tails) shares the id.
+Every record has one shape: time, user, host, action, node, detail, outcome, target, command
+(argv) and id; the action runner's "attempt" record precedes the command and its result record
+("ok" or "failed", with exit status and output tails in "result") shares the id. Records written
+before this shape (no target, command, id) still read: the Audit pane shows what they have.
 """
 
 from __future__ import annotations
@@ -69,33 +70,7 @@ class AuditLog:
         self.user = current_user()
         self.host = socket.gethostname()  # the login node the console runs on
 
-    def _record(self, action: str, node: str, detail: str, outcome: str, when: Optional[float]) -> Dict[str, Any]:
-        stamp = datetime.datetime.fromtimestamp(
-            when if when is not None else datetime.datetime.now().timestamp(), datetime.timezone.utc
-        )
-        return {
-            "time": stamp.isoformat(timespec="milliseconds"),
-            "user": self.user,
-            "host": self.host,
-            "action": action,
-            "node": node,
-            "detail": detail,
-            "outcome": outcome,
-        }
-
-    def record_line(self, action: str, node: str, detail: str, outcome: str, when: Optional[float] = None) -> str:
-        """The JSON line (newline included) for one record; any text is safe in it (see the module docstring)."""
-        return printable_json(self._record(action, node, detail, outcome, when)) + "\n"
-
-    def write(self, action: str, node: str, detail: str, outcome: str) -> Optional[str]:
-        """Append one record; None when written, else why not (a line the UI can show)."""
-        try:
-            data = self.record_line(action, node, detail, outcome).encode("utf-8")
-        except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # never expected: still a value
-            return "audit record for %s not written: %s" % (action, exc)
-        return self._append(data)
-
-    def entry_line(
+    def record_line(
         self,
         action: str,
         node: str,
@@ -108,19 +83,35 @@ class AuditLog:
         result: Optional[Dict[str, Any]] = None,
         when: Optional[float] = None,
     ) -> str:
-        """A record with the action runner's fields too: target, command (argv), id, result."""
-        record = self._record(action, node, detail, outcome, when)
-        record["target"] = target
-        record["command"] = [str(word) for word in command]
-        record["id"] = entry_id
+        """The JSON line (newline included) of one record; any text is safe in it (see the module docstring).
+
+        One shape for every record: time, user, host, action, node, detail, outcome, target, command
+        (argv) and id (a new one unless given: the runner links an attempt and its result by it), plus
+        result when a command ran.
+        """
+        stamp = datetime.datetime.fromtimestamp(
+            when if when is not None else datetime.datetime.now().timestamp(), datetime.timezone.utc
+        )
+        record: Dict[str, Any] = {
+            "time": stamp.isoformat(timespec="milliseconds"),
+            "user": self.user,
+            "host": self.host,
+            "action": action,
+            "node": node,
+            "detail": detail,
+            "outcome": outcome,
+            "target": target,
+            "command": [str(word) for word in command],
+            "id": entry_id or new_entry_id(),
+        }
         if result is not None:
             record["result"] = result
         return printable_json(record) + "\n"
 
-    def write_entry(self, action: str, node: str, detail: str, outcome: str, **fields: Any) -> Optional[str]:
-        """Append one runner record (see entry_line), flushed to disk; None when written, else why not."""
+    def write(self, action: str, node: str, detail: str, outcome: str, **fields: Any) -> Optional[str]:
+        """Append one record (see record_line), on disk before it returns; None when written, else why not."""
         try:
-            data = self.entry_line(action, node, detail, outcome, **fields).encode("utf-8")
+            data = self.record_line(action, node, detail, outcome, **fields).encode("utf-8")
         except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # never expected: still a value
             return "audit record for %s not written: %s" % (action, exc)
         return self._append(data)

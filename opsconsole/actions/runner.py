@@ -217,7 +217,7 @@ class ActionRunner:
         """Audit the attempt, run `execute`, audit the result; the attempt failing to write stops it."""
         entry_id = new_entry_id()
         command = [str(word) for word in command]
-        problem = self.audit.write_entry(
+        problem = self.audit.write(
             action, node, detail or "about to run", OUTCOME_ATTEMPT, target=target, command=command, entry_id=entry_id
         )
         if problem:
@@ -225,13 +225,13 @@ class ActionRunner:
         try:
             result = await execute()
         except asyncio.CancelledError:
-            self.audit.write_entry(action, node, "interrupted: the console stopped waiting", OUTCOME_FAILED,
+            self.audit.write(action, node, "interrupted: the console stopped waiting", OUTCOME_FAILED,
                                    target=target, command=command, entry_id=entry_id)
             raise
         except Exception as exc:  # an executor bug is an outcome too, not a crash of the console
             result = CommandResult(None, error=_describe(exc))
         outcome = OUTCOME_OK if result.ok else OUTCOME_FAILED
-        problem = self.audit.write_entry(
+        problem = self.audit.write(
             action, node, result.summary(), outcome, target=target, command=command, entry_id=entry_id,
             result=result.to_record(),
         )
@@ -239,5 +239,5 @@ class ActionRunner:
 
     def note(self, action: str, node: str, target: str, command: Sequence[str], outcome: str, detail: str) -> Optional[str]:
         """Record an action that did not run (cancelled, refused); None when written, else why not."""
-        return self.audit.write_entry(action, node, detail, outcome, target=target, command=list(command),
+        return self.audit.write(action, node, detail, outcome, target=target, command=list(command),
                                       entry_id=new_entry_id())
