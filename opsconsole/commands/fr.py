@@ -121,7 +121,8 @@ def report(analysis: Any) -> str:
 
     out: List[str] = [printable_line(line) for line in summary_text(analysis).splitlines()]
     if analysis.missing_ranks:
-        out.append("no dump from rank%s %s" % ("" if len(analysis.missing_ranks) == 1 else "s", rank_list(analysis.missing_ranks)))
+        missing = analysis.missing_ranks
+        out.append("no dump from rank%s %s" % ("" if len(missing) == 1 else "s", rank_list(missing)))
     found = analysis.mismatch
     if found is not None:
         for item in found.culprits:

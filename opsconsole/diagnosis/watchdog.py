@@ -71,7 +71,8 @@ class WatchdogVerdict:
         return verdict_text(self)
 
 
-def parse_watchdog_line(text: str, rank: Optional[int] = None, line: int = 0, source: Optional[str] = None) -> Optional[WatchdogReport]:
+def parse_watchdog_line(text: str, rank: Optional[int] = None, line: int = 0,
+                        source: Optional[str] = None) -> Optional[WatchdogReport]:
     """A WatchdogReport from one line of the progress kinds above (None for any other line).
 
     `rank` is the global rank the caller already knows (the source's or a "[rankN]:" prefix it
@@ -103,7 +104,8 @@ class WatchdogLines:
         self._reports: Dict[Tuple[Optional[int], str], WatchdogReport] = {}
         self._ops: Dict[int, str] = {}  # sequence number -> OpType from WorkNCCL(...) lines
 
-    def feed(self, text: str, rank: Optional[int] = None, line: int = 0, source: Optional[str] = None) -> Optional[WatchdogReport]:
+    def feed(self, text: str, rank: Optional[int] = None, line: int = 0,
+             source: Optional[str] = None) -> Optional[WatchdogReport]:
         """Take one line; the report when it was a progress line."""
         if "WorkNCCL(" in text:  # names the op of a sequence number
             work = _WORK.search(text)
@@ -144,7 +146,10 @@ def watchdog_verdict(reports: Iterable[WatchdogReport], ops: Optional[Dict[int, 
         lowest = min(item.last_enqueued for item in items)
         highest = max(item.last_enqueued for item in items)
         waited = max((item.timed_out for item in items if item.timed_out is not None and item.timed_out > lowest), default=None)
-        seq = waited if waited is not None else max((item.timed_out for item in items if item.timed_out is not None), default=None)
+        if waited is not None:
+            seq: Optional[int] = waited
+        else:
+            seq = max((item.timed_out for item in items if item.timed_out is not None), default=None)
         op = (ops or {}).get(seq) if seq is not None else None
         if lowest < highest:
             culprits = tuple(sorted(item.rank for item in items if item.last_enqueued == lowest and item.rank is not None))
@@ -185,7 +190,8 @@ def verdict_text(verdict: WatchdogVerdict) -> str:
     if verdict.kind == "never_reached":
         word = "rank" if len(verdict.culprit_ranks) == 1 else "ranks"
         return ("NCCL watchdog: %s %s never reached %s of group %s: last enqueued %s there, the other ranks %s"
-                % (word, _ranks(verdict.culprit_ranks), collective, verdict.group, verdict.culprit_enqueued, verdict.others_enqueued))
+                % (word, _ranks(verdict.culprit_ranks), collective, verdict.group, verdict.culprit_enqueued,
+                   verdict.others_enqueued))
     return ("NCCL watchdog: every reporting rank (%s) enqueued %s of group %s and waits in it: the rank that never "
             "reached it printed no watchdog line, or the collective itself is stuck (network, GPU)"
             % (_ranks(verdict.reporting_ranks), collective, verdict.group))

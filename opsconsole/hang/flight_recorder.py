@@ -51,6 +51,9 @@ DUMP_CPU_S = 30  # CPU and wall seconds for one dump in the worker (a 77 MB, 20k
 FILE_RANK = re.compile(r"^(?P<before>.*?)(?P<rank>\d{1,7})(?P<suffix>\.(?:pkl|pickle|json))?$")
 SEPARATORS = "._-"
 
+DumpFile = Tuple[str, int, Optional[str]]  # (path, rank, host)
+Skipped = Tuple[str, str]  # (path, why it is no dump)
+
 # Collectives whose every rank passes tensors of one shape and dtype: a size difference is a bug.
 SAME_SIZE_OPS = frozenset((
     "all_reduce", "allreduce", "allreduce_coalesced", "all_reduce_coalesced", "broadcast", "reduce",
@@ -80,7 +83,7 @@ def _common_suffix(texts: Sequence[str]) -> str:
     return os.path.commonprefix(reversed_texts)[::-1]
 
 
-def dump_files(directory: str, prefix: Optional[str] = None) -> Tuple[List[Tuple[str, int, Optional[str]]], List[Tuple[str, str]]]:
+def dump_files(directory: str, prefix: Optional[str] = None) -> Tuple[List[DumpFile], List[Skipped]]:
     """(path, rank, host) of each dump in `directory`, and (path, why) for the files left out.
 
     A dump's name ends in its rank (`nccl_trace_rank_3`, `gpu07_nccl_trace_rank_3`, `...3.json`);
@@ -98,7 +101,7 @@ def dump_files(directory: str, prefix: Optional[str] = None) -> Tuple[List[Tuple
     return dumps, skipped
 
 
-def _dump_files_in(directory: str, prefix: Optional[str], folder_host: Optional[str]) -> Tuple[List[Tuple[str, int, Optional[str]]], List[Tuple[str, str]]]:
+def _dump_files_in(directory: str, prefix: Optional[str], folder_host: Optional[str]) -> Tuple[List[DumpFile], List[Skipped]]:
     names = sorted(os.listdir(directory))[:MAX_DUMP_FILES]
     found: List[Tuple[str, str, int]] = []  # (name, before, rank)
     skipped: List[Tuple[str, str]] = []
@@ -134,7 +137,7 @@ def _dump_files_in(directory: str, prefix: Optional[str], folder_host: Optional[
     return dumps, skipped
 
 
-def read_dump_dir(directory: str, prefix: Optional[str] = None, workers: Any = None) -> Tuple[List[RankDump], List[Tuple[str, str]]]:
+def read_dump_dir(directory: str, prefix: Optional[str] = None, workers: Any = None) -> Tuple[List[RankDump], List[Skipped]]:
     """Every dump of `directory` read in the limited worker: (dumps, files left out with why).
 
     A dump the worker cannot read (killed, over its limits) or that fails validation comes back
@@ -391,7 +394,8 @@ def summary_text(analysis: FrAnalysis) -> str:
         return "no readable flight-recorder dump"
     if found is None:
         ranks = sorted({dump.rank for dump in analysis.readable if dump.rank is not None})
-        return "%s %s: every collective they still hold agrees and completed" % ("rank" if len(ranks) == 1 else "ranks", rank_list(ranks))
+        return "%s %s: every collective they still hold agrees and completed" % (
+            "rank" if len(ranks) == 1 else "ranks", rank_list(ranks))
     group = "group %s%s" % (found.group, " (%s)" % found.group_desc if found.group_desc else "")
     collective = "collective %d (%s %s) of %s" % (found.seq, found.op, _shape_text(found.sizes, found.dtypes).strip(), group)
     culprits = found.culprit_ranks
@@ -401,19 +405,22 @@ def summary_text(analysis: FrAnalysis) -> str:
         lines = ["%s %s never joined %s; %s" % (word, rank_list(culprits), collective, waiting % rank_list(found.agreeing))]
         for item in found.culprits:
             if item.last is not None:
-                lines.append("  rank %d last enqueued collective %d (%s)%s" % (item.rank, item.last.collective_seq_id, item.last.op, _where(item)))
+                lines.append("  rank %d last enqueued collective %d (%s)%s" % (
+                    item.rank, item.last.collective_seq_id, item.last.op, _where(item)))
             else:
                 lines.append("  rank %d enqueued nothing in this group%s" % (item.rank, _where(item)))
         return "\n".join(lines)
     if found.kind == KIND_STUCK:
         return "%s: every rank joined %s with the same op, sizes and dtypes; not completed on %s %s%s" % (
-            "stuck", collective, word, rank_list(culprits), "" if not found.agreeing else " (completed on %s)" % rank_list(found.agreeing))
+            "stuck", collective, word, rank_list(culprits),
+            "" if not found.agreeing else " (completed on %s)" % rank_list(found.agreeing))
     what = {KIND_OP: "another op", KIND_SIZE: "other sizes", KIND_DTYPE: "another dtype"}[found.kind]
     lines = ["%s %s joined %s with %s" % (word, rank_list(culprits), collective, what)]
     for item in found.culprits:
         entry = item.entry
         assert entry is not None
-        lines.append("  rank %d called %s %s%s" % (item.rank, entry.op, _shape_text(entry.input_sizes, entry.input_dtypes).strip(), _where(item)))
+        shape = _shape_text(entry.input_sizes, entry.input_dtypes).strip()
+        lines.append("  rank %d called %s %s%s" % (item.rank, entry.op, shape, _where(item)))
     return "\n".join(lines)
 
 
@@ -443,7 +450,8 @@ def analysis_json(analysis: FrAnalysis) -> Dict[str, Any]:
         }
     return {
         "dumps": [{"path": dump.path, "rank": dump.rank, "host": dump.host, "version": dump.version or None,
-                   "entries": len(dump.entries), "dropped": dump.dropped, "unreadable": dump.unreadable} for dump in analysis.dumps],
+                   "entries": len(dump.entries), "dropped": dump.dropped, "unreadable": dump.unreadable}
+                  for dump in analysis.dumps],
         "skipped": [{"path": path, "why": why} for path, why in analysis.skipped],
         "missing_ranks": list(analysis.missing_ranks),
         "mismatch": mismatch,
@@ -530,14 +538,16 @@ for item in spec.get("pids", []):  # where each rank writes, from its own enviro
             name, _, value = part.decode("utf-8", "replace").partition("=")
             env[name] = value[:4096]
     except (OSError, ValueError) as exc:
-        print(json.dumps({"rank": item["rank"], "path": "/proc/%s/environ" % item["pid"], "error": getattr(exc, "strerror", None) or str(exc)}), flush=True)
+        why = getattr(exc, "strerror", None) or str(exc)
+        print(json.dumps({"rank": item["rank"], "path": "/proc/%s/environ" % item["pid"], "error": why}), flush=True)
         continue
     try:
         size = int(first(env, BUFFER_VARS) or "0")
     except ValueError:
         size = 0
     if size <= 0:
-        print(json.dumps({"rank": item["rank"], "path": "pid %s" % item["pid"], "error": "keeps no flight recorder (%s unset or 0)" % BUFFER_VARS[0]}), flush=True)
+        why = "keeps no flight recorder (%s unset or 0)" % BUFFER_VARS[0]
+        print(json.dumps({"rank": item["rank"], "path": "pid %s" % item["pid"], "error": why}), flush=True)
         continue
     pipe = first(env, PIPE_VARS)
     spec["ranks"].append({"rank": item["rank"], "dump_file": "%s%d" % (first(env, DUMP_VARS) or DEFAULT_PREFIX, item["rank"]),
@@ -557,7 +567,9 @@ for item in spec["ranks"]:
             os.write(fd, b"1\n")
             os.close(fd)
     except OSError as exc:
-        note = "no reader on the pipe (the rank is gone, or its monitor thread is off)" if exc.errno == errno.ENXIO else (exc.strerror or str(exc))
+        note = exc.strerror or str(exc)
+        if exc.errno == errno.ENXIO:
+            note = "no reader on the pipe (the rank is gone, or its monitor thread is off)"
     print(json.dumps({"rank": item["rank"], "pipe": pipe, "asked": note is None, "note": note}), flush=True)
 deadline = time.time() + float(spec["wait_s"])
 if spec["trigger"]:
