@@ -13,12 +13,14 @@ import sys
 import time
 
 import pytest
+from rich.text import Text
 from textual.widgets import DataTable, Static
 
 from opsconsole.config import Config, ConsoleConfig
 from opsconsole.recording.recorder import Recorder
 from opsconsole.recording.replay import RecordingReader, ReplayFleet
 from opsconsole.tui.app import PANES, OpsConsole
+from opsconsole.tui.lines_view import LinesView, changed_runs
 from opsconsole.tui.overview import gpu_layout, pack
 from opsconsole.tui.replay import ReplayConsole
 from tests.recording_frames import fleet_ticks
@@ -84,9 +86,9 @@ async def test_enter_on_a_node_opens_its_overview():
         await pilot.pause()
         assert app.node == "gpu-a03" and app.visible_pane_id == "overview"
         pane = app.panes["overview"]
-        gpus = str(pane.query_one("#overview-gpus", Static).render())
+        gpus = str(pane.query_one("#overview-gpus", LinesView).render())
         assert "GPU 0" in gpus and "GPU 1" in gpus and "GPU 2" not in gpus  # its two GPUs, not gpu-a01's eight
-        host = str(pane.query_one("#overview-host", Static).render())
+        host = str(pane.query_one("#overview-host", LinesView).render())
         assert "host gpu-a03" in host and "down, frame 42s old" in host
         procs = pane.query_one("#overview-procs", DataTable)
         assert procs.row_count == 2  # the load process on each of its busy GPUs
@@ -105,12 +107,29 @@ async def test_an_unchanged_tick_rewrites_no_widget(monkeypatch):
         updates = []
         original = Static.update
         monkeypatch.setattr(Static, "update", lambda self, *a, **k: (updates.append(self.id), original(self, *a, **k)))
+        views = list(pane.query(LinesView)) + [app.header]
+        repainted = [view.cells_repainted for view in views]
         cells_before = pane.cells_updated
         app.redraw()
         app.redraw()
         await pilot.pause()
         assert [i for i in updates if i and i.startswith("overview")] == []
         assert pane.cells_updated == cells_before
+        assert [view.cells_repainted for view in views] == repainted
+
+
+def test_a_changed_line_repaints_only_its_changed_cells():
+    before = Text("  2026-12-02 12:34:03   newest frame 0.4s ago")
+    after = Text("  2026-12-02 12:34:04   newest frame 0.4s ago")
+    assert changed_runs(before, after) == [(20, 21)]
+    assert changed_runs(before, before.copy()) == []
+    shorter = Text("  2026-12-02 12:34:04")
+    assert changed_runs(before, shorter) == [(20, len(before.plain))]  # the old tail is cleared
+    restyled = before.copy()
+    restyled.stylize("bold", 2, 6)
+    assert changed_runs(before, restyled) == [(2, 6)]
+    wide = Text("日本 12"), Text("日本 13")  # wide characters take two cells each
+    assert changed_runs(*wide) == [(6, 7)]
 
 
 def test_layout_fits_the_height_with_the_fewest_columns():

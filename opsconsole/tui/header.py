@@ -6,12 +6,12 @@ import time
 from typing import Any, Mapping, Optional
 
 from rich.text import Text
-from textual.widgets import Static
 
 from opsconsole.config import Config
 from opsconsole.model import NodeState
 from opsconsole.tui import bars
 from opsconsole.tui.formatting import NA, format_frame_age, printable_text
+from opsconsole.tui.lines_view import LinesView
 
 
 def console_name(states: Mapping[str, NodeState]) -> str:
@@ -79,7 +79,7 @@ def header_text(
     return text
 
 
-class ConsoleHeader(Static):
+class ConsoleHeader(LinesView):
     """Two header lines, redrawn only when their text changes."""
 
     DEFAULT_CSS = """
@@ -87,13 +87,13 @@ class ConsoleHeader(Static):
     """
 
     def __init__(self, *, id: Optional[str] = None) -> None:
-        super().__init__("", id=id)
+        super().__init__(id=id)
         self._shown: Optional[Text] = None
 
     def show(self, text: Text) -> None:
         if self._shown is not None and text == self._shown and text.style == self._shown.style:
             return
         self._shown = text
-        # Node and host names, job and source reasons are data. Two fixed lines: a new text never
-        # changes the layout, so the screen is not reflowed for the clock ticking each second.
-        self.update(printable_text(text), layout=False)
+        # Node and host names, job and source reasons are data. Line by line: the clock ticking
+        # each second repaints the cells that changed, not both lines.
+        self.set_lines(list(printable_text(text).split("\n", allow_blank=True)))

@@ -14,6 +14,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.containers import Horizontal
 from textual.widgets import DataTable, Static
 
 from opsconsole.config import DEFAULT_CONFIG, HealthConfig
@@ -32,6 +33,7 @@ from opsconsole.tui.formatting import (
     shorten,
 )
 from opsconsole.tui.gpu_levels import gpu_status, memory_level, temperature_level, throttle_text
+from opsconsole.tui.lines_view import LinesView
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow, styled_row
 
@@ -250,6 +252,36 @@ def gpu_lines(state: NodeState, health: HealthConfig, history: Optional[History]
     return out
 
 
+def history_column(lines: Sequence[Line]) -> Optional[int]:
+    """Where the history sparklines begin (the same column on every line of a one-column layout)."""
+    starts = set()
+    for line in lines:
+        column = 0
+        for text, level in line:
+            if level == "accent":
+                starts.add(column)
+                break
+            column += len(text)
+    return starts.pop() if len(starts) == 1 else None
+
+
+def split_line(line: Line, column: int) -> Tuple[Line, Line]:
+    """`line` cut at `column`: the cells before it and those from it on."""
+    left: Line = []
+    right: Line = []
+    position = 0
+    for text, level in line:
+        if position + len(text) <= column:
+            left.append((text, level))
+        elif position >= column:
+            right.append((text, level))
+        else:
+            left.append((text[: column - position], level))
+            right.append((text[column - position:], level))
+        position += len(text)
+    return left, right
+
+
 def fit(line: Line, width: int) -> Line:
     """`line` cut to `width` cells."""
     out: Line = []
@@ -370,12 +402,12 @@ def process_rows(state: NodeState, palette: Palette, filter_text: str, command_w
 # --- the pane --------------------------------------------------------------------
 
 
-def lines_text(lines: Sequence[Line], palette: Palette, dim: bool) -> Text:
-    """Styled lines as one Text; node-provided strings (names, paths, interfaces) made printable."""
-    text = Text(no_wrap=True, overflow="ellipsis", end="")
-    for number, line in enumerate(lines):
-        if number:
-            text.append("\n")
+def lines_text(lines: Sequence[Line], palette: Palette, dim: bool) -> List[Text]:
+    """Styled lines as Texts; node-provided strings (names, paths, interfaces) made printable."""
+    out = []
+    for line in lines:
+        text = Text(no_wrap=True, overflow="ellipsis", end="")
+        out.append(text)
         for part, level in line:
             if level == "bold":
                 style = "bold"
@@ -384,7 +416,7 @@ def lines_text(lines: Sequence[Line], palette: Palette, dim: bool) -> Text:
             else:
                 style = palette.style(LEVEL_DIM if dim and level != LEVEL_CRIT else level)
             text.append(printable(part), style=style)
-    return text
+    return out
 
 
 class OverviewPane(LivePane):
@@ -396,20 +428,28 @@ class OverviewPane(LivePane):
 
     DEFAULT_CSS = """
     OverviewPane { height: 1fr; }
-    OverviewPane > #overview-gpus { height: auto; padding: 0 1; }
-    OverviewPane > #overview-host { height: auto; padding: 0 1; background: $panel; }
+    OverviewPane > #overview-gpu-area { height: auto; }
+    OverviewPane #overview-gpus { padding: 0 0 0 1; width: auto; }
+    OverviewPane #overview-history { width: 1fr; }
+    OverviewPane > #overview-host { padding: 0 1; background: $panel; }
     OverviewPane > #overview-procs-title { height: 1; color: $text-muted; padding: 0 1; }
-    OverviewPane > DataTable { height: 1fr; }
+    OverviewPane > DataTable { height: 2; }
     """
 
     def __init__(self, *, id: Optional[str] = None) -> None:
         super().__init__(id=id)
         self._shown: dict = {}  # widget id -> what it shows now, to skip unchanged updates
         self._command_width = 0
+        self._table_height = 0
+        self._readings_width = 0
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="overview-gpus")
-        yield Static("", id="overview-host")
+        # Readings on the left, history on the right: Textual sends a changed run from the left
+        # edge of its widget, so the scrolling sparklines do not resend the readings before them.
+        with Horizontal(id="overview-gpu-area"):
+            yield LinesView(id="overview-gpus")
+            yield LinesView(id="overview-history")
+        yield LinesView(id="overview-host")
         yield Static("", id="overview-procs-title")
         table: DataTable = DataTable(id="overview-procs", cursor_type="row")
         for key, label, width in PROCESS_COLUMNS:
@@ -420,14 +460,20 @@ class OverviewPane(LivePane):
         self.redraw()
 
     def _update(self, widget_id: str, text: Text) -> None:
-        """Show `text` in the widget if it differs; reflow the screen only when its height changes."""
+        """Show `text` in the one-line widget if it differs (the layout never changes for it)."""
         key = (text.plain, tuple(text.spans))
-        shown = self._shown.get(widget_id)
-        if shown == key:
+        if self._shown.get(widget_id) == key:
             return
         self._shown[widget_id] = key
-        same_height = shown is not None and shown[0].count("\n") == key[0].count("\n")
-        self.query_one("#" + widget_id, Static).update(text, layout=not same_height)
+        self.query_one("#" + widget_id, Static).update(text, layout=False)
+
+    def _fit_table_height(self, rows: int, room: int) -> None:
+        """The process table as tall as its rows (a DataTable repaints all of itself on any cell
+        change, so empty rows below the processes would be sent to the terminal every second)."""
+        height = max(2, min(rows + 1, max(room, PROCESS_MIN_ROWS + 1)))
+        if height != self._table_height:
+            self._table_height = height
+            self.query_one("#overview-procs", DataTable).styles.height = height
 
     def _fit_command_column(self, width: int) -> int:
         """Give the command column what the other columns leave (it was cut at 60 cells before)."""
@@ -450,7 +496,7 @@ class OverviewPane(LivePane):
         height = self.size.height or 24
         state = pick_overview_node(states, node)
         if state is None:
-            self._update("overview-gpus", Text("no nodes configured"))
+            self.query_one("#overview-gpus", LinesView).set_lines([Text("no nodes configured")])
             return
         dim = not state.is_live
         host_lines = pack(host_items(state, health, now), width, 3)
@@ -458,9 +504,21 @@ class OverviewPane(LivePane):
         process_count = len(state.frame.processes) if state.frame is not None else 0
         # The GPUs get what the host strip and a few process rows leave.
         gpu_height = max(1, height - len(host_lines) - 2 - min(max(process_count, 1), PROCESS_MIN_ROWS))
-        gpu_text = lines_text(gpu_lines(state, health, history, now, width, gpu_height), palette, dim)
-        self._update("overview-gpus", gpu_text)
-        self._update("overview-host", lines_text(host_lines, palette, dim))
+        lines = gpu_lines(state, health, history, now, width, gpu_height)
+        split = history_column(lines)
+        if split is None:  # side-by-side blocks, or no history yet: one widget holds it all
+            readings, sparks = lines, []
+            split = width + 1
+        else:
+            readings, sparks = [list(part) for part in zip(*(split_line(line, split) for line in lines))]
+        readings_view = self.query_one("#overview-gpus", LinesView)
+        if split + 1 != self._readings_width:
+            self._readings_width = split + 1
+            readings_view.styles.width = split + 1  # its left padding and the readings
+        gpu_texts = lines_text(readings, palette, dim)
+        readings_view.set_lines(gpu_texts)
+        self.query_one("#overview-history", LinesView).set_lines(lines_text(sparks, palette, dim))
+        self.query_one("#overview-host", LinesView).set_lines(lines_text(host_lines, palette, dim))
         command_width = self._fit_command_column(self.size.width)
         rows = process_rows(state, palette, self.filter_text, command_width)
         title = "processes on the GPUs of %s: %d" % (state.name, len(rows))
@@ -471,4 +529,5 @@ class OverviewPane(LivePane):
         if self.filter_text:
             title += "   filter: %s" % self.filter_text
         self._update("overview-procs-title", Text(printable(title)))
+        self._fit_table_height(len(rows), height - len(gpu_texts) - len(host_lines) - 1)
         self.sync_table(self.query_one("#overview-procs", DataTable), rows)
