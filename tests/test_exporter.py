@@ -188,3 +188,25 @@ def test_agent_bad_bind_address_and_busy_port_are_one_line_errors():
     assert result.returncode == 2 and result.stderr.splitlines() == ["opsconsole: --bind needs --metrics-port"]
     result = run_agent("--metrics-port", "70000")
     assert result.returncode == 2 and "expected a port between 0 and 65535" in result.stderr
+
+
+def test_a_gpu_process_job_travels_as_labels_and_the_source_reads_it_back():
+    """Our exporter labels each GPU process with its Slurm job and container; the Prometheus source's
+    decoder turns the scraped series back into the same ProcessSample fields."""
+    from dataclasses import replace
+
+    from opsconsole.sources import prom_decode
+
+    frame = h200_frame()
+    proc = replace(frame.processes[0], job_id="812", job_step="0", job_user="alice", container="docker/2403ccfe427f")
+    collector = FrameCollector()
+    collector.update(replace(frame, processes=(proc,)))
+    samples = scrape(collector)
+    labels, _ = only(samples, names.METRIC_PROCESS_MEMORY)
+    assert (labels["slurm_job_id"], labels["slurm_job_step"], labels["slurm_job_user"], labels["process_container"]) == (
+        "812", "0", "alice", "docker/2403ccfe427f")
+    rows = [(dict(labels, __name__=name), value) for name in (names.METRIC_PROCESS_MEMORY,) for labels, value in samples[name]]
+    values = prom_decode.FastValues()
+    prom_decode.take_fast(rows, values, lambda l: l.get("Hostname"), "gpu")
+    (read,) = prom_decode.process_samples(values.procs[frame.node], [])
+    assert (read.pid, read.job_id, read.job_step, read.job_user, read.container) == (proc.pid, "812", "0", "alice", "docker/2403ccfe427f")

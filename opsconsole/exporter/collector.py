@@ -170,14 +170,16 @@ class FrameCollector(Collector):
         ]
 
     def _process_families(self, frame: NodeFrame, labels_of: Dict[int, List[str]]) -> Iterator[Metric]:
-        extra = ["pid", "process_name", "user"]
+        extra = ["pid", "process_name", "user"] + [label for label, _ in names.PROCESS_JOB_LABELS]
         memory = GaugeMetricFamily(names.METRIC_PROCESS_MEMORY, "GPU memory of a compute process (bytes).", labels=GPU_LABELS + extra)
         sm = GaugeMetricFamily(names.METRIC_PROCESS_SM, "SM utilisation of a compute process (in %).", labels=GPU_LABELS + extra)
         for proc in frame.processes:
             labels = labels_of.get(proc.gpu_index) if proc.gpu_index is not None else None
             if labels is None:
                 continue
-            row = labels + [str(proc.pid), proc.name, _label_text(proc.user)]
+            row = labels + [str(proc.pid), proc.name, _label_text(proc.user)] + [
+                _label_text(getattr(proc, attr)) for _, attr in names.PROCESS_JOB_LABELS
+            ]
             if proc.gpu_memory_bytes is not None:
                 memory.add_metric(row, float(proc.gpu_memory_bytes))
             if proc.gpu_sm_percent is not None:

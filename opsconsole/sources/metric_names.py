@@ -87,6 +87,9 @@ METRIC_GPU_ERRORS = "opsconsole_gpu_read_errors"
 METRIC_COMPUTE_MODE = "opsconsole_gpu_compute_mode_info"
 METRIC_PROCESS_MEMORY = "opsconsole_gpu_process_memory_bytes"
 METRIC_PROCESS_SM = "opsconsole_gpu_process_sm_percent"
+# Whose job a GPU process is (read on the node: opsconsole/probe/jobs.py), as labels of the two above.
+PROCESS_JOB_LABELS = (("slurm_job_id", "job_id"), ("slurm_job_step", "job_step"), ("slurm_job_user", "job_user"),
+                      ("process_container", "container"))
 
 # Host fields under opsconsole_ (the source prefers node-exporter's when both exist).
 HOST_CPU_PERCENT = "opsconsole_host_cpu_percent"

@@ -120,6 +120,8 @@ def take_fast(rows: List[Series], values: FastValues, node_of: NodeOf, gpu_label
                 row = procs.setdefault(node, {}).setdefault((index, labels.get("pid", "")), {})
                 row["name"] = labels.get("process_name", "")
                 row["user"] = labels.get("user") or None
+                for label, attr in names.PROCESS_JOB_LABELS:
+                    row[attr] = _text(labels, label)
                 row[metric] = value
                 continue
             fields = gpu_values.setdefault(node, {}).setdefault(index, {})
@@ -326,6 +328,10 @@ def process_samples(procs: ProcFields, samples: List[GpuSample]) -> List[Process
                 gpu_uuid=uuid_of.get(index),
                 gpu_memory_bytes=None if memory is None else int(memory),
                 gpu_sm_percent=sm,
+                job_id=row.get("job_id"),
+                job_step=row.get("job_step"),
+                job_user=row.get("job_user"),
+                container=row.get("container"),
             )
         )
     return processes

@@ -84,7 +84,8 @@ GPU_INFO_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_
 GPU_INFO_LABELS = (names.LABEL_UUID, names.LABEL_MODEL, names.LABEL_PCI_BUS_ID, names.LABEL_DRIVER, names.LABEL_HOSTNAME,
                    names.LABEL_HOSTNAME_NEW, names.LABEL_GPU_I_ID, names.LABEL_GPU_I_PROFILE) + names.JOB_LABELS
 # What tells a GPU's series apart in the fast answers: the process labels, and its MIG instance.
-FAST_GPU_LABELS = "pid, process_name, user, %s, %s" % (names.LABEL_GPU_I_ID, names.LABEL_GPU_I_PROFILE)
+FAST_GPU_LABELS = "pid, process_name, user, %s, %s, %s" % (
+    names.LABEL_GPU_I_ID, names.LABEL_GPU_I_PROFILE, ", ".join(label for label, _ in names.PROCESS_JOB_LABELS))
 
 FAST_QUERIES = 8  # the per-refresh GPU names, split over this many queries
 SLOW_GPU_QUERIES = 2
