@@ -244,8 +244,11 @@ def test_pick_a_sleeping_host_process_by_keyboard_after_a_filter(tmux, tmp_path)
         while filter_closed(tmux.screen()) and time.monotonic() < deadline:
             time.sleep(0.2)
         tmux.keys(marker, "Enter")
-        screen = tmux.wait_for("1 host processes", str(sleeper.pid))
-        assert filter_closed(screen)
+        tmux.wait_for("1 host processes", str(sleeper.pid))  # the filter applies as it is typed
+        deadline = time.monotonic() + WAIT_S
+        while not filter_closed(tmux.screen()) and time.monotonic() < deadline:
+            time.sleep(0.2)  # enter closes it: the keys are the pane's again
+        assert filter_closed(tmux.screen()), tmux.screen()
         for _ in range(10):  # a few frames: the sleeping process stays listed
             time.sleep(0.3)
             assert str(sleeper.pid) in tmux.screen() and "1 host processes" in tmux.screen(), tmux.screen()
@@ -258,9 +261,12 @@ def test_pick_a_sleeping_host_process_by_keyboard_after_a_filter(tmux, tmp_path)
             time.sleep(0.2)
         tmux.keys("x")  # SIGTERM's question names the highlighted pid: ours
         tmux.wait_for(CONFIRMATION, "kill -s TERM -- %d" % sleeper.pid)
+        time.sleep(1.0)  # keys in the question's first 0.5 s are dropped (ConfirmScreen.ARM_DELAY_S)
         tmux.keys("Escape")
-        time.sleep(0.5)
-        assert sleeper.poll() is None
+        deadline = time.monotonic() + WAIT_S
+        while CONFIRMATION in tmux.screen() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sleeper.poll() is None and CONFIRMATION not in tmux.screen()
         tmux.keys("q")
         assert tmux.wait_gone()
     finally:
