@@ -122,7 +122,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("nccl", "gloo"), required=True)
     parser.add_argument("--out", required=True, help="directory for dumps, logs and results")
-    parser.add_argument("--timeout-s", type=float, default=30.0, help="the process group's timeout (30)")
+    parser.add_argument("--timeout-s", type=float, default=45.0,
+                        help="the process group's timeout (45: stacks and the FIFO collection come first)")
     parser.add_argument("--python", default=sys.executable, help="python for torchrun and the console")
     args = parser.parse_args(argv)
     if os.sep in args.python:  # the job runs in the output directory
@@ -197,11 +198,15 @@ def main(argv=None):
         except subprocess.TimeoutExpired:
             summary["job_exit"] = None
             summary["problem"] = "the job outlived its timeout by 90 s: ended by this script"
-        if any(name.startswith("nccl_trace_rank_") for name in os.listdir(os.path.join(out, "watchdog"))):
+        # torch writes to its temp file when asked through the FIFO and again on timeout: which came later
+        written = {name: round(os.path.getmtime(os.path.join(out, "watchdog", name)) - hung_at, 1)
+                   for name in os.listdir(os.path.join(out, "watchdog")) if name.startswith("nccl_trace_rank_")}
+        summary["temp_file_dumps_written_s_after_hang"] = written
+        if written:
             code, document, stderr, took = console(args.python, ["fr", os.path.join(out, "watchdog"), "--json"],
                                                    os.path.join(out, "fr_watchdog.json"), 120)
             summary["fr_watchdog"] = dict(fr_verdict(document), exit=code)
-            print("fr (the watchdog's dumps on timeout): exit %d, %s" % (code, summary["fr_watchdog"]["summary"]), flush=True)
+            print("fr (torch's temp-file dumps: the FIFO's, rewritten on timeout if the watchdog dumped): exit %d, %s" % (code, summary["fr_watchdog"]["summary"]), flush=True)
         named = [summary["stacks"]["named"], summary["fr_own"]["named"]]
         if "fr_collected" in summary:
             named.append(summary["fr_collected"]["named"])
