@@ -48,6 +48,11 @@ def test_processes_pane(snap_compare):
     assert snap_compare(console(single_node_states()), terminal_size=SIZE, press=["2"])
 
 
+def test_processes_pane_tree(snap_compare):
+    """`t`: the captured node's host processes under their parents."""
+    assert snap_compare(console(single_node_states()), terminal_size=SIZE, press=["2", "t"])
+
+
 def test_host_pane(snap_compare):
     assert snap_compare(console(single_node_states()), terminal_size=SIZE, press=["3"])
 
