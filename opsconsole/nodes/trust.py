@@ -23,9 +23,6 @@ from typing import Any, List, Optional, Tuple, Union
 
 from opsconsole.model import STATE_HOSTKEY, NodeState
 
-ACTION_TRUST_HOSTKEY = "trust_hostkey"
-
-
 @dataclass(frozen=True)
 class KnownKeyLine:
     """A known_hosts line that holds another key for the host (the old key of a CHANGED host)."""
@@ -207,4 +204,4 @@ def trust_planned_key(plan: TrustPlan) -> Optional[str]:
     return None
 
 
-__all__ = ["ACTION_TRUST_HOSTKEY", "KnownKeyLine", "TrustPlan", "plan_trust", "ssh_link_of", "trust_planned_key"]
+__all__ = ["KnownKeyLine", "TrustPlan", "plan_trust", "ssh_link_of", "trust_planned_key"]

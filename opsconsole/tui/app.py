@@ -21,18 +21,11 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 
-from opsconsole.actions.audit import (
-    OUTCOME_CANCELLED,
-    OUTCOME_CONFIRMED,
-    OUTCOME_FAILED,
-    OUTCOME_REFUSED,
-    AuditLog,
-    audit_path,
-)
+from opsconsole.actions.audit import OUTCOME_FAILED, OUTCOME_OK, AuditLog, audit_path
 from opsconsole.actions.registry import hidden_binding_ids
 from opsconsole.config import Config
 from opsconsole.health.monitor import HealthMonitor
-from opsconsole.model import STATE_HOSTKEY, NodeState
+from opsconsole.model import NodeState
 from opsconsole.tui.header import ConsoleHeader, header_text
 from opsconsole.tui.formatting import printable
 from opsconsole.tui.help import HelpRow
@@ -242,6 +235,7 @@ class OpsConsole(App[int]):
         self._action_flow = None  # made on first use (it imports every action)
         self._pane_mounts: set = set()  # panes being mounted on first show (ensure_pane)
         self._first_pane: Optional[str] = None
+        self._last_redraw = 0.0  # time.monotonic() of the last redraw
         self.hidden_binding_ids = hidden_binding_ids(config)  # read-only: absent from keys, help, palette
         self._install_themes(config.console.theme)
 
@@ -364,7 +358,7 @@ class OpsConsole(App[int]):
         await self.fleet.start(self.on_fleet_change)  # polls run in their own tasks and threads
         self.redraw()
         self.focus_pane(self.visible_pane_id)
-        self.set_interval(TICK_S, self.redraw)
+        self.set_interval(TICK_S, self.tick)
         # The first screen is drawn before the log followers (and the Logs pane they feed) start.
         self.call_after_refresh(self.start_log_feed)
 
@@ -405,9 +399,16 @@ class OpsConsole(App[int]):
         if self._redraw_timer is None:
             self._redraw_timer = self.set_timer(REDRAW_DELAY_S, self.redraw)
 
+    def tick(self) -> None:
+        """Once a second the clock and the ages move: a redraw, unless a frame's redraw has just
+        drawn them (a local node's frames come each second too: one redraw a second, not two)."""
+        if time.monotonic() - self._last_redraw >= 0.9 * TICK_S:
+            self.redraw()
+
     def redraw(self) -> None:
         """Draw the header and the visible pane from the fleet's current states."""
         self._redraw_timer = None
+        self._last_redraw = time.monotonic()
         if getattr(self, "_exit", False):
             return  # closing: the timer may still tick while the screen's widgets are removed
         states = self.fleet.states()
@@ -465,30 +466,19 @@ class OpsConsole(App[int]):
         self.ask_to_trust_host_key(message.node)
 
     def ask_to_trust_host_key(self, name: str) -> None:
-        """`T` on a node: refuse, or show the key and the known_hosts line and ask (see nodes/trust.py)."""
-        # Imported here: it loads asyncssh, which a local-only console never needs.
-        from opsconsole.nodes.trust import ACTION_TRUST_HOSTKEY, plan_trust, ssh_link_of
+        """`T` on a node: the trust action (actions/trust_hostkey.py) plans it; the console shows the key
+        and the known_hosts line and asks, or shows why not."""
+        from opsconsole.actions.plan import Refused
+        from opsconsole.actions.trust_hostkey import plan_trust_action
         from opsconsole.tui.confirm import ConfirmScreen
 
-        state = self.fleet.states().get(name)
-        link = self._link_of(name)
-        if state is None or ssh_link_of(link) is None:
-            self.notify("%s is not reached over SSH: no host key to trust" % name, severity="warning")
-            return
-        if state.state != STATE_HOSTKEY:
-            self.notify("%s is %s: no host key waits to be trusted" % (name, state.state), severity="warning")
-            return
-        if self.config.console.read_only:
-            self.audit(ACTION_TRUST_HOSTKEY, name, "read-only console; fingerprint %s" % state.fingerprint, OUTCOME_REFUSED)
-            self.notify("read-only console [R]: trusting host keys is off", severity="warning")
-            return
-        plan = plan_trust(state, link)
-        if isinstance(plan, str):
-            self.audit(ACTION_TRUST_HOSTKEY, name, plan, OUTCOME_REFUSED)
-            self.notify(plan, severity="warning")
+        try:
+            plan = plan_trust_action(name, self.fleet.states().get(name), self._link_of(name),
+                                     self.config.console.read_only, self.audit)
+        except Refused as refusal:
+            self.notify(str(refusal), severity="warning")
             return
         if plan.changed:
-            self.audit(ACTION_TRUST_HOSTKEY, name, "changed key, known_hosts not edited: " + plan.detail(), OUTCOME_REFUSED)
             self.push_screen(ConfirmScreen("HOST KEY CHANGED for %s: not trusted" % name, changed_key_text(plan),
                                            confirm_label=None, cancel_label="Close", danger=True))
             return
@@ -498,24 +488,15 @@ class OpsConsole(App[int]):
         )
 
     async def _trust_answered(self, plan, confirmed: Optional[bool]) -> None:
-        from opsconsole.nodes.trust import ACTION_TRUST_HOSTKEY, trust_planned_key
+        from opsconsole.actions.trust_hostkey import answer
 
-        if not confirmed:
-            self.audit(ACTION_TRUST_HOSTKEY, plan.node, plan.detail(), OUTCOME_CANCELLED)
-            self.notify("host key of %s not trusted" % plan.node)
+        outcome, message = answer(plan, bool(confirmed), self.audit)
+        if outcome == OUTCOME_FAILED:
+            self.notify(message, severity="error", timeout=10)
             return
-        # The record is written before the change: an action that cannot be audited is not done.
-        if not self.audit(ACTION_TRUST_HOSTKEY, plan.node, plan.detail(), OUTCOME_CONFIRMED):
-            self.notify("host key of %s not trusted: the audit log could not be written" % plan.node, severity="error")
-            return
-        problem = trust_planned_key(plan)
-        if problem:
-            self.audit(ACTION_TRUST_HOSTKEY, plan.node, "%s: %s" % (plan.detail(), problem), OUTCOME_FAILED)
-            self.notify(problem, severity="error", timeout=10)
-            return
-        self.notify("trusted %s %s for %s; connecting" % (plan.key_type, plan.fingerprint, plan.node))
+        self.notify(message)
         retry = getattr(self.fleet, "retry", None)
-        if retry is not None:
+        if outcome == OUTCOME_OK and retry is not None:
             await retry(plan.node)
 
     def _link_of(self, name: str) -> object:
