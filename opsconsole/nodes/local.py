@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from opsconsole.config import NodeConfig
 from opsconsole.model import BAD_FRAME, STATE_DOWN, STATE_UP, FrameError, NodeState, checked
@@ -94,28 +94,33 @@ class LocalLink(NodeLink):
         """The last state this link produced."""
         return self._state
 
-    def _poll_in_thread(self) -> Any:
+    def _poll_in_thread(self) -> Tuple[Any, Optional[BaseException]]:
+        """A poll and the wire's checks of its frame, both in the probe's thread: checking a few
+        hundred processes costs milliseconds the console's loop would otherwise spend."""
         with self._probe_lock:
             if self._probe is None:
                 self._probe = self._make_probe()
-            return self._probe.poll()
+            frame = self._probe.poll()
+        try:
+            checked(frame)  # the frame checks the wire gets: what the panes and snapshot read must hold its types
+        except Exception as exc:
+            return frame, exc
+        return frame, None
 
     async def _poll(self) -> NodeState:
         """One probe poll turned into a NodeState (never raises, except on cancellation)."""
         try:
-            frame = await run_in_daemon_thread(self._poll_in_thread)
+            frame, problem = await run_in_daemon_thread(self._poll_in_thread)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the probe's failure is the node's state, not a crash
             return self._enter(STATE_DOWN, reason="probe failed: " + _describe(exc))
-        try:
-            checked(frame)  # the frame checks the wire gets: what the panes and snapshot read must hold its types
-        except FrameError as exc:
+        if isinstance(problem, FrameError):
             # The last good frame stays; a node never up yet is down.
             state = STATE_UP if self._state.state == STATE_UP else STATE_DOWN
-            return self._enter(state, reason=BAD_FRAME + str(exc))
-        except Exception as exc:  # not even a frame
-            return self._enter(STATE_DOWN, reason="%snot a frame: %s" % (BAD_FRAME, _describe(exc)))
+            return self._enter(state, reason=BAD_FRAME + str(problem))
+        if problem is not None:  # not even a frame
+            return self._enter(STATE_DOWN, reason="%snot a frame: %s" % (BAD_FRAME, _describe(problem)))
         now = time.time()
         return self._enter(STATE_UP, reason=None, frame=frame, received_at=now)
 
