@@ -474,3 +474,37 @@ def test_fr_collect_over_ssh_from_a_live_hung_job(hung_gloo_job, sshd_factory, t
     mismatch = document["mismatch"]
     assert (mismatch["kind"], mismatch["seq"], mismatch["culprit_ranks"]) == ("not_joined", 4, [1])
     assert mismatch["culprits"][0]["last"]["frames"][2]["function"] == "train_step"
+
+
+async def test_the_console_key_shows_the_rank_that_never_joined(hung_gloo_job, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the screen's folder of dumps, inside this test's
+    from opsconsole.config import ActionsConfig, Config, ConsoleConfig, NodeConfig
+    from opsconsole.nodes.fleet import Fleet
+    from opsconsole.tui.app import OpsConsole
+    from opsconsole.tui.flight_recorder import FlightRecorderScreen
+
+    config = Config(console=ConsoleConfig(interval=0.5), nodes=(NodeConfig(name="local", local=True),),
+                    actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")))
+    app = OpsConsole(config, Fleet(config))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("6")  # the Logs pane, where a hang is found
+        await pilot.press("T")
+        deadline = time.monotonic() + 120
+        while not (isinstance(app.screen, FlightRecorderScreen) and app.screen.analysis is not None):
+            assert time.monotonic() < deadline, "no flight-recorder answer"
+            await pilot.pause(0.1)
+        screen = app.screen
+        ours = [d for d in screen.analysis.dumps if os.path.basename(d.path).startswith("gloo_trace_rank_")]
+        assert sorted((d.rank, d.host) for d in ours) == [(0, "local"), (1, "local")]
+        assert screen.analysis.mismatch.culprit_ranks == (1,) and screen.analysis.mismatch.seq == 4
+        verdict = str(screen.query_one("#fr-verdict").render())
+        assert verdict.startswith("rank 1 never joined collective 4 (all_reduce [3] Float) of group 0 (default_pg)")
+        assert "at train_step (" in verdict
+    records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    ours = [record for record in records if record["action"] == "flight_recorder"]
+    assert [record["outcome"] for record in ours] == ["attempt", "ok"]  # audited before anything ran, then the result
+    assert ours[0]["command"][:3] == ["opsconsole", "fr", "--collect"]
+    assert ours[0]["command"][3].startswith(str(tmp_path))  # the dumps came into the console's temp folder

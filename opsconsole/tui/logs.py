@@ -546,6 +546,8 @@ class LogsPane(Pane):
         Binding("[", "step_source(-1)", "Previous source", id="logs.previous_source", show=False),
         Binding("F", "toggle_findings", "Findings", id="logs.findings"),
         Binding("S", "stacks", "Stacks", id="logs.stacks"),  # a hang's culprit: every rank's py-spy stack
+        # ... and PyTorch's flight recorder of every rank: the collective they disagree on
+        Binding("T", "flight_recorder", "Flight recorder", id="logs.flight_recorder", show=False),
     ]
 
     def __init__(self) -> None:
@@ -977,7 +979,8 @@ class LogsPane(Pane):
             self.set_source(source)
             self.resume_following()
             self.lines.focus()
-        self.app.notify(getattr(finding, "excerpt", "") + "\nS: stacks of every rank (which one is stuck, where)",
+        self.app.notify(getattr(finding, "excerpt", "") + "\nS: stacks of every rank (which one is stuck, where)"
+                        "\nT: their flight-recorder dumps (the collective they disagree on)",
                         title=getattr(finding, "title", ""), timeout=8)
 
     def action_stacks(self) -> None:
@@ -985,6 +988,12 @@ class LogsPane(Pane):
         from opsconsole.tui.stacks import open_stacks
 
         open_stacks(self.app)
+
+    def action_flight_recorder(self) -> None:
+        """Every rank's flight-recorder dump on every node, matched: the first collective they disagree on."""
+        from opsconsole.tui.flight_recorder import open_flight_recorder
+
+        open_flight_recorder(self.app)
 
     @on(FindingsList.Jump)
     def jump_to_finding(self, message: FindingsList.Jump) -> None:
