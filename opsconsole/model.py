@@ -415,7 +415,7 @@ def _nested_checker(name: str, cls: type, is_tuple: bool) -> Callable[[Any], Any
         if len(items) > limit:
             raise FrameError("%s: %d items, at most %d" % (name, len(items), limit))
         decode = _decoder(cls).decode
-        out = []  # type: List[Any]
+        out: List[Any] = []
         try:
             for item in items:
                 if type(item) is not dict:
@@ -493,10 +493,10 @@ def _shape_of(specs: Dict[str, "_FieldSpec"], required: Tuple[str, ...], keys: T
     longest text), at C speed. What fails that is checked field by field, which gives the reason.
     (floats, ints, ((texts, limit), ...), ((key, convert), ...), missing required fields)
     """
-    floats = []  # type: List[str]
-    ints = []  # type: List[str]
-    texts = {}  # type: Dict[int, List[str]]
-    converts = []  # type: List[Tuple[str, Callable[[Any], Any]]]
+    floats: List[str] = []
+    ints: List[str] = []
+    texts: Dict[int, List[str]] = {}
+    converts: List[Tuple[str, Callable[[Any], Any]]] = []
     for key, kind in zip(keys, types):
         spec = specs.get(key)
         if spec is None or kind not in spec.types:
@@ -552,8 +552,8 @@ class _Decoder:
         self.nested = next((_NESTED[base] for base in cls.__mro__ if base in _NESTED), {})
         self.plain_names = self.names - frozenset(self.nested)  # fields decoded as they are (lists aside)
         self.specs = {f.name: _field_spec(cls, f, self.nested) for f in dataclasses.fields(cls)}
-        self.shapes = {}  # type: Dict[Tuple[Tuple[str, ...], Tuple[type, ...]], Optional[Tuple[Any, ...]]]
-        self.last_shape = ((), (), None)  # type: Tuple[Tuple[str, ...], Tuple[type, ...], Any]
+        self.shapes: Dict[Tuple[Tuple[str, ...], Tuple[type, ...]], Optional[Tuple[Any, ...]]] = {}
+        self.last_shape: Tuple[Tuple[str, ...], Tuple[type, ...], Any] = ((), (), None)
         self.takes_float = frozenset(name for name, spec in self.specs.items() if float in spec.types)
         self.takes_int = frozenset(name for name, spec in self.specs.items() if int in spec.types)
 
@@ -671,7 +671,7 @@ def from_wire(cls: type, data: Any) -> Any:
 
 def field_from_wire(cls: type, name: str, value: Any) -> Any:
     """Field `name` of `cls` from its wire value, checked and converted as from_wire does; raises FrameError."""
-    values = {}  # type: Dict[str, Any]
+    values: Dict[str, Any] = {}
     _decoder(cls).fill(values, {name: value})
     return values[name]
 

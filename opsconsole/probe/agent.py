@@ -90,10 +90,12 @@ class Probe:
         """One frame; never raises for a failing part (seq counts frames from 1)."""
         started = time.perf_counter()
         now = time.time()
-        errors = []  # type: List[str]
-        gpus = ()  # type: Tuple[Any, ...]
-        gpu_procs = ()  # type: Tuple[ProcessSample, ...]
-        gpu_source, gpu_note, driver = "none", None, None  # type: str, Optional[str], Optional[str]
+        errors: List[str] = []
+        gpus: Tuple[Any, ...] = ()
+        gpu_procs: Tuple[ProcessSample, ...] = ()
+        gpu_source: str = "none"
+        gpu_note: Optional[str] = None
+        driver: Optional[str] = None
         try:
             reading = self._gpu().read()
             gpus = tuple(reading.gpus)
@@ -113,7 +115,7 @@ class Probe:
         except Exception as exc:
             errors.append("host: " + describe_error(exc))
 
-        top = ()  # type: Tuple[ProcessSample, ...]
+        top: Tuple[ProcessSample, ...] = ()
         if self.top:
             try:
                 top = self._process_table.sample(self.top)
@@ -263,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the agent: print frames until stopped; 0 on a normal stop, 2 on bad arguments."""
     args = build_parser().parse_args(argv)
     previous = _install_stop_signals()
-    probe = None  # type: Optional[Probe]
+    probe: Optional[Probe] = None
     out = sys.stdout
     try:
         probe = Probe(

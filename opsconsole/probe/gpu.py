@@ -86,21 +86,21 @@ class _Device(object):
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.handle = None  # type: Any
-        self.handle_error = None  # type: Optional[str]
+        self.handle: Any = None
+        self.handle_error: Optional[str] = None
         self.lost = False
-        self.static = {}  # type: Dict[str, Any]
+        self.static: Dict[str, Any] = {}
         self.static_done = False
-        self.slow = {}  # type: Dict[str, Any]
-        self.slow_errors = ()  # type: Tuple[str, ...]
-        self.unsupported = set()  # type: Set[str]  fields answered NotSupported: never asked again
-        self.event_set = None  # type: Any
+        self.slow: Dict[str, Any] = {}
+        self.slow_errors: Tuple[str, ...] = ()
+        self.unsupported: Set[str] = set()  # fields answered NotSupported: never asked again
+        self.event_set: Any = None
         self.proc_util_ts = 0  # last per-process utilisation sample seen (microseconds)
-        self.pcie_counters = None  # type: Optional[Tuple[float, int, int]]  (time, tx bytes, rx bytes)
+        self.pcie_counters: Optional[Tuple[float, int, int]] = None  # (time, tx bytes, rx bytes)
         self.mem_v2 = True
         # In MIG mode: (handle, GPU instance id, compute instance id, UUID, profile) per MIG device,
         # found again on every slow tick (instances change only when an admin reconfigures).
-        self.mig_handles = None  # type: Optional[List[Tuple[Any, int, Optional[int], Optional[str], Optional[str]]]]
+        self.mig_handles: Optional[List[Tuple[Any, int, Optional[int], Optional[str], Optional[str]]]] = None
 
 
 class GpuReader(object):
@@ -123,15 +123,15 @@ class GpuReader(object):
         self._started = False
         self._closed = False
         self.source = "none"
-        self._note = None  # type: Optional[str]
+        self._note: Optional[str] = None
         self._reason = "NVML unavailable"  # why NVML is not used, when it is not
-        self._driver = None  # type: Optional[str]
-        self._devices = []  # type: List[_Device]
+        self._driver: Optional[str] = None
+        self._devices: List[_Device] = []
         self._tick = 0
-        self._pending_errors = []  # type: List[str]  reported once, with the next reading
-        self._count_error = None  # type: Optional[str]
-        self._procs_fn = None  # type: Any
-        self._smi_fields = QUERY_GPU_FIELD_LIST  # type: Sequence[str]
+        self._pending_errors: List[str] = []  # reported once, with the next reading
+        self._count_error: Optional[str] = None
+        self._procs_fn: Any = None
+        self._smi_fields: Sequence[str] = QUERY_GPU_FIELD_LIST
         self.clock = time.monotonic  # for PCIe byte-counter rates; tests replace it
 
     # -- start -----------------------------------------------------------------------
@@ -139,7 +139,7 @@ class GpuReader(object):
     def _start(self) -> None:
         self._started = True
         nvml = self._nvml
-        reason = None  # type: Optional[str]
+        reason: Optional[str] = None
         if nvml is None:
             try:
                 import pynvml as nvml  # type: ignore[import-not-found,no-redef]
@@ -260,7 +260,7 @@ class GpuReader(object):
         return (self._tick - 1) % self.slow_every == 0
 
     def _read_nvml(self) -> Tuple[List[GpuSample], List[ProcessSample], List[str]]:
-        errors = []  # type: List[str]
+        errors: List[str] = []
         slow = self._is_slow_tick()
         if self._count_error is not None:
             if slow:
@@ -268,7 +268,7 @@ class GpuReader(object):
             if self._count_error is not None:
                 return [], [], [self._count_error]
         gpus = []
-        procs = []  # type: List[ProcessSample]
+        procs: List[ProcessSample] = []
         for dev in self._devices:
             try:
                 sample, dev_procs = self._read_device(dev, slow)
@@ -313,17 +313,17 @@ class GpuReader(object):
                 GpuSample(index=dev.index, lost=dev.lost, errors=(dev.handle_error or "handle: unavailable",)),
                 [],
             )
-        errors = []  # type: List[str]
-        values = {}  # type: Dict[str, Any]
-        procs = []  # type: List[ProcessSample]
-        xids = ()  # type: Tuple[int, ...]
+        errors: List[str] = []
+        values: Dict[str, Any] = {}
+        procs: List[ProcessSample] = []
+        xids: Tuple[int, ...] = ()
         dev.lost = False
         try:
             if not dev.static_done:
                 self._read_static(dev, errors)
             values.update(dev.static)
             if slow:
-                slow_errors = []  # type: List[str]
+                slow_errors: List[str] = []
                 try:
                     dev.slow = self._read_slow(dev, slow_errors)
                 finally:
@@ -348,7 +348,7 @@ class GpuReader(object):
 
     def _read_static(self, dev: _Device, errors: List[str]) -> None:
         first_errors = len(errors)
-        static = {}  # type: Dict[str, Any]
+        static: Dict[str, Any] = {}
         name = self._call(dev, "name", errors, "nvmlDeviceGetName")
         static["name"] = _as_text(name) if name is not None else None
         uuid = self._call(dev, "uuid", errors, "nvmlDeviceGetUUID")
@@ -368,7 +368,7 @@ class GpuReader(object):
 
     def _read_slow(self, dev: _Device, errors: List[str]) -> Dict[str, Any]:
         call = self._call
-        out = {}  # type: Dict[str, Any]
+        out: Dict[str, Any] = {}
         out["temperature_slowdown"] = _float(
             call(dev, "temperature_slowdown", errors, "nvmlDeviceGetTemperatureThreshold", nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
         )
@@ -458,7 +458,7 @@ class GpuReader(object):
 
     def _read_fast(self, dev: _Device, errors: List[str]) -> Dict[str, Any]:
         call = self._call
-        out = {}  # type: Dict[str, Any]
+        out: Dict[str, Any] = {}
         util = call(dev, "utilization", errors, "nvmlDeviceGetUtilizationRates")
         if util is not None:
             out["utilization_gpu"] = float(util.gpu)
@@ -478,7 +478,7 @@ class GpuReader(object):
     def _read_memory(self, dev: _Device, errors: List[str]) -> Dict[str, Any]:
         mem = None
         if dev.mem_v2:
-            v2_errors = []  # type: List[str]
+            v2_errors: List[str] = []
             try:
                 mem = self._call(dev, "memory", v2_errors, "nvmlDeviceGetMemoryInfo", nv.NVML_MEMORY_INFO_V2)
             except _Lost:
@@ -593,8 +593,8 @@ class GpuReader(object):
         found = self._running_processes(dev, errors)
         if not found:
             return []
-        memory = {}  # type: Dict[int, Optional[int]]
-        instance = {}  # type: Dict[int, int]
+        memory: Dict[int, Optional[int]] = {}
+        instance: Dict[int, int] = {}
         for proc in found:  # one pid may appear once per MIG instance: add them up
             pid = int(proc.pid)
             gpu_instance = getattr(proc, "gpuInstanceId", None)
@@ -640,7 +640,7 @@ class GpuReader(object):
             elif code not in (nv.NVML_ERROR_NOT_FOUND, nv.NVML_SUCCESS):  # NotFound: no new samples
                 errors.append("process_utilization: %s" % _describe(exc))
             return {}
-        latest = {}  # type: Dict[int, Tuple[int, float]]
+        latest: Dict[int, Tuple[int, float]] = {}
         for sample in samples:
             stamp = int(sample.timeStamp)
             pid = int(sample.pid)
@@ -656,7 +656,7 @@ class GpuReader(object):
             return ()
         nvml = self._nvml
         wait = getattr(nvml, "nvmlEventSetWait_v2", None) or getattr(nvml, "nvmlEventSetWait")
-        xids = []  # type: List[int]
+        xids: List[int] = []
         for _ in range(MAX_XID_DRAIN):
             try:
                 data = wait(dev.event_set, 0)
@@ -676,7 +676,7 @@ class GpuReader(object):
     # -- nvidia-smi ---------------------------------------------------------------------
 
     def _read_smi(self) -> Tuple[List[GpuSample], List[ProcessSample], List[str]]:
-        errors = []  # type: List[str]
+        errors: List[str] = []
         try:
             text = self._smi_run(query_gpu_argv(",".join(self._smi_fields)))
         except FileNotFoundError:
@@ -690,7 +690,7 @@ class GpuReader(object):
         gpus, driver = parse_query_gpu_csv_with_driver(text, self._smi_fields)
         if driver:
             self._driver = driver
-        procs = ()  # type: Tuple[ProcessSample, ...]
+        procs: Tuple[ProcessSample, ...] = ()
         try:
             procs = parse_query_apps_csv(self._smi_run(query_apps_argv()), gpus)
         except Exception as exc:

@@ -247,8 +247,8 @@ class GpuSuite:
         self.sizes = sizes
         self.memory_share = memory_share
         self.fp64_inputs = fp64_inputs
-        self.results = []  # type: List[Dict[str, Any]]
-        self.outputs = []  # type: List[Any]  # tensors the NaN/Inf check reads
+        self.results: List[Dict[str, Any]] = []
+        self.outputs: List[Any] = []  # tensors the NaN/Inf check reads
 
     def add(self, check: str, status: str, message: str, evidence: Sequence[Tuple[str, str]], remedy: str, started: float) -> None:
         self.results.append(result(check, self.node, status, message, self.index, evidence, remedy, time.perf_counter() - started))
@@ -472,7 +472,7 @@ def torch_devices(indices: Sequence[int], inventory: Optional[List[Dict[str, Any
 def run_suite(node: str, level: int = 1, gpus: Optional[Sequence[int]] = None, force: bool = False,
               memory_share: float = 0.25, emit: Any = None) -> List[Dict[str, Any]]:
     """Run the suite on this machine; every result is also passed to emit(result) as it comes."""
-    out = []  # type: List[Dict[str, Any]]
+    out: List[Dict[str, Any]] = []
     lock = threading.Lock()
 
     def push(item: Dict[str, Any]) -> None:

@@ -39,7 +39,7 @@ def describe_error(exc: BaseException) -> str:
 
 def parse_proc_stat(text: str) -> Dict[str, Dict[str, int]]:
     """Jiffies per CPU line of /proc/stat: {"cpu": {...}, "cpu0": {...}, ...}, fields as CPU_FIELDS."""
-    cpus = {}  # type: Dict[str, Dict[str, int]]
+    cpus: Dict[str, Dict[str, int]] = {}
     for line in text.splitlines():
         if not line.startswith("cpu"):
             continue
@@ -51,7 +51,7 @@ def parse_proc_stat(text: str) -> Dict[str, Dict[str, int]]:
 
 def parse_meminfo(text: str) -> Dict[str, int]:
     """Values of /proc/meminfo by key; "kB" values converted to bytes, unitless counts kept."""
-    info = {}  # type: Dict[str, int]
+    info: Dict[str, int] = {}
     for line in text.splitlines():
         key, sep, rest = line.partition(":")
         if not sep:
@@ -82,7 +82,7 @@ def parse_uptime(text: str) -> float:
 
 def parse_net_dev(text: str) -> Dict[str, Tuple[int, int]]:
     """Cumulative (rx_bytes, tx_bytes) per interface from /proc/net/dev."""
-    counters = {}  # type: Dict[str, Tuple[int, int]]
+    counters: Dict[str, Tuple[int, int]] = {}
     for line in text.splitlines():
         name, sep, rest = line.partition(":")
         if not sep or "|" in line:
@@ -206,9 +206,10 @@ def host_sample_from_snapshots(
 ) -> HostSample:
     """Turn two consecutive snapshots into a HostSample (prev None: rates and CPU % are None)."""
     cores = _core_names(cur.cpu)
-    cpu_percent = iowait = None  # type: Optional[float]
-    per_core = ()  # type: Tuple[float, ...]
-    net = ()  # type: Tuple[NetRate, ...]
+    cpu_percent: Optional[float] = None
+    iowait: Optional[float] = None
+    per_core: Tuple[float, ...] = ()
+    net: Tuple[NetRate, ...] = ()
     if prev is not None:
         if "cpu" in cur.cpu and "cpu" in prev.cpu:
             cpu_percent, iowait = cpu_busy_percent(prev.cpu["cpu"], cur.cpu["cpu"])
@@ -259,7 +260,7 @@ def _read_text(path: str) -> str:
 
 def read_proc_snapshot(proc_root: str = "/proc", clock: Callable[[], float] = time.monotonic) -> Tuple[HostSnapshot, List[str]]:
     """Read the /proc files into a snapshot; each unreadable file is one error, the rest still count."""
-    texts = {}  # type: Dict[str, Optional[str]]
+    texts: Dict[str, Optional[str]] = {}
     errors = []
     files = (("stat", "stat"), ("meminfo", "meminfo"), ("loadavg", "loadavg"), ("uptime", "uptime"), ("net_dev", "net/dev"))
     for key, name in files:
@@ -286,8 +287,8 @@ def read_proc_snapshot(proc_root: str = "/proc", clock: Callable[[], float] = ti
 def read_psutil_snapshot(psutil: Any, clock: Callable[[], float] = time.monotonic) -> Tuple[HostSnapshot, List[str]]:
     """The same snapshot from psutil, one error per part that failed."""
     errors = []
-    cpu = {}  # type: Dict[str, Dict[str, int]]
-    fields = {}  # type: Dict[str, Any]
+    cpu: Dict[str, Dict[str, int]] = {}
+    fields: Dict[str, Any] = {}
     try:
         # Seconds scaled to integer centiseconds so the delta arithmetic matches the /proc path.
         cpu["cpu"] = _psutil_cpu_times(psutil.cpu_times())
@@ -313,7 +314,7 @@ def read_psutil_snapshot(psutil: Any, clock: Callable[[], float] = time.monotoni
         fields["uptime_s"] = round(time.time() - psutil.boot_time(), 2)
     except Exception as exc:
         errors.append("host.uptime: " + describe_error(exc))
-    net = {}  # type: Dict[str, Tuple[int, int]]
+    net: Dict[str, Tuple[int, int]] = {}
     try:
         for name, counters in psutil.net_io_counters(pernic=True).items():
             net[name] = (counters.bytes_recv, counters.bytes_sent)
@@ -347,14 +348,14 @@ class HostReader:
         self.disk_paths = tuple(disk_paths)
         self.proc_root = proc_root
         self.hostname = socket.gethostname()
-        self.last_errors = ()  # type: Tuple[str, ...]
-        self._setup_errors = []  # type: List[str]
-        self._psutil = None  # type: Any
+        self.last_errors: Tuple[str, ...] = ()
+        self._setup_errors: List[str] = []
+        self._psutil: Any = None
         if use_psutil is not False:
             self._psutil = _import_psutil()
             if self._psutil is None and use_psutil:
                 self._setup_errors.append("host: psutil requested but not importable; reading /proc")
-        self._prev = None  # type: Optional[HostSnapshot]
+        self._prev: Optional[HostSnapshot] = None
 
     @property
     def source(self) -> str:

@@ -127,7 +127,7 @@ def _container(path):
 def parse_slurm_environ(data):
     # type: (bytes) -> JobInfo
     """SLURM_JOB_ID (or the older SLURM_JOBID), SLURM_STEP_ID and SLURM_JOB_USER of a /proc/PID/environ image."""
-    found = {}  # type: Dict[str, str]
+    found: Dict[str, str] = {}
     for entry in data.split(b"\0"):
         if not entry.startswith(b"SLURM_"):
             continue

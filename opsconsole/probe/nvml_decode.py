@@ -101,12 +101,12 @@ def parse_clock_event_mask(text: str) -> Tuple[str, ...]:
 
 # --- modes ---------------------------------------------------------------------------
 
-COMPUTE_MODES = {
+COMPUTE_MODES: Dict[int, str] = {
     0: "Default",
     1: "Exclusive_Thread",  # support removed from drivers, still a valid code
     2: "Prohibited",
     3: "Exclusive_Process",
-}  # type: Dict[int, str]
+}
 
 
 def compute_mode_name(code: int) -> str:
@@ -123,7 +123,7 @@ def pstate_number(code: int) -> Optional[int]:
 # --- XID events --------------------------------------------------------------------
 
 # The XIDs an operator of a training cluster most often meets (NVIDIA's XID catalogue).
-XID_MEANINGS = {
+XID_MEANINGS: Dict[int, str] = {
     13: "graphics engine exception",
     31: "GPU memory page fault",
     43: "GPU stopped processing",
@@ -141,7 +141,7 @@ XID_MEANINGS = {
     119: "GSP RPC timeout",
     120: "GSP error",
     140: "unrecovered ECC error",
-}  # type: Dict[int, str]
+}
 
 
 def describe_xid(code: int) -> str:

@@ -74,7 +74,7 @@ def read_details(pid, proc_root="/proc"):
     # type: (int, str) -> dict
     """What /proc says of `pid`: {"pid", "starttime", "args", "args_cut", "rank_env", "cgroup", "cwd", "errors"}."""
     base = "%s/%d" % (proc_root.rstrip("/"), pid)
-    out = {"pid": pid, "errors": {}}  # type: dict
+    out: dict = {"pid": pid, "errors": {}}
     errors = out["errors"]
     try:
         stat = _read(base + "/stat", 4096)

@@ -18,7 +18,7 @@ import heapq
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from opsconsole.model import ProcessSample
 from opsconsole.probe.jobs import JobInfo, read_job
@@ -64,7 +64,7 @@ def parse_pid_stat(text: str) -> Dict[str, Any]:
 
 def parse_pid_status(text: str) -> Dict[str, Any]:
     """Name, state letter, real uid, thread count and RSS bytes from /proc/PID/status."""
-    values = {}  # type: Dict[str, Any]
+    values: Dict[str, Any] = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
         rest = rest.strip()
@@ -198,28 +198,28 @@ class ProcessTable:
         self.proc_root = proc_root
         self._prefix = proc_root.rstrip("/") + "/"
         self._clock = clock
-        self._psutil = None  # type: Any
+        self._psutil: Any = None
         if use_psutil or (use_psutil is None and not os.path.isdir(os.path.join(proc_root, "self"))):
             try:
                 import psutil  # lazily: compute nodes may not have it
             except ImportError:
                 psutil = None
             self._psutil = psutil
-        self._counters = {}  # type: _Counters
-        self._identity = {}  # type: Dict[Tuple[int, int], Tuple[Optional[str], str]]
-        self._users = {}  # type: Dict[int, str]
-        self._envs = {}  # type: Dict[Tuple[int, int], Optional[Tuple[str, ...]]]
-        self._jobs = {}  # type: Dict[Tuple[int, int], JobInfo]
+        self._counters: _Counters = {}
+        self._identity: Dict[Tuple[int, int], Tuple[Optional[str], str]] = {}
+        self._users: Dict[int, str] = {}
+        self._envs: Dict[Tuple[int, int], Optional[Tuple[str, ...]]] = {}
+        self._jobs: Dict[Tuple[int, int], JobInfo] = {}
         # pid -> (cpu %, rss bytes, payload to build the ProcessSample from, read this tick).
-        self._rows = {}  # type: Dict[int, Tuple[Optional[float], int, Any, bool]]
+        self._rows: Dict[int, Tuple[Optional[float], int, Any, bool]] = {}
         self.idle_every = max(1, int(idle_every))
         self._tick = 0
         self._sample_uptime = 0.0
-        self._booted_at = None  # type: Optional[float]
-        self._built = {}  # type: Dict[int, Tuple[Any, ProcessSample]]  # pid -> (payload, sample) of the last sample
+        self._booted_at: Optional[float] = None
+        self._built: Dict[int, Tuple[Any, ProcessSample]] = {}  # pid -> (payload, sample) of the last sample
         self._rows_unjoined = False
         self._sampled_once = False
-        self.last_errors = ()  # type: Tuple[str, ...]
+        self.last_errors: Tuple[str, ...] = ()
 
     @property
     def source(self) -> str:
@@ -244,7 +244,7 @@ class ProcessTable:
         self._rows_unjoined = True
         self._sampled_once = True
         limit = max(0, limit)
-        chosen = rows.items()  # type: Any
+        chosen: Any = rows.items()
         if len(rows) > limit:
             chosen = heapq.nsmallest(limit, chosen, key=_report_rank)
         built, self._built = self._built, {}
@@ -327,7 +327,7 @@ class ProcessTable:
         if key in self._envs:
             return self._envs[key]
         try:
-            env = read_watched_env(_read_bytes(self._prefix + "%d/environ" % pid))  # type: Optional[Tuple[str, ...]]
+            env: Optional[Tuple[str, ...]] = read_watched_env(_read_bytes(self._prefix + "%d/environ" % pid))
         except OSError:  # another user's process, or gone
             env = None
         if len(self._envs) > 256:  # bounded: GPU processes come and go
@@ -382,7 +382,7 @@ class ProcessTable:
         prefix = self._prefix
         prev_counters = self._counters
         prev_rows = self._rows
-        counters = {}  # type: _Counters
+        counters: _Counters = {}
         rows = {}
         hz = float(_CLOCK_TICKS)
         page = _PAGE_SIZE
@@ -467,7 +467,7 @@ class ProcessTable:
         )
 
     def _identity_proc(self, pid: int) -> Tuple[Optional[str], str]:
-        user = None  # type: Optional[str]
+        user: Optional[str] = None
         command = ""
         base = self._prefix + str(pid)
         try:
@@ -578,7 +578,7 @@ _PSUTIL_STATES = {
 
 # --- module-level conveniences (one shared table, so consecutive calls give deltas) -----
 
-_DEFAULT_TABLE = None  # type: Optional[ProcessTable]
+_DEFAULT_TABLE: Optional[ProcessTable] = None
 _DEFAULT_LOCK = threading.Lock()
 
 

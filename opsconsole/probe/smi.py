@@ -150,7 +150,7 @@ def _text(cell: str) -> str:
 
 
 # nvidia-smi field (or alias) -> (GpuSample attribute, converter)
-_GPU_FIELDS = {
+_GPU_FIELDS: Dict[str, Tuple[str, Callable[[str], Any]]] = {
     "index": ("index", _int),
     "uuid": ("uuid", _text),
     "gpu_uuid": ("uuid", _text),
@@ -201,7 +201,7 @@ _GPU_FIELDS = {
     "persistence_mode": ("persistence_mode", _bool),
     "compute_mode": ("compute_mode", _text),
     "mig.mode.current": ("mig_mode", _bool),
-}  # type: Dict[str, Tuple[str, Callable[[str], Any]]]
+}
 _SAMPLE_FIELDS = frozenset(GpuSample.__dataclass_fields__)  # type: ignore[attr-defined]
 
 
@@ -233,10 +233,10 @@ def _absent(cell: str) -> bool:
 
 def parse_query_gpu_row(cells: Sequence[str], fields: Sequence[str]) -> Tuple[GpuSample, Optional[str]]:
     """One --query-gpu row as a GpuSample, and the row's driver_version if it has one."""
-    values = {}  # type: Dict[str, Any]
-    errors = []  # type: List[str]
+    values: Dict[str, Any] = {}
+    errors: List[str] = []
     lost = False
-    driver = None  # type: Optional[str]
+    driver: Optional[str] = None
     for name, cell in zip(fields, cells):
         target = _GPU_FIELDS.get(name)
         if target is None or _absent(cell):
@@ -274,7 +274,7 @@ def parse_query_gpu_csv_with_driver(
     """
     order, rows = _rows(text, fields, _GPU_FIELDS)
     gpus = []
-    driver = None  # type: Optional[str]
+    driver: Optional[str] = None
     for cells in rows:
         try:
             gpu, row_driver = parse_query_gpu_row(cells, order)
@@ -305,7 +305,7 @@ def parse_query_apps_csv(
     order, rows = _rows(text, fields, _APP_FIELDS)
     procs = []
     for cells in rows:
-        row = {}  # type: Dict[str, str]
+        row: Dict[str, str] = {}
         for name, cell in zip(order, cells):
             key = _APP_FIELDS.get(name)
             if key is not None:
@@ -314,7 +314,7 @@ def parse_query_apps_csv(
             pid = _int(row.get("pid", ""))
         except ValueError:
             continue  # "No running processes found"
-        memory = None  # type: Optional[int]
+        memory: Optional[int] = None
         cell = row.get("gpu_memory_bytes", "")
         if cell and not _absent(cell) and not cell.startswith("["):
             try:

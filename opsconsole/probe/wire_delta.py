@@ -185,13 +185,13 @@ def _diff_list(old: List[Any], new: List[Any], key: Callable[[Dict[str, Any]], A
     """The delta items of list `new` against `old`; None when nothing changed (order included)."""
     if type(old) is not list or type(new) is not list:
         raise _EncodeProblem("not a list")
-    position = {}  # type: Dict[Any, int]
+    position: Dict[Any, int] = {}
     for i, item in enumerate(old):
         if type(item) is not dict:
             raise _EncodeProblem("list item is not an object")
         position.setdefault(key(item), i)
     changed = len(old) != len(new)
-    out = []  # type: List[Any]
+    out: List[Any] = []
     for j, item in enumerate(new):
         if type(item) is not dict:
             raise _EncodeProblem("list item is not an object")
@@ -212,7 +212,7 @@ def _diff_list(old: List[Any], new: List[Any], key: Callable[[Dict[str, Any]], A
 
 def _runs(items: List[Any]) -> List[Any]:
     """`items` with each stretch of MIN_RUN or more consecutive unchanged positions as one [i, n]."""
-    out = []  # type: List[Any]
+    out: List[Any] = []
     run_start, run_length = -1, 0
 
     def close() -> None:
@@ -247,7 +247,7 @@ def delta_of(old: Dict[str, Any], new: Dict[str, Any]) -> Dict[str, Any]:
         raise _EncodeProblem("seq must be an int that changes")
     if old.keys() != new.keys():
         raise _EncodeProblem("frame fields changed")
-    delta = {"delta": DELTA_FORMAT, "base": base}  # type: Dict[str, Any]
+    delta: Dict[str, Any] = {"delta": DELTA_FORMAT, "base": base}
     scalars = {}
     for name, value in new.items():
         if name not in _NESTED_FRAME_FIELDS and not _same(old[name], value):
@@ -281,7 +281,7 @@ def _dumps(obj: Any) -> str:
 
 def split_line(obj: Dict[str, Any]) -> str:
     """The stream line of a frame or delta dict: the process lists and host cores it carries go after a TAB."""
-    lazy = {}  # type: Dict[str, Any]
+    lazy: Dict[str, Any] = {}
     main = obj
     host = obj.get("host")
     if type(host) is dict and LAZY_CORES in host:
@@ -308,10 +308,10 @@ class DeltaEncoder(object):
     def __init__(self, keyframe_every: int = DEFAULT_KEYFRAME_EVERY, split: bool = True) -> None:
         self.keyframe_every = max(1, int(keyframe_every))
         self._line = split_line if split else _dumps
-        self._last = None  # type: Optional[Dict[str, Any]]
+        self._last: Optional[Dict[str, Any]] = None
         # id(sample) -> (sample, its rounded wire dict): a process that is the same object as in
         # the last frame (the probe reuses an idle one's) is neither converted nor diffed again.
-        self._process_wire = {}  # type: Dict[int, Tuple[Any, Dict[str, Any]]]
+        self._process_wire: Dict[int, Tuple[Any, Dict[str, Any]]] = {}
         self._since_keyframe = 0
         self.keyframes = 0
         self.deltas = 0
@@ -327,7 +327,8 @@ class DeltaEncoder(object):
     def _rounded_wire(self, frame: NodeFrame) -> Dict[str, Any]:
         """rounded_wire(frame), the process lists through the per-object cache."""
         wire = round_wire(to_wire(dataclasses.replace(frame, processes=(), top_processes=())))
-        cache, kept = self._process_wire, {}  # type: Dict[int, Tuple[Any, Dict[str, Any]]], Dict[int, Tuple[Any, Dict[str, Any]]]
+        cache = self._process_wire
+        kept: Dict[int, Tuple[Any, Dict[str, Any]]] = {}
         for name in LAZY_LISTS:
             items = []
             for proc in getattr(frame, name):
@@ -343,7 +344,7 @@ class DeltaEncoder(object):
     def encode_wire(self, wire: Dict[str, Any]) -> str:
         """The line (no newline) for a frame already in (rounded) wire form."""
         last, self._last = self._last, None  # stays None if encoding fails: the next line is a keyframe
-        line = None  # type: Optional[str]
+        line: Optional[str] = None
         if last is not None and self._since_keyframe < self.keyframe_every:
             try:
                 line = self._line(delta_of(last, wire))
@@ -396,7 +397,7 @@ def _apply_list(old: Tuple[Any, ...], items: Any, cls: type, name: str) -> Tuple
         raise BadDelta("%s: expected a list" % name)
     if len(items) > list_limit(name):
         raise BadDelta("%s: %d items, at most %d" % (name, len(items), list_limit(name)))
-    out = []  # type: List[Any]
+    out: List[Any] = []
     append = out.append
     count = len(old)
     try:
@@ -447,7 +448,7 @@ def apply_delta(base: Optional[NodeFrame], delta: Dict[str, Any]) -> NodeFrame:
     scalars = delta.get("f")
     if type(scalars) is not dict or _NESTED_FRAME_FIELDS.intersection(scalars):
         raise BadDelta("bad top-level fields")
-    values = {}  # type: Dict[str, Any]
+    values: Dict[str, Any] = {}
     try:
         if "host" in delta:
             values["host"] = _apply_host(base.host, delta["host"])
@@ -475,7 +476,7 @@ class _Chain(object):
     __slots__ = ("error",)
 
     def __init__(self) -> None:
-        self.error = None  # type: Optional[str]
+        self.error: Optional[str] = None
 
 
 class _LazyPart(object):
@@ -485,7 +486,7 @@ class _LazyPart(object):
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.data = None  # type: Optional[Dict[str, Any]]
+        self.data: Optional[Dict[str, Any]] = None
 
     def fields(self) -> Dict[str, Any]:
         if self.data is None:
@@ -507,10 +508,10 @@ class _LazyList(object):
 
     def __init__(self, base: Any, part: _LazyPart, name: str, chain: _Chain) -> None:
         self.base = base  # a tuple, or the previous frame's _LazyList
-        self.part = part  # type: Optional[_LazyPart]
+        self.part: Optional[_LazyPart] = part
         self.name = name
         self.chain = chain
-        self.value = ()  # type: Tuple[Any, ...]
+        self.value: Tuple[Any, ...] = ()
 
     def resolve(self) -> Tuple[Any, ...]:
         part = self.part
@@ -710,7 +711,7 @@ class StreamDecoder(object):
     """
 
     def __init__(self) -> None:
-        self.last = None  # type: Optional[NodeFrame]
+        self.last: Optional[NodeFrame] = None
         self.keyframes = 0
         self.deltas = 0
         self.dropped = 0
