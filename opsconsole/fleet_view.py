@@ -467,6 +467,7 @@ PROCESS_SORT_KEYS: Dict[str, Callable[[ProcessRow], Any]] = {
     "rss": lambda r: r.rss,
     "elapsed": lambda r: r.elapsed,
     "state": lambda r: r.proc_state,
+    "job": lambda r: r.job_id or r.container,
     "command": lambda r: _text_key(r.command),
 }
 

@@ -142,3 +142,18 @@ async def test_nodes_pane_shows_jobs():
         table = pane.tables[0].table
         assert cells(table, "gpu01")["jobs"].startswith("812,docker/")
         assert cells(table, "gpu02")["jobs"] == "100001,ml/tra…"  # cut to the column, whole in the filter
+
+
+async def test_processes_pane_shows_each_gpu_process_job_and_filters_by_it():
+    from opsconsole.tui.processes import ProcessesPane
+
+    pane = ProcessesPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show({"gpu01": slurm_node()}, None, NOW)
+        await pilot.pause()
+        table = pane.query_one("#gpu-processes")
+        assert cells(table, "gpu01/4101@0")["job"] == "812"
+        assert cells(table, "gpu01/5000@1")["job"] == "docker/2403…"
+        pane.apply_filter("job:812")
+        await pilot.pause()
+        assert keys(table) == ["gpu01/4101@0", "gpu01/4102@0"]

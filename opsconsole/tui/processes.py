@@ -54,6 +54,7 @@ VIEW_BOTH, VIEW_GPU, VIEW_HOST = "both", "gpu", "host"
 VIEW_MODES = (VIEW_BOTH, VIEW_GPU, VIEW_HOST)
 
 NODE_COLUMN = Column("node", "Node")
+JOB_WIDTH = 12  # a Slurm job id ("812", "812_3") or a container ("docker/2403ccfe427f")
 GPU_PROCESS_COLUMNS = (
     Column("pid", "PID", 7),
     Column("user", "User", USER_WIDTH),
@@ -64,9 +65,10 @@ GPU_PROCESS_COLUMNS = (
     Column("rss", "RSS", 9),
     Column("elapsed", "Elapsed", 7),
     Column("state", "S", 2),
+    Column("job", "Job", JOB_WIDTH),
     Column("command", "Command"),
 )
-HOST_PROCESS_COLUMNS = tuple(c for c in GPU_PROCESS_COLUMNS if c.key not in ("gpu", "gpu_memory", "sm"))
+HOST_PROCESS_COLUMNS = tuple(c for c in GPU_PROCESS_COLUMNS if c.key not in ("gpu", "gpu_memory", "sm", "job"))
 GPU_DEFAULT_SORT = ("gpu_memory", True)  # the biggest GPU users first
 HOST_DEFAULT_SORT = ("cpu", True)  # the busiest first, as top and htop start
 
@@ -93,6 +95,7 @@ def process_table_row(row: ProcessRow, columns: Sequence[Column], tree_prefix: s
         "rss": format_bytes(row.rss),
         "elapsed": format_duration(row.elapsed),
         "state": row.proc_state or NA,
+        "job": shorten(row.job_id or row.container, JOB_WIDTH) or "-",  # whose job (probe/jobs.py)
         "command": tree_prefix + (shorten(row.command, COMMAND_CHARS) or NA),
     }
     return TableRow(row.key, tuple(Text(values[c.key], style=style, end="") for c in columns))
@@ -101,7 +104,7 @@ def process_table_row(row: ProcessRow, columns: Sequence[Column], tree_prefix: s
 def row_signature(row: ProcessRow) -> tuple:
     """What a row's cells show: its elapsed time as drawn (the number moves every frame; `2h12m` once a minute)."""
     return (row.cpu_percent, row.rss, row.proc_state, row.user, row.command, row.gpu_memory, row.sm_percent,
-            row.live, row.node_state, format_duration(row.elapsed))
+            row.live, row.node_state, format_duration(row.elapsed), row.job_id, row.container)
 
 
 class ProcessTable(DataTable):
@@ -139,7 +142,8 @@ class ProcessesPane(ActionKeys, TablePane):
     Keys: `v` cycles both / GPU only / host only; `t` tree; `T` kernel threads; `enter`
     details; `s` next sort column and `r` reverse (on the focused table), header click
     sorts; up/down run from one table into the other. Filter: free text on command, user,
-    pid and node; `user:alice`, `gpu:0`, `pid:421`, `node:gpu01`, `state:D`, `cpu>50`, `sm>90`.
+    pid and node; `user:alice`, `gpu:0`, `pid:421`, `node:gpu01`, `state:D`, `cpu>50`, `sm>90`,
+    `job:812` (a GPU process's Slurm job, or `job:docker/*` its container; the Job column).
     """
 
     pane_id = "processes"
