@@ -39,7 +39,8 @@ def device_jobs(device: "GpuSample | MigDevice", procs: Sequence[ProcessSample])
 
 def job_users(procs: Sequence[ProcessSample]) -> Tuple[str, ...]:
     """The users of the jobs of `procs` (a Slurm job's user, else the process's own), sorted."""
-    return tuple(sorted({p.job_user or p.user for p in procs if (p.job_user or p.user) and process_job(p)}))
+    users = {p.job_user or p.user for p in procs if process_job(p)}
+    return tuple(sorted(user for user in users if user))
 
 
 def frame_jobs(frame: Optional[NodeFrame]) -> Tuple[str, ...]:

@@ -1,7 +1,7 @@
 """/metrics pages in dcgm-exporter's exact format, rendered as its own template renders them.
 
 Source: NVIDIA/dcgm-exporter at commit d5e5f510a1b6 ("Rename Hostname label to hostname (#655)"),
-internal/pkg/rendermetrics/render_metrics.go, the GPU entity template:
+internal/pkg/rendermetrics/render_metrics.go, the GPU entity template (its tabs shown as spaces):
 
     gpuMetricsFormat = `
     {{- range $counter, $metrics := . -}}
@@ -11,10 +11,10 @@ internal/pkg/rendermetrics/render_metrics.go, the GPU entity template:
     {{ $counter.FieldName }}{gpu="{{ $metric.GPU }}",{{ $metric.UUID }}="{{ $metric.GPUUUID }}",pci_bus_id="{{ $metric.GPUPCIBusID }}",device="{{ $metric.GPUDevice }}",modelName="{{ $metric.GPUModelName }}"{{if $metric.MigProfile}},GPU_I_PROFILE="{{ $metric.MigProfile }}",GPU_I_ID="{{ $metric.GPUInstanceID }}"{{end}}{{if $metric.Hostname }},hostname="{{ $metric.Hostname }}"{{end}}
 
     {{- range $k, $v := $metric.Labels -}}
-    	,{{ $k }}="{{ $v }}"
+        ,{{ $k }}="{{ $v }}"
     {{- end -}}
     {{- range $k, $v := $metric.Attributes -}}
-    	,{{ $k }}="{{ $v }}"
+        ,{{ $k }}="{{ $v }}"
     {{- end -}}
 
     } {{ $metric.Value -}}

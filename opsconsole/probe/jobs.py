@@ -23,7 +23,7 @@ Stdlib only, Python 3.6 syntax: shipped to nodes with the probe.
 
 import os
 import re
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 # /proc/PID/cgroup is a line per hierarchy (13 on a cgroup v1 node): 64 KiB is far beyond it.
 CGROUP_READ_LIMIT = 65536
@@ -55,31 +55,27 @@ class JobInfo(object):
 
     __slots__ = ("job_id", "job_step", "job_uid", "job_user", "container")
 
-    def __init__(self, job_id=None, job_step=None, job_uid=None, job_user=None, container=None):
-        # type: (Optional[str], Optional[str], Optional[int], Optional[str], Optional[str]) -> None
+    def __init__(self, job_id: Optional[str] = None, job_step: Optional[str] = None, job_uid: Optional[int] = None,
+                 job_user: Optional[str] = None, container: Optional[str] = None) -> None:
         self.job_id = job_id
         self.job_step = job_step
         self.job_uid = job_uid
         self.job_user = job_user
         self.container = container
 
-    def as_dict(self):
-        # type: () -> Dict[str, object]
+    def as_dict(self) -> Dict[str, object]:
         return {name: getattr(self, name) for name in self.__slots__}
 
-    def __eq__(self, other):
-        # type: (object) -> bool
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, JobInfo) and self.as_dict() == other.as_dict()
 
-    def __repr__(self):
-        # type: () -> str
+    def __repr__(self) -> str:
         return "JobInfo(%s)" % ", ".join("%s=%r" % kv for kv in sorted(self.as_dict().items()) if kv[1] is not None)
 
 
-def _cgroup_paths(text):
-    # type: (str) -> Tuple[str, ...]
+def _cgroup_paths(text: str) -> Tuple[str, ...]:
     """The cgroup paths of a /proc/PID/cgroup text ("ID:controllers:path" lines), v2's first."""
-    paths = []
+    paths: List[Tuple[bool, str]] = []
     for line in text.splitlines()[:64]:
         parts = line.split(":", 2)
         if len(parts) == 3 and parts[2].startswith("/"):
@@ -88,8 +84,7 @@ def _cgroup_paths(text):
     return tuple(path for _, path in paths)
 
 
-def parse_cgroup(text):
-    # type: (str) -> JobInfo
+def parse_cgroup(text: str) -> "JobInfo":
     """The Slurm job and container named by a /proc/PID/cgroup text (fields None when it names none)."""
     info = JobInfo()
     for path in _cgroup_paths(text):
@@ -111,8 +106,7 @@ def parse_cgroup(text):
     return info
 
 
-def _container(path):
-    # type: (str) -> Optional[str]
+def _container(path: str) -> Optional[str]:
     if "kubepods" in path:
         pod = _K8S_POD.search(path)
         if pod is not None:
@@ -124,8 +118,7 @@ def _container(path):
     return None
 
 
-def parse_slurm_environ(data):
-    # type: (bytes) -> JobInfo
+def parse_slurm_environ(data: bytes) -> "JobInfo":
     """SLURM_JOB_ID (or the older SLURM_JOBID), SLURM_STEP_ID and SLURM_JOB_USER of a /proc/PID/environ image."""
     found: Dict[str, str] = {}
     for entry in data.split(b"\0"):
@@ -147,12 +140,11 @@ def parse_slurm_environ(data):
     )
 
 
-def _read_prefix(path, limit):
-    # type: (str, int) -> bytes
+def _read_prefix(path: str, limit: int) -> bytes:
     """At most `limit` bytes of a file (a /proc file may be huge or endless: never read it whole)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        chunks = []
+        chunks: List[bytes] = []
         size = 0
         while size < limit:
             chunk = os.read(fd, min(65536, limit - size))
@@ -165,8 +157,7 @@ def _read_prefix(path, limit):
         os.close(fd)
 
 
-def read_job(pid, proc_prefix="/proc/"):
-    # type: (int, str) -> JobInfo
+def read_job(pid: int, proc_prefix: str = "/proc/") -> "JobInfo":
     """The job of process `pid`: its cgroup, then its environment for a Slurm job the cgroup does not name."""
     base = "%s%d/" % (proc_prefix, pid)
     try:

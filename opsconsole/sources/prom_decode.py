@@ -111,10 +111,10 @@ def take_fast(rows: List[Series], values: FastValues, node_of: NodeOf, gpu_label
                 nodes_gpus = gpu_values.get(node)
                 if nodes_gpus is None:
                     nodes_gpus = gpu_values[node] = {}
-                fields = nodes_gpus.get(index)
-                if fields is None:
-                    fields = nodes_gpus[index] = {}
-                fields[converter[0]] = converter[1](value)
+                gpu_fields = nodes_gpus.get(index)
+                if gpu_fields is None:
+                    gpu_fields = nodes_gpus[index] = {}
+                gpu_fields[converter[0]] = converter[1](value)
                 continue
             if metric in (names.METRIC_PROCESS_MEMORY, names.METRIC_PROCESS_SM):
                 row = procs.setdefault(node, {}).setdefault((index, labels.get("pid", "")), {})
@@ -204,10 +204,10 @@ def take_slow(rows: List[Series], slow: SlowValues, node_of: NodeOf, gpu_label: 
                 if driver:
                     hosts.setdefault(node, {})["driver"] = driver
                 gi = _index(labels.get(names.LABEL_GPU_I_ID) or None)
-                key = (node, index, -1 if gi is None else gi)
+                job_key = (node, index, -1 if gi is None else gi)
                 if gi is not None:
-                    migs.setdefault(key, {})["profile"] = _text(labels, names.LABEL_GPU_I_PROFILE)
-                seen = gpu_jobs.setdefault(key, {})
+                    migs.setdefault(job_key, {})["profile"] = _text(labels, names.LABEL_GPU_I_PROFILE)
+                seen = gpu_jobs.setdefault(job_key, {})
                 for label in names.JOB_LABELS:
                     text = _text(labels, label)
                     if text:
@@ -246,10 +246,10 @@ def take_slow(rows: List[Series], slow: SlowValues, node_of: NodeOf, gpu_label: 
             disk for disk in (_disk(mount, values) for mount, values in sorted(mounts.items())) if disk is not None
         )
     # Merged into what we knew: each refresh reads one part, and a node whose target is down is absent.
-    for key, fields in gpus.items():
-        slow.gpus.setdefault(key, {}).update(fields)
-    for mig_key, fields in migs.items():
-        slow.migs.setdefault(mig_key, {}).update(fields)
+    for key, gpu_fields in gpus.items():
+        slow.gpus.setdefault(key, {}).update(gpu_fields)
+    for mig_key, mig_fields in migs.items():
+        slow.migs.setdefault(mig_key, {}).update(mig_fields)
     for node, host in hosts.items():
         slow.hosts.setdefault(node, {}).update(host)
 

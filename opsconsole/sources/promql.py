@@ -12,7 +12,7 @@ refresh. No I/O here.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from opsconsole.sources import metric_names as names
 
@@ -234,13 +234,6 @@ class Queries:
                 1.0,
             )
         return "max(%s)" % self._selector('__name__="%s",%s' % (metric, matcher)), 1.0
-
-    def _host_matcher(self, node: str) -> str:
-        # node-exporter series carry only `instance`: match host:port by the node's name.
-        if "instance" in self.node_labels:
-            return 'instance=~"%s(:[0-9]+)?"' % escape(re.escape(node))
-        label, value = origins[0] if origins else (self.node_labels[0], node)
-        return '%s="%s"' % (label, escape(value))
 
     def _host_matcher(self, node: str, origins: Sequence[Tuple[str, str]], hosts: Sequence[str]) -> str:
         # node-exporter series carry only `instance`: match host:port by the host parts of the node's targets.
