@@ -6,6 +6,9 @@ and pages in dcgm-exporter's exact format (tests/dcgm_pages.py renders its own t
   gpu-b  targets by name (localhost): node_exporter + an older dcgm-exporter (`Hostname` label)
   gpu-c  127.0.0.3: dcgm-exporter with one GPU in MIG mode (two 3g.40gb), its node_exporter down from the start
   gpu-d  127.0.0.4: both targets down from the start, named by the source's node_names
+  gpu-e  127.0.0.5: a dcgm-exporter that says no host name, its node_exporter not yet started: the node
+         is its address until the node_exporter comes up and says its nodename; the fleet then drops
+         the address's row instead of keeping a ghost of it
 
 Then gpu-a's node_exporter is stopped: gpu-a turns degraded and keeps its GPUs.
 """
@@ -87,8 +90,8 @@ class DcgmPage:
 class NodeExporter:
     """prometheus-node-exporter on address:port, in a UTS namespace whose host name is `hostname`."""
 
-    def __init__(self, tmp: Path, hostname: str, address: str) -> None:
-        self.port = free_port(address)
+    def __init__(self, tmp: Path, hostname: str, address: str, port: int = 0) -> None:
+        self.port = port or free_port(address)
         self.log = open(tmp / ("node-exporter-%s.log" % hostname), "w")
         argv = [NODE_EXPORTER, "--web.listen-address=%s:%d" % (address, self.port), "--collector.disable-defaults",
                 "--collector.uname", "--collector.cpu", "--collector.meminfo", "--collector.loadavg",
@@ -157,15 +160,18 @@ def cluster(tmp_path_factory):
         dcgm_b = DcgmPage("127.0.0.1", [Gpu(0, util=80), Gpu(1, util=5)], "gpu-b", "Hostname")
         dcgm_c = DcgmPage("127.0.0.3", [MIG_GPU], "gpu-c", "hostname")
         stoppable += [dcgm_a, dcgm_b, dcgm_c]
-        dead = {name: free_port(address) for name, address in (("c-node", "127.0.0.3"), ("d-node", "127.0.0.4"), ("d-dcgm", "127.0.0.4"))}
+        dcgm_e = DcgmPage("127.0.0.5", [Gpu(0)], "", "hostname")  # the template leaves the label out when empty
+        stoppable.append(dcgm_e)
+        dead = {name: free_port(address) for name, address in (("c-node", "127.0.0.3"), ("d-node", "127.0.0.4"), ("d-dcgm", "127.0.0.4"),
+                                                               ("e-node", "127.0.0.5"))}
         prometheus = Prometheus(tmp, {
             "node_exporter": ["127.0.0.2:%d" % node_a.port, "localhost:%d" % node_b.port,
-                              "127.0.0.3:%d" % dead["c-node"], "127.0.0.4:%d" % dead["d-node"]],
+                              "127.0.0.3:%d" % dead["c-node"], "127.0.0.4:%d" % dead["d-node"], "127.0.0.5:%d" % dead["e-node"]],
             "dcgm-exporter": ["127.0.0.2:%d" % dcgm_a.port, "localhost:%d" % dcgm_b.port, "127.0.0.3:%d" % dcgm_c.port,
-                              "127.0.0.4:%d" % dead["d-dcgm"]],
+                              "127.0.0.4:%d" % dead["d-dcgm"], "127.0.0.5:%d" % dcgm_e.port],
         })
         stoppable.append(prometheus)
-        yield prometheus, {"node_a": node_a, "dead": dead}
+        yield prometheus, {"node_a": node_a, "dead": dead, "tmp": tmp, "stoppable": stoppable}
     finally:
         for part in reversed(stoppable):
             part.stop()  # type: ignore[attr-defined]
@@ -203,8 +209,9 @@ def test_every_scenario_as_the_console_shows_it(cluster):
     prometheus, parts = cluster
     source = source_for(prometheus.url)
     states = settled(source)
-    # One node per host, whatever the targets are called: no node is named by an address.
-    assert sorted(states) == ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]
+    # One node per host, whatever the targets are called: no node is named by an address
+    # (but 127.0.0.5, whose exporters have said no name yet).
+    assert sorted(states) == ["127.0.0.5", "gpu-a", "gpu-b", "gpu-c", "gpu-d"]
 
     a = states["gpu-a"]  # targets by IP; dcgm-exporter 4.x's lowercase hostname label
     assert a.state == STATE_UP and a.reason is None
@@ -275,3 +282,34 @@ def test_history_of_a_joined_node_asks_each_exporter_by_its_own_labels(cluster):
     assert 'instance=~"(localhost)(:[0-9]+)?"' in host_expr
     points = wait_for_sync(lambda: source.history_blocking("gpu-b", 1, "utilization", 30.0), what="gpu-b history")
     assert points[-1][1] == 5
+
+
+async def test_a_node_named_by_its_address_is_renamed_when_its_node_exporter_says_its_name(cluster):
+    import asyncio
+
+    from opsconsole.config import DEFAULT_CONFIG
+    from opsconsole.nodes.fleet import Fleet
+
+    prometheus, parts = cluster
+    source = source_for(prometheus.url)
+    fleet = Fleet(replace(DEFAULT_CONFIG, nodes=()), links=[], sources=[source])
+    seen: List[NodeState] = []
+    await fleet.start(seen.append)
+    try:
+        async def until(predicate, what):
+            for _ in range(400):
+                if predicate(fleet.states()):
+                    return fleet.states()
+                await asyncio.sleep(0.1)
+            raise AssertionError("gave up waiting for %s: %s" % (what, sorted(fleet.states())))
+
+        states = await until(lambda s: "127.0.0.5" in s and s["127.0.0.5"].frame is not None, "the address node")
+        assert states["127.0.0.5"].state == STATE_DEGRADED and len(states["127.0.0.5"].frame.gpus) == 1
+        node_e = NodeExporter(parts["tmp"], "gpu-e", "127.0.0.5", port=parts["dead"]["e-node"])
+        parts["stoppable"].append(node_e)
+        states = await until(lambda s: "gpu-e" in s and s["gpu-e"].state == STATE_UP and "127.0.0.5" not in s, "gpu-e")
+        assert len(states["gpu-e"].frame.gpus) == 1 and states["gpu-e"].frame.host.hostname == "gpu-e"
+        gone = [s for s in seen if s.name == "127.0.0.5" and s.state == STATE_DOWN]
+        assert gone and gone[-1].reason == "now shown as gpu-e (the same host)"
+    finally:
+        await fleet.stop()

@@ -118,12 +118,21 @@ class FleetSources:
         if self._slurm is not None:
             self._tasks.append(asyncio.create_task(self._slurm.follow(self.apply_slurm_run), name="slurm"))
 
+    def _forget_source_node(self, old: str, new: str) -> None:
+        """A source now shows node `old` as part of `new` (the same host): drop `old` unless a link has it."""
+        if old in self._links or old not in self._source_states:
+            return
+        self._tasks.append(asyncio.ensure_future(self.remove_node(old, reason="now shown as %s (the same host)" % new)))
+
     async def _run_source(self, source: Any) -> None:
         publish = lambda state: self._publish_source(source, state)  # noqa: E731
         delay = 1.0
         while True:
             try:
-                await source.run(publish)
+                if hasattr(source, "take_renamed"):
+                    await source.run(publish, self._forget_source_node)
+                else:
+                    await source.run(publish)
                 log.warning("source %s stopped unexpectedly", source.name)
             except asyncio.CancelledError:
                 raise

@@ -42,6 +42,7 @@ from opsconsole.sources.promql import FAST_GPU_METRICS, SLOW_GPU_METRICS, Querie
 log = logging.getLogger(__name__)
 
 Publish = Callable[[NodeState], None]
+Forget = Callable[[str, str], None]  # (old node name, the node it is now part of)
 PARALLEL_QUERIES = 8  # HTTP requests in flight at once, per source (and connections kept)
 TARGET_ERROR_LIMIT = 300  # characters of a scrape error kept
 
@@ -123,6 +124,7 @@ class PrometheusSource:
         self._node_filter: Optional[Set[str]] = None  # set by the fleet (a Slurm job's nodes)
         self._states: Dict[str, NodeState] = {}
         self._members: Dict[str, List[str]] = {}  # node -> the raw names joined into it
+        self._renamed: Dict[str, str] = {}  # node published before -> the node it is now part of
         self._origin: Dict[str, Tuple[str, str]] = {}  # raw name -> (label, raw value) it was named by
         self._raw_names: Dict[Tuple[str, str], str] = {}  # (label, raw value) -> raw name
         self._targets: Dict[Tuple[str, str], _Target] = {}
@@ -377,7 +379,11 @@ class PrometheusSource:
                 targets_of_raw.setdefault(raw, []).append((key, target))
         groups = self.identity.groups(raws)
         for old in [name for name in self._states if name not in groups]:
-            del self._states[old]  # its raw names now belong to another node (the identity learned more)
+            # Its raw names now belong to another node: the identity learned more (a node_exporter
+            # came up and said the nodename). The fleet is told, so no ghost of the old name stays.
+            del self._states[old]
+            members = self._members.get(old) or [old]
+            self._renamed[old] = self.identity.node(members[0])
         self._members = groups
         self._node_targets = {}
         states: List[NodeState] = []
@@ -482,10 +488,16 @@ class PrometheusSource:
         finally:
             self.http.timeout = self.config.timeout
 
-    async def run(self, publish: Publish) -> None:
+    def take_renamed(self) -> Dict[str, str]:
+        """Nodes published before under a name that is now part of another node: old -> new (once each)."""
+        renamed, self._renamed = self._renamed, {}
+        return renamed
+
+    async def run(self, publish: Publish, forget: Optional[Forget] = None) -> None:
         """Refresh every interval and publish every node's state; never returns until cancelled.
 
         A refresh is armed only after the previous one finished, so refreshes never overlap.
+        `forget(old, new)` is called for a node that is now shown as part of another one.
         """
         from opsconsole.nodes.local import run_in_daemon_thread
 
@@ -502,6 +514,9 @@ class PrometheusSource:
                                              self.clock(), time.perf_counter(), self.http.requests)
             for state in states:
                 publish(state)
+            for old, new in self.take_renamed().items():
+                if forget is not None:
+                    forget(old, new)
             await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
 
     async def close(self) -> None:
