@@ -446,7 +446,7 @@ def _annotation_text(annotation: Any) -> str:
     the module runs on 3.6)."""
     if isinstance(annotation, str):
         return annotation
-    args = getattr(annotation, "__args__", None) or ()
+    args: Tuple[Any, ...] = tuple(getattr(annotation, "__args__", None) or ())
     origin = getattr(annotation, "__origin__", None)
     if origin is Union and len(args) == 2 and _NONE in args:
         return "Optional[%s]" % _annotation_text(args[0] if args[1] is _NONE else args[1])
@@ -537,12 +537,12 @@ class _Decoder:
         for f in dataclasses.fields(cls):
             if f.default is not dataclasses.MISSING:
                 self.defaults[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            elif f.default_factory is not dataclasses.MISSING:
                 self.defaults[f.name] = None  # filled per object below
         self.factories = {
             f.name: f.default_factory
             for f in dataclasses.fields(cls)
-            if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING  # type: ignore[misc]
+            if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING
         }
         self.required = tuple(
             f.name for f in dataclasses.fields(cls) if f.name not in self.defaults
@@ -636,7 +636,7 @@ class _Decoder:
             return None
         if type(data) is not dict:
             raise FrameError("%s: expected an object, got %s" % (self.cls.__name__, _type_name(data)))
-        obj = object.__new__(self.cls)
+        obj: Any = object.__new__(self.cls)
         values = obj.__dict__
         values.update(self.defaults)
         for name, factory in self.factories.items():

@@ -37,6 +37,6 @@ async def test_a_finding_whose_excerpt_has_brackets_alerts_without_breaking_the_
         await pilot.press("6")
         pane = pane_of(app)
         await wait_for(lambda: pane.findings.table.row_count > 0, "the finding", pilot=pilot)
-        await pilot.pause(0.3)  # the alert's toast is drawn meanwhile
-        assert app.is_running and app.services.alerts.counts()
-        assert any("pair.cc:553]" in str(toast.render()) for toast in app.screen.query(Toast))
+        await wait_for(lambda: app.services.alerts.counts() and any(
+            "pair.cc:553]" in str(toast.render()) for toast in app.screen.query(Toast)), "the alert's toast", pilot=pilot)
+        assert app.is_running

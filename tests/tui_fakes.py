@@ -217,6 +217,16 @@ class FakeFleet:
     def totals(self, now: float) -> FleetTotals:
         return totals_of(self._states.values(), now, self.stale_after)
 
+    @property
+    def names(self) -> List[str]:
+        return list(self._states)
+
+    def link(self, name: str):
+        raise KeyError(name)  # no links: the console reads local files only
+
+    async def retry(self, name: str) -> bool:
+        return False
+
 
 class ThisMachineFleet(FakeFleet):
     """A fake fleet whose node `local` is this machine: its link is a LocalLink, so actions run here."""

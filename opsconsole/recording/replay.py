@@ -238,6 +238,9 @@ class ReplayFleet:
     def link(self, name: str):
         raise KeyError("%s: a replay has no live link (actions are disabled)" % name)
 
+    async def retry(self, name: str) -> bool:
+        return False  # a recorded node has nothing to reconnect to
+
     # --- controls ----------------------------------------------------------
 
     def toggle_pause(self) -> bool:

@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
-from typing import Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type
 
 from rich.text import Text
 from textual import events, on
@@ -132,7 +132,9 @@ TICK_S = 1.0  # clock and frame ages move even when no frame arrives
 
 
 class FleetLike(Protocol):
-    """What the console needs of a fleet (opsconsole.nodes.fleet.Fleet, or a test fake)."""
+    """What the console needs of a fleet: opsconsole.nodes.fleet.Fleet, the ReplayFleet of a recording,
+    or a test fake. Optional extras read with getattr: `slurm_run` (a followed Slurm job), `problem`
+    (what a replay could not read)."""
 
     def states(self) -> Dict[str, NodeState]: ...
 
@@ -141,6 +143,17 @@ class FleetLike(Protocol):
     async def stop(self) -> None: ...
 
     def totals(self, now: float): ...
+
+    @property
+    def names(self) -> List[str]: ...
+
+    def link(self, name: str) -> Any:
+        """Node `name`'s link, for actions, log tails and SFTP; KeyError when it has none (a replay)."""
+        ...
+
+    async def retry(self, name: str) -> bool:
+        """Ask node `name` to try connecting again now; False when it cannot."""
+        ...
 
 
 def tab_id(pane_id: str) -> str:
@@ -495,16 +508,12 @@ class OpsConsole(App[int]):
             self.notify(message, severity="error", timeout=10)
             return
         self.notify(message)
-        retry = getattr(self.fleet, "retry", None)
-        if outcome == OUTCOME_OK and retry is not None:
-            await retry(plan.node)
+        if outcome == OUTCOME_OK:
+            await self.fleet.retry(plan.node)
 
     def _link_of(self, name: str) -> object:
-        link = getattr(self.fleet, "link", None)
-        if link is None:
-            return None
         try:
-            return link(name)
+            return self.fleet.link(name)
         except KeyError:
             return None
 

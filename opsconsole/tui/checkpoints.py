@@ -518,11 +518,8 @@ class CheckpointsPane(ActionKeys, TablePane):
             if fs is None:
                 from opsconsole.checkpoints.remote import SftpFileSystem
 
-                link_of = getattr(self.app.fleet, "link", None)
-                if link_of is None:
-                    raise RuntimeError("node %s has no SSH link in this console" % node)
                 try:
-                    link = link_of(node)
+                    link = self.app.fleet.link(node)
                 except KeyError:
                     raise RuntimeError("no node named %s in this console's fleet" % node) from None
                 fs = SftpFileSystem(link, self._loop, timeout=self.app.config.ssh.connect_timeout + 30.0)
@@ -571,8 +568,7 @@ class CheckpointsPane(ActionKeys, TablePane):
         nodes = {n.name: n for n in self.app.config.nodes}
         if config.node in nodes and nodes[config.node].local:
             return None
-        states = getattr(self.app.fleet, "states", None)
-        state = states().get(config.node) if states is not None else None
+        state = self.app.fleet.states().get(config.node)
         if state is None or state.state in (STATE_UP, STATE_STALE, STATE_FALLBACK):
             return None
         return "node %s is %s%s: not scanned" % (config.node, state.state, " (%s)" % state.reason if state.reason else "")

@@ -185,9 +185,8 @@ class HealthPane(LivePane):
         async def one(node: str) -> None:
             async with gate:
                 state = app.fleet.states().get(node)
-                link_of = getattr(app.fleet, "link", None)
                 try:
-                    link = link_of(node) if link_of is not None else None
+                    link = app.fleet.link(node)
                 except KeyError:
                     link = None
                 try:

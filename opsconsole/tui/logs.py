@@ -74,15 +74,11 @@ BEFORE_START_SLACK_S = 5.0
 # --- the feed: LogHub + Diagnoser --------------------------------------------------------------
 
 def fleet_links(fleet: Any) -> Dict[str, Any]:
-    """The fleet's links by node name (a fake fleet has none: local files only)."""
-    link_of = getattr(fleet, "link", None)
-    names = getattr(fleet, "names", None)
-    if link_of is None or names is None:
-        return {}
+    """The fleet's links by node name (a replay has none, a fake may have none: local files only)."""
     links = {}
-    for name in list(names):
+    for name in list(fleet.names):
         try:
-            links[name] = link_of(name)
+            links[name] = fleet.link(name)
         except KeyError:
             continue
     return links
