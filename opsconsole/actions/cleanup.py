@@ -52,16 +52,14 @@ def configured_dir(config: Config, node: str, path: str) -> Optional[CheckpointD
     return None
 
 
-def _filesystem(ctx: Any) -> Any:
+def _filesystem(ctx: Any, node: str) -> Any:
+    """The node's file system from the console's registry (ctx.filesystems: shared with the Checkpoints
+    pane, kept open), else one made for this call (a headless run: closed by _close)."""
     from opsconsole.actions.runner import remote_link
-    from opsconsole.checkpoints.access import LOCAL
+    from opsconsole.checkpoints.filesystems import FileSystems
 
-    remote = remote_link(ctx.link)
-    if remote is None:
-        return LOCAL
-    from opsconsole.checkpoints.remote import SftpFileSystem
-
-    return SftpFileSystem(remote, asyncio.get_running_loop(), timeout=ctx.config.ssh.connect_timeout + 30.0)
+    registry = ctx.filesystems or FileSystems(timeout=ctx.config.ssh.connect_timeout + 30.0)
+    return registry.get(node, remote_link(ctx.link), asyncio.get_running_loop())
 
 
 def root_of(path: str, fs: Any) -> str:
@@ -69,7 +67,9 @@ def root_of(path: str, fs: Any) -> str:
     return path if getattr(fs, "remote", False) else os.path.expanduser(path)
 
 
-async def _close(fs: Any) -> None:
+async def _close(fs: Any, ctx: Any) -> None:
+    if ctx.filesystems is not None:
+        return  # the console's registry keeps it for the pane and the next cleanup
     aclose = getattr(fs, "aclose", None)
     if aclose is not None:
         try:
@@ -103,7 +103,7 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
         # The fleet owns logging in: no SFTP login to a node waiting in auth or hostkey, or down.
         raise Refused("%s is %s: its checkpoints are not cleaned until it is connected"
                       % (printable_line(target.node), state.state if state is not None else "unknown"))
-    fs = _filesystem(ctx)
+    fs = _filesystem(ctx, target.node)
     try:
         listing = await asyncio.to_thread(scan_directory, root_of(target.path, fs), fs)
         retention = await asyncio.to_thread(plan_directory, listing, fs, keep=entry.keep, min_age=entry.min_age,
@@ -111,7 +111,7 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
     except OSError as exc:
         raise Refused(printable_line("%s on %s: %s" % (target.path, target.node, exc.strerror or exc))) from None
     finally:
-        await _close(fs)
+        await _close(fs, ctx)
     doomed = retention.to_delete
     if not doomed:
         raise Refused("nothing to delete in %s (keep %d, min age %g s)" % (target.path, entry.keep, entry.min_age))
@@ -141,14 +141,14 @@ async def run_cleanup(plan: Any, ctx: Any) -> Any:
     lines = []
 
     async def execute() -> CommandResult:
-        fs = _filesystem(ctx)
+        fs = _filesystem(ctx, plan.target.node)
         try:
             result = await asyncio.to_thread(
                 execute_plan, retention, root_of(plan.target.path, fs), ctx.runner.audit, fs=fs,
                 read_only=ctx.config.console.read_only,
             )
         finally:
-            await _close(fs)
+            await _close(fs, ctx)
         lines.append(printable_line(result.summary()))
         for item in result.results:
             lines.append(printable_line("%s %s%s" % ("deleted" if item.deleted else "kept   ", item.path,

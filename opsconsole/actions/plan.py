@@ -79,6 +79,9 @@ class ActionContext:
     health_checks: Optional[Callable[[str, Optional[int], bool], Awaitable[List[Any]]]] = None
     # The console replays a recording: every node is one, whatever its link says.
     replayed: bool = False
+    # The console's per-node file systems (checkpoints/filesystems.py), shared with the Checkpoints
+    # pane; None: an action makes its own and closes it (headless).
+    filesystems: Optional[Any] = None
 
     @property
     def local(self) -> bool:

@@ -228,6 +228,7 @@ class ActionFlow:
             confirm_next=self._ask_next_signal,
             progress=lambda line: self.app.notify(line, timeout=6),
             replayed=is_replayed(fleet),
+            filesystems=getattr(getattr(self.app, "services", None), "filesystems", None),
         )
 
     def start(self, action_id: str, target: Target) -> None:

@@ -450,8 +450,6 @@ class CheckpointsPane(ActionKeys, TablePane):
         self.selected_dir: Optional[str] = None
         self.verifying: Optional[str] = None  # path under CRC check
         self._cancel_crc = threading.Event()
-        self._filesystems: Dict[str, FileSystem] = {}
-        self._filesystems_lock = threading.Lock()  # scan workers of one node may ask at once
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._last_scan = 0.0
         self.progress_label = Static("", id="checkpoint-progress-label", markup=False)
@@ -513,18 +511,12 @@ class CheckpointsPane(ActionKeys, TablePane):
         nodes = {n.name: n for n in self.app.config.nodes}
         if node in nodes and nodes[node].local:
             return LOCAL
-        with self._filesystems_lock:
-            fs = self._filesystems.get(node)
-            if fs is None:
-                from opsconsole.checkpoints.remote import SftpFileSystem
-
-                try:
-                    link = self.app.fleet.link(node)
-                except KeyError:
-                    raise RuntimeError("no node named %s in this console's fleet" % node) from None
-                fs = SftpFileSystem(link, self._loop, timeout=self.app.config.ssh.connect_timeout + 30.0)
-                self._filesystems[node] = fs
-            return fs
+        try:
+            link = self.app.fleet.link(node)
+        except KeyError:
+            raise RuntimeError("no node named %s in this console's fleet" % node) from None
+        # One per node, shared with the cleanup action (checkpoints/filesystems.py).
+        return self.app.services.filesystems.get(node, link, self._loop)
 
     @staticmethod
     def root_of(config: CheckpointDirConfig, fs: FileSystem) -> str:
@@ -534,13 +526,7 @@ class CheckpointsPane(ActionKeys, TablePane):
         return config.path if fs.remote else os.path.expanduser(config.path)
 
     async def on_unmount(self) -> None:
-        for fs in self._filesystems.values():
-            aclose = getattr(fs, "aclose", None)
-            if aclose is not None:
-                try:
-                    await aclose()
-                except Exception:
-                    pass
+        await self.app.services.filesystems.aclose()
 
     # --- scanning ------------------------------------------------------------------------
 

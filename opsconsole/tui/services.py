@@ -14,6 +14,7 @@ from typing import Callable, List, Optional
 from opsconsole.alerts.engine import EVENT_FIRING, AlertEngine, AlertEvent
 from opsconsole.alerts.hook import HookResult, deliver
 from opsconsole.alerts.rules import rules_from_config
+from opsconsole.checkpoints.filesystems import FileSystems
 from opsconsole.config import Config
 from opsconsole.history import History
 from opsconsole.model import NodeState
@@ -36,6 +37,8 @@ class ConsoleServices:
         self.alerts = AlertEngine(rules_from_config(config))
         self.alerts.clock = now  # silences run out on the console's clock
         self.recorder = None  # opsconsole.recording.recorder.Recorder while recording
+        # One file system per node for the Checkpoints pane and the cleanup action.
+        self.filesystems = FileSystems(timeout=config.ssh.connect_timeout + 30.0)
         self.recording_path: Optional[str] = None
         self.hook_results: List[HookResult] = []  # newest last, bounded
         self.announce: Callable[[AlertEvent], None] = lambda event: None
