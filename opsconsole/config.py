@@ -1284,7 +1284,7 @@ def _show(value: Any) -> str:
     if isinstance(value, list):
         return "an empty array" if not value else "an array"
     if hasattr(value, "isoformat"):
-        return value.isoformat()
+        return str(value.isoformat())
     return type(value).__name__
 
 

@@ -29,17 +29,13 @@ def _frame_rules() -> Optional[Callable[[Any, Any, float], List[Any]]]:
         from opsconsole.health.rules import evaluate_frame
     except ImportError:
         return None
-    try:
-        from opsconsole.health.telemetry import evaluate_telemetry
-    except ImportError:
-        evaluate_telemetry = None
+    from opsconsole.health.telemetry import evaluate_telemetry
 
     def rules(state: Any, config: Any, now: float) -> List[Any]:
         if state is None or state.frame is None:
             return []
         out = list(evaluate_frame(state.frame, config.health, now=now, node=state.name))
-        if evaluate_telemetry is not None:
-            out += evaluate_telemetry(state.frame, config.health, now=now, node=state.name)
+        out += evaluate_telemetry(state.frame, config.health, now=now, node=state.name)
         return out
 
     return rules

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Awaitable, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from opsconsole.actions import drain as drain_mod
 from opsconsole.actions import gpu_reset, signals
@@ -128,6 +128,7 @@ async def _send_one(plan: Plan, ctx: ActionContext, signal_name: str, action_id:
 
 async def run_signal(plan: Plan, ctx: ActionContext) -> ActionReport:
     signal_name = SIGNAL_OF[plan.action.id]
+    assert plan.target.pid is not None  # planning refuses a process target without one
     outcome, sent_at = await _send_one(plan, ctx, signal_name, plan.action.id)
     lines = ["%s to PID %d %s: %s" % ("SIG" + signal_name, plan.target.pid, plan.where, _status_line(outcome))]
     ok = outcome.ok
@@ -337,13 +338,15 @@ async def run_drain(plan: Plan, ctx: ActionContext) -> ActionReport:
 async def plan_cleanup(action: Action, target: Target, ctx: ActionContext, params: Mapping[str, str]) -> Plan:
     from opsconsole.actions import cleanup
 
-    return await cleanup.plan_cleanup(action, target, ctx, params)
+    plan: Plan = await cleanup.plan_cleanup(action, target, ctx, params)
+    return plan
 
 
 async def run_cleanup(plan: Plan, ctx: ActionContext) -> ActionReport:
     from opsconsole.actions import cleanup
 
-    return await cleanup.run_cleanup(plan, ctx)
+    report: ActionReport = await cleanup.run_cleanup(plan, ctx)
+    return report
 
 
 def _cleanup_available(config: Config) -> Optional[str]:
@@ -392,7 +395,7 @@ def actions_for(target_kind: str) -> Tuple[Action, ...]:
     return tuple(a for a in ACTIONS if a.target_kind == target_kind)
 
 
-def hidden_binding_ids(config: Config) -> frozenset:
+def hidden_binding_ids(config: Config) -> FrozenSet[str]:
     """Binding ids of the actions this console does not offer (read-only mode)."""
     return frozenset(a.binding_id for a in ACTIONS if not allowed(a, config))
 
