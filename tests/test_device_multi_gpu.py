@@ -113,3 +113,15 @@ def test_the_script_without_a_gpu_skips_each_step_and_goes_on(tmp_path):
     assert "NCCL hang: skipped: needs 2 GPUs (found 0)" in lines
     assert lines[-1].startswith("device-multi-gpu: every step that ran passed (0 GPU(s))")
     assert (tmp_path / "out" / "machine.txt").exists()
+
+
+def test_the_kept_gloo_hang_dumps_name_rank_1_and_collective_5():
+    from opsconsole.hang.flight_recorder import analyse_dir
+
+    kept = sorted(RUNS.glob("*/vm-gloo-hang"))
+    if not kept:
+        pytest.skip("no gloo hang kept under tests/data/device_runs")
+    found = analyse_dir(str(kept[-1] / "own")).mismatch
+    assert (found.culprit_ranks, found.seq, found.op) == ((1,), 5, "all_reduce")
+    stacks = json.loads((kept[-1] / "stacks.json").read_text())
+    assert stacks["odd"] == [1]
