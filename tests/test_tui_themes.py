@@ -94,6 +94,10 @@ def test_theme_flag_naming_no_theme_is_one_line_and_exit_2(homes, capsys):
     # The replay's console too (a recording is opened only after the theme is known).
     code = main(["--theme", "bogus", "replay", "/nonexistent.opsrec"])
     assert_one_line_exit_2(code, capsys.readouterr().err, "--theme bogus: no such theme")
+    # The demo checks it before it starts training.
+    code = main(["--theme", "bogus", "demo", "--no-replay", "--dir", str(homes.parent / "demo")])
+    assert_one_line_exit_2(code, capsys.readouterr().err, "--theme bogus: no such theme")
+    assert not (homes.parent / "demo" / "train.out").exists()  # no training was started
     code = main(["--theme", "[red]x\x1b[2J", "replay", "/nonexistent.opsrec"])
     err = capsys.readouterr().err
     assert_one_line_exit_2(code, err, "no such theme")

@@ -91,7 +91,7 @@ def demo_links(config, recording: Optional[Path]) -> List:
 
 
 def command_demo(args: argparse.Namespace) -> int:
-    from opsconsole.commands._arguments import UsageError
+    from opsconsole.commands._arguments import UsageError, console_theme
     from opsconsole.config import load_config
 
     if args.ranks < 1:
@@ -109,6 +109,8 @@ def command_demo(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError("%s: %s" % (directory, exc.strerror or exc)) from None
     config = load_config(str(config_path))
+    if not args.no_console:
+        config = console_theme(config, args)  # --theme checked (and the kept pick applied) before training starts
     proc = start_training(directory, args.ranks, args.fail_at_epoch)
     print("demo run in %s (config %s)" % (directory, config_path), file=sys.stderr)
     try:
