@@ -142,7 +142,7 @@ class GpuReader(object):
         reason: Optional[str] = None
         if nvml is None:
             try:
-                import pynvml as nvml  # type: ignore[import-not-found,no-redef]
+                import pynvml as nvml  # type: ignore[no-redef]
             except Exception as exc:  # ImportError, or a broken install
                 reason = "pynvml not installed (%s)" % _describe(exc)
                 nvml = None
@@ -249,7 +249,7 @@ class GpuReader(object):
         elif self.source == "nvidia-smi":
             gpus, procs, more = self._read_smi()
         else:
-            gpus, procs, more = (), (), []
+            gpus, procs, more = [], [], []
         errors.extend(more)
         note = self._note
         if self.source == "nvml" and gpus:
@@ -430,9 +430,9 @@ class GpuReader(object):
             previous, dev.pcie_counters = dev.pcie_counters, (now, counters[0], counters[1])
             if previous is not None and now > previous[0]:
                 elapsed = now - previous[0]
-                tx = max(0, counters[0] - previous[1]) / 1024.0 / elapsed
-                rx = max(0, counters[1] - previous[2]) / 1024.0 / elapsed
-                return int(round(tx)), int(round(rx))
+                tx_rate = max(0, counters[0] - previous[1]) / 1024.0 / elapsed
+                rx_rate = max(0, counters[1] - previous[2]) / 1024.0 / elapsed
+                return int(round(tx_rate)), int(round(rx_rate))
         tx = _int(self._call(dev, "pcie_tx", errors, "nvmlDeviceGetPcieThroughput", nv.NVML_PCIE_UTIL_TX_BYTES))
         rx = _int(self._call(dev, "pcie_rx", errors, "nvmlDeviceGetPcieThroughput", nv.NVML_PCIE_UTIL_RX_BYTES))
         return tx, rx
@@ -676,6 +676,7 @@ class GpuReader(object):
     # -- nvidia-smi ---------------------------------------------------------------------
 
     def _read_smi(self) -> Tuple[List[GpuSample], List[ProcessSample], List[str]]:
+        assert self._smi_run is not None  # set when the source was chosen
         errors: List[str] = []
         try:
             text = self._smi_run(query_gpu_argv(",".join(self._smi_fields)))

@@ -132,7 +132,7 @@ def nvml_inventory() -> Tuple[Optional[List[Dict[str, Any]]], str]:
 
         pynvml.nvmlInit()
         try:
-            out = []
+            out: List[Dict[str, Any]] = []
             for index in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 uuid = pynvml.nvmlDeviceGetUUID(handle)

@@ -18,7 +18,7 @@ import heapq
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from opsconsole.model import ProcessSample
 from opsconsole.probe.jobs import JobInfo, read_job
@@ -134,7 +134,7 @@ def _read_bytes(path: str) -> bytes:
     # os.read on a raw fd: no buffered-file object per process, which shows at 1000 processes.
     fd = os.open(path, os.O_RDONLY)
     try:
-        chunks = []
+        chunks: List[bytes] = []
         while True:
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -278,8 +278,8 @@ class ProcessTable:
         for proc in gpu_procs:
             try:
                 raw = rows.get(proc.pid)
-                fresh = raw is not None and raw[3]  # a held idle row is up to idle_every ticks old
-                row = self._build(proc.pid, raw, elapsed=True) if fresh else self._read_one(proc.pid)
+                # A held idle row is up to idle_every ticks old: read that process again.
+                row = self._build(proc.pid, raw, elapsed=True) if raw is not None and raw[3] else self._read_one(proc.pid)
                 if row is None:
                     joined.append(dataclasses.replace(proc, state=None))
                     continue
@@ -383,7 +383,7 @@ class ProcessTable:
         prev_counters = self._counters
         prev_rows = self._rows
         counters: _Counters = {}
-        rows = {}
+        rows: Dict[int, Tuple[Optional[float], int, Any, bool]] = {}
         hz = float(_CLOCK_TICKS)
         page = _PAGE_SIZE
         scale = 100.0 / hz
@@ -417,6 +417,7 @@ class ProcessTable:
                 continue  # gone since listdir, or not ours to read
             pid = int(entry)
             prev = prev_counters.get(pid)
+            cpu: Optional[float]
             if prev is not None and prev[0] == starttime and now > prev[2]:
                 cpu = (ticks - prev[1]) * scale / (now - prev[2])  # the common case, inlined
             else:

@@ -202,7 +202,7 @@ _GPU_FIELDS: Dict[str, Tuple[str, Callable[[str], Any]]] = {
     "compute_mode": ("compute_mode", _text),
     "mig.mode.current": ("mig_mode", _bool),
 }
-_SAMPLE_FIELDS = frozenset(GpuSample.__dataclass_fields__)  # type: ignore[attr-defined]
+_SAMPLE_FIELDS = frozenset(GpuSample.__dataclass_fields__)
 
 
 def _split_row(line: str) -> List[str]:

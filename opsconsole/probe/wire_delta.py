@@ -181,7 +181,7 @@ def _process_key(item: Dict[str, Any]) -> Any:
 _LIST_KEYS = {"gpus": _gpu_key, "processes": _gpu_process_key, "top_processes": _process_key}
 
 
-def _diff_list(old: List[Any], new: List[Any], key: Callable[[Dict[str, Any]], Any]) -> Optional[List[Any]]:
+def _diff_list(old: Any, new: Any, key: Callable[[Dict[str, Any]], Any]) -> Optional[List[Any]]:
     """The delta items of list `new` against `old`; None when nothing changed (order included)."""
     if type(old) is not list or type(new) is not list:
         raise _EncodeProblem("not a list")
@@ -195,18 +195,18 @@ def _diff_list(old: List[Any], new: List[Any], key: Callable[[Dict[str, Any]], A
     for j, item in enumerate(new):
         if type(item) is not dict:
             raise _EncodeProblem("list item is not an object")
-        i = position.get(key(item))
-        diff = None if i is None else _diff_item(old[i], item)
+        at = position.get(key(item))
+        diff = None if at is None else _diff_item(old[at], item)
         if diff is None:  # new, or not comparable: sent whole
             out.append(item)
             changed = True
         elif diff:
-            diff[CHANGED] = i
+            diff[CHANGED] = at
             out.append(diff)
             changed = True
         else:
-            out.append(i)
-            changed = changed or i != j
+            out.append(at)
+            changed = changed or at != j
     return _runs(out) if changed else None
 
 
@@ -685,7 +685,7 @@ def parse_json(text: str) -> Any:
 
 # json.loads without its Python wrapper (two regex matches and a few calls per line): the
 # main part starts with "{" (checked) and json.loads allows only this whitespace after it.
-_scan_once = _STRICT_JSON.scan_once
+_scan_once = _STRICT_JSON.scan_once  # type: ignore[attr-defined]
 _JSON_WHITESPACE = " \t\n\r"
 
 
