@@ -26,6 +26,7 @@ from opsconsole.tui.help import HelpScreen  # noqa: E402
 from opsconsole.tui.host import HostPane  # noqa: E402
 from opsconsole.tui.keys import APP_KEYS, display_key, keymap_from_config  # noqa: E402
 from opsconsole.tui.themes import THEMES_DIR, choose_theme, load_theme_file, load_themes  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (140, 40)
 OKABE_ITO = {"#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7"}
@@ -258,15 +259,13 @@ async def test_command_palette_runs_a_binding_and_lists_themes():
         await pilot.press(*"Show Host")
         await pilot.pause(0.5)
         await pilot.press("enter")
-        await pilot.pause(0.3)
-        assert app.visible_pane_id == "host"
+        await wait_for(lambda: app.visible_pane_id == "host", "the palette to show the Host pane", pilot=pilot)
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*"Theme: opsconsole-high")
         await pilot.pause(0.5)
         await pilot.press("enter")
-        await pilot.pause(0.3)
-        assert app.theme == "opsconsole-high-contrast"
+        await wait_for(lambda: app.theme == "opsconsole-high-contrast", "the palette to switch the theme", pilot=pilot)
 
 
 # --- themes ------------------------------------------------------------------------------
@@ -304,9 +303,8 @@ async def test_theme_switch_recolours_cells_in_place():
         table = gpu_table(app)
         before = str(table.get_cell("local/0", "status").style)
         app.theme = "opsconsole-light"
-        await pilot.pause(0.2)
+        await wait_for(lambda: str(table.get_cell("local/0", "status").style) != before, "restyled cells", pilot=pilot)
         after = str(table.get_cell("local/0", "status").style)
-        assert before != after
         assert after.upper() == app.theme_variables["success"].upper()
 
 
@@ -347,8 +345,7 @@ async def test_too_small_terminal_gets_a_message_then_the_layout_comes_back():
         assert str(message.render()) == "terminal too small: need 80x20, have 70x15"
         assert app.query_one("#main").region.height == 0
         await pilot.resize_terminal(120, 30)
-        await pilot.pause(0.2)
-        assert app.query_one(TooSmall).region.height == 0
+        await wait_for(lambda: app.query_one(TooSmall).region.height == 0, "the layout back", pilot=pilot)
         assert app.panes["overview"].region.height > 0
 
 
@@ -366,10 +363,11 @@ async def test_update_changes_cells_in_place():
         updated_before = pane.cells_updated
         # GPU 0 goes from the idle capture to the under-load capture.
         fleet.publish(up_state("local", [loaded_gpu(0), loaded_gpu(1)], hostname="h200-box"))
-        await pilot.pause(0.3)
+        loaded = loaded_gpu(0)
+        await wait_for(lambda: table.get_cell("local/0", "temp").plain.startswith("%d/" % loaded.temperature),
+                       "the loaded GPU's cells", pilot=pilot)
         assert [key.value for key in table.rows] == keys_before
         assert cleared == []
-        loaded = loaded_gpu(0)
         assert table.get_cell("local/0", "temp").plain.startswith("%d/" % loaded.temperature)
         assert "%d%%" % loaded.utilization_gpu in table.get_cell("local/0", "util").plain
         # Only the cells that differ were sent: the node/index/name cells stayed.
@@ -388,7 +386,8 @@ async def test_fleet_changes_are_coalesced_into_one_redraw(monkeypatch):
         for _ in range(20):
             app.on_fleet_change(fleet.states()["local"])
         assert redraws == []  # on_change only schedules
-        await pilot.pause(0.3)
+        await wait_for(lambda: redraws, "the redraw", pilot=pilot)
+        await pilot.pause()
         assert len(redraws) == 1
 
 
