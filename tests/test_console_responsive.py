@@ -20,6 +20,7 @@ from opsconsole.tui.app import OpsConsole
 from opsconsole.tui.formatting import NA, STALE_ROW_STYLE
 from opsconsole.tui.help import HelpScreen
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sshd
 
@@ -43,14 +44,6 @@ class RecordingFleet(Fleet):
         await super().start(record)
 
 
-async def wait_until(pilot, predicate, what: str) -> None:
-    for _ in range(int(WAIT_LIMIT_S / 0.1)):
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError("not reached within %g s: %s" % (WAIT_LIMIT_S, what))
-
-
 def seq_of(app: OpsConsole, name: str) -> int:
     frame = app.fleet.states()[name].frame
     return frame.seq if frame is not None else -1
@@ -70,8 +63,7 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
     app = OpsConsole(config, fleet)
     async with app.run_test(size=SIZE) as pilot:
         states = app.fleet.states
-        await wait_until(pilot, lambda: all(s.state == STATE_UP and s.frame.seq >= 2 for s in states().values()),
-                         "both nodes up")
+        await wait_for(lambda: all(s.state == STATE_UP and s.frame.seq >= 2 for s in states().values()), "both nodes up", timeout=WAIT_LIMIT_S, pilot=pilot)
         last_frame = states()["hung-node"].frame
         frozen.freeze()
         try:
@@ -104,7 +96,7 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
             def hung_states():
                 return [s for s in fleet.published[mark:] if s.name == "hung-node"]
 
-            await wait_until(pilot, lambda: any(s.state == STATE_DOWN for s in hung_states()), "hung-node down")
+            await wait_for(lambda: any(s.state == STATE_DOWN for s in hung_states()), "hung-node down", timeout=WAIT_LIMIT_S, pilot=pilot)
             names = [s.state for s in hung_states()]
             assert STATE_STALE in names and names.index(STATE_STALE) < names.index(STATE_DOWN)
             hung = states()["hung-node"]
@@ -126,8 +118,7 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
             assert states()["ok-node"].state == STATE_UP and seq_after > seq_before + 3
             ok_published = [s.frame.seq for s in fleet.published[mark:] if s.name == "ok-node" and s.frame]
             assert ok_published == sorted(ok_published) and len(ok_published) >= 3
-            await wait_until(pilot, lambda: app.panes["nodes"].states["ok-node"].frame.seq >= seq_after,
-                             "the Nodes pane drew ok-node's newest frame")
+            await wait_for(lambda: app.panes["nodes"].states["ok-node"].frame.seq >= seq_after, "the Nodes pane drew ok-node's newest frame", timeout=WAIT_LIMIT_S, pilot=pilot)
             assert nodes_table.get_cell("ok-node", "state").plain == "up"
         finally:
             frozen.thaw()

@@ -22,6 +22,7 @@ from opsconsole.model import (
 from opsconsole.nodes.base import NodeLink
 from opsconsole.nodes.fleet import Fleet
 from opsconsole.nodes.local import LocalLink
+from tests.waiting import wait_for
 
 GUARD_S = 20.0  # only so a broken fleet fails the test instead of hanging it
 
@@ -92,14 +93,6 @@ def fast_config(names, interval=0.05) -> Config:
     )
 
 
-async def wait_until(predicate, what):
-    deadline = time.monotonic() + GUARD_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("never happened: " + what)
-        await asyncio.sleep(0.01)
-
-
 SNAPSHOT_CASES = [
     # (behaviours, expected state per node, reason fragment per node)
     (["answer", "answer"], [STATE_UP, STATE_UP], [None, None]),
@@ -152,12 +145,12 @@ async def test_a_crashing_link_is_reported_down_and_restarted_while_others_keep_
     fleet = Fleet(fast_config(names), links=[good, bad])
     seen: List[NodeState] = []
     await fleet.start(seen.append)
-    await wait_until(lambda: bad.runs >= 3, "the crashed link restarted twice")
+    await wait_for(lambda: bad.runs >= 3, "the crashed link restarted twice")
     downs = [s for s in seen if s.name == "bad" and s.state == STATE_DOWN]
     assert downs and "link crashed: RuntimeError: boom on run" in downs[0].reason
     assert downs[0].frame is not None  # the last good frame survives the crash
     assert bad.closed >= 2
-    await wait_until(lambda: good.seq > 5, "the good link kept publishing")
+    await wait_for(lambda: good.seq > 5, "the good link kept publishing")
     assert fleet.states()["good"].state == STATE_UP
     await fleet.stop()
     runs = bad.runs
@@ -175,7 +168,7 @@ async def test_a_listener_that_raises_does_not_stop_the_link():
         raise ValueError("listener bug")
 
     await fleet.start(broken_listener)
-    await wait_until(lambda: len(calls) > 3, "the link kept publishing")
+    await wait_for(lambda: len(calls) > 3, "the link kept publishing")
     assert link.runs == 1
     await fleet.stop()
 
@@ -184,7 +177,7 @@ async def test_a_node_that_goes_quiet_turns_stale_keeping_its_frame():
     link = FakeLink("quiet", "once")
     fleet = Fleet(fast_config(["quiet"]), links=[link], stale_after=0.2)
     await fleet.start(lambda s: None)
-    await wait_until(lambda: fleet.states()["quiet"].state == STATE_STALE, "the node turned stale")
+    await wait_for(lambda: fleet.states()["quiet"].state == STATE_STALE, "the node turned stale")
     state = fleet.states()["quiet"]
     assert state.frame is not None and "no frame for" in state.reason
     link.release.set()
@@ -258,7 +251,7 @@ async def test_a_started_fleet_of_the_default_config_streams_the_local_node():
     fleet = Fleet(config)
     seen: List[NodeState] = []
     await fleet.start(seen.append)
-    await wait_until(lambda: len([s for s in seen if s.state == STATE_UP]) >= 3, "three local frames")
+    await wait_for(lambda: len([s for s in seen if s.state == STATE_UP]) >= 3, "three local frames")
     await fleet.stop()
     assert fleet.states()["local"].frame.host.cpu_count > 0
     totals = fleet.totals(fleet.states()["local"].received_at)

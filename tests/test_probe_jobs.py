@@ -20,6 +20,7 @@ import pytest
 from opsconsole.model import NodeFrame, ProcessSample, checked
 from opsconsole.probe.jobs import JobInfo, parse_cgroup, parse_slurm_environ, read_job
 from opsconsole.probe.procs import ProcessTable
+from tests.waiting import wait_for_sync
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "cgroup"
 
@@ -118,17 +119,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_for(predicate, timeout=40.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("gave up waiting for " + what)
-        time.sleep(0.1)
-
-
 def _cgroup_v1_writable() -> bool:
     probe = FREEZER / ("opsconsole-test-%d" % os.getpid())
     try:
@@ -183,7 +173,7 @@ def test_a_job_of_a_real_slurmd_under_proctrack_cgroup_is_attributed(tmp_path):
         start("munged", "-F", "--force", "-S", str(tmp_path / "munge.sock"), "--key-file", str(key),
               "--pid-file", str(tmp_path / "munged.pid"), "--log-file", str(tmp_path / "munged.log"),
               "--seed-file", str(tmp_path / "munge.seed"))
-        _wait_for(lambda: (tmp_path / "munge.sock").exists(), what="munged")
+        wait_for_sync(lambda: (tmp_path / "munge.sock").exists(), "munged")
         start("slurmctld", "-D", "-c", "-f", str(conf))
         start("slurmd", "-D", "-N", node, "-f", str(conf))
 
@@ -191,17 +181,17 @@ def test_a_job_of_a_real_slurmd_under_proctrack_cgroup_is_attributed(tmp_path):
             out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, env=env, timeout=10)
             return out.returncode == 0 and out.stdout.split() == ["idle"]
 
-        _wait_for(idle, what="slurmd idle")
+        wait_for_sync(idle, "slurmd idle")
         job = subprocess.run(
             ["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "echo $$ > %s.tmp; mv %s.tmp %s; exec sleep 120" % ((pid_file,) * 3)],
             capture_output=True, text=True, env=env, timeout=30, check=True,
         ).stdout.strip().split(";")[0]
-        pid = int(_wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the job's task to start"))
+        pid = int(wait_for_sync(lambda: pid_file.exists() and pid_file.read_text().strip(), "the job's task to start"))
         (joined,) = ProcessTable(use_psutil=False).join([ProcessSample(pid=pid, gpu_index=0)])
         assert (joined.job_id, joined.job_step, joined.job_user) == (job, "batch", "root")
         assert "/slurm_%s/uid_0/job_%s/step_batch" % (node, job) in Path("/proc/%d/cgroup" % pid).read_text()
         subprocess.run(["scancel", job], env=env, timeout=30)
-        _wait_for(lambda: not Path("/proc/%d" % pid).exists(), what="the job to end")
+        wait_for_sync(lambda: not Path("/proc/%d" % pid).exists(), "the job to end")
     finally:
         for proc in reversed(procs):
             proc.terminate()

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401
+from tests.waiting import wait_for
 
 pytest.importorskip("torch")
 
@@ -221,8 +222,8 @@ async def test_the_console_shows_rank_1_and_its_stack_on_S_read_only_and_audited
         app.action_show_pane("logs")
         await pilot.pause()
         await pilot.press("S")
-        screen = await _wait(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None
-                             and app.screen)
+        screen = await wait_for(lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None
+                             and app.screen, "the condition", pilot=pilot)
         report = screen.report
         # Every rank of this machine is there (another job's too, if one runs): ours by its pid.
         rank1 = next(r for r in report.ranks if r.pid == ranks[1])
@@ -234,27 +235,17 @@ async def test_the_console_shows_rank_1_and_its_stack_on_S_read_only_and_audited
         assert str(row[0]) == "ODD" and "`stuck_before_all_reduce` (job.py:12)" in str(row[5])
         table.move_cursor(row=table.get_row_index(key))
         await pilot.press("enter")
-        stack_screen = await _wait(pilot, lambda: isinstance(app.screen, RankStackScreen) and app.screen)
+        stack_screen = await wait_for(lambda: isinstance(app.screen, RankStackScreen) and app.screen, "the condition", pilot=pilot)
         body = str(stack_screen.query_one("#rank-stack-body").content)
         assert "stuck_before_all_reduce (%s:12)" % (hung_job["dir"] / "job.py") in body
         assert "train_step (%s:18)" % (hung_job["dir"] / "job.py") in body
         await pilot.press("escape")
         await pilot.press("escape")
-        await _wait(pilot, lambda: not isinstance(app.screen, (StacksScreen, RankStackScreen)))
+        await wait_for(lambda: not isinstance(app.screen, (StacksScreen, RankStackScreen)), "the condition", pilot=pilot)
     records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
     stacks = [r for r in records if r["action"] == "stacks"]
     assert [r["outcome"] for r in stacks] == ["attempt", "ok"]
     assert stacks[0]["command"] == ["opsconsole", "stacks"] and stacks[0]["id"] == stacks[1]["id"]
-
-
-async def _wait(pilot, predicate, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met within %g s" % timeout)
 
 
 def test_native_frames_on_request_keep_rank_1_odd(hung_job, tmp_path):
@@ -278,16 +269,16 @@ async def test_S_on_the_nodes_pane_then_every_node_and_again_each_audited(hung_j
     ranks = hung_job["ranks"]
     async with app.run_test(size=(160, 48)) as pilot:
         app.action_show_pane("nodes")
-        await _wait(pilot, lambda: app.panes["nodes"].highlighted_node() == "local")
+        await wait_for(lambda: app.panes["nodes"].highlighted_node() == "local", "the condition", pilot=pilot)
         await pilot.press("S")
-        screen = await _wait(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None
-                             and app.screen)
+        screen = await wait_for(lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None
+                             and app.screen, "the condition", pilot=pilot)
         assert screen.scope.nodes == ("local",) and "node local" in str(screen.query_one("#stacks-title").content)
         assert ranks[1] in {r.pid for r in screen.report.ranks}
         for key, title in (("a", "every node"), ("g", "every node")):
             before = screen.report
             await pilot.press(key)
-            await _wait(pilot, lambda: screen.report is not None and screen.report is not before)  # a new one
+            await wait_for(lambda: screen.report is not None and screen.report is not before, "the condition", pilot=pilot)  # a new one
             assert title in str(screen.query_one("#stacks-title").content)
             assert 1 in screen.report.odd
             assert str(screen.query_one("#stacks-table").get_row("local/%d" % ranks[1])[0]) == "ODD"

@@ -22,6 +22,7 @@ from opsconsole.nodes.trust import TrustPlan, _known_key_lines, plan_trust
 from opsconsole.tui.app import OpsConsole
 from opsconsole.tui.confirm import ConfirmScreen
 from tests.sshd import SSH_KEYGEN, keygen, ssh_client, sshd_factory  # noqa: F401
+from tests.waiting import wait_for
 
 SIZE = (140, 40)
 WAIT_LIMIT_S = 40.0  # generous: a loaded 2-core machine; the tests poll, they don't time anything
@@ -43,22 +44,13 @@ def console_for(server, audit: Path, read_only: bool = False) -> OpsConsole:
     return OpsConsole(config, Fleet(config))
 
 
-async def wait_until(pilot, predicate, what: str):
-    loop_limit = int(WAIT_LIMIT_S / 0.1)
-    for _ in range(loop_limit):
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError("not reached within %g s: %s" % (WAIT_LIMIT_S, what))
-
-
 def state_of(app: OpsConsole, name: str = "n1") -> NodeState:
     return app.fleet.states()[name]
 
 
 async def open_trust(pilot, app: OpsConsole):
     """Wait for `hostkey`, go to the Nodes pane, select n1, press T."""
-    await wait_until(pilot, lambda: state_of(app).state == STATE_HOSTKEY, "n1 in state hostkey")
+    await wait_for(lambda: state_of(app).state == STATE_HOSTKEY, "n1 in state hostkey", timeout=WAIT_LIMIT_S, pilot=pilot)
     await pilot.press("4")
     await pilot.pause()
     table = app.panes["nodes"].query_one("#nodes-table", DataTable)
@@ -106,7 +98,7 @@ async def test_trust_an_unknown_key_and_the_node_comes_up(sshd_factory, ssh_clie
         assert str(ssh_client.known_hosts) in body  # ... and the file it goes to
         assert ssh_client.known_hosts.read_text() == ""  # nothing written before `y`
         await pilot.press("y")
-        await wait_until(pilot, lambda: state_of(app).state == STATE_UP, "n1 up after trusting")
+        await wait_for(lambda: state_of(app).state == STATE_UP, "n1 up after trusting", timeout=WAIT_LIMIT_S, pilot=pilot)
         assert not isinstance(app.screen, ConfirmScreen)
         assert state_of(app).fingerprint is None and state_of(app).frame is not None
     assert ssh_client.known_hosts.read_text() == server.known_hosts_line()
@@ -183,7 +175,7 @@ async def test_changed_key_is_refused_then_trusted_after_the_user_removes_the_ol
         assert isinstance(app.screen, ConfirmScreen) and app.screen.query("#confirm-yes")
         assert new_fingerprint in body_of(app.screen)
         await pilot.press("y")
-        await wait_until(pilot, lambda: state_of(app).state == STATE_UP, "n1 up after the old key went")
+        await wait_for(lambda: state_of(app).state == STATE_UP, "n1 up after the old key went", timeout=WAIT_LIMIT_S, pilot=pilot)
     assert ssh_client.known_hosts.read_text() == server.known_hosts_line()
     assert [r["outcome"] for r in audit_records(audit)] == ["refused", "confirmed"]
     assert old_fingerprint in audit_records(audit)[0]["detail"]

@@ -29,6 +29,7 @@ from opsconsole.tui.action_flow import ReasonScreen, ResultScreen  # noqa: E402
 from opsconsole.tui.app import ConsoleCommands, OpsConsole  # noqa: E402
 from opsconsole.tui.confirm import ConfirmScreen  # noqa: E402
 from opsconsole.tui.help import HelpScreen  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (150, 45)
 WAIT_LIMIT_S = 20.0
@@ -81,14 +82,6 @@ def audit_records(tmp_path: Path) -> List[dict]:
 
 def messages(app) -> str:
     return " | ".join(n.message for n in app._notifications)
-
-
-async def wait_until(pilot, predicate, what: str) -> None:
-    for _ in range(int(WAIT_LIMIT_S / 0.05)):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("not reached within %g s: %s" % (WAIT_LIMIT_S, what))
 
 
 async def open_pane(pilot, app, key: str, pane_id: str) -> None:
@@ -164,7 +157,7 @@ async def test_gpu_reset_typed_confirmation_then_the_stub_runs_and_the_result_sh
     async with app.run_test(size=SIZE) as pilot:
         await open_pane(pilot, app, "1", "gpus")
         await pilot.press("R")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the reset confirmation")
+        await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the reset confirmation", pilot=pilot)
         screen = app.screen
         body = str(screen.query_one("#confirm-body").render())
         assert "%s --gpu-reset -i 0" % stub in body and "local" in body and "privileges" in body
@@ -175,7 +168,7 @@ async def test_gpu_reset_typed_confirmation_then_the_stub_runs_and_the_result_sh
         await pilot.press("backspace")
         await pilot.press(*"local/0")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: isinstance(app.screen, ResultScreen) and app.screen.is_mounted, "the result screen")
+        await wait_for(lambda: isinstance(app.screen, ResultScreen) and app.screen.is_mounted, "the result screen", pilot=pilot)
         result = str(app.screen.query_one("#result-body").render())
         assert "exit status 0" in result and "GPU reset done" in result and "GPU 0 read again" in result
         assert json.loads((tmp_path / "argv.json").read_text()) == ["--gpu-reset", "-i", "0"]
@@ -183,7 +176,7 @@ async def test_gpu_reset_typed_confirmation_then_the_stub_runs_and_the_result_sh
         await pilot.pause()
         # Pre-check refusal: GPU 1 runs a compute process.
         await pilot.press("down", "R")
-        await wait_until(pilot, lambda: "stop them first" in messages(app), "the refusal")
+        await wait_for(lambda: "stop them first" in messages(app), "the refusal", pilot=pilot)
         assert not isinstance(app.screen, ConfirmScreen)
     outcomes = [(r["action"], r["target"], r["outcome"]) for r in audit_records(tmp_path)]
     assert outcomes == [("gpu_reset", "gpu 0", "attempt"), ("gpu_reset", "gpu 0", "ok"), ("gpu_reset", "gpu 1", "refused")]
@@ -203,17 +196,17 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
             await pilot.press("t", "t")  # host processes only
             await pilot.pause()
             await pilot.press("x")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the signal confirmation")
+            await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the signal confirmation", pilot=pilot)
             body = str(app.screen.query_one("#confirm-body").render())
             assert "kill -s TERM -- %d" % sleeper.pid in body and "local" in body and "sleep" in body
             assert app.screen.query_one("#confirm-no", Button).has_focus
             await pilot.press("enter")  # a stray enter presses Cancel
-            await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the cancel")
+            await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the cancel", pilot=pilot)
             assert sleeper.poll() is None
             await pilot.press("x")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the confirmation again")
+            await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the confirmation again", pilot=pilot)
             await pilot.press("y")
-            await wait_until(pilot, lambda: "gone" in messages(app) or "zombie" in messages(app), "the verdict")
+            await wait_for(lambda: "gone" in messages(app) or "zombie" in messages(app), "the verdict", pilot=pilot)
             assert sleeper.wait(10) == -15
     finally:
         if sleeper.poll() is None:
@@ -238,21 +231,21 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
             await pilot.press("t", "t")  # host processes only
             await pilot.pause()
             await pilot.press("e")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the escalation")
+            await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the escalation", pilot=pilot)
             await pilot.press("y")  # SIGINT, which the process ignores
-            await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the SIGINT")
+            await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the SIGINT", pilot=pilot)
             await pilot.press("slash")
-            await wait_until(pilot, lambda: isinstance(app.focused, Input), "the filter")
+            await wait_for(lambda: isinstance(app.focused, Input), "the filter", pilot=pilot)
             for _ in range(40):  # the escalation's wait passes while the user types
                 await pilot.press("y")
                 await pilot.pause(0.1)
                 assert not isinstance(app.screen, ConfirmScreen)
             assert app.filter_input.value == "y" * 40
             await pilot.press("escape")  # the input closes: now the question may open
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the SIGTERM question")
+            await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the SIGTERM question", pilot=pilot)
             assert "SIGTERM" in app.screen.title_text
             await pilot.press("escape")
-            await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the answer")
+            await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the answer", pilot=pilot)
             await pilot.pause(0.3)
         assert stubborn.poll() is None  # SIGTERM was never sent
         outcomes = [(r["command"], r["outcome"]) for r in audit_records(tmp_path)]
@@ -277,18 +270,18 @@ async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_new
         await pilot.pause()
         await open_pane(pilot, app, "4", "nodes")
         await pilot.press("D")
-        await wait_until(pilot, lambda: isinstance(app.screen, ReasonScreen) and app.screen.is_mounted, "the reason prompt")
+        await wait_for(lambda: isinstance(app.screen, ReasonScreen) and app.screen.is_mounted, "the reason prompt", pilot=pilot)
         await pilot.press("enter")  # empty: refused in place
         await pilot.pause()
         assert isinstance(app.screen, ReasonScreen)
         assert "needs a reason" in str(app.screen.query_one("#reason-error").render())
         app.screen.query_one("#reason-input", Input).value = "XID 79 on GPU 3"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the drain confirmation")
+        await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the drain confirmation", pilot=pilot)
         body = str(app.screen.query_one("#confirm-body").render())
         assert "scontrol update NodeName=local State=DRAIN 'Reason=XID 79 on GPU 3'" in body
         await pilot.press("y")
-        await wait_until(pilot, lambda: (tmp_path / "calls.jsonl").exists() and "exit status 0" in messages(app), "drain")
+        await wait_for(lambda: (tmp_path / "calls.jsonl").exists() and "exit status 0" in messages(app), "drain", pilot=pilot)
         await open_pane(pilot, app, "0", "audit")
         table = app.panes["audit"].query_one("#audit-table", DataTable)
         first = [str(cell) for cell in table.get_row_at(0)]
@@ -320,7 +313,7 @@ async def test_action_keys_can_be_remapped_and_yes_no_can_be_switched_off(tmp_pa
             await open_pane(pilot, app, "1", "gpus")
             assert "G" in footer_keys(app) and "R" not in footer_keys(app)
             await pilot.press("G")  # the typed word is still asked
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the reset confirmation")
+            await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the reset confirmation", pilot=pilot)
             assert app.screen.word == "local/0"
             await pilot.press("escape")
             await pilot.pause()
@@ -330,7 +323,7 @@ async def test_action_keys_can_be_remapped_and_yes_no_can_be_switched_off(tmp_pa
             await pilot.pause(0.3)
             assert sleeper.poll() is None and not isinstance(app.screen, ConfirmScreen)
             await pilot.press("I")  # no yes/no: sent at once
-            await wait_until(pilot, lambda: sleeper.poll() is not None, "SIGINT delivered")
+            await wait_for(lambda: sleeper.poll() is not None, "SIGINT delivered", pilot=pilot)
             assert sleeper.returncode == -2
     finally:
         if sleeper.poll() is None:

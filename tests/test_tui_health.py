@@ -10,6 +10,7 @@ from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states 
 
 from opsconsole.config import parse_config  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (150, 40)
 # Nodes run the health bundle with this interpreter (torch CPU here: the suite answers `error` at once).
@@ -33,14 +34,6 @@ def console(states, config_text="", clock=None):
 def rows_of(pane):
     table = pane.table
     return [" ".join(str(cell) for cell in table.get_row_at(i)) for i in range(table.row_count)]
-
-
-async def wait_until(pilot, predicate, tries=100):
-    for _ in range(tries):
-        if predicate():
-            return True
-        await pilot.pause(0.1)
-    return predicate()
 
 
 async def test_failures_show_per_gpu_and_raise_the_header_badge():
@@ -92,8 +85,8 @@ async def test_r_reruns_the_selected_node_with_the_gpu_suite():
         assert before and not any("gpu_sanity" in r for r in rows_of(app.panes["health"]))
         await pilot.press("r")
         await pilot.pause()
-        assert await wait_until(pilot, lambda: not app.health.running and any(
-            e.result.check.startswith("gpu_sanity") for e in app.health.entries()))
+        assert await wait_for(lambda: not app.health.running and any(
+            e.result.check.startswith("gpu_sanity") for e in app.health.entries()), "the condition", pilot=pilot)
         await pilot.pause(0.2)
         rows = rows_of(app.panes["health"])
         assert any("gpu_sanity" in r and "skip" in r for r in rows), rows  # no GPU here: skipped, with the reason
@@ -108,7 +101,7 @@ async def test_R_reruns_every_node_and_a_node_that_is_away_only_gets_its_rules()
         await pilot.pause()
         await pilot.press("R")
         await pilot.pause()
-        assert await wait_until(pilot, lambda: not app.health.running)
+        assert await wait_for(lambda: not app.health.running, "the condition", pilot=pilot)
         suite_nodes = {e.result.node for e in app.health.entries() if e.result.check.startswith("gpu_sanity")}
         assert suite_nodes == {"gpu-a01", "gpu-a02"}  # gpu-a03 is down
         down = [e.result for e in app.health.entries("gpu-a03") if e.result.check == "node_reachable"]
