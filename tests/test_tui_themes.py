@@ -16,6 +16,7 @@ from opsconsole.cli import console_theme, main
 from opsconsole.config import Config, ConsoleConfig
 from opsconsole.tui.app import OpsConsole
 from opsconsole.tui.themes import saved_theme, saved_theme_path, theme_names
+from tests.waiting import wait_for
 
 SHIPPED = ["opsconsole-dark", "opsconsole-high-contrast", "opsconsole-light"]
 MINE = 'name = "midnight-mine"\ndark = true\nprimary = "#56B4E9"\nbackground = "#101018"\n'
@@ -54,8 +55,7 @@ async def test_ctrl_t_lists_our_themes_only_and_the_pick_is_kept_for_the_next_st
         await pilot.press(*"light")
         await pilot.pause(0.5)
         await pilot.press("enter")
-        await pilot.pause(0.3)
-        assert app.theme == "opsconsole-light"
+        await wait_for(lambda: app.theme == "opsconsole-light", "the picked theme", pilot=pilot)
     assert saved_theme_path().read_text() == "opsconsole-light\n"
     # The next start: no --theme, so the kept pick beats the config's theme.
     config = console_theme(Config(), SimpleNamespace(theme=None))

@@ -10,6 +10,7 @@ from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states 
 from opsconsole.config import parse_config  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
 from opsconsole.tui.history_view import HistoryScreen  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (140, 40)
 
@@ -37,10 +38,9 @@ async def test_gpu_rows_draw_the_recent_utilisation_and_t_plots_it():
         assert "█" in util_text(app, "local/1") and "100%" in util_text(app, "local/1")  # no past yet: a bar
         for seq, percent in enumerate((0, 25, 50, 75, 100, 12), start=2):
             fleet.publish(with_utilisation(state, seq, percent))
-        await pilot.pause(0.3)
         ring = app.services.history.gpu("local", 1, "utilization")
-        assert ring.values()[-6:] == [0, 25, 50, 75, 100, 12]
-        assert util_text(app, "local/1") == "▁▃▅▆█▂  12%"  # six samples (eight block heights), then the value now
+        await wait_for(lambda: util_text(app, "local/1") == "▁▃▅▆█▂  12%", "the trend of six samples", pilot=pilot)
+        assert ring.values()[-6:] == [0, 25, 50, 75, 100, 12]  # six samples (eight block heights), then the value now
         await pilot.press("down", "t")  # the cursor on GPU 1
         await pilot.pause()
         screen = app.screen
