@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from opsconsole.probe.filetail import COUNT_LINES_LIMIT, FileTail, count_lines_before, last_page_start
+from opsconsole.probe.filetail import COUNT_LINES_LIMIT, FileTail, start_tail
 
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
@@ -83,29 +83,6 @@ def load_libc() -> ctypes.CDLL:
     return _libc
 
 
-def open_tail(path: str, initial: bool) -> FileTail:
-    """A FileTail for a file first seen: at its last page on start-up, from 0 when it appeared later."""
-    if not initial:
-        return FileTail(path)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return FileTail(path)
-    try:
-        size = os.fstat(fd).st_size
-        start = last_page_start(fd, size)
-        if start == 0:
-            return FileTail(path)
-        # Small files are counted now; big ones get their line numbers from the index later.
-        if size <= COUNT_LINES_LIMIT // 8:
-            tail = FileTail(path, offset=start)
-            tail.base = count_lines_before(fd, start)
-            return tail
-        return FileTail(path, offset=start, base_known=False)
-    finally:
-        os.close(fd)
-
-
 class LocalFollower:
     """Follows the local files matching `globs` in a thread; batches go to `deliver` (from that thread)."""
 
@@ -169,7 +146,7 @@ class LocalFollower:
                 path = os.path.abspath(path)
                 if path in self.tails:
                     continue
-                tail = open_tail(path, initial)
+                tail = start_tail(path, initial, COUNT_LINES_LIMIT // 8)  # big files: numbered by the index later
                 with self.lock:
                     self.tails[path] = tail
                 if self.inotify is not None:

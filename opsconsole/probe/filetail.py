@@ -338,8 +338,13 @@ def _lines_record(path, tail, lines):
     }
 
 
-def _start_tail(path, initial):
-    """A FileTail for a file first seen: at its last page on start-up, from 0 when it is new."""
+def start_tail(path, initial, count_limit=COUNT_LINES_LIMIT):
+    """A FileTail for a file first seen: at its last page on start-up, from 0 when it appeared later.
+
+    The lines before the last page are counted now when the file holds at most `count_limit` bytes;
+    a bigger one gets its line numbers later (the local follower's index). Used by the local follower
+    (logs/follow.py) and by remote_follow on a node.
+    """
     if not initial:
         return FileTail(path)
     try:
@@ -349,14 +354,15 @@ def _start_tail(path, initial):
     try:
         size = os.fstat(fd).st_size
         start = last_page_start(fd, size)
-        known = size <= COUNT_LINES_LIMIT
-        base = count_lines_before(fd, start) if known and start else 0
+        if start == 0:
+            return FileTail(path)
+        known = size <= count_limit
+        tail = FileTail(path, offset=start, base_known=known)
+        if known:
+            tail.base = count_lines_before(fd, start)
+        return tail
     finally:
         os.close(fd)
-    tail = FileTail(path, offset=start, base_known=known)
-    if known:
-        tail.base = base
-    return tail
 
 
 def _watch_stdin():
@@ -414,7 +420,7 @@ def remote_follow(spec):
                     _emit({"g": pattern, "why": problem})
                 for path in matches:
                     if path not in tails:
-                        tails[path] = _start_tail(path, initial)
+                        tails[path] = start_tail(path, initial)
                         _emit({"new": path})
             initial = False
         busy = False
