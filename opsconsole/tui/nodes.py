@@ -14,6 +14,7 @@ from textual.widgets import DataTable
 
 from opsconsole.fleet_view import NODE_FILTER, NODE_SORT_KEYS, TREND_POINTS, NodeRow, filter_rows, node_rows
 from opsconsole.history import sparkline
+from opsconsole.model import NODE_STATES
 from opsconsole.tui.formatting import (
     NA,
     STALE_ROW_STYLE,
@@ -38,6 +39,9 @@ REASON_MIN, REASON_MAX = 12, 80  # the reason column takes the room the others l
 # What a narrow terminal gives up first (first to go first); Node, State, GPUs, Util and Memory stay.
 DROP_ORDER = ("trend", "rtt", "power", "util_max", "jobs", "temp", "age", "errors")
 CELL_PADDING = 2  # DataTable draws one cell of padding on each side of a column
+# The State column is as wide as the longest state there is, not the longest shown now: a node going
+# `connecting` or `degraded` must not lay the table out again (that clears it: cursor and scroll to the top).
+STATE_WIDTH = max(len(state) for state in NODE_STATES)
 
 NODE_COLUMNS = (
     Column("name", "Node"),
@@ -158,10 +162,9 @@ class NodesPane(ActionKeys, TablePane):
     def draw(self) -> List[str]:
         sorted_table = self.tables[0]
         rows = node_rows(self.states, self.now, self.node, self.history())
-        columns = node_columns(self.size.width - 2, max((len(row.name) for row in rows), default=0),
-                               max((len(row.state) for row in rows), default=0))
+        columns = node_columns(self.size.width - 2, max((len(row.name) for row in rows), default=0), STATE_WIDTH)
         if list(columns) != sorted_table.columns:
-            # Laid out again only when the width, the longest name or the widest state changes, never per tick.
+            # Laid out again only when the width or the longest name changes, never per tick or state change.
             if sorted_table.columns:
                 sorted_table.table.clear(columns=True)
                 sorted_table.columns = []
