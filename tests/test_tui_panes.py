@@ -482,6 +482,7 @@ async def test_processes_pane_gpu_and_host_rows():
             "rss": "2.0 GiB",
             "elapsed": "2m05s",
             "state": "R",
+            "job": "-",  # no Slurm job, no container: the Job column says so
             "command": "python3 train.py --bf16-matmul",
         }
         assert keys(host) == ["gpu01/421", "gpu02/7001", "gpu01/501"]  # busiest first: 99 %, 87.5 %, 0 %
