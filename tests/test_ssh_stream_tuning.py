@@ -202,11 +202,7 @@ async def _exec_packets(monkeypatch, host, port, user, key, known_hosts, command
 @pytest.mark.sshd
 async def test_the_scale_simulator_answers_an_exec_with_the_packets_sshd_sends(sshd_factory, ssh_client, tmp_path,
                                                                                monkeypatch):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from simulated_nodes import NVIDIA_SMI_COMMAND, SimulatedNodes, nvidia_smi_csv
+    from benchmarks.simulated_nodes import NVIDIA_SMI_COMMAND, SimulatedNodes, nvidia_smi_csv
 
     server = sshd_factory.start()
     csv = tmp_path / "nvidia-smi.csv"
