@@ -249,6 +249,7 @@ class OpsConsole(App[int]):
         self._pane_mounts: set = set()  # panes being mounted on first show (ensure_pane)
         self._first_pane: Optional[str] = None
         self._last_redraw = 0.0  # time.monotonic() of the last redraw
+        self._drew_data = False  # a redraw has had a frame to draw
         self.hidden_binding_ids = hidden_binding_ids(config)  # read-only: absent from keys, help, palette
         self._install_themes(config.console.theme)
 
@@ -410,7 +411,10 @@ class OpsConsole(App[int]):
         self.services.observe(state)
         self.services.observe_health([r for r in self.health.observe(state) if r.check != "node_reachable"])
         if self._redraw_timer is None:
-            self._redraw_timer = self.set_timer(REDRAW_DELAY_S, self.redraw)
+            # The first frame with data is drawn at once (the first screen waits for it); later
+            # changes within REDRAW_DELAY_S make one redraw.
+            first = not self._drew_data and state.frame is not None
+            self._redraw_timer = self.set_timer(0 if first else REDRAW_DELAY_S, self.redraw)
 
     def tick(self) -> None:
         """Once a second the clock and the ages move: a redraw, unless a frame's redraw has just
@@ -422,6 +426,7 @@ class OpsConsole(App[int]):
         """Draw the header and the visible pane from the fleet's current states."""
         self._redraw_timer = None
         self._last_redraw = time.monotonic()
+        self._drew_data = self._drew_data or any(state.frame for state in self.fleet.states().values())
         if getattr(self, "_exit", False):
             return  # closing: the timer may still tick while the screen's widgets are removed
         states = self.fleet.states()
