@@ -16,6 +16,7 @@ from opsconsole.nodes.smi_fallback import FallbackPoller, fallback_script, parse
 from opsconsole.nodes.ssh import SshLink
 from tests.sshd import StateLog, keygen, public_key, ssh_client, sshd_factory  # noqa: F401
 from tests.test_ssh_link import FAST, HOSTNAME, INTERVAL, node_for, running
+from tests.waiting import wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -134,9 +135,12 @@ async def test_wrong_client_key_is_auth_and_not_retried_in_a_loop(sshd_factory, 
     log = StateLog()
     async with running(link, log):
         state = await log.wait_state(STATE_AUTH, 10)
-        await asyncio.sleep(1.5)  # 30 backoff periods of FAST: a loop would have retried by now
+        # Parked until the user acts (not sleeping a backoff period before the next login).
+        await wait_for(lambda: link.waiting_for_user, "the link to wait for a retry")
         assert link.connect_attempts == 1
-        assert server.count_log("Connection closed by authenticating user") == 1  # one login, as sshd saw it
+        # One login, as sshd saw it (its log line comes when it is done with the session).
+        await wait_for(lambda: server.count_log("Connection closed by authenticating user"), "sshd's log line")
+        assert server.count_log("Connection closed by authenticating user") == 1
         # The user fixes it (the key gets authorized) and asks for a retry.
         (server.dir / "authorized_keys").write_text(ssh_client.public_key() + "\n")
         mark = len(log.states)

@@ -365,6 +365,7 @@ class SshLink(NodeLink):
         self._channels = asyncio.Semaphore(max(1, ssh.max_channels))
         self._connect_lock = asyncio.Lock()
         self._retry = asyncio.Event()
+        self.waiting_for_user = False  # parked in auth/hostkey until retry(): no login attempt meanwhile
         self._conn = None  # type: Optional[asyncssh.SSHClientConnection]
         self._jumps = []  # type: List[asyncssh.SSHClientConnection]
         self._lost = None  # type: Optional[str]  # why the current connection ended
@@ -413,7 +414,11 @@ class SshLink(NodeLink):
         """Sleep `delay` seconds (None: until retry()), cut short by retry()."""
         try:
             if delay is None:
-                await self._retry.wait()
+                self.waiting_for_user = True
+                try:
+                    await self._retry.wait()
+                finally:
+                    self.waiting_for_user = False
             else:
                 await asyncio.wait_for(self._retry.wait(), delay)
         except asyncio.TimeoutError:
