@@ -16,6 +16,7 @@ from opsconsole.config import Config
 from opsconsole.tui.app import PANES, OpsConsole
 from opsconsole.tui.nodes import DROP_ORDER, NODE_COLUMNS, node_columns
 from opsconsole.tui.tab_labels import fit_tab_labels
+from tests.waiting import wait_for
 
 LONG_NAME = "gpu-node-0017.research.example.org"
 
@@ -55,8 +56,8 @@ async def test_nodes_table_fits_the_width_and_keeps_what_matters(width):
     app = console(long_named_cluster())
     async with app.run_test(size=(width, 24)) as pilot:
         await pilot.press("4")
-        await pilot.pause(0.3)
-        lines = screen_lines(app)
+        lines = await wait_for(lambda: (lambda drawn: drawn if any(line.lstrip().startswith("Node ") for line in drawn)
+                                        else None)(screen_lines(app)), "the Nodes table", pilot=pilot)
         header = next(line for line in lines if line.lstrip().startswith("Node "))
         for label in ("Node", "State", "GPUs", "Util", "Memory"):
             assert " %s" % label in header, header
@@ -104,19 +105,18 @@ async def test_host_command_column_uses_a_wide_terminal():
     app = console(single_node_states())
     async with app.run_test(size=(300, 30)) as pilot:
         await pilot.press("3")
-        await pilot.pause(0.3)
-        text = "\n".join(screen_lines(app))
         commands = [p.command for p in single_node_states()[0].frame.top_processes]
         longest = max(commands, key=len)
         assert len(longest) > 100
-        assert longest in text  # whole, where it stopped at 60 characters
+        # Whole, where it stopped at 60 characters.
+        await wait_for(lambda: longest in "\n".join(screen_lines(app)), "the longest command whole", pilot=pilot)
 
 
 async def test_gpu_rows_show_long_node_names_whole():
     app = console(long_named_cluster())
     async with app.run_test(size=(160, 30)) as pilot:
         await pilot.press("1")
-        await pilot.pause(0.3)
+        await wait_for(lambda: any(LONG_NAME in line for line in screen_lines(app)), "the long name", pilot=pilot)
         assert sum(LONG_NAME in line for line in screen_lines(app)) == 1  # whole, on its first GPU row (it was cut at 9)
 
 
