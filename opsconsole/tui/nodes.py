@@ -6,6 +6,7 @@ from dataclasses import replace
 from functools import partial
 from typing import List, Optional, Sequence, Tuple
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import on
 from textual.binding import Binding
@@ -162,7 +163,8 @@ class NodesPane(ActionKeys, TablePane):
     def draw(self) -> List[str]:
         sorted_table = self.tables[0]
         rows = node_rows(self.states, self.now, self.node, self.history())
-        columns = node_columns(self.size.width - 2, max((len(row.name) for row in rows), default=0), STATE_WIDTH)
+        # Cells, not characters: a wide (CJK, emoji) name takes two a character and must still show whole.
+        columns = node_columns(self.size.width - 2, max((cell_len(row.name) for row in rows), default=0), STATE_WIDTH)
         if list(columns) != sorted_table.columns:
             # Laid out again only when the width or the longest name changes, never per tick or state change.
             if sorted_table.columns:
