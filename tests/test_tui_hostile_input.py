@@ -20,7 +20,7 @@ from typing import List, Optional
 
 
 from rich.text import Text  # noqa: E402
-from textual.widgets import DataTable  # noqa: E402
+from textual.widgets import DataTable, Static  # noqa: E402
 from textual.widgets._toast import Toast  # noqa: E402
 
 from h200_fleet import idle_gpu  # noqa: E402
@@ -256,14 +256,23 @@ async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
         assert any(cell.startswith("[/x][/x]") and cell.endswith("…") for cell in commands)  # LONG, cut
         assert_drawn(app, LITERAL)
 
-        await press_and_draw(pilot, "3")
-        text = assert_drawn(app, "host " + NODE + " (" + printable(HOSTILE)[:60], "␛[31mred␛[0m")
+        await press_and_draw(pilot, "3")  # mounted on first show: wait for it, not a longer pause
+        await wait_for(lambda: app.visible_pane_id == "host" and "host " + NODE in screen_text(app),
+                       "the Host pane", pilot=pilot)
+        # The summary's lines are cut at the width, never wrapped (1e0fc32): the host name shows up to
+        # the cut, and the whole of it, escapes as visible pictures, is what the summary draws.
+        text = assert_drawn(app, "host " + NODE + " (" + printable(HOSTILE)[:60])
+        summary = str(app.query_one("#host-summary", Static).render())
+        assert "host " + NODE + " (" + SHOWN in summary and "␛[31mred␛[0m" in summary
+        assert "  " + SHOWN in summary  # the disk path, whole
         assert any(SHOWN in cell for cell in cell_texts(app.query_one("#host-procs", DataTable)))
 
         await press_and_draw(pilot, "4")
         text = assert_drawn(app, DOWN, HOSTKEY, "nogpu␛[2J")
         reasons = cell_texts(app.query_one("#nodes-table", DataTable))
-        assert any(cell.startswith("[bold]b[/x] [/__w/") for cell in reasons)
+        # The reason gets the room the other columns leave: drawn literally up to its cut.
+        assert any(cell.startswith("[bold]b[/x] [/") and cell.endswith("…") and SHOWN.startswith(cell[:-1])
+                   for cell in reasons)
 
         await press_and_draw(pilot, "5")
         assert_drawn(app, NODE, "gpu[/x]01")
