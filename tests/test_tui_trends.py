@@ -13,6 +13,7 @@ from opsconsole.tui.history_view import HistoryScreen  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (140, 40)
+NODES_SIZE = (160, 40)
 
 
 def with_utilisation(state, seq: int, percent: float):
@@ -55,18 +56,24 @@ async def test_node_rows_draw_the_mean_utilisation_trend_and_t_plots_the_node():
     states = cluster_states()
     fleet = FakeFleet(states)
     app = OpsConsole(parse_config("", "test.toml"), fleet, now=lambda: FROZEN_NOW)
-    async with app.run_test(size=SIZE) as pilot:
+    # The Nodes table fits the width and gives up its Trend column first (at 140 columns it is gone): 160 keeps it.
+    async with app.run_test(size=NODES_SIZE) as pilot:
         await pilot.pause()
         first = states[0]
         for seq in range(2, 6):
             gpus = tuple(replace(g, utilization_gpu=100.0 if seq % 2 else 0.0) for g in first.frame.gpus)
             fleet.publish(replace(first, frame=replace(first.frame, seq=seq, time=first.frame.time + seq, gpus=gpus)))
         await pilot.press("4")
-        await pilot.pause(0.3)
-        table = app.panes["nodes"].tables[0].table
-        columns = [c.key for c in app.panes["nodes"].tables[0].columns]
-        trend = str(table.get_row("gpu-a01")[columns.index("trend")])
-        assert trend.strip() == "▅▁█▁█"  # the first frame (half busy), then 0/100 alternating
+        nodes = app.panes["nodes"].tables[0]
+
+        def trend() -> str:
+            columns = [c.key for c in nodes.columns]
+            if "trend" not in columns or "gpu-a01" not in nodes.table.rows:
+                return ""
+            return str(nodes.table.get_row("gpu-a01")[columns.index("trend")]).strip()
+
+        # The first frame (half busy), then 0/100 alternating.
+        await wait_for(lambda: trend() == "▅▁█▁█", "gpu-a01's trend of five samples", pilot=pilot)
         await pilot.press("t")
         await pilot.pause()
         assert isinstance(app.screen, HistoryScreen) and (app.screen.node, app.screen.gpu) == ("gpu-a01", None)
