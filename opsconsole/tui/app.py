@@ -410,11 +410,12 @@ class OpsConsole(App[int]):
         """Called by the fleet for every new state: history, alerts and recording take it; one redraw follows."""
         self.services.observe(state)
         self.services.observe_health([r for r in self.health.observe(state) if r.check != "node_reachable"])
-        if self._redraw_timer is None:
-            # The first frame with data is drawn at once (the first screen waits for it); later
-            # changes within REDRAW_DELAY_S make one redraw.
-            first = not self._drew_data and state.frame is not None
-            self._redraw_timer = self.set_timer(0 if first else REDRAW_DELAY_S, self.redraw)
+        if not self._drew_data and state.frame is not None:
+            # The first frame with data is drawn at once: the first screen waits for it.
+            self.call_next(self.redraw)
+        elif self._redraw_timer is None:
+            # Later changes within REDRAW_DELAY_S make one redraw.
+            self._redraw_timer = self.set_timer(REDRAW_DELAY_S, self.redraw)
 
     def tick(self) -> None:
         """Once a second the clock and the ages move: a redraw, unless a frame's redraw has just
