@@ -327,12 +327,17 @@ async def test_nodes_pane_node_added_and_removed(monkeypatch):
         await pilot.pause()
         table = pane.tables[0].table
         clear = Spy(monkeypatch, table, "clear")
+        table.move_cursor(row=table.get_row_index("gpu03"))
+        state_width = table.columns["state"].width
+        # A node joins as `connecting`, the widest state: the State column widens in place.
         states = dict(states, gpu04=connecting_node())
         del states["gpu02"]
         pane.show(states, None, NOW)
         await pilot.pause()
         assert keys(table) == ["gpu01", "gpu03", "gpu04"]
         assert clear.calls == []
+        assert table.columns["state"].width > state_width and cells(table, "gpu04")["state"] == "connecting"
+        assert pane.highlighted_node() == "gpu03"  # the cursor stays on its node (D and T act on it)
 
 
 # --- Cluster GPUs pane -------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from textual.widgets import DataTable
 
 from opsconsole.fleet_view import NODE_FILTER, NODE_SORT_KEYS, TREND_POINTS, NodeRow, filter_rows, node_rows
 from opsconsole.history import sparkline
-from opsconsole.model import NODE_STATES
 from opsconsole.tui.formatting import (
     NA,
     STALE_ROW_STYLE,
@@ -40,9 +39,6 @@ REASON_MIN, REASON_MAX = 12, 80  # the reason column takes the room the others l
 # What a narrow terminal gives up first (first to go first); Node, State, GPUs, Util and Memory stay.
 DROP_ORDER = ("trend", "rtt", "power", "util_max", "jobs", "temp", "age", "errors")
 CELL_PADDING = 2  # DataTable draws one cell of padding on each side of a column
-# The State column is as wide as the longest state there is, not the longest shown now: a node going
-# `connecting` or `degraded` must not lay the table out again (that clears it: cursor and scroll to the top).
-STATE_WIDTH = max(len(state) for state in NODE_STATES)
 
 NODE_COLUMNS = (
     Column("name", "Node"),
@@ -164,13 +160,11 @@ class NodesPane(ActionKeys, TablePane):
         sorted_table = self.tables[0]
         rows = node_rows(self.states, self.now, self.node, self.history())
         # Cells, not characters: a wide (CJK, emoji) name takes two a character and must still show whole.
-        columns = node_columns(self.size.width - 2, max((cell_len(row.name) for row in rows), default=0), STATE_WIDTH)
-        if list(columns) != sorted_table.columns:
-            # Laid out again only when the width or the longest name changes, never per tick or state change.
-            if sorted_table.columns:
-                sorted_table.table.clear(columns=True)
-                sorted_table.columns = []
-            sorted_table.set_columns(columns)
+        columns = node_columns(self.size.width - 2, max((cell_len(row.name) for row in rows), default=0),
+                               max((len(row.state) for row in rows), default=0))
+        # A node going `connecting` widens State: widths change in place, so the cursor stays on its node;
+        # only a column dropped or brought back by the width rebuilds the table.
+        sorted_table.fit_columns(columns)
         live = sum(1 for row in rows if row.live)
         sorted_table.show(
             filter_rows(rows, self.filter, self.filter_fields),

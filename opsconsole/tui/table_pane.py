@@ -114,6 +114,28 @@ class SortedTable:
             self.sort.column, self.sort.reverse = old.column, old.reverse
         self.mark_sorted_column()
 
+    def fit_columns(self, columns: Sequence[Column]) -> None:
+        """Lay out `columns` where only their widths changed without rebuilding the table: the rows, the
+        cursor and the scroll stay (a rebuild puts the cursor back on the first row). Other changes
+        rebuild it. Every row is formatted again at the next `show()`: its cells may depend on a width."""
+        columns = list(columns)
+        if columns == self.columns:
+            return
+        if [(c.key, c.label, c.sortable) for c in columns] != [(c.key, c.label, c.sortable) for c in self.columns]:
+            if self.columns:
+                self.table.clear(columns=True)
+                self.columns = []
+            self.set_columns(columns)
+            return
+        for column in columns:
+            drawn = self.table.columns[column.key]
+            drawn.width = 0 if column.width is None else max(column.width, len(column.label) + 1)
+            drawn.auto_width = column.width is None
+        self.columns = columns
+        self._signatures.clear()
+        self.table._require_update_dimensions = True  # no public way to resize a column in place
+        self.table.refresh()
+
     def mark_sorted_column(self) -> None:
         """Put ▲ or ▼ after the label of the sort column."""
         for column in self.columns:
