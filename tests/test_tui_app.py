@@ -119,9 +119,9 @@ async def test_number_keys_and_tab_switch_panes():
         assert app.visible_pane_id == "overview"  # one node: its overview first
         for cls in PANES:
             await pilot.press(cls.key)
-            await pilot.pause()
-            assert app.visible_pane_id == cls.pane_id
-            assert app.panes[cls.pane_id].region.height > 0  # really on screen
+            # A pane shown the first time is imported and mounted then, in the app's loop: wait for it.
+            await wait_for(lambda: app.visible_pane_id == cls.pane_id, "pane " + cls.pane_id, pilot=pilot)
+            await wait_for(lambda: app.panes[cls.pane_id].region.height > 0, "pane %s on screen" % cls.pane_id, pilot=pilot)
         await pilot.press("tab")
         await pilot.pause()
         assert app.visible_pane_id == PANES[0].pane_id  # wraps around

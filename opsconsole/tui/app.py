@@ -246,7 +246,7 @@ class OpsConsole(App[int]):
         self.services = ConsoleServices(config, now)
         self.health = HealthMonitor(config, now)  # rules on each fleet change; the Health pane and header read it
         self._action_flow = None  # made on first use (it imports every action)
-        self._pane_mounts: set = set()  # panes being mounted on first show (ensure_pane)
+        self._pane_mounts: Dict[str, asyncio.Future] = {}  # panes being mounted on first show (ensure_pane)
         self._first_pane: Optional[str] = None
         self._last_redraw = 0.0  # time.monotonic() of the last redraw
         self._drew_data = False  # a redraw has had a frame to draw
@@ -336,12 +336,12 @@ class OpsConsole(App[int]):
             pane = entry.load()()
             self.panes[pane_id] = pane
             mounted = self.query_one("#" + tab_id(pane_id), TabPane).mount(pane)
-            self._pane_mounts.add(asyncio.ensure_future(self._draw_when_mounted(mounted, pane_id)))
+            self._pane_mounts[pane_id] = asyncio.ensure_future(self._draw_when_mounted(mounted, pane_id))
         return pane
 
     async def _draw_when_mounted(self, mounted, pane_id: str) -> None:
         await mounted
-        self._pane_mounts = {task for task in self._pane_mounts if not task.done()}
+        self._pane_mounts.pop(pane_id, None)
         if pane_id == self.visible_pane_id and not getattr(self, "_exit", False):
             self.redraw()
             self.focus_pane(pane_id)
@@ -383,7 +383,7 @@ class OpsConsole(App[int]):
         from opsconsole.tui.logs import LogFeed
 
         self.ensure_pane("logs")
-        await asyncio.gather(*self._pane_mounts)
+        await asyncio.gather(*self._pane_mounts.values())
         self.log_feed = await LogFeed.start_for(self)
         if self.log_feed is not None:
             self.set_interval(PROGRESS_CHECK_S, self.check_log_progress)
@@ -609,6 +609,8 @@ class OpsConsole(App[int]):
         return self.health.latest()
 
     def action_show_pane(self, pane_id: str) -> None:
+        # Not awaiting a first mount here: the app's loop runs the mount, and a key's action
+        # that awaited it would hold that loop.
         if self.ensure_pane(pane_id) is not None:
             self.tabs.active = tab_id(pane_id)
 
