@@ -103,14 +103,20 @@ def main() -> int:
         steps = sorted(e.meta.step for e in units if e.meta.step is not None)
         unit_bytes = sum(p.stat().st_size for p in template.iterdir())
         ratio = listed_s / baseline_s if baseline_s > 0 else float("inf")
-        print("%d checkpoint-N/ units (%.0f kB each: %s), built from a real Trainer run in %.1f s" % (
-            args.count, unit_bytes / 1e3, ", ".join(sorted(p.name for p in template.iterdir())), built))
-        print("listed as units: %d, steps read: %d of %d, problems: %d" % (
-            len(units), len(steps), args.count, sum(1 for e in listed.entries if e.problem)))
+        print(
+            "%d checkpoint-N/ units (%.0f kB each: %s), built from a real Trainer run in %.1f s"
+            % (args.count, unit_bytes / 1e3, ", ".join(sorted(p.name for p in template.iterdir())), built)
+        )
+        print(
+            "listed as units: %d, steps read: %d of %d, problems: %d"
+            % (len(units), len(steps), args.count, sum(1 for e in listed.entries if e.problem))
+        )
         print("listing (scan_directory, empty result cache): %8.2f ms" % (listed_s * 1e3))
         print("baseline (20 trainer_state.json, json.loads):  %8.2f ms" % (baseline_s * 1e3))
-        print("rescan with the caches kept (a console refresh): %8.2f ms, %.1fx the baseline" % (
-            warm_s * 1e3, warm_s / baseline_s if baseline_s > 0 else float("inf")))
+        print(
+            "rescan with the caches kept (a console refresh): %8.2f ms, %.1fx the baseline"
+            % (warm_s * 1e3, warm_s / baseline_s if baseline_s > 0 else float("inf"))
+        )
         ok = ratio <= TARGET_RATIO and len(units) == args.count
         print("ratio listing / baseline: %.1fx (target <= %.0fx)  %s" % (ratio, TARGET_RATIO, "PASS" if ok else "FAIL"))
         return 0 if ok else 1

@@ -38,15 +38,28 @@ def write_checkpoints(folder: Path, count: int) -> None:
     import torch
 
     model = {"layer%d.weight" % i: torch.randn(64, 64) for i in range(20)}
-    optimizer = {"state": {i: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(64, 64), "exp_avg_sq": torch.zeros(64, 64)}
-                           for i in range(20)},
-                 "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": list(range(20))}]}
+    optimizer = {
+        "state": {
+            i: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(64, 64), "exp_avg_sq": torch.zeros(64, 64)}
+            for i in range(20)
+        },
+        "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": list(range(20))}],
+    }
     now = time.time()
     for epoch in range(count):
         path = folder / ("checkpoint_epoch_%d.pt" % epoch)
-        torch.save({"epoch": epoch, "model_state_dict": model, "optimizer_state_dict": optimizer,
-                    "scheduler_state_dict": {"last_epoch": epoch}, "loss": 1.0 / (epoch + 1), "best_loss": 0.01,
-                    "timestamp": datetime.datetime.now().isoformat()}, path)
+        torch.save(
+            {
+                "epoch": epoch,
+                "model_state_dict": model,
+                "optimizer_state_dict": optimizer,
+                "scheduler_state_dict": {"last_epoch": epoch},
+                "loss": 1.0 / (epoch + 1),
+                "best_loss": 0.01,
+                "timestamp": datetime.datetime.now().isoformat(),
+            },
+            path,
+        )
         os.utime(path, (now - 3600 - (count - epoch) * 60,) * 2)
     shutil.copy(folder / ("checkpoint_epoch_%d.pt" % (count - 1)), folder / "checkpoint_best.pt")
     os.symlink("checkpoint_epoch_%d.pt" % (count - 1), folder / "checkpoint_latest.pt")
@@ -82,13 +95,18 @@ async def remote_figures(folder: Path, work: Path, count: int) -> dict:
     try:
         await link.connection()
         cold, listing = await asyncio.to_thread(
-            timed, lambda: scan_directory(str(folder), fs, cache=ResultCache(), crc_cache=ResultCache()), 3)
+            timed, lambda: scan_directory(str(folder), fs, cache=ResultCache(), crc_cache=ResultCache()), 3
+        )
         assert len(listing.entries) == count + 1 and listing.problem is None, listing.problem
         read = fs.bytes_read // 3
         cache = ResultCache()
-        scan_directory_result = await asyncio.to_thread(scan_directory, str(folder), fs, cache=cache, crc_cache=ResultCache())
+        scan_directory_result = await asyncio.to_thread(
+            scan_directory, str(folder), fs, cache=cache, crc_cache=ResultCache()
+        )
         assert scan_directory_result.problem is None
-        warm, _ = await asyncio.to_thread(timed, lambda: scan_directory(str(folder), fs, cache=cache, crc_cache=ResultCache()), 3)
+        warm, _ = await asyncio.to_thread(
+            timed, lambda: scan_directory(str(folder), fs, cache=cache, crc_cache=ResultCache()), 3
+        )
         sftp = await (await link.connection()).start_sftp_client()
 
         async def read_all() -> int:
@@ -130,14 +148,19 @@ def main() -> int:
         from opsconsole.checkpoints import formats, scan
         from opsconsole.checkpoints.worker import METADATA_WORKERS
 
-        first, _ = timed(lambda: scan_directory(str(folder), cache=ResultCache(), crc_cache=ResultCache()))  # starts the worker
+        first, _ = timed(
+            lambda: scan_directory(str(folder), cache=ResultCache(), crc_cache=ResultCache())
+        )  # starts the worker
         cold, listing = timed(lambda: scan_directory(str(folder), cache=ResultCache(), crc_cache=ResultCache()), 5)
         assert len(listing.entries) == args.count + 1
-        assert all(e.problem is None for e in listing.entries if not e.is_link), [e.problem for e in listing.entries][:3]
+        assert all(e.problem is None for e in listing.entries if not e.is_link), [e.problem for e in listing.entries][
+            :3
+        ]
         worker_stats = METADATA_WORKERS.stats()
         in_worker = scan.read_checkpoint_file
         scan.read_checkpoint_file = lambda fs, path, name, window: fs.run_reader(
-            path, lambda size: formats.file_reader(name, size, window))
+            path, lambda size: formats.file_reader(name, size, window)
+        )
         try:
             in_process, _ = timed(lambda: scan_directory(str(folder), cache=ResultCache(), crc_cache=ResultCache()), 5)
         finally:
@@ -149,24 +172,43 @@ def main() -> int:
         baseline, _ = timed(lambda: [torch.load(e.path, weights_only=True) for e in listing.entries])
         print("%d checkpoints + best, %.0f MB" % (args.count, total / 1e6))
         print("local  first listing (worker started by it):        %7.1f ms" % (first * 1e3))
-        print("local  listing with metadata (empty result cache): %7.1f ms  (target <= 1000 ms), in the worker" % (cold * 1e3))
-        print("local  the same, reader in this process:           %7.1f ms  -> worker/in-process %.2fx" % (
-            in_process * 1e3, cold / in_process))
-        print("local  worker: pid %s, peak RSS %d KiB, peak VM %d KiB (RLIMIT_AS %d MiB), %d process(es) started" % (
-            worker_stats.get("pid"), worker_stats.get("VmHWM", 0), worker_stats.get("VmPeak", 0),
-            METADATA_WORKERS.limits.memory_bytes >> 20, METADATA_WORKERS.starts))
+        print(
+            "local  listing with metadata (empty result cache): %7.1f ms  (target <= 1000 ms), in the worker"
+            % (cold * 1e3)
+        )
+        print(
+            "local  the same, reader in this process:           %7.1f ms  -> worker/in-process %.2fx"
+            % (in_process * 1e3, cold / in_process)
+        )
+        print(
+            "local  worker: pid %s, peak RSS %d KiB, peak VM %d KiB (RLIMIT_AS %d MiB), %d process(es) started"
+            % (
+                worker_stats.get("pid"),
+                worker_stats.get("VmHWM", 0),
+                worker_stats.get("VmPeak", 0),
+                METADATA_WORKERS.limits.memory_bytes >> 20,
+                METADATA_WORKERS.starts,
+            )
+        )
         print("local  rescan (result cache):                      %7.1f ms" % (cached * 1e3))
-        print("local  baseline torch.load(weights_only) of all:   %7.1f ms  -> ours %.1fx faster" % (baseline * 1e3, baseline / cold))
+        print(
+            "local  baseline torch.load(weights_only) of all:   %7.1f ms  -> ours %.1fx faster"
+            % (baseline * 1e3, baseline / cold)
+        )
         remote = asyncio.run(remote_figures(folder, work, args.count))
         ok = cold <= 1.0
         if "skipped" in remote:
             print("sftp   skipped: %s" % remote["skipped"])
         else:
-            print("sftp   listing with metadata (empty result cache): %7.1f ms  (target <= 2000 ms), %.1f MB read of %.0f MB" % (
-                remote["cold"] * 1e3, remote["read"] / 1e6, remote["full_bytes"] / 1e6))
+            print(
+                "sftp   listing with metadata (empty result cache): %7.1f ms  (target <= 2000 ms), %.1f MB read of %.0f MB"
+                % (remote["cold"] * 1e3, remote["read"] / 1e6, remote["full_bytes"] / 1e6)
+            )
             print("sftp   rescan (result cache):                      %7.1f ms" % (remote["warm"] * 1e3))
-            print("sftp   baseline full SFTP read of every file:      %7.1f ms  -> ours %.1fx faster" % (
-                remote["baseline"] * 1e3, remote["baseline"] / remote["cold"]))
+            print(
+                "sftp   baseline full SFTP read of every file:      %7.1f ms  -> ours %.1fx faster"
+                % (remote["baseline"] * 1e3, remote["baseline"] / remote["cold"])
+            )
             ok = ok and remote["cold"] <= 2.0
         print("PASS" if ok else "FAIL")
         return 0 if ok else 1

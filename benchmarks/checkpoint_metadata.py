@@ -39,9 +39,24 @@ def make_checkpoint(path: str, gigabytes: float) -> int:
     model["head.bias"] = torch.zeros(1024)
     state = {}
     for index, tensor in enumerate(model.values()):
-        state[index] = {"step": torch.tensor(100.0), "exp_avg": torch.randn_like(tensor), "exp_avg_sq": torch.rand_like(tensor)}
-    optimizer = {"state": state, "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01,
-                                                    "amsgrad": False, "params": list(range(len(model)))}]}
+        state[index] = {
+            "step": torch.tensor(100.0),
+            "exp_avg": torch.randn_like(tensor),
+            "exp_avg_sq": torch.rand_like(tensor),
+        }
+    optimizer = {
+        "state": state,
+        "param_groups": [
+            {
+                "lr": 1e-3,
+                "betas": (0.9, 0.999),
+                "eps": 1e-8,
+                "weight_decay": 0.01,
+                "amsgrad": False,
+                "params": list(range(len(model))),
+            }
+        ],
+    }
     checkpoint = {
         "epoch": 12,
         "model_state_dict": model,
@@ -110,15 +125,30 @@ def main() -> int:
         t_full = median_time(full, args.repeat)
         t_mmap = median_time(mmap, args.repeat)
         meta = result.meta
-        print("checkpoint: %.2f GB, %d storages, state dict %d tensors, optimizer %s" % (
-            size / 1e9, meta.tensor_count, meta.state_dict.keys, meta.has_optimizer))
+        print(
+            "checkpoint: %.2f GB, %d storages, state dict %d tensors, optimizer %s"
+            % (size / 1e9, meta.tensor_count, meta.state_dict.keys, meta.has_optimizer)
+        )
         print("metadata read (ours):                     %8.2f ms" % (t_ours * 1e3))
-        print("metadata read in the worker:              %8.2f ms  (worker peak RSS %d KiB, peak VM %d KiB, RLIMIT_AS %d MiB)" % (
-            t_worker * 1e3, worker_stats.get("VmHWM", 0), worker_stats.get("VmPeak", 0), METADATA_WORKERS.limits.memory_bytes >> 20))
+        print(
+            "metadata read in the worker:              %8.2f ms  (worker peak RSS %d KiB, peak VM %d KiB, RLIMIT_AS %d MiB)"
+            % (
+                t_worker * 1e3,
+                worker_stats.get("VmHWM", 0),
+                worker_stats.get("VmPeak", 0),
+                METADATA_WORKERS.limits.memory_bytes >> 20,
+            )
+        )
         print("torch.load(weights_only=True):            %8.2f ms" % (t_full * 1e3))
         print("torch.load(mmap=True, weights_only=True): %8.2f ms" % (t_mmap * 1e3))
-        print("ratio full/ours: %.0fx (target >= 50x)   ratio mmap/ours: %.1fx (target > 1x)" % (t_full / t_ours, t_mmap / t_ours))
-        print("ratio full/worker: %.0fx (target >= 50x)   ratio worker/ours: %.2fx" % (t_full / t_worker, t_worker / t_ours))
+        print(
+            "ratio full/ours: %.0fx (target >= 50x)   ratio mmap/ours: %.1fx (target > 1x)"
+            % (t_full / t_ours, t_mmap / t_ours)
+        )
+        print(
+            "ratio full/worker: %.0fx (target >= 50x)   ratio worker/ours: %.2fx"
+            % (t_full / t_worker, t_worker / t_ours)
+        )
         ok = t_full / t_worker >= 50 and t_mmap > t_ours
         print("PASS" if ok else "FAIL")
         return 0 if ok else 1

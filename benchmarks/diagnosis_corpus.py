@@ -53,7 +53,9 @@ def report(split: str, names: List[str], labels: Dict[str, dict]) -> None:
     repos = {labels[name]["repo"] for name in names}
     healthy = sum(1 for name in names if labels[name]["root_cause"] is None)
     total = len(names) or 1
-    print("%s: %d excerpts from %d repositories, %.0f%% healthy" % (split, len(names), len(repos), 100 * healthy / total))
+    print(
+        "%s: %d excerpts from %d repositories, %.0f%% healthy" % (split, len(names), len(repos), 100 * healthy / total)
+    )
     print("  accuracy %.1f%% (%d/%d), healthy flagged: %d" % (100 * correct / total, correct, len(names), flagged))
     for kind, count in misses.most_common():
         print("  miss %-40s %d" % (kind, count))

@@ -87,7 +87,10 @@ def main() -> int:
     print("one regex per line:  %10.0f lines/s (%.2f us/line)" % (baseline, 1e6 / baseline))
     print("ratio (baseline rate / diagnosis rate): %.1fx" % (baseline / diagnosis))
     correct, total, flagged = accuracy()
-    print("corpus root-cause accuracy: %.1f%% (%d/%d), healthy logs flagged: %d" % (100 * correct / total, correct, total, flagged))
+    print(
+        "corpus root-cause accuracy: %.1f%% (%d/%d), healthy logs flagged: %d"
+        % (100 * correct / total, correct, total, flagged)
+    )
     return 0
 
 

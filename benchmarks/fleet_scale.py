@@ -116,8 +116,17 @@ class Counters:
         import gc
 
         collected = [stat["collected"] for stat in gc.get_stats()]
-        return {"collected": collected, "wakeups": self.wakeups, "received": received, "sent": sent, "gc_s": list(self.gc_s),
-                "gc_runs": list(self.gc_runs), "user": times.user, "sys": times.system, "wall": time.perf_counter()}
+        return {
+            "collected": collected,
+            "wakeups": self.wakeups,
+            "received": received,
+            "sent": sent,
+            "gc_s": list(self.gc_s),
+            "gc_runs": list(self.gc_runs),
+            "user": times.user,
+            "sys": times.system,
+            "wall": time.perf_counter(),
+        }
 
     def report(self) -> Dict[str, object]:
         end, start = self._snapshot(), self._start
@@ -144,8 +153,13 @@ async def _measure_window(seconds: float, sample_ages, conns=None) -> Dict[str, 
         await asyncio.sleep(1.0)
         ages.extend(sample_ages(time.time()))
     cpu = (time.process_time() - cpu0) / (time.perf_counter() - wall0) * 100.0
-    result = {"cpu_percent": cpu, "age_p50": percentile(ages, 50), "age_p99": percentile(ages, 99),
-              "age_max": max(ages) if ages else math.nan, "age_samples": len(ages)}
+    result = {
+        "cpu_percent": cpu,
+        "age_p50": percentile(ages, 50),
+        "age_p99": percentile(ages, 99),
+        "age_max": max(ages) if ages else math.nan,
+        "age_samples": len(ages),
+    }
     if counters is not None:
         result["counters"] = counters.report()
     return result
@@ -163,8 +177,9 @@ async def _wait_all(count_ready, total: int, timeout: float) -> float:
 # --- ours ----------------------------------------------------------------------
 
 
-async def run_ours(keys: SimKeys, ports: Sequence[int], count: int, interval: float, seconds: float,
-                   ready_timeout: float) -> Dict[str, float]:
+async def run_ours(
+    keys: SimKeys, ports: Sequence[int], count: int, interval: float, seconds: float, ready_timeout: float
+) -> Dict[str, float]:
     from opsconsole.config import Config, ConsoleConfig, NodeConfig, SshConfig
     from opsconsole.model import LIVE_STATES
     from opsconsole.nodes.fleet import Fleet
@@ -220,6 +235,7 @@ async def run_ours(keys: SimKeys, ports: Sequence[int], count: int, interval: fl
 
         profiler = cProfile.Profile()
         profiler.enable()
+
     def our_conns():
         return [c for c in (getattr(fleet.link(n.name), "_conn", None) for n in nodes) if c is not None]
 
@@ -231,10 +247,15 @@ async def run_ours(keys: SimKeys, ports: Sequence[int], count: int, interval: fl
     conn = getattr(fleet.link(nodes[0].name), "_conn", None)
     result.update(
         cipher=conn.get_extra_info("recv_cipher") if conn is not None else "?",
-        all_up_s=to_all_up, up_at_start=up_at_start, up_at_end=live(), frames_per_s=window["frames"] / seconds,
-        latency_p50=percentile(latencies, 50), latency_p99=percentile(latencies, 99),
-        not_up=sorted("%s: %s %s" % (s.name, s.state, s.reason) for s in states.values()
-                      if s.state not in LIVE_STATES)[:5],
+        all_up_s=to_all_up,
+        up_at_start=up_at_start,
+        up_at_end=live(),
+        frames_per_s=window["frames"] / seconds,
+        latency_p50=percentile(latencies, 50),
+        latency_p99=percentile(latencies, 99),
+        not_up=sorted("%s: %s %s" % (s.name, s.state, s.reason) for s in states.values() if s.state not in LIVE_STATES)[
+            :5
+        ],
         total_s=time.perf_counter() - started,
     )
     _report(result)
@@ -248,8 +269,15 @@ async def run_ours(keys: SimKeys, ports: Sequence[int], count: int, interval: fl
 # --- gpustat-web's way -----------------------------------------------------------
 
 
-async def run_gpustat_way(keys: SimKeys, ports: Sequence[int], count: int, interval: float, seconds: float,
-                          ready_timeout: float, full_frames: bool = False) -> Dict[str, float]:
+async def run_gpustat_way(
+    keys: SimKeys,
+    ports: Sequence[int],
+    count: int,
+    interval: float,
+    seconds: float,
+    ready_timeout: float,
+    full_frames: bool = False,
+) -> Dict[str, float]:
     """Persistent connections, one exec per node per tick: nvidia-smi CSV, or (full_frames) a whole frame."""
     import asyncssh
 
@@ -263,10 +291,17 @@ async def run_gpustat_way(keys: SimKeys, ports: Sequence[int], count: int, inter
     async def connect(i: int, name: str):
         async with limiter:
             return await asyncssh.connect(
-                "127.0.0.1", ports[i % len(ports)], username=name, client_keys=[keys.client_key],
-                known_hosts=keys.known_hosts, config=None,
-                **({"encryption_algs": os.environ["FLEET_SCALE_CIPHERS"].split(",")}
-                   if os.environ.get("FLEET_SCALE_CIPHERS") else {}),
+                "127.0.0.1",
+                ports[i % len(ports)],
+                username=name,
+                client_keys=[keys.client_key],
+                known_hosts=keys.known_hosts,
+                config=None,
+                **(
+                    {"encryption_algs": os.environ["FLEET_SCALE_CIPHERS"].split(",")}
+                    if os.environ.get("FLEET_SCALE_CIPHERS")
+                    else {}
+                ),
             )
 
     async def poll_forever(name: str, conn) -> None:
@@ -283,8 +318,11 @@ async def run_gpustat_way(keys: SimKeys, ports: Sequence[int], count: int, inter
                     # (gpustat-web leaves that to the browser), which it needs to show any totals.
                     answer = await asyncio.wait_for(conn.run(NVIDIA_SMI_COMMAND, check=False), timeout=30.0)
                     datetime.now().strftime("%Y/%m/%d-%H:%M:%S.%f")
-                    gpus = [dict(zip(columns, (f.strip() for f in line.split(","))))
-                            for line in str(answer.stdout).splitlines() if line.strip()]
+                    gpus = [
+                        dict(zip(columns, (f.strip() for f in line.split(","))))
+                        for line in str(answer.stdout).splitlines()
+                        if line.strip()
+                    ]
                 results[name] = (time.time(), gpus)
                 if window["open"]:
                     window["polls"] += 1
@@ -308,8 +346,13 @@ async def run_gpustat_way(keys: SimKeys, ports: Sequence[int], count: int, inter
     window["open"] = True
     result = await _measure_window(seconds, ages, lambda: conns)
     window["open"] = False
-    result.update(cipher=conns[0].get_extra_info("recv_cipher"), all_up_s=to_all_up, up_at_end=answered(), frames_per_s=window["polls"] / seconds,
-                  total_s=time.perf_counter() - started)
+    result.update(
+        cipher=conns[0].get_extra_info("recv_cipher"),
+        all_up_s=to_all_up,
+        up_at_end=answered(),
+        frames_per_s=window["polls"] / seconds,
+        total_s=time.perf_counter() - started,
+    )
     _report(result)  # before the clean-up, which has been seen to hang at 256 nodes
     for task in tasks:
         task.cancel()
@@ -378,14 +421,24 @@ def main() -> int:
     parser.add_argument("--ports", type=int, default=4, help="listening ports of the simulated server")
     parser.add_argument("--ready-timeout", type=float, default=120.0)
     parser.add_argument("--only", choices=["ours", "gpustat", "exec-frames"], help="run one client only")
-    parser.add_argument("--ciphers", default=None, metavar="LIST",
-                        help="SSH ciphers for every client (default: asyncssh's, chacha20-poly1305 first)")
-    parser.add_argument("--asyncssh-ignore", action="store_true",
-                        help="let the simulated server behave as asyncssh's own server: an IGNORE packet before "
-                             "every packet, and no WINDOW_ADJUST after a channel opens nor EOF before an exec's "
-                             "exit status (default: as OpenSSH's sshd sends them)")
-    parser.add_argument("--no-exec-frames", action="store_true",
-                        help="skip the second baseline (an exec per tick returning our full frame)")
+    parser.add_argument(
+        "--ciphers",
+        default=None,
+        metavar="LIST",
+        help="SSH ciphers for every client (default: asyncssh's, chacha20-poly1305 first)",
+    )
+    parser.add_argument(
+        "--asyncssh-ignore",
+        action="store_true",
+        help="let the simulated server behave as asyncssh's own server: an IGNORE packet before "
+        "every packet, and no WINDOW_ADJUST after a channel opens nor EOF before an exec's "
+        "exit status (default: as OpenSSH's sshd sends them)",
+    )
+    parser.add_argument(
+        "--no-exec-frames",
+        action="store_true",
+        help="skip the second baseline (an exec per tick returning our full frame)",
+    )
     args = parser.parse_args()
 
     budget = args.ready_timeout + args.seconds + 60
@@ -399,18 +452,28 @@ def main() -> int:
         with SimulatedNodes(Path(tmp) / "keys", ports=args.ports, like_openssh=not args.asyncssh_ignore) as sim:
             common = (sim.keys, sim.ports, args.nodes, args.interval, args.seconds, args.ready_timeout)
             # The baseline first: a stream client's 256 closing channels have been seen to slow the next logins.
-            theirs = run_client("gpustat", str(home), *common, timeout=budget) if args.only in (None, "gpustat") else None
+            theirs = (
+                run_client("gpustat", str(home), *common, timeout=budget) if args.only in (None, "gpustat") else None
+            )
             ours = run_client("ours", str(home), *common, timeout=budget) if args.only in (None, "ours") else None
             want_frames = args.only == "exec-frames" or (args.only is None and not args.no_exec_frames)
             frames = run_client("exec-frames", str(home), *common, timeout=budget) if want_frames else None
         server = sim.stats
 
-    print("fleet scale: %d simulated 8-GPU nodes, %.0f s interval, %.0f s window, %d cores on this machine, "
-          "ciphers %s, server %s"
-          % (args.nodes, args.interval, args.seconds, os.cpu_count() or 0,
-             args.ciphers or "each client's default (ours: AES-GCM first; gpustat-web: asyncssh's, chacha20 first)",
-             "as asyncssh's server (IGNORE before every packet)" if args.asyncssh_ignore
-             else "sending what sshd sends (no IGNOREs; WINDOW_ADJUST on open, EOF before exit status)"))
+    print(
+        "fleet scale: %d simulated 8-GPU nodes, %.0f s interval, %.0f s window, %d cores on this machine, "
+        "ciphers %s, server %s"
+        % (
+            args.nodes,
+            args.interval,
+            args.seconds,
+            os.cpu_count() or 0,
+            args.ciphers or "each client's default (ours: AES-GCM first; gpustat-web: asyncssh's, chacha20 first)",
+            "as asyncssh's server (IGNORE before every packet)"
+            if args.asyncssh_ignore
+            else "sending what sshd sends (no IGNOREs; WINDOW_ADJUST on open, EOF before exit status)",
+        )
+    )
     if os.environ.get("FLEET_SCALE_TRANSPORT_ONLY"):
         print("FLEET_SCALE_TRANSPORT_ONLY: ours decodes no frames (a diagnostic of the transport, not a result)")
     for label, result in (("ours", ours), ("gpustat-web way", theirs), ("exec full frame", frames)):
@@ -419,14 +482,27 @@ def main() -> int:
         if "error" in result:
             print("%-16s failed: %s" % (label, result["error"]))
             continue
-        print("%-16s CPU %5.1f %%, all up in %5.1f s, up at end %d/%d, %6.1f frames/s, "
-              "frame age p50 %.2f s p99 %.2f s max %.2f s, cipher %s"
-              % (label, result["cpu_percent"], result["all_up_s"], result["up_at_end"], args.nodes,
-                 result["frames_per_s"],
-                 result["age_p50"], result["age_p99"], result["age_max"], result.get("cipher")))
+        print(
+            "%-16s CPU %5.1f %%, all up in %5.1f s, up at end %d/%d, %6.1f frames/s, "
+            "frame age p50 %.2f s p99 %.2f s max %.2f s, cipher %s"
+            % (
+                label,
+                result["cpu_percent"],
+                result["all_up_s"],
+                result["up_at_end"],
+                args.nodes,
+                result["frames_per_s"],
+                result["age_p50"],
+                result["age_p99"],
+                result["age_max"],
+                result.get("cipher"),
+            )
+        )
         if "latency_p99" in result:
-            print("%-16s arrival latency p50 %.1f ms p99 %.1f ms" % ("", result["latency_p50"] * 1000,
-                                                                    result["latency_p99"] * 1000))
+            print(
+                "%-16s arrival latency p50 %.1f ms p99 %.1f ms"
+                % ("", result["latency_p50"] * 1000, result["latency_p99"] * 1000)
+            )
         if result.get("counters"):
             print("%-16s counters: %s" % ("", result["counters"]))
         if result.get("not_up"):
@@ -439,13 +515,18 @@ def main() -> int:
         print("gpustat-web way CPU %6.1f %% of one core" % theirs["cpu_percent"])
         print("ratio gpustat/ours  %6.2f x               (target >= 3 x)" % ratio)
         # The same ratio per frame received: a client the loaded machine let fall behind looks cheaper.
-        per_ours, per_theirs = (r["cpu_percent"] * 10000.0 / r["frames_per_s"] if r["frames_per_s"] else math.inf
-                                for r in (ours, theirs))
-        print("CPU per frame       ours %.0f us, gpustat-web way %.0f us: %.2f x"
-              % (per_ours, per_theirs, per_theirs / per_ours if per_ours else math.inf))
+        per_ours, per_theirs = (
+            r["cpu_percent"] * 10000.0 / r["frames_per_s"] if r["frames_per_s"] else math.inf for r in (ours, theirs)
+        )
+        print(
+            "CPU per frame       ours %.0f us, gpustat-web way %.0f us: %.2f x"
+            % (per_ours, per_theirs, per_theirs / per_ours if per_ours else math.inf)
+        )
     if ours and frames and "error" not in ours and "error" not in frames:
-        print("exec-per-tick, our full frame: %5.1f %% of one core, ratio to ours %.2f x (same data, like for like)"
-              % (frames["cpu_percent"], frames["cpu_percent"] / ours["cpu_percent"] if ours["cpu_percent"] else math.inf))
+        print(
+            "exec-per-tick, our full frame: %5.1f %% of one core, ratio to ours %.2f x (same data, like for like)"
+            % (frames["cpu_percent"], frames["cpu_percent"] / ours["cpu_percent"] if ours["cpu_percent"] else math.inf)
+        )
     return 0
 
 

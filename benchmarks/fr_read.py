@@ -23,7 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from opsconsole.hang.flight_recorder import analyse_dir, dump_workers  # noqa: E402
 
-REAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "flight_recorder", "nccl_trace_rank_0")
+REAL = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "flight_recorder", "nccl_trace_rank_0"
+)
 
 
 def build(directory: str, ranks: int, entries: int, frames: int) -> int:
@@ -33,8 +35,14 @@ def build(directory: str, ranks: int, entries: int, frames: int) -> int:
     made = []
     for index in range(entries):
         entry = dict(base[index % len(base)], collective_seq_id=index + 1, record_id=index)
-        entry["frames"] = [{"name": "fn%d" % depth, "filename": "/opt/venv/lib/python3.12/site-packages/pkg/m%d.py" % depth,
-                            "line": 100 + depth} for depth in range(frames)]
+        entry["frames"] = [
+            {
+                "name": "fn%d" % depth,
+                "filename": "/opt/venv/lib/python3.12/site-packages/pkg/m%d.py" % depth,
+                "line": 100 + depth,
+            }
+            for depth in range(frames)
+        ]
         made.append(entry)
     trace["entries"] = made
     trace["pg_config"]["0"]["ranks"] = str(list(range(ranks)))
@@ -53,7 +61,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         size = build(directory, args.ranks, args.entries, args.frames)
-        print("%d dumps of %d entries, %d-frame stacks: %.1f MB each" % (args.ranks, args.entries, args.frames, size / 1e6))
+        print(
+            "%d dumps of %d entries, %d-frame stacks: %.1f MB each"
+            % (args.ranks, args.entries, args.frames, size / 1e6)
+        )
         started = time.monotonic()
         for name in sorted(os.listdir(directory)):
             with open(os.path.join(directory, name), "rb") as handle:
@@ -64,11 +75,16 @@ def main() -> None:
         ours = time.monotonic() - started
         unreadable = [dump.unreadable for dump in analysis.dumps if dump.unreadable]
         print("pickle.loads of every file, in process: %.2f s" % baseline)
-        print("opsconsole fr (workers, checks, matching): %.2f s%s" % (ours, "  UNREADABLE: %s" % unreadable if unreadable else ""))
+        print(
+            "opsconsole fr (workers, checks, matching): %.2f s%s"
+            % (ours, "  UNREADABLE: %s" % unreadable if unreadable else "")
+        )
         print("ratio: %.1fx" % (ours / baseline if baseline else float("inf")))
         stats = dump_workers().stats()
-        print("a worker's peak resident memory: %.0f MiB (RLIMIT_AS %d MiB)" % (
-            stats.get("VmHWM", 0) / 1024, dump_workers().limits.memory_bytes // (1024 * 1024)))
+        print(
+            "a worker's peak resident memory: %.0f MiB (RLIMIT_AS %d MiB)"
+            % (stats.get("VmHWM", 0) / 1024, dump_workers().limits.memory_bytes // (1024 * 1024))
+        )
 
 
 if __name__ == "__main__":

@@ -61,12 +61,24 @@ def main() -> int:
         print("%-5s %s%s: %s%s" % (r.status, r.check, gpu, r.message, took))
     gpus = len({r.gpu for r in results if r.gpu is not None})
     print("torch import alone: %.2f s" % base)
-    print("level-%d suite on %d GPU(s), torch import included: %.2f s (%.1fx the import alone; target <= 15 s) exit %s" % (
-        args.level, gpus, full, full / base if base else 0.0, code))
+    print(
+        "level-%d suite on %d GPU(s), torch import included: %.2f s (%.1fx the import alone; target <= 15 s) exit %s"
+        % (args.level, gpus, full, full / base if base else 0.0, code)
+    )
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"torch_import_s": base, "suite_s": full, "exit": code, "gpus": gpus,
-                       "results": [r.__dict__ for r in results]}, f, indent=1, default=list)
+            json.dump(
+                {
+                    "torch_import_s": base,
+                    "suite_s": full,
+                    "exit": code,
+                    "gpus": gpus,
+                    "results": [r.__dict__ for r in results],
+                },
+                f,
+                indent=1,
+                default=list,
+            )
     return 0 if code == 0 and full <= 15.0 else 1
 
 

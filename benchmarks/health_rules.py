@@ -33,10 +33,14 @@ def eight_gpu_states(nodes: int):
         frame = from_wire(NodeFrame, json.load(f))
     gpu, proc = frame.gpus[0], frame.processes[0]
     gpus = tuple(dataclasses.replace(gpu, index=i, uuid="GPU-%d" % i) for i in range(8))
-    procs = tuple(dataclasses.replace(proc, pid=1000 + i, gpu_index=i, ppid=1, watched_env=("NCCL_DEBUG=WARN",)) for i in range(8))
+    procs = tuple(
+        dataclasses.replace(proc, pid=1000 + i, gpu_index=i, ppid=1, watched_env=("NCCL_DEBUG=WARN",)) for i in range(8)
+    )
     base = dataclasses.replace(frame, gpus=gpus, processes=procs)
-    return [NodeState("n%d" % n, STATE_UP, frame=dataclasses.replace(base, node="n%d" % n), received_at=frame.time)
-            for n in range(nodes)]
+    return [
+        NodeState("n%d" % n, STATE_UP, frame=dataclasses.replace(base, node="n%d" % n), received_at=frame.time)
+        for n in range(nodes)
+    ]
 
 
 def read_every_field(state: NodeState) -> int:
@@ -74,8 +78,10 @@ def main() -> int:
     base_ms = per_node_ms(read_every_field, states, args.repeat)
     print("results per node: %d (8 GPUs, 8 training processes)" % len(results))
     print("baseline (copy the frame, read every GPU and host field): %.4f ms per node" % base_ms)
-    print("health rules + telemetry: %.4f ms per node per tick (%.1fx the baseline; target <= 1 ms)" % (
-        rules_ms, rules_ms / base_ms if base_ms else 0.0))
+    print(
+        "health rules + telemetry: %.4f ms per node per tick (%.1fx the baseline; target <= 1 ms)"
+        % (rules_ms, rules_ms / base_ms if base_ms else 0.0)
+    )
     return 0 if rules_ms <= 1.0 else 1
 
 

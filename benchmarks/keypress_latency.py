@@ -36,7 +36,9 @@ from opsconsole.tui.app import OpsConsole  # noqa: E402
 from tests.sshd import ClientEnv, SshdFactory, sshd_missing_reason  # noqa: E402
 
 KEYS = (("2", "processes"), ("4", "nodes"))
-SSH = SshConfig(connect_timeout=3.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.2, backoff_max=1.0)
+SSH = SshConfig(
+    connect_timeout=3.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.2, backoff_max=1.0
+)
 
 
 def p95(values: List[float]) -> float:

@@ -48,8 +48,10 @@ HIST_BUCKETS = 600_000  # up to 60 s
 
 def file_names(folder: str, count: int) -> List[str]:
     """The seed's naming: train_{hostname}_rank{rank}_{timestamp}.log, 8 ranks per host."""
-    return [os.path.join(folder, "train_gpu-b%02d_rank%d_20261202_230800.log" % (rank // 8 + 1, rank))
-            for rank in range(count)]
+    return [
+        os.path.join(folder, "train_gpu-b%02d_rank%d_20261202_230800.log" % (rank // 8 + 1, rank))
+        for rank in range(count)
+    ]
 
 
 # --- the writer (a separate process) ------------------------------------------------------------------
@@ -76,17 +78,50 @@ def message_pool(files: int, size: int = 4096) -> List[List[Tuple[str, str]]]:
             kind = rnd.random()
             step = rnd.randint(1, 5000000)
             if kind < 0.04:  # NCCL's own prefix, not the seed's format (the slower parse): level None
-                pool.append(("", "gpu-b%02d:%d:%d [%d] NCCL INFO Channel %02d/32 : %d[%d] -> %d[%d] via P2P/IPC/read" % (
-                    index // 8 + 1, 4100 + index, 4200 + index, index % 8, n % 32, index, index % 8,
-                    (index + 1) % files, (index + 1) % 8)))
+                pool.append(
+                    (
+                        "",
+                        "gpu-b%02d:%d:%d [%d] NCCL INFO Channel %02d/32 : %d[%d] -> %d[%d] via P2P/IPC/read"
+                        % (
+                            index // 8 + 1,
+                            4100 + index,
+                            4200 + index,
+                            index % 8,
+                            n % 32,
+                            index,
+                            index % 8,
+                            (index + 1) % files,
+                            (index + 1) % 8,
+                        ),
+                    )
+                )
                 continue
             level = "WARNING" if kind > 0.995 else "INFO"
-            template = MESSAGES[0 if kind < 0.7 else 1 if kind < 0.85 else 2 if kind < 0.97 else 3 if kind < 0.995 else 4]
-            pool.append((level, template.format(
-                epoch=step // 100000, step=step, total=5000000, loss=3.0 / (1 + step / 1e6), lr=3e-4,
-                grad=rnd.random() * 2, tps=rnd.randint(100000, 500000), mem=rnd.random() * 80, res=rnd.random() * 90,
-                wait=rnd.random() * 20, fwd=rnd.random() * 90, bwd=rnd.random() * 180, opt=rnd.random() * 20,
-                ppl=rnd.random() * 30, acc=rnd.random())))
+            template = MESSAGES[
+                0 if kind < 0.7 else 1 if kind < 0.85 else 2 if kind < 0.97 else 3 if kind < 0.995 else 4
+            ]
+            pool.append(
+                (
+                    level,
+                    template.format(
+                        epoch=step // 100000,
+                        step=step,
+                        total=5000000,
+                        loss=3.0 / (1 + step / 1e6),
+                        lr=3e-4,
+                        grad=rnd.random() * 2,
+                        tps=rnd.randint(100000, 500000),
+                        mem=rnd.random() * 80,
+                        res=rnd.random() * 90,
+                        wait=rnd.random() * 20,
+                        fwd=rnd.random() * 90,
+                        bwd=rnd.random() * 180,
+                        opt=rnd.random() * 20,
+                        ppl=rnd.random() * 30,
+                        acc=rnd.random(),
+                    ),
+                )
+            )
         pools.append(pool)
     return pools
 
@@ -143,8 +178,17 @@ def run_writer(args: argparse.Namespace) -> None:
         time.sleep(tick)
     for fd in fds:
         os.close(fd)
-    print(json.dumps({"written": written, "seconds": time.monotonic() - start, "slowest_write_ms": slowest_write * 1000,
-                      "writes_over_50ms": slow_writes}), flush=True)
+    print(
+        json.dumps(
+            {
+                "written": written,
+                "seconds": time.monotonic() - start,
+                "slowest_write_ms": slowest_write * 1000,
+                "writes_over_50ms": slow_writes,
+            }
+        ),
+        flush=True,
+    )
 
 
 # --- the follower (the console's code path, in its own process) ----------------------------------------
@@ -187,7 +231,7 @@ class Checker:
             at = text.rfind(" @")
             mark = text.rfind(" #", 0, at)
             try:
-                seq, written = int(text[mark + 2:at]), int(text[at + 2:])
+                seq, written = int(text[mark + 2 : at]), int(text[at + 2 :])
             except ValueError:
                 self.unparsed += 1
                 continue
@@ -234,7 +278,8 @@ class Checker:
 
 
 def trace_passes(hub, checker) -> None:
-    from opsconsole.logs import follow as follow_module, hub as hub_module
+    from opsconsole.logs import follow as follow_module
+    from opsconsole.logs import hub as hub_module
 
     original_pass = follow_module.LocalFollower._poll_pass
     original_make = hub_module.make_lines
@@ -263,8 +308,9 @@ def consumer_cost(args: argparse.Namespace) -> float:
 
     lines = []
     for path in file_names(args.dir, args.files):
-        lines.extend(make_lines(label_source("local", path),
-                                [(o, 0, raw, cut) for o, raw, cut in read_last_lines(path, 5000)]))
+        lines.extend(
+            make_lines(label_source("local", path), [(o, 0, raw, cut) for o, raw, cut in read_last_lines(path, 5000)])
+        )
     if not lines:
         return 0.0
     scratch = Checker(len(lines) + 1)
@@ -293,12 +339,25 @@ async def follow(args: argparse.Namespace) -> None:
     if checker.trace is not None:
         with open(os.environ["LOGBENCH_TRACE"], "w") as out:
             json.dump(checker.trace, out)
-    print(json.dumps({
-        "delivered": checker.delivered, "per_file": checker.count, "duplicates": checker.duplicates,
-        "gaps": checker.gaps, "unparsed": checker.unparsed, "parse_mismatch": checker.parse_mismatch,
-        "batches": checker.batches, "p50_ms": checker.percentile(0.50), "p99_ms": checker.percentile(0.99),
-        "p999_ms": checker.percentile(0.999), "max_ms": checker.max_ns / 1e6, "problems": problems,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "delivered": checker.delivered,
+                "per_file": checker.count,
+                "duplicates": checker.duplicates,
+                "gaps": checker.gaps,
+                "unparsed": checker.unparsed,
+                "parse_mismatch": checker.parse_mismatch,
+                "batches": checker.batches,
+                "p50_ms": checker.percentile(0.50),
+                "p99_ms": checker.percentile(0.99),
+                "p999_ms": checker.percentile(0.999),
+                "max_ms": checker.max_ns / 1e6,
+                "problems": problems,
+            }
+        ),
+        flush=True,
+    )
     await hub.stop()
     # Measured (CPU, RSS) up to here; on the next line from the main process: what the checking costs.
     await (stop if not stop.done() else loop.run_in_executor(None, sys.stdin.readline))
@@ -391,6 +450,7 @@ def main() -> None:
             sys.setswitchinterval(float(os.environ["LOGBENCH_SWITCH"]))
         if os.environ.get("LOGBENCH_NOGC"):
             import gc
+
             gc.disable()
         asyncio.run(follow(args))
         return
@@ -403,9 +463,14 @@ def main() -> None:
     try:
         for path in file_names(folder, args.files):
             open(path, "wb").close()
-        follower = subprocess.Popen([sys.executable, me, "--role", "follower", "--expect", str(expect)] + common
-                                    + (["--polling"] if args.polling else []),
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        follower = subprocess.Popen(
+            [sys.executable, me, "--role", "follower", "--expect", str(expect)]
+            + common
+            + (["--polling"] if args.polling else []),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         children.append(follower)
         ready = json.loads(follower.stdout.readline())
         tail: Optional[subprocess.Popen] = None
@@ -413,8 +478,11 @@ def main() -> None:
         reader: Optional[threading.Thread] = None
         watched = {"follower": follower.pid}
         if not args.no_tail:
-            tail = subprocess.Popen(["tail", "-q", "-F", "-n", "0"] + file_names(folder, args.files),
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            tail = subprocess.Popen(
+                ["tail", "-q", "-F", "-n", "0"] + file_names(folder, args.files),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
             children.append(tail)
             reader = threading.Thread(target=count_lines, args=(tail.stdout, tail_lines), daemon=True)
             reader.start()
@@ -425,8 +493,11 @@ def main() -> None:
         machine0, me0 = busy_seconds(), process_cpu_seconds(os.getpid())
         sampler.start()
         began = time.monotonic()
-        writer = subprocess.Popen([sys.executable, me, "--role", "writer", "--tick-ms", str(args.tick_ms)] + common,
-                                  stdout=subprocess.PIPE, text=True)
+        writer = subprocess.Popen(
+            [sys.executable, me, "--role", "writer", "--tick-ms", str(args.tick_ms)] + common,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         children.append(writer)
         writer_cpu = 0.0
         while writer.poll() is None:
@@ -455,8 +526,9 @@ def main() -> None:
         follower.stdin.write("cost\n")
         follower.stdin.flush()
         result.update(json.loads(follower.stdout.readline()))
-        report(args, folder, ready, written, write_s, follower_s, writer_cpu, result, sampler, cpu, tail_lines[0],
-               expect)
+        report(
+            args, folder, ready, written, write_s, follower_s, writer_cpu, result, sampler, cpu, tail_lines[0], expect
+        )
     finally:
         for child in children:
             if child.poll() is None:
@@ -480,45 +552,98 @@ def _wait_readable(process: subprocess.Popen, timeout: float) -> bool:
     return bool(ready)
 
 
-def report(args, folder, ready, written, write_s, follower_s, writer_cpu, result, sampler, cpu, tail_lines, expect) -> None:
+def report(
+    args, folder, ready, written, write_s, follower_s, writer_cpu, result, sampler, cpu, tail_lines, expect
+) -> None:
     mib = 1 << 20
     total_written = sum(written["written"])
-    print("machine: %d CPU cores; %d files, %.0f lines/s in total for %.0f s (writer: %.1f s, %.1f CPU s = %.0f%% of a core)"
-          % (os.cpu_count() or 0, args.files, args.rate, args.seconds, write_s, writer_cpu,
-             100 * writer_cpu / max(write_s, 1e-9)))
-    print("  the writer's slowest write() took %.1f ms; %d writes took over 50 ms (a line's latency counts from "
-          "before its write)" % (written["slowest_write_ms"], written["writes_over_50ms"]))
+    print(
+        "machine: %d CPU cores; %d files, %.0f lines/s in total for %.0f s (writer: %.1f s, %.1f CPU s = %.0f%% of a core)"
+        % (
+            os.cpu_count() or 0,
+            args.files,
+            args.rate,
+            args.seconds,
+            write_s,
+            writer_cpu,
+            100 * writer_cpu / max(write_s, 1e-9),
+        )
+    )
+    print(
+        "  the writer's slowest write() took %.1f ms; %d writes took over 50 ms (a line's latency counts from "
+        "before its write)" % (written["slowest_write_ms"], written["writes_over_50ms"])
+    )
     print("follower: LogHub (%s), all lines in after %.1f s" % (ready.get("ready"), follower_s))
-    print("  lines written %d, delivered %d; repeated or out of order %d, missing %d, unparsed %d, "
-          "parse mismatches %d; %d batches" % (total_written, result["delivered"], result["duplicates"], result["gaps"],
-                                               result["unparsed"], result["parse_mismatch"], result["batches"]))
-    per_file_ok = all(result["per_file"].get(path, 0) == n
-                      for path, n in zip(file_names(folder, args.files), written["written"]))
-    exact = (per_file_ok and result["delivered"] == total_written and result["duplicates"] == 0
-             and result["gaps"] == 0 and result["unparsed"] == 0)
+    print(
+        "  lines written %d, delivered %d; repeated or out of order %d, missing %d, unparsed %d, "
+        "parse mismatches %d; %d batches"
+        % (
+            total_written,
+            result["delivered"],
+            result["duplicates"],
+            result["gaps"],
+            result["unparsed"],
+            result["parse_mismatch"],
+            result["batches"],
+        )
+    )
+    per_file_ok = all(
+        result["per_file"].get(path, 0) == n for path, n in zip(file_names(folder, args.files), written["written"])
+    )
+    exact = (
+        per_file_ok
+        and result["delivered"] == total_written
+        and result["duplicates"] == 0
+        and result["gaps"] == 0
+        and result["unparsed"] == 0
+    )
     print("  every line once, in order per file: %s" % ("yes" if exact else "NO"))
-    print("  latency write -> delivery: p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, max %.1f ms (target p99 <= 250 ms: %s)"
-          % (result["p50_ms"], result["p99_ms"], result["p999_ms"], result["max_ms"],
-             "met" if result["p99_ms"] <= 250 else "MISSED"))
+    print(
+        "  latency write -> delivery: p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, max %.1f ms (target p99 <= 250 ms: %s)"
+        % (
+            result["p50_ms"],
+            result["p99_ms"],
+            result["p999_ms"],
+            result["max_ms"],
+            "met" if result["p99_ms"] <= 250 else "MISSED",
+        )
+    )
     rss = sampler.rss["follower"]
     if rss:
-        print("  follower RSS: start %.1f MiB, peak %.1f MiB, end %.1f MiB (growth %.1f MiB over %d samples)"
-              % (rss[0] / mib, max(rss) / mib, rss[-1] / mib, (max(rss) - rss[0]) / mib, len(rss)))
+        print(
+            "  follower RSS: start %.1f MiB, peak %.1f MiB, end %.1f MiB (growth %.1f MiB over %d samples)"
+            % (rss[0] / mib, max(rss) / mib, rss[-1] / mib, (max(rss) - rss[0]) / mib, len(rss))
+        )
         step = max(1, len(rss) // 10)
-        print("  follower RSS over time (MiB, every %.1f s): %s" % (
-            step * sampler.interval, " ".join("%.0f" % (value / mib) for value in rss[::step])))
+        print(
+            "  follower RSS over time (MiB, every %.1f s): %s"
+            % (step * sampler.interval, " ".join("%.0f" % (value / mib) for value in rss[::step]))
+        )
     wall = max(follower_s, 1e-9)
     per_line = 1e6 * cpu["follower"] / max(total_written, 1)
-    print("  follower CPU: %.2f s (%.0f%% of a core over %.1f s; %.2f us per line, of which the checking consumer "
-          "%.2f us: LogHub itself %.2f us)" % (cpu["follower"], 100 * cpu["follower"] / wall, wall, per_line,
-                                               result["check_us"], per_line - result["check_us"]))
+    print(
+        "  follower CPU: %.2f s (%.0f%% of a core over %.1f s; %.2f us per line, of which the checking consumer "
+        "%.2f us: LogHub itself %.2f us)"
+        % (
+            cpu["follower"],
+            100 * cpu["follower"] / wall,
+            wall,
+            per_line,
+            result["check_us"],
+            per_line - result["check_us"],
+        )
+    )
     if "tail" in cpu:
         trss = sampler.rss["tail"]
-        print("tail -F: %d lines counted of %d; CPU %.2f s; RSS peak %.1f MiB"
-              % (tail_lines, expect, cpu["tail"], max(trss) / mib if trss else 0.0))
+        print(
+            "tail -F: %d lines counted of %d; CPU %.2f s; RSS peak %.1f MiB"
+            % (tail_lines, expect, cpu["tail"], max(trss) / mib if trss else 0.0)
+        )
         print("follower CPU / tail -F CPU = %.1f" % (cpu["follower"] / max(cpu["tail"], 1e-9)))
-    print("other processes on this machine meanwhile: %.1f CPU s (%.0f%% of one core on average, of %d cores)"
-          % (cpu["others"], 100 * cpu["others"] / max(cpu["wall"], 1e-9), os.cpu_count() or 0))
+    print(
+        "other processes on this machine meanwhile: %.1f CPU s (%.0f%% of one core on average, of %d cores)"
+        % (cpu["others"], 100 * cpu["others"] / max(cpu["wall"], 1e-9), os.cpu_count() or 0)
+    )
     if result.get("problems"):
         print("problems:", result["problems"])
 

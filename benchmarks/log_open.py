@@ -67,28 +67,61 @@ def message_pool(rnd: random.Random, size: int = 8192) -> List[str]:
         step = rnd.randint(1, 5_000_000)
         if kind < 0.60:
             text = "INFO - Epoch %d Step %d/5000000 loss=%.4f lr=%.3e grad_norm=%.3f tokens/s=%d" % (
-                step // 100000, step, 3.0 / (1 + step / 1e6), 3e-4, rnd.random() * 2, rnd.randint(100000, 500000))
+                step // 100000,
+                step,
+                3.0 / (1 + step / 1e6),
+                3e-4,
+                rnd.random() * 2,
+                rnd.randint(100000, 500000),
+            )
         elif kind < 0.75:
-            text = "INFO - step %d: throughput %d tokens/s, mem allocated %.2f GiB, reserved %.2f GiB, data wait " \
-                   "%.1f ms, fwd %.1f ms, bwd %.1f ms" % (step, rnd.randint(100000, 500000), rnd.random() * 80,
-                                                          rnd.random() * 90, rnd.random() * 20, rnd.random() * 90,
-                                                          rnd.random() * 180)
+            text = (
+                "INFO - step %d: throughput %d tokens/s, mem allocated %.2f GiB, reserved %.2f GiB, data wait "
+                "%.1f ms, fwd %.1f ms, bwd %.1f ms"
+                % (
+                    step,
+                    rnd.randint(100000, 500000),
+                    rnd.random() * 80,
+                    rnd.random() * 90,
+                    rnd.random() * 20,
+                    rnd.random() * 90,
+                    rnd.random() * 180,
+                )
+            )
         elif kind < 0.80:
-            text = "INFO - eval step %d: val_loss=%.4f ppl=%.2f acc=%.4f" % (step, rnd.random() * 3, rnd.random() * 30,
-                                                                           rnd.random())
+            text = "INFO - eval step %d: val_loss=%.4f ppl=%.2f acc=%.4f" % (
+                step,
+                rnd.random() * 3,
+                rnd.random() * 30,
+                rnd.random(),
+            )
         elif kind < 0.82:
             text = "INFO - Checkpoint saved: /scratch/run42/ckpt/checkpoint_epoch_%d.pt (%.1f GiB) 训练进度 %.1f%%" % (
-                step // 100000, rnd.random() * 20, rnd.random() * 100)
+                step // 100000,
+                rnd.random() * 20,
+                rnd.random() * 100,
+            )
         elif kind < 0.84:
-            text = "WARNING - GPU %d temperature %d°C above 85°C; throttling possible" % (rnd.randint(0, 7),
-                                                                                         rnd.randint(86, 92))
+            text = "WARNING - GPU %d temperature %d°C above 85°C; throttling possible" % (
+                rnd.randint(0, 7),
+                rnd.randint(86, 92),
+            )
         elif kind < 0.85:
-            text = "INFO - config: " + " ".join("%s=%s" % ("key%d" % k, "v" * rnd.randint(1, 40))
-                                                for k in range(rnd.randint(20, 120)))  # a long line
+            text = "INFO - config: " + " ".join(
+                "%s=%s" % ("key%d" % k, "v" * rnd.randint(1, 40)) for k in range(rnd.randint(20, 120))
+            )  # a long line
         elif kind < 0.95:
             text = "\x00gpu-a%02d:%d:%d [%d] NCCL INFO Channel %02d/32 : %d[%d] -> %d[%d] via P2P/IPC/read" % (
-                rnd.randint(1, 16), rnd.randint(1000, 9000), rnd.randint(1000, 9000), n % 8, n % 32, n % 16, n % 8,
-                (n + 1) % 16, (n + 1) % 8)
+                rnd.randint(1, 16),
+                rnd.randint(1000, 9000),
+                rnd.randint(1000, 9000),
+                n % 8,
+                n % 32,
+                n % 16,
+                n % 8,
+                (n + 1) % 16,
+                (n + 1) % 8,
+            )
         else:
             text = "\x01"  # a traceback
         pool.append(text)
@@ -210,10 +243,13 @@ async def measure(path: str, runs: int, cold: bool) -> dict:
             finally:
                 await hub.stop()
         if shown != expected or last != expected:
-            raise SystemExit("MISMATCH: the console's last %d lines differ from tail's (open %s, last_lines %s)"
-                             % (LINES_SHOWN, shown == expected, last == expected))
+            raise SystemExit(
+                "MISMATCH: the console's last %d lines differ from tail's (open %s, last_lines %s)"
+                % (LINES_SHOWN, shown == expected, last == expected)
+            )
     return {name: statistics.median(values) for name, values in times.items()} | {
-        "page_lines": statistics.median(page_lines)}
+        "page_lines": statistics.median(page_lines)
+    }
 
 
 def main() -> None:
@@ -227,26 +263,41 @@ def main() -> None:
     try:
         began = time.perf_counter()
         lines = write_log(path, args.size_mb << 20)
-        print("wrote %s: %.2f GB, %d lines, in %.1f s" % (path, os.path.getsize(path) / 1e9, lines,
-                                                         time.perf_counter() - began))
+        print(
+            "wrote %s: %.2f GB, %d lines, in %.1f s"
+            % (path, os.path.getsize(path) / 1e9, lines, time.perf_counter() - began)
+        )
         results = {}
         for label, cold in (("cold-ish (page cache dropped before each run)", True), ("warm", False)):
             result = asyncio.run(measure(path, args.runs, cold))
             results[label] = result
             print("%s, median of %d:" % (label, args.runs))
             print("  tail -n %d (subprocess)   %7.2f ms" % (LINES_SHOWN, result["tail"] * 1e3))
-            print("  open: LogHub.start -> LogFeed -> LogView, last %d of the first page (%d lines)   %7.2f ms   ratio %.2f"
-                  % (LINES_SHOWN, result["page_lines"], result["open"] * 1e3, result["open"] / result["tail"]))
-            print("    of which LogHub (start to the LogLines on the loop) %.2f ms (ratio %.2f), LogView.add %.2f ms"
-                  % (result["open_hub"] * 1e3, result["open_hub"] / result["tail"],
-                     (result["open"] - result["open_hub"]) * 1e3))
-            print("    then diagnosed and its findings marked: %.2f ms from the start (ratio %.2f)"
-                  % (result["open_diagnosed"] * 1e3, result["open_diagnosed"] / result["tail"]))
-            print("  LogHub.last_lines(%d)      %7.2f ms   ratio %.2f"
-                  % (LINES_SHOWN, result["last_lines"] * 1e3, result["last_lines"] / result["tail"]))
+            print(
+                "  open: LogHub.start -> LogFeed -> LogView, last %d of the first page (%d lines)   %7.2f ms   ratio %.2f"
+                % (LINES_SHOWN, result["page_lines"], result["open"] * 1e3, result["open"] / result["tail"])
+            )
+            print(
+                "    of which LogHub (start to the LogLines on the loop) %.2f ms (ratio %.2f), LogView.add %.2f ms"
+                % (
+                    result["open_hub"] * 1e3,
+                    result["open_hub"] / result["tail"],
+                    (result["open"] - result["open_hub"]) * 1e3,
+                )
+            )
+            print(
+                "    then diagnosed and its findings marked: %.2f ms from the start (ratio %.2f)"
+                % (result["open_diagnosed"] * 1e3, result["open_diagnosed"] / result["tail"])
+            )
+            print(
+                "  LogHub.last_lines(%d)      %7.2f ms   ratio %.2f"
+                % (LINES_SHOWN, result["last_lines"] * 1e3, result["last_lines"] / result["tail"])
+            )
         print("the 200 lines are identical to tail's in every run (open and last_lines)")
         worst = max(max(r["open"], r["last_lines"]) / r["tail"] for r in results.values())
-        print("target (no slower than tail -n 200): %s (worst ratio %.2f)" % ("met" if worst <= 1.0 else "MISSED", worst))
+        print(
+            "target (no slower than tail -n 200): %s (worst ratio %.2f)" % ("met" if worst <= 1.0 else "MISSED", worst)
+        )
     finally:
         if args.keep:
             print("kept", folder)

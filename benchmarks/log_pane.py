@@ -32,8 +32,16 @@ from opsconsole.config import Config  # noqa: E402
 from opsconsole.logs.records import LogLine, LogSource  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
 
-SOURCES = [LogSource("gpu%02d" % (n // 8 + 1), "/scratch/run/train_gpu%02d_rank%d_1.log" % (n // 8 + 1, n),
-                     "gpu%02d" % (n // 8 + 1), n, "gpu%02d:rank%d" % (n // 8 + 1, n)) for n in range(16)]
+SOURCES = [
+    LogSource(
+        "gpu%02d" % (n // 8 + 1),
+        "/scratch/run/train_gpu%02d_rank%d_1.log" % (n // 8 + 1, n),
+        "gpu%02d" % (n // 8 + 1),
+        n,
+        "gpu%02d:rank%d" % (n // 8 + 1, n),
+    )
+    for n in range(16)
+]
 
 
 def make_lines(start: int, count: int) -> List[LogLine]:
@@ -41,9 +49,14 @@ def make_lines(start: int, count: int) -> List[LogLine]:
     for n in range(start, start + count):
         source = SOURCES[n % len(SOURCES)]
         text = "2026-12-02 12:%02d:%02d,000 - INFO - step %d loss %.3f lr 3e-4 tokens/s 412345" % (
-            n // 60 % 60, n % 60, n, 3.0 - n / 1e6)
-        lines.append(LogLine(source, n // 16 + 1, n * 90, text, time=1796212800.0 + n / 100, level="INFO",
-                             rank=source.rank))
+            n // 60 % 60,
+            n % 60,
+            n,
+            3.0 - n / 1e6,
+        )
+        lines.append(
+            LogLine(source, n // 16 + 1, n * 90, text, time=1796212800.0 + n / 100, level="INFO", rank=source.rank)
+        )
     return lines
 
 
@@ -92,10 +105,14 @@ def main() -> None:
     args = parser.parse_args()
     small, small_filter, small_floor = asyncio.run(measure(args.small, args.updates))
     big, big_filter, big_floor = asyncio.run(measure(args.big, args.updates))
-    print("update (100 lines merged + one screen rendered), median: %d lines buffered %.2f ms, %d lines %.2f ms: ratio %.2f"
-          % (args.small, small * 1e3, args.big, big * 1e3, big / small))
-    print("regex filter over %d lines: pane %.1f ms, bare re.search loop %.1f ms: ratio %.2f"
-          % (args.big, big_filter * 1e3, big_floor * 1e3, big_filter / big_floor))
+    print(
+        "update (100 lines merged + one screen rendered), median: %d lines buffered %.2f ms, %d lines %.2f ms: ratio %.2f"
+        % (args.small, small * 1e3, args.big, big * 1e3, big / small)
+    )
+    print(
+        "regex filter over %d lines: pane %.1f ms, bare re.search loop %.1f ms: ratio %.2f"
+        % (args.big, big_filter * 1e3, big_floor * 1e3, big_filter / big_floor)
+    )
 
 
 if __name__ == "__main__":

@@ -67,14 +67,20 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--python", default=sys.executable, help="interpreter for the agent and the baseline")
     parser.add_argument("--top", type=int, default=30)
-    parser.add_argument("--extra-procs", type=int, default=0, help="idle `sleep` processes to add (a busy node has ~1000)")
+    parser.add_argument(
+        "--extra-procs", type=int, default=0, help="idle `sleep` processes to add (a busy node has ~1000)"
+    )
     args = parser.parse_args()
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     extras = [subprocess.Popen(["sleep", "3600"]) for _ in range(args.extra_procs)]
     agent = subprocess.Popen(
         [args.python, "-m", "opsconsole.probe.agent", "--interval", "1", "--top", str(args.top)],
-        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        env=env,
+        text=True,
     )
     baseline = subprocess.Popen([args.python, "-c", BASELINE_LOOP], stdin=subprocess.DEVNULL)
     counter = FrameCounter(agent.stdout)

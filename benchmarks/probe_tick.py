@@ -161,7 +161,10 @@ def bench_alternatives(nvml: Any, calls: int = 50) -> List[str]:
         ("nvmlDeviceGetPowerUsage", lambda: nvml.nvmlDeviceGetPowerUsage(handle)),
         ("nvmlDeviceGetProcessUtilization(0)", lambda: nvml.nvmlDeviceGetProcessUtilization(handle, 0)),
         ("nvmlDeviceGetProcessUtilization(-1 s)", lambda: nvml.nvmlDeviceGetProcessUtilization(handle, recent_us)),
-        ("nvmlDeviceGetProcessesUtilizationInfo(-1 s)", lambda: nvml.nvmlDeviceGetProcessesUtilizationInfo(handle, recent_us)),
+        (
+            "nvmlDeviceGetProcessesUtilizationInfo(-1 s)",
+            lambda: nvml.nvmlDeviceGetProcessesUtilizationInfo(handle, recent_us),
+        ),
     ]
     rows = []
     for name, call in candidates:
@@ -235,7 +238,10 @@ def main(argv: Any = None) -> int:
         print("nvidia-smi failed: %s" % smi["error"])
         return 0
     print("nvidia-smi --query-gpu (%s fields), %d calls:" % (smi["fields"], args.smi_calls))
-    print("  mean per call: %.2f ms; per GPU: %.3f ms; parsed %d GPU(s)" % (smi["mean_ms_per_call"], smi["mean_ms_per_gpu"], smi["parsed_gpus"]))
+    print(
+        "  mean per call: %.2f ms; per GPU: %.3f ms; parsed %d GPU(s)"
+        % (smi["mean_ms_per_call"], smi["mean_ms_per_gpu"], smi["parsed_gpus"])
+    )
     ratio = smi["mean_ms_per_gpu"] / ours["mean_ms_per_gpu"] if ours["mean_ms_per_gpu"] > 0 else float("inf")
     print("ratio nvidia-smi / ours: %.1fx (target >= 3x): %s" % (ratio, "ok" if ratio >= 3 else "BELOW TARGET"))
     return 0

@@ -65,13 +65,27 @@ def main() -> int:
         for proc in sleepers:
             proc.wait()
     for name, result in (("top 30", top30), ("all", every)):
-        print("%-7s %5d processes  %6.1f ms CPU/poll  delta %7.0f B  keyframe %8.0f B  mean %8.0f B/line"
-              % (name, result["processes"], result["cpu_ms"], result["delta_bytes"], result["keyframe_bytes"],
-                 result["bytes_per_line"]))
-    print("ratio all/top-30: processes %.1fx, CPU per poll %.2fx, bytes per line %.2fx (delta %.2fx, keyframe %.1fx)" % (
-        every["processes"] / top30["processes"], every["cpu_ms"] / top30["cpu_ms"],
-        every["bytes_per_line"] / top30["bytes_per_line"],
-        every["delta_bytes"] / max(1.0, top30["delta_bytes"]), every["keyframe_bytes"] / top30["keyframe_bytes"]))
+        print(
+            "%-7s %5d processes  %6.1f ms CPU/poll  delta %7.0f B  keyframe %8.0f B  mean %8.0f B/line"
+            % (
+                name,
+                result["processes"],
+                result["cpu_ms"],
+                result["delta_bytes"],
+                result["keyframe_bytes"],
+                result["bytes_per_line"],
+            )
+        )
+    print(
+        "ratio all/top-30: processes %.1fx, CPU per poll %.2fx, bytes per line %.2fx (delta %.2fx, keyframe %.1fx)"
+        % (
+            every["processes"] / top30["processes"],
+            every["cpu_ms"] / top30["cpu_ms"],
+            every["bytes_per_line"] / top30["bytes_per_line"],
+            every["delta_bytes"] / max(1.0, top30["delta_bytes"]),
+            every["keyframe_bytes"] / top30["keyframe_bytes"],
+        )
+    )
     return 0
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import socket
 import statistics
@@ -47,15 +46,30 @@ from opsconsole.sources.prometheus import PARALLEL_QUERIES, PrometheusSource  # 
 
 # dcgm-exporter 3.x default-counters.csv, with realistic values.
 DCGM_DEFAULT = (
-    ("DCGM_FI_DEV_SM_CLOCK", 1980), ("DCGM_FI_DEV_MEM_CLOCK", 3201), ("DCGM_FI_DEV_MEMORY_TEMP", 45),
-    ("DCGM_FI_DEV_GPU_TEMP", 55), ("DCGM_FI_DEV_POWER_USAGE", 690.7), ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 10203506),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 0), ("DCGM_FI_DEV_GPU_UTIL", 98), ("DCGM_FI_DEV_MEM_COPY_UTIL", 22),
-    ("DCGM_FI_DEV_ENC_UTIL", 0), ("DCGM_FI_DEV_DEC_UTIL", 0), ("DCGM_FI_DEV_XID_ERRORS", 0),
-    ("DCGM_FI_DEV_FB_FREE", 142144), ("DCGM_FI_DEV_FB_USED", 1010), ("DCGM_FI_DEV_FB_RESERVED", 615),
-    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 0), ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", 0),
-    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 0), ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", 0),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", 0), ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 4),
-    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.97), ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.61), ("DCGM_FI_PROF_DRAM_ACTIVE", 0.4),
+    ("DCGM_FI_DEV_SM_CLOCK", 1980),
+    ("DCGM_FI_DEV_MEM_CLOCK", 3201),
+    ("DCGM_FI_DEV_MEMORY_TEMP", 45),
+    ("DCGM_FI_DEV_GPU_TEMP", 55),
+    ("DCGM_FI_DEV_POWER_USAGE", 690.7),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 10203506),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 0),
+    ("DCGM_FI_DEV_GPU_UTIL", 98),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", 22),
+    ("DCGM_FI_DEV_ENC_UTIL", 0),
+    ("DCGM_FI_DEV_DEC_UTIL", 0),
+    ("DCGM_FI_DEV_XID_ERRORS", 0),
+    ("DCGM_FI_DEV_FB_FREE", 142144),
+    ("DCGM_FI_DEV_FB_USED", 1010),
+    ("DCGM_FI_DEV_FB_RESERVED", 615),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 0),
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", 0),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 0),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", 0),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", 0),
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 4),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.97),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.61),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", 0.4),
 )
 CPUS = 32
 CPU_MODES = ("idle", "user", "system", "iowait")
@@ -80,17 +94,29 @@ def openmetrics(nodes: int, t1: float) -> str:
         for n in range(nodes):
             host = "gpu%04d" % n
             for g in range(8):
-                owner = ('pod="train-%d",namespace="ml",container="trainer"' % (n // 2) if n % 2 == 0
-                         else 'hpc_job="%d"' % (100000 + n // 2))
-                labels = ('{gpu="%d",UUID="GPU-6777fcb4-080d-bc07-9109-%08x%04x",device="nvidia%d",modelName="NVIDIA H200",'
-                          'Hostname="%s",pci_bus_id="00000000:%02X:00.0",DCGM_FI_DRIVER_VERSION="580.159.04",%s,'
-                          'job="dcgm",instance="%s:9400"}' % (g, n, g, g, host, 0x18 + g, owner, address(n)))
+                owner = (
+                    'pod="train-%d",namespace="ml",container="trainer"' % (n // 2)
+                    if n % 2 == 0
+                    else 'hpc_job="%d"' % (100000 + n // 2)
+                )
+                labels = (
+                    '{gpu="%d",UUID="GPU-6777fcb4-080d-bc07-9109-%08x%04x",device="nvidia%d",modelName="NVIDIA H200",'
+                    'Hostname="%s",pci_bus_id="00000000:%02X:00.0",DCGM_FI_DRIVER_VERSION="580.159.04",%s,'
+                    'job="dcgm",instance="%s:9400"}' % (g, n, g, g, host, 0x18 + g, owner, address(n))
+                )
                 v = value + (n + g) % 7 if metric == "DCGM_FI_DEV_GPU_UTIL" and value else value
                 for stamp in stamps:
                     lines.append("%s%s %s %.3f" % (metric, labels, v, stamp))
-    gauges = (("node_load1", 12.5), ("node_load5", 11.0), ("node_load15", 10.2),
-              ("node_memory_MemTotal_bytes", 2.16e12), ("node_memory_MemAvailable_bytes", 1.9e12),
-              ("node_memory_SwapTotal_bytes", 0), ("node_memory_SwapFree_bytes", 0), ("node_boot_time_seconds", t1 - 86400))
+    gauges = (
+        ("node_load1", 12.5),
+        ("node_load5", 11.0),
+        ("node_load15", 10.2),
+        ("node_memory_MemTotal_bytes", 2.16e12),
+        ("node_memory_MemAvailable_bytes", 1.9e12),
+        ("node_memory_SwapTotal_bytes", 0),
+        ("node_memory_SwapFree_bytes", 0),
+        ("node_boot_time_seconds", t1 - 86400),
+    )
     up_nodes = [n for n in range(nodes) if node_exporter_up(n)]
     for metric, value in gauges:
         lines.append("# TYPE %s gauge" % metric)
@@ -100,23 +126,32 @@ def openmetrics(nodes: int, t1: float) -> str:
     lines.append("# TYPE node_uname_info gauge")
     for n in up_nodes:
         for stamp in stamps:
-            lines.append('node_uname_info{job="node",instance="%s:9100",nodename="gpu%04d",sysname="Linux",'
-                         'release="6.8.0-49-generic",machine="x86_64"} 1 %.3f' % (address(n), n, stamp))
-    for metric, value in (("node_filesystem_size_bytes", 3.8e12), ("node_filesystem_free_bytes", 3.0e12),
-                          ("node_filesystem_avail_bytes", 2.8e12)):
+            lines.append(
+                'node_uname_info{job="node",instance="%s:9100",nodename="gpu%04d",sysname="Linux",'
+                'release="6.8.0-49-generic",machine="x86_64"} 1 %.3f' % (address(n), n, stamp)
+            )
+    for metric, value in (
+        ("node_filesystem_size_bytes", 3.8e12),
+        ("node_filesystem_free_bytes", 3.0e12),
+        ("node_filesystem_avail_bytes", 2.8e12),
+    ):
         lines.append("# TYPE %s gauge" % metric)
         for n in up_nodes:
             for stamp in stamps:
-                lines.append('%s{job="node",instance="%s:9100",mountpoint="/",fstype="ext4",device="/dev/nvme0n1p1"} %s %.3f'
-                             % (metric, address(n), value, stamp))
+                lines.append(
+                    '%s{job="node",instance="%s:9100",mountpoint="/",fstype="ext4",device="/dev/nvme0n1p1"} %s %.3f'
+                    % (metric, address(n), value, stamp)
+                )
     lines.append("# TYPE node_cpu_seconds_total counter")
     for n in up_nodes:
         for cpu in range(CPUS):
             for mode in CPU_MODES:
                 per_step = {"idle": 2.0, "user": 7.0, "system": 0.8, "iowait": 0.2}[mode]
                 for i, stamp in enumerate(stamps):
-                    lines.append('node_cpu_seconds_total{job="node",instance="%s:9100",cpu="%d",mode="%s"} %s %.3f'
-                                 % (address(n), cpu, mode, 100000 + per_step * i, stamp))
+                    lines.append(
+                        'node_cpu_seconds_total{job="node",instance="%s:9100",cpu="%d",mode="%s"} %s %.3f'
+                        % (address(n), cpu, mode, 100000 + per_step * i, stamp)
+                    )
     lines.append("# TYPE up gauge")
     for n in range(nodes):
         for job, port in (("dcgm", 9400), ("node", 9100)):
@@ -142,9 +177,16 @@ def start_prometheus(data: Path, nodes: int, t1: float) -> subprocess.Popen:
     config.write_text("global: {scrape_interval: 1h}\nscrape_configs: []\n")
     port = free_port()
     proc = subprocess.Popen(
-        ["prometheus", "--config.file=%s" % config, "--storage.tsdb.path=%s" % data,
-         "--storage.tsdb.retention.time=30d", "--web.listen-address=127.0.0.1:%d" % port, "--log.level=error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "prometheus",
+            "--config.file=%s" % config,
+            "--storage.tsdb.path=%s" % data,
+            "--storage.tsdb.retention.time=30d",
+            "--web.listen-address=127.0.0.1:%d" % port,
+            "--log.level=error",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     proc.url = "http://127.0.0.1:%d" % port  # type: ignore[attr-defined]
     deadline = time.monotonic() + 120
@@ -223,28 +265,54 @@ def main() -> int:
             data = Path(tmp) / "data"
             started = time.perf_counter()
             proc = start_prometheus(data, nodes, t1)
-            print("%5d nodes: samples written and Prometheus ready in %.1f s" % (nodes, time.perf_counter() - started), flush=True)
+            print(
+                "%5d nodes: samples written and Prometheus ready in %.1f s" % (nodes, time.perf_counter() - started),
+                flush=True,
+            )
             try:
                 results.append(measure(proc.url, nodes, t1, args.cycles))  # type: ignore[attr-defined]
             finally:
                 proc.terminate()
                 proc.wait(30)
     print()
-    print("nodes  GPUs   refresh wall mean/max   CPU/refresh  CPU@5s   requests/refresh   baseline wall  baseline CPU  ratio wall  ratio CPU")
+    print(
+        "nodes  GPUs   refresh wall mean/max   CPU/refresh  CPU@5s   requests/refresh   baseline wall  baseline CPU  ratio wall  ratio CPU"
+    )
     for r in results:
-        print("%5d  %5d   %6.3f s / %6.3f s     %6.3f s    %5.1f %%   %-17s  %8.3f s     %8.3f s     %5.2fx     %5.2fx" % (
-            r["nodes"], r["nodes"] * 8, r["wall_mean_s"], r["wall_max_s"], r["cpu_mean_s"], 100 * r["cpu_share_at_5s"],
-            "%s (mean %.2f)" % (r["requests"], r["requests_mean"]), r["base_wall_mean_s"], r["base_cpu_mean_s"],
-            r["wall_mean_s"] / r["base_wall_mean_s"], r["cpu_mean_s"] / max(r["base_cpu_mean_s"], 1e-9)))
+        print(
+            "%5d  %5d   %6.3f s / %6.3f s     %6.3f s    %5.1f %%   %-17s  %8.3f s     %8.3f s     %5.2fx     %5.2fx"
+            % (
+                r["nodes"],
+                r["nodes"] * 8,
+                r["wall_mean_s"],
+                r["wall_max_s"],
+                r["cpu_mean_s"],
+                100 * r["cpu_share_at_5s"],
+                "%s (mean %.2f)" % (r["requests"], r["requests_mean"]),
+                r["base_wall_mean_s"],
+                r["base_cpu_mean_s"],
+                r["wall_mean_s"] / r["base_wall_mean_s"],
+                r["cpu_mean_s"] / max(r["base_cpu_mean_s"], 1e-9),
+            )
+        )
     if len(results) >= 2:
         same = results[0]["requests"] == results[-1]["requests"]
         print("\nrequests per refresh independent of node count: %s" % ("yes" if same else "NO"))
-    print("TCP connections opened per refresh (pooled, kept alive): %s" % ", ".join(
-        "%.2f at %d nodes" % (r["connections_per_refresh"], r["nodes"]) for r in results))
+    print(
+        "TCP connections opened per refresh (pooled, kept alive): %s"
+        % ", ".join("%.2f at %d nodes" % (r["connections_per_refresh"], r["nodes"]) for r in results)
+    )
     last = results[-1]
-    print("target at %d nodes: full refresh <= 1 s: %s (max %.3f s); <= 30 %% of a core at 5 s: %s (%.1f %%)" % (
-        last["nodes"], "met" if last["wall_max_s"] <= 1.0 else "NOT met", last["wall_max_s"],
-        "met" if last["cpu_share_at_5s"] <= 0.30 else "NOT met", 100 * last["cpu_share_at_5s"]))
+    print(
+        "target at %d nodes: full refresh <= 1 s: %s (max %.3f s); <= 30 %% of a core at 5 s: %s (%.1f %%)"
+        % (
+            last["nodes"],
+            "met" if last["wall_max_s"] <= 1.0 else "NOT met",
+            last["wall_max_s"],
+            "met" if last["cpu_share_at_5s"] <= 0.30 else "NOT met",
+            100 * last["cpu_share_at_5s"],
+        )
+    )
     return 0
 
 

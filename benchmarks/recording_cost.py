@@ -62,17 +62,20 @@ def main() -> int:
                     c2 = time.process_time()
                     baseline_cpu += c1 - c0
                     record_cpu += c2 - c1
-        size = os.path.getsize(path) + sum(
-            os.path.getsize(p) for p in (path + "-wal",) if os.path.exists(p))
+        size = os.path.getsize(path) + sum(os.path.getsize(p) for p in (path + "-wal",) if os.path.exists(p))
         stored = recorder.stats.bytes_written
         per_hour = 3600.0 / args.seconds
         cpu_percent = 100.0 * record_cpu / args.seconds
         baseline_percent = 100.0 * baseline_cpu / args.seconds
         print("recording %d nodes x 8 GPUs, %d s simulated at 1 s:" % (args.nodes, args.seconds))
-        print("  recorder CPU %.2f %% of one core (target <= 5 %%); baseline json.dumps of each frame %.2f %%;"
-              " ratio %.2fx the baseline" % (cpu_percent, baseline_percent, cpu_percent / baseline_percent))
-        print("  file %.1f MB (compressed chunks %.1f MB) -> %.1f MB per hour (target <= 50 MB)"
-              % (size / 1e6, stored / 1e6, size * per_hour / 1e6))
+        print(
+            "  recorder CPU %.2f %% of one core (target <= 5 %%); baseline json.dumps of each frame %.2f %%;"
+            " ratio %.2fx the baseline" % (cpu_percent, baseline_percent, cpu_percent / baseline_percent)
+        )
+        print(
+            "  file %.1f MB (compressed chunks %.1f MB) -> %.1f MB per hour (target <= 50 MB)"
+            % (size / 1e6, stored / 1e6, size * per_hour / 1e6)
+        )
 
         reader = RecordingReader(path)
         rng = random.Random(7)
@@ -86,14 +89,17 @@ def main() -> int:
         # Baseline: the least a seek can cost, decoding one full frame line per node.
         line = json.dumps(to_wire(node_state(0, 0).frame))
         from opsconsole.model import NodeFrame, from_wire
+
         b0 = time.perf_counter()
         for _ in range(args.nodes):
             from_wire(NodeFrame, json.loads(line))
         base_ms = 1000 * (time.perf_counter() - b0)
         worst = max(seek_ms)
-        print("  seek to %d random points of the recording: median %.1f ms, max %.1f ms (target <= 200 ms);"
-              " baseline (decode one keyframe per node) %.1f ms, ratio max/baseline %.1fx"
-              % (args.seeks, statistics.median(seek_ms), worst, base_ms, worst / base_ms))
+        print(
+            "  seek to %d random points of the recording: median %.1f ms, max %.1f ms (target <= 200 ms);"
+            " baseline (decode one keyframe per node) %.1f ms, ratio max/baseline %.1fx"
+            % (args.seeks, statistics.median(seek_ms), worst, base_ms, worst / base_ms)
+        )
     return 0
 
 

@@ -43,8 +43,8 @@ from opsconsole.model import (  # noqa: E402
     ProcessSample,
     to_wire,
 )
-from opsconsole.probe.wire_delta import DEFAULT_KEYFRAME_EVERY, DeltaEncoder, round_wire  # noqa: E402
 from opsconsole.probe.agent import delay_to_grid  # noqa: E402
+from opsconsole.probe.wire_delta import DEFAULT_KEYFRAME_EVERY, DeltaEncoder, round_wire  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "h200"
 GPUS_PER_NODE = 8
@@ -233,7 +233,9 @@ class ChangingNode:
             if rng.random() < 0.3:
                 gpu["temperature"] = float(min(75, max(50, int(gpu["temperature"] or 55) + rng.choice((-1, 1)))))
             gpu["power_draw_w"] = rng.randint(640000, 699990) / 1000.0  # NVML gives mW
-            gpu["energy_j"] = (gpu["energy_j"] or 0.0) + gpu["power_draw_w"] * self.interval + rng.randint(0, 999) / 1000.0
+            gpu["energy_j"] = (
+                (gpu["energy_j"] or 0.0) + gpu["power_draw_w"] * self.interval + rng.randint(0, 999) / 1000.0
+            )
             gpu["clock_sm_mhz"] = rng.choice(range(1395, 1981, 15))
             gpu["pcie_tx_kbs"] = rng.randint(800, 40000)
             gpu["pcie_rx_kbs"] = rng.randint(800, 40000)
@@ -263,8 +265,11 @@ class ChangingNode:
         host["mem_available"] = host["mem_total"] - host["mem_used"] - 20 * 1024 * MIB
         host["uptime_s"] = host["uptime_s"] + self.interval + rng.uniform(-0.01, 0.01)
         host["net"] = [
-            dict(rate, rx_bytes_per_s=rng.uniform(0.5, 1.0) * (2.1e9 if rate["interface"] == "ib0" else 1.2e6),
-                 tx_bytes_per_s=rng.uniform(0.5, 1.0) * (2.0e9 if rate["interface"] == "ib0" else 0.8e6))
+            dict(
+                rate,
+                rx_bytes_per_s=rng.uniform(0.5, 1.0) * (2.1e9 if rate["interface"] == "ib0" else 1.2e6),
+                tx_bytes_per_s=rng.uniform(0.5, 1.0) * (2.0e9 if rate["interface"] == "ib0" else 0.8e6),
+            )
             for rate in host["net"]
         ]
         if rng.random() < 0.02:
@@ -283,14 +288,30 @@ class ChangingNode:
         if rng.random() < 0.03:  # a profiler or eval process on one GPU for a few ticks
             gpu = rng.randrange(len(gpus))
             self.next_pid += 1
-            self.extra.append([rng.randint(2, 8), dict(
-                self.state["processes"][0], pid=self.next_pid, name="nsys", command="nsys profile -p %d" % self.next_pid,
-                cpu_percent=rng.randint(10, 300) / 10.0, rss_bytes=300 * MIB, elapsed_s=0.0, threads=12,
-                gpu_index=gpu, gpu_uuid=gpus[gpu]["uuid"], gpu_memory_bytes=512 * MIB, gpu_sm_percent=1.0)])
+            self.extra.append(
+                [
+                    rng.randint(2, 8),
+                    dict(
+                        self.state["processes"][0],
+                        pid=self.next_pid,
+                        name="nsys",
+                        command="nsys profile -p %d" % self.next_pid,
+                        cpu_percent=rng.randint(10, 300) / 10.0,
+                        rss_bytes=300 * MIB,
+                        elapsed_s=0.0,
+                        threads=12,
+                        gpu_index=gpu,
+                        gpu_uuid=gpus[gpu]["uuid"],
+                        gpu_memory_bytes=512 * MIB,
+                        gpu_sm_percent=1.0,
+                    ),
+                ]
+            )
         for entry in self.extra:
             entry[0] -= 1
-            entry[1] = dict(entry[1], elapsed_s=entry[1]["elapsed_s"] + self.interval,
-                            cpu_percent=rng.randint(10, 300) / 10.0)
+            entry[1] = dict(
+                entry[1], elapsed_s=entry[1]["elapsed_s"] + self.interval, cpu_percent=rng.randint(10, 300) / 10.0
+            )
         self.extra = [entry for entry in self.extra if entry[0] > 0]
         procs = [dict(p) for p in self.state["processes"]] + [dict(entry[1]) for entry in self.extra]
         return sorted(procs, key=lambda p: (p["gpu_index"], p["pid"]))
@@ -334,8 +355,9 @@ class ChangingNode:
 class FrameLines:
     """One node's stream lines: full frames of a ChangingNode, or (delta) the agent encoder's keyframes and deltas."""
 
-    def __init__(self, node: str, interval: float = 1.0, delta: bool = False,
-                 keyframe_every: int = DEFAULT_KEYFRAME_EVERY) -> None:
+    def __init__(
+        self, node: str, interval: float = 1.0, delta: bool = False, keyframe_every: int = DEFAULT_KEYFRAME_EVERY
+    ) -> None:
         self.source = ChangingNode(node, interval)
         self.encoder = DeltaEncoder(keyframe_every) if delta else None
 

@@ -45,22 +45,23 @@ ODD_RANK = 37
 WARM_RUNS = 5
 PY_SPY = os.path.join(os.path.dirname(sys.executable), "py-spy")
 
-C10D = textwrap.dedent('''
+C10D = textwrap.dedent("""
     import time
 
 
     def all_reduce(tensor):
         time.sleep(3600)
-''')
-DATALOADER = textwrap.dedent('''
+""")
+DATALOADER = textwrap.dedent("""
     import time
 
 
     class _Iter:
         def __next__(self):
             time.sleep(3600)
-''')
-TRAIN = textwrap.dedent('''
+""")
+TRAIN = textwrap.dedent(
+    """
     import os
     import sys
 
@@ -78,7 +79,9 @@ TRAIN = textwrap.dedent('''
     if int(os.environ["RANK"]) == %d:
         next(data["_Iter"]())
     c10d["all_reduce"](None)
-''' % ODD_RANK)
+"""
+    % ODD_RANK
+)
 
 
 # --- the simulated nodes: commands run for real on this machine ---------------------------------
@@ -86,8 +89,11 @@ TRAIN = textwrap.dedent('''
 
 async def _run_command(process) -> None:
     child = await asyncio.create_subprocess_shell(
-        process.command or "true", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
+        process.command or "true",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
 
     async def feed() -> None:
         while True:
@@ -115,9 +121,17 @@ async def _serve(keys, count, ready, stop) -> None:
 
     servers = []
     for _ in range(count):
-        servers.append(await asyncssh.create_server(
-            asyncssh.SSHServer, "127.0.0.1", 0, server_host_keys=[keys.host_key],
-            authorized_client_keys=keys.client_pub, process_factory=_run_command, encoding=None))
+        servers.append(
+            await asyncssh.create_server(
+                asyncssh.SSHServer,
+                "127.0.0.1",
+                0,
+                server_host_keys=[keys.host_key],
+                authorized_client_keys=keys.client_pub,
+                process_factory=_run_command,
+                encoding=None,
+            )
+        )
     ready.put([server.sockets[0].getsockname()[1] for server in servers])
     while not stop.is_set():
         await asyncio.sleep(0.2)
@@ -168,8 +182,9 @@ async def measure(ports, keys, pids_by_node):
     limiter = asyncio.Semaphore(ssh.max_logins)
     links = {}
     for index, port in enumerate(ports):
-        node = NodeConfig(name="sim%d" % index, host="127.0.0.1", port=port, identity=keys.client_key,
-                          python=sys.executable)
+        node = NodeConfig(
+            name="sim%d" % index, host="127.0.0.1", port=port, identity=keys.client_key, python=sys.executable
+        )
         links[node.name] = SshLink(node, ssh, 1.0, login_limiter=limiter)
     try:
         started = time.perf_counter()
@@ -202,7 +217,7 @@ def main() -> int:
         write_known_hosts(keys, ports)
         ranks = start_ranks(work / "job")
         pids = [process.pid for process in ranks]
-        pids_by_node = {"sim%d" % n: pids[n * RANKS_PER_NODE:(n + 1) * RANKS_PER_NODE] for n in range(NODES)}
+        pids_by_node = {"sim%d" % n: pids[n * RANKS_PER_NODE : (n + 1) * RANKS_PER_NODE] for n in range(NODES)}
 
         from opsconsole.probe.rank_stacks import find_ranks
 
@@ -230,18 +245,26 @@ def main() -> int:
     print("stacks of %d ranks on %d simulated nodes over SSH (py-spy on real processes)" % (len(warm.ranks), NODES))
     print("  verdict: %s" % warm.verdict)
     print("  errors: %d" % len(warm.errors) + ("" if not warm.errors else "  (%s)" % warm.errors[0].reason))
-    print("  ours, connections open:  %.3f s  (median of %d; runs %s)" % (
-        warm_s, len(warm_runs), ", ".join("%.3f" % t for t in warm_runs)))
+    print(
+        "  ours, connections open:  %.3f s  (median of %d; runs %s)"
+        % (warm_s, len(warm_runs), ", ".join("%.3f" % t for t in warm_runs))
+    )
     print("  ours, cold (logins too): %.3f s" % cold_s)
     print("  py-spy alone, one process: %.1f ms (median of %d)" % (per_process * 1000, len(alone)))
-    print("  py-spy on the node, inside ours: median %.1f ms, max %.1f ms per process" % (
-        statistics.median(dump_times) * 1000, dump_times[-1] * 1000))
+    print(
+        "  py-spy on the node, inside ours: median %.1f ms, max %.1f ms per process"
+        % (statistics.median(dump_times) * 1000, dump_times[-1] * 1000)
+    )
     print("  py-spy 64 times one after another: %.3f s" % sequential_s)
-    print("  ratio ours / py-spy per process: %.1fx; ours / sequential py-spy: %.2fx" % (
-        warm_s / per_process, warm_s / sequential_s))
+    print(
+        "  ratio ours / py-spy per process: %.1fx; ours / sequential py-spy: %.2fx"
+        % (warm_s / per_process, warm_s / sequential_s)
+    )
     print("  rank search by environment (all of /proc, %d found of ours): %.1f ms" % (len(found), search_s * 1000))
-    print("  load average while measured: %.2f (%d cores; every simulated node's dumps share them)" % (
-        os.getloadavg()[0], os.cpu_count() or 0))
+    print(
+        "  load average while measured: %.2f (%d cores; every simulated node's dumps share them)"
+        % (os.getloadavg()[0], os.cpu_count() or 0)
+    )
     print("  target <= 2 s for 64 ranks: %s" % ("met" if warm_s <= 2.0 else "NOT met"))
     assert warm.odd == [ODD_RANK], warm.odd
     return 0

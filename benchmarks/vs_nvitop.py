@@ -37,7 +37,9 @@ from typing import Dict, List, Optional
 from pty_run import ROOT, PtyProcess, console_argv
 
 COLUMNS, ROWS = 140, 45
-ESCAPES = re.compile(rb"\x1b\[[0-9;?<=>]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][0-9A-Za-z]|\x1b[=>78MDEc]")
+ESCAPES = re.compile(
+    rb"\x1b\[[0-9;?<=>]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][0-9A-Za-z]|\x1b[=>78MDEc]"
+)
 SEARCHED_BYTES = 4 * 1024 * 1024  # the first screens; the name is looked for in no more than this
 
 GPU_LOAD = r"""
@@ -124,8 +126,13 @@ def tree_rss_bytes(pid: int) -> int:
 
 def gpu_name() -> str:
     """The first GPU's model name as nvidia-smi reports it ("NVIDIA H200")."""
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                         capture_output=True, text=True, check=True, timeout=30).stdout
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
     return out.splitlines()[0].strip()
 
 
@@ -133,7 +140,7 @@ def model_of(name: str) -> str:
     """What both tools print of the name: opsconsole drops the vendor ("H200")."""
     for prefix in ("NVIDIA ", "Tesla "):
         if name.startswith(prefix):
-            return name[len(prefix):]
+            return name[len(prefix) :]
     return name
 
 
@@ -218,9 +225,25 @@ def profile(directory: str, needle: bytes, seconds: float) -> List[str]:
         try:
             time.sleep(5)
             steady_out = os.path.join(directory, "steady.txt")
-            subprocess.run([spy, "record", "--pid", str(console.proc.pid), "--duration", str(int(seconds)),
-                            "--rate", "250", "--format", "raw", "--nonblocking", "--output", steady_out],
-                           capture_output=True, timeout=seconds + 60)
+            subprocess.run(
+                [
+                    spy,
+                    "record",
+                    "--pid",
+                    str(console.proc.pid),
+                    "--duration",
+                    str(int(seconds)),
+                    "--rate",
+                    "250",
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--output",
+                    steady_out,
+                ],
+                capture_output=True,
+                timeout=seconds + 60,
+            )
             if os.path.exists(steady_out):
                 written.append("steady.txt")
         finally:
@@ -274,14 +297,34 @@ def main() -> int:
         return statistics.median(values) if values else None
 
     figures = {
-        tool: dict(side[tool], launch_name_s=median(tool, "name_shown_s"), launch_first_frame_s=median(tool, "first_frame_s"),
-                   launches=launches[tool])
+        tool: dict(
+            side[tool],
+            launch_name_s=median(tool, "name_shown_s"),
+            launch_first_frame_s=median(tool, "first_frame_s"),
+            launches=launches[tool],
+        )
         for tool in argvs
     }
-    empty = {"launch_name_s": None, "launch_first_frame_s": None, "cpu_percent": None, "bytes_per_s": None, "rss_mb": None}
+    empty = {
+        "launch_name_s": None,
+        "launch_first_frame_s": None,
+        "cpu_percent": None,
+        "bytes_per_s": None,
+        "rss_mb": None,
+    }
     ops, nv = figures.get("opsconsole", empty), figures.get("nvitop", empty)
-    print("GPU: %s   %dx%d pty, %s s interval, %s, window %.0f s after %.0f s" % (
-        name, COLUMNS, ROWS, args.interval, "bf16 matmul load" if args.load else "no load", args.seconds, args.warmup))
+    print(
+        "GPU: %s   %dx%d pty, %s s interval, %s, window %.0f s after %.0f s"
+        % (
+            name,
+            COLUMNS,
+            ROWS,
+            args.interval,
+            "bf16 matmul load" if args.load else "no load",
+            args.seconds,
+            args.warmup,
+        )
+    )
     print("%-36s %12s %12s %8s   target" % ("", "opsconsole", "nvitop", "ratio"))
     rows = [
         ("launch to the GPU's name on screen, s", ops["launch_name_s"], nv["launch_name_s"], "%.3f", "<= 0.5 s"),
@@ -291,11 +334,14 @@ def main() -> int:
         ("RSS, MB", ops["rss_mb"], nv["rss_mb"], "%.1f", "<= 60 MB"),
     ]
     for label, a, b, fmt, target in rows:
-        print("%-36s %12s %12s %8s   %s" % (label, fmt % a if a is not None else "n/a",
-                                            fmt % b if b is not None else "-", ratio(a, b), target))
+        print(
+            "%-36s %12s %12s %8s   %s"
+            % (label, fmt % a if a is not None else "n/a", fmt % b if b is not None else "-", ratio(a, b), target)
+        )
     for tool in argvs:
-        shown = ", ".join("%.3f" % run["name_shown_s"] if run["name_shown_s"] is not None else "never"
-                          for run in launches[tool])
+        shown = ", ".join(
+            "%.3f" % run["name_shown_s"] if run["name_shown_s"] is not None else "never" for run in launches[tool]
+        )
         print("%s launches (name shown): %s" % (tool, shown))
     if written:
         print("profiles in %s: %s" % (args.profile, ", ".join(written)))

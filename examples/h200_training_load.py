@@ -41,13 +41,18 @@ def main() -> None:
             step += 1
             if step % 20 == 0:
                 torch.cuda.synchronize()
-                print("t=%.0fs step %d batch %d loss %.4f mem %.1f GiB" % (
-                    elapsed, step, batch, loss.item(), torch.cuda.memory_allocated() / 2 ** 30), flush=True)
+                print(
+                    "t=%.0fs step %d batch %d loss %.4f mem %.1f GiB"
+                    % (elapsed, step, batch, loss.item(), torch.cuda.memory_allocated() / 2**30),
+                    flush=True,
+                )
             if time.time() >= next_checkpoint:
                 torch.cuda.synchronize()
                 t0 = time.time()
-                torch.save({"step": step, "model_state_dict": model.state_dict()},
-                           os.path.join(ckpt_dir, "checkpoint_step_%d.pt" % step))
+                torch.save(
+                    {"step": step, "model_state_dict": model.state_dict()},
+                    os.path.join(ckpt_dir, "checkpoint_step_%d.pt" % step),
+                )
                 time.sleep(3)  # the host side of a checkpoint: the GPU waits
                 print("checkpoint at step %d took %.1fs" % (step, time.time() - t0), flush=True)
                 next_checkpoint += 40

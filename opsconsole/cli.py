@@ -8,8 +8,6 @@ import sys
 from typing import List, Optional, Sequence
 
 from opsconsole import __version__
-from opsconsole.config import Config, ConfigError
-from opsconsole.model import NodeState
 from opsconsole.commands._arguments import (  # noqa: F401 (main and the tests use them from here)
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -26,6 +24,8 @@ from opsconsole.commands._arguments import (  # noqa: F401 (main and the tests u
     slurm_follower,
     watched_from_args,
 )
+from opsconsole.config import Config, ConfigError
+from opsconsole.model import NodeState
 
 # --- argument parsing ------------------------------------------------------
 
@@ -78,18 +78,31 @@ class PathsAction(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         for value in values:
             if value in self.commands:
-                raise argparse.ArgumentError(self, "%r is a command: give %s after it (opsconsole %s %s ...)"
-                                             % (value, option_string, value, option_string))
+                raise argparse.ArgumentError(
+                    self,
+                    "%r is a command: give %s after it (opsconsole %s %s ...)"
+                    % (value, option_string, value, option_string),
+                )
         setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or []) + list(values))
 
 
 def add_watch_options(parser: argparse.ArgumentParser) -> List[argparse.Action]:
     """--logs and --checkpoints: what [logs] paths and [[checkpoints]] say, without a config file."""
     return [
-        parser.add_argument("--logs", metavar="GLOB", nargs="+", action=PathsAction,
-                            help="follow these log files (globs, quoted or not; on every node), beside [logs] paths"),
-        parser.add_argument("--checkpoints", metavar="DIR", nargs="+", action=PathsAction,
-                            help="list these checkpoint directories of this machine, beside [[checkpoints]]"),
+        parser.add_argument(
+            "--logs",
+            metavar="GLOB",
+            nargs="+",
+            action=PathsAction,
+            help="follow these log files (globs, quoted or not; on every node), beside [logs] paths",
+        ),
+        parser.add_argument(
+            "--checkpoints",
+            metavar="DIR",
+            nargs="+",
+            action=PathsAction,
+            help="list these checkpoint directories of this machine, beside [[checkpoints]]",
+        ),
     ]
 
 

@@ -25,7 +25,6 @@ except ImportError:  # Python < 3.11
 from opsconsole.file_kinds import file_kind
 from opsconsole.hostlist import expand_hostlist
 
-
 # Bounds of the numeric settings: a floor where a tiny value would spin a loop (1e-300 s between
 # polls), a ceiling where a huge one would overflow a timer or hold memory; all must be finite.
 MIN_INTERVAL_S = 0.1
@@ -608,9 +607,17 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "logs": ("paths", "node_paths", "poll_interval", "rescan_interval", "stall_after", "max_lines"),
     "checkpoints": ("path", "node", "keep", "min_age"),
     "health": (
-        "gpu_temperature_c", "disk_free_percent", "memory_percent", "disk_paths", "temperature_margin_c",
-        "swap_used_percent", "iowait_percent", "gpu_idle_percent", "loader_busy_percent",
-        "gpu_test_memory_share", "gpu_test_timeout_s",
+        "gpu_temperature_c",
+        "disk_free_percent",
+        "memory_percent",
+        "disk_paths",
+        "temperature_margin_c",
+        "swap_used_percent",
+        "iowait_percent",
+        "gpu_idle_percent",
+        "loader_busy_percent",
+        "gpu_test_memory_share",
+        "gpu_test_timeout_s",
     ),
     "actions": (
         "audit_log",
@@ -626,8 +633,22 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "alerts": ("name", "metric", "comparison", "threshold", "for", "severity", "clear"),
     "alerting": ("builtin_rules", "bell", "toast", "hook", "hook_timeout_s"),
     "sources": (
-        "kind", "name", "url", "bearer_token_file", "ca_file", "node_labels", "gpu_label", "interval",
-        "timeout", "telemetry", "nodes", "selector", "rate_window", "slow_every", "stale_after", "node_names",
+        "kind",
+        "name",
+        "url",
+        "bearer_token_file",
+        "ca_file",
+        "node_labels",
+        "gpu_label",
+        "interval",
+        "timeout",
+        "telemetry",
+        "nodes",
+        "selector",
+        "rate_window",
+        "slow_every",
+        "stale_after",
+        "node_names",
         "insecure_skip_verify",
     ),
 }
@@ -635,8 +656,21 @@ ARRAY_SECTIONS = ("nodes", "checkpoints", "alerts", "sources")  # written as [[n
 HOST_KEY_POLICIES = ("strict", "accept-new")
 # Values people try in order to switch checking off; they get a pointed answer.
 _CHECKING_OFF_WORDS = {
-    "off", "no", "none", "false", "0", "disable", "disabled", "ignore", "insecure",
-    "skip", "accept", "accept-any", "accept-all", "auto-add", "autoadd",
+    "off",
+    "no",
+    "none",
+    "false",
+    "0",
+    "disable",
+    "disabled",
+    "ignore",
+    "insecure",
+    "skip",
+    "accept",
+    "accept-any",
+    "accept-all",
+    "auto-add",
+    "autoadd",
 }
 
 
@@ -649,9 +683,7 @@ class _Checker:
         self.home = home
 
     def fail(self, path: KeyPath, message: str) -> NoReturn:
-        raise ConfigError(
-            message, file=self.filename, line=self.lines.line_of(path), key=_format_path(path)
-        )
+        raise ConfigError(message, file=self.filename, line=self.lines.line_of(path), key=_format_path(path))
 
     # whole file
 
@@ -672,9 +704,7 @@ class _Checker:
 
     def unknown_top_level(self, name: str, value: Any) -> NoReturn:
         path = (name,)
-        if isinstance(value, dict) or (
-            isinstance(value, list) and value and all(isinstance(v, dict) for v in value)
-        ):
+        if isinstance(value, dict) or (isinstance(value, list) and value and all(isinstance(v, dict) for v in value)):
             self.fail(path, "unknown section" + _suggest(name, SECTIONS))
         owners = [section for section, keys in SECTIONS.items() if name in keys]
         if owners:
@@ -732,7 +762,9 @@ class _Checker:
         table = self.table(value, path, "ssh")
         d = SshConfig()
         known_hosts = self.string(table, path, "known_hosts", None)
-        backoff_initial = self.number(table, path, "backoff_initial", d.backoff_initial, low=MIN_POLL_S, most=MAX_INTERVAL_S)
+        backoff_initial = self.number(
+            table, path, "backoff_initial", d.backoff_initial, low=MIN_POLL_S, most=MAX_INTERVAL_S
+        )
         backoff_max = self.number(table, path, "backoff_max", d.backoff_max, above=0, most=MAX_TIMEOUT_S)
         if backoff_max < backoff_initial:
             self.fail(
@@ -767,8 +799,7 @@ class _Checker:
         if value not in HOST_KEY_POLICIES:
             self.fail(
                 key_path,
-                f'expected "strict" or "accept-new", got {_show(value)}'
-                + _suggest(value, HOST_KEY_POLICIES),
+                f'expected "strict" or "accept-new", got {_show(value)}' + _suggest(value, HOST_KEY_POLICIES),
             )
         return value
 
@@ -885,7 +916,9 @@ class _Checker:
             paths=self.strings(table, path, "paths", ()),
             node_paths=tuple(node_paths),
             poll_interval=self.number(table, path, "poll_interval", d.poll_interval, low=MIN_POLL_S, most=60.0),
-            rescan_interval=self.number(table, path, "rescan_interval", d.rescan_interval, low=MIN_INTERVAL_S, most=MAX_INTERVAL_S),
+            rescan_interval=self.number(
+                table, path, "rescan_interval", d.rescan_interval, low=MIN_INTERVAL_S, most=MAX_INTERVAL_S
+            ),
             stall_after=self.number(table, path, "stall_after", d.stall_after, above=0, most=30 * 86400.0),
             max_lines=self.integer(table, path, "max_lines", d.max_lines, low=100, most=10_000_000),
         )
@@ -903,14 +936,14 @@ class _Checker:
                     path=self.string(entry, entry_path, "path", None),
                     node=self.string(entry, entry_path, "node", None),
                     keep=self.integer(entry, entry_path, "keep", CheckpointDirConfig.keep, low=0, most=1_000_000),
-                    min_age=self.number(entry, entry_path, "min_age", CheckpointDirConfig.min_age, low=0, most=MAX_AGE_S),
+                    min_age=self.number(
+                        entry, entry_path, "min_age", CheckpointDirConfig.min_age, low=0, most=MAX_AGE_S
+                    ),
                 )
             )
         return tuple(dirs)
 
-    def check_checkpoint_nodes(
-        self, dirs: Tuple[CheckpointDirConfig, ...], nodes: Tuple[NodeConfig, ...]
-    ) -> None:
+    def check_checkpoint_nodes(self, dirs: Tuple[CheckpointDirConfig, ...], nodes: Tuple[NodeConfig, ...]) -> None:
         """Check that each checkpoint directory names a configured node."""
         names = [node.name for node in nodes]
         for index, entry in enumerate(dirs):
@@ -926,15 +959,13 @@ class _Checker:
         d = HealthConfig()
         return HealthConfig(
             gpu_temperature_c=self.number(table, path, "gpu_temperature_c", d.gpu_temperature_c, above=0, most=200.0),
-            disk_free_percent=self.number(
-                table, path, "disk_free_percent", d.disk_free_percent, low=0, high=100
-            ),
+            disk_free_percent=self.number(table, path, "disk_free_percent", d.disk_free_percent, low=0, high=100),
             memory_percent=self.number(table, path, "memory_percent", d.memory_percent, low=0, high=100),
             disk_paths=self.strings(table, path, "disk_paths", d.disk_paths),
-            temperature_margin_c=self.number(table, path, "temperature_margin_c", d.temperature_margin_c, low=0, most=100.0),
-            swap_used_percent=self.number(
-                table, path, "swap_used_percent", d.swap_used_percent, low=0, high=100
+            temperature_margin_c=self.number(
+                table, path, "temperature_margin_c", d.temperature_margin_c, low=0, most=100.0
             ),
+            swap_used_percent=self.number(table, path, "swap_used_percent", d.swap_used_percent, low=0, high=100),
             iowait_percent=self.number(table, path, "iowait_percent", d.iowait_percent, low=0, high=100),
             gpu_idle_percent=self.number(table, path, "gpu_idle_percent", d.gpu_idle_percent, low=0, high=100),
             loader_busy_percent=self.number(
@@ -943,7 +974,9 @@ class _Checker:
             gpu_test_memory_share=self.number(
                 table, path, "gpu_test_memory_share", d.gpu_test_memory_share, low=0.001, high=0.9
             ),
-            gpu_test_timeout_s=self.number(table, path, "gpu_test_timeout_s", d.gpu_test_timeout_s, above=0, most=MAX_TIMEOUT_S),
+            gpu_test_timeout_s=self.number(
+                table, path, "gpu_test_timeout_s", d.gpu_test_timeout_s, above=0, most=MAX_TIMEOUT_S
+            ),
         )
 
     def section_actions(self, value: Any) -> ActionsConfig:
@@ -961,7 +994,9 @@ class _Checker:
             signal_escalation_s=self.number(
                 table, path, "signal_escalation_s", d.signal_escalation_s, above=0, most=MAX_TIMEOUT_S
             ),
-            command_timeout_s=self.number(table, path, "command_timeout_s", d.command_timeout_s, above=0, most=MAX_TIMEOUT_S),
+            command_timeout_s=self.number(
+                table, path, "command_timeout_s", d.command_timeout_s, above=0, most=MAX_TIMEOUT_S
+            ),
             gpu_tests_after_reset=self.boolean(table, path, "gpu_tests_after_reset", d.gpu_tests_after_reset),
         )
 
@@ -1031,24 +1066,35 @@ class _Checker:
                 self.fail(entry_path + ("metric",), "unknown metric %s" % _show(metric) + _suggest(metric, METRICS))
             comparison = self.string(entry, entry_path, "comparison", None)
             if comparison not in COMPARISONS:
-                self.fail(entry_path + ("comparison",),
-                          "expected one of %s, got %s" % (" ".join(COMPARISONS), _show(comparison)))
+                self.fail(
+                    entry_path + ("comparison",),
+                    "expected one of %s, got %s" % (" ".join(COMPARISONS), _show(comparison)),
+                )
             severity = self.string(entry, entry_path, "severity", "warning")
             if severity not in SEVERITIES:
-                self.fail(entry_path + ("severity",), "expected %s, got %s" % (", ".join(SEVERITIES), _show(severity))
-                          + _suggest(severity, SEVERITIES))
+                self.fail(
+                    entry_path + ("severity",),
+                    "expected %s, got %s" % (", ".join(SEVERITIES), _show(severity)) + _suggest(severity, SEVERITIES),
+                )
             name = self.string(entry, entry_path, "name", "%s %s %s" % (metric, comparison, entry["threshold"]))
             if name in names:
-                self.fail(entry_path + ("name",), "duplicate alert name %s; first used by alerts[%d]"
-                          % (_quote(name), names[name]))
+                self.fail(
+                    entry_path + ("name",),
+                    "duplicate alert name %s; first used by alerts[%d]" % (_quote(name), names[name]),
+                )
             names[name] = index
             clear = self.number(entry, entry_path, "clear", 0.0) if "clear" in entry else None
-            rules.append(AlertRuleConfig(
-                name=name, metric=metric, comparison=comparison,
-                threshold=self.number(entry, entry_path, "threshold", 0.0),
-                for_s=self.number(entry, entry_path, "for", 0.0, low=0, most=7 * 86400.0),
-                severity=severity, clear=clear,
-            ))
+            rules.append(
+                AlertRuleConfig(
+                    name=name,
+                    metric=metric,
+                    comparison=comparison,
+                    threshold=self.number(entry, entry_path, "threshold", 0.0),
+                    for_s=self.number(entry, entry_path, "for", 0.0, low=0, most=7 * 86400.0),
+                    severity=severity,
+                    clear=clear,
+                )
+            )
         return tuple(rules)
 
     def section_alerting(self, value: Any) -> AlertingConfig:
@@ -1074,10 +1120,15 @@ class _Checker:
             self.table(entry, entry_path, "sources")
             kind = self.string(entry, entry_path, "kind", "prometheus")
             if kind != "prometheus":
-                self.fail(entry_path + ("kind",), 'expected "prometheus", got %s' % _show(kind) + _suggest(kind, ("prometheus",)))
+                self.fail(
+                    entry_path + ("kind",),
+                    'expected "prometheus", got %s' % _show(kind) + _suggest(kind, ("prometheus",)),
+                )
             if "insecure_skip_verify" in entry:
-                self.fail(entry_path + ("insecure_skip_verify",),
-                          'TLS verification cannot be turned off; trust a private CA with "ca_file"')
+                self.fail(
+                    entry_path + ("insecure_skip_verify",),
+                    'TLS verification cannot be turned off; trust a private CA with "ca_file"',
+                )
             if "url" not in entry:
                 self.fail(entry_path, 'missing required key "url" (e.g. "http://prometheus:9090")')
             url = self.string(entry, entry_path, "url", None)
@@ -1085,7 +1136,10 @@ class _Checker:
                 self.fail(entry_path + ("url",), "expected an http:// or https:// URL, got %s" % _show(url))
             name = self.string(entry, entry_path, "name", "prometheus" if index == 0 else "prometheus-%d" % (index + 1))
             if name in seen:
-                self.fail(entry_path + ("name",), "duplicate source name %s; first used by sources[%d]" % (_quote(name), seen[name]))
+                self.fail(
+                    entry_path + ("name",),
+                    "duplicate source name %s; first used by sources[%d]" % (_quote(name), seen[name]),
+                )
             seen[name] = index
             token = self.string(entry, entry_path, "bearer_token_file", None)
             ca_file = self.string(entry, entry_path, "ca_file", None)
@@ -1101,11 +1155,17 @@ class _Checker:
                     self.fail(entry_path + where, "not a Prometheus label name: %s" % _show(label))
             telemetry = self.string(entry, entry_path, "telemetry", d.telemetry)
             if telemetry not in ("ssh", "prometheus"):
-                self.fail(entry_path + ("telemetry",), 'expected "ssh" or "prometheus", got %s' % _show(telemetry)
-                          + _suggest(telemetry, ("ssh", "prometheus")))
+                self.fail(
+                    entry_path + ("telemetry",),
+                    'expected "ssh" or "prometheus", got %s' % _show(telemetry)
+                    + _suggest(telemetry, ("ssh", "prometheus")),
+                )
             window = self.string(entry, entry_path, "rate_window", d.rate_window)
             if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", window):
-                self.fail(entry_path + ("rate_window",), 'expected a Prometheus duration like "1m" or "30s", got %s' % _show(window))
+                self.fail(
+                    entry_path + ("rate_window",),
+                    'expected a Prometheus duration like "1m" or "30s", got %s' % _show(window),
+                )
             nodes: List[str] = []
             for pattern_index, pattern in enumerate(self.strings(entry, entry_path, "nodes", ())):
                 try:
@@ -1115,27 +1175,40 @@ class _Checker:
             node_names = self.strings(entry, entry_path, "node_names", ())
             for name_index, entry_text in enumerate(node_names):
                 if not re.fullmatch(r"[^=\s]{1,253}=[^=\s]{1,253}", entry_text):
-                    self.fail(entry_path + ("node_names", name_index), 'expected "ADDRESS=NODE" like "10.0.0.5=gpu-a", got %s' % _show(entry_text))
-            interval = self.number(entry, entry_path, "interval", 0.0, low=MIN_INTERVAL_S, most=MAX_INTERVAL_S) if "interval" in entry else None
-            stale_after = self.number(entry, entry_path, "stale_after", 0.0, above=0, most=MAX_TIMEOUT_S) if "stale_after" in entry else None
-            sources.append(SourceConfig(
-                url=url,
-                kind=kind,
-                name=name,
-                bearer_token_file=None if token is None else self.expand(token),
-                ca_file=None if ca_file is None else self.expand(ca_file),
-                node_labels=labels,
-                gpu_label=self.string(entry, entry_path, "gpu_label", d.gpu_label),
-                interval=interval,
-                timeout=self.number(entry, entry_path, "timeout", d.timeout, above=0, most=MAX_INTERVAL_S),
-                telemetry=telemetry,
-                nodes=tuple(dict.fromkeys(nodes)),
-                selector=self.string(entry, entry_path, "selector", None),
-                rate_window=window,
-                slow_every=self.integer(entry, entry_path, "slow_every", d.slow_every, low=1, most=10_000),
-                stale_after=stale_after,
-                node_names=node_names,
-            ))
+                    self.fail(
+                        entry_path + ("node_names", name_index),
+                        'expected "ADDRESS=NODE" like "10.0.0.5=gpu-a", got %s' % _show(entry_text),
+                    )
+            interval = (
+                self.number(entry, entry_path, "interval", 0.0, low=MIN_INTERVAL_S, most=MAX_INTERVAL_S)
+                if "interval" in entry
+                else None
+            )
+            stale_after = (
+                self.number(entry, entry_path, "stale_after", 0.0, above=0, most=MAX_TIMEOUT_S)
+                if "stale_after" in entry
+                else None
+            )
+            sources.append(
+                SourceConfig(
+                    url=url,
+                    kind=kind,
+                    name=name,
+                    bearer_token_file=None if token is None else self.expand(token),
+                    ca_file=None if ca_file is None else self.expand(ca_file),
+                    node_labels=labels,
+                    gpu_label=self.string(entry, entry_path, "gpu_label", d.gpu_label),
+                    interval=interval,
+                    timeout=self.number(entry, entry_path, "timeout", d.timeout, above=0, most=MAX_INTERVAL_S),
+                    telemetry=telemetry,
+                    nodes=tuple(dict.fromkeys(nodes)),
+                    selector=self.string(entry, entry_path, "selector", None),
+                    rate_window=window,
+                    slow_every=self.integer(entry, entry_path, "slow_every", d.slow_every, low=1, most=10_000),
+                    stale_after=stale_after,
+                    node_names=node_names,
+                )
+            )
         return tuple(sources)
 
     # typed values
@@ -1278,7 +1351,10 @@ def _show(value: Any) -> str:
         digits = str(abs(value)) if value.bit_length() < 14000 else None  # str() of 4300+ digits raises
         if digits is not None and len(digits) <= 30:
             return repr(value)
-        return "a%s integer of %s digits" % (" negative" if value < 0 else "n", len(digits) if digits else "thousands of")
+        return "a%s integer of %s digits" % (
+            " negative" if value < 0 else "n",
+            len(digits) if digits else "thousands of",
+        )
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, list):

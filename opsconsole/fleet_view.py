@@ -18,6 +18,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
+from opsconsole.jobs_view import device_jobs, frame_jobs, job_users, marks
 from opsconsole.model import (
     STATE_AUTH,
     STATE_CONNECTING,
@@ -32,7 +33,6 @@ from opsconsole.model import (
     NodeState,
     ProcessSample,
 )
-from opsconsole.jobs_view import device_jobs, frame_jobs, job_users, marks
 
 Row = TypeVar("Row")
 
@@ -135,8 +135,7 @@ def _selected(states: Mapping[str, NodeState], node: Optional[str]) -> List[Node
     return [states[node]] if node in states else []
 
 
-def node_rows(states: Mapping[str, NodeState], now: float, node: Optional[str] = None,
-              history=None) -> List[NodeRow]:
+def node_rows(states: Mapping[str, NodeState], now: float, node: Optional[str] = None, history=None) -> List[NodeRow]:
     """One summary per node, in the order of `states` (config order); `node` keeps only that one.
 
     `history` (opsconsole.history.History) adds each node's utilisation trend.
@@ -184,7 +183,9 @@ def processes_on_gpu(frame: NodeFrame, gpu: GpuSample) -> List[ProcessSample]:
     ]
 
 
-def cluster_gpu_rows(states: Mapping[str, NodeState], node: Optional[str] = None, job: Optional[str] = None) -> List[GpuRow]:
+def cluster_gpu_rows(
+    states: Mapping[str, NodeState], node: Optional[str] = None, job: Optional[str] = None
+) -> List[GpuRow]:
     """Every GPU of every node's (last) frame, nodes in config order, GPUs by index, each MIG instance
     in a row of its own under its GPU; `job` (a followed Slurm job) marks the rows that run it."""
     rows: List[GpuRow] = []
@@ -338,9 +339,7 @@ def process_rows(states: Mapping[str, NodeState], node: Optional[str], kind: str
 # --- sorting ----------------------------------------------------------------------------------
 
 
-def sort_rows(
-    rows: Sequence[Row], value_of: Optional[Callable[[Row], Any]], reverse: bool = False
-) -> List[Row]:
+def sort_rows(rows: Sequence[Row], value_of: Optional[Callable[[Row], Any]], reverse: bool = False) -> List[Row]:
     """`rows` ordered by `value_of(row)`; missing (None) values go last either way; stable.
 
     `value_of` None keeps the given (config) order, reversed when `reverse`.
@@ -397,7 +396,13 @@ def process_tree(
                 kids = children.get(key)
                 if kids:
                     stack.append((siblings, indent, top))
-                    stack.append((sort_rows(kids, value_of, reverse), indent if top else indent + (TREE_SPACE if last else TREE_PIPE), False))
+                    stack.append(
+                        (
+                            sort_rows(kids, value_of, reverse),
+                            indent if top else indent + (TREE_SPACE if last else TREE_PIPE),
+                            False,
+                        )
+                    )
                     break
 
     walk(roots, "", True)
@@ -622,8 +627,13 @@ def _index_text(index: Optional[int]) -> Tuple[Optional[str], ...]:
 
 NODE_FILTER = FilterFields(
     free=lambda r: (r.name, r.state, r.reason) + r.jobs,
-    text={"name": lambda r: (r.name,), "node": lambda r: (r.name,), "state": lambda r: (r.state,),
-          "job": lambda r: r.jobs, "user": lambda r: r.users},
+    text={
+        "name": lambda r: (r.name,),
+        "node": lambda r: (r.name,),
+        "state": lambda r: (r.state,),
+        "job": lambda r: r.jobs,
+        "user": lambda r: r.users,
+    },
     numbers={
         "util": lambda r: r.util_mean,
         "maxutil": lambda r: r.util_max,

@@ -46,7 +46,7 @@ def _check_pattern(pattern: object) -> str:
         raise ValueError(f"hostlist must be a string, got {type(pattern).__name__}")
     text = pattern.strip()
     if not text:
-        raise ValueError("bad hostlist \"\": names no hosts")
+        raise ValueError('bad hostlist "": names no hosts')
     if _WHITESPACE.search(text):
         raise ValueError(f"bad hostlist {_quote(pattern)}: host names cannot contain whitespace")
     return text

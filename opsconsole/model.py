@@ -322,7 +322,7 @@ class FrameError(ValueError):
 
 # Bounds on what one frame may hold. A real 8-GPU node sends ~20 KB keyframes; these leave
 # room for the biggest machines while keeping a hostile frame from costing seconds or GBs.
-INT_LIMIT = 2 ** 63  # |int| below this: what NVML and /proc counters fit in
+INT_LIMIT = 2**63  # |int| below this: what NVML and /proc counters fit in
 TEXT_LIMIT = 4096  # characters of one text field or list item
 COMMAND_LIMIT = 16384  # characters of a process command line (the probe sends at most 512)
 LIST_LIMIT = 256  # items of a list field not named in LIST_LIMITS
@@ -401,6 +401,7 @@ def _nested_checker(name: str, cls: type, is_tuple: bool) -> Callable[[Any], Any
     limit = LIST_LIMITS.get(name, LIST_LIMIT)
 
     if not is_tuple:
+
         def convert_one(value: Any) -> Any:
             try:
                 return _decoder(cls).decode(value)
@@ -459,7 +460,7 @@ def _field_spec(cls: type, f: Any, nested: Dict[str, Tuple[type, bool]]) -> _Fie
     annotation = _annotation_text(f.type)
     nullable = annotation.startswith("Optional[")
     if nullable:
-        annotation = annotation[len("Optional["):-1]
+        annotation = annotation[len("Optional[") : -1]
     extra = (_NONE,) if nullable else ()
     suffix = " or null" if nullable else ""
     if f.name in nested:
@@ -468,7 +469,7 @@ def _field_spec(cls: type, f: Any, nested: Dict[str, Tuple[type, bool]]) -> _Fie
             return _FieldSpec((list, tuple) + extra, "a list" + suffix, 0, _nested_checker(f.name, inner, True))
         return _FieldSpec((dict,) + extra, "an object" + suffix, 0, _nested_checker(f.name, inner, False))
     if annotation.startswith("Tuple[") and annotation.endswith(", ...]"):
-        element = annotation[len("Tuple["):-len(", ...]")]
+        element = annotation[len("Tuple[") : -len(", ...]")]
         return _FieldSpec((list, tuple) + extra, "a list" + suffix, 0, _list_checker(f.name, element))
     if annotation not in _SCALAR_KINDS:
         raise TypeError("%s.%s: no wire check for %r" % (cls.__name__, f.name, f.type))
@@ -483,7 +484,9 @@ def _getter(keys: List[str]) -> Optional[Callable[[Dict[str, Any]], Tuple[Any, .
     return operator.itemgetter(*(keys + keys[:1]))  # one key more: a tuple even for one key
 
 
-def _shape_of(specs: Dict[str, "_FieldSpec"], required: Tuple[str, ...], keys: Tuple[str, ...], types: Tuple[type, ...]) -> Optional[Tuple[Any, ...]]:
+def _shape_of(
+    specs: Dict[str, "_FieldSpec"], required: Tuple[str, ...], keys: Tuple[str, ...], types: Tuple[type, ...]
+) -> Optional[Tuple[Any, ...]]:
     """How to check a wire dict of one layout (its keys in order, the type of each value) in bulk; None
     when a key is no field or a type is not one the field accepts (the field-by-field check says which).
 
@@ -544,9 +547,7 @@ class _Decoder:
             for f in dataclasses.fields(cls)
             if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING
         }
-        self.required = tuple(
-            f.name for f in dataclasses.fields(cls) if f.name not in self.defaults
-        )
+        self.required = tuple(f.name for f in dataclasses.fields(cls) if f.name not in self.defaults)
         self.names = frozenset(f.name for f in dataclasses.fields(cls))
         # A subclass (a lazily decoded frame or host) decodes its nested fields as its dataclass does.
         self.nested = next((_NESTED[base] for base in cls.__mro__ if base in _NESTED), {})

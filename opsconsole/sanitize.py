@@ -84,8 +84,10 @@ def _json_ready(value: Any, depth: int) -> Any:
     if depth >= JSON_MAX_DEPTH:
         return "(nested deeper than %d levels: not written)" % JSON_MAX_DEPTH
     if isinstance(value, dict):
-        return {_json_ready(k if isinstance(k, str) else str(k), depth + 1): _json_ready(v, depth + 1)
-                for k, v in value.items()}
+        return {
+            _json_ready(k if isinstance(k, str) else str(k), depth + 1): _json_ready(v, depth + 1)
+            for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [_json_ready(item, depth + 1) for item in value]
     return _json_ready(str(value), depth + 1)  # not JSON: its text, rather than a TypeError

@@ -162,7 +162,9 @@ def snapshot_table(states: Sequence[NodeState], now: Optional[float] = None) -> 
     """All nodes as gpustat prints one machine: aligned names, one line per GPU."""
     now = time.time() if now is None else now
     name_width = min(NAME_WIDTH_MAX, max((len(s.name) for s in states), default=0))
-    gpu_name_width = min(NAME_WIDTH_MAX, max((len(g.name or MISSING) for s in states if s.frame for g in s.frame.gpus), default=0))
+    gpu_name_width = min(
+        NAME_WIDTH_MAX, max((len(g.name or MISSING) for s in states if s.frame for g in s.frame.gpus), default=0)
+    )
     lines: List[str] = []
     for state in states:
         lines.extend(format_node(state, now, name_width, gpu_name_width))

@@ -56,8 +56,7 @@ def token_rows(count: int, seed: int) -> List[Dict[str, torch.Tensor]]:
 def tiny_gpt2_config():
     from transformers import GPT2Config
 
-    return GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=64,
-                      bos_token_id=0, eos_token_id=0)
+    return GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=0, eos_token_id=0)
 
 
 @contextlib.contextmanager
@@ -157,8 +156,14 @@ def build_lightning(root: Path) -> LightningRun:
             pause()
 
     trainer = pl.Trainer(
-        max_epochs=len(LIGHTNING_VAL_ACC), accelerator="cpu", devices=1, logger=False, callbacks=[callback, Pause()],
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        max_epochs=len(LIGHTNING_VAL_ACC),
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[callback, Pause()],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
         default_root_dir=str(root / "lightning"),
     )
     with one_thread():
@@ -195,12 +200,26 @@ def hf_training_args(output_dir: Path, **overrides):
     from transformers import TrainingArguments
 
     settings = dict(
-        output_dir=str(output_dir), per_device_train_batch_size=4, per_device_eval_batch_size=4,
-        learning_rate=1e-3, max_steps=HF_STEPS, eval_strategy="steps", eval_steps=HF_EVERY,
-        save_strategy="steps", save_steps=HF_EVERY, save_total_limit=HF_SAVE_TOTAL_LIMIT,
-        load_best_model_at_end=True, metric_for_best_model="score", greater_is_better=True,
-        logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, seed=0,
-        dataloader_num_workers=0, save_only_model=False,
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        learning_rate=1e-3,
+        max_steps=HF_STEPS,
+        eval_strategy="steps",
+        eval_steps=HF_EVERY,
+        save_strategy="steps",
+        save_steps=HF_EVERY,
+        save_total_limit=HF_SAVE_TOTAL_LIMIT,
+        load_best_model_at_end=True,
+        metric_for_best_model="score",
+        greater_is_better=True,
+        logging_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+        save_only_model=False,
     )
     settings.update(overrides)
     return TrainingArguments(**settings)
@@ -221,8 +240,13 @@ def build_hf(root: Path) -> HfRun:
     torch.manual_seed(0)
     with one_thread():
         model = AutoModelForCausalLM.from_config(tiny_gpt2_config())
-        trainer = Trainer(model=model, args=hf_training_args(output_dir), train_dataset=token_rows(16, 1),
-                          eval_dataset=token_rows(4, 2), compute_metrics=compute_metrics)
+        trainer = Trainer(
+            model=model,
+            args=hf_training_args(output_dir),
+            train_dataset=token_rows(16, 1),
+            eval_dataset=token_rows(4, 2),
+            compute_metrics=compute_metrics,
+        )
         trainer.train()
         pause()
         trainer.save_model()
@@ -245,8 +269,15 @@ def hf_resume_one_step(checkpoint: Path, scratch: Path) -> int:
     reset_accelerate_state()
     with one_thread():
         model = AutoModelForCausalLM.from_config(tiny_gpt2_config())
-        args = hf_training_args(scratch, max_steps=step + 1, eval_strategy="no", save_strategy="no",
-                                load_best_model_at_end=False, metric_for_best_model=None, save_total_limit=None)
+        args = hf_training_args(
+            scratch,
+            max_steps=step + 1,
+            eval_strategy="no",
+            save_strategy="no",
+            load_best_model_at_end=False,
+            metric_for_best_model=None,
+            save_total_limit=None,
+        )
         trainer = Trainer(model=model, args=args, train_dataset=token_rows(16, 1))
         trainer.train(resume_from_checkpoint=str(checkpoint))
     reset_accelerate_state()
@@ -387,10 +418,20 @@ def write_deepspeed_layout(root: Path, steps=(100, 200, 300), latest_tag: str = 
     for step in steps:
         tag = root / ("global_step%d" % step)
         tag.mkdir()
-        torch.save({"module": _small_state(step), "global_steps": step, "iteration": step, "dp_world_size": 1,
-                    "mp_world_size": 1}, tag / "mp_rank_00_model_states.pt")
-        torch.save({"optimizer_state_dict": {"state": {}}, "ds_version": "0.16.0"},
-                   tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+        torch.save(
+            {
+                "module": _small_state(step),
+                "global_steps": step,
+                "iteration": step,
+                "dp_world_size": 1,
+                "mp_world_size": 1,
+            },
+            tag / "mp_rank_00_model_states.pt",
+        )
+        torch.save(
+            {"optimizer_state_dict": {"state": {}}, "ds_version": "0.16.0"},
+            tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        )
         pause()
     (root / "latest").write_text(latest_tag)
     (root / "zero_to_fp32.py").write_text("#!/usr/bin/env python\n# DeepSpeed's conversion script (stand-in)\n")
@@ -404,8 +445,10 @@ def write_megatron_layout(root: Path, iterations=(100, 200, 300), tracked: int =
     for iteration in iterations:
         rank_dir = root / ("iter_%07d" % iteration) / "mp_rank_00"
         rank_dir.mkdir(parents=True)
-        torch.save({"model": _small_state(iteration), "iteration": iteration, "checkpoint_version": 3.0},
-                   rank_dir / "model_optim_rng.pt")
+        torch.save(
+            {"model": _small_state(iteration), "iteration": iteration, "checkpoint_version": 3.0},
+            rank_dir / "model_optim_rng.pt",
+        )
         pause()
     (root / "latest_checkpointed_iteration.txt").write_text(str(tracked))
     return root

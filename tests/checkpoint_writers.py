@@ -83,7 +83,9 @@ def set_mtime(path: Path, when: float) -> None:
     os.utime(path, (when, when), follow_symlinks=False)
 
 
-def write_seed_layout(root: Path, losses: Sequence[float] = (0.9, 0.5, 0.7, 0.6, 0.65), age_s: float = 3600.0) -> Dict[int, Path]:
+def write_seed_layout(
+    root: Path, losses: Sequence[float] = (0.9, 0.5, 0.7, 0.6, 0.65), age_s: float = 3600.0
+) -> Dict[int, Path]:
     """checkpoint_epoch_{N}.pt per loss, checkpoint_best.pt, the checkpoint_latest.pt symlink; mtimes
     one minute apart, the newest `age_s` ago (older than min_age)."""
     model, optimizer, scheduler = small_model()
@@ -133,7 +135,11 @@ def safetensors_bytes(tensors: Dict[str, "torch.Tensor"], metadata: Dict[str, st
     data = b""
     for name, tensor in tensors.items():
         raw = bytes(tensor.detach().contiguous().view(-1).view(torch.uint8).tolist())  # no numpy needed
-        header[name] = {"dtype": names[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        header[name] = {
+            "dtype": names[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [len(data), len(data) + len(raw)],
+        }
         data += raw
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
@@ -178,5 +184,10 @@ def write_dcp(root: Path, name: str = "step_40") -> Path:
 
 def write_in_other_process(path: Path, code: str) -> None:
     """Run `code` (with `path` as PATH) in a fresh interpreter: a file written by another process."""
-    subprocess.run([sys.executable, "-c", "PATH = %r\n" % str(path) + code], check=True, timeout=60,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-c", "PATH = %r\n" % str(path) + code],
+        check=True,
+        timeout=60,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

@@ -56,7 +56,11 @@ DEFAULT_COUNTERS: Tuple[Tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
     ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active."),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active sending or receiving data."),
+    (
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "gauge",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+    ),
 )
 DRIVER_VERSION = "580.95.05"
 # What DCGM does not keep per MIG instance: the GPU's utilisation and memory copy utilisation.
@@ -97,12 +101,20 @@ class Gpu:
             if counter == "DCGM_FI_PROF_GR_ENGINE_ACTIVE":
                 return instance.engine_active
         return {
-            "DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_MEM_CLOCK": 3201, "DCGM_FI_DEV_MEMORY_TEMP": 45,
-            "DCGM_FI_DEV_GPU_TEMP": self.temp, "DCGM_FI_DEV_POWER_USAGE": self.power_w,
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 10203506, "DCGM_FI_DEV_GPU_UTIL": self.util,
-            "DCGM_FI_DEV_MEM_COPY_UTIL": 22, "DCGM_FI_DEV_FB_FREE": self.fb_free_mib, "DCGM_FI_DEV_FB_USED": self.fb_used_mib,
-            "DCGM_FI_DEV_FB_RESERVED": 615, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": self.util / 100.0,
-            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.61, "DCGM_FI_PROF_DRAM_ACTIVE": 0.4,
+            "DCGM_FI_DEV_SM_CLOCK": 1980,
+            "DCGM_FI_DEV_MEM_CLOCK": 3201,
+            "DCGM_FI_DEV_MEMORY_TEMP": 45,
+            "DCGM_FI_DEV_GPU_TEMP": self.temp,
+            "DCGM_FI_DEV_POWER_USAGE": self.power_w,
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 10203506,
+            "DCGM_FI_DEV_GPU_UTIL": self.util,
+            "DCGM_FI_DEV_MEM_COPY_UTIL": 22,
+            "DCGM_FI_DEV_FB_FREE": self.fb_free_mib,
+            "DCGM_FI_DEV_FB_USED": self.fb_used_mib,
+            "DCGM_FI_DEV_FB_RESERVED": 615,
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE": self.util / 100.0,
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.61,
+            "DCGM_FI_PROF_DRAM_ACTIVE": 0.4,
         }.get(counter, 0)
 
 
@@ -122,8 +134,10 @@ def render_page(gpus: Sequence[Gpu], hostname: str, hostname_label: str = "hostn
             for instance in entities:
                 if instance is not None and name in NOT_PER_INSTANCE:
                     continue
-                labels = '%s{gpu="%d",%s="%s",pci_bus_id="00000000:%02X:00.0",device="nvidia%d",modelName="NVIDIA H200"' % (
-                    name, gpu.index, uuid_label, gpu.uuid, 0x18 + gpu.index, gpu.index)
+                labels = (
+                    '%s{gpu="%d",%s="%s",pci_bus_id="00000000:%02X:00.0",device="nvidia%d",modelName="NVIDIA H200"'
+                    % (name, gpu.index, uuid_label, gpu.uuid, 0x18 + gpu.index, gpu.index)
+                )
                 if instance is not None:
                     labels += ',GPU_I_PROFILE="%s",GPU_I_ID="%d"' % (instance.profile, instance.gpu_instance_id)
                 if hostname:

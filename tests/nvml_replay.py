@@ -22,7 +22,7 @@ import string
 import types
 from collections import Counter, deque
 from pathlib import Path
-from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200"
 
@@ -156,8 +156,22 @@ class _MigHandle(_Handle):
 # parent's name + " MIG " + profile). The recorded H200 runs with MIG off, and these tests never
 # change a GPU's mode: the instances are given here, with the H200's profile names and sizes.
 H200_MIG_3G = (
-    {"gi": 1, "ci": 0, "profile": "3g.71gb", "total": 71_940_702_208, "used": 3000 * 2 ** 20, "pids": ((4101, 2900 * 2 ** 20),)},
-    {"gi": 2, "ci": 0, "profile": "3g.71gb", "total": 71_940_702_208, "used": 12000 * 2 ** 20, "pids": ((4102, 11800 * 2 ** 20),)},
+    {
+        "gi": 1,
+        "ci": 0,
+        "profile": "3g.71gb",
+        "total": 71_940_702_208,
+        "used": 3000 * 2**20,
+        "pids": ((4101, 2900 * 2**20),),
+    },
+    {
+        "gi": 2,
+        "ci": 0,
+        "profile": "3g.71gb",
+        "total": 71_940_702_208,
+        "used": 12000 * 2**20,
+        "pids": ((4102, 11800 * 2**20),),
+    },
 )
 
 
@@ -374,16 +388,27 @@ class ReplayNvml(object):
                 if not isinstance(handle, _MigHandle):
                     raise replay.error("NVMLError_InvalidArgument")
                 return answer(handle.instance)
+
             return wrapper
 
         m.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle  # type: ignore[attr-defined]
         m.nvmlDeviceGetGpuInstanceId = mig_only(lambda inst: inst["gi"])  # type: ignore[attr-defined]
         m.nvmlDeviceGetComputeInstanceId = mig_only(lambda inst: inst["ci"])  # type: ignore[attr-defined]
-        on_mig("nvmlDeviceGetName", m.nvmlDeviceGetName, lambda i, inst: "%s MIG %s" % (self._recorded("name"), inst["profile"]))
-        on_mig("nvmlDeviceGetUUID", m.nvmlDeviceGetUUID,
-               lambda i, inst: "MIG-%08x-0000-5000-8000-%012x" % (0x6A00 + i, inst["gi"]))
-        on_mig("nvmlDeviceGetMemoryInfo", m.nvmlDeviceGetMemoryInfo,
-               lambda i, inst: _Obj(total=inst["total"], used=inst["used"], free=inst["total"] - inst["used"]))
+        on_mig(
+            "nvmlDeviceGetName",
+            m.nvmlDeviceGetName,
+            lambda i, inst: "%s MIG %s" % (self._recorded("name"), inst["profile"]),
+        )
+        on_mig(
+            "nvmlDeviceGetUUID",
+            m.nvmlDeviceGetUUID,
+            lambda i, inst: "MIG-%08x-0000-5000-8000-%012x" % (0x6A00 + i, inst["gi"]),
+        )
+        on_mig(
+            "nvmlDeviceGetMemoryInfo",
+            m.nvmlDeviceGetMemoryInfo,
+            lambda i, inst: _Obj(total=inst["total"], used=inst["used"], free=inst["total"] - inst["used"]),
+        )
 
     def _by_arg(self, what: str, arg: int, keys: Dict[int, str]) -> Any:
         key = keys.get(arg)
@@ -394,22 +419,37 @@ class ReplayNvml(object):
     def _memory_info(self, index: int, version: Any = None) -> Any:
         mem = self._recorded("mem")
         if version:
-            return _Obj(version=version, total=mem["total"], reserved=mem["reserved"], free=mem["free"], used=mem["used"])
+            return _Obj(
+                version=version, total=mem["total"], reserved=mem["reserved"], free=mem["free"], used=mem["used"]
+            )
         # v1 has no reserved field: NVML counts it as used.
         return _Obj(total=mem["total"], free=mem["free"], used=mem["used"] + mem["reserved"])
 
     def _ecc_errors(self, index: int, error_type: int, counter_type: int) -> Any:
-        key = {(1, 0): "ecc_vol_uncorr", (1, 1): "ecc_agg_uncorr", (0, 0): "ecc_vol_corr"}.get((error_type, counter_type))
+        key = {(1, 0): "ecc_vol_uncorr", (1, 1): "ecc_agg_uncorr", (0, 0): "ecc_vol_corr"}.get(
+            (error_type, counter_type)
+        )
         if key is None:
             raise self.error("NVMLError_NotSupported")
         return self._recorded(key)
 
     def _processes(self, index: int) -> List[Any]:
         if index in self.mig:  # in MIG mode the parent lists every instance's processes, with their instance ids
-            return [_Obj(pid=pid, usedGpuMemory=used, gpuInstanceId=inst["gi"], computeInstanceId=inst["ci"])
-                    for inst in self.mig[index] for pid, used in inst["pids"]]
+            return [
+                _Obj(pid=pid, usedGpuMemory=used, gpuInstanceId=inst["gi"], computeInstanceId=inst["ci"])
+                for inst in self.mig[index]
+                for pid, used in inst["pids"]
+            ]
         if self.procs_capture is not None and index == 0:
-            return [_Obj(pid=p["pid"], usedGpuMemory=p["usedGpuMemory"], gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF) for p in self.procs_capture["procs"]]
+            return [
+                _Obj(
+                    pid=p["pid"],
+                    usedGpuMemory=p["usedGpuMemory"],
+                    gpuInstanceId=0xFFFFFFFF,
+                    computeInstanceId=0xFFFFFFFF,
+                )
+                for p in self.procs_capture["procs"]
+            ]
         return [_Obj(**p) for p in self._recorded("procs")]
 
     def _process_utilization(self, index: int, since: int) -> List[Any]:
@@ -452,7 +492,9 @@ class ReplayNvml(object):
             queue = self.events.get(index)
             if queue:
                 event_type, code = queue.popleft()
-                return _Obj(device=_Handle(index), eventType=event_type, eventData=code, gpuInstanceId=0, computeInstanceId=0)
+                return _Obj(
+                    device=_Handle(index), eventType=event_type, eventData=code, gpuInstanceId=0, computeInstanceId=0
+                )
         raise self.error("NVMLError_Timeout")
 
     def _event_free(self, event_set: Any) -> None:

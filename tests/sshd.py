@@ -273,7 +273,7 @@ class SshdFactory:
         address: str = "127.0.0.1",
         trust: bool = True,
         authorized_keys: Optional[Sequence[str]] = None,
-        **options: str
+        **options: str,
     ) -> SshServer:
         """A running sshd that accepts the client key; `trust` adds its host key to known_hosts."""
         port = free_port(address)

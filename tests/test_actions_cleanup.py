@@ -51,8 +51,12 @@ def context(tmp_path: Path, folder: Path, keep: int = 2) -> ActionContext:
         checkpoints=(CheckpointDirConfig(path=str(folder), keep=keep, min_age=600.0),),
         actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")),
     )
-    return ActionContext(config=config, get_state=lambda: None, link=LocalNode(),
-                         runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))))
+    return ActionContext(
+        config=config,
+        get_state=lambda: None,
+        link=LocalNode(),
+        runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))),
+    )
 
 
 async def test_cleanup_keeps_the_newest_and_deletes_the_rest_audited(tmp_path):
@@ -63,7 +67,9 @@ async def test_cleanup_keeps_the_newest_and_deletes_the_rest_audited(tmp_path):
     assert plan.word == "ckpt"
     assert plan.argv == ("opsconsole", "cleanup", str(folder), "--keep", "2", "--min-age", "600")
     assert plan.notes[0].startswith("deletes 3 of 5")
-    assert sorted(os.listdir(folder)) == ["step_%d.pt" % s for s in (100, 200, 300, 400, 500)]  # planning deletes nothing
+    assert sorted(os.listdir(folder)) == [
+        "step_%d.pt" % s for s in (100, 200, 300, 400, 500)
+    ]  # planning deletes nothing
     report = await run_plan(plan, ctx)
     assert report.ok, report.lines
     assert sorted(os.listdir(folder)) == ["step_400.pt", "step_500.pt"]
@@ -118,11 +124,16 @@ async def test_a_deletion_that_cannot_be_audited_stops_the_cleanup_before_it(tmp
     assert report.lines[0].startswith("deleted 1 of 3") and "STOPPED, 2 not attempted" in report.lines[0]
     assert report.lines[1] == "deleted %s" % (folder / "step_300.pt")
     assert [line for line in report.lines if line.startswith("not attempted")] == [
-        "not attempted %s" % (folder / "step_200.pt"), "not attempted %s" % (folder / "step_100.pt")]
+        "not attempted %s" % (folder / "step_200.pt"),
+        "not attempted %s" % (folder / "step_100.pt"),
+    ]
     assert "stopped:" in report.lines[-1] and "No space left" in report.lines[-1]
     records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
     assert [(r["action"], r["outcome"]) for r in records] == [
-        ("checkpoint_cleanup", "attempt"), ("checkpoint.delete", "confirmed"), ("checkpoint.delete", "ok")]
+        ("checkpoint_cleanup", "attempt"),
+        ("checkpoint.delete", "confirmed"),
+        ("checkpoint.delete", "ok"),
+    ]
 
 
 async def test_hostile_and_undecodable_names_are_shown_one_line_and_audited_escaped(tmp_path):

@@ -43,8 +43,9 @@ def context(tmp_path) -> ActionContext:
     config = Config(actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")))
     now = time.time()
     state = NodeState(name="gpu-a01", state=STATE_UP, frame=NodeFrame(node="gpu-a01", time=now), received_at=now)
-    return ActionContext(config=config, get_state=lambda: state, link=None,
-                         runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))))
+    return ActionContext(
+        config=config, get_state=lambda: state, link=None, runner=ActionRunner(AuditLog(str(tmp_path / "audit.log")))
+    )
 
 
 HOSTILE = "XID 79 on GPU 3; rm -rf / $(touch pwned) `id` 'q' \"dq\""
@@ -67,13 +68,16 @@ async def test_drain_runs_scontrol_with_the_reason_as_one_word(scontrol, tmp_pat
     assert audit[0]["command"] == ["scontrol"] + expected and audit[0]["detail"] == "reason: " + HOSTILE
 
 
-@pytest.mark.parametrize("reason, message", [
-    ("", "a drain needs a reason"),
-    ("   ", "a drain needs a reason"),
-    ("two\nlines", "one printable line"),
-    ("bell\x07", "one printable line"),
-    ("x" * 201, "keep it under 200"),
-])
+@pytest.mark.parametrize(
+    "reason, message",
+    [
+        ("", "a drain needs a reason"),
+        ("   ", "a drain needs a reason"),
+        ("two\nlines", "one printable line"),
+        ("bell\x07", "one printable line"),
+        ("x" * 201, "keep it under 200"),
+    ],
+)
 async def test_bad_reasons_are_refused_and_nothing_runs(scontrol, tmp_path, reason, message):
     with pytest.raises(Refused, match=message):
         await plan_action("drain_node", Target(TARGET_NODE, "gpu-a01"), context(tmp_path), {"reason": reason})

@@ -16,22 +16,24 @@ from pathlib import Path
 from typing import Sequence
 
 import pytest
-
 from h200_fleet import idle_gpu, load_process, loaded_gpu
+
 from opsconsole.actions import gpu_reset
 from opsconsole.actions.audit import AuditLog
 from opsconsole.actions.registry import TARGET_GPU, ActionContext, Refused, Target, plan_action, run_plan
 from opsconsole.actions.runner import ActionRunner
 from opsconsole.config import ActionsConfig, Config, ConsoleConfig, NodeConfig, SshConfig, parse_config
 from opsconsole.model import STATE_UP, GpuSample, NodeFrame, NodeState, ProcessSample
-from tests.sshd import ssh_client, sshd_factory  # noqa: F401
 from opsconsole.nodes.local import LocalLink
+from tests.sshd import ssh_client, sshd_factory  # noqa: F401
 
 # The node is this machine, as the console's embedded default is: its GPUs are ours to reset (with a stub).
 THIS_MACHINE = LocalLink(NodeConfig(name="local", local=True), 1.0)
 
 REPO = Path(__file__).resolve().parents[1]
-FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
+FAST = SshConfig(
+    connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5
+)
 
 RECORDING_STUB = """#!{python}
 import json, os, sys
@@ -73,8 +75,9 @@ def config_with(tmp_path: Path, template_toml: str) -> Config:
 
 
 def context(config: Config, get_state, link=THIS_MACHINE) -> ActionContext:
-    return ActionContext(config=config, get_state=get_state, link=link,
-                         runner=ActionRunner(AuditLog(config.actions.audit_log)))
+    return ActionContext(
+        config=config, get_state=get_state, link=link, runner=ActionRunner(AuditLog(config.actions.audit_log))
+    )
 
 
 def audit_records(tmp_path: Path):
@@ -91,7 +94,12 @@ async def test_reset_end_to_end_with_a_stub_from_config(tmp_path):
     assert plan.word == "n1/0"
     assert plan.argv == (str(stub), "--gpu-reset", "-i", "0", "--id=" + idle_gpu(0).uuid)
     assert [(c.name, c.status) for c in plan.checks] == [
-        ("node", "pass"), ("gpu", "pass"), ("compute processes", "pass"), ("MIG", "pass"), ("privileges", "pass")]
+        ("node", "pass"),
+        ("gpu", "pass"),
+        ("compute processes", "pass"),
+        ("MIG", "pass"),
+        ("privileges", "pass"),
+    ]
     assert recorded_argv(tmp_path) is None  # planning runs nothing
     report = await run_plan(plan, ctx)
     assert report.ok, report.lines
@@ -119,8 +127,10 @@ async def test_compute_processes_on_the_gpu_refuse_the_reset(tmp_path):
 
 
 def test_frame_prechecks_mig_lost_missing_and_not_live():
-    state = Node("n1", [replace(idle_gpu(0), mig_mode=True), replace(idle_gpu(1), lost=True),
-                        replace(idle_gpu(2), mig_mode=None)]).state()
+    state = Node(
+        "n1",
+        [replace(idle_gpu(0), mig_mode=True), replace(idle_gpu(1), lost=True), replace(idle_gpu(2), mig_mode=None)],
+    ).state()
     by_gpu = {i: {c.name: (c.status, c.message) for c in gpu_reset.frame_prechecks(state, i)} for i in (0, 1, 2, 7)}
     assert by_gpu[0]["MIG"][0] == "fail" and "nvidia-smi mig -dci -i 0" in by_gpu[0]["MIG"][1]
     assert by_gpu[1]["gpu"][0] == "warn" and "fell off the bus" in by_gpu[1]["gpu"][1]
@@ -130,11 +140,14 @@ def test_frame_prechecks_mig_lost_missing_and_not_live():
     assert gpu_reset.frame_prechecks(stale, 0)[0].status == "fail"
 
 
-@pytest.mark.parametrize("field, value", [
-    ("uuid", "GPU-1234abcd; rm -rf /"),
-    ("uuid", "$(reboot)"),
-    ("pci_bus_id", "00000000:19:00.0 --all"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("uuid", "GPU-1234abcd; rm -rf /"),
+        ("uuid", "$(reboot)"),
+        ("pci_bus_id", "00000000:19:00.0 --all"),
+    ],
+)
 def test_hostile_frame_values_never_become_argv(field, value):
     gpu = replace(idle_gpu(0), **{field: value})
     template = ("nvidia-smi", "--gpu-reset", "-i", "{%s}" % field)
@@ -152,8 +165,10 @@ async def test_privilege_check_asks_sudo_n_when_not_root(tmp_path, monkeypatch, 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     sudo = bin_dir / "sudo"
-    sudo.write_text("#!/bin/sh\nprintf '%%s\\n' \"$*\" > %s/sudo-args\n[ %d = 0 ] || echo 'sudo: a password is required' >&2\nexit %d\n"
-                    % (tmp_path, exit_status, exit_status))
+    sudo.write_text(
+        "#!/bin/sh\nprintf '%%s\\n' \"$*\" > %s/sudo-args\n[ %d = 0 ] || echo 'sudo: a password is required' >&2\nexit %d\n"
+        % (tmp_path, exit_status, exit_status)
+    )
     sudo.chmod(0o755)
     monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
     monkeypatch.setattr(gpu_reset.os, "geteuid", lambda: 1000)
@@ -190,16 +205,28 @@ async def test_reset_over_real_ssh_quotes_each_word(sshd_factory, tmp_path):
 def test_dry_run_prints_the_prechecks_and_resets_nothing(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), HOME=str(tmp_path))
     env.pop("OPSCONSOLE_CONFIG", None)
-    out = subprocess.run([sys.executable, "-m", "opsconsole.actions.gpu_reset", "--dry-run", "--index", "0"],
-                         capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "opsconsole.actions.gpu_reset", "--dry-run", "--index", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=60,
+    )
     assert "GPU reset pre-checks on" in out.stdout and "dry run: nothing was reset" in out.stdout
     # This machine has no GPU: the gpu check fails and the verdict says refused (exit 1).
     if "reported no GPU 0" in out.stdout:
         assert out.returncode == 1 and "REFUSED" in out.stdout
     else:
         assert out.returncode in (0, 1) and "command (not run): " in out.stdout
-    refused = subprocess.run([sys.executable, "-m", "opsconsole.actions.gpu_reset", "--index", "0"],
-                             capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=60)
+    refused = subprocess.run(
+        [sys.executable, "-m", "opsconsole.actions.gpu_reset", "--index", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=60,
+    )
     assert refused.returncode == 2 and "only runs the pre-checks" in refused.stderr
 
 
@@ -215,14 +242,20 @@ def test_dry_run_on_a_captured_h200_frame_shows_the_command_and_runs_nothing(tmp
     assert recorded_argv(tmp_path) is None
 
 
-@pytest.mark.parametrize("toml, message", [
-    ('gpu_reset_command = ["nvidia-smi", "-i", "{gpu}"]', "unknown placeholder {gpu}; use {index}, {uuid}, {pci_bus_id}, {node}"),
-    ('gpu_reset_command = []', "expected a command, got an empty one"),
-    ('gpu_reset_command = ["{index}"]', "the program (first word) cannot be a placeholder"),
-    ('drain_command = ["scontrol", "Reason={why}"]', "unknown placeholder {why}; use {node}, {reason}"),
-    ('gpu_reset_command = "nvidia-smi \\"-i"', "cannot split the command"),
-    ('signal_escalation_s = 0', "must be greater than 0"),
-])
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        (
+            'gpu_reset_command = ["nvidia-smi", "-i", "{gpu}"]',
+            "unknown placeholder {gpu}; use {index}, {uuid}, {pci_bus_id}, {node}",
+        ),
+        ("gpu_reset_command = []", "expected a command, got an empty one"),
+        ('gpu_reset_command = ["{index}"]', "the program (first word) cannot be a placeholder"),
+        ('drain_command = ["scontrol", "Reason={why}"]', "unknown placeholder {why}; use {node}, {reason}"),
+        ('gpu_reset_command = "nvidia-smi \\"-i"', "cannot split the command"),
+        ("signal_escalation_s = 0", "must be greater than 0"),
+    ],
+)
 def test_bad_action_config_is_one_clear_line(toml, message):
     from opsconsole.config import ConfigError
 

@@ -51,9 +51,11 @@ def sleeper():
 
 
 def config(tmp_path: Path, read_only: bool = False) -> Config:
-    return Config(console=ConsoleConfig(interval=0.5, read_only=read_only),
-                  nodes=(NodeConfig(name="local", local=True),),
-                  actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")))
+    return Config(
+        console=ConsoleConfig(interval=0.5, read_only=read_only),
+        nodes=(NodeConfig(name="local", local=True),),
+        actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")),
+    )
 
 
 def audit_records(tmp_path: Path):
@@ -67,8 +69,11 @@ async def replayed_state_holding(link: ReplayLink, pid: int):
     assert state.frame is not None and state.frame.processes, "the shipped recording has GPU processes"
     first = replace(state.frame.processes[0], pid=pid, name="python", state="S")
     host_proc = ProcessSample(pid=pid, name="python", state="S", command="python train.py")
-    frame = replace(state.frame, processes=(first,) + state.frame.processes[1:],
-                    top_processes=(host_proc,) + tuple(state.frame.top_processes))
+    frame = replace(
+        state.frame,
+        processes=(first,) + state.frame.processes[1:],
+        top_processes=(host_proc,) + tuple(state.frame.top_processes),
+    )
     return replace(state, state=STATE_UP, frame=frame, received_at=time.time())
 
 
@@ -85,16 +90,24 @@ async def test_every_action_on_a_replayed_node_is_refused_and_its_pid_is_never_s
     link = ReplayLink("h200-replay", str(SHIPPED))
     try:
         state = await replayed_state_holding(link, sleeper.pid)
-        ctx = ActionContext(config=config(tmp_path), get_state=lambda: state, link=link,
-                            runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))))
+        ctx = ActionContext(
+            config=config(tmp_path),
+            get_state=lambda: state,
+            link=link,
+            runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))),
+        )
         assert not ctx.local
         by_kind = targets("h200-replay", sleeper.pid)
         for act in ACTIONS:
             with pytest.raises(Refused, match="replay"):
                 await plan_action(act.id, by_kind[act.target_kind], ctx, {"reason": "test"})
         # A plan made elsewhere (a script, a stale screen) is refused again when run.
-        forged = Plan(action("signal_term"), by_kind[TARGET_PROCESS], ("kill", "-s", "TERM", "--", str(sleeper.pid)),
-                      "on this machine")
+        forged = Plan(
+            action("signal_term"),
+            by_kind[TARGET_PROCESS],
+            ("kill", "-s", "TERM", "--", str(sleeper.pid)),
+            "on this machine",
+        )
         with pytest.raises(Refused, match="replay"):
             await run_plan(forged, ctx)
         # The last guard before os.kill and before a local command.
@@ -110,8 +123,13 @@ async def test_every_action_on_a_replayed_node_is_refused_and_its_pid_is_never_s
 
 
 async def test_a_replay_console_refuses_even_a_safe_action(tmp_path):
-    state_ctx = ActionContext(config=config(tmp_path), get_state=lambda: None, link=None,
-                              runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))), replayed=True)
+    state_ctx = ActionContext(
+        config=config(tmp_path),
+        get_state=lambda: None,
+        link=None,
+        runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))),
+        replayed=True,
+    )
     with pytest.raises(Refused, match="replay"):
         await plan_action("health_rerun", Target(TARGET_NODE, "gpu-a01"), state_ctx)
 
@@ -123,8 +141,12 @@ async def test_a_node_without_a_command_channel_is_not_this_machine(tmp_path, sl
         state = replace(await replayed_state_holding(link, sleeper.pid), name="gpu-a01")
     finally:
         await link.close()
-    ctx = ActionContext(config=config(tmp_path), get_state=lambda: state, link=None,
-                        runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))))
+    ctx = ActionContext(
+        config=config(tmp_path),
+        get_state=lambda: state,
+        link=None,
+        runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))),
+    )
     assert not ctx.local
     by_kind = targets("gpu-a01", sleeper.pid)
     for act in ACTIONS:
@@ -145,12 +167,14 @@ async def test_the_local_node_is_still_this_machine(tmp_path, sleeper):
     def state():
         now = time.time()
         procs = tuple(table.join([ProcessSample(pid=sleeper.pid)]))
-        return NodeState(name="local", state=STATE_UP, frame=NodeFrame(node="local", time=now, top_processes=procs),
-                         received_at=now)
+        return NodeState(
+            name="local", state=STATE_UP, frame=NodeFrame(node="local", time=now, top_processes=procs), received_at=now
+        )
 
     link = LocalLink(NodeConfig(name="local", local=True), 0.5)
-    ctx = ActionContext(config=config(tmp_path), get_state=state, link=link,
-                        runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))))
+    ctx = ActionContext(
+        config=config(tmp_path), get_state=state, link=link, runner=ActionRunner(AuditLog(str(tmp_path / "audit.log")))
+    )
     plan = await plan_action("signal_term", Target(TARGET_PROCESS, "local", pid=sleeper.pid), ctx)
     assert plan.where.startswith("on this machine")
     report = await run_plan(plan, ctx)

@@ -186,7 +186,10 @@ def test_recent_records_are_newest_first_and_bad_lines_show(tmp_path):
     audit = tmp_path / "audit.log"
     log = AuditLog(str(audit))
     for i in range(5):
-        assert log.write("signal_int", "n%d" % i, "d", "ok", target="pid %d" % i, command=["kill"], entry_id=str(i)) is None
+        assert (
+            log.write("signal_int", "n%d" % i, "d", "ok", target="pid %d" % i, command=["kill"], entry_id=str(i))
+            is None
+        )
     with open(audit, "a") as f:
         f.write("not json at all\n")
     shown, problem = read_recent_records(str(audit), limit=3)

@@ -31,15 +31,17 @@ from opsconsole.actions.runner import ActionRunner
 from opsconsole.actions.signals import deliver_signal, refuse_signal, signal_argv, watch_process
 from opsconsole.config import ActionsConfig, Config, ConsoleConfig, NodeConfig, SshConfig
 from opsconsole.model import STATE_DOWN, STATE_UP, NodeFrame, NodeState, ProcessSample
+from opsconsole.nodes.local import LocalLink
 from opsconsole.nodes.ssh import SshLink
 from opsconsole.probe.procs import ProcessTable
 from tests.sshd import StateLog, ssh_client, sshd_factory  # noqa: F401
-from opsconsole.nodes.local import LocalLink
 
 # The node is this machine, as the console's embedded default is: its PIDs are ours to signal.
 THIS_MACHINE = LocalLink(NodeConfig(name="local", local=True), 1.0)
 
-FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
+FAST = SshConfig(
+    connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5
+)
 
 
 class ProbedNode:
@@ -64,8 +66,13 @@ def started(argv: List[str], wait_ready: bool = False):
     """A child process; with wait_ready, returned once it printed "ready" (its signal handlers are set)."""
     # SIGINT at its default in the child: a test run started in the background of a non-interactive
     # shell ignores SIGINT, and an ignored signal stays ignored across exec (a `sleep` would not die).
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if wait_ready else subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if wait_ready else subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         if wait_ready:
             assert proc.stdout.readline().strip() == b"ready"
@@ -81,8 +88,9 @@ def context(tmp_path, get_state, link=THIS_MACHINE, escalation_s=0.6, interval=0
         console=ConsoleConfig(interval=interval),
         actions=ActionsConfig(audit_log=str(tmp_path / "audit.log"), signal_escalation_s=escalation_s),
     )
-    return ActionContext(config=config, get_state=get_state, link=link,
-                         runner=ActionRunner(AuditLog(str(tmp_path / "audit.log"))))
+    return ActionContext(
+        config=config, get_state=get_state, link=link, runner=ActionRunner(AuditLog(str(tmp_path / "audit.log")))
+    )
 
 
 def audit_outcomes(tmp_path):
@@ -129,7 +137,9 @@ async def test_a_pid_the_node_did_not_report_is_refused_and_not_signalled(tmp_pa
         assert "this console" in refuse_signal(ProbedNode("local", [os.getpid()]).state(), os.getpid(), local=True)
         # PID reuse: the frame says python3, /proc says sleep now.
         state = node.state()
-        renamed = replace(state, frame=replace(state.frame, top_processes=(replace(state.frame.top_processes[0], name="python3"),)))
+        renamed = replace(
+            state, frame=replace(state.frame, top_processes=(replace(state.frame.top_processes[0], name="python3"),))
+        )
         assert "now 'sleep', not 'python3'" in refuse_signal(renamed, reported.pid, local=True)
         assert refuse_signal(renamed, reported.pid, local=False) is None  # remote: /proc here is not the node's
 
@@ -206,8 +216,9 @@ async def test_escalation_over_real_ssh_with_streamed_frames_ends_in_sigkill(ssh
     task = asyncio.ensure_future(link.run(log))
     try:
         with started([sys.executable, "-c", STUBBORN], wait_ready=True) as stubborn:
-            await log.wait_for(lambda s: s.state == STATE_UP and any(
-                p.pid == stubborn.pid for p in s.frame.top_processes), 30)
+            await log.wait_for(
+                lambda s: s.state == STATE_UP and any(p.pid == stubborn.pid for p in s.frame.top_processes), 30
+            )
             ctx = context(tmp_path, lambda: log.states[-1] if log.states else None, link=link)
             asked = []
 

@@ -19,7 +19,9 @@ from tests.test_history import h200_frame
 
 def state_with_temperature(temp):
     frame = h200_frame()
-    return NodeState(name="gpu01", state=STATE_UP, frame=replace(frame, gpus=(replace(frame.gpus[0], temperature=temp),)))
+    return NodeState(
+        name="gpu01", state=STATE_UP, frame=replace(frame, gpus=(replace(frame.gpus[0], temperature=temp),))
+    )
 
 
 HOT = AlertRule("hot", "gpu.temperature", ">", 85, for_s=30, severity="critical")
@@ -34,13 +36,22 @@ HOT = AlertRule("hot", "gpu.temperature", ">", 85, for_s=30, severity="critical"
         (HOT, [(0, 90), (20, 80), (40, 90), (69, 90), (70, 90)], [(70, EVENT_FIRING)]),  # a dip restarts the clock
         # hysteresis: clear level 85 - 4.25 = 80.75; 84 and 85 do not resolve
         (HOT, [(0, 90), (30, 90), (40, 84), (50, 86), (60, 85), (70, 80)], [(30, EVENT_FIRING), (70, EVENT_RESOLVED)]),
-        (HOT, [(0, 90), (30, 90), (40, 70), (50, 90), (80, 90)],
-         [(30, EVENT_FIRING), (40, EVENT_RESOLVED), (80, EVENT_FIRING)]),
+        (
+            HOT,
+            [(0, 90), (30, 90), (40, 70), (50, 90), (80, 90)],
+            [(30, EVENT_FIRING), (40, EVENT_RESOLVED), (80, EVENT_FIRING)],
+        ),
         (AlertRule("hot0", "gpu.temperature", ">", 85), [(0, 86)], [(0, EVENT_FIRING)]),  # no `for`: at once
-        (AlertRule("hot0", "gpu.temperature", ">", 85, clear=60), [(0, 86), (1, 70), (2, 59)],
-         [(0, EVENT_FIRING), (2, EVENT_RESOLVED)]),
-        (AlertRule("cold", "gpu.temperature", "<", 20), [(0, 19), (1, 20.5), (2, 21.1)],
-         [(0, EVENT_FIRING), (2, EVENT_RESOLVED)]),
+        (
+            AlertRule("hot0", "gpu.temperature", ">", 85, clear=60),
+            [(0, 86), (1, 70), (2, 59)],
+            [(0, EVENT_FIRING), (2, EVENT_RESOLVED)],
+        ),
+        (
+            AlertRule("cold", "gpu.temperature", "<", 20),
+            [(0, 19), (1, 20.5), (2, 21.1)],
+            [(0, EVENT_FIRING), (2, EVENT_RESOLVED)],
+        ),
     ],
 )
 def test_rule_for_durations_and_hysteresis(rule, series, expected):
@@ -91,14 +102,16 @@ def test_node_unreachable_for_30_s():
     assert [e.rule for e in engine.observe(down, now=31.0)] == ["node_unreachable"]
     up = state_with_temperature(40)
     assert [(e.rule, e.state) for e in engine.observe(replace(up, name="n"), now=40.0)] == [
-        ("node_unreachable", EVENT_RESOLVED)]
+        ("node_unreachable", EVENT_RESOLVED)
+    ]
 
 
 def test_health_failures_fire_and_passes_resolve():
     engine = AlertEngine([])
     fail = HealthResult(check="disk_free", node="n", status="fail", message="/ has 3 % free")
     assert [(e.rule, e.state, e.severity) for e in engine.observe_health([fail], now=1.0)] == [
-        ("health.disk_free", EVENT_FIRING, "critical")]
+        ("health.disk_free", EVENT_FIRING, "critical")
+    ]
     assert engine.observe_health([fail], now=2.0) == []  # still failing: no new event
     ok = replace(fail, status="pass", message="/ has 40 % free")
     assert [(e.rule, e.state) for e in engine.observe_health([ok], now=3.0)] == [("health.disk_free", EVENT_RESOLVED)]
@@ -106,8 +119,17 @@ def test_health_failures_fire_and_passes_resolve():
 
 def test_findings_fire_once_per_category_and_source():
     engine = AlertEngine([])
-    finding = Finding(line=7, category="nan_inf", severity="critical", title="Loss became NaN", cause="", remedy="",
-                      excerpt="loss=nan", source="n:/logs/train_n_rank0_1.log", rank=0)
+    finding = Finding(
+        line=7,
+        category="nan_inf",
+        severity="critical",
+        title="Loss became NaN",
+        cause="",
+        remedy="",
+        excerpt="loss=nan",
+        source="n:/logs/train_n_rank0_1.log",
+        rank=0,
+    )
     first = engine.observe_finding(finding, "n", now=1.0)
     assert [e.rule for e in first] == ["finding.nan_inf"]
     assert "rank 0" in first[0].message
@@ -151,8 +173,9 @@ async def test_a_hanging_hook_is_killed_and_reported_without_blocking(tmp_path):
 
 
 async def test_a_failing_or_missing_hook_is_reported(tmp_path):
-    failing = await deliver([sys.executable, "-c", "import sys; sys.stderr.write('no webhook url\\n'); sys.exit(3)"],
-                            {}, timeout=10)
+    failing = await deliver(
+        [sys.executable, "-c", "import sys; sys.stderr.write('no webhook url\\n'); sys.exit(3)"], {}, timeout=10
+    )
     assert (failing.ok, failing.returncode) == (False, 3)
     assert failing.message == "exit 3: no webhook url"
     missing = await deliver([str(tmp_path / "no-such-hook")], {}, timeout=10)
@@ -162,18 +185,31 @@ async def test_a_failing_or_missing_hook_is_reported(tmp_path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ('[[alerts]]\nmetric = "gpu.temprature"\ncomparison = ">"\nthreshold = 80\n',
-         'x.toml:2: alerts[0].metric: unknown metric "gpu.temprature"; did you mean "gpu.temperature"?'),
-        ('[[alerts]]\nmetric = "gpu.temperature"\ncomparison = "=>"\nthreshold = 80\n',
-         'x.toml:3: alerts[0].comparison: expected one of > >= < <= == !=, got "=>"'),
-        ('[[alerts]]\nmetric = "gpu.temperature"\ncomparison = ">"\n',
-         'x.toml:1: alerts[0]: missing required key "threshold"'),
-        ('[[alerts]]\nmetric = "gpu.temperature"\ncomparison = ">"\nthreshold = 80\nfor = -1\n',
-         "x.toml:5: alerts[0].for: must be at least 0, got -1"),
-        ('[[alerts]]\nmetric = "gpu.temperature"\ncomparison = ">"\nthreshold = 80\nseverity = "urgent"\n',
-         'x.toml:5: alerts[0].severity: expected info, warning, critical, got "urgent"; expected one of: info, warning, critical'),
-        ('[alerting]\nhook = "/bin/pager"\n', 'x.toml:2: alerting.hook: expected an array of strings, got "/bin/pager"'),
-        ('[history]\nsize = 1\n', "x.toml:2: history.size: must be between 2 and 100000, got 1"),
+        (
+            '[[alerts]]\nmetric = "gpu.temprature"\ncomparison = ">"\nthreshold = 80\n',
+            'x.toml:2: alerts[0].metric: unknown metric "gpu.temprature"; did you mean "gpu.temperature"?',
+        ),
+        (
+            '[[alerts]]\nmetric = "gpu.temperature"\ncomparison = "=>"\nthreshold = 80\n',
+            'x.toml:3: alerts[0].comparison: expected one of > >= < <= == !=, got "=>"',
+        ),
+        (
+            '[[alerts]]\nmetric = "gpu.temperature"\ncomparison = ">"\n',
+            'x.toml:1: alerts[0]: missing required key "threshold"',
+        ),
+        (
+            '[[alerts]]\nmetric = "gpu.temperature"\ncomparison = ">"\nthreshold = 80\nfor = -1\n',
+            "x.toml:5: alerts[0].for: must be at least 0, got -1",
+        ),
+        (
+            '[[alerts]]\nmetric = "gpu.temperature"\ncomparison = ">"\nthreshold = 80\nseverity = "urgent"\n',
+            'x.toml:5: alerts[0].severity: expected info, warning, critical, got "urgent"; expected one of: info, warning, critical',
+        ),
+        (
+            '[alerting]\nhook = "/bin/pager"\n',
+            'x.toml:2: alerting.hook: expected an array of strings, got "/bin/pager"',
+        ),
+        ("[history]\nsize = 1\n", "x.toml:2: history.size: must be between 2 and 100000, got 1"),
     ],
 )
 def test_alert_config_errors_name_file_line_and_key(text, message):
@@ -188,11 +224,15 @@ def test_alert_rules_from_config():
     from opsconsole.alerts.rules import rules_from_config
     from opsconsole.config import parse_config
 
-    config = parse_config('[[alerts]]\nname = "idle"\nmetric = "gpu.utilization"\ncomparison = "<"\n'
-                          'threshold = 5\nfor = 300\n[alerting]\nbuiltin_rules = false\n', "x.toml")
+    config = parse_config(
+        '[[alerts]]\nname = "idle"\nmetric = "gpu.utilization"\ncomparison = "<"\n'
+        "threshold = 5\nfor = 300\n[alerting]\nbuiltin_rules = false\n",
+        "x.toml",
+    )
     rules = rules_from_config(config)
     assert [(r.name, r.metric, r.comparison, r.threshold, r.for_s) for r in rules] == [
-        ("idle", "gpu.utilization", "<", 5.0, 300.0)]
+        ("idle", "gpu.utilization", "<", 5.0, 300.0)
+    ]
     default = rules_from_config(parse_config("", "x.toml"))
     assert "gpu_hot" in [r.name for r in default]
 
@@ -234,8 +274,18 @@ def test_a_silence_lasts_until_its_time_then_the_alert_speaks_again():
 
 def test_findings_from_before_the_start_are_listed_once_and_a_new_one_still_fires():
     engine = AlertEngine([])
-    old = Finding(line=7, category="cuda_oom", severity="critical", title="CUDA out of memory", cause="", remedy="",
-                  excerpt="torch.OutOfMemoryError", source="n:/logs/rank0.log", rank=0, time=50.0)
+    old = Finding(
+        line=7,
+        category="cuda_oom",
+        severity="critical",
+        title="CUDA out of memory",
+        cause="",
+        remedy="",
+        excerpt="torch.OutOfMemoryError",
+        source="n:/logs/rank0.log",
+        rank=0,
+        time=50.0,
+    )
     [listed] = engine.observe_finding(old, "n", now=1000.0, earlier=True)
     assert listed.earlier and listed.time == 50.0 and not engine.announces(listed, 1000.0)
     assert engine.observe_finding(replace(old, line=9), "n", now=1000.0, earlier=True) == []  # once per source

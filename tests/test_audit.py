@@ -21,11 +21,11 @@ def test_records_are_json_lines_with_every_field(tmp_path):
     path = tmp_path / "state" / "opsconsole" / "audit.log"
     log = AuditLog(str(path))
     assert log.write("trust_hostkey", "gpu-a01", "[127.0.0.1]:2222 ssh-ed25519 SHA256:x", "confirmed") is None
-    assert log.write("trust_hostkey", "gpu-a02", "quote \" and newline\n inside", "cancelled") is None
+    assert log.write("trust_hostkey", "gpu-a02", 'quote " and newline\n inside', "cancelled") is None
     records = read_records(path)
     assert [list(r) for r in records] == [FIELDS, FIELDS]
     assert [(r["node"], r["outcome"]) for r in records] == [("gpu-a01", "confirmed"), ("gpu-a02", "cancelled")]
-    assert records[1]["detail"] == "quote \" and newline\n inside"  # one line per record, escaped
+    assert records[1]["detail"] == 'quote " and newline\n inside'  # one line per record, escaped
     assert records[0]["host"] == os.uname().nodename
     assert records[0]["user"] and records[0]["time"].endswith("+00:00")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -69,10 +69,25 @@ def test_hostile_content_is_written_escaped_one_line_each(tmp_path):
     log = AuditLog(str(path))
     name = os.fsdecode(b"/ckpts/ckpt-\xff.pt")  # what os.listdir gives for a non-UTF-8 name
     assert log.write("checkpoint.delete", "gpu\x1b]0;pwned\x07", "delete %s" % name, "confirmed") is None
-    assert log.write("checkpoint.cleanup", "n1", "osc52 \x1b]52;c;cm0gLXJm\x07 csi \x9b2J rlo \u202e sep \u2028 nl\n", "refused") is None
-    assert log.write("checkpoint_cleanup", "n1", "about to run", "attempt", target=name,
-                           command=["opsconsole", "cleanup", name], entry_id="abc",
-                           result={"stdout": "deleted %s\n" % name, "odd": object()}) is None
+    assert (
+        log.write(
+            "checkpoint.cleanup", "n1", "osc52 \x1b]52;c;cm0gLXJm\x07 csi \x9b2J rlo \u202e sep \u2028 nl\n", "refused"
+        )
+        is None
+    )
+    assert (
+        log.write(
+            "checkpoint_cleanup",
+            "n1",
+            "about to run",
+            "attempt",
+            target=name,
+            command=["opsconsole", "cleanup", name],
+            entry_id="abc",
+            result={"stdout": "deleted %s\n" % name, "odd": object()},
+        )
+        is None
+    )
     data = path.read_bytes()
     data.decode("utf-8")  # strict: the log is valid UTF-8
     assert data.count(b"\n") == 3 and not any(b < 0x20 and b != 0x0A for b in data)

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from opsconsole.model import NodeFrame, from_wire
-from opsconsole.nodes.bundle import UNSUPPORTED_EXIT, UNSUPPORTED_MARKER, bundle_modules, build_probe_bundle, probe_bundle
+from opsconsole.nodes.bundle import (
+    UNSUPPORTED_EXIT,
+    UNSUPPORTED_MARKER,
+    build_probe_bundle,
+    bundle_modules,
+    probe_bundle,
+)
 from opsconsole.nodes.ssh import unusable_python_reason
 
 PROBE_DIR = Path(__file__).resolve().parent.parent / "opsconsole" / "probe"
@@ -21,7 +27,12 @@ PROBE_DIR = Path(__file__).resolve().parent.parent / "opsconsole" / "probe"
 def run_bundle(args, cwd, isolated=True, source=None):
     argv = [sys.executable] + (["-I"] if isolated else []) + ["-"] + list(args)
     return subprocess.run(
-        argv, input=source if source is not None else probe_bundle(), capture_output=True, text=True, cwd=str(cwd), timeout=60
+        argv,
+        input=source if source is not None else probe_bundle(),
+        capture_output=True,
+        text=True,
+        cwd=str(cwd),
+        timeout=60,
     )
 
 
@@ -31,7 +42,9 @@ def decode_frames(stdout: str):
 
 def test_bundle_carries_model_and_every_probe_module():
     names = [name for name, _, _ in bundle_modules()]
-    expected = {"opsconsole.probe." + p.stem for p in PROBE_DIR.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    expected = {
+        "opsconsole.probe." + p.stem for p in PROBE_DIR.glob("*.py") if p.name not in ("__init__.py", "__main__.py")
+    }
     assert "opsconsole.model" in names and "opsconsole.probe" in names
     assert expected <= set(names)
     text = probe_bundle()
@@ -66,7 +79,9 @@ def test_bundle_on_stdin_prints_one_real_frame(tmp_path):
 
 def test_bundle_streams_frames_until_its_reader_goes(tmp_path):
     argv = [sys.executable, "-I", "-", "--interval", "0.2", "--top", "0"]
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp"
+    )
     try:
         proc.stdin.write(probe_bundle())
         proc.stdin.close()
@@ -89,7 +104,9 @@ def test_bundle_ignores_an_opsconsole_package_in_the_working_directory(tmp_path)
     assert result.returncode == 0, result.stderr
     assert len(decode_frames(result.stdout)) == 1
     # The same cwd without the bundle does pick the fake up, so the test would notice a leak.
-    probe = subprocess.run([sys.executable, "-c", "import opsconsole"], cwd=str(tmp_path), capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import opsconsole"], cwd=str(tmp_path), capture_output=True, text=True
+    )
     assert "installed opsconsole was imported" in probe.stderr
 
 

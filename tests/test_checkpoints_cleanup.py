@@ -15,11 +15,11 @@ import torch
 
 from opsconsole import cli
 from opsconsole.actions.audit import AuditLog
-from opsconsole.probe import delete_units
 from opsconsole.checkpoints.cache import ResultCache
 from opsconsole.checkpoints.cleanup import execute_plan, pin_plan, plan_directory
 from opsconsole.checkpoints.retention import PlanItem, RetentionPlan
 from opsconsole.checkpoints.scan import scan_directory
+from opsconsole.probe import delete_units
 from tests.checkpoint_writers import write_seed_layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,8 +76,9 @@ def test_a_symlink_out_of_the_root_is_never_followed(tmp_path):
     os.unlink(victim.path)
     os.symlink(outside / "keep_me.pt", victim.path)
     # A forged plan entry added after the plan was made: never pinned, never deleted.
-    forged = PlanItem(str(root / "escape" / "keep_me.pt"), "keep_me.pt", 1, 0.0, True, ("forged",),
-                      members=("escape/keep_me.pt",))
+    forged = PlanItem(
+        str(root / "escape" / "keep_me.pt"), "keep_me.pt", 1, 0.0, True, ("forged",), members=("escape/keep_me.pt",)
+    )
     forged_plan = replace(plan, items=plan.items + (forged,))
     result = execute_plan(forged_plan, str(root), AuditLog(str(tmp_path / "a.log")))
     errors = {Path(r.path).name: r.error for r in result.failed}
@@ -100,7 +101,10 @@ def test_partial_failure_is_reported_per_file(seed, tmp_path):
         f.write(b"more")  # the run wrote to it again: not what the plan saw
     result = execute_plan(plan, str(seed), AuditLog(str(tmp_path / "a.log")))
     errors = {r.path: r.error for r in result.failed}
-    assert errors == {gone.path: "already gone", changed.path: "%s changed since the plan (size or mtime)" % changed.name}
+    assert errors == {
+        gone.path: "already gone",
+        changed.path: "%s changed since the plan (size or mtime)" % changed.name,
+    }
     assert len(result.deleted) == len(plan.to_delete) - 2
     assert os.path.exists(changed.path)
     assert "2 failed" in result.summary()
@@ -150,8 +154,14 @@ def run_cli(*argv, tmp_path, stdin=None):
     """Run the real command in a subprocess (no terminal): (exit code, stdout, stderr)."""
     env = dict(os.environ, OPSCONSOLE_CONFIG=str(tmp_path / "config.toml"), PYTHONPATH=str(REPO))
     (tmp_path / "config.toml").write_text('[actions]\naudit_log = "%s"\n' % (tmp_path / "audit.log"))
-    proc = subprocess.run([sys.executable, "-m", "opsconsole"] + list(argv), capture_output=True, text=True,
-                          env=env, stdin=subprocess.DEVNULL if stdin is None else stdin, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "opsconsole"] + list(argv),
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL if stdin is None else stdin,
+        timeout=60,
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -159,8 +169,27 @@ def test_checkpoints_json_shape(seed, tmp_path, capsys):
     assert cli.main(["checkpoints", str(seed), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["dir"] == str(seed)
-    keys = {"path", "format", "size_bytes", "mtime", "epoch", "step", "loss", "best", "latest", "integrity", "problem",
-            "layout", "unit", "series", "managed", "unmanaged", "protections", "unreadable", "members"}  # issue 13: units
+    keys = {
+        "path",
+        "format",
+        "size_bytes",
+        "mtime",
+        "epoch",
+        "step",
+        "loss",
+        "best",
+        "latest",
+        "integrity",
+        "problem",
+        "layout",
+        "unit",
+        "series",
+        "managed",
+        "unmanaged",
+        "protections",
+        "unreadable",
+        "members",
+    }  # issue 13: units
     assert all(set(c) == keys for c in doc["checkpoints"])
     by_name = {Path(c["path"]).name: c for c in doc["checkpoints"]}
     assert by_name["checkpoint_epoch_4.pt"]["latest"] and by_name["checkpoint_best.pt"]["best"]
@@ -175,7 +204,9 @@ def test_checkpoints_json_shape(seed, tmp_path, capsys):
     with zipfile.ZipFile(damaged) as archive:
         info = next(i for i in archive.infolist() if i.filename.endswith("/data/0"))
     raw = bytearray(damaged.read_bytes())
-    raw[info.header_offset + 30 + len(info.filename) + struct.unpack_from("<H", raw, info.header_offset + 28)[0]] ^= 0xFF
+    raw[info.header_offset + 30 + len(info.filename) + struct.unpack_from("<H", raw, info.header_offset + 28)[0]] ^= (
+        0xFF
+    )
     damaged.write_bytes(bytes(raw))
     assert cli.main(["checkpoints", str(seed), "--verify", "--json"]) == 0
     verified = {Path(c["path"]).name: c for c in json.loads(capsys.readouterr().out)["checkpoints"]}
@@ -211,7 +242,10 @@ def test_cli_exit_codes(seed, tmp_path, monkeypatch, capsys):
     assert code == 0, err
     doc = json.loads(out)
     assert sorted(Path(r["path"]).name for r in doc["result"]["results"] if r["deleted"]) == [
-        "checkpoint_epoch_0.pt", "checkpoint_epoch_1.pt", "checkpoint_epoch_2.pt"]
+        "checkpoint_epoch_0.pt",
+        "checkpoint_epoch_1.pt",
+        "checkpoint_epoch_2.pt",
+    ]
     assert [i["action"] for i in doc["plan"]["plan"]].count("delete") == 3
     assert any(r["outcome"] == "confirmed" for r in audit_records(tmp_path / "audit.log"))
 
@@ -244,8 +278,14 @@ def test_on_a_terminal_cleanup_asks_first(seed, tmp_path, answer, deleted):
     (tmp_path / "config.toml").write_text('[actions]\naudit_log = "%s"\n' % (tmp_path / "audit.log"))
     env = dict(os.environ, OPSCONSOLE_CONFIG=str(tmp_path / "config.toml"), PYTHONPATH=str(REPO))
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "opsconsole", "cleanup", str(seed), "--keep", "3"],
-                            stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opsconsole", "cleanup", str(seed), "--keep", "3"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        close_fds=True,
+    )
     os.close(slave)
     seen = b""
     try:

@@ -98,8 +98,15 @@ def test_a_broken_best_copy_makes_the_lowest_loss_the_best(tmp_path):
 def test_a_scalar_saved_as_a_tensor_is_read_from_the_zip(tmp_path):
     model, _, _ = small_model()
     path = tmp_path / "ckpt_step_70.pt"
-    torch.save({"epoch": torch.tensor(7), "loss": torch.tensor(0.125, dtype=torch.bfloat16),
-                "metrics": {"ppl": torch.tensor(3.5, dtype=torch.float64)}, "model": model.state_dict()}, path)
+    torch.save(
+        {
+            "epoch": torch.tensor(7),
+            "loss": torch.tensor(0.125, dtype=torch.bfloat16),
+            "metrics": {"ppl": torch.tensor(3.5, dtype=torch.float64)},
+            "model": model.state_dict(),
+        },
+        path,
+    )
     entry = by_name(scan(tmp_path))["ckpt_step_70.pt"]
     assert entry.meta.epoch == 7 and entry.meta.loss == 0.125 and entry.meta.step == 70
     assert dict(entry.meta.metrics) == {"ppl": 3.5}
@@ -126,7 +133,11 @@ def test_lightning_names_callbacks_and_last_ckpt(tmp_path):
     assert entry.meta.loss == pytest.approx(0.4) and entry.meta.best_loss == pytest.approx(0.4)
     assert entry.meta.has_optimizer and entry.meta.has_scheduler
     assert entries["last.ckpt"].format == FORMAT_LIGHTNING and entries["last.ckpt"].meta.step == 300
-    assert formats.lightning_fields("epoch=2-step=300-val_loss=0.25-v1.ckpt") == {"epoch": "2", "step": "300", "val_loss": "0.25"}
+    assert formats.lightning_fields("epoch=2-step=300-val_loss=0.25-v1.ckpt") == {
+        "epoch": "2",
+        "step": "300",
+        "val_loss": "0.25",
+    }
     assert formats.meta_from_name("epoch=2-step=300-val_loss=0.25.ckpt").loss == 0.25
 
 
@@ -222,7 +233,10 @@ def test_datetime_is_reported_outside_the_safe_list(tmp_path):
     torch.save({"epoch": 2, "saved": datetime.datetime(2026, 12, 2, 18, 0)}, tmp_path / "a.pt")
     entry = by_name(scan(tmp_path))["a.pt"]
     assert entry.problem == "uses types outside the safe list: datetime.datetime"
-    assert entry.meta.epoch == 2 and ("saved", "<datetime.datetime: not loaded (outside the safe list)>") in entry.meta.details
+    assert (
+        entry.meta.epoch == 2
+        and ("saved", "<datetime.datetime: not loaded (outside the safe list)>") in entry.meta.details
+    )
 
 
 def test_a_damaged_pickle_is_an_error_value():
@@ -246,10 +260,16 @@ def test_truncated_file_and_a_file_still_being_written(tmp_path):
     growing = tmp_path / "checkpoint_epoch_2.pt"
     # Another process writes the first half and keeps the file open, as torch.save mid-write does.
     writer = subprocess.Popen(
-        [sys.executable, "-c", "import sys,time\nf=open(sys.argv[1],'wb')\nf.write(sys.stdin.buffer.read(%d))\nf.flush()\n"
-         "print('ready',flush=True)\nsys.stdin.buffer.readline()\nf.write(sys.stdin.buffer.read())\nf.close()" % (len(data) // 2),
-         str(growing)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [
+            sys.executable,
+            "-c",
+            "import sys,time\nf=open(sys.argv[1],'wb')\nf.write(sys.stdin.buffer.read(%d))\nf.flush()\n"
+            "print('ready',flush=True)\nsys.stdin.buffer.readline()\nf.write(sys.stdin.buffer.read())\nf.close()"
+            % (len(data) // 2),
+            str(growing),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     try:
         writer.stdin.write(data[: len(data) // 2])
@@ -336,7 +356,9 @@ def test_symlinks_out_of_the_root_and_dangling_are_listed_as_links(tmp_path):
     (root / "gone.pt").symlink_to(root / "missing.pt")
     (root / "latest").symlink_to("checkpoint_epoch_1.pt")
     entries = by_name(scan(root))
-    assert entries["checkpoint_epoch_9.pt"].format == FORMAT_LINK and "outside" in entries["checkpoint_epoch_9.pt"].problem
+    assert (
+        entries["checkpoint_epoch_9.pt"].format == FORMAT_LINK and "outside" in entries["checkpoint_epoch_9.pt"].problem
+    )
     assert entries["gone.pt"].format == FORMAT_LINK and "dangling" in entries["gone.pt"].problem
     assert entries["checkpoint_epoch_1.pt"].latest
 
@@ -352,7 +374,9 @@ def test_unchanged_files_come_from_the_cache(tmp_path):
 
 
 def test_optimizer_none_is_absent_and_a_scheduler_dict_is_present(tmp_path):
-    torch.save({"step": 1200, "loss": 1.5, "optimizer": None, "scheduler": {"last_epoch": 3}}, tmp_path / "run_step_1200.pt")
+    torch.save(
+        {"step": 1200, "loss": 1.5, "optimizer": None, "scheduler": {"last_epoch": 3}}, tmp_path / "run_step_1200.pt"
+    )
     entry = by_name(scan(tmp_path))["run_step_1200.pt"]
     assert entry.meta.step == 1200 and entry.meta.loss == 1.5
     assert entry.meta.has_optimizer is False and entry.meta.has_scheduler is True

@@ -8,9 +8,8 @@ input for each bug the fuzzers found.
 from __future__ import annotations
 
 import io
-import os
 import json
-import pickle
+import os
 import struct
 import zipfile
 from typing import Any, List
@@ -56,7 +55,10 @@ def drive(reader, data: bytes):
         while True:
             offset, length = request
             assert offset >= 0 and length >= 0, "a reader asked for %r" % (request,)
-            assert length <= len(data) + 64 * 1024 * 1024, "a reader asked for %d bytes of a %d-byte file" % (length, len(data))
+            assert length <= len(data) + 64 * 1024 * 1024, "a reader asked for %d bytes of a %d-byte file" % (
+                length,
+                len(data),
+            )
             request = reader.send(data[offset : offset + length])
     except StopIteration as stop:
         return stop.value
@@ -128,21 +130,33 @@ def test_the_real_checkpoint_reads_correctly():
 # --- (a) safetensors ------------------------------------------------------------------------------
 
 json_leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.integers(min_value=-(10**500), max_value=10**500),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.integers(min_value=-(10**500), max_value=10**500),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
 )
-json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 tensor_info = st.fixed_dictionaries(
     {},
     optional={
         "dtype": st.one_of(st.sampled_from(["F32", "BF16", "I64", "F8_E4M3", "X"]), json_value),
         "shape": st.one_of(st.lists(st.integers(min_value=-1, max_value=2**64), max_size=5), json_value),
-        "data_offsets": st.one_of(st.lists(st.integers(min_value=-5, max_value=2**65), min_size=2, max_size=2), json_value),
+        "data_offsets": st.one_of(
+            st.lists(st.integers(min_value=-5, max_value=2**65), min_size=2, max_size=2), json_value
+        ),
     },
 )
 safetensors_header = st.one_of(
     st.dictionaries(st.text(max_size=10), st.one_of(tensor_info, json_value), max_size=5),
-    st.fixed_dictionaries({"__metadata__": st.dictionaries(st.sampled_from(["epoch", "step", "loss", "global_step", "x"]), json_value)}),
+    st.fixed_dictionaries(
+        {"__metadata__": st.dictionaries(st.sampled_from(["epoch", "step", "loss", "global_step", "x"]), json_value)}
+    ),
     json_value,
 )
 
@@ -157,8 +171,13 @@ safetensors_header = st.one_of(
 )
 def test_safetensors_on_hostile_headers(header, length_kind, random_length, raw_header, trailing):
     text = raw_header if raw_header is not None else json.dumps(header, allow_nan=True).encode()
-    length = {"exact": len(text), "random": random_length, "huge": 2**64 - 1 - (random_length % 7),
-              "past_end": len(text) + len(trailing) + 1 + random_length % 100, "short": max(0, len(text) - 1)}[length_kind]
+    length = {
+        "exact": len(text),
+        "random": random_length,
+        "huge": 2**64 - 1 - (random_length % 7),
+        "past_end": len(text) + len(trailing) + 1 + random_length % 100,
+        "short": max(0, len(text) - 1),
+    }[length_kind]
     data = struct.pack("<Q", length) + text + trailing
     result = read_file("model.safetensors", data)
     direct = drive(formats.safetensors_reader(len(data)), data)
@@ -169,7 +188,9 @@ def test_safetensors_on_hostile_headers(header, length_kind, random_length, raw_
 
 # --- (b) a real torch zip, mutated ---------------------------------------------------------------
 
-mutation = st.tuples(st.sampled_from(["flip", "set", "truncate", "insert", "delete"]), st.floats(0, 1), st.binary(min_size=1, max_size=8))
+mutation = st.tuples(
+    st.sampled_from(["flip", "set", "truncate", "insert", "delete"]), st.floats(0, 1), st.binary(min_size=1, max_size=8)
+)
 
 
 def mutate(data: bytes, mutations) -> bytes:
@@ -209,11 +230,28 @@ def test_a_mutated_real_checkpoint_reads_as_a_value(mutations, near_end):
 # --- (b) crafted data.pkl pickles ------------------------------------------------------------------
 
 GLOBALS = [
-    CANARY_GLOBAL, b"os\nsystem\n", b"builtins\neval\n", b"builtins\ngetattr\n", b"posix\nsystem\n",
-    b"torch._utils\n_rebuild_tensor_v2\n", b"torch._utils\n_rebuild_parameter\n", b"torch._tensor\n_rebuild_from_type_v2\n",
-    b"collections\nOrderedDict\n", b"collections\nCounter\n", b"collections\ndefaultdict\n", b"builtins\nset\n",
-    b"builtins\nstr\n", b"builtins\nint\n", b"builtins\nbytearray\n", b"builtins\nslice\n", b"_codecs\nencode\n",
-    b"torch\nFloatStorage\n", b"torch\nfloat32\n", b"torch\nSize\n", b"torch\ndevice\n", b"builtins\ndict\n",
+    CANARY_GLOBAL,
+    b"os\nsystem\n",
+    b"builtins\neval\n",
+    b"builtins\ngetattr\n",
+    b"posix\nsystem\n",
+    b"torch._utils\n_rebuild_tensor_v2\n",
+    b"torch._utils\n_rebuild_parameter\n",
+    b"torch._tensor\n_rebuild_from_type_v2\n",
+    b"collections\nOrderedDict\n",
+    b"collections\nCounter\n",
+    b"collections\ndefaultdict\n",
+    b"builtins\nset\n",
+    b"builtins\nstr\n",
+    b"builtins\nint\n",
+    b"builtins\nbytearray\n",
+    b"builtins\nslice\n",
+    b"_codecs\nencode\n",
+    b"torch\nFloatStorage\n",
+    b"torch\nfloat32\n",
+    b"torch\nSize\n",
+    b"torch\ndevice\n",
+    b"builtins\ndict\n",
 ]
 
 
@@ -222,22 +260,68 @@ def _u32(n: int) -> bytes:
 
 
 opcode = st.one_of(
-    st.sampled_from([b"(", b"]", b"}", b")", b"t", b"\x85", b"\x86", b"\x87", b"l", b"d", b"a", b"e", b"s", b"u", b"0",
-                     b"1", b"2", b"b", b"R", b"\x81", b"\x92", b"\x93", b"\x94", b"\x91", b"\x8f", b"\x90", b"Q", b"N",
-                     b"\x88", b"\x89", b"\x97", b"\x98", b"o", b"."]),
+    st.sampled_from(
+        [
+            b"(",
+            b"]",
+            b"}",
+            b")",
+            b"t",
+            b"\x85",
+            b"\x86",
+            b"\x87",
+            b"l",
+            b"d",
+            b"a",
+            b"e",
+            b"s",
+            b"u",
+            b"0",
+            b"1",
+            b"2",
+            b"b",
+            b"R",
+            b"\x81",
+            b"\x92",
+            b"\x93",
+            b"\x94",
+            b"\x91",
+            b"\x8f",
+            b"\x90",
+            b"Q",
+            b"N",
+            b"\x88",
+            b"\x89",
+            b"\x97",
+            b"\x98",
+            b"o",
+            b".",
+        ]
+    ),
     st.builds(lambda g: b"c" + g, st.sampled_from(GLOBALS)),
     st.builds(lambda g: b"i" + g, st.sampled_from(GLOBALS)),
-    st.builds(lambda s: b"\x8c" + bytes([len(s)]) + s, st.sampled_from([b"storage", b"0", b"cpu", b"epoch", b"os", b"system", b"builtins", b"eval", __name__.encode(), b"canary"])),
+    st.builds(
+        lambda s: b"\x8c" + bytes([len(s)]) + s,
+        st.sampled_from(
+            [b"storage", b"0", b"cpu", b"epoch", b"os", b"system", b"builtins", b"eval", __name__.encode(), b"canary"]
+        ),
+    ),
     st.builds(lambda n: b"K" + bytes([n]), st.integers(0, 255)),
     st.builds(lambda n: b"J" + struct.pack("<i", n), st.integers(-(2**31), 2**31 - 1)),
-    st.builds(lambda n, b: b"\x8a" + bytes([len(b)]) + b if n else b"\x8b" + _u32(2**32 - 1) + b, st.booleans(), st.binary(max_size=12)),
+    st.builds(
+        lambda n, b: b"\x8a" + bytes([len(b)]) + b if n else b"\x8b" + _u32(2**32 - 1) + b,
+        st.booleans(),
+        st.binary(max_size=12),
+    ),
     st.builds(lambda n, b: b"X" + _u32(n) + b, st.integers(0, 2**32 - 1), st.binary(max_size=8)),
     st.builds(lambda n, b: b"\x8d" + struct.pack("<Q", n) + b, st.integers(0, 2**64 - 1), st.binary(max_size=8)),
     st.builds(lambda n, b: b"\x8e" + struct.pack("<Q", n) + b, st.integers(0, 2**64 - 1), st.binary(max_size=8)),
     st.builds(lambda n, b: b"\x96" + struct.pack("<Q", n) + b, st.integers(0, 2**64 - 1), st.binary(max_size=8)),
     st.builds(lambda n: b"q" + bytes([n]), st.integers(0, 255)),
     st.builds(lambda n: b"h" + bytes([n]), st.integers(0, 255)),
-    st.builds(lambda n: b"r" + _u32(n), st.one_of(st.integers(0, 300), st.integers(2**20, 2**27), st.integers(0, 2**32 - 1))),
+    st.builds(
+        lambda n: b"r" + _u32(n), st.one_of(st.integers(0, 300), st.integers(2**20, 2**27), st.integers(0, 2**32 - 1))
+    ),
     st.builds(lambda n: b"j" + _u32(n), st.one_of(st.integers(0, 300), st.integers(0, 2**32 - 1))),
     st.builds(lambda n: b"\x95" + struct.pack("<Q", n), st.integers(0, 2**64 - 1)),
     st.builds(lambda n: b"\x80" + bytes([n]), st.integers(0, 6)),
@@ -283,7 +367,8 @@ def _shared_nest(base: bytes, levels: int, close: bytes) -> bytes:
 leaf = st.one_of(
     st.builds(_int, st.one_of(st.integers(-5, 5), st.integers(min_value=-(2**20000), max_value=2**20000))),
     st.builds(_text, st.text(max_size=10)),
-    st.just(b"N"), st.just(b"\x88"),
+    st.just(b"N"),
+    st.just(b"\x88"),
     st.builds(lambda f: b"G" + struct.pack(">d", f), st.floats(allow_nan=True)),
     st.builds(lambda g: b"c" + g, st.sampled_from(GLOBALS)),
 )
@@ -292,22 +377,34 @@ pickle_value = st.recursive(
     lambda inner: st.one_of(
         st.builds(lambda items: b"(" + b"".join(items) + b"t", st.lists(inner, max_size=4)),
         st.builds(lambda items: b"(" + b"".join(items) + b"l", st.lists(inner, max_size=4)),
-        st.builds(lambda pairs: b"}(" + b"".join(k + v for k, v in pairs) + b"u", st.lists(st.tuples(inner, inner), max_size=3)),
+        st.builds(
+            lambda pairs: b"}(" + b"".join(k + v for k, v in pairs) + b"u",
+            st.lists(st.tuples(inner, inner), max_size=3),
+        ),
         st.builds(lambda g, args: _reduce(g, args), st.sampled_from(GLOBALS), st.lists(inner, max_size=6)),
         st.builds(lambda parts: b"(" + b"".join(parts) + b"tQ", st.lists(inner, max_size=6)),
         st.builds(lambda obj, state: obj + state + b"b", inner, inner),
         # A tensor whose storage, offset, size and stride are all hostile.
-        st.builds(lambda key, numel, rest: _reduce(b"torch._utils\n_rebuild_tensor_v2\n", [_storage(key, numel)] + rest),
-                  inner, inner, st.lists(inner, max_size=4)),
+        st.builds(
+            lambda key, numel, rest: _reduce(b"torch._utils\n_rebuild_tensor_v2\n", [_storage(key, numel)] + rest),
+            inner,
+            inner,
+            st.lists(inner, max_size=4),
+        ),
         st.builds(_shared_nest, inner, st.integers(0, 80), st.sampled_from([b"\x86", b"(\x91", b"]q\x01e"])),
     ),
     max_leaves=16,
 )
-hostile_key = st.sampled_from(["epoch", "step", "loss", "best_loss", "timestamp", "metrics", "model", "callbacks", "payload"])
+hostile_key = st.sampled_from(
+    ["epoch", "step", "loss", "best_loss", "timestamp", "metrics", "model", "callbacks", "payload"]
+)
 
 
 @settings(max_examples=100)
-@given(entries=st.lists(st.tuples(hostile_key, pickle_value), min_size=1, max_size=3), key_value=st.one_of(st.none(), pickle_value))
+@given(
+    entries=st.lists(st.tuples(hostile_key, pickle_value), min_size=1, max_size=3),
+    key_value=st.one_of(st.none(), pickle_value),
+)
 def test_crafted_trees_of_hostile_pieces(entries, key_value):
     items = b"".join(_text(key) + value for key, value in entries)
     if key_value is not None:  # a hostile object as a dict key: it gets hashed
@@ -319,10 +416,21 @@ def test_crafted_trees_of_hostile_pieces(entries, key_value):
 
 
 @settings(max_examples=60)
-@given(state=st.one_of(json_value, st.dictionaries(
-    st.sampled_from(["epoch", "global_step", "best_metric", "best_model_checkpoint", "log_history", "x"]),
-    st.one_of(json_value, st.lists(st.dictionaries(st.sampled_from(["loss", "eval_loss", "eval_acc", "step"]), json_value), max_size=3)),
-)), junk=st.one_of(st.none(), st.binary(max_size=30)))
+@given(
+    state=st.one_of(
+        json_value,
+        st.dictionaries(
+            st.sampled_from(["epoch", "global_step", "best_metric", "best_model_checkpoint", "log_history", "x"]),
+            st.one_of(
+                json_value,
+                st.lists(
+                    st.dictionaries(st.sampled_from(["loss", "eval_loss", "eval_acc", "step"]), json_value), max_size=3
+                ),
+            ),
+        ),
+    ),
+    junk=st.one_of(st.none(), st.binary(max_size=30)),
+)
 def test_trainer_state_json_with_junk(state, junk):
     text = junk if junk is not None else json.dumps(state, allow_nan=True).encode()
     meta, problem = formats.trainer_state_meta(text)
@@ -347,8 +455,12 @@ def test_regression_a_huge_int_value_is_shown_by_its_size():
 
 def test_regression_numbers_too_large_for_a_float():
     # epoch/loss/timestamp of 10**400: float() and "%g" raised OverflowError; a huge int key broke str().
-    pickled = _tree(_text("epoch") + _int(10**400), _text("loss") + _int(10**400),
-                    _text("timestamp") + _int(10**400), _int(10**5000) + b"K\x01")
+    pickled = _tree(
+        _text("epoch") + _int(10**400),
+        _text("loss") + _int(10**400),
+        _text("timestamp") + _int(10**400),
+        _int(10**5000) + b"K\x01",
+    )
     result = read_file("a.pt", torch_zip(pickled))
     assert result.problem is None and result.meta.epoch is None and result.meta.loss is None
     assert result.meta.timestamp == "<int of 1329 bits>" and "<int of 16610 bits>" in result.meta.top_keys
@@ -424,7 +536,10 @@ def _deflated_zip(payload: bytes, claimed_size: int) -> bytes:
 def test_regression_a_deflate_bomb_is_not_inflated():
     bomb = _deflated_zip(b"\x80\x02N" + b"0" * 50_000_000 + b"N.", 100)
     result = read_file("a.pt", bomb)
-    assert result.integrity == "corrupt" and result.problem == "archive/data.pkl inflates to over 100 bytes, its directory says 100"
+    assert (
+        result.integrity == "corrupt"
+        and result.problem == "archive/data.pkl inflates to over 100 bytes, its directory says 100"
+    )
     crc = drive(zipmeta.full_check_reader(len(bomb)), bomb)
     assert crc.integrity == "corrupt" and "inflates past" in crc.problem
 
@@ -455,7 +570,9 @@ def test_regression_json_sidecars_nesting_infinity_and_huge_numbers():
     safetensors = struct.pack("<Q", len(deep_header)) + deep_header
     assert read_file("m.safetensors", safetensors).problem == "header is not JSON: nested too deeply"
     meta, problem = formats.trainer_state_meta(
-        b'{"epoch": Infinity, "best_metric": 1%s, "log_history": [{"loss": NaN}, {"eval_loss": 1%s}]}' % (b"0" * 400, b"0" * 400))
+        b'{"epoch": Infinity, "best_metric": 1%s, "log_history": [{"loss": NaN}, {"eval_loss": 1%s}]}'
+        % (b"0" * 400, b"0" * 400)
+    )
     assert problem is None and meta.epoch is None and meta.best_loss is None
     meta, _ = formats.trainer_state_meta(b'{"epoch": NaN}')
     assert meta.epoch is None

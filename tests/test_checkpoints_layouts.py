@@ -69,14 +69,38 @@ def tiny_weights() -> dict:
 
 DIR_KINDS = [
     # (directory name, names inside, layout, series; None: not a checkpoint)
-    ("checkpoint-500", {"trainer_state.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"},
-     LAYOUT_HF_CHECKPOINT, "checkpoint-N/"),
-    ("checkpoint-500", {"model.safetensors", "optimizer.pt"}, LAYOUT_HF_CHECKPOINT, "checkpoint-N/"),  # trainer_state not yet written
+    (
+        "checkpoint-500",
+        {"trainer_state.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"},
+        LAYOUT_HF_CHECKPOINT,
+        "checkpoint-N/",
+    ),
+    (
+        "checkpoint-500",
+        {"model.safetensors", "optimizer.pt"},
+        LAYOUT_HF_CHECKPOINT,
+        "checkpoint-N/",
+    ),  # trainer_state not yet written
     ("checkpoint-500", {"notes.txt"}, None, None),
-    ("checkpoint_3", {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"}, LAYOUT_ACCELERATE, "checkpoint_N/"),
+    (
+        "checkpoint_3",
+        {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"},
+        LAYOUT_ACCELERATE,
+        "checkpoint_N/",
+    ),
     ("my_state", {"pytorch_model.bin", "optimizer.bin", "random_states_0.pkl"}, LAYOUT_ACCELERATE, None),
-    ("global_step200", {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"}, LAYOUT_DEEPSPEED, "global_stepN/"),
-    ("global_step200", {"bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt"}, LAYOUT_DEEPSPEED, "global_stepN/"),
+    (
+        "global_step200",
+        {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"},
+        LAYOUT_DEEPSPEED,
+        "global_stepN/",
+    ),
+    (
+        "global_step200",
+        {"bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt"},
+        LAYOUT_DEEPSPEED,
+        "global_stepN/",
+    ),
     ("iter_0000100", {"mp_rank_00"}, LAYOUT_MEGATRON, "iter_N/"),
     ("iter_0000100", {"mp_rank_00_000", "mp_rank_01_000"}, LAYOUT_MEGATRON, "iter_N/"),
     ("iter_0000100", {".metadata", "__0_0.distcp", "common.pt", "metadata.json"}, LAYOUT_MEGATRON, "iter_N/"),
@@ -118,8 +142,17 @@ def test_file_series_by_name(name, layout, series):
 
 
 def test_hf_output_top_files_are_one_final_model_and_companions_alone_are_nothing():
-    names = ["model.safetensors", "config.json", "generation_config.json", "training_args.bin", "tokenizer.json",
-             "tokenizer_config.json", "special_tokens_map.json", "README.md", "all_results.json"]
+    names = [
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "training_args.bin",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "README.md",
+        "all_results.json",
+    ]
     groups, others = layouts.group_top_files(names)
     assert [(g.layout, g.name) for g in groups] == [(LAYOUT_HF_FINAL, "model.safetensors")]
     assert set(groups[0].members) == set(names) - {"README.md", "all_results.json"}
@@ -138,12 +171,16 @@ def test_sharded_safetensors_index_is_one_unit():
     assert groups[0].missing == ("model-00001-of-00002.safetensors",)
 
 
-@pytest.mark.parametrize("text, tag", [(b"global_step200\n", "global_step200"), (b"../etc", None), (b"", None), (b"a\nb", None)])
+@pytest.mark.parametrize(
+    "text, tag", [(b"global_step200\n", "global_step200"), (b"../etc", None), (b"", None), (b"a\nb", None)]
+)
 def test_deepspeed_latest_tag(text, tag):
     assert layouts.deepspeed_latest_tag(text) == tag
 
 
-@pytest.mark.parametrize("text, name", [(b"200\n", "iter_0000200"), (b"release", "release"), (b"x", None), (b"9" * 40, None)])
+@pytest.mark.parametrize(
+    "text, name", [(b"200\n", "iter_0000200"), (b"release", "release"), (b"x", None), (b"9" * 40, None)]
+)
 def test_megatron_latest(text, name):
     assert layouts.megatron_latest_dir(text) == name
 
@@ -221,7 +258,9 @@ def write_save_state(folder: Path, seed: int) -> None:
     """What Accelerator.save_state writes for one model, optimizer and scheduler."""
     folder.mkdir(parents=True)
     model, optimizer, scheduler = small_model()
-    (folder / "model.safetensors").write_bytes(safetensors_bytes({k: v.detach() for k, v in model.state_dict().items()}, {"format": "pt"}))
+    (folder / "model.safetensors").write_bytes(
+        safetensors_bytes({k: v.detach() for k, v in model.state_dict().items()}, {"format": "pt"})
+    )
     torch.save(optimizer.state_dict(), folder / "optimizer.bin")
     torch.save(scheduler.state_dict(), folder / "scheduler.bin")
     torch.save({"random_state": seed}, folder / "random_states_0.pkl")
@@ -261,19 +300,34 @@ CALLBACK_KEY = "ModelCheckpoint{'monitor': 'val_acc', 'mode': 'max', 'every_n_tr
 def lightning_ckpt(path: Path, epoch: int, step: int, best: str, top_k: dict, last: str) -> None:
     """A .ckpt shaped as Lightning 2.x saves it, with ModelCheckpoint's state (monitor val_acc, mode max)."""
     model, optimizer, _ = small_model()
-    torch.save({
-        "epoch": epoch, "global_step": step, "pytorch-lightning_version": "2.6.6",
-        "state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()], "lr_schedulers": [],
-        "loops": {}, "hparams_name": "kwargs", "hyper_parameters": {},
-        "callbacks": {CALLBACK_KEY: {
-            "monitor": "val_acc", "best_model_score": torch.tensor(top_k[best]),
-            "best_model_path": best, "current_score": torch.tensor(top_k.get(str(path), 0.0)),
-            "dirpath": str(path.parent), "best_k_models": {k: torch.tensor(v) for k, v in top_k.items()},
-            "kth_best_model_path": min(top_k, key=top_k.get), "kth_value": torch.tensor(min(top_k.values())),
-            "last_model_path": last,
-        }},
-        "val_loss": 0.01 * epoch,  # a loss-like key: never the judge of best here
-    }, path)
+    torch.save(
+        {
+            "epoch": epoch,
+            "global_step": step,
+            "pytorch-lightning_version": "2.6.6",
+            "state_dict": model.state_dict(),
+            "optimizer_states": [optimizer.state_dict()],
+            "lr_schedulers": [],
+            "loops": {},
+            "hparams_name": "kwargs",
+            "hyper_parameters": {},
+            "callbacks": {
+                CALLBACK_KEY: {
+                    "monitor": "val_acc",
+                    "best_model_score": torch.tensor(top_k[best]),
+                    "best_model_path": best,
+                    "current_score": torch.tensor(top_k.get(str(path), 0.0)),
+                    "dirpath": str(path.parent),
+                    "best_k_models": {k: torch.tensor(v) for k, v in top_k.items()},
+                    "kth_best_model_path": min(top_k, key=top_k.get),
+                    "kth_value": torch.tensor(min(top_k.values())),
+                    "last_model_path": last,
+                }
+            },
+            "val_loss": 0.01 * epoch,  # a loss-like key: never the judge of best here
+        },
+        path,
+    )
     time.sleep(0.01)
 
 
@@ -299,7 +353,10 @@ def test_lightning_best_and_top_k_come_from_the_callback_state(tmp_path):
     # Issue 13: best was guessed from a key named like loss; monitor="val_acc", mode="max" made nothing best,
     # and cleanup deleted best_model_path and the other top-k; a regular-file last.ckpt was not latest.
     run = write_lightning_run(tmp_path)
-    assert run == {"best": "epoch=1-step=20.ckpt", "top_k": {"epoch=1-step=20.ckpt", "epoch=2-step=30.ckpt", "epoch=3-step=40.ckpt"}}
+    assert run == {
+        "best": "epoch=1-step=20.ckpt",
+        "top_k": {"epoch=1-step=20.ckpt", "epoch=2-step=30.ckpt", "epoch=3-step=40.ckpt"},
+    }
     listing, plan = plan_of(tmp_path, keep=1)
     entries = by_name(listing)
     assert {n for n, e in entries.items() if e.best} == {run["best"]}
@@ -315,7 +372,10 @@ def test_lightning_best_and_top_k_come_from_the_callback_state(tmp_path):
 def test_lightning_files_without_a_readable_callback_state_are_not_managed(tmp_path):
     model, _, _ = small_model()
     for epoch in range(3):
-        torch.save({"epoch": epoch, "global_step": epoch, "state_dict": model.state_dict()}, tmp_path / ("epoch=%d-step=%d.ckpt" % (epoch, epoch)))
+        torch.save(
+            {"epoch": epoch, "global_step": epoch, "state_dict": model.state_dict()},
+            tmp_path / ("epoch=%d-step=%d.ckpt" % (epoch, epoch)),
+        )
     age_tree(tmp_path)
     listing, plan = plan_of(tmp_path, keep=0)
     assert doomed(plan) == [] and all("ModelCheckpoint" in e.unmanaged for e in listing.entries)
@@ -351,7 +411,10 @@ def test_megatron_tracker_file_protects_its_iteration(tmp_path):
     listing, plan = plan_of(tmp_path, keep=1)
     entries = by_name(listing)
     assert entries["iter_0000200"].latest and entries["iter_0000100"].layout == LAYOUT_MEGATRON
-    assert entries["iter_0000100"].size_bytes == (tmp_path / "iter_0000100" / "mp_rank_00" / "model_optim_rng.pt").stat().st_size
+    assert (
+        entries["iter_0000100"].size_bytes
+        == (tmp_path / "iter_0000100" / "mp_rank_00" / "model_optim_rng.pt").stat().st_size
+    )
     assert doomed(plan) == ["iter_0000100"]
     # A cut rank file inside the iteration is seen (its zip directory).
     cut = tmp_path / "iter_0000300" / "mp_rank_00" / "model_optim_rng.pt"
@@ -365,7 +428,9 @@ def test_megatron_tracker_file_protects_its_iteration(tmp_path):
 def dcp_save(path: Path, step: int) -> None:
     import torch.distributed.checkpoint as dcp
 
-    dcp.save({"model": {k: v + step for k, v in tiny_weights().items()}, "step": torch.tensor(step)}, checkpoint_id=str(path))
+    dcp.save(
+        {"model": {k: v + step for k, v in tiny_weights().items()}, "step": torch.tensor(step)}, checkpoint_id=str(path)
+    )
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -414,11 +479,14 @@ def test_dcp_metadata_that_is_not_dcp_is_unreadable_not_corrupt():
 
 def test_sharded_safetensors_listed_as_one_unit_never_deleted(tmp_path):
     for i in (1, 2):
-        (tmp_path / ("model-0000%d-of-00002.safetensors" % i)).write_bytes(safetensors_bytes({"w%d" % i: torch.ones(2)}, {}))
+        (tmp_path / ("model-0000%d-of-00002.safetensors" % i)).write_bytes(
+            safetensors_bytes({"w%d" % i: torch.ones(2)}, {})
+        )
     import json
 
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"w1": "model-00001-of-00002.safetensors", "w2": "model-00002-of-00002.safetensors"}}))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w1": "model-00001-of-00002.safetensors", "w2": "model-00002-of-00002.safetensors"}})
+    )
     age_tree(tmp_path)
     listing, plan = plan_of(tmp_path, keep=0)
     assert len(listing.entries) == 1 and listing.entries[0].layout == LAYOUT_SHARDED
@@ -431,7 +499,9 @@ def test_a_lone_state_dict_and_a_legacy_file_are_never_ranked(tmp_path):
     # Issue 13: a state dict with no epoch and a legacy file were ranked among the "newest N" and deleted.
     model, optimizer, scheduler = small_model()
     for epoch in range(3):
-        torch.save({"epoch": epoch, "model_state_dict": model.state_dict()}, tmp_path / ("checkpoint_epoch_%d.pt" % epoch))
+        torch.save(
+            {"epoch": epoch, "model_state_dict": model.state_dict()}, tmp_path / ("checkpoint_epoch_%d.pt" % epoch)
+        )
         time.sleep(0.01)
     torch.save(model.state_dict(), tmp_path / "weights.pth")
     torch.save({"epoch": 9}, tmp_path / "old_format.pt", _use_new_zipfile_serialization=False)
@@ -456,9 +526,17 @@ def test_data_pkl_over_the_read_limit_is_unreadable_not_corrupt(tmp_path, monkey
     monkeypatch.setattr(formats, "MAX_PICKLE_READ", 1000)
     result = read_file(path)
     assert result.integrity == "ok" and result.unreadable and "over the reader's" in result.unreadable
-    entry = CheckpointEntry(path=str(path), name=path.name, format=result.format, size_bytes=1, mtime=0.0,
-                            meta=formats.merge_meta(result.meta, formats.meta_from_name(path.name)), integrity=result.integrity,
-                            unreadable=result.unreadable, series="checkpoint_epoch_N.pt")
+    entry = CheckpointEntry(
+        path=str(path),
+        name=path.name,
+        format=result.format,
+        size_bytes=1,
+        mtime=0.0,
+        meta=formats.merge_meta(result.meta, formats.meta_from_name(path.name)),
+        integrity=result.integrity,
+        unreadable=result.unreadable,
+        series="checkpoint_epoch_N.pt",
+    )
     plan = plan_retention([entry], keep=0, min_age=0, now=HOUR)
     assert not plan.items[0].delete and "over the reader's" in plan.items[0].reason
 
@@ -477,7 +555,9 @@ def test_an_unparsable_pickle_is_corrupt_only_when_its_crc_says_so(tmp_path):
     torch.save({"epoch": 1, "w": torch.ones(2)}, path)
     with zipfile.ZipFile(path) as archive:
         size = archive.getinfo(next(n for n in archive.namelist() if n.endswith("data.pkl"))).file_size
-    rewrite_member(path, "data.pkl", b"\x80\x02" + b"\xff" * (size - 2))  # CRC matches these bytes: our reader's failure
+    rewrite_member(
+        path, "data.pkl", b"\x80\x02" + b"\xff" * (size - 2)
+    )  # CRC matches these bytes: our reader's failure
     result = read_file(path)
     assert result.integrity == "ok" and result.unreadable
     raw = bytearray(path.read_bytes())
@@ -494,7 +574,10 @@ def test_checkpoint_manager_layout_as_today(tmp_path):
     listing, plan = plan_of(tmp_path, keep=2)
     entries = by_name(listing)
     assert entries["checkpoint_epoch_4.pt"].latest and entries["checkpoint_best.pt"].best
-    assert entries["checkpoint_epoch_0.pt"].series == "checkpoint_epoch_N.pt" and entries["checkpoint_best.pt"].series is None
+    assert (
+        entries["checkpoint_epoch_0.pt"].series == "checkpoint_epoch_N.pt"
+        and entries["checkpoint_best.pt"].series is None
+    )
     assert doomed(plan) == ["checkpoint_epoch_0.pt", "checkpoint_epoch_1.pt", "checkpoint_epoch_2.pt"]
 
 
@@ -523,8 +606,17 @@ def test_commands_show_layout_and_unit(tmp_path, monkeypatch, capsys):
 
 
 def test_plan_items_carry_members_and_the_listing_json_has_units():
-    entry = CheckpointEntry(path="/ck/checkpoint-5", name="checkpoint-5", format="hf-trainer", size_bytes=1, mtime=0.0,
-                            is_dir=True, meta=CheckpointMeta(step=5), series="checkpoint-N/", members=("checkpoint-5",))
+    entry = CheckpointEntry(
+        path="/ck/checkpoint-5",
+        name="checkpoint-5",
+        format="hf-trainer",
+        size_bytes=1,
+        mtime=0.0,
+        is_dir=True,
+        meta=CheckpointMeta(step=5),
+        series="checkpoint-N/",
+        members=("checkpoint-5",),
+    )
     item = plan_retention([entry], keep=0, min_age=0, now=HOUR).items[0]
     assert item.delete and item.members == ("checkpoint-5",) and item.path == "/ck/checkpoint-5"
     doc = entry.to_json()

@@ -102,16 +102,27 @@ def deleted(doc: dict, root: Path) -> Set[str]:
 
 def listing_text(doc: dict) -> str:
     """The listing, one line per unit, for assertion messages (what was listed, with its marks and problem)."""
-    lines = ["%s %s integrity=%s%s%s %s" % (name, e["format"], e["integrity"], " best" if e["best"] else "",
-                                            " latest" if e["latest"] else "", e["problem"] or "")
-             for name, e in sorted(units(doc).items())]
+    lines = [
+        "%s %s integrity=%s%s%s %s"
+        % (
+            name,
+            e["format"],
+            e["integrity"],
+            " best" if e["best"] else "",
+            " latest" if e["latest"] else "",
+            e["problem"] or "",
+        )
+        for name, e in sorted(units(doc).items())
+    ]
     return "listing of %s:\n  %s" % (doc["dir"], "\n  ".join(lines) or "(nothing)")
 
 
 def plan_text(doc: dict) -> str:
     """The plan, one line per unit, for assertion messages (what was kept or deleted, and why)."""
-    lines = ["%s %s (%s)" % (item["action"], Path(item["path"]).name, "; ".join(item["reasons"]))
-             for item in doc["plan"]["plan"]]
+    lines = [
+        "%s %s (%s)" % (item["action"], Path(item["path"]).name, "; ".join(item["reasons"]))
+        for item in doc["plan"]["plan"]
+    ]
     return "\n".join(lines + ["result: %s" % json.dumps(doc.get("result"))])
 
 
@@ -150,8 +161,13 @@ def test_lightning_model_checkpoint_listing(lightning_run, console):
     assert set(units(doc)) == expected, listing_text(doc)
     best = Path(lightning_run.best_model_path).name
     assert best != lightning_run.newest_top_k  # the run was made so
-    assert flagged(doc, "best") == {best}, "Lightning recorded best_model_path=%s (monitor val_acc, max)\n%s" % (best, listing_text(doc))
-    assert "last.ckpt" in flagged(doc, "latest"), "last.ckpt (a regular file) is ModelCheckpoint's last_model_path\n" + listing_text(doc)
+    assert flagged(doc, "best") == {best}, "Lightning recorded best_model_path=%s (monitor val_acc, max)\n%s" % (
+        best,
+        listing_text(doc),
+    )
+    assert "last.ckpt" in flagged(doc, "latest"), (
+        "last.ckpt (a regular file) is ModelCheckpoint's last_model_path\n" + listing_text(doc)
+    )
 
 
 def test_lightning_cleanup_keeps_best_and_last_loadable(lightning_run, console, tmp_path):
@@ -330,7 +346,8 @@ def test_megatron_layout(console, tmp_path):
     result = console.cleanup(copy)
     assert deleted(result, copy) == {"iter_0000100"}, plan_text(result)
     iteration = int((copy / "latest_checkpointed_iteration.txt").read_text())
-    state = torch.load(copy / ("iter_%07d" % iteration) / "mp_rank_00" / "model_optim_rng.pt",
-                       map_location="cpu", weights_only=True)
+    state = torch.load(
+        copy / ("iter_%07d" % iteration) / "mp_rank_00" / "model_optim_rng.pt", map_location="cpu", weights_only=True
+    )
     assert state["iteration"] == 200
     assert (copy / "iter_0000300" / "mp_rank_00" / "model_optim_rng.pt").is_file()

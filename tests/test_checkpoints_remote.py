@@ -19,8 +19,8 @@ from opsconsole.checkpoints.scan import scan_directory
 from opsconsole.checkpoints.verify import verify_checkpoint
 from opsconsole.config import NodeConfig, SshConfig
 from opsconsole.nodes.ssh import SshLink
-from tests.sshd import ssh_client, sshd_factory  # noqa: F401,F811 (pytest fixtures)
 from tests.checkpoint_writers import set_mtime, write_seed_layout
+from tests.sshd import ssh_client, sshd_factory  # noqa: F401,F811 (pytest fixtures)
 
 pytestmark = pytest.mark.sshd
 
@@ -35,8 +35,22 @@ def scan(root, fs):
 
 
 def comparable(listing):
-    return [(e.name, e.format, e.size_bytes, e.meta.epoch, e.meta.loss, e.latest, e.best, e.integrity, e.problem,
-             e.meta.state_dict, e.meta.tensor_bytes) for e in listing.entries]
+    return [
+        (
+            e.name,
+            e.format,
+            e.size_bytes,
+            e.meta.epoch,
+            e.meta.loss,
+            e.latest,
+            e.best,
+            e.integrity,
+            e.problem,
+            e.meta.state_dict,
+            e.meta.tensor_bytes,
+        )
+        for e in listing.entries
+    ]
 
 
 @pytest.fixture
@@ -76,8 +90,14 @@ async def test_remote_listing_matches_local_and_reads_only_ranges(sshd_factory, 
         assert fs.bytes_read < 400 * 1024 < remote.total_bytes
         # The full CRC check reads the whole file, over SFTP too.
         seen = []
-        result = await asyncio.to_thread(verify_checkpoint, names[ODD_NAMES[0]], fs,
-                                         lambda done, total: seen.append(done), lambda: False, ResultCache())
+        result = await asyncio.to_thread(
+            verify_checkpoint,
+            names[ODD_NAMES[0]],
+            fs,
+            lambda done, total: seen.append(done),
+            lambda: False,
+            ResultCache(),
+        )
         assert result.integrity == "ok" and seen and seen[-1] == result.checked_bytes
     finally:
         await fs.aclose()
@@ -90,8 +110,16 @@ async def test_remote_cleanup_keeps_open_files_and_deletes_only_the_plan(sshd_fa
     link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port), FAST, 1.0)
     fs = SftpFileSystem(link, asyncio.get_running_loop())
     held = odd_dir / "checkpoint_epoch_0.pt"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys\nf=open(sys.argv[1],'rb')\nprint('open',flush=True)\nsys.stdin.readline()", str(held)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nf=open(sys.argv[1],'rb')\nprint('open',flush=True)\nsys.stdin.readline()",
+            str(held),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert holder.stdout.readline().strip() == b"open"
         listing = await asyncio.to_thread(scan, odd_dir, fs)
@@ -138,8 +166,10 @@ def test_cli_lists_and_cleans_up_a_node_directory(sshd_factory, odd_dir, tmp_pat
 
     server = sshd_factory.start()
     config = tmp_path / "config.toml"
-    config.write_text('[[nodes]]\nname = "n1"\nhost = "%s"\nport = %d\n[actions]\naudit_log = "%s"\n'
-                      % (server.address, server.port, tmp_path / "audit.log"))
+    config.write_text(
+        '[[nodes]]\nname = "n1"\nhost = "%s"\nport = %d\n[actions]\naudit_log = "%s"\n'
+        % (server.address, server.port, tmp_path / "audit.log")
+    )
     assert cli.main(["checkpoints", str(odd_dir), "--node", "n1", "--config", str(config), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["node"] == "n1" and {Path(c["path"]).name for c in doc["checkpoints"]} >= set(ODD_NAMES)
@@ -174,7 +204,9 @@ def _unit_plan(root: Path, *names):
     items = []
     for name in names:
         st = (root / name).stat()
-        items.append(PlanItem(str(root / name), name, st.st_size, st.st_mtime, True, ("older",), (root / name).is_dir()))
+        items.append(
+            PlanItem(str(root / name), name, st.st_size, st.st_mtime, True, ("older",), (root / name).is_dir())
+        )
     return RetentionPlan(str(root), "n1", 0, 0.0, tuple(items))
 
 
@@ -235,8 +267,9 @@ async def test_remote_units_go_whole_audited_first_and_a_mapped_file_stays(sshd_
 
     try:
         plan = await asyncio.to_thread(pin_plan, _unit_plan(root, "step_1.pt", "checkpoint-2", "step_3.pt"), fs)
-        holder = subprocess.Popen([sys.executable, "-c", MMAP_THEN_CLOSE, str(mapped)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", MMAP_THEN_CLOSE, str(mapped)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
         try:
             assert holder.stdout.readline().strip() == b"mapped"
             result = await asyncio.to_thread(execute_plan, plan, str(root), audit, fs=fs)
@@ -247,11 +280,13 @@ async def test_remote_units_go_whole_audited_first_and_a_mapped_file_stays(sshd_
         assert errors == {"step_1.pt": "in use: step_1.pt open or mapped by a process"}
         assert sorted(p.name for p in root.iterdir()) == ["step_1.pt"] and outside.exists()
         # Each unit's record was written while all of it was still there; the result after it went.
-        assert seen == [("refused", str(root / "step_1.pt"), True, True),
-                        ("confirmed", str(root / "checkpoint-2"), True, True),
-                        ("ok", str(root / "checkpoint-2"), False, True),
-                        ("confirmed", str(root / "step_3.pt"), False, True),
-                        ("ok", str(root / "step_3.pt"), False, False)]
+        assert seen == [
+            ("refused", str(root / "step_1.pt"), True, True),
+            ("confirmed", str(root / "checkpoint-2"), True, True),
+            ("ok", str(root / "checkpoint-2"), False, True),
+            ("confirmed", str(root / "step_3.pt"), False, True),
+            ("ok", str(root / "step_3.pt"), False, False),
+        ]
         assert not hasattr(fs, "remove") and not hasattr(fs, "rmtree")  # no deletion by SFTP path
     finally:
         await fs.aclose()
@@ -273,7 +308,8 @@ async def test_remote_reads_never_open_a_fifo(sshd_factory, tmp_path):
                 await asyncio.wait_for(asyncio.to_thread(read), 60)
         listing = await asyncio.wait_for(asyncio.to_thread(scan, root, fs), 60)
         assert listing.problem is None and "checkpoint_epoch_9.pt" not in {
-            e.name for e in listing.entries if e.format != "unknown"}
+            e.name for e in listing.entries if e.format != "unknown"
+        }
     finally:
         try:
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a reader stuck in open() gets its writer

@@ -14,13 +14,12 @@ import io
 import os
 import struct
 import zipfile
-from typing import Dict
 
 import pytest
 import torch
 
 from opsconsole.checkpoints import formats, safe_unpickle
-from opsconsole.checkpoints.access import LOCAL, FileStat, LocalFileSystem
+from opsconsole.checkpoints.access import LOCAL, LocalFileSystem
 from opsconsole.checkpoints.cache import ResultCache
 from opsconsole.checkpoints.records import INTEGRITY_OK, INTEGRITY_TRUNCATED, INTEGRITY_UNCHECKED, StateDictSummary
 from opsconsole.checkpoints.scan import scan_directory
@@ -28,11 +27,11 @@ from opsconsole.checkpoints.worker import (
     MetadataWorkers,
     WorkerFailure,
     WorkerLimits,
+    _result_types,
     _stand_ins_fingerprint,
     from_plain,
     read_checkpoint_file,
     to_plain,
-    _result_types,
 )
 
 MiB = 1024 * 1024
@@ -113,12 +112,19 @@ def deflate_bomb() -> bytes:
 # The table: file name -> (bytes, what its entry must say). Neighbours sort between them.
 HOSTILE = {
     "a_deep_tuple_key.pt": (lambda: torch_zip(deep_tuple_key()), "unreadable: worker killed by SIGSEGV"),
-    "b_colliding_int_keys.pt": (lambda: torch_zip(colliding_int_keys()),
-                                "unreadable: worker killed by SIGXCPU: over its CPU limit of 10 s"),
-    "c_memo_doubled_tuple.pt": (lambda: torch_zip(memo_doubled_tuple_key()), "data.pkl not read: objects that take over"),
+    "b_colliding_int_keys.pt": (
+        lambda: torch_zip(colliding_int_keys()),
+        "unreadable: worker killed by SIGXCPU: over its CPU limit of 10 s",
+    ),
+    "c_memo_doubled_tuple.pt": (
+        lambda: torch_zip(memo_doubled_tuple_key()),
+        "data.pkl not read: objects that take over",
+    ),
     "d_deflate_bomb.pt": (deflate_bomb, "inflates to over 100 bytes"),
-    "e_bytearray_bomb.pt": (lambda: torch_zip(bytearray_bomb(), deflate=True),
-                            "unreadable: over the worker's memory limit (256 MiB)"),
+    "e_bytearray_bomb.pt": (
+        lambda: torch_zip(bytearray_bomb(), deflate=True),
+        "unreadable: over the worker's memory limit (256 MiB)",
+    ),
     "f_huge_shape.pt": (None, None),  # built below: readable, its odd tensor described, not multiplied out
     "g_build_float32.pt": (lambda: torch_zip(build_into_float32(slot_state=False)), "data.pkl unreadable"),
     "h_truncated.pt": (lambda: real_checkpoint(7)[: len(real_checkpoint(7)) // 2], "no zip end record"),
@@ -129,7 +135,16 @@ HOSTILE = {
 def huge_shape() -> bytes:
     """A tensor of shape (10**9, "ab") and one of (10**9, 10**9) on a one-element storage."""
     storage = b"(Vstorage\nctorch\nFloatStorage\nV0\nVcpu\nK\x01tQ"
-    tensor = lambda size: b"ctorch._utils\n_rebuild_tensor_v2\n(" + storage + b"K\x00" + size + b"(K\x01K\x01t\x89ccollections\nOrderedDict\n)RtR"
+
+    def tensor(size):
+        return (
+            b"ctorch._utils\n_rebuild_tensor_v2\n("
+            + storage
+            + b"K\x00"
+            + size
+            + b"(K\x01K\x01t\x89ccollections\nOrderedDict\n)RtR"
+        )
+
     odd = b"(J\x00\xca\x9a;Vab\nt"
     big = b"(J\x00\xca\x9a;J\x00\xca\x9a;t"
     return torch_zip(b"\x80\x02}(Vodd\n" + tensor(odd) + b"Vbig\n" + tensor(big) + b"Vepoch\nK\x05u.")
@@ -271,7 +286,9 @@ def test_a_reply_over_its_cap_is_a_problem_not_a_flood(tmp_path):
     workers = MetadataWorkers(size=1, limits=WorkerLimits(max_reply_bytes=4096))
     try:
         result = read_checkpoint_file(LOCAL, str(many), "many_keys.pt", 65536, workers)
-        assert result.problem.startswith("unreadable: metadata of ") and "over the 4096-byte reply limit" in result.problem
+        assert (
+            result.problem.startswith("unreadable: metadata of ") and "over the 4096-byte reply limit" in result.problem
+        )
         assert workers.starts == 1
     finally:
         workers.close()
@@ -320,9 +337,14 @@ def test_remote_bytes_are_parsed_in_the_worker_too(tmp_path):
 
 def test_results_cross_as_plain_json_and_come_back_equal():
     meta = formats.CheckpointMeta(
-        epoch=3, loss=0.25, metrics=(("acc", 0.9), ("note", "text")), top_keys=("a", "b"),
-        details=(("a", "1"),), state_dict=StateDictSummary(keys=2, dtypes=(("float32", 2),), bytes=32, source="model"),
-        has_optimizer=True, unsafe_globals=("datetime.datetime",),
+        epoch=3,
+        loss=0.25,
+        metrics=(("acc", 0.9), ("note", "text")),
+        top_keys=("a", "b"),
+        details=(("a", "1"),),
+        state_dict=StateDictSummary(keys=2, dtypes=(("float32", 2),), bytes=32, source="model"),
+        has_optimizer=True,
+        unsafe_globals=("datetime.datetime",),
     )
     result = formats.ReadResult("torch", meta, INTEGRITY_OK, "a problem \udcff")
     plain = to_plain(result)

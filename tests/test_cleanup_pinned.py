@@ -42,8 +42,16 @@ def item_for(root: Path, name: str, members=None) -> PlanItem:
     """A doomed unit named `name` (a file or directory of root), with the size and mtime a listing would show."""
     path = root / name
     st = path.stat()
-    return PlanItem(str(path), name, st.st_size, st.st_mtime, True, ("older than the newest 0",), path.is_dir(),
-                    members=tuple(members or (name,)))
+    return PlanItem(
+        str(path),
+        name,
+        st.st_size,
+        st.st_mtime,
+        True,
+        ("older than the newest 0",),
+        path.is_dir(),
+        members=tuple(members or (name,)),
+    )
 
 
 def plan_of(root: Path, *items: PlanItem) -> RetentionPlan:
@@ -129,7 +137,10 @@ def test_a_unit_goes_whole_and_a_changed_member_keeps_all_of_it(tmp_path):
     plan = pin_plan(plan_of(root, top, step))
     assert len(plan.to_delete) == 2 and len(plan.pin.units[0].records) == 3
     assert [r[0] for r in plan.pin.units[1].records] == [
-        "checkpoint-7", "checkpoint-7/model.safetensors", "checkpoint-7/trainer_state.json"]
+        "checkpoint-7",
+        "checkpoint-7/model.safetensors",
+        "checkpoint-7/trainer_state.json",
+    ]
     with open(root / "config.json", "ab") as f:
         f.write(b"!")  # one member of the top-level unit changed after the plan
     write(root / "checkpoint-7" / "optimizer.pt", b"new")  # a file appeared inside the directory unit
@@ -139,7 +150,11 @@ def test_a_unit_goes_whole_and_a_changed_member_keeps_all_of_it(tmp_path):
     assert errors[top.path] == "config.json changed since the plan (size or mtime)"
     assert "checkpoint-7/optimizer.pt appeared since the plan" in errors[step.path]
     assert sorted(p.name for p in root.iterdir()) == [
-        "checkpoint-7", "config.json", "model.safetensors", "training_args.bin"]
+        "checkpoint-7",
+        "config.json",
+        "model.safetensors",
+        "training_args.bin",
+    ]
     assert [r["outcome"] for r in records(log)] == ["refused", "refused"]
     # Pinned again as they are now, both go whole.
     plan = pin_plan(plan_of(root, item_for(root, "model.safetensors", top.members), item_for(root, "checkpoint-7")))
@@ -185,8 +200,12 @@ def test_each_unit_is_audited_before_any_of_it_goes(tmp_path):
         return True
 
     assert execute_plan(plan, str(root), audit).ok
-    assert seen == [("confirmed", str(root / "u1"), True, True), ("ok", str(root / "u1"), False, True),
-                    ("confirmed", str(root / "u2.pt"), False, True), ("ok", str(root / "u2.pt"), False, False)]
+    assert seen == [
+        ("confirmed", str(root / "u1"), True, True),
+        ("ok", str(root / "u1"), False, True),
+        ("confirmed", str(root / "u2.pt"), False, True),
+        ("ok", str(root / "u2.pt"), False, False),
+    ]
 
 
 def test_links_inside_a_unit_are_unlinked_never_followed_and_unplanned_plans_are_refused(tmp_path):
@@ -222,8 +241,11 @@ def test_members_that_leave_the_root_or_cross_links_are_never_pinned(tmp_path):
 
 def hold(path: Path, code: str):
     """A child process that runs `code` on argv[1], prints `ready` and waits for a line on stdin."""
-    child = subprocess.Popen([sys.executable, "-c", code + "\nprint('ready', flush=True)\nsys.stdin.readline()",
-                              str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code + "\nprint('ready', flush=True)\nsys.stdin.readline()", str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert child.stdout.readline().strip() == b"ready"
     return child
 
@@ -278,8 +300,11 @@ def test_torch_load_mmap_keeps_the_checkpoint_as_open_by_a_process(tmp_path):
     for step in (1, 2):
         torch.save({"step": step, "w": torch.zeros(256, 256)}, root / ("step_%d.pt" % step))
         os.utime(root / ("step_%d.pt" % step), (time.time() - 5 * HOUR + step,) * 2)
-    child = hold(root / "step_1.pt", "import sys, torch\n"
-                 "state = torch.load(sys.argv[1], mmap=True, weights_only=True)\nassert state['w'].sum() == 0")
+    child = hold(
+        root / "step_1.pt",
+        "import sys, torch\n"
+        "state = torch.load(sys.argv[1], mmap=True, weights_only=True)\nassert state['w'].sum() == 0",
+    )
     try:
         plan = plan_directory(scan_directory(str(root)), LOCAL, keep=0, min_age=600, now=time.time())
         verdicts = {i.name: i for i in plan.items}
@@ -355,8 +380,9 @@ def test_a_fifo_named_like_a_checkpoint_is_never_opened(tmp_path):
         os.mkfifo(root / "checkpoint-3.d")  # not a checkpoint: stays
         write(root / "checkpoint-3" / "model.pt", b"w")
         os.mkfifo(root / "checkpoint-3" / "pipe")
-        done, result = finishes(execute_plan, pin_plan(plan_of(root, item_for(root, "checkpoint-3"))), str(root),
-                                lambda *record: True)
+        done, result = finishes(
+            execute_plan, pin_plan(plan_of(root, item_for(root, "checkpoint-3"))), str(root), lambda *record: True
+        )
         assert done and result.ok and not (root / "checkpoint-3").exists() and fifo.exists()
     finally:
         unblock(fifo)
@@ -373,8 +399,12 @@ def test_the_helper_runs_under_python_38_and_answers_line_by_line(tmp_path):
     odd = "c-\udcff.pt"  # a name that is not UTF-8 on disk
     write(Path(os.fsdecode(os.path.join(os.fsencode(str(root)), b"c-\xff.pt"))), b"c")
     source = inspect.getsource(delete_units)
-    helper = subprocess.Popen([str(PYTHON38), "-I", "-u", "-c", source], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    helper = subprocess.Popen(
+        [str(PYTHON38), "-I", "-u", "-c", source],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
     def ask(request):
         helper.stdin.write((json.dumps(request) + "\n").encode())

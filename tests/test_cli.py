@@ -168,8 +168,9 @@ def test_headless_snapshot_does_not_import_textual(clean_home):
         "assert rc == 0, rc\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'asyncssh')))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
-                            timeout=SUBPROCESS_GUARD_S)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=SUBPROCESS_GUARD_S
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
@@ -228,8 +229,9 @@ def h200_fixture_frame() -> NodeFrame:
         power_limit_w=dev["power_limit_mw"] / 1000.0,
     )
     proc = load["procs"][0]
-    process = ProcessSample(pid=proc["pid"], name="python3", user="alice", gpu_index=0,
-                            gpu_memory_bytes=proc["usedGpuMemory"])
+    process = ProcessSample(
+        pid=proc["pid"], name="python3", user="alice", gpu_index=0, gpu_memory_bytes=proc["usedGpuMemory"]
+    )
     return NodeFrame(
         node="gpu01",
         time=time.time(),
@@ -281,8 +283,7 @@ def test_table_has_a_header_per_node_a_line_per_gpu_and_the_reason_of_a_down_nod
 
 def test_a_node_down_with_an_old_frame_shows_its_age_and_its_last_gpus():
     frame = h200_fixture_frame()
-    state = NodeState(name="gpu01", state=STATE_DOWN, reason="connection lost", frame=frame,
-                      received_at=frame.time)
+    state = NodeState(name="gpu01", state=STATE_DOWN, reason="connection lost", frame=frame, received_at=frame.time)
     lines = snapshot_table([state], now=frame.time + 42).splitlines()
     assert lines[0].endswith("(last frame 42 s ago)")
     assert lines[1] == "  down: connection lost"

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from opsconsole.config import (
-    SECTIONS,
     DEFAULT_CONFIG,
     SECTIONS,
     CheckpointDirConfig,
@@ -45,106 +44,149 @@ port = "22a"
 # (toml text, exact str(ConfigError)); the file is always called x.toml.
 ERROR_CASES = [
     # wrong types
-    ("[console]\ninterval = \"fast\"\n", 'x.toml:2: console.interval: expected a number, got "fast"'),
+    ('[console]\ninterval = "fast"\n', 'x.toml:2: console.interval: expected a number, got "fast"'),
     ("[console]\ntheme = 3\n", "x.toml:2: console.theme: expected a string, got 3"),
-    ("[console]\nread_only = \"yes\"\n",
-     'x.toml:2: console.read_only: expected a boolean (true or false), got "yes"'),
+    ('[console]\nread_only = "yes"\n', 'x.toml:2: console.read_only: expected a boolean (true or false), got "yes"'),
     ("console = 3\n", "x.toml:1: console: expected a table, got 3"),
-    ("[console]\nkeys = \"q\"\n", 'x.toml:2: console.keys: expected a table, got "q"'),
-    ("[console.keys]\nquit = \"q\"\nhelp = 4\n", "x.toml:3: console.keys.help: expected a key string, got 4"),
+    ('[console]\nkeys = "q"\n', 'x.toml:2: console.keys: expected a table, got "q"'),
+    ('[console.keys]\nquit = "q"\nhelp = 4\n', "x.toml:3: console.keys.help: expected a key string, got 4"),
     ("[ssh]\nmax_logins = 2.5\n", "x.toml:2: ssh.max_logins: expected an integer, got 2.5"),
-    ("[[nodes]]\nhost = \"a\"\nport = 22.0\n", "x.toml:3: nodes[0].port: expected an integer, got 22.0"),
+    ('[[nodes]]\nhost = "a"\nport = 22.0\n', "x.toml:3: nodes[0].port: expected an integer, got 22.0"),
     ("[console]\ninterval = 1979-05-27\n", "x.toml:2: console.interval: expected a number, got 1979-05-27"),
-    ("[console]\ntheme = [\"a\"]\n", "x.toml:2: console.theme: expected a string, got an array"),
+    ('[console]\ntheme = ["a"]\n', "x.toml:2: console.theme: expected a string, got an array"),
     ("[ssh]\nmax_logins = true\n", "x.toml:2: ssh.max_logins: expected an integer, got true"),
-    ("[logs]\npaths = \"/var/log/*.log\"\n",
-     'x.toml:2: logs.paths: expected an array of strings, got "/var/log/*.log"'),
-    ("[logs]\npaths = [\n  \"a\",\n  3,\n]\n", "x.toml:4: logs.paths[1]: expected an array of strings, got 3 in it"),
-    ("[health]\ndisk_paths = [\"/\", \"\"]\n",
-     "x.toml:2: health.disk_paths[1]: expected an array of strings, got an empty string in it"),
-    ("[[nodes]]\nhost = \"a\"\nuser = 7\n", "x.toml:3: nodes[0].user: expected a string, got 7"),
-    ("[nodes]\nhost = \"a\"\n", "x.toml:1: nodes: expected an array of tables ([[nodes]]), got a table"),
+    ('[logs]\npaths = "/var/log/*.log"\n', 'x.toml:2: logs.paths: expected an array of strings, got "/var/log/*.log"'),
+    ('[logs]\npaths = [\n  "a",\n  3,\n]\n', "x.toml:4: logs.paths[1]: expected an array of strings, got 3 in it"),
+    (
+        '[health]\ndisk_paths = ["/", ""]\n',
+        "x.toml:2: health.disk_paths[1]: expected an array of strings, got an empty string in it",
+    ),
+    ('[[nodes]]\nhost = "a"\nuser = 7\n', "x.toml:3: nodes[0].user: expected a string, got 7"),
+    ('[nodes]\nhost = "a"\n', "x.toml:1: nodes: expected an array of tables ([[nodes]]), got a table"),
     (THREE_NODES, 'x.toml:16: nodes[2].port: expected an integer, got "22a"'),
     ("[console]\ninterval = inf\n", "x.toml:2: console.interval: expected a finite number, got inf"),
     # unknown keys and sections
-    ("[console]\ntheme = \"x\"\nintervall = 2\n",
-     'x.toml:3: console.intervall: unknown key; did you mean "interval"?'),
+    ('[console]\ntheme = "x"\nintervall = 2\n', 'x.toml:3: console.intervall: unknown key; did you mean "interval"?'),
     ("[consol]\ninterval = 2\n", 'x.toml:1: consol: unknown section; did you mean "console"?'),
-    ("[[node]]\nhost = \"a\"\n", 'x.toml:1: node: unknown section; did you mean "nodes"?'),
-    ("[metrics]\nx = 1\n",
-     "x.toml:1: metrics: unknown section; expected one of: " + ", ".join(SECTIONS)),
+    ('[[node]]\nhost = "a"\n', 'x.toml:1: node: unknown section; did you mean "nodes"?'),
+    ("[metrics]\nx = 1\n", "x.toml:1: metrics: unknown section; expected one of: " + ", ".join(SECTIONS)),
     ("interval = 2\n", "x.toml:1: interval: unknown top-level key; it belongs under [console]"),
-    ("[ssh]\nzzz = 1\n", "x.toml:2: ssh.zzz: unknown key; expected one of: host_key_policy, known_hosts, "
-     "max_logins, max_channels, connect_timeout, keepalive_interval, keepalive_count_max, backoff_initial, backoff_max"),
-    ("[[nodes]]\nhost = \"a\"\nprot = 22\n", 'x.toml:3: nodes[0].prot: unknown key; did you mean "port"?'),
-    ("[console.kyes]\nquit = \"q\"\n", 'x.toml:1: console.kyes: unknown key; did you mean "keys"?'),
+    (
+        "[ssh]\nzzz = 1\n",
+        "x.toml:2: ssh.zzz: unknown key; expected one of: host_key_policy, known_hosts, "
+        "max_logins, max_channels, connect_timeout, keepalive_interval, keepalive_count_max, backoff_initial, backoff_max",
+    ),
+    ('[[nodes]]\nhost = "a"\nprot = 22\n', 'x.toml:3: nodes[0].prot: unknown key; did you mean "port"?'),
+    ('[console.kyes]\nquit = "q"\n', 'x.toml:1: console.kyes: unknown key; did you mean "keys"?'),
     # enums
-    ("[ssh]\nhost_key_policy = \"off\"\n",
-     'x.toml:2: ssh.host_key_policy: host key checking cannot be disabled; use "strict" or "accept-new"'),
-    ("[ssh]\nhost_key_policy = \"no\"\n",
-     'x.toml:2: ssh.host_key_policy: host key checking cannot be disabled; use "strict" or "accept-new"'),
-    ("[ssh]\nhost_key_policy = false\n",
-     'x.toml:2: ssh.host_key_policy: host key checking cannot be disabled; use "strict" or "accept-new"'),
-    ("[ssh]\nhost_key_policy = \"stric\"\n",
-     'x.toml:2: ssh.host_key_policy: expected "strict" or "accept-new", got "stric"; did you mean "strict"?'),
+    (
+        '[ssh]\nhost_key_policy = "off"\n',
+        'x.toml:2: ssh.host_key_policy: host key checking cannot be disabled; use "strict" or "accept-new"',
+    ),
+    (
+        '[ssh]\nhost_key_policy = "no"\n',
+        'x.toml:2: ssh.host_key_policy: host key checking cannot be disabled; use "strict" or "accept-new"',
+    ),
+    (
+        "[ssh]\nhost_key_policy = false\n",
+        'x.toml:2: ssh.host_key_policy: host key checking cannot be disabled; use "strict" or "accept-new"',
+    ),
+    (
+        '[ssh]\nhost_key_policy = "stric"\n',
+        'x.toml:2: ssh.host_key_policy: expected "strict" or "accept-new", got "stric"; did you mean "strict"?',
+    ),
     # ranges
     ("[console]\ninterval = 0\n", "x.toml:2: console.interval: must be at least 0.1, got 0"),
     ("[console]\ninterval = -0.5\n", "x.toml:2: console.interval: must be at least 0.1, got -0.5"),
     ("[console]\ninterval = 1e-300\n", "x.toml:2: console.interval: must be at least 0.1, got 1e-300"),
-    ("[[nodes]]\nhost = \"a\"\nport = 70000\n", "x.toml:3: nodes[0].port: must be between 1 and 65535, got 70000"),
-    ("[[nodes]]\nhost = \"a\"\nport = 0\n", "x.toml:3: nodes[0].port: must be between 1 and 65535, got 0"),
+    ('[[nodes]]\nhost = "a"\nport = 70000\n', "x.toml:3: nodes[0].port: must be between 1 and 65535, got 70000"),
+    ('[[nodes]]\nhost = "a"\nport = 0\n', "x.toml:3: nodes[0].port: must be between 1 and 65535, got 0"),
     ("[health]\ndisk_free_percent = 101\n", "x.toml:2: health.disk_free_percent: must be between 0 and 100, got 101"),
     ("[health]\nmemory_percent = -1\n", "x.toml:2: health.memory_percent: must be between 0 and 100, got -1"),
     ("[ssh]\nmax_logins = 0\n", "x.toml:2: ssh.max_logins: must be at least 1, got 0"),
-    ("[ssh]\nbackoff_initial = 10\nbackoff_max = 5\n",
-     "x.toml:3: ssh.backoff_max: must be at least backoff_initial (10), got 5"),
+    (
+        "[ssh]\nbackoff_initial = 10\nbackoff_max = 5\n",
+        "x.toml:3: ssh.backoff_max: must be at least backoff_initial (10), got 5",
+    ),
     # nodes: names, hosts, hostlists
-    ("[[nodes]]\nname = \"a\"\nhost = \"h1\"\n\n[[nodes]]\nname = \"a\"\nhost = \"h2\"\n",
-     'x.toml:6: nodes[1].name: duplicate node name "a"; first defined by nodes[0]'),
-    ("[[nodes]]\nhost = \"gpu02\"\n[[nodes]]\nhosts = \"gpu[01-03]\"\n",
-     'x.toml:4: nodes[1].hosts: duplicate node name "gpu02"; first defined by nodes[0]'),
-    ("[[nodes]]\nhosts = \"gpu[01-02],gpu01\"\n", 'x.toml:2: nodes[0].hosts: hostlist names "gpu01" twice'),
-    ("[[nodes]]\nhosts = \"gpu[01-\"\n", 'x.toml:2: nodes[0].hosts: bad hostlist "gpu[01-": unbalanced brackets'),
-    ("[[nodes]]\nhosts = \"gpu[3-1]\"\n", 'x.toml:2: nodes[0].hosts: bad hostlist "gpu[3-1]": start > stop'),
+    (
+        '[[nodes]]\nname = "a"\nhost = "h1"\n\n[[nodes]]\nname = "a"\nhost = "h2"\n',
+        'x.toml:6: nodes[1].name: duplicate node name "a"; first defined by nodes[0]',
+    ),
+    (
+        '[[nodes]]\nhost = "gpu02"\n[[nodes]]\nhosts = "gpu[01-03]"\n',
+        'x.toml:4: nodes[1].hosts: duplicate node name "gpu02"; first defined by nodes[0]',
+    ),
+    ('[[nodes]]\nhosts = "gpu[01-02],gpu01"\n', 'x.toml:2: nodes[0].hosts: hostlist names "gpu01" twice'),
+    ('[[nodes]]\nhosts = "gpu[01-"\n', 'x.toml:2: nodes[0].hosts: bad hostlist "gpu[01-": unbalanced brackets'),
+    ('[[nodes]]\nhosts = "gpu[3-1]"\n', 'x.toml:2: nodes[0].hosts: bad hostlist "gpu[3-1]": start > stop'),
     ("[[nodes]]\nhosts = 5\n", "x.toml:2: nodes[0].hosts: expected a hostlist string or an array of strings, got 5"),
-    ("[[nodes]]\nname = \"gpus\"\nhosts = \"gpu[1-2]\"\n",
-     'x.toml:3: nodes[0].hosts: "name" and "hosts" cannot be used together; each host of "hosts" is named after itself'),
-    ("[[nodes]]\nhost = \"a\"\nhosts = \"gpu[1-2]\"\n",
-     'x.toml:3: nodes[0].hosts: "host" and "hosts" cannot be used together'),
-    ("[[nodes]]\nhost = \"a\"\n\n[[nodes]]\nname = \"b\"\nuser = \"ops\"\n",
-     'x.toml:4: nodes[1]: a node needs "host", "hosts" or "local = true"'),
-    ("[[nodes]]\nhost = \"gpu[1-4]\"\n",
-     'x.toml:2: nodes[0].host: "gpu[1-4]" looks like a hostlist; use "hosts" for patterns'),
-    ("[[nodes]]\nhost = \"a b\"\n", 'x.toml:2: nodes[0].host: host names cannot contain whitespace, got "a b"'),
-    ("[[nodes]]\nlocal = true\nhost = \"a\"\n",
-     'x.toml:2: nodes[0].local: a local node has no host; remove "host" or "local"'),
-    ("[[nodes]]\nlocal = true\nport = 22\n",
-     "x.toml:3: nodes[0].port: not used by a local node (it is reached without SSH)"),
-    ("[[nodes]]\nlocal = true\n[[nodes]]\nname = \"me\"\nlocal = true\n",
-     "x.toml:5: nodes[1].local: only one node can be local; nodes[0] already is"),
+    (
+        '[[nodes]]\nname = "gpus"\nhosts = "gpu[1-2]"\n',
+        'x.toml:3: nodes[0].hosts: "name" and "hosts" cannot be used together; each host of "hosts" is named after itself',
+    ),
+    (
+        '[[nodes]]\nhost = "a"\nhosts = "gpu[1-2]"\n',
+        'x.toml:3: nodes[0].hosts: "host" and "hosts" cannot be used together',
+    ),
+    (
+        '[[nodes]]\nhost = "a"\n\n[[nodes]]\nname = "b"\nuser = "ops"\n',
+        'x.toml:4: nodes[1]: a node needs "host", "hosts" or "local = true"',
+    ),
+    (
+        '[[nodes]]\nhost = "gpu[1-4]"\n',
+        'x.toml:2: nodes[0].host: "gpu[1-4]" looks like a hostlist; use "hosts" for patterns',
+    ),
+    ('[[nodes]]\nhost = "a b"\n', 'x.toml:2: nodes[0].host: host names cannot contain whitespace, got "a b"'),
+    (
+        '[[nodes]]\nlocal = true\nhost = "a"\n',
+        'x.toml:2: nodes[0].local: a local node has no host; remove "host" or "local"',
+    ),
+    (
+        "[[nodes]]\nlocal = true\nport = 22\n",
+        "x.toml:3: nodes[0].port: not used by a local node (it is reached without SSH)",
+    ),
+    (
+        '[[nodes]]\nlocal = true\n[[nodes]]\nname = "me"\nlocal = true\n',
+        "x.toml:5: nodes[1].local: only one node can be local; nodes[0] already is",
+    ),
     ("nodes = []\n", "x.toml:1: nodes: expected at least one node (leave [[nodes]] out for the local node)"),
-    ("nodes = [\n  {host = \"a\"},\n  {host = \"b\", port = \"x\"},\n]\n",
-     'x.toml:3: nodes[1].port: expected an integer, got "x"'),
-    ("[[nodes]]\nhost = \"a\"\npython = \"\"\n", "x.toml:3: nodes[0].python: expected a string, got an empty string"),
+    (
+        'nodes = [\n  {host = "a"},\n  {host = "b", port = "x"},\n]\n',
+        'x.toml:3: nodes[1].port: expected an integer, got "x"',
+    ),
+    ('[[nodes]]\nhost = "a"\npython = ""\n', "x.toml:3: nodes[0].python: expected a string, got an empty string"),
     # checkpoints
-    ("[[checkpoints]]\nnode = \"local\"\n", 'x.toml:1: checkpoints[0]: missing required key "path"'),
-    ("[[nodes]]\nhost = \"gpu01\"\n[[checkpoints]]\npath = \"/ck\"\nnode = \"gpu1\"\n",
-     'x.toml:5: checkpoints[0].node: no node is named "gpu1"; did you mean "gpu01"?'),
-    ("[[checkpoints]]\npath = \"/ck\"\nnode = \"elsewhere\"\n",
-     'x.toml:3: checkpoints[0].node: no node is named "elsewhere"; expected one of: local'),
+    ('[[checkpoints]]\nnode = "local"\n', 'x.toml:1: checkpoints[0]: missing required key "path"'),
+    (
+        '[[nodes]]\nhost = "gpu01"\n[[checkpoints]]\npath = "/ck"\nnode = "gpu1"\n',
+        'x.toml:5: checkpoints[0].node: no node is named "gpu1"; did you mean "gpu01"?',
+    ),
+    (
+        '[[checkpoints]]\npath = "/ck"\nnode = "elsewhere"\n',
+        'x.toml:3: checkpoints[0].node: no node is named "elsewhere"; expected one of: local',
+    ),
     # syntax errors keep tomllib's line
     ("[console]\ninterval = 2\ntheme = \n", "x.toml:3: syntax: invalid value (column 9)"),
     ("[console]\n[console]\n", "x.toml:2: syntax: cannot declare [console] twice (column 9)"),
-    ("[[nodes]]\nhost = \"a\"\nport = 22a\n",
-     "x.toml:3: syntax: expected newline or end of document after a statement (column 10)"),
+    (
+        '[[nodes]]\nhost = "a"\nport = 22a\n',
+        "x.toml:3: syntax: expected newline or end of document after a statement (column 10)",
+    ),
     # values holding line breaks stay on one line
-    ("[console]\ntheme = 1\n[ssh]\nhost_key_policy = \"str\\nict\"\n",
-     "x.toml:2: console.theme: expected a string, got 1"),
-    ("[ssh]\nhost_key_policy = \"str\\nict\"\n",
-     'x.toml:2: ssh.host_key_policy: expected "strict" or "accept-new", got "str\\nict"; did you mean "strict"?'),
-    ("[[nodes]]\nhosts = \"a\\u2028b\"\n",
-     'x.toml:2: nodes[0].hosts: bad hostlist "a\\u2028b": host names cannot contain whitespace'),
-    ("[console.keys]\n\"bad\\nid\" = 3\n", 'x.toml:2: console.keys."bad\\nid": expected a key string, got 3'),
+    (
+        '[console]\ntheme = 1\n[ssh]\nhost_key_policy = "str\\nict"\n',
+        "x.toml:2: console.theme: expected a string, got 1",
+    ),
+    (
+        '[ssh]\nhost_key_policy = "str\\nict"\n',
+        'x.toml:2: ssh.host_key_policy: expected "strict" or "accept-new", got "str\\nict"; did you mean "strict"?',
+    ),
+    (
+        '[[nodes]]\nhosts = "a\\u2028b"\n',
+        'x.toml:2: nodes[0].hosts: bad hostlist "a\\u2028b": host names cannot contain whitespace',
+    ),
+    ('[console.keys]\n"bad\\nid" = 3\n', 'x.toml:2: console.keys."bad\\nid": expected a key string, got 3'),
 ]
 
 
@@ -327,8 +369,9 @@ confirm = false
     assert cfg.nodes[0] == NodeConfig(name="local", local=True)
     # localhost stays an SSH node, named after its host
     assert cfg.nodes[1] == NodeConfig(name="localhost", host="localhost")
-    shared = dict(port=2222, user="ops", identity="/home/tester/.ssh/id_gpu", jump="ops@bastion:22",
-                  python="/usr/bin/python3.11")
+    shared = dict(
+        port=2222, user="ops", identity="/home/tester/.ssh/id_gpu", jump="ops@bastion:22", python="/usr/bin/python3.11"
+    )
     assert cfg.nodes[2:] == tuple(NodeConfig(name=h, host=h, **shared) for h in ("gpu001", "gpu002", "gpu003"))
     assert cfg.ssh.host_key_policy == "accept-new"
     assert cfg.ssh.known_hosts == "/home/tester/kh"
@@ -366,7 +409,9 @@ def test_hosts_may_be_an_array_of_patterns():
 
 
 def test_local_node_can_be_named_and_checkpoint_can_point_at_it():
-    cfg = parse_config('[[nodes]]\nname = "login"\nlocal = true\n[[checkpoints]]\npath = "/c"\nnode = "login"\n', "c.toml")
+    cfg = parse_config(
+        '[[nodes]]\nname = "login"\nlocal = true\n[[checkpoints]]\npath = "/c"\nnode = "login"\n', "c.toml"
+    )
     assert cfg.nodes == (NodeConfig(name="login", local=True),)
     assert cfg.checkpoints[0].node == "login"
 
@@ -385,7 +430,7 @@ def test_utf8_bom_is_accepted(tmp_path):
 
 def test_not_utf8_reports_the_line(tmp_path):
     path = tmp_path / "bad.toml"
-    path.write_bytes(b"[console]\ntheme = \"\xff\"\n")
+    path.write_bytes(b'[console]\ntheme = "\xff"\n')
     with pytest.raises(ConfigError) as info:
         load_config(str(path), env={})
     assert str(info.value) == f"{path}:2: syntax: file is not UTF-8 text"
@@ -541,26 +586,28 @@ def test_empty_cli_path_is_an_error():
 
 
 # Built from lines: it holds both kinds of triple quote.
-TRICKY_TOML = "\n".join([
-    '',
-    '"\\u0041b" = 1',
-    '[ "a".\'b c\' ]',
-    's = """x\\',
-    '  ""y"" """',
-    's2 = """a"""""',
-    'z = {}',
-    'arr = [ # c',
-    '  [1, [2]], # ]',
-    '  {x = [3]}, "]" , \']\',',
-    ']',
-    'd = 1979-05-27 07:32:00Z',
-    '[[ t ]]',
-    '[[t]]',
-    'e = { "k.q" = 1 }',
-    "f = '''it's ok'''''",
-    'g = 3',
-    '',
-])
+TRICKY_TOML = "\n".join(
+    [
+        "",
+        '"\\u0041b" = 1',
+        "[ \"a\".'b c' ]",
+        's = """x\\',
+        '  ""y"" """',
+        's2 = """a"""""',
+        "z = {}",
+        "arr = [ # c",
+        "  [1, [2]], # ]",
+        "  {x = [3]}, \"]\" , ']',",
+        "]",
+        "d = 1979-05-27 07:32:00Z",
+        "[[ t ]]",
+        "[[t]]",
+        'e = { "k.q" = 1 }',
+        "f = '''it's ok'''''",
+        "g = 3",
+        "",
+    ]
+)
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,6 @@ def cli_with_config(capsys, path):
     return code, capsys.readouterr().err
 
 
-
-
 # --- what the file is -----------------------------------------------------------
 
 
@@ -55,12 +53,15 @@ def test_a_symlink_to_a_device_is_refused(tmp_path):
 # --- nesting ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", [
-    "x = " + "[" * 5000,  # the report: a 3,000-line traceback
-    "x = " + "[" * 990 + "]" * 990,  # valid TOML that tomllib cannot recurse into
-    "x = " + "{a = " * 990 + "1" + "}" * 990,
-    "[console]\ntheme = " + "[" * 5000,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x = " + "[" * 5000,  # the report: a 3,000-line traceback
+        "x = " + "[" * 990 + "]" * 990,  # valid TOML that tomllib cannot recurse into
+        "x = " + "{a = " * 990 + "1" + "}" * 990,
+        "[console]\ntheme = " + "[" * 5000,
+    ],
+)
 def test_deep_nesting_is_one_line_naming_the_file(tmp_path, capsys, text):
     path = tmp_path / "deep.toml"
     path.write_text(text)
@@ -77,36 +78,59 @@ def test_nesting_the_key_locator_cannot_follow_keeps_the_lines_it_found():
 # --- numbers ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[console]\ninterval = 1e-300\n", "c.toml:2: console.interval: must be at least 0.1, got 1e-300"),
-    ("[console]\ninterval = 0.05\n", "c.toml:2: console.interval: must be at least 0.1, got 0.05"),
-    ("[console]\ninterval = nan\n", "c.toml:2: console.interval: expected a finite number, got nan"),
-    ("[console]\ninterval = 1e400\n", "c.toml:2: console.interval: expected a finite number, got inf"),
-    ("[console]\ninterval = 1e9\n", "c.toml:2: console.interval: must be at most 3600.0, got 1000000000.0"),
-    ("[console]\ninterval = %s\n" % ("9" * 400),
-     "c.toml:2: console.interval: expected a finite number, got an integer of 400 digits"),
-    ("[console]\ninterval = %s\n" % ("9" * 5000), "c.toml: syntax: invalid value: a number too long to read"),
-    ("[ssh]\nkeepalive_interval = 1e-9\n", "c.toml:2: ssh.keepalive_interval: must be at least 0.1, got 1e-09"),
-    ("[ssh]\nconnect_timeout = 1e300\n", "c.toml:2: ssh.connect_timeout: must be at most 86400.0, got 1e+300"),
-    ("[ssh]\nbackoff_initial = 1e-300\n", "c.toml:2: ssh.backoff_initial: must be at least 0.05, got 1e-300"),
-    ("[ssh]\nmax_logins = 100000\n", "c.toml:2: ssh.max_logins: must be at most 256, got 100000"),
-    ("[ssh]\nkeepalive_count_max = 1000000\n", "c.toml:2: ssh.keepalive_count_max: must be at most 100, got 1000000"),
-    ("[logs]\npoll_interval = 0\n", "c.toml:2: logs.poll_interval: must be at least 0.05, got 0"),
-    ("[logs]\nrescan_interval = 1e-300\n", "c.toml:2: logs.rescan_interval: must be at least 0.1, got 1e-300"),
-    ("[logs]\nmax_lines = 10000000000\n", "c.toml:2: logs.max_lines: must be at most 10000000, got 10000000000"),
-    ("[record]\nchunk_s = 1e9\n", "c.toml:2: record.chunk_s: must be at most 60.0, got 1000000000.0"),
-    ("[record]\nchunk_s = 0.001\n", "c.toml:2: record.chunk_s: must be at least 1.0, got 0.001"),
-    ("[record]\nmax_mb = 1e300\n", "c.toml:2: record.max_mb: must be at most 1000000.0, got 1e+300"),
-    ("[actions]\ncommand_timeout_s = 1e12\n", "c.toml:2: actions.command_timeout_s: must be at most 86400.0, got 1000000000000.0"),
-    ("[alerting]\nhook_timeout_s = 1e12\n", "c.toml:2: alerting.hook_timeout_s: must be at most 3600.0, got 1000000000000.0"),
-    ('[[sources]]\nurl = "http://p:9090"\ninterval = 0.001\n', "c.toml:3: sources[0].interval: must be at least 0.1, got 0.001"),
-    ('[[sources]]\nurl = "http://p:9090"\nslow_every = 10000000\n',
-     "c.toml:3: sources[0].slow_every: must be at most 10000, got 10000000"),
-    ('[[nodes]]\nhost = "a"\nport = %s\n' % ("9" * 40),
-     "c.toml:3: nodes[0].port: must be between 1 and 65535, got an integer of 40 digits"),
-    ('[[checkpoints]]\npath = "/c"\nkeep = 1000000000000\n',
-     "c.toml:3: checkpoints[0].keep: must be at most 1000000, got 1000000000000"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[console]\ninterval = 1e-300\n", "c.toml:2: console.interval: must be at least 0.1, got 1e-300"),
+        ("[console]\ninterval = 0.05\n", "c.toml:2: console.interval: must be at least 0.1, got 0.05"),
+        ("[console]\ninterval = nan\n", "c.toml:2: console.interval: expected a finite number, got nan"),
+        ("[console]\ninterval = 1e400\n", "c.toml:2: console.interval: expected a finite number, got inf"),
+        ("[console]\ninterval = 1e9\n", "c.toml:2: console.interval: must be at most 3600.0, got 1000000000.0"),
+        (
+            "[console]\ninterval = %s\n" % ("9" * 400),
+            "c.toml:2: console.interval: expected a finite number, got an integer of 400 digits",
+        ),
+        ("[console]\ninterval = %s\n" % ("9" * 5000), "c.toml: syntax: invalid value: a number too long to read"),
+        ("[ssh]\nkeepalive_interval = 1e-9\n", "c.toml:2: ssh.keepalive_interval: must be at least 0.1, got 1e-09"),
+        ("[ssh]\nconnect_timeout = 1e300\n", "c.toml:2: ssh.connect_timeout: must be at most 86400.0, got 1e+300"),
+        ("[ssh]\nbackoff_initial = 1e-300\n", "c.toml:2: ssh.backoff_initial: must be at least 0.05, got 1e-300"),
+        ("[ssh]\nmax_logins = 100000\n", "c.toml:2: ssh.max_logins: must be at most 256, got 100000"),
+        (
+            "[ssh]\nkeepalive_count_max = 1000000\n",
+            "c.toml:2: ssh.keepalive_count_max: must be at most 100, got 1000000",
+        ),
+        ("[logs]\npoll_interval = 0\n", "c.toml:2: logs.poll_interval: must be at least 0.05, got 0"),
+        ("[logs]\nrescan_interval = 1e-300\n", "c.toml:2: logs.rescan_interval: must be at least 0.1, got 1e-300"),
+        ("[logs]\nmax_lines = 10000000000\n", "c.toml:2: logs.max_lines: must be at most 10000000, got 10000000000"),
+        ("[record]\nchunk_s = 1e9\n", "c.toml:2: record.chunk_s: must be at most 60.0, got 1000000000.0"),
+        ("[record]\nchunk_s = 0.001\n", "c.toml:2: record.chunk_s: must be at least 1.0, got 0.001"),
+        ("[record]\nmax_mb = 1e300\n", "c.toml:2: record.max_mb: must be at most 1000000.0, got 1e+300"),
+        (
+            "[actions]\ncommand_timeout_s = 1e12\n",
+            "c.toml:2: actions.command_timeout_s: must be at most 86400.0, got 1000000000000.0",
+        ),
+        (
+            "[alerting]\nhook_timeout_s = 1e12\n",
+            "c.toml:2: alerting.hook_timeout_s: must be at most 3600.0, got 1000000000000.0",
+        ),
+        (
+            '[[sources]]\nurl = "http://p:9090"\ninterval = 0.001\n',
+            "c.toml:3: sources[0].interval: must be at least 0.1, got 0.001",
+        ),
+        (
+            '[[sources]]\nurl = "http://p:9090"\nslow_every = 10000000\n',
+            "c.toml:3: sources[0].slow_every: must be at most 10000, got 10000000",
+        ),
+        (
+            '[[nodes]]\nhost = "a"\nport = %s\n' % ("9" * 40),
+            "c.toml:3: nodes[0].port: must be between 1 and 65535, got an integer of 40 digits",
+        ),
+        (
+            '[[checkpoints]]\npath = "/c"\nkeep = 1000000000000\n',
+            "c.toml:3: checkpoints[0].keep: must be at most 1000000, got 1000000000000",
+        ),
+    ],
+)
 def test_numbers_need_a_floor_a_ceiling_and_finiteness(text, message):
     with pytest.raises(ConfigError) as info:
         parse_config(text, "c.toml")
@@ -114,10 +138,17 @@ def test_numbers_need_a_floor_a_ceiling_and_finiteness(text, message):
 
 
 def test_the_floors_themselves_are_accepted():
-    cfg = parse_config("[console]\ninterval = 0.1\n[ssh]\nkeepalive_interval = 0.1\n"
-                       "[logs]\npoll_interval = 0.05\n[record]\nchunk_s = 60\n", "c.toml")
+    cfg = parse_config(
+        "[console]\ninterval = 0.1\n[ssh]\nkeepalive_interval = 0.1\n"
+        "[logs]\npoll_interval = 0.05\n[record]\nchunk_s = 60\n",
+        "c.toml",
+    )
     assert (cfg.console.interval, cfg.ssh.keepalive_interval, cfg.logs.poll_interval, cfg.record.chunk_s) == (
-        0.1, 0.1, 0.05, 60.0)
+        0.1,
+        0.1,
+        0.05,
+        60.0,
+    )
 
 
 def test_cli_interval_has_the_same_floor(capsys):
@@ -155,11 +186,49 @@ def parsed_or_clean_error(text):
     return config
 
 
-TOML_PIECES = st.sampled_from([
-    "[", "]", "[[", "]]", "{", "}", "=", ",", ".", '"', "'", '"""', "\n", " ", "#", "\\", "x", "1", "1e400", "nan",
-    "inf", "-", "+", "_", "0x", "true", "1979-05-27", "T07:32:00", "console", "nodes", "interval", "host", "ssh",
-    "port", "keys", "\x00", "\r", "\u2028", "é",
-])
+TOML_PIECES = st.sampled_from(
+    [
+        "[",
+        "]",
+        "[[",
+        "]]",
+        "{",
+        "}",
+        "=",
+        ",",
+        ".",
+        '"',
+        "'",
+        '"""',
+        "\n",
+        " ",
+        "#",
+        "\\",
+        "x",
+        "1",
+        "1e400",
+        "nan",
+        "inf",
+        "-",
+        "+",
+        "_",
+        "0x",
+        "true",
+        "1979-05-27",
+        "T07:32:00",
+        "console",
+        "nodes",
+        "interval",
+        "host",
+        "ssh",
+        "port",
+        "keys",
+        "\x00",
+        "\r",
+        "\u2028",
+        "é",
+    ]
+)
 
 
 @settings(max_examples=150)
@@ -195,14 +264,21 @@ def toml_string(text):
 
 
 SCALARS = st.one_of(
-    st.booleans(), st.integers(min_value=-2 ** 63, max_value=2 ** 63 - 1), st.integers(min_value=-10 ** 40, max_value=10 ** 40),
-    st.integers(min_value=10 ** 300, max_value=10 ** 400),  # beyond a float: once an OverflowError
-    st.floats(), st.floats(min_value=-1e-300, max_value=1e-300), st.text(max_size=12),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.integers(min_value=-(10**40), max_value=10**40),
+    st.integers(min_value=10**300, max_value=10**400),  # beyond a float: once an OverflowError
+    st.floats(),
+    st.floats(min_value=-1e-300, max_value=1e-300),
+    st.text(max_size=12),
     st.sampled_from(["strict", "accept-new", "gpu[01-04]", "http://p:9090", "{index}", "~/x", "", " "]),
     st.dates(),
 )
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)), max_leaves=8)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=8,
+)
 ARRAY_SECTIONS = ("nodes", "checkpoints", "alerts", "sources")
 
 

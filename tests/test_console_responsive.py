@@ -26,7 +26,9 @@ pytestmark = pytest.mark.sshd
 
 SIZE = (140, 40)
 WAIT_LIMIT_S = 60.0  # a limit for polling, not a measured figure
-FAST = SshConfig(connect_timeout=3.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.2, backoff_max=1.0)
+FAST = SshConfig(
+    connect_timeout=3.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.2, backoff_max=1.0
+)
 
 
 class RecordingFleet(Fleet):
@@ -63,7 +65,12 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
     app = OpsConsole(config, fleet)
     async with app.run_test(size=SIZE) as pilot:
         states = app.fleet.states
-        await wait_for(lambda: all(s.state == STATE_UP and s.frame.seq >= 2 for s in states().values()), "both nodes up", timeout=WAIT_LIMIT_S, pilot=pilot)
+        await wait_for(
+            lambda: all(s.state == STATE_UP and s.frame.seq >= 2 for s in states().values()),
+            "both nodes up",
+            timeout=WAIT_LIMIT_S,
+            pilot=pilot,
+        )
         last_frame = states()["hung-node"].frame
         frozen.freeze()
         try:
@@ -96,7 +103,12 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
             def hung_states():
                 return [s for s in fleet.published[mark:] if s.name == "hung-node"]
 
-            await wait_for(lambda: any(s.state == STATE_DOWN for s in hung_states()), "hung-node down", timeout=WAIT_LIMIT_S, pilot=pilot)
+            await wait_for(
+                lambda: any(s.state == STATE_DOWN for s in hung_states()),
+                "hung-node down",
+                timeout=WAIT_LIMIT_S,
+                pilot=pilot,
+            )
             names = [s.state for s in hung_states()]
             assert STATE_STALE in names and names.index(STATE_STALE) < names.index(STATE_DOWN)
             hung = states()["hung-node"]
@@ -118,7 +130,12 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
             assert states()["ok-node"].state == STATE_UP and seq_after > seq_before + 3
             ok_published = [s.frame.seq for s in fleet.published[mark:] if s.name == "ok-node" and s.frame]
             assert ok_published == sorted(ok_published) and len(ok_published) >= 3
-            await wait_for(lambda: app.panes["nodes"].states["ok-node"].frame.seq >= seq_after, "the Nodes pane drew ok-node's newest frame", timeout=WAIT_LIMIT_S, pilot=pilot)
+            await wait_for(
+                lambda: app.panes["nodes"].states["ok-node"].frame.seq >= seq_after,
+                "the Nodes pane drew ok-node's newest frame",
+                timeout=WAIT_LIMIT_S,
+                pilot=pilot,
+            )
             assert nodes_table.get_cell("ok-node", "state").plain == "up"
         finally:
             frozen.thaw()

@@ -53,16 +53,24 @@ async def test_the_console_on_the_demo_shows_the_nan_finding_checkpoints_and_the
         await pilot.press("7")
         pane = app.panes["checkpoints"]
         listed = lambda: {r.key.value.rsplit("/", 1)[1] for r in pane.checkpoint_table.table.ordered_rows}  # noqa: E731
-        await wait_for(lambda: {"checkpoint_epoch_1.pt", "checkpoint_best.pt"} <= listed(), "the checkpoints", pilot=pilot)
+        await wait_for(
+            lambda: {"checkpoint_epoch_1.pt", "checkpoint_best.pt"} <= listed(), "the checkpoints", pilot=pilot
+        )
         # The shipped recording plays as a node of its own, with its H200.
         replay = recording.stem + "-replay"
-        await wait_for(lambda: app.fleet.states()[replay].frame is not None, "the replayed node's first frame", pilot=pilot)
+        await wait_for(
+            lambda: app.fleet.states()[replay].frame is not None, "the replayed node's first frame", pilot=pilot
+        )
         assert app.fleet.states()[replay].frame.gpus[0].name == "NVIDIA H200"
 
 
 def test_demo_without_the_console_runs_to_its_failure_and_says_where_the_files_are(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "opsconsole", "demo", "--dir", str(tmp_path), "--no-console",
-                           "--fail-at-epoch", "2"], capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "demo", "--dir", str(tmp_path), "--no-console", "--fail-at-epoch", "2"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr
     assert "training exited with status 1" in done.stderr and str(tmp_path / "checkpoints") in done.stderr
     text = "".join(p.read_text() for p in (tmp_path / "logs").glob("train_*_rank0_*.log"))

@@ -36,8 +36,23 @@ def test_the_hang_on_gloo_is_named_by_stacks_and_fr(tmp_path):
     if not os.path.exists(PY_SPY):
         pytest.skip("py-spy is not installed (it is in the test extra)")
     env = {**os.environ, "PATH": os.path.dirname(PY_SPY) + os.pathsep + os.environ.get("PATH", "")}
-    done = subprocess.run([sys.executable, "scripts/multi_gpu/hang.py", "--backend", "gloo", "--timeout-s", "8",
-                           "--out", str(tmp_path / "hang")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/multi_gpu/hang.py",
+            "--backend",
+            "gloo",
+            "--timeout-s",
+            "8",
+            "--out",
+            str(tmp_path / "hang"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     summary = json.loads((tmp_path / "hang" / "summary.json").read_text())
     stacks_errors = " ".join(str(e) for e in summary.get("stacks", {}).get("errors") or []).lower()
     if "permission" in stacks_errors or "not permitted" in stacks_errors:
@@ -88,10 +103,26 @@ def test_the_kept_h200_frame_agrees_with_nvidia_smi_field_by_field():
 
 
 def test_a_field_beyond_its_tolerance_is_flagged():
-    row = {"index": "0", "name": "NVIDIA H200", "utilization.gpu": "0", "memory.used": "0", "memory.total": "143771",
-           "temperature.gpu": "30", "power.draw": "120.00", "clocks.sm": "345"}
-    gpu = {"index": 0, "name": "NVIDIA H200", "utilization_gpu": 0.0, "memory_used": 40 << 20, "memory_total": 143771 << 20,
-           "temperature": 35.0, "power_draw_w": 125.0, "clock_sm_mhz": 345}
+    row = {
+        "index": "0",
+        "name": "NVIDIA H200",
+        "utilization.gpu": "0",
+        "memory.used": "0",
+        "memory.total": "143771",
+        "temperature.gpu": "30",
+        "power.draw": "120.00",
+        "clocks.sm": "345",
+    }
+    gpu = {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "utilization_gpu": 0.0,
+        "memory_used": 40 << 20,
+        "memory_total": 143771 << 20,
+        "temperature": 35.0,
+        "power_draw_w": 125.0,
+        "clock_sm_mhz": 345,
+    }
     fields = probe_vs_smi.compare([gpu], [row])[0]["fields"]
     assert not fields["temperature.gpu"]["agree"] and fields["power.draw"]["agree"] and fields["memory.used"]["agree"]
     gpu["power_draw_w"] = None  # the probe has no power where nvidia-smi has one
@@ -104,8 +135,13 @@ def test_the_script_without_a_gpu_skips_each_step_and_goes_on(tmp_path):
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has nvidia-smi")
     env = {**os.environ, "PYTHON": sys.executable, "WHEELS": str(tmp_path / "none"), "STEPS": "1 2 3 4"}
-    done = subprocess.run([str(ROOT / "scripts" / "device-multi-gpu"), str(tmp_path / "out")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "device-multi-gpu"), str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert "the GPU suite: skipped: needs a GPU (found 0)" in lines

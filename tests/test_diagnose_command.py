@@ -24,9 +24,15 @@ FINDING_KEYS = ["line", "category", "severity", "title", "cause", "remedy", "exc
 
 
 def diagnose(*args: str, stdin=None, input_bytes: bytes = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "opsconsole", "diagnose", *args], cwd=cwd, input=input_bytes,
-                          stdin=stdin, capture_output=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", *args],
+        cwd=cwd,
+        input=input_bytes,
+        stdin=stdin,
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test_json_is_one_object_per_file_in_the_issue_shape():
@@ -70,8 +76,10 @@ def test_missing_and_unreadable_files_exit_2_naming_them_while_the_others_are_di
     done = diagnose("--json", str(missing), str(good), str(directory))
     assert done.returncode == 2
     errors = done.stderr.decode().splitlines()
-    assert errors == ["opsconsole: diagnose: %s: No such file or directory" % missing,
-                      "opsconsole: diagnose: %s: Is a directory" % directory]
+    assert errors == [
+        "opsconsole: diagnose: %s: No such file or directory" % missing,
+        "opsconsole: diagnose: %s: Is a directory" % directory,
+    ]
     (doc,) = [json.loads(line) for line in done.stdout.decode().splitlines()]
     assert (doc["file"], doc["root_cause"]) == (str(good), "disk_full")
 
@@ -87,7 +95,9 @@ def test_bad_usage_exits_2_in_one_line():
         os.close(leader)
         os.close(follower)
     assert done.returncode == 2
-    assert done.stderr.decode().splitlines() == ["opsconsole: diagnose: name the log FILE(s) to read, or - for standard input"]
+    assert done.stderr.decode().splitlines() == [
+        "opsconsole: diagnose: name the log FILE(s) to read, or - for standard input"
+    ]
 
 
 def test_readable_report_names_the_root_cause_its_remedy_and_the_lines():
@@ -155,17 +165,43 @@ from opsconsole.diagnosis.engine import EXCERPT_CHARS, MAX_SCAN_CHARS, Diagnoser
 # OS and torch print), terminal escapes and undecodable bytes; joined in any order with arbitrary text,
 # long digit runs (rank numbers) and long runs of one character (a huge line, bounded in size).
 LOG_PIECES = [
-    "[rank", "[default", "[trainer", "]: ", "[Rank ", "] ", "rank ", " (local_rank", "  3: ", "0: ", "Last error:",
-    'File "train.py", line 3, in <module>', "    loss.backward()", "Traceback (most recent call last):",
-    "RuntimeError: CUDA error: an illegal memory access was encountered", "CUDA out of memory. Tried to allocate",
-    "NCCL WARN Connection closed by remote peer", "ncclInternalError: Internal check failed.", "loss is nan",
-    "OSError: [Errno 28] No space left on device", "ChildFailedError", "\x1b]52;c;cm0gLXJm\x07", "\x1b]0;t\x07",
-    "\x1b[2J", "\x9b", "\u202e", "\udcff", "\ufffd", "\t", "\r", "\x00",
+    "[rank",
+    "[default",
+    "[trainer",
+    "]: ",
+    "[Rank ",
+    "] ",
+    "rank ",
+    " (local_rank",
+    "  3: ",
+    "0: ",
+    "Last error:",
+    'File "train.py", line 3, in <module>',
+    "    loss.backward()",
+    "Traceback (most recent call last):",
+    "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "CUDA out of memory. Tried to allocate",
+    "NCCL WARN Connection closed by remote peer",
+    "ncclInternalError: Internal check failed.",
+    "loss is nan",
+    "OSError: [Errno 28] No space left on device",
+    "ChildFailedError",
+    "\x1b]52;c;cm0gLXJm\x07",
+    "\x1b]0;t\x07",
+    "\x1b[2J",
+    "\x9b",
+    "\u202e",
+    "\udcff",
+    "\ufffd",
+    "\t",
+    "\r",
+    "\x00",
 ]
 # Rank markers as torch, torchrun, srun and NCCL write them, with rank numbers of any length.
 RANK_FORMS = ["[rank%s]: ", "[default%s]:", "gpu07: [trainer%s]: ", "%s: ", "[Rank %s] ", "rank %s (local_rank "]
 rank_marker = st.tuples(st.sampled_from(RANK_FORMS), st.sampled_from([0, 1, 7, 8, 4300, 4301, 6000])).map(
-    lambda pair: pair[0] % ("9" * pair[1]))  # around int()'s 4300-digit limit
+    lambda pair: pair[0] % ("9" * pair[1])
+)  # around int()'s 4300-digit limit
 log_line = st.lists(
     st.one_of(
         rank_marker,
@@ -188,8 +224,12 @@ def test_fuzz_diagnosis_of_arbitrary_lines_never_raises(lines):
 
 
 @settings(max_examples=40)
-@given(st.lists(st.tuples(log_line, st.sampled_from([None, "rank0.log", "rank1.log"]), st.none() | st.integers(0, 7)),
-                max_size=6))
+@given(
+    st.lists(
+        st.tuples(log_line, st.sampled_from([None, "rank0.log", "rank1.log"]), st.none() | st.integers(0, 7)),
+        max_size=6,
+    )
+)
 def test_fuzz_interleaved_sources_and_ranks_never_raise(feed):
     diagnoser = Diagnoser(max_findings=4)
     for number, (text, source, rank) in enumerate(feed, 1):
@@ -200,8 +240,10 @@ def test_fuzz_interleaved_sources_and_ranks_never_raise(feed):
 
 def test_rank_numbers_too_long_for_int_are_not_ranks():
     """Found by the fuzzer: a rank of 5000 digits made int() raise (Python's 4300-digit limit)."""
-    lines = ["a]: [rank" + "9" * 5000 + "]: CUDA out of memory. Tried to allocate 2 GiB",
-             "[Rank " + "9" * 5000 + "] CUDA out of memory. Tried to allocate 2 GiB"]
+    lines = [
+        "a]: [rank" + "9" * 5000 + "]: CUDA out of memory. Tried to allocate 2 GiB",
+        "[Rank " + "9" * 5000 + "] CUDA out of memory. Tried to allocate 2 GiB",
+    ]
     result = diagnose_lines(lines)
     assert result.root_cause == "cuda_oom" and [f.rank for f in result.findings] == [None, None]
 
@@ -257,8 +299,11 @@ def test_run_json_is_one_verdict_naming_the_rank_and_file_it_started_in(tmp_path
 
 def test_run_text_names_the_root_cause_rank_and_file(tmp_path):
     logs = write_run(tmp_path)
-    done = diagnose("--run", str(logs / "train_gpu07_rank0_20261203_100000.log"),
-                    str(logs / "train_gpu08_rank1_20261203_100000.log"))
+    done = diagnose(
+        "--run",
+        str(logs / "train_gpu07_rank0_20261203_100000.log"),
+        str(logs / "train_gpu08_rank1_20261203_100000.log"),
+    )
     assert done.returncode == 0, done.stderr
     text = done.stdout.decode()
     assert "Root cause: Python exception in the training code [app_error, error]" in text

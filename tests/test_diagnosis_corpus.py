@@ -32,8 +32,10 @@ def read_lines(name: str) -> List[str]:
 
 
 def diagnose_all() -> List[Tuple[str, Optional[str], Optional[str]]]:
-    return [(name, label["root_cause"], diagnose_lines(read_lines(name), source=name).root_cause)
-            for name, label in sorted(LABELS.items())]
+    return [
+        (name, label["root_cause"], diagnose_lines(read_lines(name), source=name).root_cause)
+        for name, label in sorted(LABELS.items())
+    ]
 
 
 RESULTS = diagnose_all()
@@ -57,7 +59,10 @@ def confusion_report(results) -> str:
 
 def test_every_file_is_labelled_with_the_report_it_copies():
     files = {path.name for path in CORPUS.iterdir() if path.name != "labels.json"}
-    assert files == set(LABELS), "unlabelled: %s; missing: %s" % (sorted(files - set(LABELS)), sorted(set(LABELS) - files))
+    assert files == set(LABELS), "unlabelled: %s; missing: %s" % (
+        sorted(files - set(LABELS)),
+        sorted(set(LABELS) - files),
+    )
     for name, label in LABELS.items():
         assert label["root_cause"] is None or label["root_cause"] in CATEGORIES, name
         assert REPORT.search(label.get("modelled_on", "")), "%s names no public report" % name
@@ -98,6 +103,9 @@ def test_prefilter_never_hides_a_signature_match():
                 if sig.pattern.search(line):
                     checked += 1
                     assert candidates(lowered), "prefilter rejects %s line in %s: %s" % (sig.category, name, line)
-                    assert any(needle in lowered for needle in sig.needles), \
-                        "no %s needle in %s: %s" % (sig.category, name, line)
+                    assert any(needle in lowered for needle in sig.needles), "no %s needle in %s: %s" % (
+                        sig.category,
+                        name,
+                        line,
+                    )
     assert checked >= 60

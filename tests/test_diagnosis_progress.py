@@ -15,8 +15,12 @@ def line(rank: int, text: str, when=None, node: str = "gpu01") -> LogLine:
 
 
 def states(util: float, processes: int = 1) -> dict:
-    frame = NodeFrame(node="gpu01", time=T0, gpus=(GpuSample(index=0, utilization_gpu=util),),
-                      processes=tuple(ProcessSample(pid=100 + n, gpu_index=0) for n in range(processes)))
+    frame = NodeFrame(
+        node="gpu01",
+        time=T0,
+        gpus=(GpuSample(index=0, utilization_gpu=util),),
+        processes=tuple(ProcessSample(pid=100 + n, gpu_index=0) for n in range(processes)),
+    )
     return {"gpu01": NodeState(name="gpu01", state="up", frame=frame, received_at=T0)}
 
 

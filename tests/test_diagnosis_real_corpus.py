@@ -52,8 +52,9 @@ def read_lines(name: str) -> List[str]:
 
 
 def diagnose_tune() -> List[Tuple[str, Optional[str], Optional[str]]]:
-    return [(name, LABELS[name]["root_cause"], diagnose_lines(read_lines(name), source=name).root_cause)
-            for name in TUNE]
+    return [
+        (name, LABELS[name]["root_cause"], diagnose_lines(read_lines(name), source=name).root_cause) for name in TUNE
+    ]
 
 
 def test_every_entry_names_its_source_and_a_known_category():
@@ -86,8 +87,9 @@ def tune_results():
 
 
 def test_every_tune_excerpt_gets_its_root_cause(tune_results):
-    misses = ["%s: expected %s, got %s" % (name, expected, got)
-              for name, expected, got in tune_results if expected != got]
+    misses = [
+        "%s: expected %s, got %s" % (name, expected, got) for name, expected, got in tune_results if expected != got
+    ]
     assert not misses, "%d/%d tune excerpts misdiagnosed:\n%s" % (len(misses), len(tune_results), "\n".join(misses))
 
 
@@ -105,5 +107,8 @@ def test_prefilter_never_hides_a_signature_match_in_tune_excerpts():
             for sig in SIGNATURES:
                 if sig.pattern.search(line):
                     assert candidates(lowered), "prefilter rejects %s line in %s: %s" % (sig.category, name, line)
-                    assert any(needle in lowered for needle in sig.needles), \
-                        "no %s needle in %s: %s" % (sig.category, name, line)
+                    assert any(needle in lowered for needle in sig.needles), "no %s needle in %s: %s" % (
+                        sig.category,
+                        name,
+                        line,
+                    )

@@ -34,14 +34,19 @@ STALL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("progress,stall_after,alive,idle,stalled", [case[1:] for case in STALL_CASES],
-                         ids=[case[0] for case in STALL_CASES])
+@pytest.mark.parametrize(
+    "progress,stall_after,alive,idle,stalled", [case[1:] for case in STALL_CASES], ids=[case[0] for case in STALL_CASES]
+)
 def test_detect_stalls(progress, stall_after, alive, idle, stalled):
     found = detect_stalls(progress, NOW, stall_after, processes_alive=alive, gpus_idle=idle)
     assert bool(found) == stalled
     if stalled:
         (stall,) = found
-        assert (stall.category, stall.severity, stall.remedy) == ("stall", STALL_CATEGORY.severity, STALL_CATEGORY.remedy)
+        assert (stall.category, stall.severity, stall.remedy) == (
+            "stall",
+            STALL_CATEGORY.severity,
+            STALL_CATEGORY.remedy,
+        )
         assert "py-spy dump" in stall.remedy and "NCCL_DEBUG=INFO" in stall.remedy
         assert stall.idle_s == pytest.approx(NOW - max(progress.values()))
         assert stall.time == max(progress.values())
@@ -50,19 +55,36 @@ def test_detect_stalls(progress, stall_after, alive, idle, stalled):
 
 STRAGGLER_CASES = [
     # (what, last advance, steps, lag_after, lag_steps, expected stragglers)
-    ("one of four ranks far behind in time", {"r0": NOW - 1, "r1": NOW - 2, "r2": NOW - 400, "r3": NOW - 1}, None, 300, 0, {"r2"}),
+    (
+        "one of four ranks far behind in time",
+        {"r0": NOW - 1, "r1": NOW - 2, "r2": NOW - 400, "r3": NOW - 1},
+        None,
+        300,
+        0,
+        {"r2"},
+    ),
     ("one of two ranks behind counts against the other", {"r0": NOW - 1, "r1": NOW - 400}, None, 300, 0, {"r1"}),
     ("all close together", {"r0": NOW - 1, "r1": NOW - 20, "r2": NOW - 40}, None, 300, 0, set()),
     ("everyone idle is a stall, not a straggler", {"r0": NOW - 900, "r1": NOW - 2000}, None, 300, 0, set()),
     ("a single source has no one to lag", {"r0": NOW - 900}, None, 300, 0, set()),
-    ("behind by steps while still writing", {"r0": NOW - 1, "r1": NOW - 1, "r2": NOW - 1}, {"r0": 1200, "r1": 1210, "r2": 900}, 300, 100, {"r2"}),
+    (
+        "behind by steps while still writing",
+        {"r0": NOW - 1, "r1": NOW - 1, "r2": NOW - 1},
+        {"r0": 1200, "r1": 1210, "r2": 900},
+        300,
+        100,
+        {"r2"},
+    ),
     ("steps within the allowed lag", {"r0": NOW - 1, "r1": NOW - 1}, {"r0": 1200, "r1": 1150}, 300, 100, set()),
     ("step lag off", {"r0": NOW - 1, "r1": NOW - 1}, {"r0": 1200, "r1": 10}, 300, 0, set()),
 ]
 
 
-@pytest.mark.parametrize("progress,steps,lag_after,lag_steps,expected", [case[1:] for case in STRAGGLER_CASES],
-                         ids=[case[0] for case in STRAGGLER_CASES])
+@pytest.mark.parametrize(
+    "progress,steps,lag_after,lag_steps,expected",
+    [case[1:] for case in STRAGGLER_CASES],
+    ids=[case[0] for case in STRAGGLER_CASES],
+)
 def test_detect_stragglers(progress, steps, lag_after, lag_steps, expected):
     ranks = {key: int(key[1:]) for key in progress}
     found = detect_stragglers(progress, NOW, lag_after, steps=steps, lag_steps=lag_steps, ranks=ranks)
@@ -82,17 +104,20 @@ def test_a_rank_lagging_in_time_and_steps_gets_one_finding_saying_both():
     assert "behind the other ranks" in finding.excerpt and "steps behind" in finding.excerpt
 
 
-@pytest.mark.parametrize("text,step", [
-    ("2026-11-29 03:12:07,418 - INFO - epoch 1 step 1200 loss 2.3412", 1200),
-    (" [2026-11-29 03:00:10] iteration     1200/   50000 | consumed samples: 1228800 | lm loss: 2.6E+00", 1200),
-    ("[Rank 0] step=100, skipped=2, lr=[0.0001], mom=[(0.9, 0.999)]", 100),
-    ("global_step=3400 train_loss=1.92", 3400),
-    ("Epoch 3:  45%|████▌     | 450/1000 [02:13<02:43,  3.37it/s, loss=0.423]", 450),
-    ("iter [1200/5000] loss 0.5", 1200),
-    ("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768", None),
-    ("number of skipped iterations:   0 | number of nan iterations:   0 |", None),
-    ("Checkpoint saved: checkpoints/checkpoint_epoch_3.pt", None),
-])
+@pytest.mark.parametrize(
+    "text,step",
+    [
+        ("2026-11-29 03:12:07,418 - INFO - epoch 1 step 1200 loss 2.3412", 1200),
+        (" [2026-11-29 03:00:10] iteration     1200/   50000 | consumed samples: 1228800 | lm loss: 2.6E+00", 1200),
+        ("[Rank 0] step=100, skipped=2, lr=[0.0001], mom=[(0.9, 0.999)]", 100),
+        ("global_step=3400 train_loss=1.92", 3400),
+        ("Epoch 3:  45%|████▌     | 450/1000 [02:13<02:43,  3.37it/s, loss=0.423]", 450),
+        ("iter [1200/5000] loss 0.5", 1200),
+        ("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768", None),
+        ("number of skipped iterations:   0 | number of nan iterations:   0 |", None),
+        ("Checkpoint saved: checkpoints/checkpoint_epoch_3.pt", None),
+    ],
+)
 def test_parse_step(text, step):
     assert parse_step(text) == step
 
@@ -132,17 +157,22 @@ def test_observe_line_takes_the_followers_records():
     assert (tracker.last_advance[source.key], tracker.steps[source.key], tracker.ranks[source.key]) == (5.0, 77, 3)
 
 
-@pytest.mark.parametrize("config,expected", [
-    (Config(), LogsConfig().stall_after),
-    (SimpleNamespace(logs=SimpleNamespace(stall_after=90)), 90.0),
-    (SimpleNamespace(logs=SimpleNamespace()), DEFAULT_STALL_AFTER),
-    (SimpleNamespace(logs=SimpleNamespace(stall_after="soon")), DEFAULT_STALL_AFTER),
-    (SimpleNamespace(), DEFAULT_STALL_AFTER),
-])
+@pytest.mark.parametrize(
+    "config,expected",
+    [
+        (Config(), LogsConfig().stall_after),
+        (SimpleNamespace(logs=SimpleNamespace(stall_after=90)), 90.0),
+        (SimpleNamespace(logs=SimpleNamespace()), DEFAULT_STALL_AFTER),
+        (SimpleNamespace(logs=SimpleNamespace(stall_after="soon")), DEFAULT_STALL_AFTER),
+        (SimpleNamespace(), DEFAULT_STALL_AFTER),
+    ],
+)
 def test_stall_after_from_config(config, expected):
     assert stall_after_from(config) == expected
 
 
-@pytest.mark.parametrize("seconds,text", [(0, "0s"), (45.9, "45s"), (60, "1m00s"), (725, "12m05s"), (7380, "2h03m"), (-5, "0s")])
+@pytest.mark.parametrize(
+    "seconds,text", [(0, "0s"), (45.9, "45s"), (60, "1m00s"), (725, "12m05s"), (7380, "2h03m"), (-5, "0s")]
+)
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text

@@ -24,7 +24,7 @@ pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 240
 
-WORKER = textwrap.dedent('''
+WORKER = textwrap.dedent("""
     import logging, os, sys
     import torch
     import torch.distributed as dist
@@ -57,7 +57,7 @@ WORKER = textwrap.dedent('''
         log.info("step %d loss: %.4f", step, float(x.sum()) / 100)
     dist.destroy_process_group()
     log.info("done")
-''')
+""")
 
 MODES = ("index", "embedding", "sigkill", "nan", "healthy")
 
@@ -80,15 +80,56 @@ def runs(tmp_path_factory):
         directory = base / mode
         directory.mkdir()
         launcher = open(directory / "launcher.log", "wb")
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                   "127.0.0.1", "--master-port", str(free_port()), "--redirects", "3", "--log-dir",
-                   str(directory / "torchrun"), str(script), mode, str(directory)]
-        started[mode] = (directory, subprocess.Popen(command, stdout=launcher, stderr=subprocess.STDOUT, env=env), launcher)
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "--redirects",
+            "3",
+            "--log-dir",
+            str(directory / "torchrun"),
+            str(script),
+            mode,
+            str(directory),
+        ]
+        started[mode] = (
+            directory,
+            subprocess.Popen(command, stdout=launcher, stderr=subprocess.STDOUT, env=env),
+            launcher,
+        )
     demo = base / "demo"
-    started["demo"] = (demo, subprocess.Popen(
-        [sys.executable, "-m", "opsconsole.demo.train", "--dir", str(demo), "--ranks", "2", "--epochs", "3",
-         "--steps", "8", "--step-sleep", "0", "--fail-at-epoch", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env), None)
+    started["demo"] = (
+        demo,
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "opsconsole.demo.train",
+                "--dir",
+                str(demo),
+                "--ranks",
+                "2",
+                "--epochs",
+                "3",
+                "--steps",
+                "8",
+                "--step-sleep",
+                "0",
+                "--fail-at-epoch",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        ),
+        None,
+    )
     finished = {}
     for mode, (directory, process, launcher) in started.items():
         try:
@@ -103,8 +144,13 @@ def runs(tmp_path_factory):
 
 
 def verdict(directory: Path) -> dict:
-    done = subprocess.run([sys.executable, "-m", "opsconsole", "diagnose", "--run", str(directory), "--json"],
-                          capture_output=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", "--run", str(directory), "--json"],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -176,6 +222,11 @@ def test_the_demos_ranks_read_together_say_nan_inf_as_the_console_does(runs):
     assert (result["root_cause"], result["rank"]) == ("nan_inf", 0)
     assert result["file"] == str(logs[0]) and "rank0" in logs[0].name
     # Alone, rank 1's file only knows that its peer went away; the run knows why.
-    alone = subprocess.run([sys.executable, "-m", "opsconsole", "diagnose", "--json", str(logs[1])],
-                           capture_output=True, timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    alone = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", "--json", str(logs[1])],
+        capture_output=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert json.loads(alone.stdout)["root_cause"] == "nccl_remote"

@@ -82,7 +82,11 @@ def test_gpu_series_use_dcgm_exporter_names_labels_and_units():
     assert only(samples, names.METRIC_GPU_PROCESSES)[1] == len(frame.processes) == 1
     proc = frame.processes[0]
     proc_labels, proc_memory = only(samples, names.METRIC_PROCESS_MEMORY)
-    assert (proc_labels["pid"], proc_labels["process_name"], proc_labels["user"]) == (str(proc.pid), proc.name, proc.user)
+    assert (proc_labels["pid"], proc_labels["process_name"], proc_labels["user"]) == (
+        str(proc.pid),
+        proc.name,
+        proc.user,
+    )
     assert proc_memory == proc.gpu_memory_bytes
     # Fields the GPU does not report are left out, not exported as 0.
     assert gpu.fan_percent is None and "DCGM_FI_DEV_FAN_SPEED" not in samples
@@ -140,13 +144,18 @@ def test_nothing_is_served_before_the_first_frame_and_masks_round_trip():
 def agent(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "opsconsole", "agent", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, **kwargs,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        **kwargs,
     )
 
 
 def run_agent(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "opsconsole", "agent", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "opsconsole", "agent", *args], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
 
 
 def test_agent_serves_metrics_on_loopback_only_and_stops_on_sigterm():
@@ -203,10 +212,24 @@ def test_a_gpu_process_job_travels_as_labels_and_the_source_reads_it_back():
     collector.update(replace(frame, processes=(proc,)))
     samples = scrape(collector)
     labels, _ = only(samples, names.METRIC_PROCESS_MEMORY)
-    assert (labels["slurm_job_id"], labels["slurm_job_step"], labels["slurm_job_user"], labels["process_container"]) == (
-        "812", "0", "alice", "docker/2403ccfe427f")
-    rows = [(dict(labels, __name__=name), value) for name in (names.METRIC_PROCESS_MEMORY,) for labels, value in samples[name]]
+    assert (
+        labels["slurm_job_id"],
+        labels["slurm_job_step"],
+        labels["slurm_job_user"],
+        labels["process_container"],
+    ) == ("812", "0", "alice", "docker/2403ccfe427f")
+    rows = [
+        (dict(labels, __name__=name), value)
+        for name in (names.METRIC_PROCESS_MEMORY,)
+        for labels, value in samples[name]
+    ]
     values = prom_decode.FastValues()
     prom_decode.take_fast(rows, values, lambda l: l.get("Hostname"), "gpu")
     (read,) = prom_decode.process_samples(values.procs[frame.node], [])
-    assert (read.pid, read.job_id, read.job_step, read.job_user, read.container) == (proc.pid, "812", "0", "alice", "docker/2403ccfe427f")
+    assert (read.pid, read.job_id, read.job_step, read.job_user, read.container) == (
+        proc.pid,
+        "812",
+        "0",
+        "alice",
+        "docker/2403ccfe427f",
+    )

@@ -271,6 +271,6 @@ def test_tune_gc_raises_the_young_threshold_with_the_fleet_and_never_lowers_it()
         assert gc.get_threshold()[1:] == (10, 10)
         assert tune_gc(8) == gc.get_threshold()[0] > 700  # not lowered
         gc.set_threshold(700, 10, 10)
-        assert tune_gc(10 ** 6) == GC_GEN0_MAX
+        assert tune_gc(10**6) == GC_GEN0_MAX
     finally:
         gc.set_threshold(*saved)

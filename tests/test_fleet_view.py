@@ -7,8 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from h200_fleet import NOW, connecting_node, idle_gpu, load_process, loaded_gpu, three_nodes
+
 from opsconsole import fleet_view
 from opsconsole.fleet_view import (
     GPU_FILTER,
@@ -306,6 +306,10 @@ def test_sorting_by_state_puts_failures_first():
 def test_fleet_view_imports_no_ui():
     # The headless snapshot and the panes share these rows: they must not need Textual or Rich.
     tree = ast.parse(Path(fleet_view.__file__).read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
+    imported |= {
+        node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert not imported & {"textual", "rich"}

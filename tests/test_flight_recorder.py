@@ -21,7 +21,15 @@ import pytest
 
 from opsconsole.hang import flight_recorder as fr
 from opsconsole.hang.flight_recorder import (
-    KIND_DTYPE, KIND_NOT_JOINED, KIND_OP, KIND_SIZE, KIND_STUCK, analyse_dir, analysis_json, dump_files, dump_locations,
+    KIND_DTYPE,
+    KIND_NOT_JOINED,
+    KIND_OP,
+    KIND_SIZE,
+    KIND_STUCK,
+    analyse_dir,
+    analysis_json,
+    dump_files,
+    dump_locations,
     summary_text,
 )
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401  (pytest fixtures)
@@ -67,7 +75,9 @@ def test_the_real_nccl_dump_reads_as_torch_wrote_it():
     assert ops[:3] == [(1, "broadcast", ("Float",)), (2, "all_reduce", ("BFloat16",)), (3, "all_reduce", ("Float",))]
     assert dump.entries[1].input_sizes == ((1024, 256),) and dump.entries[0].backend == "nccl"
     assert {e.state for e in dump.entries} == {"completed"}
-    assert dump.entries[0].frames[2].function == "main" and dump.entries[0].frames[2].file.endswith("make_nccl_dumps.py")
+    assert dump.entries[0].frames[2].function == "main" and dump.entries[0].frames[2].file.endswith(
+        "make_nccl_dumps.py"
+    )
     assert dump.status[0].last_enqueued == 10 and dump.groups[0].ranks == (0,)
     assert analysis.mismatch is None
 
@@ -78,8 +88,12 @@ def test_the_dump_the_collector_brought_back_from_a_live_nccl_rank(tmp_path):
     (dump,) = analyse_dir(str(tmp_path)).dumps
     assert dump.unreadable is None and dump.comm_lib_version == "2.28.9"
     assert [(e.collective_seq_id, e.op, e.state) for e in dump.entries] == [
-        (1, "all_reduce", "completed"), (2, "all_reduce", "completed"), (3, "all_reduce", "completed"),
-        (4, "all_reduce", "completed"), (5, "broadcast", "completed")]
+        (1, "all_reduce", "completed"),
+        (2, "all_reduce", "completed"),
+        (3, "all_reduce", "completed"),
+        (4, "all_reduce", "completed"),
+        (5, "broadcast", "completed"),
+    ]
     assert dump.entries[0].input_sizes == ((256, 256),) and dump.entries[0].input_dtypes == ("BFloat16",)
 
 
@@ -90,7 +104,8 @@ def test_the_json_dump_agrees_with_the_pickle(tmp_path):
     json_dump, pickle_dump = analysis.dumps
     assert json_dump.unreadable is None and json_dump.rank == 0 and pickle_dump.rank == 1
     assert [(e.op, e.input_sizes, e.input_dtypes) for e in json_dump.entries] == [
-        (e.op, e.input_sizes, e.input_dtypes) for e in pickle_dump.entries]
+        (e.op, e.input_sizes, e.input_dtypes) for e in pickle_dump.entries
+    ]
     assert json_dump.status[0].last_completed == 10  # written as text "10" in the JSON form
 
 
@@ -107,15 +122,20 @@ def test_a_rank_that_never_joined_is_named_with_its_last_line(tmp_path):
     assert found.culprit_ranks == (2,) and found.agreeing == (0, 1, 3)
     assert found.culprits[0].last.collective_seq_id == 6
     text = summary_text(analysis)
-    assert text.startswith("rank 2 never joined collective 7 (all_reduce [1] Float) of group 0 (default_pg); ranks 0-1, 3 wait in it")
+    assert text.startswith(
+        "rank 2 never joined collective 7 (all_reduce [1] Float) of group 0 (default_pg); ranks 0-1, 3 wait in it"
+    )
     assert "rank 2 last enqueued collective 6 (all_reduce) at train_step (" in text and "make_nccl_dumps.py:" in text
 
 
-@pytest.mark.parametrize("change, kind, detail", [
-    (lambda e: e.update(input_sizes=[[1024, 128]], output_sizes=[[1024, 128]]), KIND_SIZE, "[1024, 128]"),
-    (lambda e: e.update(profiling_name="nccl:broadcast"), KIND_OP, "called broadcast"),
-    (lambda e: e.update(input_dtypes=["Float"], output_dtypes=["Float"]), KIND_DTYPE, "[1024, 256] Float"),
-])
+@pytest.mark.parametrize(
+    "change, kind, detail",
+    [
+        (lambda e: e.update(input_sizes=[[1024, 128]], output_sizes=[[1024, 128]]), KIND_SIZE, "[1024, 128]"),
+        (lambda e: e.update(profiling_name="nccl:broadcast"), KIND_OP, "called broadcast"),
+        (lambda e: e.update(input_dtypes=["Float"], output_dtypes=["Float"]), KIND_DTYPE, "[1024, 256] Float"),
+    ],
+)
 def test_a_rank_that_joined_differently_is_named(tmp_path, change, kind, detail):
     traces = dict(enumerate(world(3)))
     change(by_seq(traces[1], 4))  # collective 4 is the second bf16 all_reduce of the gradients
@@ -135,7 +155,10 @@ def test_missing_ranks_and_host_names_are_tolerated(tmp_path):
     (tmp_path / "gpu08_nccl_trace_rank_3").write_bytes(pickle.dumps(traces[3], protocol=2))
     files, _ = dump_files(str(tmp_path))
     assert [(os.path.basename(p), r, h) for p, r, h in files] == [
-        ("gpu07_nccl_trace_rank_0", 0, "gpu07"), ("gpu07_nccl_trace_rank_1", 1, "gpu07"), ("gpu08_nccl_trace_rank_3", 3, "gpu08")]
+        ("gpu07_nccl_trace_rank_0", 0, "gpu07"),
+        ("gpu07_nccl_trace_rank_1", 1, "gpu07"),
+        ("gpu08_nccl_trace_rank_3", 3, "gpu08"),
+    ]
     analysis = analyse_dir(str(tmp_path))
     assert analysis.missing_ranks == (2,) and analysis.mismatch is None
     document = analysis_json(analysis)
@@ -169,8 +192,12 @@ HOSTILE = {
     "random": os.urandom(4096),
     "truncated": PIPE_DUMP.read_bytes()[:900],
     # A tuple doubled through the memo 60 times, then used as a dict key: 2**60 elements to hash.
-    "memo_bomb": (b"\x80\x02}K\x01q\x00" + b"0"[:0] + b"".join(b"h%sh%s\x86q%s0" % (bytes([i]), bytes([i]), bytes([i + 1])) for i in range(60))
-                  + b"0h<K\x00s."),
+    "memo_bomb": (
+        b"\x80\x02}K\x01q\x00"
+        + b"0"[:0]
+        + b"".join(b"h%sh%s\x86q%s0" % (bytes([i]), bytes([i]), bytes([i + 1])) for i in range(60))
+        + b"0h<K\x00s."
+    ),
     "deep": b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b".",
     "empty": b"",
 }
@@ -196,7 +223,10 @@ def test_hostile_dumps_end_as_unreadable_and_the_rest_is_matched(tmp_path):
     assert "no list of entries" in unreadable[[r for r, n in names.items() if n == "entries_not_list"][0]]
     assert unreadable[[r for r, n in names.items() if n == "empty"][0]] == "empty file"
     assert not os.path.exists("/tmp/opsconsole-fr-pwned")
-    assert "names posix.system, which no flight-recorder dump holds" in unreadable[[r for r, n in names.items() if n == "code"][0]]
+    assert (
+        "names posix.system, which no flight-recorder dump holds"
+        in unreadable[[r for r, n in names.items() if n == "code"][0]]
+    )
     partly = next(d for d in analysis.dumps if d.rank == 30)
     assert partly.unreadable is None and partly.dropped == 1 and len(partly.entries) == 9
     found = analysis.mismatch
@@ -208,8 +238,14 @@ def test_dump_locations_from_a_ranks_environment():
     assert dump_locations({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, 3) is None
     old = dump_locations({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/p_"}, 3)
     assert (old.dump_file, old.pipe_file, old.buffer_size) == ("/tmp/nccl_trace_rank_3", "/tmp/p_3.pipe", 2000)
-    new = dump_locations({"TORCH_FR_BUFFER_SIZE": "20", "TORCH_FR_DUMP_TEMP_FILE": "/scratch/fr_",
-                          "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/old/"}, 12)
+    new = dump_locations(
+        {
+            "TORCH_FR_BUFFER_SIZE": "20",
+            "TORCH_FR_DUMP_TEMP_FILE": "/scratch/fr_",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/old/",
+        },
+        12,
+    )
     assert (new.dump_file, new.pipe_file) == ("/scratch/fr_12", None)
 
 
@@ -218,26 +254,46 @@ def test_fr_command_text_and_json(tmp_path):
     by_seq(traces[1], 5)["profiling_name"] = "nccl:all_gather"
     write_set(tmp_path, traces)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "opsconsole", "fr", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "fr", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("rank 1 joined collective 5 (all_reduce [1] Float) of group 0 (default_pg) with another op")
+    assert done.stdout.startswith(
+        "rank 1 joined collective 5 (all_reduce [1] Float) of group 0 (default_pg) with another op"
+    )
     assert "rank 1 stack (innermost first):" in done.stdout
-    done = subprocess.run([sys.executable, "-m", "opsconsole", "fr", str(tmp_path), "--json"], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "fr", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
     document = json.loads(done.stdout)
     assert document["mismatch"]["kind"] == "op" and document["mismatch"]["culprit_ranks"] == [1]
     assert document["mismatch"]["culprits"][0]["entry"]["op"] == "all_gather"
     empty = tmp_path / "empty"
     empty.mkdir()
-    done = subprocess.run([sys.executable, "-m", "opsconsole", "fr", str(empty)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "fr", str(empty)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
     assert done.returncode == 2 and "no readable flight-recorder dump" in done.stderr
 
 
 # --- a real gloo run: torch 2.13 records gloo collectives too -----------------------------------
 
-GLOO_JOB = r'''
+GLOO_JOB = r"""
 import datetime, os, sys, time
 import torch, torch.distributed as dist
 import torch._C._distributed_c10d as c10d
@@ -274,7 +330,7 @@ work = dist.all_reduce(torch.ones(3), async_op=True)  # collective 5: rank 0 wai
 dump()
 open(done_file, "w").close()
 os._exit(0)
-'''
+"""
 
 
 def free_port() -> int:
@@ -291,10 +347,25 @@ def gloo_dumps(tmp_path_factory):
     script.write_text(GLOO_JOB)
     dumps = base / "dumps"
     dumps.mkdir()
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "2000",
-           "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "gloo_trace_rank_")}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), str(script)]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "OMP_NUM_THREADS": "1",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "gloo_trace_rank_"),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(script),
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
         out, _ = process.communicate(timeout=180)
@@ -315,7 +386,9 @@ def test_a_real_gloo_run_where_rank_1_skips_a_collective(gloo_dumps):
     assert found.kind == KIND_NOT_JOINED and found.seq == 5 and found.op == "all_reduce"
     assert found.culprit_ranks == (1,) and found.agreeing == (0,)
     text = summary_text(analysis)
-    assert text.startswith("rank 1 never joined collective 5 (all_reduce [3] Float) of group 0 (default_pg); rank 0 waits in it")
+    assert text.startswith(
+        "rank 1 never joined collective 5 (all_reduce [3] Float) of group 0 (default_pg); rank 0 waits in it"
+    )
     assert "rank 1 last enqueued collective 4 (all_reduce) at train_step (" in text and "job.py:" in text
 
 
@@ -328,11 +401,17 @@ async def test_collect_dumps_locally_and_over_ssh(gloo_dumps, tmp_path, sshd_fac
     local = tmp_path / "local"
     local.mkdir()
     collected = await fr.collect_dumps(None, locations, str(local), host="gpu01", trigger=True, wait_s=0.5)
-    assert sorted(os.path.relpath(p, local) for p in collected.saved) == ["gpu01/gloo_trace_rank_0", "gpu01/gloo_trace_rank_1"]
+    assert sorted(os.path.relpath(p, local) for p in collected.saved) == [
+        "gpu01/gloo_trace_rank_0",
+        "gpu01/gloo_trace_rank_1",
+    ]
     assert [rank for rank, _ in collected.problems] == [2]
     server = sshd_factory.start()
-    link = SshLink(NodeConfig(name="gpu02", host=server.address, port=server.port),
-                   SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2), 0.3)
+    link = SshLink(
+        NodeConfig(name="gpu02", host=server.address, port=server.port),
+        SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2),
+        0.3,
+    )
     remote = tmp_path / "remote"
     remote.mkdir()
     try:
@@ -351,13 +430,18 @@ async def test_collect_dumps_locally_and_over_ssh(gloo_dumps, tmp_path, sshd_fac
 async def test_a_pipe_with_no_reader_is_said_so(tmp_path):
     pipe = tmp_path / "fr_pipe_0.pipe"
     os.mkfifo(pipe)
-    location = dump_locations({"TORCH_NCCL_TRACE_BUFFER_SIZE": "10", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "t_"),
-                               "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "fr_pipe_")}, 0)
+    location = dump_locations(
+        {
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": "10",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "t_"),
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "fr_pipe_"),
+        },
+        0,
+    )
     collected = await fr.collect_dumps(None, [location], str(tmp_path), host="n", wait_s=0.2)
     assert collected.saved == ()
     whys = [why for _, why in collected.problems]
     assert any("no reader on the pipe" in why for why in whys) and any("No such file" in why for why in whys)
-
 
 
 async def test_collect_by_rank_pids_reads_each_ranks_own_environment(tmp_path, sshd_factory):
@@ -367,21 +451,30 @@ async def test_collect_by_rank_pids_reads_each_ranks_own_environment(tmp_path, s
     dumps = tmp_path / "dumps"
     dumps.mkdir()
     shutil.copy(PIPE_DUMP, dumps / "trace_rank_3")
-    env = {**os.environ, "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(dumps / "trace_rank_")}
+    env = {
+        **os.environ,
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(dumps / "trace_rank_"),
+    }
     plain = {key: value for key, value in os.environ.items() if not key.startswith("TORCH_")}
     ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=e) for e in (env, plain)]
     try:
         here = tmp_path / "here"
-        collected = await fr.collect_dumps(None, [], str(here), host="gpu01", wait_s=0.2,
-                                           rank_pids=[(ranks[0].pid, 3), (ranks[1].pid, 4)])
+        collected = await fr.collect_dumps(
+            None, [], str(here), host="gpu01", wait_s=0.2, rank_pids=[(ranks[0].pid, 3), (ranks[1].pid, 4)]
+        )
         assert [os.path.relpath(p, here) for p in collected.saved] == ["gpu01/trace_rank_3"]
         assert [(rank, "keeps no flight recorder" in why) for rank, why in collected.problems] == [(4, True)]
         server = sshd_factory.start()
-        link = SshLink(NodeConfig(name="gpu02", host=server.address, port=server.port),
-                       SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2), 0.3)
+        link = SshLink(
+            NodeConfig(name="gpu02", host=server.address, port=server.port),
+            SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2),
+            0.3,
+        )
         try:
-            remote = await fr.collect_dumps(link, [], str(tmp_path / "remote"), host="gpu02", wait_s=0.2,
-                                            rank_pids=[(ranks[0].pid, 3)])
+            remote = await fr.collect_dumps(
+                link, [], str(tmp_path / "remote"), host="gpu02", wait_s=0.2, rank_pids=[(ranks[0].pid, 3)]
+            )
         finally:
             await link.close()
         assert remote.problems == () and Path(remote.saved[0]).read_bytes() == PIPE_DUMP.read_bytes()
@@ -397,8 +490,14 @@ async def test_the_node_finds_its_ranks_itself(tmp_path):
     dumps.mkdir()
     shutil.copy(PIPE_DUMP, dumps / "trace_rank_5")
     plain = {key: value for key, value in os.environ.items() if not key.startswith("TORCH_") and "RANK" not in key}
-    env = dict(plain, RANK="5", LOCAL_RANK="1", WORLD_SIZE="8", TORCH_FR_BUFFER_SIZE="2000",
-               TORCH_FR_DUMP_TEMP_FILE=str(dumps / "trace_rank_"))
+    env = dict(
+        plain,
+        RANK="5",
+        LOCAL_RANK="1",
+        WORLD_SIZE="8",
+        TORCH_FR_BUFFER_SIZE="2000",
+        TORCH_FR_DUMP_TEMP_FILE=str(dumps / "trace_rank_"),
+    )
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     try:
         collected = await fr.collect_dumps(None, [], str(tmp_path / "got"), host="gpu05", wait_s=0.2, discover=True)
@@ -409,7 +508,7 @@ async def test_the_node_finds_its_ranks_itself(tmp_path):
     assert str(tmp_path / "got" / "gpu05" / "trace_rank_5") in collected.saved
 
 
-HUNG_GLOO_JOB = r'''
+HUNG_GLOO_JOB = r"""
 import datetime, os, time
 import torch, torch.distributed as dist
 import torch._C._distributed_c10d as c10d
@@ -432,7 +531,7 @@ if rank == 0:
     work = dist.all_reduce(torch.ones(3), async_op=True)  # rank 0 waits in collective 4; rank 1 never calls it
 dump()
 time.sleep(300)
-'''
+"""
 
 
 @pytest.fixture
@@ -442,11 +541,31 @@ def hung_gloo_job(tmp_path):
     script.write_text(HUNG_GLOO_JOB)
     dumps = tmp_path / "on_node"
     dumps.mkdir()
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "2000",
-           "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "gloo_trace_rank_")}
-    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                            "127.0.0.1", "--master-port", str(free_port()), str(script)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "OMP_NUM_THREADS": "1",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "gloo_trace_rank_"),
+    }
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            str(script),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not all((dumps / ("gloo_trace_rank_%d" % rank)).exists() for rank in (0, 1)):
@@ -461,11 +580,31 @@ def hung_gloo_job(tmp_path):
 def test_fr_collect_over_ssh_from_a_live_hung_job(hung_gloo_job, sshd_factory, tmp_path):
     server = sshd_factory.start()
     config = tmp_path / "ssh.toml"
-    config.write_text('[[nodes]]\nname = "n1"\nhost = "%s"\nport = %d\npython = "%s"\n'
-                      % (server.address, server.port, sys.executable))
+    config.write_text(
+        '[[nodes]]\nname = "n1"\nhost = "%s"\nport = %d\npython = "%s"\n'
+        % (server.address, server.port, sys.executable)
+    )
     into = tmp_path / "collected"
-    done = subprocess.run([sys.executable, "-m", "opsconsole", "fr", "--collect", "--config", str(config), "--wait", "1",
-                           str(into), "--json"], capture_output=True, text=True, timeout=180, cwd=ROOT, env=dict(os.environ))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opsconsole",
+            "fr",
+            "--collect",
+            "--config",
+            str(config),
+            "--wait",
+            "1",
+            str(into),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
     assert done.returncode == 0, done.stderr
     assert "dumps in %s" % into in done.stderr
     document = json.loads(done.stdout)
@@ -485,8 +624,11 @@ async def test_the_console_key_shows_the_rank_that_never_joined(hung_gloo_job, t
     from opsconsole.tui.app import OpsConsole
     from opsconsole.tui.flight_recorder import FlightRecorderScreen
 
-    config = Config(console=ConsoleConfig(interval=0.5), nodes=(NodeConfig(name="local", local=True),),
-                    actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")))
+    config = Config(
+        console=ConsoleConfig(interval=0.5),
+        nodes=(NodeConfig(name="local", local=True),),
+        actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")),
+    )
     app = OpsConsole(config, Fleet(config))
     async with app.run_test(size=(160, 40)) as pilot:
         await pilot.pause()

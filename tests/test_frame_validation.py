@@ -20,7 +20,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opsconsole.config import Config, ConsoleConfig, NodeConfig
-from opsconsole.model import _annotation_text  # the annotations as text, on any Python
 from opsconsole.model import (
     BAD_FRAME,
     STATE_DOWN,
@@ -34,6 +33,7 @@ from opsconsole.model import (
     NodeFrame,
     NodeState,
     ProcessSample,
+    _annotation_text,  # the annotations as text, on any Python
     checked,
     from_wire,
 )
@@ -79,13 +79,16 @@ def _with_gpu0(**fields: Any) -> str:
         (_with_gpu0(temperature="hot"), "gpus[0].temperature: expected a number or null, got str"),
         (_with_gpu0(index="0"), "gpus[0].index: expected an integer, got str"),
         (_with_gpu0(index=True), "gpus[0].index: expected an integer, got bool"),
-        (_with_gpu0(memory_total=10 ** 400), "gpus[0].memory_total: integer out of range"),
-        (_with_gpu0(power_draw_w=10 ** 400), "gpus[0].power_draw_w: integer out of range"),
+        (_with_gpu0(memory_total=10**400), "gpus[0].memory_total: integer out of range"),
+        (_with_gpu0(power_draw_w=10**400), "gpus[0].power_draw_w: integer out of range"),
         (_with_gpu0(errors=["x" * 5000]), "gpus[0].errors[0]: text longer than 4096 characters"),
         (_with_gpu0(xid_events=[79, "79"]), "gpus[0].xid_events[1]: expected an integer, got str"),
         (_with_gpu0(name={"a": 1}), "gpus[0].name: expected text or null, got object"),
         (_with_gpu0(lost=None), "gpus[0].lost: expected true or false, got null"),
-        (_with_gpu0(temperature=12345.5).replace("12345.5", "1e999"), "gpus[0].temperature: not a finite number"),  # read as inf
+        (
+            _with_gpu0(temperature=12345.5).replace("12345.5", "1e999"),
+            "gpus[0].temperature: not a finite number",
+        ),  # read as inf
         (json.dumps(dict(real_wire(), seq=[[[]]])), "seq: expected an integer, got list"),
         (json.dumps(dict(real_wire(), host=[])), "host: expected an object or null, got list"),
         (json.dumps(dict(real_wire(), gpus=[0] * 300)), "gpus: 300 items, at most 256"),
@@ -134,13 +137,22 @@ def test_eight_hundred_thousand_gpus_are_refused_by_their_count():
 @pytest.mark.parametrize(
     "body, reason",
     [
-        ({"gpus": [{"@": 0, "temperature": "hot"}, 1, 2, 3, 4, 5, 6, 7]}, "gpus[0].temperature: expected a number or null, got str"),
-        ({"gpus": [0, {"@": 1, "memory_used": 10 ** 400}, 2, 3, 4, 5, 6, 7]}, "gpus[1].memory_used: integer out of range"),
+        (
+            {"gpus": [{"@": 0, "temperature": "hot"}, 1, 2, 3, 4, 5, 6, 7]},
+            "gpus[0].temperature: expected a number or null, got str",
+        ),
+        (
+            {"gpus": [0, {"@": 1, "memory_used": 10**400}, 2, 3, 4, 5, 6, 7]},
+            "gpus[1].memory_used: integer out of range",
+        ),
         ({"gpus": [0, 1, {"index": "2"}, 3]}, "gpus[2].index: expected an integer, got str"),
         ({"f": {"seq": 5, "probe_ms": "fast"}}, "probe_ms: expected a number or null, got str"),
         ({"f": {"time": 12345.5}}, "time: not a finite number"),  # 1e999 in the line: read as inf
         ({"host": {"@": 0, "load_avg": [1.0, "x"]}}, "host.load_avg[1]: expected a number, got str"),
-        ({"host": {"@": 0, "disks": [{"path": "/", "total": -1, "used": 0, "free": None}]}}, "host.disks[0].free: expected an integer, got null"),
+        (
+            {"host": {"@": 0, "disks": [{"path": "/", "total": -1, "used": 0, "free": None}]}},
+            "host.disks[0].free: expected an integer, got null",
+        ),
         ({"gpus": [0, 0.5]}, "gpus: bad item float"),
     ],
 )
@@ -228,7 +240,9 @@ class ScriptedProbe:
 
 
 def _node_config(*names: str) -> Config:
-    return Config(console=ConsoleConfig(interval=0.05), nodes=tuple(NodeConfig(name=name, local=True) for name in names))
+    return Config(
+        console=ConsoleConfig(interval=0.05), nodes=tuple(NodeConfig(name=name, local=True) for name in names)
+    )
 
 
 async def _run_fleet_until(fleet: Fleet, done) -> dict:
@@ -267,8 +281,11 @@ async def test_a_hostile_frame_from_the_local_link_leaves_its_node_bad_and_the_o
 
 
 async def test_a_node_whose_first_frame_is_bad_is_down_with_the_reason():
-    link = LocalLink(NodeConfig(name="n", local=True), interval=0.05,
-                     probe_factory=lambda: ScriptedProbe([NodeFrame(node="n", time=float("inf"))]))
+    link = LocalLink(
+        NodeConfig(name="n", local=True),
+        interval=0.05,
+        probe_factory=lambda: ScriptedProbe([NodeFrame(node="n", time=float("inf"))]),
+    )
     state = await link.poll_once(GUARD_S)
     assert state.state == STATE_DOWN and state.reason == BAD_FRAME + "time: not a finite number" and state.frame is None
 
@@ -276,8 +293,9 @@ async def test_a_node_whose_first_frame_is_bad_is_down_with_the_reason():
 async def test_a_node_sending_only_bad_frames_goes_stale_still_saying_why():
     good = from_wire(NodeFrame, real_wire())
     config = _node_config("n")
-    link = LocalLink(config.nodes[0], interval=0.05,
-                     probe_factory=lambda: ScriptedProbe([good, replace(good, seq=-(2 ** 64))]))
+    link = LocalLink(
+        config.nodes[0], interval=0.05, probe_factory=lambda: ScriptedProbe([good, replace(good, seq=-(2**64))])
+    )
     fleet = Fleet(config, links=[link], stale_after=0.3)
     states = await _run_fleet_until(fleet, lambda s: s["n"].state == STATE_STALE)
     assert states["n"].reason.startswith(BAD_FRAME + "seq: integer out of range (no good frame for")
@@ -289,9 +307,17 @@ async def test_a_node_sending_only_bad_frames_goes_stale_still_saying_why():
 
 def test_snapshot_json_is_standard_and_the_table_shows_node_text_as_one_printable_line():
     frame = from_wire(NodeFrame, real_wire())
-    frame = replace(frame, gpus=(replace(frame.gpus[0], name="H200\x1b]52;c;ZWNobw==\x07\nforged"),), errors=("boom\x1b[2J",))
-    state = NodeState(name="gpu\x1b[31m01", state=STATE_UP, frame=frame, received_at=1.0, rtt_ms=float("nan"),
-                      reason=BAD_FRAME + "gpus[0].name: \x1b[2J")
+    frame = replace(
+        frame, gpus=(replace(frame.gpus[0], name="H200\x1b]52;c;ZWNobw==\x07\nforged"),), errors=("boom\x1b[2J",)
+    )
+    state = NodeState(
+        name="gpu\x1b[31m01",
+        state=STATE_UP,
+        frame=frame,
+        received_at=1.0,
+        rtt_ms=float("nan"),
+        reason=BAD_FRAME + "gpus[0].name: \x1b[2J",
+    )
     text = snapshot_json([state], now=2.0)
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text)["nodes"][0]["rtt_ms"] is None
@@ -304,27 +330,40 @@ def test_snapshot_json_is_standard_and_the_table_shows_node_text_as_one_printabl
 
 _WIRE = real_wire()
 _JSONISH = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.integers(min_value=2 ** 60, max_value=2 ** 70)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20) | st.just("x" * 5000),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=2**60, max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
+    | st.just("x" * 5000),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
-_FIELD_TYPES = {cls: {f.name: _annotation_text(f.type) for f in dataclasses.fields(cls)}  # "Optional[int]", ...
-                for cls in (NodeFrame, HostSample, GpuSample, ProcessSample, DiskUsage, NetRate)}
-_NESTED = {"host": HostSample, "gpus": GpuSample, "processes": ProcessSample, "top_processes": ProcessSample,
-           "disks": DiskUsage, "net": NetRate}
+_FIELD_TYPES = {
+    cls: {f.name: _annotation_text(f.type) for f in dataclasses.fields(cls)}  # "Optional[int]", ...
+    for cls in (NodeFrame, HostSample, GpuSample, ProcessSample, DiskUsage, NetRate)
+}
+_NESTED = {
+    "host": HostSample,
+    "gpus": GpuSample,
+    "processes": ProcessSample,
+    "top_processes": ProcessSample,
+    "disks": DiskUsage,
+    "net": NetRate,
+}
 
 
 def _holds(value: Any, annotation: str) -> bool:
     if annotation.startswith("Optional["):
-        return value is None or _holds(value, annotation[len("Optional["):-1])
+        return value is None or _holds(value, annotation[len("Optional[") : -1])
     if annotation.startswith("Tuple["):
-        element = annotation[len("Tuple["):-len(", ...]")]
+        element = annotation[len("Tuple[") : -len(", ...]")]
         return type(value) is tuple and all(_holds(item, element) for item in value)
     if annotation == "int":
-        return type(value) is int and abs(value) < 2 ** 63
+        return type(value) is int and abs(value) < 2**63
     if annotation == "float":
-        return type(value) in (int, float) and math.isfinite(value) and abs(value) < 2 ** 1024
+        return type(value) in (int, float) and math.isfinite(value) and abs(value) < 2**1024
     if annotation == "str":
         return type(value) is str
     if annotation == "bool":
@@ -353,8 +392,15 @@ _PLACES = st.sampled_from(["frame", "host", "gpu", "process", "top_process", "di
 
 
 def _place(wire: dict, where: str, key: str, value: Any) -> None:
-    paths = {"frame": (), "host": ("host",), "gpu": ("gpus", 3), "process": ("processes", 1),
-             "top_process": ("top_processes", 2), "disk": ("host", "disks", 0), "net": ("host", "net", 0)}
+    paths = {
+        "frame": (),
+        "host": ("host",),
+        "gpu": ("gpus", 3),
+        "process": ("processes", 1),
+        "top_process": ("top_processes", 2),
+        "disk": ("host", "disks", 0),
+        "net": ("host", "net", 0),
+    }
     target: Any = wire
     for step in paths[where]:
         try:
@@ -366,8 +412,15 @@ def _place(wire: dict, where: str, key: str, value: Any) -> None:
 
 
 def _field_names(where: str) -> st.SearchStrategy:
-    cls = {"frame": NodeFrame, "host": HostSample, "gpu": GpuSample, "process": ProcessSample,
-           "top_process": ProcessSample, "disk": DiskUsage, "net": NetRate}[where]
+    cls = {
+        "frame": NodeFrame,
+        "host": HostSample,
+        "gpu": GpuSample,
+        "process": ProcessSample,
+        "top_process": ProcessSample,
+        "disk": DiskUsage,
+        "net": NetRate,
+    }[where]
     return st.sampled_from(sorted(_FIELD_TYPES[cls]) + ["unknown_field"])
 
 
@@ -408,12 +461,21 @@ def test_fuzz_hostile_values_in_real_deltas_decode_well_typed_or_bad(data):
 @given(st.data())
 def test_fuzz_hostile_delta_items_and_shapes_decode_well_typed_or_bad(data):
     decoder = decoder_after_keyframe(_WIRE)
-    body = data.draw(st.dictionaries(
-        st.sampled_from(["f", "host", "gpus", "processes", "top_processes", "delta", "base", "x"]),
-        _JSONISH | st.lists(st.integers(-2, 9) | st.fixed_dictionaries({"@": st.integers(-1, 8)}, optional={
-            "temperature": _JSONISH, "index": _JSONISH, "pid": _JSONISH, "name": _JSONISH}), max_size=10),
-        max_size=4,
-    ))
+    body = data.draw(
+        st.dictionaries(
+            st.sampled_from(["f", "host", "gpus", "processes", "top_processes", "delta", "base", "x"]),
+            _JSONISH
+            | st.lists(
+                st.integers(-2, 9)
+                | st.fixed_dictionaries(
+                    {"@": st.integers(-1, 8)},
+                    optional={"temperature": _JSONISH, "index": _JSONISH, "pid": _JSONISH, "name": _JSONISH},
+                ),
+                max_size=10,
+            ),
+            max_size=4,
+        )
+    )
     delta = {"delta": 1, "base": _WIRE["seq"], "f": {"seq": _WIRE["seq"] + 1}}
     delta.update(body)
     _decode_all(decoder, json.dumps(delta))

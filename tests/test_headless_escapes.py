@@ -32,8 +32,14 @@ RLO = "\u202e".encode()  # right-to-left override: reorders what is shown
 def run(*args: str, tmp_path: Path, input_bytes: bytes = b"", config: str = "") -> subprocess.CompletedProcess:
     """`opsconsole ARGS` in a real process with a UTF-8 locale (strict stdout), its own state dir and config."""
     (tmp_path / "config.toml").write_text(config)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "",
-           "XDG_STATE_HOME": str(tmp_path / "state"), "OPSCONSOLE_CONFIG": str(tmp_path / "config.toml")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "LC_ALL": "C.UTF-8",
+        "PYTHONIOENCODING": "",
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "OPSCONSOLE_CONFIG": str(tmp_path / "config.toml"),
+    }
     argv = [os.fsencode(sys.executable), b"-m", b"opsconsole"] + [os.fsencode(a) for a in args]
     return subprocess.run(argv, cwd=ROOT, input=input_bytes, capture_output=True, timeout=120, env=env)
 
@@ -41,8 +47,13 @@ def run(*args: str, tmp_path: Path, input_bytes: bytes = b"", config: str = "") 
 def assert_no_controls(data: bytes, allowed: bytes = b"\n") -> None:
     """No C0 but `allowed`, no DEL, no C1, no bidi override, and valid UTF-8."""
     text = data.decode("utf-8")  # strict
-    bad = [ch for ch in text if (ord(ch) < 0x20 and ch.encode() not in allowed) or 0x7F <= ord(ch) < 0xA0
-           or ch in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029"]
+    bad = [
+        ch
+        for ch in text
+        if (ord(ch) < 0x20 and ch.encode() not in allowed)
+        or 0x7F <= ord(ch) < 0xA0
+        or ch in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029"
+    ]
     assert not bad, bad
 
 
@@ -56,8 +67,10 @@ def audit_records(tmp_path: Path) -> list:
 
 def test_diagnose_excerpts_show_escape_sequences_as_visible_text(tmp_path):
     log = tmp_path / "train_rank0.log"
-    log.write_bytes(b"step 1 ok\n" + TITLE + CLEAR + b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                    b"2.00 GiB " + OSC52 + b" " + C1_CSI + b" " + RLO + b"\n")
+    log.write_bytes(
+        b"step 1 ok\n" + TITLE + CLEAR + b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        b"2.00 GiB " + OSC52 + b" " + C1_CSI + b" " + RLO + b"\n"
+    )
     done = run("diagnose", str(log), tmp_path=tmp_path)
     assert done.returncode == 0, done.stderr
     assert_no_controls(done.stdout)
@@ -93,8 +106,14 @@ def test_diagnose_a_non_utf8_file_name_and_escapes_in_names(tmp_path):
 
 # --- checkpoints and cleanup --------------------------------------------------------------------
 
-HOSTILE_NAMES = [b"ckpt-1\n.pt", b"ckpt-2" + OSC52 + b".pt", b"ckpt-3-\xff.pt", b"ckpt-4" + TITLE + CLEAR + b".pt",
-                 b"ckpt-5.pt", b"ckpt-6.pt"]
+HOSTILE_NAMES = [
+    b"ckpt-1\n.pt",
+    b"ckpt-2" + OSC52 + b".pt",
+    b"ckpt-3-\xff.pt",
+    b"ckpt-4" + TITLE + CLEAR + b".pt",
+    b"ckpt-5.pt",
+    b"ckpt-6.pt",
+]
 
 
 @pytest.fixture
@@ -119,7 +138,7 @@ def hostile_dir(tmp_path):
         archive.writestr("ckpt-0/evil" + TITLE.decode() + "\nrow", payload)
     data = Path(damaged).read_bytes()
     at = data.rindex(payload)
-    Path(damaged).write_bytes(data[:at] + b"X" + data[at + 1:])
+    Path(damaged).write_bytes(data[:at] + b"X" + data[at + 1 :])
     os.utime(damaged, (now - 20000,) * 2)
     return root
 
@@ -152,7 +171,9 @@ def test_checkpoints_table_has_one_row_per_checkpoint_and_no_escapes(hostile_dir
     assert len(lines) == 1 + len(HOSTILE_NAMES) + 1 + 1  # header, one row each (and the zip), totals
     names = [line.split()[0] for line in lines[1:-1]]
     assert "ckpt-1␤.pt" in names and "ckpt-3-\ufffd.pt" in names
-    assert any(n.startswith("ckpt-2␛]52;c;") for n in names) and any(n.startswith("ckpt-4␛]0;pwned␇␛[2J") for n in names)
+    assert any(n.startswith("ckpt-2␛]52;c;") for n in names) and any(
+        n.startswith("ckpt-4␛]0;pwned␇␛[2J") for n in names
+    )
     assert "CRC mismatch in ckpt-0/evil␛]0;pwned␇␤row" in done.stdout.decode()  # a zip member's name
     done = run("checkpoints", "--json", str(hostile_dir), tmp_path=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -191,8 +212,18 @@ def test_cleanup_refused_read_only_is_audited_and_says_one_line(hostile_series, 
     before = sorted(os.listdir(os.fsencode(str(hostile_series))))
     args = ("--read-only",) if how == "flag" else ()
     config = "[console]\nread_only = true\n" if how == "config" else ""
-    done = run(*args, "cleanup", str(hostile_series), "--keep", "1", "--min-age", "0", "--yes", tmp_path=tmp_path,
-               config=config)
+    done = run(
+        *args,
+        "cleanup",
+        str(hostile_series),
+        "--keep",
+        "1",
+        "--min-age",
+        "0",
+        "--yes",
+        tmp_path=tmp_path,
+        config=config,
+    )
     assert done.returncode == 2
     assert done.stderr.decode().splitlines() == ["opsconsole: read-only config: cleanup refused (nothing deleted)"]
     assert sorted(os.listdir(os.fsencode(str(hostile_series)))) == before
@@ -209,8 +240,18 @@ def test_cleanup_without_yes_off_a_terminal_is_refused_and_audited(hostile_serie
 
 
 def test_a_refusal_that_cannot_be_audited_says_so(hostile_series, tmp_path):
-    done = run("--read-only", "cleanup", str(hostile_series), "--keep", "1", "--min-age", "0", "--yes",
-               tmp_path=tmp_path, config='[actions]\naudit_log = "/dev/full"\n')
+    done = run(
+        "--read-only",
+        "cleanup",
+        str(hostile_series),
+        "--keep",
+        "1",
+        "--min-age",
+        "0",
+        "--yes",
+        tmp_path=tmp_path,
+        config='[actions]\naudit_log = "/dev/full"\n',
+    )
     assert done.returncode == 2 and done.stderr.count(b"\n") == 1
     assert b"cleanup refused" in done.stderr and b"not recorded" in done.stderr and b"No space" in done.stderr
 
@@ -219,8 +260,14 @@ def test_a_refusal_that_cannot_be_audited_says_so(hostile_series, tmp_path):
 
 
 def test_check_table_prints_messages_as_one_visible_line():
-    hostile = HealthResult("gpu_xid", "node\x1b]0;t\x07", "fail", "Xid 79 \x1b]52;c;eA==\x07\nFAIL forged row",
-                           gpu=0, remedy="reset \x9b2J")
+    hostile = HealthResult(
+        "gpu_xid",
+        "node\x1b]0;t\x07",
+        "fail",
+        "Xid 79 \x1b]52;c;eA==\x07\nFAIL forged row",
+        gpu=0,
+        remedy="reset \x9b2J",
+    )
     text = results_table([hostile], show_all=True)
     assert_no_controls(text.encode())
     lines = text.splitlines()

@@ -20,8 +20,14 @@ LOCAL = '[[nodes]]\nname = "box"\nlocal = true\n'
 def check(tmp_path: Path, env, config: str, *args: str):
     path = tmp_path / "opsconsole.toml"
     path.write_text(config)
-    return subprocess.run([sys.executable, "-m", "opsconsole", "check", "--config", str(path), *args],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "opsconsole", "check", "--config", str(path), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def results_of(done):
@@ -48,11 +54,26 @@ def test_all_pass_exits_0_and_json_lists_every_result(tmp_path, clean_home):
     assert set(disk) == {"check", "node", "gpu", "status", "message", "evidence", "remedy", "time", "duration_s"}
 
 
-@pytest.mark.parametrize("text, value", [
-    ("28.9", 28.9), ("90", 90), ("-3", -3), ("0", 0), ("0.5", 0.5),
-    ("1.23457e+06", 1234570.0), ("x16/x16", "x16/x16"), ("/", "/"), ("1e400", "1e400"), ("nan", "nan"), ("007", "007"), ("", ""),
-    ("1" * 40, "1" * 40), ("2.", "2."), (" 5", " 5"),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("28.9", 28.9),
+        ("90", 90),
+        ("-3", -3),
+        ("0", 0),
+        ("0.5", 0.5),
+        ("1.23457e+06", 1234570.0),
+        ("x16/x16", "x16/x16"),
+        ("/", "/"),
+        ("1e400", "1e400"),
+        ("nan", "nan"),
+        ("007", "007"),
+        ("", ""),
+        ("1" * 40, "1" * 40),
+        ("2.", "2."),
+        (" 5", " 5"),
+    ],
+)
 def test_evidence_values_become_json_numbers_only_when_plain_numbers(text, value):
     assert evidence_value(text) == value and type(evidence_value(text)) is type(value)
 
@@ -71,7 +92,9 @@ def test_a_failing_check_exits_1_and_the_table_shows_it_with_its_remedy(tmp_path
 
 def test_an_unreachable_node_exits_2_and_a_failure_elsewhere_still_exits_1(tmp_path, clean_home):
     _, env = clean_home
-    gone = '[ssh]\nconnect_timeout = 2\n[[nodes]]\nname = "gone"\nhost = "127.0.0.1"\nport = %d\n' % closed_loopback_port()
+    gone = (
+        '[ssh]\nconnect_timeout = 2\n[[nodes]]\nname = "gone"\nhost = "127.0.0.1"\nport = %d\n' % closed_loopback_port()
+    )
     done = check(tmp_path, env, LOCAL + gone + RELAXED, "--json", "--timeout", "5")
     assert done.returncode == 2, done.stdout + done.stderr
     unreachable = [r for r in results_of(done) if r["node"] == "gone"]
@@ -107,12 +130,19 @@ def test_gpu_tests_on_a_node_without_a_gpu_are_skipped_not_an_error(tmp_path, cl
     assert "--force" not in table.stdout
 
 
-@pytest.mark.parametrize("inventory, devices, reason", [
-    (None, [], "NVML failed (x) and nvidia-smi is missing"),  # no driver, no device: no GPU
-    ([], [], "nvml lists no GPU"),
-    (None, ["nvidia0"], ""),  # a GPU whose processes cannot be listed: refused, not skipped
-    ([{"index": 0, "uuid": "GPU-1", "pids": [], "used_bytes": 0}], [], ""),  # a GPU without device files (a container)
-])
+@pytest.mark.parametrize(
+    "inventory, devices, reason",
+    [
+        (None, [], "NVML failed (x) and nvidia-smi is missing"),  # no driver, no device: no GPU
+        ([], [], "nvml lists no GPU"),
+        (None, ["nvidia0"], ""),  # a GPU whose processes cannot be listed: refused, not skipped
+        (
+            [{"index": 0, "uuid": "GPU-1", "pids": [], "used_bytes": 0}],
+            [],
+            "",
+        ),  # a GPU without device files (a container)
+    ],
+)
 def test_no_gpu_reason(inventory, devices, reason):
     source = "nvml" if inventory is not None else "NVML failed (x) and nvidia-smi is missing"
     assert no_gpu_reason(inventory, source, devices) == reason

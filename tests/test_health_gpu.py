@@ -33,7 +33,7 @@ def test_suite_passes_every_check_on_each_gpu(cuda):
     by_gpu = {}
     for item in results:
         if item["gpu"] is not None:
-            by_gpu.setdefault(item["gpu"], {})[item["check"][len(health_mode.PREFIX):]] = item
+            by_gpu.setdefault(item["gpu"], {})[item["check"][len(health_mode.PREFIX) :]] = item
     if any(item["check"].endswith("refused") for item in results):
         pytest.skip("a GPU here runs a job: %s" % [r["message"] for r in results if r["check"].endswith("refused")])
     assert by_gpu, results
@@ -51,19 +51,32 @@ def test_suite_passes_every_check_on_each_gpu(cuda):
 
 def test_a_gpu_running_a_compute_process_is_refused_unless_forced(cuda):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import torch,time; x=torch.ones(1,device='cuda:0'); print('up',flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import torch,time; x=torch.ones(1,device='cuda:0'); print('up',flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "up"
         time.sleep(0.5)  # NVML lists the context a moment after it exists
         args = suite_args("here", HealthConfig(gpu_test_memory_share=0.02), gpus=[0])
-        done = subprocess.run([sys.executable, "-"] + args, input=health_bundle(), capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-"] + args, input=health_bundle(), capture_output=True, text=True, timeout=120
+        )
         results = parse_suite_output(done.stdout, "here", done.returncode, done.stderr)
         assert done.returncode == 2
         assert [r.check for r in results] == ["gpu_sanity.refused"]
         assert str(holder.pid) in results[0].message
-        forced = subprocess.run([sys.executable, "-"] + args + ["--force"], input=health_bundle(), capture_output=True, text=True, timeout=120)
+        forced = subprocess.run(
+            [sys.executable, "-"] + args + ["--force"],
+            input=health_bundle(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         forced_results = parse_suite_output(forced.stdout, "here", forced.returncode, forced.stderr)
         assert forced.returncode == 0, forced.stdout + forced.stderr
         assert {r.check for r in forced_results} >= {"gpu_sanity." + name for name in EXPECTED}

@@ -22,7 +22,7 @@ def test_relative_error_of_fp64_matmul_on_the_cpu():
     a = torch.randn(64, 64, dtype=torch.float64, generator=g)
     b = torch.randn(64, 64, dtype=torch.float64, generator=g)
     reference = a @ b
-    reordered = (a.t().contiguous().t() @ b)  # another memory layout, same maths
+    reordered = a.t().contiguous().t() @ b  # another memory layout, same maths
     assert hm.relative_error(reordered, reference) <= hm.FP64_RELATIVE_BOUND
     wrong = reference.clone()
     wrong[3, 5] += 1.0
@@ -68,8 +68,11 @@ def test_bus_bandwidth_as_nccl_tests_computes_it():
     assert hm.bus_bandwidth_gbps(1, 0.0, 2) == (0.0, 0.0)
 
 
-INVENTORY = [{"index": 0, "uuid": "GPU-a", "pids": []}, {"index": 1, "uuid": "GPU-b", "pids": [4242, 77]},
-             {"index": 2, "uuid": "GPU-c", "pids": [77]}]
+INVENTORY = [
+    {"index": 0, "uuid": "GPU-a", "pids": []},
+    {"index": 1, "uuid": "GPU-b", "pids": [4242, 77]},
+    {"index": 2, "uuid": "GPU-c", "pids": [77]},
+]
 
 
 def test_a_gpu_with_compute_processes_is_refused_unless_forced():
@@ -84,10 +87,16 @@ def test_a_gpu_with_compute_processes_is_refused_unless_forced():
 
 
 def test_memory_in_use_without_a_listed_process_is_refused_too():
-    hidden = [{"index": 0, "uuid": "GPU-a", "pids": [], "used_bytes": 20 << 30},
-              {"index": 1, "uuid": "GPU-b", "pids": [], "used_bytes": 500 << 20}]  # driver/context overhead only
+    hidden = [
+        {"index": 0, "uuid": "GPU-a", "pids": [], "used_bytes": 20 << 30},
+        {"index": 1, "uuid": "GPU-b", "pids": [], "used_bytes": 500 << 20},
+    ]  # driver/context overhead only
     testable, refused = hm.refusals(hidden, "nvml", None, False, "n1", own_pid=1)
-    assert testable == [1] and refused[0]["gpu"] == 0 and "20.0 GiB in use by processes not visible here" in refused[0]["message"]
+    assert (
+        testable == [1]
+        and refused[0]["gpu"] == 0
+        and "20.0 GiB in use by processes not visible here" in refused[0]["message"]
+    )
     assert hm.refusals(hidden, "nvml", None, True, "n1", own_pid=1)[0] == [0, 1]
 
 
@@ -98,8 +107,9 @@ def test_without_a_process_list_every_gpu_is_refused_unless_forced():
 
 
 def run_module(*args):
-    return subprocess.run([sys.executable, "-m", "opsconsole.probe.health_mode", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "opsconsole.probe.health_mode", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_without_a_gpu_the_suite_is_skipped_with_the_reason_not_an_error():
@@ -128,7 +138,8 @@ def test_suite_output_parsing_keeps_results_and_explains_an_empty_run():
     line = json.dumps(hm.result("d2d_copy", "x", "pass", "ok", 0, (("copy_gbps", "1913.0"),), "", 0.03))
     results = parse_suite_output("some library warning\n%s\n{not json\n" % line, "n1", 0)
     assert [(r.check, r.node, r.gpu, r.evidence, r.duration_s) for r in results] == [
-        ("gpu_sanity.d2d_copy", "n1", 0, (("copy_gbps", "1913.0"),), 0.03)]
+        ("gpu_sanity.d2d_copy", "n1", 0, (("copy_gbps", "1913.0"),), 0.03)
+    ]
     [empty] = parse_suite_output("", "n1", 1, "ImportError: no module named x\n")
     assert empty.status == "error" and "exit 1" in empty.message and "ImportError" in empty.message
 
@@ -136,7 +147,9 @@ def test_suite_output_parsing_keeps_results_and_explains_an_empty_run():
 async def test_the_bundle_starts_the_health_mode_locally():
     results = await run_gpu_suite("here", HealthConfig(), python=sys.executable, force=True)
     assert results and all(r.check.startswith("gpu_sanity.") and r.node == "here" for r in results)
-    assert "--force" in suite_args("n", HealthConfig(), force=True) and "opsconsole.probe.health_mode" in health_bundle()
+    assert (
+        "--force" in suite_args("n", HealthConfig(), force=True) and "opsconsole.probe.health_mode" in health_bundle()
+    )
 
 
 async def test_a_missing_interpreter_or_a_timeout_is_an_error_result():

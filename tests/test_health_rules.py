@@ -49,8 +49,19 @@ def test_the_real_captures_pass_every_rule():
         assert results, frame
         assert {r.status for r in results} == {STATUS_PASS}, [r for r in results if r.status != STATUS_PASS]
         checks = {r.check for r in results}
-        assert {"gpu_temperature", "gpu_ecc", "gpu_remapped_rows", "gpu_xid", "gpu_clock_events",
-                "gpu_pcie_link", "gpu_lost", "disk_free", "memory", "iowait", "nvml"} <= checks
+        assert {
+            "gpu_temperature",
+            "gpu_ecc",
+            "gpu_remapped_rows",
+            "gpu_xid",
+            "gpu_clock_events",
+            "gpu_pcie_link",
+            "gpu_lost",
+            "disk_free",
+            "memory",
+            "iowait",
+            "nvml",
+        } <= checks
         assert "gpu_retired_pages" not in checks  # NVML gave None for it on the H200: no guess
         assert "swap" not in checks  # the VM has no swap configured
 
@@ -59,16 +70,46 @@ GPU_CASES = [
     # (id, GPU changes, check, status, words in the message)
     ("hot", {"temperature": 86.0}, "gpu_temperature", STATUS_FAIL, "86°C (limit 85°C)"),
     ("at-slowdown", {"temperature": 89.0, "temperature_slowdown": 89.0}, "gpu_temperature", STATUS_FAIL, "89°C"),
-    ("near-slowdown", {"temperature": 82.0, "temperature_slowdown": 86.0}, "gpu_temperature", STATUS_WARN, "4°C from slowdown"),
+    (
+        "near-slowdown",
+        {"temperature": 82.0, "temperature_slowdown": 86.0},
+        "gpu_temperature",
+        STATUS_WARN,
+        "4°C from slowdown",
+    ),
     ("warm-ok", {"temperature": 80.0}, "gpu_temperature", STATUS_PASS, "80°C"),
     ("ecc", {"ecc_volatile_uncorrected": 3}, "gpu_ecc", STATUS_FAIL, "3 uncorrected ECC errors"),
     ("remap-pending", {"remapped_rows_pending": True}, "gpu_remapped_rows", STATUS_WARN, "remap pending"),
-    ("remap-failed", {"remapped_rows_failure": True, "remapped_rows_pending": True}, "gpu_remapped_rows", STATUS_FAIL, "remapping failed"),
+    (
+        "remap-failed",
+        {"remapped_rows_failure": True, "remapped_rows_pending": True},
+        "gpu_remapped_rows",
+        STATUS_FAIL,
+        "remapping failed",
+    ),
     ("retired-pending", {"retired_pages_pending": True}, "gpu_retired_pages", STATUS_WARN, "retirement pending"),
-    ("xid-79", {"xid_events": (79,)}, "gpu_xid", STATUS_FAIL, "Xid 79 (GPU has fallen off the bus: the host no longer reaches it): reboot the node"),
-    ("xid-48-63", {"xid_events": (48, 63)}, "gpu_xid", STATUS_FAIL, "Xid 48 (double-bit (uncorrectable) ECC error): reset the GPU"),
+    (
+        "xid-79",
+        {"xid_events": (79,)},
+        "gpu_xid",
+        STATUS_FAIL,
+        "Xid 79 (GPU has fallen off the bus: the host no longer reaches it): reboot the node",
+    ),
+    (
+        "xid-48-63",
+        {"xid_events": (48, 63)},
+        "gpu_xid",
+        STATUS_FAIL,
+        "Xid 48 (double-bit (uncorrectable) ECC error): reset the GPU",
+    ),
     ("thermal", {"clock_event_reasons": ("SwThermalSlowdown",)}, "gpu_clock_events", STATUS_WARN, "thermal slowdown"),
-    ("hw-brake", {"clock_event_reasons": ("SwPowerCap", "HwPowerBrakeSlowdown")}, "gpu_clock_events", STATUS_FAIL, "HwPowerBrakeSlowdown"),
+    (
+        "hw-brake",
+        {"clock_event_reasons": ("SwPowerCap", "HwPowerBrakeSlowdown")},
+        "gpu_clock_events",
+        STATUS_FAIL,
+        "HwPowerBrakeSlowdown",
+    ),
     ("power-cap", {"clock_event_reasons": ("SwPowerCap",)}, "gpu_clock_events", STATUS_PASS, "power cap"),
     ("pcie-gen", {"pcie_gen": 3}, "gpu_pcie_link", STATUS_WARN, "gen 3 of 5"),
     ("pcie-width", {"pcie_width": 8}, "gpu_pcie_link", STATUS_WARN, "x8 of x16"),
@@ -96,14 +137,21 @@ def test_an_idle_gpu_at_a_lower_pcie_gen_is_power_saving_but_a_narrow_link_is_no
 
 
 def test_missing_fields_give_no_result_rather_than_a_guess():
-    frame = with_gpu(temperature=None, ecc_volatile_uncorrected=None, remapped_rows_pending=None, remapped_rows_failure=None,
-                     clock_event_reasons=None, pcie_gen=None, pcie_width=None)
+    frame = with_gpu(
+        temperature=None,
+        ecc_volatile_uncorrected=None,
+        remapped_rows_pending=None,
+        remapped_rows_failure=None,
+        clock_event_reasons=None,
+        pcie_gen=None,
+        pcie_width=None,
+    )
     checks = {r.check for r in rules.evaluate_frame(frame, CFG)}
     assert not checks & {"gpu_temperature", "gpu_ecc", "gpu_remapped_rows", "gpu_clock_events", "gpu_pcie_link"}
     assert {"gpu_xid", "gpu_lost"} <= checks
 
 
-GIB = 1024 ** 3
+GIB = 1024**3
 HOST_CASES = [
     ("disk-low", {"disks": (DiskUsage("/", 100 * GIB, 95 * GIB, 5 * GIB),)}, "disk_free", STATUS_FAIL, "/: 5% free"),
     ("memory-high", {"mem_available": int(LOADED.host.mem_total * 0.05)}, "memory", STATUS_FAIL, "memory 95% used"),
@@ -122,8 +170,10 @@ def test_host_rules(changes, check, status, words):
 
 
 def test_thresholds_come_from_the_health_section():
-    cfg = parse_config("[health]\ngpu_temperature_c = 50\ndisk_free_percent = 80\ntemperature_margin_c = 40\n"
-                       "iowait_percent = 0\n", "t.toml").health
+    cfg = parse_config(
+        "[health]\ngpu_temperature_c = 50\ndisk_free_percent = 80\ntemperature_margin_c = 40\niowait_percent = 0\n",
+        "t.toml",
+    ).health
     results = rules.evaluate_frame(with_host(iowait_percent=0.5), cfg)
     assert by_check(results, "gpu_temperature").status == STATUS_FAIL  # 55 C > 50
     assert by_check(results, "disk_free").status == STATUS_FAIL  # the capture's / is 25 % free
@@ -162,7 +212,9 @@ def test_node_states_and_exit_status():
     assert by_check(results, "node_reachable").status == STATUS_PASS
     assert exit_status(results) == 1
     assert exit_status(evaluate_state(NodeState("n1", STATE_UP, frame=LOADED, received_at=1.0), CFG)) == 0
-    stale = evaluate_state(NodeState("n1", STATE_STALE, frame=LOADED, received_at=LOADED.time - 30), CFG, now=LOADED.time)
+    stale = evaluate_state(
+        NodeState("n1", STATE_STALE, frame=LOADED, received_at=LOADED.time - 30), CFG, now=LOADED.time
+    )
     assert by_check(stale, "node_reachable").status == STATUS_WARN
     assert "data_loader" not in {r.check for r in stale}  # telemetry only on fresh frames
     down = evaluate_state(NodeState("n1", STATE_DOWN, reason="connection refused", frame=LOADED), CFG)
@@ -198,7 +250,16 @@ def test_monitor_keeps_the_time_a_status_began_and_drops_gone_gpus():
 def test_the_fast_constructor_builds_the_same_result():
     from opsconsole.health.result import HealthResult, make_result
 
-    args = ("gpu_ecc", "n1", STATUS_FAIL, "GPU 0: 1 uncorrected ECC errors", 0, (("ecc_volatile_uncorrected", "1"),), "reset", 5.0)
+    args = (
+        "gpu_ecc",
+        "n1",
+        STATUS_FAIL,
+        "GPU 0: 1 uncorrected ECC errors",
+        0,
+        (("ecc_volatile_uncorrected", "1"),),
+        "reset",
+        5.0,
+    )
     fast, slow = make_result(*args), HealthResult(*args)
     assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
     assert replace(fast, status=STATUS_PASS).status == STATUS_PASS and fast.duration_s is None

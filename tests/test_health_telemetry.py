@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from test_health_rules import IDLE, LOADED, by_check
 
 from opsconsole.config import HealthConfig
 from opsconsole.health.result import STATUS_PASS, STATUS_WARN
@@ -16,7 +17,6 @@ from opsconsole.health.telemetry import evaluate_telemetry, training_processes, 
 from opsconsole.model import ProcessSample
 from opsconsole.probe.procs import ProcessTable, read_watched_env
 from tests.waiting import wait_for_sync
-from test_health_rules import IDLE, LOADED, by_check
 
 CFG = HealthConfig()
 # A "training process" whose data-loader worker is a busy Python child; prints the child's pid.
@@ -48,8 +48,9 @@ def trainer():
 
 
 def sleeper(env=None):
-    proc = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, **(env or {})))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {}))
+    )
     assert proc.stdout.readline().strip() == "up"
     return proc
 
@@ -66,7 +67,9 @@ def read_frame(base, gpu_procs, busy_pid=None):
     def sampled():
         time.sleep(0.3)
         top = table.sample(limit=4000)
-        seen = busy_pid is None or any(p.pid == busy_pid and (p.cpu_percent or 0) > CFG.loader_busy_percent for p in top)
+        seen = busy_pid is None or any(
+            p.pid == busy_pid and (p.cpu_percent or 0) > CFG.loader_busy_percent for p in top
+        )
         return top if seen else None
 
     top = wait_for_sync(sampled, "process %s seen busy" % busy_pid, interval=0)
@@ -95,8 +98,13 @@ def test_environment_disabling_p2p_and_hiding_the_gpu_is_found_from_proc_environ
     bad = sleeper({"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1", "CUDA_VISIBLE_DEVICES": "3"})
     good = sleeper({"CUDA_VISIBLE_DEVICES": gpu.uuid or "0", "NCCL_P2P_DISABLE": "0"})
     try:
-        frame = read_frame(IDLE, [ProcessSample(pid=bad.pid, gpu_index=gpu.index, gpu_uuid=gpu.uuid),
-                                  ProcessSample(pid=good.pid, gpu_index=gpu.index, gpu_uuid=gpu.uuid)])
+        frame = read_frame(
+            IDLE,
+            [
+                ProcessSample(pid=bad.pid, gpu_index=gpu.index, gpu_uuid=gpu.uuid),
+                ProcessSample(pid=good.pid, gpu_index=gpu.index, gpu_uuid=gpu.uuid),
+            ],
+        )
     finally:
         bad.kill()
         good.kill()
@@ -144,9 +152,21 @@ def test_a_process_on_two_gpus_is_one_training_process():
 GPU0 = IDLE.gpus[0]
 
 
-@pytest.mark.parametrize("value,agrees", [
-    ("0", True), ("1,0", True), ("1", False), ("", False), ("-1", False), ("0,-1", True), ("-1,0", False),
-    (GPU0.uuid, True), ((GPU0.uuid or "")[:12], True), ("GPU-00000000", False), (" 0 ", True),
-])
+@pytest.mark.parametrize(
+    "value,agrees",
+    [
+        ("0", True),
+        ("1,0", True),
+        ("1", False),
+        ("", False),
+        ("-1", False),
+        ("0,-1", True),
+        ("-1,0", False),
+        (GPU0.uuid, True),
+        ((GPU0.uuid or "")[:12], True),
+        ("GPU-00000000", False),
+        (" 0 ", True),
+    ],
+)
 def test_cuda_visible_devices_matching(value, agrees):
     assert visible_devices_agree(value, [GPU0]) is agrees

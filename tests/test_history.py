@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from opsconsole.history import GPU_METRICS, History, Ring, sparkline
-from opsconsole.model import NodeFrame, NodeState, STATE_UP, from_wire
+from opsconsole.model import STATE_UP, NodeFrame, NodeState, from_wire
 from tests.conftest import FIXTURES
 
 
@@ -52,8 +52,7 @@ def test_history_takes_each_frame_once_and_stays_bounded():
     history = History(size=4)
     gpu = frame.gpus[0]
     for seq in range(10):
-        changed = replace(frame, seq=seq, time=frame.time + seq,
-                          gpus=(replace(gpu, utilization_gpu=float(seq * 10)),))
+        changed = replace(frame, seq=seq, time=frame.time + seq, gpus=(replace(gpu, utilization_gpu=float(seq * 10)),))
         state = NodeState(name="gpu01", state=STATE_UP, frame=changed)
         assert history.observe(state) is True
         assert history.observe(state) is False  # the same frame again: a redraw, not a sample
@@ -71,8 +70,9 @@ def test_history_takes_each_frame_once_and_stays_bounded():
 def test_history_lost_gpu_is_left_out_of_node_means():
     frame = h200_frame()
     gpu = frame.gpus[0]
-    frame = replace(frame, gpus=(replace(gpu, utilization_gpu=80.0), replace(gpu, index=1, lost=True,
-                                                                             utilization_gpu=None)))
+    frame = replace(
+        frame, gpus=(replace(gpu, utilization_gpu=80.0), replace(gpu, index=1, lost=True, utilization_gpu=None))
+    )
     history = History()
     history.observe(NodeState(name="n", state=STATE_UP, frame=frame))
     assert history.node("n", "gpu_utilization").latest() == 80.0

@@ -29,6 +29,7 @@ BAD_PATTERNS = [
     ("gpu[1-1000000]", "range too large"),
 ]
 
+
 @pytest.mark.parametrize("pattern, hosts", EXPANSIONS)
 def test_expand_hostlist(pattern, hosts):
     assert expand_hostlist(pattern) == hosts

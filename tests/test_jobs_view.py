@@ -10,9 +10,9 @@ from test_tui_panes import SIZE, PaneApp, cells, keys, status_text
 
 from opsconsole.fleet_view import (
     GPU_FILTER,
+    GPU_PROCESSES,
     NODE_FILTER,
     PROCESS_FILTER,
-    GPU_PROCESSES,
     cluster_gpu_rows,
     filter_rows,
     node_rows,
@@ -28,14 +28,19 @@ from opsconsole.tui.cluster import ClusterGpusPane
 from opsconsole.tui.nodes import NodesPane
 
 NOW = 1_800_000_000.0
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def slurm_node() -> NodeState:
     """gpu01: GPU 0 runs Slurm job 812 (alice, step 0), GPU 1 a container outside Slurm, GPU 2 nothing."""
     frame = NodeFrame(
-        node="gpu01", time=NOW,
-        gpus=(GpuSample(index=0, name="NVIDIA H200"), GpuSample(index=1, name="NVIDIA H200"), GpuSample(index=2, name="NVIDIA H200")),
+        node="gpu01",
+        time=NOW,
+        gpus=(
+            GpuSample(index=0, name="NVIDIA H200"),
+            GpuSample(index=1, name="NVIDIA H200"),
+            GpuSample(index=2, name="NVIDIA H200"),
+        ),
         processes=(
             ProcessSample(pid=4101, user="alice", gpu_index=0, job_id="812", job_step="0", job_user="alice"),
             ProcessSample(pid=4102, user="alice", gpu_index=0, job_id="812", job_step="0", job_user="alice"),
@@ -48,13 +53,28 @@ def slurm_node() -> NodeState:
 def k8s_node() -> NodeState:
     """gpu02 (from Prometheus): GPU 0 in pod ml/train-0, GPU 1 in MIG mode with one instance serving a pod."""
     frame = NodeFrame(
-        node="gpu02", time=NOW,
+        node="gpu02",
+        time=NOW,
         gpus=(
             GpuSample(index=0, name="NVIDIA H200", pod="train-0", namespace="ml", container="trainer"),
-            GpuSample(index=1, name="NVIDIA H200", mig_mode=True, memory_used=15 * GIB, memory_total=140 * GIB, mig_devices=(
-                MigDevice(gpu_instance_id=1, profile="3g.71gb", memory_used=3 * GIB, memory_total=70 * GIB, pod="infer-7", namespace="serving"),
-                MigDevice(gpu_instance_id=2, profile="3g.71gb", memory_used=12 * GIB, memory_total=70 * GIB),
-            )),
+            GpuSample(
+                index=1,
+                name="NVIDIA H200",
+                mig_mode=True,
+                memory_used=15 * GIB,
+                memory_total=140 * GIB,
+                mig_devices=(
+                    MigDevice(
+                        gpu_instance_id=1,
+                        profile="3g.71gb",
+                        memory_used=3 * GIB,
+                        memory_total=70 * GIB,
+                        pod="infer-7",
+                        namespace="serving",
+                    ),
+                    MigDevice(gpu_instance_id=2, profile="3g.71gb", memory_used=12 * GIB, memory_total=70 * GIB),
+                ),
+            ),
             GpuSample(index=2, name="NVIDIA H200", job_id="100001"),  # dcgm-exporter's hpc_job
         ),
     )
@@ -74,7 +94,13 @@ def test_gpu_rows_carry_their_jobs_and_mig_instances_have_rows_of_their_own():
     assert rows["gpu02/0"].jobs == ("ml/train-0",)
     assert rows["gpu02/2"].jobs == ("100001",)
     mig = rows["gpu02/1.mig1"]
-    assert (mig.index, mig.mig_instance, mig.name, mig.mem_used, mig.jobs) == (1, 1, "MIG 3g.71gb", 3 * GIB, ("serving/infer-7",))
+    assert (mig.index, mig.mig_instance, mig.name, mig.mem_used, mig.jobs) == (
+        1,
+        1,
+        "MIG 3g.71gb",
+        3 * GIB,
+        ("serving/infer-7",),
+    )
     assert rows["gpu02/1.mig2"].jobs == () and rows["gpu02/1"].mem_used == 15 * GIB
     assert list(rows).index("gpu02/1.mig1") == list(rows).index("gpu02/1") + 1  # under its GPU
 
@@ -85,14 +111,21 @@ def test_job_and_user_filters_in_every_pane():
     assert [r.key for r in filter_rows(gpus, parse_filter("job:812", GPU_FILTER), GPU_FILTER)] == ["gpu01/0", "gpu03/0"]
     assert [r.key for r in filter_rows(gpus, parse_filter("job:ml/train-0", GPU_FILTER), GPU_FILTER)] == ["gpu02/0"]
     assert [r.key for r in filter_rows(gpus, parse_filter("job:serving/*", GPU_FILTER), GPU_FILTER)] == ["gpu02/1.mig1"]
-    assert [r.key for r in filter_rows(gpus, parse_filter("user:alice node:gpu01", GPU_FILTER), GPU_FILTER)] == ["gpu01/0"]
+    assert [r.key for r in filter_rows(gpus, parse_filter("user:alice node:gpu01", GPU_FILTER), GPU_FILTER)] == [
+        "gpu01/0"
+    ]
     nodes = node_rows(states, NOW)
     assert [r.name for r in filter_rows(nodes, parse_filter("job:812", NODE_FILTER), NODE_FILTER)] == ["gpu01", "gpu03"]
     assert [r.name for r in filter_rows(nodes, parse_filter("job:100001", NODE_FILTER), NODE_FILTER)] == ["gpu02"]
     procs = process_rows(states, None, GPU_PROCESSES)
     assert [r.key for r in filter_rows(procs, parse_filter("job:812 node:gpu01", PROCESS_FILTER), PROCESS_FILTER)] == [
-        "gpu01/4101@0", "gpu01/4102@0"]
-    assert [r.pid for r in filter_rows(procs, parse_filter("job:docker/*", PROCESS_FILTER), PROCESS_FILTER)] == [5000, 5000]
+        "gpu01/4101@0",
+        "gpu01/4102@0",
+    ]
+    assert [r.pid for r in filter_rows(procs, parse_filter("job:docker/*", PROCESS_FILTER), PROCESS_FILTER)] == [
+        5000,
+        5000,
+    ]
 
 
 def test_the_followed_job_is_marked_and_jobs_are_counted_once_across_nodes():

@@ -88,7 +88,9 @@ def test_probe_imports_only_stdlib_at_module_level(path):
 @pytest.mark.parametrize("path", sorted(PROBE.rglob("*.py")), ids=rel)
 def test_probe_never_imports_asyncssh(path):
     name = module_name_of(path)
-    hits = [n.lineno for n in all_imports(parse(path)) for m in imported_names(n, name) if m.split(".")[0] == "asyncssh"]
+    hits = [
+        n.lineno for n in all_imports(parse(path)) for m in imported_names(n, name) if m.split(".")[0] == "asyncssh"
+    ]
     assert hits == []
 
 

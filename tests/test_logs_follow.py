@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from opsconsole.config import Config, LogsConfig
-from opsconsole.probe.filetail import FileTail
 from opsconsole.logs.hub import LogHub
 from opsconsole.logs.index import LineIndex, read_last_lines
 from opsconsole.logs.records import MAX_LINE_BYTES, TRUNCATED_MARKER
+from opsconsole.probe.filetail import FileTail
 from tests.waiting import wait_for
 
 WRITER = r"""
@@ -50,8 +50,10 @@ def mode(request):
 
 async def start_hub(tmp_path, mode):
     got = []
-    hub = LogHub(Config(logs=LogsConfig(paths=(str(tmp_path / "*.log"),), poll_interval=0.05,
-                                        rescan_interval=0.2)), use_inotify=mode == "inotify")
+    hub = LogHub(
+        Config(logs=LogsConfig(paths=(str(tmp_path / "*.log"),), poll_interval=0.05, rescan_interval=0.2)),
+        use_inotify=mode == "inotify",
+    )
     await hub.start(got.extend)
     assert hub._local.mode == mode
     return hub, got

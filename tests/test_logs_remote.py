@@ -14,7 +14,9 @@ from tests.waiting import wait_for
 
 pytestmark = pytest.mark.sshd
 
-FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
+FAST = SshConfig(
+    connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5
+)
 
 
 def append(path, lines):
@@ -25,8 +27,9 @@ def append(path, lines):
 async def remote_hub(server, folder):
     """A started LogHub following `folder`/*.log on node n1 (the sshd `server`): (hub, link, lines got)."""
     node = NodeConfig(name="n1", host=server.address, port=server.port)
-    config = Config(nodes=(node,), logs=LogsConfig(paths=(str(folder / "*.log"),), poll_interval=0.05,
-                                                   rescan_interval=0.3))
+    config = Config(
+        nodes=(node,), logs=LogsConfig(paths=(str(folder / "*.log"),), poll_interval=0.05, rescan_interval=0.3)
+    )
     link = SshLink(node, FAST, 0.3)
     got = []
     hub = LogHub(config, {"n1": link})
@@ -36,7 +39,7 @@ async def remote_hub(server, folder):
 
 async def test_remote_follow_odd_names_new_files_and_reconnect(tmp_path, sshd_factory):
     server = sshd_factory.start()
-    odd = tmp_path / "it's a; \"run\" log.log"
+    odd = tmp_path / 'it\'s a; "run" log.log'
     append(odd, ["2024-12-02 18:30:01,000 - INFO - one", "2024-12-02 18:30:02,000 - ERROR - two"])
     hub, link, got = await remote_hub(server, tmp_path)
     try:
@@ -92,8 +95,9 @@ def test_a_follower_of_idle_files_exits_when_its_channel_closes(tmp_path):
 
     append(tmp_path / "idle.log", ["2024-12-02 18:30:01,000 - INFO - one"])
     spec = {"globs": [str(tmp_path / "*.log")], "files": {}, "initial": True, "poll": 0.05, "rescan": 0.3}
-    child = subprocess.Popen([sys.executable, "-u", "-c", follower_source(), json.dumps(spec)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-u", "-c", follower_source(), json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     try:
         assert child.stdout.readline(), "the follower said nothing"  # it started and globbed
         child.stdin.close()  # what sshd does when the console closes the channel

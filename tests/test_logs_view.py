@@ -22,10 +22,23 @@ B = LogSource("gpu02", "/logs/train_gpu02_rank1_20261202_120000.log", "gpu02", 1
 PLAIN = LogSource("local", "/logs/launcher.log", None, None, "launcher.log")
 
 
-def line(source: LogSource, number: int, text: str, time: Optional[float] = None,
-         level: Optional[str] = None, rank: Optional[int] = None) -> LogLine:
-    return LogLine(source, number, offset=number * 100, text=text, time=time, level=level,
-                   rank=rank if rank is not None else source.rank)
+def line(
+    source: LogSource,
+    number: int,
+    text: str,
+    time: Optional[float] = None,
+    level: Optional[str] = None,
+    rank: Optional[int] = None,
+) -> LogLine:
+    return LogLine(
+        source,
+        number,
+        offset=number * 100,
+        text=text,
+        time=time,
+        level=level,
+        rank=rank if rank is not None else source.rank,
+    )
 
 
 def texts(view: LogView) -> List[str]:
@@ -33,25 +46,48 @@ def texts(view: LogView) -> List[str]:
 
 
 def oom_finding(at: LogLine) -> Finding:
-    return Finding(line=at.number, category="cuda_oom", severity="critical", title="CUDA out of memory",
-                   cause="not enough GPU memory", remedy="smaller batch", excerpt=at.text,
-                   source=at.source.key, rank=at.rank, time=at.time)
+    return Finding(
+        line=at.number,
+        category="cuda_oom",
+        severity="critical",
+        title="CUDA out of memory",
+        cause="not enough GPU memory",
+        remedy="smaller batch",
+        excerpt=at.text,
+        source=at.source.key,
+        rank=at.rank,
+        time=at.time,
+    )
 
 
 # --- merge order ---------------------------------------------------------------------------
 
 MERGE_CASES = [
-    pytest.param([line(A, 1, "a1", 10.0), line(B, 1, "b1", 5.0), line(A, 2, "a2", 20.0), line(B, 2, "b2", 15.0)],
-                 ["b1", "a1", "b2", "a2"], id="by-time-across-sources"),
-    pytest.param([line(A, 1, "a1", 10.0), line(B, 1, "b1", 10.0), line(A, 2, "a2", 10.0)],
-                 ["a1", "b1", "a2"], id="equal-times-keep-arrival-order"),
-    pytest.param([line(A, 1, "a1", 10.0), line(A, 2, "traceback", None), line(B, 1, "b1", 12.0),
-                  line(A, 3, "a3", 15.0)],
-                 ["a1", "traceback", "b1", "a3"], id="no-time-takes-predecessors"),
-    pytest.param([line(A, 1, "a1", 20.0), line(A, 2, "a2-clock-went-back", 5.0), line(B, 1, "b1", 10.0)],
-                 ["b1", "a1", "a2-clock-went-back"], id="a-source-keeps-file-order"),
-    pytest.param([line(B, 1, "b1", 30.0), line(A, 1, "a1-late-arrival", 1.0)],
-                 ["a1-late-arrival", "b1"], id="late-arrival-inserted-in-place"),
+    pytest.param(
+        [line(A, 1, "a1", 10.0), line(B, 1, "b1", 5.0), line(A, 2, "a2", 20.0), line(B, 2, "b2", 15.0)],
+        ["b1", "a1", "b2", "a2"],
+        id="by-time-across-sources",
+    ),
+    pytest.param(
+        [line(A, 1, "a1", 10.0), line(B, 1, "b1", 10.0), line(A, 2, "a2", 10.0)],
+        ["a1", "b1", "a2"],
+        id="equal-times-keep-arrival-order",
+    ),
+    pytest.param(
+        [line(A, 1, "a1", 10.0), line(A, 2, "traceback", None), line(B, 1, "b1", 12.0), line(A, 3, "a3", 15.0)],
+        ["a1", "traceback", "b1", "a3"],
+        id="no-time-takes-predecessors",
+    ),
+    pytest.param(
+        [line(A, 1, "a1", 20.0), line(A, 2, "a2-clock-went-back", 5.0), line(B, 1, "b1", 10.0)],
+        ["b1", "a1", "a2-clock-went-back"],
+        id="a-source-keeps-file-order",
+    ),
+    pytest.param(
+        [line(B, 1, "b1", 30.0), line(A, 1, "a1-late-arrival", 1.0)],
+        ["a1-late-arrival", "b1"],
+        id="late-arrival-inserted-in-place",
+    ),
 ]
 
 
@@ -86,6 +122,7 @@ def test_buffer_is_bounded_and_drops_the_oldest():
 
 # --- per-source view, labels, colours --------------------------------------------------------
 
+
 def test_per_source_view_and_back_to_merged():
     view = LogView(now=lambda: 0.0)
     view.add([line(A, 1, "a1", 1.0), line(B, 1, "b1", 2.0), line(A, 2, "a2", 3.0)])
@@ -109,8 +146,7 @@ def test_node_drill_down_limits_the_merge():
 LABEL_CASES = [
     (line(A, 1, "x"), "gpu01:rank0"),
     (line(PLAIN, 1, "[rank3]: boom", rank=3), "launcher.log:rank3"),
-    (line(LogSource("gpu05", "/l/train_gpu05_rank0_1.log", "gpu05", 0, "gpu05:rank0"), 1, "x", rank=4),
-     "gpu05:rank4"),
+    (line(LogSource("gpu05", "/l/train_gpu05_rank0_1.log", "gpu05", 0, "gpu05:rank0"), 1, "x", rank=4), "gpu05:rank4"),
     (line(LogSource("local", "/var/log/other.log"), 1, "x"), "other.log"),
 ]
 
@@ -168,22 +204,27 @@ def test_effective_level(level, text, severity, previous, expected):
 
 def level_view() -> LogView:
     view = LogView(now=lambda: 0.0)
-    view.add([
-        line(A, 1, "2026-12-02 12:00:00,000 - INFO - start", 1.0, "INFO"),
-        line(A, 2, "2026-12-02 12:00:01,000 - WARNING - slow", 2.0, "WARNING"),
-        line(A, 3, "2026-12-02 12:00:02,000 - ERROR - failed", 3.0, "ERROR"),
-        line(A, 4, "  File \"train.py\", line 9", None, None),
-        line(A, 5, "progress 50%", None, None),
-        line(A, 6, "2026-12-02 12:00:03,000 - CRITICAL - dead", 4.0, "CRITICAL"),
-    ])
+    view.add(
+        [
+            line(A, 1, "2026-12-02 12:00:00,000 - INFO - start", 1.0, "INFO"),
+            line(A, 2, "2026-12-02 12:00:01,000 - WARNING - slow", 2.0, "WARNING"),
+            line(A, 3, "2026-12-02 12:00:02,000 - ERROR - failed", 3.0, "ERROR"),
+            line(A, 4, '  File "train.py", line 9', None, None),
+            line(A, 5, "progress 50%", None, None),
+            line(A, 6, "2026-12-02 12:00:03,000 - CRITICAL - dead", 4.0, "CRITICAL"),
+        ]
+    )
     return view
 
 
-@pytest.mark.parametrize("level, expected_numbers", [
-    (None, [1, 2, 3, 4, 5, 6]),
-    ("WARNING", [2, 3, 4, 6]),
-    ("ERROR", [3, 4, 6]),
-])
+@pytest.mark.parametrize(
+    "level, expected_numbers",
+    [
+        (None, [1, 2, 3, 4, 5, 6]),
+        ("WARNING", [2, 3, 4, 6]),
+        ("ERROR", [3, 4, 6]),
+    ],
+)
 def test_level_filter(level, expected_numbers):
     view = level_view()
     view.set_level(level)
@@ -209,8 +250,9 @@ SEARCH_CASES = [
 @pytest.mark.parametrize("text, expected, problem", SEARCH_CASES)
 def test_search_filters_lines(text, expected, problem):
     view = LogView(now=lambda: 0.0)
-    view.add([line(A, 1, "step 1 loss 3.2", 1.0), line(A, 2, "step 2 Loss 3.1", 2.0),
-              line(A, 3, "[rank1]: NCCL error", 3.0)])
+    view.add(
+        [line(A, 1, "step 1 loss 3.2", 1.0), line(A, 2, "step 2 Loss 3.1", 2.0), line(A, 3, "[rank1]: NCCL error", 3.0)]
+    )
     error = view.set_search(text)
     assert texts(view) == expected
     assert (error is None) == (problem is None)
@@ -233,6 +275,7 @@ def test_new_lines_respect_the_filter():
 
 
 # --- follow ---------------------------------------------------------------------------------
+
 
 def test_follow_stops_and_counts_new_visible_lines():
     view = LogView(now=lambda: 0.0)
@@ -273,6 +316,7 @@ def test_older_without_more_lines_marks_the_start():
 
 # --- n / N and marks --------------------------------------------------------------------------
 
+
 def error_view() -> LogView:
     view = LogView(now=lambda: 0.0)
     lines = [line(A, n, "ok %d" % n, float(n), "INFO") for n in range(1, 11)]
@@ -284,10 +328,17 @@ def error_view() -> LogView:
     return view
 
 
-@pytest.mark.parametrize("start, forward, expected", [
-    (-1, True, 2), (2, True, 6), (6, True, None),
-    (10, False, 6), (6, False, 2), (2, False, None),
-])
+@pytest.mark.parametrize(
+    "start, forward, expected",
+    [
+        (-1, True, 2),
+        (2, True, 6),
+        (6, True, None),
+        (10, False, 6),
+        (6, False, 2),
+        (2, False, None),
+    ],
+)
 def test_next_and_previous_error(start, forward, expected):
     view = error_view()
     found = view.next_error(start) if forward else view.previous_error(start)
@@ -332,8 +383,12 @@ def test_findings_that_come_after_their_lines_mark_them_and_raise_the_record_the
     finding = oom_finding(header)
     assert view.mark(page, [None, finding, None, None, None, None]) == 1
     assert [(e.text, e.level) for e in view.entries] == [
-        ("step 9", "INFO"), ("step 10 failed", "CRITICAL"), ("  torch.OutOfMemoryError detail", "CRITICAL"),
-        ("    more detail", "CRITICAL"), ("b1", "INFO"), ("step 11", "INFO"),
+        ("step 9", "INFO"),
+        ("step 10 failed", "CRITICAL"),
+        ("  torch.OutOfMemoryError detail", "CRITICAL"),
+        ("    more detail", "CRITICAL"),
+        ("b1", "INFO"),
+        ("step 11", "INFO"),
     ]
     assert texts(view) == ["step 10 failed", "  torch.OutOfMemoryError detail", "    more detail"]  # the filter sees it
     assert view.entries[1].finding is finding and view.marked("cuda_oom") == [view.entries[1]]

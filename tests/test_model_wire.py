@@ -5,12 +5,12 @@ import json
 import pytest
 
 from opsconsole.model import (
+    STATE_DOWN,
     GpuSample,
     HostSample,
     NodeFrame,
     NodeState,
     ProcessSample,
-    STATE_DOWN,
     from_wire,
     to_wire,
 )
@@ -60,7 +60,10 @@ def test_defaults_fill_missing_optional_fields():
         ({"time": 1.0}, "NodeFrame: missing field 'node'"),
         ([1, 2], "NodeFrame: expected an object, got list"),
         ({"node": "n", "time": 1.0, "host": "x"}, "host: expected an object or null, got str"),
-        ({"node": "n", "time": 1.0, "gpus": [{"index": 0, "temperature": "hot"}]}, r"gpus\[0\]\.temperature: expected a number or null, got str"),
+        (
+            {"node": "n", "time": 1.0, "gpus": [{"index": 0, "temperature": "hot"}]},
+            r"gpus\[0\]\.temperature: expected a number or null, got str",
+        ),
     ],
 )
 def test_malformed_frames_are_refused_with_a_clear_message(data, message):
@@ -69,6 +72,12 @@ def test_malformed_frames_are_refused_with_a_clear_message(data, message):
 
 
 def test_node_state_keeps_its_last_frame_over_the_wire(real_frame):
-    state = NodeState(name="gpu01", state=STATE_DOWN, reason="connection refused", frame=from_wire(NodeFrame, real_frame), received_at=10.0)
+    state = NodeState(
+        name="gpu01",
+        state=STATE_DOWN,
+        reason="connection refused",
+        frame=from_wire(NodeFrame, real_frame),
+        received_at=10.0,
+    )
     assert from_wire(NodeState, to_wire(state)) == state
     assert state.age(12.5) == 2.5

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Tuple
 
@@ -158,7 +158,7 @@ def start_agent(*args, python=sys.executable, **kwargs):
         stdin=subprocess.DEVNULL,  # stdin at EOF from the start: must not stop the agent
         cwd=ROOT,
         env=ENV,
-        **kwargs
+        **kwargs,
     )
 
 
@@ -167,7 +167,9 @@ def read_frames(stream, count):
 
 
 def test_agent_streams_frames_and_stops_on_sigterm():
-    agent = start_agent("--interval", "0.2", "--node-name", "stream-node", "--top", "4", "--disk", "/", "--disk", "/no/such")
+    agent = start_agent(
+        "--interval", "0.2", "--node-name", "stream-node", "--top", "4", "--disk", "/", "--disk", "/no/such"
+    )
     try:
         frames = read_frames(agent.stdout, 3)
     finally:
@@ -189,7 +191,11 @@ def test_agent_streams_frames_and_stops_on_sigterm():
 def test_agent_once_prints_one_primed_frame():
     done = subprocess.run(
         [sys.executable, "-m", "opsconsole.probe", "--once", "--top", "3"],
-        capture_output=True, cwd=ROOT, env=ENV, timeout=30, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        cwd=ROOT,
+        env=ENV,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0 and done.stderr == b""
     lines = done.stdout.decode().splitlines()
@@ -218,7 +224,9 @@ def test_agent_exits_quietly_on_sigint():
 
 
 def test_agent_rejects_bad_interval():
-    done = subprocess.run([sys.executable, "-m", "opsconsole.probe.agent", "--interval", "0"], capture_output=True, cwd=ROOT, env=ENV)
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole.probe.agent", "--interval", "0"], capture_output=True, cwd=ROOT, env=ENV
+    )
     assert done.returncode == 2 and b"--interval" in done.stderr
 
 
@@ -236,7 +244,10 @@ def test_agent_as_script_on_stdin_of_a_bare_python3():
     )
     agent = subprocess.Popen(
         [python3, "-", "--interval", "0.2", "--top", "2"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd="/",
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
     )
     agent.stdin.write(script.encode())

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from nvml_replay import ReplayNvml, load_capture, load_procs_capture, replicated_uuid
+
 from opsconsole.model import GpuSample, NodeFrame, ProcessSample, from_wire, to_wire
 from opsconsole.probe import gpu as gpu_module
 from opsconsole.probe.gpu import GpuReader, GpuReading, SmiError
@@ -364,7 +364,9 @@ def test_close_frees_event_sets_and_shuts_nvml_down_once():
 
 
 def test_processes_fall_back_from_v3_to_v2_and_remember():
-    replay = ReplayNvml(load=True, faults={0: {"nvmlDeviceGetComputeRunningProcesses_v3": "NVMLError_FunctionNotFound"}})
+    replay = ReplayNvml(
+        load=True, faults={0: {"nvmlDeviceGetComputeRunningProcesses_v3": "NVMLError_FunctionNotFound"}}
+    )
     reader = make_reader(replay)
     first, second = reader.read(), reader.read()
     assert [p.pid for p in first.processes] == [p["pid"] for p in LOAD["procs"]] == [p.pid for p in second.processes]
@@ -522,8 +524,11 @@ def test_an_older_nvidia_smi_refusing_a_field_is_asked_the_basic_fields():
 def _without_new_defaults(wire, captured):
     """`wire` less the fields added to the model after `captured` was recorded, where they hold their default."""
     if isinstance(wire, dict) and isinstance(captured, dict):
-        return {key: _without_new_defaults(value, captured.get(key)) for key, value in wire.items()
-                if key in captured or value not in (None, [], (), {})}
+        return {
+            key: _without_new_defaults(value, captured.get(key))
+            for key, value in wire.items()
+            if key in captured or value not in (None, [], (), {})
+        }
     if isinstance(wire, list) and isinstance(captured, list) and len(wire) == len(captured):
         return [_without_new_defaults(a, b) for a, b in zip(wire, captured)]
     return wire
@@ -610,7 +615,15 @@ def test_the_fake_mirrors_pynvml_names_and_error_classes():
 def test_probe_modules_parse_as_python_38_and_import_only_stdlib(module):
     source = (ROOT / "opsconsole" / "probe" / module).read_text()
     tree = ast.parse(source, feature_version=(3, 8))
-    stdlib = set(getattr(sys, "stdlib_module_names", ())) or {"shutil", "subprocess", "time", "dataclasses", "typing", "os", "re"}
+    stdlib = set(getattr(sys, "stdlib_module_names", ())) or {
+        "shutil",
+        "subprocess",
+        "time",
+        "dataclasses",
+        "typing",
+        "os",
+        "re",
+    }
     for node in tree.body:  # module level only: pynvml is imported inside functions
         if isinstance(node, ast.Import):
             roots = [alias.name.split(".")[0] for alias in node.names]

@@ -46,9 +46,15 @@ def first_fields(root: Path, prefix: str):
 @pytest.mark.parametrize(
     "line, expected",
     [
-        ("cpu  10 1 5 100 7 0 2 0 0 0", dict(user=10, nice=1, system=5, idle=100, iowait=7, irq=0, softirq=2, steal=0, guest=0, guest_nice=0)),
+        (
+            "cpu  10 1 5 100 7 0 2 0 0 0",
+            dict(user=10, nice=1, system=5, idle=100, iowait=7, irq=0, softirq=2, steal=0, guest=0, guest_nice=0),
+        ),
         # Kernels before 2.6.33 stop at guest, before 2.6.11 at irq/softirq.
-        ("cpu3 4 0 3 50 1 0 0 0 9", dict(user=4, nice=0, system=3, idle=50, iowait=1, irq=0, softirq=0, steal=0, guest=9)),
+        (
+            "cpu3 4 0 3 50 1 0 0 0 9",
+            dict(user=4, nice=0, system=3, idle=50, iowait=1, irq=0, softirq=0, steal=0, guest=9),
+        ),
         ("cpu0 1 2 3 4", dict(user=1, nice=2, system=3, idle=4)),
     ],
 )

@@ -146,17 +146,36 @@ def test_a_job_of_a_real_slurmd_under_proctrack_cgroup_is_attributed(tmp_path):
     key.chmod(stat.S_IRUSR | stat.S_IWUSR)
     host = socket.gethostname()
     conf = tmp_path / "slurm.conf"
-    conf.write_text("\n".join([
-        "ClusterName=opsconsole-cgroup", "SlurmctldHost=%s(127.0.0.1)" % host, "SlurmctldPort=%d" % _free_port(),
-        "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "AuthInfo=socket=%s" % (tmp_path / "munge.sock"),
-        "StateSaveLocation=%s" % (tmp_path / "state"), "SlurmdSpoolDir=%s" % (tmp_path / "spool"),
-        "SlurmctldPidFile=%s/slurmctld.pid" % tmp_path, "SlurmdPidFile=%s/slurmd.pid" % tmp_path,
-        "ProctrackType=proctrack/cgroup", "TaskPlugin=task/none", "ReturnToService=2", "SelectType=select/cons_tres",
-        "SlurmctldLogFile=%s/slurmctld.log" % tmp_path, "SlurmdLogFile=%s/slurmd.log" % tmp_path,
-        "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none", "MpiDefault=none",
-        "NodeName=%s NodeHostname=%s NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 Port=%d" % (node, host, _free_port()),
-        "PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP" % node, "",
-    ]))
+    conf.write_text(
+        "\n".join(
+            [
+                "ClusterName=opsconsole-cgroup",
+                "SlurmctldHost=%s(127.0.0.1)" % host,
+                "SlurmctldPort=%d" % _free_port(),
+                "SlurmUser=root",
+                "SlurmdUser=root",
+                "AuthType=auth/munge",
+                "AuthInfo=socket=%s" % (tmp_path / "munge.sock"),
+                "StateSaveLocation=%s" % (tmp_path / "state"),
+                "SlurmdSpoolDir=%s" % (tmp_path / "spool"),
+                "SlurmctldPidFile=%s/slurmctld.pid" % tmp_path,
+                "SlurmdPidFile=%s/slurmd.pid" % tmp_path,
+                "ProctrackType=proctrack/cgroup",
+                "TaskPlugin=task/none",
+                "ReturnToService=2",
+                "SelectType=select/cons_tres",
+                "SlurmctldLogFile=%s/slurmctld.log" % tmp_path,
+                "SlurmdLogFile=%s/slurmd.log" % tmp_path,
+                "JobCompType=jobcomp/none",
+                "AccountingStorageType=accounting_storage/none",
+                "MpiDefault=none",
+                "NodeName=%s NodeHostname=%s NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 Port=%d"
+                % (node, host, _free_port()),
+                "PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP" % node,
+                "",
+            ]
+        )
+    )
     (tmp_path / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
     (tmp_path / "state").mkdir()
     (tmp_path / "spool").mkdir()
@@ -165,14 +184,29 @@ def test_a_job_of_a_real_slurmd_under_proctrack_cgroup_is_attributed(tmp_path):
     procs = []
 
     def start(*argv):
-        procs.append(subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      cwd=tmp_path, env=env))
+        procs.append(
+            subprocess.Popen(
+                list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path, env=env
+            )
+        )
 
     pid_file = tmp_path / "task.pid"
     try:
-        start("munged", "-F", "--force", "-S", str(tmp_path / "munge.sock"), "--key-file", str(key),
-              "--pid-file", str(tmp_path / "munged.pid"), "--log-file", str(tmp_path / "munged.log"),
-              "--seed-file", str(tmp_path / "munge.seed"))
+        start(
+            "munged",
+            "-F",
+            "--force",
+            "-S",
+            str(tmp_path / "munge.sock"),
+            "--key-file",
+            str(key),
+            "--pid-file",
+            str(tmp_path / "munged.pid"),
+            "--log-file",
+            str(tmp_path / "munged.log"),
+            "--seed-file",
+            str(tmp_path / "munge.seed"),
+        )
         wait_for_sync(lambda: (tmp_path / "munge.sock").exists(), "munged")
         start("slurmctld", "-D", "-c", "-f", str(conf))
         start("slurmd", "-D", "-N", node, "-f", str(conf))
@@ -182,10 +216,25 @@ def test_a_job_of_a_real_slurmd_under_proctrack_cgroup_is_attributed(tmp_path):
             return out.returncode == 0 and out.stdout.split() == ["idle"]
 
         wait_for_sync(idle, "slurmd idle")
-        job = subprocess.run(
-            ["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "echo $$ > %s.tmp; mv %s.tmp %s; exec sleep 120" % ((pid_file,) * 3)],
-            capture_output=True, text=True, env=env, timeout=30, check=True,
-        ).stdout.strip().split(";")[0]
+        job = (
+            subprocess.run(
+                [
+                    "sbatch",
+                    "--parsable",
+                    "-o",
+                    "/dev/null",
+                    "--wrap",
+                    "echo $$ > %s.tmp; mv %s.tmp %s; exec sleep 120" % ((pid_file,) * 3),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=30,
+                check=True,
+            )
+            .stdout.strip()
+            .split(";")[0]
+        )
         pid = int(wait_for_sync(lambda: pid_file.exists() and pid_file.read_text().strip(), "the job's task to start"))
         (joined,) = ProcessTable(use_psutil=False).join([ProcessSample(pid=pid, gpu_index=0)])
         assert (joined.job_id, joined.job_step, joined.job_user) == (job, "batch", "root")

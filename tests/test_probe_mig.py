@@ -9,12 +9,12 @@ from __future__ import annotations
 from nvml_replay import H200_MIG_3G, ReplayNvml
 
 from opsconsole.fleet_view import cluster_gpu_rows
-from opsconsole.model import NodeFrame, NodeState, STATE_UP, checked
+from opsconsole.model import STATE_UP, NodeFrame, NodeState, checked
 from opsconsole.probe.agent import Probe
 from opsconsole.probe.gpu import GpuReader
 from opsconsole.probe.wire_delta import DeltaEncoder, StreamDecoder
 
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def test_mig_instances_are_read_under_their_gpu_with_their_memory_and_processes():
@@ -23,7 +23,10 @@ def test_mig_instances_are_read_under_their_gpu_with_their_memory_and_processes(
     reading = reader.read()
     mig_gpu, plain_gpu = reading.gpus
     assert mig_gpu.mig_mode is True and plain_gpu.mig_mode is False
-    assert [(m.gpu_instance_id, m.compute_instance_id, m.profile, m.memory_used, m.memory_total) for m in mig_gpu.mig_devices] == [
+    assert [
+        (m.gpu_instance_id, m.compute_instance_id, m.profile, m.memory_used, m.memory_total)
+        for m in mig_gpu.mig_devices
+    ] == [
         (1, 0, "3g.71gb", 3000 * MIB, 71_940_702_208),
         (2, 0, "3g.71gb", 12000 * MIB, 71_940_702_208),
     ]

@@ -14,11 +14,11 @@ import time
 
 import pytest
 
+from opsconsole.checkpoints.remote import helper_argv
 from opsconsole.health.remote import health_bundle
 from opsconsole.logs.remote import follower_source
 from opsconsole.model import NodeFrame, from_wire
 from opsconsole.nodes.bundle import probe_bundle
-from opsconsole.checkpoints.remote import helper_argv
 from tests.waiting import wait_for_sync
 
 OLD_PYTHONS = ("3.6", "3.8")
@@ -40,8 +40,14 @@ def python(request) -> str:
 
 
 def test_the_probe_bundle_prints_a_whole_frame(python):
-    result = subprocess.run([python, "-I", "-", "--once", "--node-name", "old", "--disk", "/", "--top", "5"],
-                            input=probe_bundle(), capture_output=True, text=True, cwd="/tmp", timeout=60)
+    result = subprocess.run(
+        [python, "-I", "-", "--once", "--node-name", "old", "--disk", "/", "--top", "5"],
+        input=probe_bundle(),
+        capture_output=True,
+        text=True,
+        cwd="/tmp",
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     [line] = [line for line in result.stdout.splitlines() if line.strip()]
     frame = from_wire(NodeFrame, json.loads(line))
@@ -52,8 +58,14 @@ def test_the_probe_bundle_prints_a_whole_frame(python):
 
 
 def test_the_probe_streams_frames_with_deltas(python):
-    proc = subprocess.Popen([python, "-I", "-", "--interval", "0.2", "--node-name", "old"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+    proc = subprocess.Popen(
+        [python, "-I", "-", "--interval", "0.2", "--node-name", "old"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/tmp",
+    )
     try:
         proc.stdin.write(probe_bundle())
         proc.stdin.close()
@@ -69,8 +81,14 @@ def test_the_probe_streams_frames_with_deltas(python):
 
 
 def test_the_health_mode_answers_without_torch(python):
-    result = subprocess.run([python, "-I", "-", "--json", "--node-name", "old"], input=health_bundle(),
-                            capture_output=True, text=True, cwd="/tmp", timeout=120)
+    result = subprocess.run(
+        [python, "-I", "-", "--json", "--node-name", "old"],
+        input=health_bundle(),
+        capture_output=True,
+        text=True,
+        cwd="/tmp",
+        timeout=120,
+    )
     assert "Traceback" not in result.stderr, result.stderr
     results = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
     assert results, (result.returncode, result.stderr)
@@ -82,8 +100,9 @@ def test_the_deletion_helper_deletes_a_pinned_unit(python, tmp_path):
     root.mkdir()
     (root / "old.pt").write_bytes(b"x" * 10)
     (root / "keep.pt").write_bytes(b"y")
-    helper = subprocess.Popen(helper_argv(python), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, cwd="/tmp")
+    helper = subprocess.Popen(
+        helper_argv(python), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/tmp"
+    )
 
     def ask(request):
         helper.stdin.write((json.dumps(request) + "\n").encode())
@@ -94,8 +113,14 @@ def test_the_deletion_helper_deletes_a_pinned_unit(python, tmp_path):
         pinned = ask({"op": "pin", "root": str(root), "units": [["old.pt"]]})
         assert "problem" not in pinned and "error" not in pinned, pinned
         [unit] = pinned["units"]
-        opened = ask({"op": "open", "root": str(root), "root_id": pinned["root_id"],
-                      "units": [{"members": ["old.pt"], "tree": unit["tree"]}]})
+        opened = ask(
+            {
+                "op": "open",
+                "root": str(root),
+                "root_id": pinned["root_id"],
+                "units": [{"members": ["old.pt"], "tree": unit["tree"]}],
+            }
+        )
         assert opened.get("ok") is True, opened
         deleted = ask({"op": "delete", "unit": 0})
         assert deleted["why"] is None and deleted["went"] == ["old.pt"], deleted
@@ -115,8 +140,14 @@ def test_the_log_follower_follows_a_growing_file(python, tmp_path):
     log = tmp_path / "train.log"
     log.write_text("first\n")
     spec = {"globs": [str(tmp_path / "*.log")], "initial": True, "poll": 0.05, "rescan": 0.5}
-    follower = subprocess.Popen([python, "-I", "-u", "-c", follower_source(), json.dumps(spec)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+    follower = subprocess.Popen(
+        [python, "-I", "-u", "-c", follower_source(), json.dumps(spec)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/tmp",
+    )
     seen = []
 
     def read_until(text):
@@ -157,6 +188,10 @@ def test_nothing_shipped_needs_python_3_7():
     assert any(path.name == "filetail.py" for path in shipped)  # the log follower travels with the probe
     for path in shipped:
         tree = ast.parse(path.read_text(), filename=str(path), feature_version=(3, 6))
-        futures = [alias.name for node in tree.body if isinstance(node, ast.ImportFrom) and node.module == "__future__"
-                   for alias in node.names]
+        futures = [
+            alias.name
+            for node in tree.body
+            if isinstance(node, ast.ImportFrom) and node.module == "__future__"
+            for alias in node.names
+        ]
         assert "annotations" not in futures, path

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import subprocess
 import sys
 import time
@@ -32,8 +31,10 @@ BUSY_STATES = ("R", "D")
 
 def spawn(code: str) -> subprocess.Popen:
     """A child running `code` once its interpreter has started: start-up CPU is not its own work."""
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush()\n" + code],
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush()\n" + code],
+        stdout=subprocess.PIPE,
+    )
     assert proc.stdout.readline() == b"ready\n"
     return proc
 
@@ -81,7 +82,13 @@ def test_parse_pid_stat_comm_with_spaces_and_parens(comm):
     raw = "4242 (%s) D 1 4242 4242 0 -1 4194560 0 0 0 0 17 3 0 0 20 0 8 0 12345 1000 77 18446744073709551615" % comm
     stat = parse_pid_stat(raw)
     assert (stat["pid"], stat["comm"], stat["state"]) == (4242, comm, "D")
-    assert (stat["utime"], stat["stime"], stat["threads"], stat["starttime"], stat["rss_pages"]) == (17, 3, 8, 12345, 77)
+    assert (stat["utime"], stat["stime"], stat["threads"], stat["starttime"], stat["rss_pages"]) == (
+        17,
+        3,
+        8,
+        12345,
+        77,
+    )
 
 
 def test_parse_pid_status_and_cmdline_captured():
@@ -193,15 +200,18 @@ def test_join_without_sample_computes_its_own_delta(busy):
     assert table._counters == {}  # join-only use forgets processes that left the GPU list
 
 
-def write_proc_pid(root: Path, pid: int, state: str, starttime: int, ticks: int, command: bytes, uid: int,
-                   flags: int = 0x400100) -> None:
+def write_proc_pid(
+    root: Path, pid: int, state: str, starttime: int, ticks: int, command: bytes, uid: int, flags: int = 0x400100
+) -> None:
     base = root / str(pid)
     base.mkdir(parents=True, exist_ok=True)
     (base / "stat").write_text(
         "%d (pt_data_worker) %s 1 %d %d 0 -1 %d 0 0 0 0 %d 0 0 0 20 0 1 0 %d 1000 250 0\n"
         % (pid, state, pid, pid, flags, ticks, starttime)
     )
-    (base / "status").write_text("Name:\tpt_data_worker\nState:\t%s\nUid:\t%d\t%d\t%d\t%d\nThreads:\t1\n" % (state, uid, uid, uid, uid))
+    (base / "status").write_text(
+        "Name:\tpt_data_worker\nState:\t%s\nUid:\t%d\t%d\t%d\t%d\nThreads:\t1\n" % (state, uid, uid, uid, uid)
+    )
     (base / "cmdline").write_bytes(command)
 
 
@@ -355,7 +365,9 @@ def test_an_unchanged_idle_process_is_the_same_sample_object(tmp_path):
     """What the delta stream relies on: an idle process that was not re-read is the same object, same fields."""
     root = fake_proc_root(tmp_path, 1000.0)
     write_proc_pid(root, 700, "S", starttime=100, ticks=10, command=b"idle\0", uid=os.getuid())
-    table = ProcessTable(use_psutil=False, proc_root=str(root), clock=iter([0.0, 1.0, 2.0, 3.0, 4.0]).__next__, idle_every=3)
+    table = ProcessTable(
+        use_psutil=False, proc_root=str(root), clock=iter([0.0, 1.0, 2.0, 3.0, 4.0]).__next__, idle_every=3
+    )
     samples = [table.sample()[0] for _ in range(5)]
     assert len({(s.start_time, s.cpu_percent, s.state, s.rss_bytes) for s in samples[1:]}) == 1
     assert any(a is b for a, b in zip(samples[1:], samples[2:]))

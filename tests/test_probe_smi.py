@@ -17,7 +17,6 @@ from opsconsole.probe.smi import (
     QUERY_GPU_FIELDS,
     parse_query_apps_csv,
     parse_query_gpu_csv_with_driver,
-    parse_query_gpu_csv_with_driver,
     query_apps_argv,
     query_gpu_argv,
 )
@@ -98,15 +97,35 @@ def test_our_own_query_on_the_h200_parses_every_field():
     assert gpu.ecc_enabled is True and gpu.persistence_mode is True and gpu.mig_mode is False
     assert gpu.compute_mode == values["compute_mode"]
     assert (gpu.pcie_gen, gpu.pcie_gen_max, gpu.pcie_width, gpu.pcie_width_max) == tuple(
-        int(values[f]) for f in ("pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max")
+        int(values[f])
+        for f in ("pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max")
     )
 
 
 def test_our_query_agrees_with_nvml_on_the_same_gpu():
     # Both taken seconds apart on the same H200, in the same device run.
     (smi,) = parse_query_gpu_csv_with_driver((PROBE / "smi-query-load.csv").read_text())[0]
-    nvml = GpuSample(**{k: v for k, v in json.loads((PROBE / "h200_nvml_frame_with_smi.json").read_text())["gpus"][0].items() if k not in ("clock_event_reasons", "xid_events", "errors")})
-    for field in ("uuid", "pci_bus_id", "name", "ecc_enabled", "persistence_mode", "compute_mode", "mig_mode", "pcie_gen", "pcie_width", "clock_sm_max_mhz", "clock_mem_max_mhz", "power_limit_w"):
+    nvml = GpuSample(
+        **{
+            k: v
+            for k, v in json.loads((PROBE / "h200_nvml_frame_with_smi.json").read_text())["gpus"][0].items()
+            if k not in ("clock_event_reasons", "xid_events", "errors")
+        }
+    )
+    for field in (
+        "uuid",
+        "pci_bus_id",
+        "name",
+        "ecc_enabled",
+        "persistence_mode",
+        "compute_mode",
+        "mig_mode",
+        "pcie_gen",
+        "pcie_width",
+        "clock_sm_max_mhz",
+        "clock_mem_max_mhz",
+        "power_limit_w",
+    ):
         assert getattr(smi, field) == getattr(nvml, field), field
     assert abs(smi.memory_total - nvml.memory_total) < MIB  # nvidia-smi rounds to MiB
 
@@ -144,7 +163,9 @@ def test_header_with_units_is_read_from_the_header():
 
 
 def test_apps_with_header_and_units_map_to_the_gpu_by_uuid():
-    (gpu,) = parse_query_gpu_csv_with_driver((H200 / "under-load" / "nvidia-smi-query.csv").read_text(), LEAD_CAPTURE_FIELDS)[0]
+    (gpu,) = parse_query_gpu_csv_with_driver(
+        (H200 / "under-load" / "nvidia-smi-query.csv").read_text(), LEAD_CAPTURE_FIELDS
+    )[0]
     path = H200 / "under-load" / "load-apps.csv"
     pid, name, used, uuid = [c.strip() for c in path.read_text().strip().splitlines()[1].split(",")]
     (proc,) = parse_query_apps_csv(path.read_text(), (gpu,))

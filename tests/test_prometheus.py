@@ -31,7 +31,9 @@ from tests.waiting import wait_for_sync
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not os.access(PROMETHEUS, os.X_OK), reason="prometheus not installed (apt-get install prometheus)")
+pytestmark = pytest.mark.skipif(
+    not os.access(PROMETHEUS, os.X_OK), reason="prometheus not installed (apt-get install prometheus)"
+)
 
 # Our exporter over the H200 NVML replay, run as its own process; it also writes the frame it
 # serves to FRAME_FILE after every poll, so the test knows exactly what it reported.
@@ -79,7 +81,9 @@ class Exporter:
         script.write_text(EXPORTER.format(root=str(ROOT), tests=str(ROOT / "tests")))
         self.proc = subprocess.Popen(
             [sys.executable, str(script), name, str(gpus), str(self.frame_file)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         line = self.proc.stdout.readline()
         assert "serving" in line, line
@@ -115,9 +119,15 @@ class Prometheus:
         )
         self.log = open(tmp / "prometheus.log", "w")
         self.proc = subprocess.Popen(
-            [PROMETHEUS, "--config.file=%s" % config, "--storage.tsdb.path=%s" % (tmp / "data"),
-             "--web.listen-address=127.0.0.1:%d" % self.port, "--log.level=warn"],
-            stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                PROMETHEUS,
+                "--config.file=%s" % config,
+                "--storage.tsdb.path=%s" % (tmp / "data"),
+                "--web.listen-address=127.0.0.1:%d" % self.port,
+                "--log.level=warn",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         wait_for_sync(self._ready, what="prometheus /-/ready")
 
@@ -172,11 +182,15 @@ def refresh_until_complete(source: PrometheusSource, expected: Dict[str, int]) -
     def complete():
         states = {s.name: s for s in source.refresh()}
         ok = all(
-            name in states and states[name].state == STATE_UP and states[name].frame is not None
+            name in states
+            and states[name].state == STATE_UP
+            and states[name].frame is not None
             and len(states[name].frame.gpus) == gpus
             # Prometheus's first scrape of a target may land between our parallel queries: wait for all of it.
-            and all(g.uuid and g.utilization_gpu is not None and g.memory_used is not None and g.clock_sm_mhz is not None
-                    for g in states[name].frame.gpus)
+            and all(
+                g.uuid and g.utilization_gpu is not None and g.memory_used is not None and g.clock_sm_mhz is not None
+                for g in states[name].frame.gpus
+            )
             for name, gpus in expected.items()
         )
         return states if ok else None
@@ -202,7 +216,14 @@ def test_the_source_reads_back_exactly_what_both_exporters_reported(cluster):
         assert seen.gpu_source == "prometheus" and reported.gpu_source == "nvml"
         assert len(seen.gpus) == len(reported.gpus)
         for mine, theirs in zip(seen.gpus, reported.gpus):
-            for attr in exported_fields() + ["index", "uuid", "name", "pci_bus_id", "clock_event_reasons", "compute_mode"]:
+            for attr in exported_fields() + [
+                "index",
+                "uuid",
+                "name",
+                "pci_bus_id",
+                "clock_event_reasons",
+                "compute_mode",
+            ]:
                 assert getattr(mine, attr) == getattr(theirs, attr), (name, mine.index, attr)
         assert seen.driver_version == reported.driver_version
         # Host fields that hold still between polls are equal too; the node's name is the Hostname label.
@@ -250,7 +271,9 @@ def test_history_comes_from_query_range(cluster):
     points = wait_for_sync(lambda: source.history_blocking("node-a", 3, "power_w", 30) or None, what="power history")
     times = [t for t, _ in points]
     assert times == sorted(times) and all(v == power for _, v in points)
-    memory = wait_for_sync(lambda: source.history_blocking("node-b", 1, "memory_used", 30) or None, what="memory history")
+    memory = wait_for_sync(
+        lambda: source.history_blocking("node-b", 1, "memory_used", 30) or None, what="memory history"
+    )
     assert {v for _, v in memory} == {exporters["node-b"].frame().gpus[1].memory_used}
     util = asyncio.run(source.history("node-a", None, "gpu_utilization", 30))
     expected = sum(g.utilization_gpu for g in exporters["node-a"].frame().gpus) / 8
@@ -284,12 +307,15 @@ async def test_fleet_mixes_a_link_node_and_prometheus_nodes_into_one_node_each(c
 
     prometheus, exporters = cluster
     for telemetry in ("prometheus", "ssh"):
-        config = replace(DEFAULT_CONFIG, sources=(SourceConfig(url=prometheus.url, telemetry=telemetry, stale_after=30.0, nodes=AB),))
+        config = replace(
+            DEFAULT_CONFIG, sources=(SourceConfig(url=prometheus.url, telemetry=telemetry, stale_after=30.0, nodes=AB),)
+        )
         link = LocalLink(NodeConfig(name="node-a", local=True), interval=0.5)  # the link of node-a
         fleet = Fleet(config, links=[link])
         seen = []
         await fleet.start(seen.append)
         try:
+
             def ready(states):
                 a, b = states.get("node-a"), states.get("node-b")
                 if not (a and b and a.frame and b.frame and b.state == STATE_UP and a.state == STATE_UP):
@@ -324,7 +350,8 @@ async def test_console_shows_prometheus_gpus_then_prometheus_stopped_is_an_unrea
 
     prometheus, _ = cluster
     config = parse_config(
-        '[console]\ninterval = 0.5\n[[sources]]\nurl = "%s"\nstale_after = 30.0\nnodes = [\"node-a\", \"node-b\"]\n' % prometheus.url,
+        '[console]\ninterval = 0.5\n[[sources]]\nurl = "%s"\nstale_after = 30.0\nnodes = ["node-a", "node-b"]\n'
+        % prometheus.url,
         "test.toml",
     )
     assert config.nodes == ()  # sources and no [[nodes]]: no implicit local node
@@ -335,7 +362,9 @@ async def test_console_shows_prometheus_gpus_then_prometheus_stopped_is_an_unrea
         deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline:
             states = fleet.states()
-            if len(states) == 2 and all(s.state == STATE_UP and s.frame and len(s.frame.gpus) in (8, 2) for s in states.values()):
+            if len(states) == 2 and all(
+                s.state == STATE_UP and s.frame and len(s.frame.gpus) in (8, 2) for s in states.values()
+            ):
                 break
             await pilot.pause(0.1)
         await pilot.press("1")  # the GPUs pane
@@ -349,7 +378,9 @@ async def test_console_shows_prometheus_gpus_then_prometheus_stopped_is_an_unrea
         source = fleet.sources[0]
         deadline = time.monotonic() + STARTUP_S
         # A stopping Prometheus may first answer 503 on the kept-alive connection, then refuses connections.
-        while time.monotonic() < deadline and not (source.status.state == STATE_DOWN and "unreachable" in (source.status.reason or "")):
+        while time.monotonic() < deadline and not (
+            source.status.state == STATE_DOWN and "unreachable" in (source.status.reason or "")
+        ):
             await pilot.pause(0.1)
         await pilot.pause(0.3)
         assert source.status.reason.startswith("prometheus %s: unreachable: " % prometheus.url)

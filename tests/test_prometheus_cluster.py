@@ -41,17 +41,33 @@ UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 MIB = 1024 * 1024
 
 pytestmark = [
-    pytest.mark.skipif(not os.access(PROMETHEUS, os.X_OK), reason="prometheus not installed (apt-get install prometheus)"),
-    pytest.mark.skipif(not os.access(NODE_EXPORTER, os.X_OK),
-                       reason="node exporter not installed (apt-get install prometheus-node-exporter)"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="each node_exporter runs in its own UTS namespace (unshare needs root)"),
+    pytest.mark.skipif(
+        not os.access(PROMETHEUS, os.X_OK), reason="prometheus not installed (apt-get install prometheus)"
+    ),
+    pytest.mark.skipif(
+        not os.access(NODE_EXPORTER, os.X_OK),
+        reason="node exporter not installed (apt-get install prometheus-node-exporter)",
+    ),
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="each node_exporter runs in its own UTS namespace (unshare needs root)"
+    ),
 ]
 
 POD = {"pod": "train-0", "namespace": "ml", "container": "trainer"}
-MIG_GPU = Gpu(index=0, mig=(
-    MigInstance(1, "3g.40gb", fb_used_mib=3000, fb_free_mib=39192, engine_active=0.5, attributes={"pod": "infer-7", "namespace": "serving", "container": "vllm"}),
-    MigInstance(2, "3g.40gb", fb_used_mib=12000, fb_free_mib=30192, engine_active=0.25),
-))
+MIG_GPU = Gpu(
+    index=0,
+    mig=(
+        MigInstance(
+            1,
+            "3g.40gb",
+            fb_used_mib=3000,
+            fb_free_mib=39192,
+            engine_active=0.5,
+            attributes={"pod": "infer-7", "namespace": "serving", "container": "vllm"},
+        ),
+        MigInstance(2, "3g.40gb", fb_used_mib=12000, fb_free_mib=30192, engine_active=0.25),
+    ),
+)
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -93,11 +109,23 @@ class NodeExporter:
     def __init__(self, tmp: Path, hostname: str, address: str, port: int = 0) -> None:
         self.port = port or free_port(address)
         self.log = open(tmp / ("node-exporter-%s.log" % hostname), "w")
-        argv = [NODE_EXPORTER, "--web.listen-address=%s:%d" % (address, self.port), "--collector.disable-defaults",
-                "--collector.uname", "--collector.cpu", "--collector.meminfo", "--collector.loadavg",
-                "--collector.filesystem", "--collector.netdev", "--collector.time"]
-        self.proc = subprocess.Popen([UNSHARE, "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname] + argv,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        argv = [
+            NODE_EXPORTER,
+            "--web.listen-address=%s:%d" % (address, self.port),
+            "--collector.disable-defaults",
+            "--collector.uname",
+            "--collector.cpu",
+            "--collector.meminfo",
+            "--collector.loadavg",
+            "--collector.filesystem",
+            "--collector.netdev",
+            "--collector.time",
+        ]
+        self.proc = subprocess.Popen(
+            [UNSHARE, "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname] + argv,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         url = "http://%s:%d/metrics" % (address, self.port)
         wait_for_sync(lambda: _answers(url), what="node_exporter %s" % hostname)
 
@@ -127,13 +155,22 @@ class Prometheus:
         config = tmp / "prometheus.yml"
         lines = ["global: {scrape_interval: 500ms, scrape_timeout: 400ms, evaluation_interval: 1s}", "scrape_configs:"]
         for job, targets in jobs.items():
-            lines += ["- job_name: %s" % job, "  static_configs: [{targets: [%s]}]" % ", ".join("'%s'" % t for t in targets)]
+            lines += [
+                "- job_name: %s" % job,
+                "  static_configs: [{targets: [%s]}]" % ", ".join("'%s'" % t for t in targets),
+            ]
         config.write_text("\n".join(lines) + "\n")
         self.log = open(tmp / "prometheus.log", "w")
         self.proc = subprocess.Popen(
-            [PROMETHEUS, "--config.file=%s" % config, "--storage.tsdb.path=%s" % (tmp / "data"),
-             "--web.listen-address=127.0.0.1:%d" % self.port, "--log.level=warn"],
-            stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                PROMETHEUS,
+                "--config.file=%s" % config,
+                "--storage.tsdb.path=%s" % (tmp / "data"),
+                "--web.listen-address=127.0.0.1:%d" % self.port,
+                "--log.level=warn",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         wait_for_sync(lambda: _answers(self.url + "/-/ready"), what="prometheus ready")
 
@@ -162,14 +199,34 @@ def cluster(tmp_path_factory):
         stoppable += [dcgm_a, dcgm_b, dcgm_c]
         dcgm_e = DcgmPage("127.0.0.5", [Gpu(0)], "", "hostname")  # the template leaves the label out when empty
         stoppable.append(dcgm_e)
-        dead = {name: free_port(address) for name, address in (("c-node", "127.0.0.3"), ("d-node", "127.0.0.4"), ("d-dcgm", "127.0.0.4"),
-                                                               ("e-node", "127.0.0.5"))}
-        prometheus = Prometheus(tmp, {
-            "node_exporter": ["127.0.0.2:%d" % node_a.port, "localhost:%d" % node_b.port,
-                              "127.0.0.3:%d" % dead["c-node"], "127.0.0.4:%d" % dead["d-node"], "127.0.0.5:%d" % dead["e-node"]],
-            "dcgm-exporter": ["127.0.0.2:%d" % dcgm_a.port, "localhost:%d" % dcgm_b.port, "127.0.0.3:%d" % dcgm_c.port,
-                              "127.0.0.4:%d" % dead["d-dcgm"], "127.0.0.5:%d" % dcgm_e.port],
-        })
+        dead = {
+            name: free_port(address)
+            for name, address in (
+                ("c-node", "127.0.0.3"),
+                ("d-node", "127.0.0.4"),
+                ("d-dcgm", "127.0.0.4"),
+                ("e-node", "127.0.0.5"),
+            )
+        }
+        prometheus = Prometheus(
+            tmp,
+            {
+                "node_exporter": [
+                    "127.0.0.2:%d" % node_a.port,
+                    "localhost:%d" % node_b.port,
+                    "127.0.0.3:%d" % dead["c-node"],
+                    "127.0.0.4:%d" % dead["d-node"],
+                    "127.0.0.5:%d" % dead["e-node"],
+                ],
+                "dcgm-exporter": [
+                    "127.0.0.2:%d" % dcgm_a.port,
+                    "localhost:%d" % dcgm_b.port,
+                    "127.0.0.3:%d" % dcgm_c.port,
+                    "127.0.0.4:%d" % dead["d-dcgm"],
+                    "127.0.0.5:%d" % dcgm_e.port,
+                ],
+            },
+        )
         stoppable.append(prometheus)
         yield prometheus, {"node_a": node_a, "dead": dead, "tmp": tmp, "stoppable": stoppable}
     finally:
@@ -178,7 +235,9 @@ def cluster(tmp_path_factory):
 
 
 def source_for(url: str, **changes) -> PrometheusSource:
-    config = replace(SourceConfig(url=url, rate_window="5s", stale_after=30.0, node_names=("127.0.0.4=gpu-d",)), **changes)
+    config = replace(
+        SourceConfig(url=url, rate_window="5s", stale_after=30.0, node_names=("127.0.0.4=gpu-d",)), **changes
+    )
     return PrometheusSource(config, interval=1.0)
 
 
@@ -189,13 +248,27 @@ def settled(source: PrometheusSource) -> Dict[str, NodeState]:
         states = {s.name: s for s in source.refresh()}
         a, b, c, d = (states.get(n) for n in ("gpu-a", "gpu-b", "gpu-c", "gpu-d"))
         ok = (
-            a is not None and a.frame is not None and len(a.frame.gpus) == 8 and a.frame.host is not None
-            and a.frame.host.cpu_count > 0 and a.frame.host.cpu_percent is not None and all(g.memory_used is not None for g in a.frame.gpus)
-            and b is not None and b.frame is not None and len(b.frame.gpus) == 2 and b.frame.host is not None
+            a is not None
+            and a.frame is not None
+            and len(a.frame.gpus) == 8
+            and a.frame.host is not None
+            and a.frame.host.cpu_count > 0
+            and a.frame.host.cpu_percent is not None
+            and all(g.memory_used is not None for g in a.frame.gpus)
+            and b is not None
+            and b.frame is not None
+            and len(b.frame.gpus) == 2
+            and b.frame.host is not None
             and b.frame.host.cpu_count > 0
-            and c is not None and c.state == STATE_DEGRADED and c.frame is not None and c.frame.gpus
-            and c.frame.gpus[0].mig_devices and "refused" in (c.reason or "")
-            and d is not None and d.state == STATE_DOWN and "refused" in (d.reason or "")
+            and c is not None
+            and c.state == STATE_DEGRADED
+            and c.frame is not None
+            and c.frame.gpus
+            and c.frame.gpus[0].mig_devices
+            and "refused" in (c.reason or "")
+            and d is not None
+            and d.state == STATE_DOWN
+            and "refused" in (d.reason or "")
         )
         return states if ok else None
 
@@ -232,10 +305,14 @@ def test_every_scenario_as_the_console_shows_it(cluster):
     c = states["gpu-c"]  # node_exporter down from the start; one GPU in MIG mode
     c_port = parts["dead"]["c-node"]
     assert c.state == STATE_DEGRADED and c.is_live
-    assert c.reason.startswith("node_exporter down (instance=127.0.0.3:%d: " % c_port) and "connection refused" in c.reason
+    assert (
+        c.reason.startswith("node_exporter down (instance=127.0.0.3:%d: " % c_port) and "connection refused" in c.reason
+    )
     (mig_gpu,) = c.frame.gpus
     assert mig_gpu.mig_mode is True
-    assert [(m.gpu_instance_id, m.profile, m.memory_used, m.memory_total, m.utilization_gpu) for m in mig_gpu.mig_devices] == [
+    assert [
+        (m.gpu_instance_id, m.profile, m.memory_used, m.memory_total, m.utilization_gpu) for m in mig_gpu.mig_devices
+    ] == [
         (1, "3g.40gb", 3000 * MIB, 42192 * MIB, 50.0),
         (2, "3g.40gb", 12000 * MIB, 42192 * MIB, 25.0),
     ]
@@ -266,16 +343,26 @@ def test_without_the_join_the_names_say_what_was_wrong(cluster):
     the join still makes one node per host from node_uname_info and the instance address."""
     prometheus, _ = cluster
     source = source_for(prometheus.url, node_labels=("instance",))
-    states = wait_for_sync(lambda: (lambda s: s if {"gpu-b", "gpu-d"} <= set(s) and s["gpu-b"].frame and len(s["gpu-b"].frame.gpus) == 2 else None)(
-        {s.name: s for s in source.refresh()}), what="gpu-b joined by address")
+    states = wait_for_sync(
+        lambda: (
+            lambda s: (
+                s if {"gpu-b", "gpu-d"} <= set(s) and s["gpu-b"].frame and len(s["gpu-b"].frame.gpus) == 2 else None
+            )
+        )({s.name: s for s in source.refresh()}),
+        what="gpu-b joined by address",
+    )
     assert "localhost" not in states and "127.0.0.4" not in states
 
 
 def test_history_of_a_joined_node_asks_each_exporter_by_its_own_labels(cluster):
     prometheus, _ = cluster
     source = source_for(prometheus.url)
-    wait_for_sync(lambda: (lambda s: s if "gpu-b" in s and s["gpu-b"].frame and s["gpu-b"].frame.host else None)(
-        {s.name: s for s in source.refresh()}), what="gpu-b joined")
+    wait_for_sync(
+        lambda: (lambda s: s if "gpu-b" in s and s["gpu-b"].frame and s["gpu-b"].frame.host else None)(
+            {s.name: s for s in source.refresh()}
+        ),
+        what="gpu-b joined",
+    )
     gpu_expr, _ = source.history_query("gpu-b", 1, "utilization")
     assert 'Hostname="gpu-b"' in gpu_expr
     host_expr, _ = source.history_query("gpu-b", None, "memory_percent")
@@ -296,6 +383,7 @@ async def test_a_node_named_by_its_address_is_renamed_when_its_node_exporter_say
     seen: List[NodeState] = []
     await fleet.start(seen.append)
     try:
+
         async def until(predicate, what):
             for _ in range(400):
                 if predicate(fleet.states()):

@@ -2,8 +2,8 @@
 
 import asyncio
 import re
-import statistics
 import sqlite3
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -160,7 +160,9 @@ def test_record_command_records_the_local_node_until_its_duration(tmp_path):
     out = tmp_path / "local.opsrec"
     done = subprocess.run(
         [sys.executable, "-m", "opsconsole", "record", "--out", str(out), "--duration", "3", "--interval", "0.5"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert "recorded" in done.stderr and "1 node(s)" in done.stderr
@@ -172,7 +174,9 @@ def test_record_command_records_the_local_node_until_its_duration(tmp_path):
     reader.close()
 
 
-PROGRESS = re.compile(r"recording to \S+: (\d+) states, (\d+) chunks, ([\d.]+ (?:B|KiB|MiB|GiB)) written, (\d+:\d\d) elapsed")
+PROGRESS = re.compile(
+    r"recording to \S+: (\d+) states, (\d+) chunks, ([\d.]+ (?:B|KiB|MiB|GiB)) written, (\d+:\d\d) elapsed"
+)
 
 
 def test_record_progress_lines_with_the_flag_when_stderr_is_not_a_terminal(tmp_path):
@@ -181,9 +185,22 @@ def test_record_progress_lines_with_the_flag_when_stderr_is_not_a_terminal(tmp_p
 
     out = tmp_path / "local.opsrec"
     done = subprocess.run(
-        [sys.executable, "-m", "opsconsole", "record", "--out", str(out), "--duration", "5", "--interval", "0.5",
-         "--progress"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "opsconsole",
+            "record",
+            "--out",
+            str(out),
+            "--duration",
+            "5",
+            "--interval",
+            "0.5",
+            "--progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     *progress, summary = done.stderr.splitlines()
@@ -202,7 +219,9 @@ def test_record_progress_is_rewritten_in_place_on_a_terminal(tmp_path):
     controller, terminal = os.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "opsconsole", "record", "--out", str(out), "--duration", "5", "--interval", "0.5"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=terminal,
     )
     os.close(terminal)
     seen = b""
@@ -230,8 +249,11 @@ def test_record_command_stops_cleanly_on_sigint(tmp_path):
     import time
 
     out = tmp_path / "local.opsrec"
-    proc = subprocess.Popen([sys.executable, "-m", "opsconsole", "record", "--out", str(out), "--interval", "0.5"],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opsconsole", "record", "--out", str(out), "--interval", "0.5"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not (out.exists() and out.stat().st_size > 0):
         time.sleep(0.2)
@@ -245,12 +267,15 @@ def test_record_command_stops_cleanly_on_sigint(tmp_path):
     reader.close()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["replay", "MISSING"], "no such file"),
-    (["replay", "NOTREC"], "not an opsconsole recording"),
-    (["replay", "NOTREC", "--speed", "0"], "--speed must be positive"),
-    (["record", "--out", "X", "--duration", "-1"], "--duration must be a positive"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["replay", "MISSING"], "no such file"),
+        (["replay", "NOTREC"], "not an opsconsole recording"),
+        (["replay", "NOTREC", "--speed", "0"], "--speed must be positive"),
+        (["record", "--out", "X", "--duration", "-1"], "--duration must be a positive"),
+    ],
+)
 def test_record_and_replay_usage_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
     from opsconsole.cli import main
 

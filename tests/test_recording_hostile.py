@@ -16,8 +16,8 @@ from opsconsole.cli import main
 from opsconsole.recording import store
 from opsconsole.recording.recorder import Recorder
 from opsconsole.recording.replay import RecordingReader, ReplayFleet
-from tests.recording_frames import fleet_ticks
 from tests.cli_errors import assert_one_line_exit_2
+from tests.recording_frames import fleet_ticks
 
 TICKS = fleet_ticks(nodes=2, ticks=24, gpus=2)
 
@@ -45,8 +45,6 @@ def replay_cli(capsys, path):
     """`opsconsole replay PATH` in-process: exit status and stderr (a readable file would start the TUI)."""
     code = main(["replay", str(path)])
     return code, capsys.readouterr().err
-
-
 
 
 def chunk_ids(path):
@@ -107,9 +105,12 @@ def test_a_missing_table_is_one_line(tmp_path, capsys, drop):
 def test_a_view_in_place_of_a_table_is_refused_before_it_runs(tmp_path, capsys):
     path = record(tmp_path / "view.opsrec")
     # A view that never ends: reading it would hang the console.
-    tamper(path, "DROP TABLE chunks",
-           "CREATE VIEW chunks AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c)"
-           " SELECT x AS id, x AS t0, x AS t1, 1 AS keyframe, 1 AS records, x'00' AS data FROM c")
+    tamper(
+        path,
+        "DROP TABLE chunks",
+        "CREATE VIEW chunks AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c)"
+        " SELECT x AS id, x AS t0, x AS t1, 1 AS keyframe, 1 AS records, x'00' AS data FROM c",
+    )
     assert_one_line_exit_2(*replay_cli(capsys, path), "no chunks table")
 
 
@@ -119,18 +120,21 @@ def test_a_missing_column_is_one_line(tmp_path, capsys):
     assert_one_line_exit_2(*replay_cli(capsys, path), "events has no column node")
 
 
-@pytest.mark.parametrize("blob", [
-    b"junk that is no zlib stream",
-    zlib.compress(b"{not json at all"),
-    zlib.compress(b"[[[[[[[[" * 50_000),  # nested too deep for json
-    zlib.compress(b'{"n": "gpu000", "s": {"state": "up"}}'),  # no time
-    zlib.compress(b'{"t": 1800000000.0, "s": {"state": "up"}}'),  # no node
-    zlib.compress(b'{"t": 1800000000.0, "n": "gpu000"}'),  # no state
-    zlib.compress(b'{"t": NaN, "n": "gpu000", "s": {"state": "up"}}'),
-    zlib.compress(b"\xff\xfe not utf-8"),
-    zlib.compress(b"x" * 100)[:-4],  # cut short
-    "text, not a blob",
-])
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"junk that is no zlib stream",
+        zlib.compress(b"{not json at all"),
+        zlib.compress(b"[[[[[[[[" * 50_000),  # nested too deep for json
+        zlib.compress(b'{"n": "gpu000", "s": {"state": "up"}}'),  # no time
+        zlib.compress(b'{"t": 1800000000.0, "s": {"state": "up"}}'),  # no node
+        zlib.compress(b'{"t": 1800000000.0, "n": "gpu000"}'),  # no state
+        zlib.compress(b'{"t": NaN, "n": "gpu000", "s": {"state": "up"}}'),
+        zlib.compress(b"\xff\xfe not utf-8"),
+        zlib.compress(b"x" * 100)[:-4],  # cut short
+        "text, not a blob",
+    ],
+)
 def test_a_first_chunk_that_cannot_be_read_is_one_line(tmp_path, capsys, blob):
     path = record(tmp_path / "j.opsrec", TICKS[:3])
     assert len(chunk_ids(path)) == 1
@@ -138,10 +142,19 @@ def test_a_first_chunk_that_cannot_be_read_is_one_line(tmp_path, capsys, blob):
     assert_one_line_exit_2(*replay_cli(capsys, path), "not a readable recording")
 
 
-@pytest.mark.parametrize("t0, t1", [
-    ("nan", "nan"), (float("inf"), float("inf")), (1e300, 1e300), (-5.0, 1.0), (2e9, 1e9), ("", ""),
-    (b"\x00", 1.0), (10 ** 18, 10 ** 18),
-])
+@pytest.mark.parametrize(
+    "t0, t1",
+    [
+        ("nan", "nan"),
+        (float("inf"), float("inf")),
+        (1e300, 1e300),
+        (-5.0, 1.0),
+        (2e9, 1e9),
+        ("", ""),
+        (b"\x00", 1.0),
+        (10**18, 10**18),
+    ],
+)
 def test_chunk_times_that_are_not_plausible_are_one_line(tmp_path, capsys, t0, t1):
     path = record(tmp_path / "nan.opsrec", TICKS[:3])
     tamper(path, ("UPDATE chunks SET t0 = ?, t1 = ?", (t0, t1)))
@@ -219,27 +232,31 @@ def test_a_bomb_in_a_later_chunk_is_a_problem_and_the_rest_plays(tmp_path):
     reader.close()
 
 
-@pytest.mark.parametrize("bad_record", [
-    {"t": float("nan"), "n": "gpu000", "s": {"state": "up"}},
-    {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up", "received_at": float("nan")}},
-    {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up", "received_at": 1e300}},
-    {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up", "rtt_ms": float("inf")}},
-    {"t": 1800000010.0, "n": "gpu000", "s": {"state": "exploded"}},
-    {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up", "reason": ["not", "text"]}},
-    {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up"}, "f": {"node": "gpu000"}},  # frame missing fields
-    {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up"}, "f": 42},
-    {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up"}, "f": "{not json"},
-    {"t": 1800000010.0, "n": "", "s": {"state": "up"}},
-    [1, 2, 3],
-])
+@pytest.mark.parametrize(
+    "bad_record",
+    [
+        {"t": float("nan"), "n": "gpu000", "s": {"state": "up"}},
+        {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up", "received_at": float("nan")}},
+        {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up", "received_at": 1e300}},
+        {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up", "rtt_ms": float("inf")}},
+        {"t": 1800000010.0, "n": "gpu000", "s": {"state": "exploded"}},
+        {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up", "reason": ["not", "text"]}},
+        {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up"}, "f": {"node": "gpu000"}},  # frame missing fields
+        {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up"}, "f": 42},
+        {"t": 1800000010.0, "n": "gpu000", "s": {"state": "up"}, "f": "{not json"},
+        {"t": 1800000010.0, "n": "", "s": {"state": "up"}},
+        [1, 2, 3],
+    ],
+)
 def test_a_bad_record_in_a_later_chunk_is_left_out_and_said(tmp_path, bad_record):
     path = record(tmp_path / "r.opsrec")
     ids = chunk_ids(path)
     db = sqlite3.connect(str(path))
     blob = db.execute("SELECT data FROM chunks WHERE id = ?", (ids[2],)).fetchone()[0]
     records = store.unpack(blob)
-    text = "\n".join([json.dumps(r) for r in records[:3]] + [json.dumps(bad_record)]
-                     + [json.dumps(r) for r in records[3:]])
+    text = "\n".join(
+        [json.dumps(r) for r in records[:3]] + [json.dumps(bad_record)] + [json.dumps(r) for r in records[3:]]
+    )
     db.execute("UPDATE chunks SET data = ? WHERE id = ?", (zlib.compress(text.encode()), ids[2]))
     db.commit()
     db.close()
@@ -275,8 +292,9 @@ def test_record_into_a_missing_directory_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "no").exists()
 
 
-@pytest.mark.parametrize("content", [b"my notes, not a recording\n", store.SQLITE_MAGIC + b"\0" * 2000],
-                         ids=["text", "sqlite-header"])
+@pytest.mark.parametrize(
+    "content", [b"my notes, not a recording\n", store.SQLITE_MAGIC + b"\0" * 2000], ids=["text", "sqlite-header"]
+)
 def test_record_onto_a_file_that_is_not_a_recording_never_overwrites_it(tmp_path, capsys, content):
     out = tmp_path / "notes.txt"
     out.write_bytes(content)
@@ -301,27 +319,36 @@ def test_record_onto_special_files_is_refused(tmp_path, capsys):
     assert_one_line_exit_2(*record_cli(capsys, "/dev/null"), "a device")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--interval", "1e-300"], "--interval must be between"),
-    (["--interval", "nan"], "--interval must be between"),
-    (["--max-mb", "inf"], "--max-mb must be"),
-    (["--max-mb", "-1"], "--max-mb must be"),
-    (["--duration", "inf"], "--duration must be"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--interval", "1e-300"], "--interval must be between"),
+        (["--interval", "nan"], "--interval must be between"),
+        (["--max-mb", "inf"], "--max-mb must be"),
+        (["--max-mb", "-1"], "--max-mb must be"),
+        (["--duration", "inf"], "--duration must be"),
+    ],
+)
 def test_record_numbers_are_checked(tmp_path, capsys, args, message):
     code = main(["record", "--out", str(tmp_path / "x.opsrec")] + args)
     assert_one_line_exit_2(code, capsys.readouterr().err, message)
     assert not (tmp_path / "x.opsrec").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--speed", "inf"], "--speed must be"), (["--speed", "nan"], "--speed must be"),
-    (["--at", "nan"], "--at 'nan': expected seconds"), (["--at", "-5"], "--at '-5': expected"),
-    (["--at", "2:75"], "--at '2:75': expected"), (["--at", "1e999"], "--at '1e999'"),
-    # Past the end: said, not a silent start at the end (the recording is 2 s long).
-    (["--at", "5"], "--at 5 is past the end of the recording (0:02 long): give 0 to 0:02"),
-    (["--at", "2:25"], "--at 2:25 is past the end of the recording (0:02 long)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--speed", "inf"], "--speed must be"),
+        (["--speed", "nan"], "--speed must be"),
+        (["--at", "nan"], "--at 'nan': expected seconds"),
+        (["--at", "-5"], "--at '-5': expected"),
+        (["--at", "2:75"], "--at '2:75': expected"),
+        (["--at", "1e999"], "--at '1e999'"),
+        # Past the end: said, not a silent start at the end (the recording is 2 s long).
+        (["--at", "5"], "--at 5 is past the end of the recording (0:02 long): give 0 to 0:02"),
+        (["--at", "2:25"], "--at 2:25 is past the end of the recording (0:02 long)"),
+    ],
+)
 def test_replay_numbers_are_checked(tmp_path, capsys, args, message):
     path = record(tmp_path / "ok.opsrec", TICKS[:3])
     code = main(["replay", str(path)] + args)
@@ -393,12 +420,27 @@ def test_fuzz_random_bytes_are_a_clean_error(base_recording, scratch, content, m
 
 
 SQL_VALUES = st.one_of(
-    st.none(), st.integers(min_value=-2 ** 63, max_value=2 ** 63 - 1), st.floats(), st.text(max_size=30),
-    st.binary(max_size=30), st.sampled_from(["1", "nan", "inf", "1800000000.5", "opsconsole-recording"]),
+    st.none(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(),
+    st.text(max_size=30),
+    st.binary(max_size=30),
+    st.sampled_from(["1", "nan", "inf", "1800000000.5", "opsconsole-recording"]),
 )
-COLUMNS = [("meta", "value"), ("meta", "key"), ("chunks", "t0"), ("chunks", "t1"), ("chunks", "keyframe"),
-           ("chunks", "records"), ("chunks", "data"), ("chunks", "id"), ("events", "t"), ("events", "data"),
-           ("events", "kind"), ("events", "node")]
+COLUMNS = [
+    ("meta", "value"),
+    ("meta", "key"),
+    ("chunks", "t0"),
+    ("chunks", "t1"),
+    ("chunks", "keyframe"),
+    ("chunks", "records"),
+    ("chunks", "data"),
+    ("chunks", "id"),
+    ("events", "t"),
+    ("events", "data"),
+    ("events", "kind"),
+    ("events", "node"),
+]
 
 
 @settings(max_examples=50)
@@ -420,19 +462,37 @@ def test_fuzz_one_mutated_value_replays_or_is_a_clean_error(base_recording, scra
 
 
 JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12))
-JSON_VALUE = st.recursive(JSON_LEAF, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12)
-RECORD = st.fixed_dictionaries({}, optional={
-    "t": st.one_of(st.floats(), st.integers(), st.just(1800000005.0), JSON_VALUE),
-    "n": st.one_of(st.sampled_from(["gpu000", "gpu001", "new"]), JSON_VALUE),
-    "s": st.one_of(st.fixed_dictionaries({}, optional={
-        "state": st.one_of(st.sampled_from(["up", "down", "stale"]), JSON_VALUE),
-        "received_at": st.one_of(st.floats(), st.just(1800000005.0), JSON_VALUE),
-        "since": st.one_of(st.floats(), JSON_VALUE), "rtt_ms": st.one_of(st.floats(), JSON_VALUE),
-        "reason": JSON_VALUE, "address": JSON_VALUE}), JSON_VALUE),
-    "f": st.one_of(JSON_VALUE, st.fixed_dictionaries({"delta": JSON_VALUE, "base": JSON_VALUE, "f": JSON_VALUE}),
-                   st.dictionaries(st.sampled_from(["node", "time", "seq", "gpus", "host", "processes"]), JSON_VALUE)),
-})
+JSON_VALUE = st.recursive(
+    JSON_LEAF,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
+RECORD = st.fixed_dictionaries(
+    {},
+    optional={
+        "t": st.one_of(st.floats(), st.integers(), st.just(1800000005.0), JSON_VALUE),
+        "n": st.one_of(st.sampled_from(["gpu000", "gpu001", "new"]), JSON_VALUE),
+        "s": st.one_of(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "state": st.one_of(st.sampled_from(["up", "down", "stale"]), JSON_VALUE),
+                    "received_at": st.one_of(st.floats(), st.just(1800000005.0), JSON_VALUE),
+                    "since": st.one_of(st.floats(), JSON_VALUE),
+                    "rtt_ms": st.one_of(st.floats(), JSON_VALUE),
+                    "reason": JSON_VALUE,
+                    "address": JSON_VALUE,
+                },
+            ),
+            JSON_VALUE,
+        ),
+        "f": st.one_of(
+            JSON_VALUE,
+            st.fixed_dictionaries({"delta": JSON_VALUE, "base": JSON_VALUE, "f": JSON_VALUE}),
+            st.dictionaries(st.sampled_from(["node", "time", "seq", "gpus", "host", "processes"]), JSON_VALUE),
+        ),
+    },
+)
 
 
 @settings(max_examples=50)
@@ -452,9 +512,9 @@ def test_fuzz_records_in_a_chunk_replay_or_are_a_clean_error(base_recording, scr
 
 
 @settings(max_examples=30)
-@given(offset=st.integers(0, 10 ** 9), junk=st.binary(min_size=1, max_size=64))
+@given(offset=st.integers(0, 10**9), junk=st.binary(min_size=1, max_size=64))
 def test_fuzz_overwritten_bytes_in_the_file_replay_or_are_a_clean_error(base_recording, scratch, offset, junk):
     content = bytearray(base_recording)
     offset %= len(content)
-    content[offset:offset + len(junk)] = junk
+    content[offset : offset + len(junk)] = junk
     open_and_play(fresh(scratch, bytes(content)))

@@ -14,14 +14,29 @@ POS = START + 600
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("+30s", POS + 30), ("-5m", POS - 300), ("+1h", END), ("-2h", START),
-        ("90", START + 90), ("2m", START + 120), ("1.5m", START + 90),
-        ("50%", START + 1800), ("0%", START), ("150%", END),
-        ("14:05", START + 300), ("14:05:30", START + 330), ("2026-12-02 14:59:59", START + 3599),
+        ("+30s", POS + 30),
+        ("-5m", POS - 300),
+        ("+1h", END),
+        ("-2h", START),
+        ("90", START + 90),
+        ("2m", START + 120),
+        ("1.5m", START + 90),
+        ("50%", START + 1800),
+        ("0%", START),
+        ("150%", END),
+        ("14:05", START + 300),
+        ("14:05:30", START + 330),
+        ("2026-12-02 14:59:59", START + 3599),
         ("  +10  ", POS + 10),
         # m:ss and h:mm:ss as the replay bar shows them (2:25 jumped to 0:00 as 02:25 at night).
-        ("2:25", START + 145), ("0:05", START + 5), ("59:59", START + 3599), ("13:00", START + 780),
-        ("+1:30", POS + 90), ("-0:30", POS - 30), ("+0:01:00", POS + 60), ("-1:00:00", START),
+        ("2:25", START + 145),
+        ("0:05", START + 5),
+        ("59:59", START + 3599),
+        ("13:00", START + 780),
+        ("+1:30", POS + 90),
+        ("-0:30", POS - 30),
+        ("+0:01:00", POS + 60),
+        ("-1:00:00", START),
         ("1:02:03", START),  # past the end as an offset: the clock time 01:02:03, before the start
     ],
 )
@@ -35,9 +50,18 @@ def test_a_recording_longer_than_an_hour_reads_h_mm_ss_offsets():
     assert seek_target("14:30", START, end, START) == START + 1800  # inside the recording: the clock
 
 
-@pytest.mark.parametrize("text, seconds", [
-    ("90", 90), ("2m", 120), ("1.5h", 5400), ("2:25", 145), ("1:02:03", 3723), ("0:00", 0), (" 10s ", 10),
-])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("90", 90),
+        ("2m", 120),
+        ("1.5h", 5400),
+        ("2:25", 145),
+        ("1:02:03", 3723),
+        ("0:00", 0),
+        (" 10s ", 10),
+    ],
+)
 def test_offset_seconds(text, seconds):
     assert offset_seconds(text) == seconds
 

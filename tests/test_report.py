@@ -30,19 +30,35 @@ def sample_inputs():
     up = node_state(0, 5)
     down = NodeState(name="gpu009", state=STATE_DOWN, reason="connection refused")
     health = [
-        HealthResult(check="gpu_temperature", node="gpu000", gpu=3, status="fail", message="GPU 3 at 91 °C",
-                     remedy="check cooling and airflow"),
+        HealthResult(
+            check="gpu_temperature",
+            node="gpu000",
+            gpu=3,
+            status="fail",
+            message="GPU 3 at 91 °C",
+            remedy="check cooling and airflow",
+        ),
         HealthResult(check="disk_free", node="gpu000", status="pass", message="/ 40 % free"),
     ]
-    finding = Finding(line=120, category="nan_inf", severity="critical", title="Loss became NaN/Inf",
-                      cause="learning rate too high or bad data", remedy="lower the learning rate; check the data",
-                      excerpt="2026-12-02 18:30:05,123 - ERROR - loss contains NaN!")
+    finding = Finding(
+        line=120,
+        category="nan_inf",
+        severity="critical",
+        title="Loss became NaN/Inf",
+        cause="learning rate too high or bad data",
+        remedy="lower the learning rate; check the data",
+        excerpt="2026-12-02 18:30:05,123 - ERROR - loss contains NaN!",
+    )
     return ReportInputs(
-        states={"gpu000": up, "gpu009": down}, created=up.received_at, config_text='token = "t"\n',
-        config_source="/etc/opsconsole.toml", health=health,
+        states={"gpu000": up, "gpu009": down},
+        created=up.received_at,
+        config_text='token = "t"\n',
+        config_source="/etc/opsconsole.toml",
+        health=health,
         findings={"gpu000:/logs/train_gpu000_rank0_1.log": ("nan_inf", [finding, finding])},
         log_tails={("gpu000", "/logs/train_gpu000_rank0_1.log"): ["line one", "line two"]},
-        smi={"gpu000": "==============NVSMI LOG==============\n"}, problems=["nvidia-smi -q: gpu009: node down"],
+        smi={"gpu000": "==============NVSMI LOG==============\n"},
+        problems=["nvidia-smi -q: gpu009: node down"],
     )
 
 
@@ -64,8 +80,16 @@ def test_archive_holds_every_member(tmp_path):
     with tarfile.open(path) as tar:
         names = {m.name.split("/", 1)[1]: m for m in tar.getmembers()}
         read = lambda name: tar.extractfile(names[name]).read().decode()  # noqa: E731
-        assert set(names) >= {"summary.md", "snapshot.json", "health.json", "findings.json", "config.toml",
-                              "errors.txt", "nvidia-smi/gpu000.txt", "logs/gpu000/logs__train_gpu000_rank0_1.log"}
+        assert set(names) >= {
+            "summary.md",
+            "snapshot.json",
+            "health.json",
+            "findings.json",
+            "config.toml",
+            "errors.txt",
+            "nvidia-smi/gpu000.txt",
+            "logs/gpu000/logs__train_gpu000_rank0_1.log",
+        }
         assert REDACTED in read("config.toml") and '"t"' not in read("config.toml")
         snapshot = json.loads(read("snapshot.json"))
         assert {n["name"] for n in snapshot["nodes"]} == {"gpu000", "gpu009"}
@@ -76,14 +100,23 @@ def test_archive_holds_every_member(tmp_path):
 
 def test_report_command_on_the_local_node_with_a_log_and_a_secret(tmp_path):
     log = tmp_path / "train_vm_rank0_20261202_120000.log"
-    log.write_text("2026-12-02 12:00:00,000 - INFO - Epoch 1 step 10/40 loss 0.5\n"
-                   "2026-12-02 12:00:01,000 - ERROR - loss contains NaN!\n")
+    log.write_text(
+        "2026-12-02 12:00:00,000 - INFO - Epoch 1 step 10/40 loss 0.5\n"
+        "2026-12-02 12:00:01,000 - ERROR - loss contains NaN!\n"
+    )
     config = tmp_path / "c.toml"
-    config.write_text('[logs]\npaths = ["%s/train_*.log"]\n[alerting]\nhook = ["/bin/true", "https://x/?token=abc"]\n'
-                      '# hook = ["notify", "--token", "xoxb-123-abc"]\n' % tmp_path)
+    config.write_text(
+        '[logs]\npaths = ["%s/train_*.log"]\n[alerting]\nhook = ["/bin/true", "https://x/?token=abc"]\n'
+        '# hook = ["notify", "--token", "xoxb-123-abc"]\n' % tmp_path
+    )
     state = tmp_path / "state"
-    done = subprocess.run([sys.executable, "-m", "opsconsole", "report", "--config", str(config)],
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ, XDG_STATE_HOME=str(state)))
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "report", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, XDG_STATE_HOME=str(state)),
+    )
     assert done.returncode == 0, done.stderr
     path = done.stdout.strip()
     # Not the current directory: the private reports directory, 0700, the report 0600.
@@ -110,10 +143,14 @@ def test_report_command_on_the_local_node_with_a_log_and_a_secret(tmp_path):
 def leaky_inputs():
     inputs = sample_inputs()
     up = inputs.states["gpu000"]
-    train = ProcessSample(pid=4242, name="python", user="alice", gpu_index=0,
-                          command="python train.py --wandb-api-key=abcd1234efgh5678 --lr 3e-4 "
-                                  "--out /scratch/run42/ckpt",
-                          watched_env=("NCCL_IB_DISABLE=1",))
+    train = ProcessSample(
+        pid=4242,
+        name="python",
+        user="alice",
+        gpu_index=0,
+        command="python train.py --wandb-api-key=abcd1234efgh5678 --lr 3e-4 --out /scratch/run42/ckpt",
+        watched_env=("NCCL_IB_DISABLE=1",),
+    )
     helper = ProcessSample(pid=4243, name="sshpass", command="sshpass -p hunter2 ssh gpu01")
     frame = replace(up.frame, processes=(train,), top_processes=(helper,))
     inputs.states["gpu000"] = replace(up, frame=frame, reason="webhook https://hooks.slack.com/services/T000/B000/XXXX")
@@ -130,8 +167,15 @@ def leaky_inputs():
     return inputs
 
 
-SECRETS = ["xoxb-123-abc", "hunter2", "commented-out-pw", "T000/B000/XXXX", "abcd1234efgh5678",
-           "hf_abcdefghijklmnopqrstuvwxyz", "sekrit-bearer-1"]
+SECRETS = [
+    "xoxb-123-abc",
+    "hunter2",
+    "commented-out-pw",
+    "T000/B000/XXXX",
+    "abcd1234efgh5678",
+    "hf_abcdefghijklmnopqrstuvwxyz",
+    "sekrit-bearer-1",
+]
 
 
 def test_no_member_of_the_report_carries_a_secret():
@@ -143,8 +187,10 @@ def test_no_member_of_the_report_carries_a_secret():
     snapshot = json.loads(files["snapshot.json"])
     node = next(n for n in snapshot["nodes"] if n["name"] == "gpu000")
     # What makes the report useful stays: the flags, the program, the other arguments.
-    assert node["processes"][0]["command"] == \
-        "python train.py --wandb-api-key=%s --lr 3e-4 --out /scratch/run42/ckpt" % REDACTED
+    assert (
+        node["processes"][0]["command"]
+        == "python train.py --wandb-api-key=%s --lr 3e-4 --out /scratch/run42/ckpt" % REDACTED
+    )
     assert node["top_processes"][0]["command"] == "sshpass -p %s ssh gpu01" % REDACTED
     assert node["processes"][0]["watched_env"] == ["NCCL_IB_DISABLE=1"]
     config = files["config.toml"].decode()
@@ -227,8 +273,12 @@ def test_report_command_with_a_missing_out_directory_is_one_line_and_exit_2(tmp_
     from opsconsole.cli import main
 
     missing = tmp_path / "nonexistent" / "x"
-    proc = subprocess.run([sys.executable, "-m", "opsconsole", "report", "--out", str(missing)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "report", "--out", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "no such directory" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "nonexistent").exists()

@@ -28,12 +28,18 @@ TEXT_CASES = [
     # command lines (the reported snapshot.json leak)
     ("python train.py --wandb-api-key=abcd1234ef --lr 3e-4", "python train.py --wandb-api-key=%s --lr 3e-4" % R),
     ("python train.py --wandb-api-key abcd1234ef --lr 3e-4", "python train.py --wandb-api-key %s --lr 3e-4" % R),
-    ("tool --api_key=k1 --api-key k2 --token t --secret s --key k --passwd p --password=q",
-     "tool --api_key=%s --api-key %s --token %s --secret %s --key %s --passwd %s --password=%s" % ((R,) * 7)),
-    ("app --hf-token x --client-secret y --access-token z",
-     "app --hf-token %s --client-secret %s --access-token %s" % ((R,) * 3)),
-    ("java -Djavax.net.ssl.keyStorePassword=changeit -jar x.jar",
-     "java -Djavax.net.ssl.keyStorePassword=%s -jar x.jar" % R),
+    (
+        "tool --api_key=k1 --api-key k2 --token t --secret s --key k --passwd p --password=q",
+        "tool --api_key=%s --api-key %s --token %s --secret %s --key %s --passwd %s --password=%s" % ((R,) * 7),
+    ),
+    (
+        "app --hf-token x --client-secret y --access-token z",
+        "app --hf-token %s --client-secret %s --access-token %s" % ((R,) * 3),
+    ),
+    (
+        "java -Djavax.net.ssl.keyStorePassword=changeit -jar x.jar",
+        "java -Djavax.net.ssl.keyStorePassword=%s -jar x.jar" % R,
+    ),
     ('tool --password "my secret phrase" --next', 'tool --password "%s" --next' % R),
     ("tool --token --verbose", "tool --token --verbose"),  # a flag after the flag is no value
     # -p: the program decides, else the value's shape
@@ -64,10 +70,14 @@ TEXT_CASES = [
     ("https://user:p@ss@host/x", "https://user:%s@host/x" % R),
     ("https://0123456789abcdef0123456789abcdef@o1.ingest.sentry.io/5", "https://%s@o1.ingest.sentry.io/5" % R),
     ("https://x/cb?code=abc&page=2&access_token=t#f", "https://x/cb?code=%s&page=2&access_token=%s#f" % (R, R)),
-    ("https://b.blob.core.windows.net/c?sv=2020&sig=abc%2Bdef&se=2026",
-     "https://b.blob.core.windows.net/c?sv=2020&sig=%s&se=2026" % R),
-    ("https://s3/x?X-Amz-Credential=AK%2F1&X-Amz-Signature=ff",
-     "https://s3/x?X-Amz-Credential=%s&X-Amz-Signature=%s" % (R, R)),
+    (
+        "https://b.blob.core.windows.net/c?sv=2020&sig=abc%2Bdef&se=2026",
+        "https://b.blob.core.windows.net/c?sv=2020&sig=%s&se=2026" % R,
+    ),
+    (
+        "https://s3/x?X-Amz-Credential=AK%2F1&X-Amz-Signature=ff",
+        "https://s3/x?X-Amz-Credential=%s&X-Amz-Signature=%s" % (R, R),
+    ),
     ("https://hooks.slack.com/services/T000/B000/XXXX", "https://hooks.slack.com/services/%s" % R),
     ("post to hooks.slack.com/services/T000/B000/XXXX now", "post to hooks.slack.com/services/%s now" % R),
     ("https://discord.com/api/webhooks/1234/abcDEF", "https://discord.com/api/webhooks/%s" % R),
@@ -82,8 +92,10 @@ TEXT_CASES = [
     ("hf_" + "e" * 34, R),
     ("id AKIAIOSFODNN7EXAMPLE.", "id %s." % R),
     ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.sig_part", "jwt %s" % R),
-    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\nNzaC1\n-----END OPENSSH PRIVATE KEY-----\nafter",
-     "-----BEGIN OPENSSH PRIVATE KEY-----\n%s\n-----END OPENSSH PRIVATE KEY-----\nafter" % R),
+    (
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\nNzaC1\n-----END OPENSSH PRIVATE KEY-----\nafter",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\n%s\n-----END OPENSSH PRIVATE KEY-----\nafter" % R,
+    ),
     ("-----BEGIN RSA PRIVATE KEY-----\ncut off", "-----BEGIN RSA PRIVATE KEY-----\n%s\n" % R),
 ]
 
@@ -99,7 +111,7 @@ KEPT = [
     "PWD=/home/alice OLDPWD=/ CUDA_VISIBLE_DEVICES=0,1 NCCL_IB_DISABLE=1",
     "ssh://git@github.com/org/repo.git",
     "https://prom.example:9090/api/v1/query?query=up&time=1700000000",
-    "bearer_token_file = \"/etc/prom/token\"",
+    'bearer_token_file = "/etc/prom/token"',
     "Bearer tokens are sent in a header; Bearer authentication",
     "Missing key(s) in state_dict: \"layer.0.weight\"; Loading key: model.weight; KeyError: 'x'",
     "tar -pxf archive.tar; cp -p a b",
@@ -128,8 +140,10 @@ def test_ordinary_text_is_kept(text):
         (["sshpass", "-p", "hunter2", "ssh", "-p", "22", "gpu01"], ["sshpass", "-p", R, "ssh", "-p", "22", "gpu01"]),
         (["mkdir", "-p", "run42"], ["mkdir", "-p", "run42"]),
         (["ssh", "-p", "22", "gpu01"], ["ssh", "-p", "22", "gpu01"]),
-        (["/bin/notify", "https://hooks.slack.com/services/T000/B000/XXXX"],
-         ["/bin/notify", "https://hooks.slack.com/services/%s" % R]),
+        (
+            ["/bin/notify", "https://hooks.slack.com/services/T000/B000/XXXX"],
+            ["/bin/notify", "https://hooks.slack.com/services/%s" % R],
+        ),
         (["curl", "-H", "Authorization: Bearer abcdefgh1"], ["curl", "-H", "Authorization: Bearer %s" % R]),
         (["env", "HF_TOKEN=abc", "python", "x.py"], ["env", "HF_TOKEN=%s" % R, "python", "x.py"]),
         (["bash", "-c", "sshpass -p hunter2 ssh gpu01"], ["bash", "-c", "sshpass -p %s ssh gpu01" % R]),
@@ -141,7 +155,7 @@ def test_redact_argv(argv, expected):
     assert redact_argv(argv) == expected
 
 
-CONFIG = '''\
+CONFIG = """\
 [alerting]
 hook = ["notify", "--token", "xoxb-123-abc"]
 webhook_hook = [
@@ -164,9 +178,9 @@ url = "https://admin:s3cret@prom.example:9090"
 bearer_token_file = "/etc/prom/token"
 identity = "~/.ssh/id_ed25519"
 host = "gpu01"
-'''
+"""
 
-CONFIG_REDACTED = '''\
+CONFIG_REDACTED = """\
 [alerting]
 hook = ["notify", "--token", "{R}"]
 webhook_hook = [
@@ -189,7 +203,7 @@ url = "https://admin:{R}@prom.example:9090"
 bearer_token_file = "/etc/prom/token"
 identity = "~/.ssh/id_ed25519"
 host = "gpu01"
-'''.format(R=R)
+""".format(R=R)
 
 
 def test_config_argv_arrays_comments_and_keys():
@@ -205,12 +219,23 @@ def test_redacted_config_is_still_toml():
 
 def test_json_documents():
     document = {
-        "nodes": [{
-            "name": "gpu01", "reason": "auth failed for https://u:pw@x/",
-            "processes": [{"pid": 7, "command": "python train.py --wandb-api-key=abcd1234", "gpu_memory_bytes": 5,
-                           "watched_env": ["NCCL_IB_DISABLE=1", "HF_TOKEN=hf_" + "x" * 30]}],
-            "password": "hunter2", "auth": {"token": 5}, "ok": True,
-        }]
+        "nodes": [
+            {
+                "name": "gpu01",
+                "reason": "auth failed for https://u:pw@x/",
+                "processes": [
+                    {
+                        "pid": 7,
+                        "command": "python train.py --wandb-api-key=abcd1234",
+                        "gpu_memory_bytes": 5,
+                        "watched_env": ["NCCL_IB_DISABLE=1", "HF_TOKEN=hf_" + "x" * 30],
+                    }
+                ],
+                "password": "hunter2",
+                "auth": {"token": 5},
+                "ok": True,
+            }
+        ]
     }
     node = redact_json(document)["nodes"][0]
     assert node["reason"] == "auth failed for https://u:%s@x/" % R
@@ -222,9 +247,23 @@ def test_json_documents():
 
 @pytest.mark.parametrize(
     "name, secret",
-    [("password", True), ("WANDB_API_KEY", True), ("keyStorePassword", True), ("PASSWORD2", True), ("api_keys", True),
-     ("--hf-token", True), ("webhook_url", True), ("bearer_token_file", False), ("max_tokens", False),
-     ("tokenizer", False), ("PWD", False), ("author", False), ("monkey", False), ("key_size", False), ("", False)],
+    [
+        ("password", True),
+        ("WANDB_API_KEY", True),
+        ("keyStorePassword", True),
+        ("PASSWORD2", True),
+        ("api_keys", True),
+        ("--hf-token", True),
+        ("webhook_url", True),
+        ("bearer_token_file", False),
+        ("max_tokens", False),
+        ("tokenizer", False),
+        ("PWD", False),
+        ("author", False),
+        ("monkey", False),
+        ("key_size", False),
+        ("", False),
+    ],
 )
 def test_secret_names(name, secret):
     assert is_secret_name(name) is secret
@@ -260,15 +299,16 @@ _KINDS = [
 ]
 # Surrounding text: words, punctuation, other flags, anything but what could glue onto the secret.
 _AROUND = st.lists(
-    st.one_of(st.text(string.ascii_letters + string.digits + "/:.,=()[]{}#!?", max_size=12),
-              st.sampled_from(["--lr", "3e-4", "-p", "8", "python", "train.py", "'", '"', "&&", "|", "#"])),
+    st.one_of(
+        st.text(string.ascii_letters + string.digits + "/:.,=()[]{}#!?", max_size=12),
+        st.sampled_from(["--lr", "3e-4", "-p", "8", "python", "train.py", "'", '"', "&&", "|", "#"]),
+    ),
     max_size=6,
 ).map(" ".join)
 
 
 @settings(max_examples=250)
-@given(kind=st.sampled_from(range(len(_KINDS))), body=_SECRET_BODY, before=_AROUND, after=_AROUND,
-       config=st.booleans())
+@given(kind=st.sampled_from(range(len(_KINDS))), body=_SECRET_BODY, before=_AROUND, after=_AROUND, config=st.booleans())
 def test_fuzz_an_embedded_secret_never_survives(kind, body, before, after, config):
     text, secret = _KINDS[kind](body)
     assume(secret not in before and secret not in after)
@@ -279,8 +319,14 @@ def test_fuzz_an_embedded_secret_never_survives(kind, body, before, after, confi
 
 
 @settings(max_examples=200)
-@given(argv=st.lists(st.one_of(st.sampled_from(["--token", "-p", "sshpass", "mysql", "--api-key=x", "--user", ""]),
-                               st.text(max_size=20)), max_size=8))
+@given(
+    argv=st.lists(
+        st.one_of(
+            st.sampled_from(["--token", "-p", "sshpass", "mysql", "--api-key=x", "--user", ""]), st.text(max_size=20)
+        ),
+        max_size=8,
+    )
+)
 def test_fuzz_argv_is_total_and_keeps_its_length(argv):
     redacted = redact_argv(argv)
     assert len(redacted) == len(argv)
@@ -289,10 +335,28 @@ def test_fuzz_argv_is_total_and_keeps_its_length(argv):
 
 # Arbitrary text, leaning on the characters the rules look at, control characters and lone surrogates.
 _HOSTILE = st.lists(
-    st.one_of(st.characters(), st.sampled_from(list("\"'#=:&?/@-_ \n\t\x00\x1b\ud800\udcff[]{}<>")),
-              st.sampled_from(["--token", "-p", "sshpass", "mysql", "https://", "Authorization:", "Bearer ", "password",
-                               "xoxb-", "eyJ", "-----BEGIN RSA PRIVATE KEY-----", "hooks.slack.com/services/",
-                               "-----END RSA PRIVATE KEY-----", REDACTED])),
+    st.one_of(
+        st.characters(),
+        st.sampled_from(list("\"'#=:&?/@-_ \n\t\x00\x1b\ud800\udcff[]{}<>")),
+        st.sampled_from(
+            [
+                "--token",
+                "-p",
+                "sshpass",
+                "mysql",
+                "https://",
+                "Authorization:",
+                "Bearer ",
+                "password",
+                "xoxb-",
+                "eyJ",
+                "-----BEGIN RSA PRIVATE KEY-----",
+                "hooks.slack.com/services/",
+                "-----END RSA PRIVATE KEY-----",
+                REDACTED,
+            ]
+        ),
+    ),
     max_size=40,
 ).map("".join)
 

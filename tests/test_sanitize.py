@@ -102,9 +102,13 @@ def test_fuzz_escaped_is_one_utf8_line_and_lossless(text):
 
 
 @settings(max_examples=80)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | any_text,
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(any_text, inner, max_size=4),
-                    max_leaves=12))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | any_text,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(any_text, inner, max_size=4),
+        max_leaves=12,
+    )
+)
 def test_fuzz_printable_json_is_strict_utf8_with_no_control(value):
     text = printable_json(value)
     text.encode("utf-8", errors="strict")

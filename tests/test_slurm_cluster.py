@@ -39,22 +39,62 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Captured from the cluster below (Slurm 22.05.8): `squeue --json` (fields trimmed to those read)
 # while job 1 ran on node[1-2] and jobs 2 and 3 waited; and the text fallback's format.
-CAPTURED_SQUEUE_JSON = json.dumps({
-    "meta": {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"},
-             "Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}, "release": "22.05.8"}},
-    "errors": [],
-    "jobs": [
-        {"job_id": 1, "name": "train-llm", "job_state": "RUNNING", "nodes": "node[1-2]", "start_time": 1796236687,
-         "user_name": "root", "state_reason": "None", "array_job_id": 0, "array_task_id": None, "het_job_id": 0,
-         "het_job_offset": 0, "partition": "debug", "node_count": 2},
-        {"job_id": 2, "name": "small", "job_state": "PENDING", "nodes": "", "start_time": 0, "user_name": "root",
-         "state_reason": "Resources", "array_job_id": 0, "array_task_id": None, "het_job_id": 0,
-         "het_job_offset": 0, "partition": "debug", "node_count": 1},
-        {"job_id": 3, "name": "queued", "job_state": "PENDING", "nodes": "", "start_time": 0, "user_name": "root",
-         "state_reason": "Priority", "array_job_id": 0, "array_task_id": None, "het_job_id": 0,
-         "het_job_offset": 0, "partition": "debug", "node_count": 2},
-    ],
-})
+CAPTURED_SQUEUE_JSON = json.dumps(
+    {
+        "meta": {
+            "plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"},
+            "Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}, "release": "22.05.8"},
+        },
+        "errors": [],
+        "jobs": [
+            {
+                "job_id": 1,
+                "name": "train-llm",
+                "job_state": "RUNNING",
+                "nodes": "node[1-2]",
+                "start_time": 1796236687,
+                "user_name": "root",
+                "state_reason": "None",
+                "array_job_id": 0,
+                "array_task_id": None,
+                "het_job_id": 0,
+                "het_job_offset": 0,
+                "partition": "debug",
+                "node_count": 2,
+            },
+            {
+                "job_id": 2,
+                "name": "small",
+                "job_state": "PENDING",
+                "nodes": "",
+                "start_time": 0,
+                "user_name": "root",
+                "state_reason": "Resources",
+                "array_job_id": 0,
+                "array_task_id": None,
+                "het_job_id": 0,
+                "het_job_offset": 0,
+                "partition": "debug",
+                "node_count": 1,
+            },
+            {
+                "job_id": 3,
+                "name": "queued",
+                "job_state": "PENDING",
+                "nodes": "",
+                "start_time": 0,
+                "user_name": "root",
+                "state_reason": "Priority",
+                "array_job_id": 0,
+                "array_task_id": None,
+                "het_job_id": 0,
+                "het_job_offset": 0,
+                "partition": "debug",
+                "node_count": 2,
+            },
+        ],
+    }
+)
 CAPTURED_SQUEUE_TEXT = "3|queued|PENDING|0:00||root|Resources\n2|small|RUNNING|2:13|node1|root|None\n"
 CAPTURED_SHOW_NODE = (
     "NodeName=node2 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=1 CPUTot=1 CPULoad=0.99 "
@@ -88,7 +128,8 @@ def test_squeue_json_is_filtered_here_because_22_05_ignores_the_filters():
 def test_squeue_text_fallback_and_elapsed_formats():
     jobs = parse_squeue_text(CAPTURED_SQUEUE_TEXT)
     assert [(j.job_id, j.state, j.nodes, j.elapsed_s) for j in jobs] == [
-        ("3", "PENDING", (), 0.0), ("2", "RUNNING", ("node1",), 133.0)
+        ("3", "PENDING", (), 0.0),
+        ("2", "RUNNING", ("node1",), 133.0),
     ]
     assert parse_elapsed("1-02:03:04") == 93784.0 and parse_elapsed("02:03:04") == 7384.0
     assert parse_elapsed("INVALID") is None and parse_elapsed("") is None
@@ -130,33 +171,37 @@ def cluster(tmp_path_factory):
     host = socket.gethostname()
     ports = [free_port() for _ in range(3)]
     conf = tmp / "slurm.conf"
-    conf.write_text("\n".join([
-        "ClusterName=opsconsole-test",
-        "SlurmctldHost=%s(127.0.0.1)" % host,
-        "SlurmctldPort=%d" % ports[0],
-        "SlurmUser=root",
-        "SlurmdUser=root",
-        "AuthType=auth/munge",
-        "AuthInfo=socket=%s" % (tmp / "munge.sock"),
-        "StateSaveLocation=%s" % (tmp / "state"),
-        "SlurmdSpoolDir=%s/spool/%%n" % tmp,
-        "SlurmctldPidFile=%s/slurmctld.pid" % tmp,
-        "SlurmdPidFile=%s/slurmd-%%n.pid" % tmp,
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "ReturnToService=2",
-        "SchedulerType=sched/backfill",
-        "SelectType=select/cons_tres",
-        "SlurmctldLogFile=%s/slurmctld.log" % tmp,
-        "SlurmdLogFile=%s/slurmd-%%n.log" % tmp,
-        "JobCompType=jobcomp/none",
-        "AccountingStorageType=accounting_storage/none",
-        "MpiDefault=none",
-        "NodeName=node1 NodeHostname=%s NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 Port=%d" % (host, ports[1]),
-        "NodeName=node2 NodeHostname=%s NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 Port=%d" % (host, ports[2]),
-        "PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP",
-        "",
-    ]))
+    conf.write_text(
+        "\n".join(
+            [
+                "ClusterName=opsconsole-test",
+                "SlurmctldHost=%s(127.0.0.1)" % host,
+                "SlurmctldPort=%d" % ports[0],
+                "SlurmUser=root",
+                "SlurmdUser=root",
+                "AuthType=auth/munge",
+                "AuthInfo=socket=%s" % (tmp / "munge.sock"),
+                "StateSaveLocation=%s" % (tmp / "state"),
+                "SlurmdSpoolDir=%s/spool/%%n" % tmp,
+                "SlurmctldPidFile=%s/slurmctld.pid" % tmp,
+                "SlurmdPidFile=%s/slurmd-%%n.pid" % tmp,
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "ReturnToService=2",
+                "SchedulerType=sched/backfill",
+                "SelectType=select/cons_tres",
+                "SlurmctldLogFile=%s/slurmctld.log" % tmp,
+                "SlurmdLogFile=%s/slurmd-%%n.log" % tmp,
+                "JobCompType=jobcomp/none",
+                "AccountingStorageType=accounting_storage/none",
+                "MpiDefault=none",
+                "NodeName=node1 NodeHostname=%s NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 Port=%d" % (host, ports[1]),
+                "NodeName=node2 NodeHostname=%s NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 Port=%d" % (host, ports[2]),
+                "PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP",
+                "",
+            ]
+        )
+    )
     (tmp / "state").mkdir()
     (tmp / "spool").mkdir()
     previous = os.environ.get("SLURM_CONF")
@@ -168,9 +213,21 @@ def cluster(tmp_path_factory):
         procs.append(subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=tmp))
 
     try:
-        start("munged", "-F", "--force", "-S", str(tmp / "munge.sock"), "--key-file", str(key),
-              "--pid-file", str(tmp / "munged.pid"), "--log-file", str(tmp / "munged.log"),
-              "--seed-file", str(tmp / "munge.seed"))
+        start(
+            "munged",
+            "-F",
+            "--force",
+            "-S",
+            str(tmp / "munge.sock"),
+            "--key-file",
+            str(key),
+            "--pid-file",
+            str(tmp / "munged.pid"),
+            "--log-file",
+            str(tmp / "munged.log"),
+            "--seed-file",
+            str(tmp / "munge.seed"),
+        )
         wait_for_sync(lambda: (tmp / "munge.sock").exists(), what="munged")
         start("slurmctld", "-D", "-c", "-f", str(conf))
         start("slurmd", "-D", "-N", "node1", "-f", str(conf))
@@ -206,15 +263,18 @@ def submit(nodes: int, name: str) -> str:
 
 def cancel(*job_ids: str) -> None:
     slurm("scancel", *job_ids)
-    wait_for_sync(lambda: all(query_job(j).state not in ("RUNNING", "PENDING", "COMPLETING") for j in job_ids),
-             what="jobs to end")
+    wait_for_sync(
+        lambda: all(query_job(j).state not in ("RUNNING", "PENDING", "COMPLETING") for j in job_ids), what="jobs to end"
+    )
 
 
 def test_a_real_job_its_nodes_and_a_pending_one(cluster):
     running = submit(2, "train-llm")
     waiting = submit(2, "queued")
     try:
-        job = wait_for_sync(lambda: (lambda j: j if j.state == "RUNNING" else None)(query_job(running)), what="job to run")
+        job = wait_for_sync(
+            lambda: (lambda j: j if j.state == "RUNNING" else None)(query_job(running)), what="job to run"
+        )
         assert (job.job_id, job.name, job.nodes, job.user) == (running, "train-llm", ("node1", "node2"), "root")
         assert job.elapsed_s is not None and job.elapsed_s >= 0
         pending = query_job(waiting)
@@ -234,8 +294,10 @@ def test_the_text_fallback_runs_real_squeue_when_json_is_not_supported(cluster, 
     real = shutil.which("squeue")
     fake = tmp_path / "bin" / "squeue"
     fake.parent.mkdir()
-    fake.write_text('#!/bin/sh\ncase " $* " in *" --json "*) echo "squeue: unrecognized option \'--json\'" >&2; '
-                    'exit 1;; esac\nexec %s "$@"\n' % real)
+    fake.write_text(
+        '#!/bin/sh\ncase " $* " in *" --json "*) echo "squeue: unrecognized option \'--json\'" >&2; '
+        'exit 1;; esac\nexec %s "$@"\n' % real
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", "%s%s%s" % (fake.parent, os.pathsep, os.environ["PATH"]))
     job_id = submit(1, "text-path")
@@ -259,18 +321,24 @@ async def test_fleet_follows_nodes_joining_and_leaving_a_users_jobs(cluster):
     first = submit(1, "first")
     second = None
     try:
-        await asyncio.to_thread(lambda: wait_for_sync(lambda: query_job(first).state == "RUNNING", "first job", timeout=30.0))
+        await asyncio.to_thread(
+            lambda: wait_for_sync(lambda: query_job(first).state == "RUNNING", "first job", timeout=30.0)
+        )
         follower = SlurmFollower(user="root", interval=0.2)
         initial = follower.poll()
         node_of_first = initial.jobs[0].nodes[0]
         links = [LocalLink(NodeConfig(name=node_of_first, local=True), interval=0.5)]
         fleet = Fleet(DEFAULT_CONFIG, links=links, sources=[])
-        fleet.follow_slurm(follower, link_factory=lambda name: LocalLink(NodeConfig(name=name, local=True), interval=0.5))
+        fleet.follow_slurm(
+            follower, link_factory=lambda name: LocalLink(NodeConfig(name=name, local=True), interval=0.5)
+        )
         await fleet.start(lambda state: None)
         try:
             assert list(fleet.states()) == [node_of_first]
             assert fleet.totals(time.time()).job == "user root: job %s first RUNNING %s (1 node)" % (
-                first, format_elapsed(initial.jobs[0].elapsed_s))
+                first,
+                format_elapsed(initial.jobs[0].elapsed_s),
+            )
             second = await asyncio.to_thread(submit, 1, "second")
 
             async def until(predicate, what):
@@ -307,8 +375,12 @@ def test_the_drain_action_drains_a_real_node_with_the_reason(cluster, tmp_path):
     audit = str(tmp_path / "audit.log")
     now = time.time()
     state = NodeState(name="node2", state=STATE_UP, frame=NodeFrame(node="node2", time=now), received_at=now)
-    ctx = ActionContext(config=Config(actions=ActionsConfig(audit_log=audit)), get_state=lambda: state, link=None,
-                        runner=ActionRunner(AuditLog(audit)))
+    ctx = ActionContext(
+        config=Config(actions=ActionsConfig(audit_log=audit)),
+        get_state=lambda: state,
+        link=None,
+        runner=ActionRunner(AuditLog(audit)),
+    )
 
     async def drain(node: str, reason: str):
         plan = await plan_action("drain_node", Target(TARGET_NODE, node), ctx, {"reason": reason})
@@ -342,7 +414,13 @@ def test_captured_show_node_reason_keeps_its_spaces():
 def test_cli_slurm_user_with_no_such_user_exits_2_with_one_line(cluster, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "opsconsole", "snapshot", "--slurm-user", "no-such-user-here"],
-        capture_output=True, text=True, cwd=ROOT, timeout=60, env=dict(os.environ, HOME=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env=dict(os.environ, HOME=str(tmp_path)),
     )
     assert result.returncode == 2
-    assert result.stderr.splitlines() == ["opsconsole: --slurm-user no-such-user-here: squeue --user no-such-user-here: squeue: error: Invalid user: no-such-user-here"]
+    assert result.stderr.splitlines() == [
+        "opsconsole: --slurm-user no-such-user-here: squeue --user no-such-user-here: squeue: error: Invalid user: no-such-user-here"
+    ]

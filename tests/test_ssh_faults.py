@@ -66,10 +66,20 @@ def test_backoff_reset_and_many_failures():
 
 def proc_output(root: Path, smi_query: str, smi_apps: str) -> str:
     parts = ["@@opsconsole time", "1796220000"]
-    for name, rel in (("stat", "stat"), ("meminfo", "meminfo"), ("loadavg", "loadavg"), ("uptime", "uptime"), ("net_dev", "net/dev")):
+    for name, rel in (
+        ("stat", "stat"),
+        ("meminfo", "meminfo"),
+        ("loadavg", "loadavg"),
+        ("uptime", "uptime"),
+        ("net_dev", "net/dev"),
+    ):
         parts += ["@@opsconsole " + name, (root / rel).read_text()]
     parts += ["@@opsconsole hostname", "gpu-node-7"]
-    parts += ["@@opsconsole df:0", "Filesystem 1024-blocks Used Available Capacity Mounted on", "/dev/my disk 1000 400 600 40% /"]
+    parts += [
+        "@@opsconsole df:0",
+        "Filesystem 1024-blocks Used Available Capacity Mounted on",
+        "/dev/my disk 1000 400 600 40% /",
+    ]
     parts += ["@@opsconsole smi_gpu", smi_query, "@@opsconsole smi_gpu_rc", "0"]
     parts += ["@@opsconsole smi_apps", smi_apps, "@@opsconsole smi_apps_rc", "0", "@@opsconsole end"]
     return "\n".join(parts) + "\n"
@@ -107,7 +117,11 @@ def test_fallback_without_nvidia_smi_and_with_a_refused_field():
 def test_fallback_script_quotes_disk_paths_and_sections_split():
     script = fallback_script(["/data/$(reboot)"])
     assert "'/data/$(reboot)'" in script
-    assert split_sections("junk\n@@opsconsole a\n1\n2\n@@opsconsole b\n@@opsconsole c\nx") == {"a": "1\n2", "b": "", "c": "x"}
+    assert split_sections("junk\n@@opsconsole a\n1\n2\n@@opsconsole b\n@@opsconsole c\nx") == {
+        "a": "1\n2",
+        "b": "",
+        "c": "x",
+    }
     assert parse_df("df: /x: No such file\n", "/x") is None
 
 

@@ -18,14 +18,18 @@ from tests.sshd import SSH_KEYGEN, StateLog, keygen, public_key, ssh_client, ssh
 
 pytestmark = pytest.mark.sshd
 
-FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
+FAST = SshConfig(
+    connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5
+)
 INTERVAL = 0.3
 HOSTNAME = os.uname().nodename
 
 
 def ssh_fingerprint(pub_path) -> str:
     """The fingerprint as OpenSSH's own ssh-keygen computes it."""
-    out = subprocess.run([SSH_KEYGEN, "-l", "-E", "sha256", "-f", str(pub_path)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [SSH_KEYGEN, "-l", "-E", "sha256", "-f", str(pub_path)], capture_output=True, text=True, check=True
+    )
     return out.stdout.split()[1]
 
 
@@ -48,7 +52,9 @@ async def running(link: SshLink, log: StateLog):
 async def test_two_nodes_stream_real_frames(sshd_factory):
     servers = [sshd_factory.start(), sshd_factory.start()]
     limiter = asyncio.Semaphore(8)
-    links = [SshLink(node_for(s, name="node%d" % i), FAST, INTERVAL, login_limiter=limiter) for i, s in enumerate(servers)]
+    links = [
+        SshLink(node_for(s, name="node%d" % i), FAST, INTERVAL, login_limiter=limiter) for i, s in enumerate(servers)
+    ]
     logs = [StateLog(), StateLog()]
     async with running(links[0], logs[0]), running(links[1], logs[1]):
         for i, log in enumerate(logs):
@@ -102,7 +108,9 @@ async def test_wrong_host_key_is_refused_with_the_presented_fingerprint(sshd_fac
 
 
 def _fast_fields():
-    return dict(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
+    return dict(
+        connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5
+    )
 
 
 async def test_unknown_host_is_hostkey_until_trusted_and_retried(sshd_factory, ssh_client):
@@ -142,7 +150,8 @@ async def test_ssh_config_alias_with_its_own_identity_file(sshd_factory, ssh_cli
     # Only the alias's key is authorized: a login works only if IdentityFile was honoured.
     server = sshd_factory.start(authorized_keys=[public_key(alias_key)])
     ssh_client.add_config(
-        "Host gpu-alias\n  HostName %s\n  Port %d\n  User root\n  IdentityFile ~/.ssh/alias_key\n" % (server.address, server.port)
+        "Host gpu-alias\n  HostName %s\n  Port %d\n  User root\n  IdentityFile ~/.ssh/alias_key\n"
+        % (server.address, server.port)
     )
     link = SshLink(NodeConfig(name="alias", host="gpu-alias"), FAST, INTERVAL)
     state = await link.poll_once(20)
@@ -155,7 +164,9 @@ async def test_ssh_config_alias_with_its_own_identity_file(sshd_factory, ssh_cli
 async def test_proxy_jump_through_one_sshd_to_another(sshd_factory):
     jump = sshd_factory.start("127.0.0.1")
     target = sshd_factory.start("127.0.0.2")
-    node = NodeConfig(name="behind", host=target.address, port=target.port, jump="root@%s:%d" % (jump.address, jump.port))
+    node = NodeConfig(
+        name="behind", host=target.address, port=target.port, jump="root@%s:%d" % (jump.address, jump.port)
+    )
     link = SshLink(node, FAST, INTERVAL)
     log = StateLog()
     async with running(link, log):
@@ -179,13 +190,16 @@ async def test_proxy_jump_from_ssh_config(sshd_factory, ssh_client):
     assert jump.count_log("Accepted publickey") == 1
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("bastion", (None, "bastion", None)),
-    ("me@bastion", ("me", "bastion", None)),
-    ("me@10.0.0.1:2222", ("me", "10.0.0.1", 2222)),
-    ("[::1]:2200", (None, "::1", 2200)),
-    ("a@b@c:22", ("a@b", "c", 22)),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("bastion", (None, "bastion", None)),
+        ("me@bastion", ("me", "bastion", None)),
+        ("me@10.0.0.1:2222", ("me", "10.0.0.1", 2222)),
+        ("[::1]:2200", (None, "::1", 2200)),
+        ("a@b@c:22", ("a@b", "c", 22)),
+    ],
+)
 def test_parse_jump(spec, expected):
     assert parse_jump(spec) == expected
 
@@ -210,7 +224,9 @@ async def test_parallel_commands_stay_under_max_channels(sshd_factory):
     server = sshd_factory.start(MaxSessions="3")
     link = SshLink(node_for(server), SshConfig(max_channels=3, **_fast_fields()), INTERVAL)
     try:
-        results = await asyncio.gather(*(link.run_command(["sh", "-c", "sleep 0.1; echo $0", str(i)]) for i in range(12)))
+        results = await asyncio.gather(
+            *(link.run_command(["sh", "-c", "sleep 0.1; echo $0", str(i)]) for i in range(12))
+        )
         assert [r[1].strip() for r in results] == [str(i) for i in range(12)]
         assert all(r[0] == 0 for r in results)
         assert link.channels_peak == 3  # parallel, and never past the cap

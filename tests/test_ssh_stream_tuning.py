@@ -200,19 +200,34 @@ async def _exec_packets(monkeypatch, host, port, user, key, known_hosts, command
 
 
 @pytest.mark.sshd
-async def test_the_scale_simulator_answers_an_exec_with_the_packets_sshd_sends(sshd_factory, ssh_client, tmp_path,
-                                                                               monkeypatch):
+async def test_the_scale_simulator_answers_an_exec_with_the_packets_sshd_sends(
+    sshd_factory, ssh_client, tmp_path, monkeypatch
+):
     from benchmarks.simulated_nodes import NVIDIA_SMI_COMMAND, SimulatedNodes, nvidia_smi_csv
 
     server = sshd_factory.start()
     csv = tmp_path / "nvidia-smi.csv"
     csv.write_bytes(nvidia_smi_csv())
-    real, answer = await _exec_packets(monkeypatch, server.address, server.port, "root", str(ssh_client.key),
-                                       str(ssh_client.known_hosts), "cat %s" % csv)
+    real, answer = await _exec_packets(
+        monkeypatch,
+        server.address,
+        server.port,
+        "root",
+        str(ssh_client.key),
+        str(ssh_client.known_hosts),
+        "cat %s" % csv,
+    )
     assert answer.exit_status == 0 and answer.stdout.encode() == nvidia_smi_csv()
     with SimulatedNodes(tmp_path / "sim", ports=1) as sim:
-        simulated, answer = await _exec_packets(monkeypatch, "127.0.0.1", sim.ports[0], "sim000", sim.keys.client_key,
-                                                sim.keys.known_hosts, NVIDIA_SMI_COMMAND)
+        simulated, answer = await _exec_packets(
+            monkeypatch,
+            "127.0.0.1",
+            sim.ports[0],
+            "sim000",
+            sim.keys.client_key,
+            sim.keys.known_hosts,
+            NVIDIA_SMI_COMMAND,
+        )
     assert answer.exit_status == 0 and answer.stdout.encode() == nvidia_smi_csv()
     # open confirmation, window adjust, exec success, data, EOF, exit-status, close: the baseline
     # polled in benchmarks/fleet_scale.py pays for what a real node's sshd makes it handle.

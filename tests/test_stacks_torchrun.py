@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PY_SPY = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
 START_TIMEOUT_S = 120.0
 
-JOB = textwrap.dedent('''
+JOB = textwrap.dedent("""
     import os
     import sys
     import time
@@ -54,7 +54,7 @@ JOB = textwrap.dedent('''
 
     dist.init_process_group("gloo")
     train_step(dist.get_rank(), sys.argv[1])
-''')
+""")
 
 
 def free_port() -> int:
@@ -92,9 +92,24 @@ def hung_job(tmp_path_factory):
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
     log = open(base / "launcher.log", "wb")
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-         "--master-port", str(free_port()), str(base / "job.py"), str(base)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            str(base / "job.py"),
+            str(base),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         ranks = {}
@@ -105,8 +120,10 @@ def hung_job(tmp_path_factory):
                 if probe.returncode != 0:
                     lowered = probe.stderr.lower()
                     if "permission" in lowered or "not permitted" in lowered:
-                        pytest.skip("ptrace refused here (py-spy dump: %s): kernel.yama.ptrace_scope or the "
-                                    "container's SYS_PTRACE" % probe.stderr.strip()[-200:])
+                        pytest.skip(
+                            "ptrace refused here (py-spy dump: %s): kernel.yama.ptrace_scope or the "
+                            "container's SYS_PTRACE" % probe.stderr.strip()[-200:]
+                        )
                 elif "all_reduce" in probe.stdout:  # rank 0 is inside the collective: the hang is set
                     break
             if launcher.poll() is not None:
@@ -135,16 +152,24 @@ def _end(launcher: subprocess.Popen) -> None:
 
 
 def run_stacks(*args: str, env=None) -> dict:
-    done = subprocess.run([sys.executable, "-m", "opsconsole", "stacks", "--json", *args],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "stacks", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     return json.loads(done.stdout)
 
 
 def local_config(tmp_path: Path, read_only: bool = False) -> Path:
     path = tmp_path / "local.toml"
-    path.write_text('[console]\nread_only = %s\n\n[[nodes]]\nname = "local"\nlocal = true\n\n'
-                    '[actions]\naudit_log = "%s"\n' % ("true" if read_only else "false", tmp_path / "audit.log"))
+    path.write_text(
+        '[console]\nread_only = %s\n\n[[nodes]]\nname = "local"\nlocal = true\n\n'
+        '[actions]\naudit_log = "%s"\n' % ("true" if read_only else "false", tmp_path / "audit.log")
+    )
     return path
 
 
@@ -181,23 +206,42 @@ def test_the_node_helper_finds_both_ranks_by_their_environment_not_torchrun(hung
 
 def test_the_table_names_the_odd_rank_first(hung_job, tmp_path):
     ranks = hung_job["ranks"]
-    done = subprocess.run([sys.executable, "-m", "opsconsole", "stacks", "--config", str(local_config(tmp_path)),
-                           "--pid", str(ranks[0]), "--pid", str(ranks[1])],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opsconsole",
+            "stacks",
+            "--config",
+            str(local_config(tmp_path)),
+            "--pid",
+            str(ranks[0]),
+            "--pid",
+            str(ranks[1]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[1] == "odd: rank 1 in `stuck_before_all_reduce` (job.py:12), while the others wait in a collective"
     assert lines[3] == "ODD  rank 1 in `stuck_before_all_reduce` (job.py:12)"
-    assert any(line.startswith("     rank 0 in `all_reduce` (distributed_c10d.py:") and line.endswith("via job.py:20")
-               for line in lines)
+    assert any(
+        line.startswith("     rank 0 in `all_reduce` (distributed_c10d.py:") and line.endswith("via job.py:20")
+        for line in lines
+    )
 
 
 @pytest.mark.sshd
 def test_stacks_over_ssh_to_a_real_sshd_names_rank_1(hung_job, sshd_factory, tmp_path):
     server = sshd_factory.start()
     config = tmp_path / "ssh.toml"
-    config.write_text('[[nodes]]\nname = "n1"\nhost = "%s"\nport = %d\npython = "%s"\n\n[actions]\naudit_log = "%s"\n'
-                      % (server.address, server.port, sys.executable, tmp_path / "audit.log"))
+    config.write_text(
+        '[[nodes]]\nname = "n1"\nhost = "%s"\nport = %d\npython = "%s"\n\n[actions]\naudit_log = "%s"\n'
+        % (server.address, server.port, sys.executable, tmp_path / "audit.log")
+    )
     ranks = hung_job["ranks"]
     # The node's helper finds the ranks itself (by RANK in /proc/PID/environ), as on a real node.
     result = run_stacks("--config", str(config), env=dict(os.environ))
@@ -222,8 +266,11 @@ async def test_the_console_shows_rank_1_and_its_stack_on_S_read_only_and_audited
         app.action_show_pane("logs")
         await pilot.pause()
         await pilot.press("S")
-        screen = await wait_for(lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None
-                             and app.screen, "the condition", pilot=pilot)
+        screen = await wait_for(
+            lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None and app.screen,
+            "the condition",
+            pilot=pilot,
+        )
         report = screen.report
         # Every rank of this machine is there (another job's too, if one runs): ours by its pid.
         rank1 = next(r for r in report.ranks if r.pid == ranks[1])
@@ -235,13 +282,17 @@ async def test_the_console_shows_rank_1_and_its_stack_on_S_read_only_and_audited
         assert str(row[0]) == "ODD" and "`stuck_before_all_reduce` (job.py:12)" in str(row[5])
         table.move_cursor(row=table.get_row_index(key))
         await pilot.press("enter")
-        stack_screen = await wait_for(lambda: isinstance(app.screen, RankStackScreen) and app.screen, "the condition", pilot=pilot)
+        stack_screen = await wait_for(
+            lambda: isinstance(app.screen, RankStackScreen) and app.screen, "the condition", pilot=pilot
+        )
         body = str(stack_screen.query_one("#rank-stack-body").content)
         assert "stuck_before_all_reduce (%s:12)" % (hung_job["dir"] / "job.py") in body
         assert "train_step (%s:18)" % (hung_job["dir"] / "job.py") in body
         await pilot.press("escape")
         await pilot.press("escape")
-        await wait_for(lambda: not isinstance(app.screen, (StacksScreen, RankStackScreen)), "the condition", pilot=pilot)
+        await wait_for(
+            lambda: not isinstance(app.screen, (StacksScreen, RankStackScreen)), "the condition", pilot=pilot
+        )
     records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
     stacks = [r for r in records if r["action"] == "stacks"]
     assert [r["outcome"] for r in stacks] == ["attempt", "ok"]
@@ -250,7 +301,9 @@ async def test_the_console_shows_rank_1_and_its_stack_on_S_read_only_and_audited
 
 def test_native_frames_on_request_keep_rank_1_odd(hung_job, tmp_path):
     ranks = hung_job["ranks"]
-    result = run_stacks("--config", str(local_config(tmp_path)), "--native", "--pid", str(ranks[0]), "--pid", str(ranks[1]))
+    result = run_stacks(
+        "--config", str(local_config(tmp_path)), "--native", "--pid", str(ranks[0]), "--pid", str(ranks[1])
+    )
     rank1 = next(entry for entry in result["ranks"] if entry["pid"] == ranks[1])
     functions = [frame["function"] for frame in rank1["frames"]]
     assert "stuck_before_all_reduce" in functions
@@ -271,19 +324,29 @@ async def test_S_on_the_nodes_pane_then_every_node_and_again_each_audited(hung_j
         app.action_show_pane("nodes")
         await wait_for(lambda: app.panes["nodes"].highlighted_node() == "local", "the condition", pilot=pilot)
         await pilot.press("S")
-        screen = await wait_for(lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None
-                             and app.screen, "the condition", pilot=pilot)
+        screen = await wait_for(
+            lambda: isinstance(app.screen, StacksScreen) and app.screen.report is not None and app.screen,
+            "the condition",
+            pilot=pilot,
+        )
         assert screen.scope.nodes == ("local",) and "node local" in str(screen.query_one("#stacks-title").content)
         assert ranks[1] in {r.pid for r in screen.report.ranks}
         for key, title in (("a", "every node"), ("g", "every node")):
             before = screen.report
             await pilot.press(key)
-            await wait_for(lambda: screen.report is not None and screen.report is not before, "the condition", pilot=pilot)  # a new one
+            await wait_for(
+                lambda: screen.report is not None and screen.report is not before, "the condition", pilot=pilot
+            )  # a new one
             assert title in str(screen.query_one("#stacks-title").content)
             assert 1 in screen.report.odd
             assert str(screen.query_one("#stacks-table").get_row("local/%d" % ranks[1])[0]) == "ODD"
     records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
     stacks = [(r["outcome"], r["command"]) for r in records if r["action"] == "stacks"]
-    assert stacks == [("attempt", ["opsconsole", "stacks", "--node", "local"]), ("ok", ["opsconsole", "stacks", "--node", "local"]),
-                      ("attempt", ["opsconsole", "stacks"]), ("ok", ["opsconsole", "stacks"]),
-                      ("attempt", ["opsconsole", "stacks"]), ("ok", ["opsconsole", "stacks"])]
+    assert stacks == [
+        ("attempt", ["opsconsole", "stacks", "--node", "local"]),
+        ("ok", ["opsconsole", "stacks", "--node", "local"]),
+        ("attempt", ["opsconsole", "stacks"]),
+        ("ok", ["opsconsole", "stacks"]),
+        ("attempt", ["opsconsole", "stacks"]),
+        ("ok", ["opsconsole", "stacks"]),
+    ]

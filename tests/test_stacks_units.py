@@ -35,7 +35,12 @@ def test_real_dumps_of_a_hung_torchrun_job_read_as_py_spy_printed_them():
     assert problem is None and len(threads) == 1
     main = main_thread(threads, json.loads((FIXTURES / "rank0_all_reduce.json").read_text())[0]["pid"])
     assert [f.function for f in main.frames] == [
-        "all_reduce", "_exception_logger.<locals>.wrapper", "train_step", "main", "<module>"]
+        "all_reduce",
+        "_exception_logger.<locals>.wrapper",
+        "train_step",
+        "main",
+        "<module>",
+    ]
     assert main.frames[0].file.endswith("torch/distributed/distributed_c10d.py") and main.frames[0].line > 0
     assert main.frames[2] == Frame("train_step", "/tmp/stk/job.py", 14)
     native, problem = parse_dump((FIXTURES / "rank1_sleep_native.json").read_text())
@@ -46,16 +51,19 @@ def test_real_dumps_of_a_hung_torchrun_job_read_as_py_spy_printed_them():
     assert where(native[0].frames) == "`stuck_before_all_reduce` (job.py:7)"
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("", "py-spy printed nothing"),
-    ("Error: Permission Denied", "py-spy output is not JSON"),
-    ("[" * 200000 + "]" * 200000, None),  # deep nesting: never a RecursionError out of the parser
-    ('{"frames": []}', "py-spy output is not a list of threads"),
-    ("[]", "py-spy found no Python thread"),
-    ('[{"frames": {"name": "x"}}]', "1 malformed thread(s) or frame(s) skipped"),
-    ('[{"frames": [1, "x", null, {"line": 3}]}]', "4 malformed thread(s) or frame(s) skipped"),
-    ("x" * (5 * 1024 * 1024), "py-spy output over"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("", "py-spy printed nothing"),
+        ("Error: Permission Denied", "py-spy output is not JSON"),
+        ("[" * 200000 + "]" * 200000, None),  # deep nesting: never a RecursionError out of the parser
+        ('{"frames": []}', "py-spy output is not a list of threads"),
+        ("[]", "py-spy found no Python thread"),
+        ('[{"frames": {"name": "x"}}]', "1 malformed thread(s) or frame(s) skipped"),
+        ('[{"frames": [1, "x", null, {"line": 3}]}]', "4 malformed thread(s) or frame(s) skipped"),
+        ("x" * (5 * 1024 * 1024), "py-spy output over"),
+    ],
+)
 def test_hostile_dumps_give_a_problem_line_never_an_exception(text, problem):
     threads, said = parse_dump(text)
     assert said is not None
@@ -65,12 +73,18 @@ def test_hostile_dumps_give_a_problem_line_never_an_exception(text, problem):
 
 
 def test_wrong_types_are_left_out_field_by_field_and_escapes_are_made_visible():
-    raw = [{"thread_name": "\x1b]52;c;ZXZpbA==\x07Main", "os_thread_id": "7", "frames": [
-        {"name": "\x1b[2Jwipe\nsecond line", "filename": "/a\u202eb.py", "line": True},
-        {"name": 42, "filename": "x.py", "line": -5},
-        {"name": "ok", "short_filename": "s.py", "line": 10 ** 12},
-        {"name": "n" * 5000, "filename": "f" * 5000, "line": 3},
-    ]}]
+    raw = [
+        {
+            "thread_name": "\x1b]52;c;ZXZpbA==\x07Main",
+            "os_thread_id": "7",
+            "frames": [
+                {"name": "\x1b[2Jwipe\nsecond line", "filename": "/a\u202eb.py", "line": True},
+                {"name": 42, "filename": "x.py", "line": -5},
+                {"name": "ok", "short_filename": "s.py", "line": 10**12},
+                {"name": "n" * 5000, "filename": "f" * 5000, "line": 3},
+            ],
+        }
+    ]
     threads, problem = parse_dump(json.dumps(raw))
     assert problem is None
     thread = threads[0]
@@ -92,10 +106,18 @@ def test_thread_and_frame_counts_are_bounded():
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(
-        st.sampled_from(["frames", "name", "filename", "short_filename", "line", "thread_name", "os_thread_id", "x"]),
-        inner, max_size=6),
-    max_leaves=40)
+    lambda inner: (
+        st.lists(inner, max_size=5)
+        | st.dictionaries(
+            st.sampled_from(
+                ["frames", "name", "filename", "short_filename", "line", "thread_name", "os_thread_id", "x"]
+            ),
+            inner,
+            max_size=6,
+        )
+    ),
+    max_leaves=40,
+)
 
 
 @given(json_values)
@@ -113,11 +135,17 @@ def test_any_text_reads_without_raising(text):
 
 # --- grouping and naming -----------------------------------------------------------------------
 
-ALL_REDUCE = (Frame("all_reduce", SITE + "torch/distributed/distributed_c10d.py", 3252),
-              Frame("wrapper", SITE + "torch/distributed/c10d_logger.py", 83),
-              Frame("train", "/job/train.py", 120), Frame("<module>", "/job/train.py", 200))
-DATALOADER = (Frame("__next__", SITE + "torch/utils/data/dataloader.py", 631),
-              Frame("train", "/job/train.py", 88), Frame("<module>", "/job/train.py", 200))
+ALL_REDUCE = (
+    Frame("all_reduce", SITE + "torch/distributed/distributed_c10d.py", 3252),
+    Frame("wrapper", SITE + "torch/distributed/c10d_logger.py", 83),
+    Frame("train", "/job/train.py", 120),
+    Frame("<module>", "/job/train.py", 200),
+)
+DATALOADER = (
+    Frame("__next__", SITE + "torch/utils/data/dataloader.py", 631),
+    Frame("train", "/job/train.py", 88),
+    Frame("<module>", "/job/train.py", 200),
+)
 
 
 def members(stacks):
@@ -126,10 +154,15 @@ def members(stacks):
 
 def test_the_one_rank_outside_the_collective_is_named_as_the_issue_words_it():
     groups = group_stacks(members({rank: DATALOADER if rank == 5 else ALL_REDUCE for rank in range(16)}))
-    assert summary(groups) == ("rank 5 in `__next__` (dataloader.py:631) via train.py:88; "
-                               "ranks 0-4, 6-15 in `all_reduce` (distributed_c10d.py:3252) via train.py:120")
+    assert summary(groups) == (
+        "rank 5 in `__next__` (dataloader.py:631) via train.py:88; "
+        "ranks 0-4, 6-15 in `all_reduce` (distributed_c10d.py:3252) via train.py:120"
+    )
     assert odd_ranks(groups) == [5]
-    assert verdict(groups) == "rank 5 in `__next__` (dataloader.py:631) via train.py:88, while the others wait in a collective"
+    assert (
+        verdict(groups)
+        == "rank 5 in `__next__` (dataloader.py:631) via train.py:88, while the others wait in a collective"
+    )
 
 
 def test_two_ranks_one_waiting_one_not_names_the_one_not_waiting():
@@ -149,7 +182,10 @@ def test_without_collectives_the_minority_is_odd_and_a_tie_names_nobody():
 
 
 def test_a_different_collective_among_collectives_is_odd_when_it_is_the_minority():
-    barrier = (Frame("barrier", SITE + "torch/distributed/distributed_c10d.py", 4000), Frame("train", "/job/train.py", 130))
+    barrier = (
+        Frame("barrier", SITE + "torch/distributed/distributed_c10d.py", 4000),
+        Frame("train", "/job/train.py", 130),
+    )
     groups = group_stacks(members({r: barrier if r == 7 else ALL_REDUCE for r in range(8)}))
     assert odd_ranks(groups) == [7]
 
@@ -169,8 +205,16 @@ def answer_lines(*records):
     return [json.dumps(record) + "\n" for record in records]
 
 
-HEAD = {"kind": "node", "source": "environ", "ranks": 2, "py_spy": "/x/py-spy", "looked_in": ["PATH"],
-        "uid": 1000, "ptrace_scope": 1, "cap_sys_ptrace": False}
+HEAD = {
+    "kind": "node",
+    "source": "environ",
+    "ranks": 2,
+    "py_spy": "/x/py-spy",
+    "looked_in": ["PATH"],
+    "uid": 1000,
+    "ptrace_scope": 1,
+    "cap_sys_ptrace": False,
+}
 DUMP0 = (FIXTURES / "rank0_all_reduce.json").read_text()
 
 
@@ -182,18 +226,30 @@ def read(lines):
 
 
 def test_a_node_answer_with_a_good_rank_a_refused_one_and_garbage():
-    answer = read(["Warning: something on stdout\n"] + answer_lines(
-        HEAD,
-        {"kind": "rank", "pid": 11, "rank": 0, "status": "ok", "stdout": DUMP0, "seconds": 0.02},
-        {"kind": "rank", "pid": 12, "rank": 1, "status": "failed", "exit": 1,
-         "stderr": "Permission Denied: Try running again with elevated permissions\n"},
-        {"kind": "rank", "pid": "13", "rank": 2, "status": "ok"},
-        {"kind": "rank", "pid": 14, "rank": 3, "status": "exploded"},
-        {"kind": "done", "seconds": 0.1}) + ["[1, 2]\n", "{not json\n"])
+    answer = read(
+        ["Warning: something on stdout\n"]
+        + answer_lines(
+            HEAD,
+            {"kind": "rank", "pid": 11, "rank": 0, "status": "ok", "stdout": DUMP0, "seconds": 0.02},
+            {
+                "kind": "rank",
+                "pid": 12,
+                "rank": 1,
+                "status": "failed",
+                "exit": 1,
+                "stderr": "Permission Denied: Try running again with elevated permissions\n",
+            },
+            {"kind": "rank", "pid": "13", "rank": 2, "status": "ok"},
+            {"kind": "rank", "pid": 14, "rank": 3, "status": "exploded"},
+            {"kind": "done", "seconds": 0.1},
+        )
+        + ["[1, 2]\n", "{not json\n"]
+    )
     assert [(r.pid, r.rank) for r in answer.ranks] == [(11, 0)] and answer.ranks[0].dump_s == 0.02
     reasons = [(e.pid, e.reason) for e in answer.errors]
-    assert reasons[0][0] == 12 and reasons[0][1].startswith("ptrace refused (kernel.yama.ptrace_scope = 1, uid 1000, "
-                                                            "no CAP_SYS_PTRACE)")
+    assert reasons[0][0] == 12 and reasons[0][1].startswith(
+        "ptrace refused (kernel.yama.ptrace_scope = 1, uid 1000, no CAP_SYS_PTRACE)"
+    )
     assert "SYS_PTRACE" in reasons[0][1] and "kernel.yama.ptrace_scope=0" in reasons[0][1]
     assert reasons[1] == (None, "the node's helper sent a rank without a valid pid")
     assert reasons[2] == (14, "the node's helper sent an unknown status")
@@ -208,13 +264,20 @@ def test_a_process_sent_twice_is_one_rank():
 
 def test_no_answer_no_ranks_no_py_spy_and_a_cut_answer_are_errors_that_say_so():
     assert read(["bash: python3: command not found\n"]).errors[0].reason == (
-        "the stack helper did not answer: bash: python3: command not found")
+        "the stack helper did not answer: bash: python3: command not found"
+    )
     none = read(answer_lines(dict(HEAD, ranks=0), {"kind": "done", "seconds": 0.01}))
     assert none.errors[0].reason.startswith("no training ranks found")
-    missing = read(answer_lines(dict(HEAD, py_spy=None, looked_in=["PATH", "/opt/venv/bin"]),
-                                {"kind": "rank", "pid": 5, "rank": 0, "status": "no-py-spy"}))
-    assert missing.errors[0].reason == ("py-spy not found (looked in PATH, /opt/venv/bin): pip install py-spy on the "
-                                        "node (into the training environment, or ~/.local/bin)")
+    missing = read(
+        answer_lines(
+            dict(HEAD, py_spy=None, looked_in=["PATH", "/opt/venv/bin"]),
+            {"kind": "rank", "pid": 5, "rank": 0, "status": "no-py-spy"},
+        )
+    )
+    assert missing.errors[0].reason == (
+        "py-spy not found (looked in PATH, /opt/venv/bin): pip install py-spy on the "
+        "node (into the training environment, or ~/.local/bin)"
+    )
     assert missing.errors[1].reason == "the stack helper stopped before it was done"
     answer = NodeAnswer("gpu1", 10.0)
     answer.on_too_long(9 * 1024 * 1024)
@@ -235,7 +298,9 @@ def test_the_table_prints_hostile_names_as_visible_characters():
 
 @pytest.fixture
 def sleeper():
-    process = subprocess.Popen([sys.executable, "-c", "import time\ndef waiting_here():\n    time.sleep(120)\nwaiting_here()"])
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time\ndef waiting_here():\n    time.sleep(120)\nwaiting_here()"]
+    )
     yield process
     process.kill()
     process.wait()
@@ -250,8 +315,10 @@ def traceable_sleeper(sleeper):
         done = subprocess.run([PY_SPY, "dump", "--pid", str(sleeper.pid)], capture_output=True, text=True, timeout=60)
         lowered = done.stderr.lower()
         if "permission" in lowered or "not permitted" in lowered:
-            pytest.skip("ptrace refused here (%s): kernel.yama.ptrace_scope or the container's SYS_PTRACE"
-                        % done.stderr.strip()[-200:])
+            pytest.skip(
+                "ptrace refused here (%s): kernel.yama.ptrace_scope or the container's SYS_PTRACE"
+                % done.stderr.strip()[-200:]
+            )
         if "waiting_here" in done.stdout:
             return sleeper
         time.sleep(0.05)
@@ -259,8 +326,13 @@ def traceable_sleeper(sleeper):
 
 
 def run_helper(request, prefix=()):
-    done = subprocess.run(list(prefix) + helper_argv(sys.executable), input=json.dumps(request) + "\n",
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        list(prefix) + helper_argv(sys.executable),
+        input=json.dumps(request) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
@@ -276,8 +348,9 @@ def test_ptrace_refused_for_an_unprivileged_user_is_said_with_the_fix(sleeper):
     setpriv = shutil.which("setpriv")
     if os.getuid() != 0 or setpriv is None or not os.path.exists(PY_SPY):
         pytest.skip("needs root, setpriv and py-spy to run the helper as nobody against our process")
-    lines = run_helper({"pids": [sleeper.pid], "py_spy": PY_SPY},
-                       prefix=(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"))
+    lines = run_helper(
+        {"pids": [sleeper.pid], "py_spy": PY_SPY}, prefix=(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups")
+    )
     answer = read([json.dumps(line) + "\n" for line in lines])
     assert answer.ranks == []
     assert answer.errors[0].reason.startswith("ptrace refused (") and "uid 65534" in answer.errors[0].reason
@@ -320,8 +393,13 @@ def test_ranks_are_found_by_environment_without_launcher_wrapper_or_forked_worke
     import psutil
 
     # The launcher carries a RANK of its own (a node rank, as Kubeflow gives torchrun).
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True,
-                                env=dict(os.environ, RANK="7", WORLD_SIZE="2"), start_new_session=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, RANK="7", WORLD_SIZE="2"),
+        start_new_session=True,
+    )
     try:
         rank0, shell = (int(pid) for pid in launcher.stdout.readline().split())
         for _ in range(400):  # until the fork and the shell's python have started
@@ -361,8 +439,13 @@ def old_pythons():
 def test_the_helper_runs_on_an_old_node_python(python, traceable_sleeper):
     if python is None:
         pytest.skip("no Python 3.6-3.8 under ~/.pyenv here")
-    done = subprocess.run(helper_argv(python), input=json.dumps({"pids": [traceable_sleeper.pid], "py_spy": PY_SPY}) + "\n",
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        helper_argv(python),
+        input=json.dumps({"pids": [traceable_sleeper.pid], "py_spy": PY_SPY}) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     answer = read(done.stdout.splitlines(keepends=True))
     assert answer.errors == [] and answer.ranks[0].frames[0].function == "waiting_here", done.stderr
 
@@ -391,13 +474,15 @@ def test_without_ranks_the_gpu_processes_the_console_saw_are_dumped(traceable_sl
         "env -u RANK -u LOCAL_RANK %s -c 'import time\ndef on_the_gpu():\n    time.sleep(60)\non_the_gpu()' &\n"
         "for try in $(seq 200); do\n"  # until the sleeper is in its function
         "  out=$(echo '{\"gpu_pids\": ['$!'], \"py_spy\": %s}' | %s)\n"
-        "  case \"$out\" in *on_the_gpu*) break;; esac\n"
+        '  case "$out" in *on_the_gpu*) break;; esac\n'
         "  sleep 0.05\n"
         "done\n"
         "printf '%%s\\n' \"$out\"\n"  # dash's echo would turn the JSON's \\n escapes into newlines
-        "kill $!\n" % (shlex.quote(sys.executable), json.dumps(PY_SPY), helper))
-    done = subprocess.run([unshare, "--pid", "--fork", "--mount-proc", "sh", "-c", script],
-                          capture_output=True, text=True, timeout=60)
+        "kill $!\n" % (shlex.quote(sys.executable), json.dumps(PY_SPY), helper)
+    )
+    done = subprocess.run(
+        [unshare, "--pid", "--fork", "--mount-proc", "sh", "-c", script], capture_output=True, text=True, timeout=60
+    )
     answer = read(done.stdout.splitlines(keepends=True))
     assert answer.head["source"] == "gpu", done.stdout + done.stderr
     assert answer.errors == [] and answer.ranks[0].frames[0].function == "on_the_gpu"

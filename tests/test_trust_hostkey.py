@@ -26,11 +26,15 @@ from tests.waiting import wait_for
 
 SIZE = (140, 40)
 WAIT_LIMIT_S = 40.0  # generous: a loaded 2-core machine; the tests poll, they don't time anything
-FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
+FAST = SshConfig(
+    connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5
+)
 
 
 def ssh_fingerprint(pub_path) -> str:
-    out = subprocess.run([SSH_KEYGEN, "-l", "-E", "sha256", "-f", str(pub_path)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [SSH_KEYGEN, "-l", "-E", "sha256", "-f", str(pub_path)], capture_output=True, text=True, check=True
+    )
     return out.stdout.split()[1]
 
 
@@ -50,7 +54,9 @@ def state_of(app: OpsConsole, name: str = "n1") -> NodeState:
 
 async def open_trust(pilot, app: OpsConsole):
     """Wait for `hostkey`, go to the Nodes pane, select n1, press T."""
-    await wait_for(lambda: state_of(app).state == STATE_HOSTKEY, "n1 in state hostkey", timeout=WAIT_LIMIT_S, pilot=pilot)
+    await wait_for(
+        lambda: state_of(app).state == STATE_HOSTKEY, "n1 in state hostkey", timeout=WAIT_LIMIT_S, pilot=pilot
+    )
     await pilot.press("4")
     await pilot.pause()
     table = app.panes["nodes"].query_one("#nodes-table", DataTable)
@@ -98,7 +104,9 @@ async def test_trust_an_unknown_key_and_the_node_comes_up(sshd_factory, ssh_clie
         assert str(ssh_client.known_hosts) in body  # ... and the file it goes to
         assert ssh_client.known_hosts.read_text() == ""  # nothing written before `y`
         await pilot.press("y")
-        await wait_for(lambda: state_of(app).state == STATE_UP, "n1 up after trusting", timeout=WAIT_LIMIT_S, pilot=pilot)
+        await wait_for(
+            lambda: state_of(app).state == STATE_UP, "n1 up after trusting", timeout=WAIT_LIMIT_S, pilot=pilot
+        )
         assert not isinstance(app.screen, ConfirmScreen)
         assert state_of(app).fingerprint is None and state_of(app).frame is not None
     assert ssh_client.known_hosts.read_text() == server.known_hosts_line()
@@ -143,7 +151,9 @@ async def test_read_only_console_refuses(sshd_factory, ssh_client, tmp_path):
 
 
 @pytest.mark.sshd
-async def test_changed_key_is_refused_then_trusted_after_the_user_removes_the_old_line(sshd_factory, ssh_client, tmp_path):
+async def test_changed_key_is_refused_then_trusted_after_the_user_removes_the_old_line(
+    sshd_factory, ssh_client, tmp_path
+):
     server = sshd_factory.start(trust=False)
     ssh_client.trust_wrong_key(server)
     before = ssh_client.known_hosts.read_text()
@@ -175,7 +185,9 @@ async def test_changed_key_is_refused_then_trusted_after_the_user_removes_the_ol
         assert isinstance(app.screen, ConfirmScreen) and app.screen.query("#confirm-yes")
         assert new_fingerprint in body_of(app.screen)
         await pilot.press("y")
-        await wait_for(lambda: state_of(app).state == STATE_UP, "n1 up after the old key went", timeout=WAIT_LIMIT_S, pilot=pilot)
+        await wait_for(
+            lambda: state_of(app).state == STATE_UP, "n1 up after the old key went", timeout=WAIT_LIMIT_S, pilot=pilot
+        )
     assert ssh_client.known_hosts.read_text() == server.known_hosts_line()
     assert [r["outcome"] for r in audit_records(audit)] == ["refused", "confirmed"]
     assert old_fingerprint in audit_records(audit)[0]["detail"]
@@ -252,8 +264,18 @@ def test_known_key_lines_port_hashed_and_portless(tmp_path):
     assert "127.0.0.1" not in known.read_text()
     lines, found = _known_key_lines([str(known)], "127.0.0.1", 2222, presented)
     assert found and [l.pattern for l in lines] == ["127.0.0.1"]
-    plan = TrustPlan(node="n1", host="127.0.0.1", port=2222, pattern="[127.0.0.1]:2222", key_type="ssh-ed25519",
-                     fingerprint="SHA256:x", key=presented, known_hosts=str(known), line="", old_keys=tuple(lines))
+    plan = TrustPlan(
+        node="n1",
+        host="127.0.0.1",
+        port=2222,
+        pattern="[127.0.0.1]:2222",
+        key_type="ssh-ed25519",
+        fingerprint="SHA256:x",
+        key=presented,
+        known_hosts=str(known),
+        line="",
+        old_keys=tuple(lines),
+    )
     assert plan.remove_commands() == ["ssh-keygen -R 127.0.0.1 -f %s" % known]
 
 

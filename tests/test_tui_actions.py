@@ -14,16 +14,14 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from textual.widgets import Button, DataTable, Input
-
-
 from h200_fleet import idle_gpu, load_process, loaded_gpu  # noqa: E402
+from textual.widgets import Button, DataTable, Input
 from tui_fakes import FakeFleet, single_node_states  # noqa: E402
 
 from opsconsole.actions.registry import ACTIONS  # noqa: E402
 from opsconsole.config import ActionsConfig, Config, ConsoleConfig, NodeConfig  # noqa: E402
-from opsconsole.nodes.local import LocalLink  # noqa: E402
 from opsconsole.model import STATE_UP, NodeFrame, NodeState, ProcessSample  # noqa: E402
+from opsconsole.nodes.local import LocalLink  # noqa: E402
 from opsconsole.probe.procs import ProcessTable  # noqa: E402
 from opsconsole.tui.action_flow import ReasonScreen, ResultScreen  # noqa: E402
 from opsconsole.tui.app import ConsoleCommands, OpsConsole  # noqa: E402
@@ -55,8 +53,15 @@ class LiveFleet(FakeFleet):
         self.seq += 1
         now = time.time()
         top = tuple(p for p in self.table.join([ProcessSample(pid=pid) for pid in self.pids]) if p.state is not None)
-        frame = NodeFrame(node=self.name, time=now, seq=self.seq, gpus=self.gpus, processes=self.processes,
-                          top_processes=top, gpu_source="nvml")
+        frame = NodeFrame(
+            node=self.name,
+            time=now,
+            seq=self.seq,
+            gpus=self.gpus,
+            processes=self.processes,
+            top_processes=top,
+            gpu_source="nvml",
+        )
         return {self.name: NodeState(name=self.name, state=STATE_UP, frame=frame, received_at=now, since=now - 60)}
 
     def link(self, name: str) -> LocalLink:
@@ -144,8 +149,10 @@ async def test_read_only_console_has_no_dangerous_keys_in_footer_help_or_palette
 
 def reset_stub(tmp_path: Path) -> Path:
     stub = tmp_path / "fake-nvidia-smi"
-    stub.write_text("#!%s\nimport json, sys\njson.dump(sys.argv[1:], open(%r, 'w'))\nprint('GPU reset done')\n"
-                    % (sys.executable, str(tmp_path / "argv.json")))
+    stub.write_text(
+        "#!%s\nimport json, sys\njson.dump(sys.argv[1:], open(%r, 'w'))\nprint('GPU reset done')\n"
+        % (sys.executable, str(tmp_path / "argv.json"))
+    )
     stub.chmod(0o755)
     return stub
 
@@ -157,7 +164,9 @@ async def test_gpu_reset_typed_confirmation_then_the_stub_runs_and_the_result_sh
     async with app.run_test(size=SIZE) as pilot:
         await open_pane(pilot, app, "1", "gpus")
         await pilot.press("R")
-        await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the reset confirmation", pilot=pilot)
+        await wait_for(
+            lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the reset confirmation", pilot=pilot
+        )
         screen = app.screen
         body = str(screen.query_one("#confirm-body").render())
         assert "%s --gpu-reset -i 0" % stub in body and "local" in body and "privileges" in body
@@ -168,7 +177,9 @@ async def test_gpu_reset_typed_confirmation_then_the_stub_runs_and_the_result_sh
         await pilot.press("backspace")
         await pilot.press(*"local/0")
         await pilot.press("enter")
-        await wait_for(lambda: isinstance(app.screen, ResultScreen) and app.screen.is_mounted, "the result screen", pilot=pilot)
+        await wait_for(
+            lambda: isinstance(app.screen, ResultScreen) and app.screen.is_mounted, "the result screen", pilot=pilot
+        )
         result = str(app.screen.query_one("#result-body").render())
         assert "exit status 0" in result and "GPU reset done" in result and "GPU 0 read again" in result
         assert json.loads((tmp_path / "argv.json").read_text()) == ["--gpu-reset", "-i", "0"]
@@ -179,7 +190,11 @@ async def test_gpu_reset_typed_confirmation_then_the_stub_runs_and_the_result_sh
         await wait_for(lambda: "stop them first" in messages(app), "the refusal", pilot=pilot)
         assert not isinstance(app.screen, ConfirmScreen)
     outcomes = [(r["action"], r["target"], r["outcome"]) for r in audit_records(tmp_path)]
-    assert outcomes == [("gpu_reset", "gpu 0", "attempt"), ("gpu_reset", "gpu 0", "ok"), ("gpu_reset", "gpu 1", "refused")]
+    assert outcomes == [
+        ("gpu_reset", "gpu 0", "attempt"),
+        ("gpu_reset", "gpu 0", "ok"),
+        ("gpu_reset", "gpu 1", "refused"),
+    ]
 
 
 # --- signals --------------------------------------------------------------------------------
@@ -196,7 +211,11 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
             await pilot.press("t", "t")  # host processes only
             await pilot.pause()
             await pilot.press("x")
-            await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the signal confirmation", pilot=pilot)
+            await wait_for(
+                lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed,
+                "the signal confirmation",
+                pilot=pilot,
+            )
             body = str(app.screen.query_one("#confirm-body").render())
             assert "kill -s TERM -- %d" % sleeper.pid in body and "local" in body and "sleep" in body
             assert app.screen.query_one("#confirm-no", Button).has_focus
@@ -204,7 +223,11 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
             await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the cancel", pilot=pilot)
             assert sleeper.poll() is None
             await pilot.press("x")
-            await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the confirmation again", pilot=pilot)
+            await wait_for(
+                lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed,
+                "the confirmation again",
+                pilot=pilot,
+            )
             await pilot.press("y")
             await wait_for(lambda: "gone" in messages(app) or "zombie" in messages(app), "the verdict", pilot=pilot)
             assert sleeper.wait(10) == -15
@@ -215,7 +238,9 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
     assert [r["outcome"] for r in audit_records(tmp_path)] == ["cancelled", "attempt", "ok"]
 
 
-STUBBORN = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+STUBBORN = (
+    "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+)
 
 
 async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_path):
@@ -231,7 +256,9 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
             await pilot.press("t", "t")  # host processes only
             await pilot.pause()
             await pilot.press("e")
-            await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the escalation", pilot=pilot)
+            await wait_for(
+                lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the escalation", pilot=pilot
+            )
             await pilot.press("y")  # SIGINT, which the process ignores
             await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the SIGINT", pilot=pilot)
             await pilot.press("slash")
@@ -242,7 +269,9 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
                 assert not isinstance(app.screen, ConfirmScreen)
             assert app.filter_input.value == "y" * 40
             await pilot.press("escape")  # the input closes: now the question may open
-            await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the SIGTERM question", pilot=pilot)
+            await wait_for(
+                lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the SIGTERM question", pilot=pilot
+            )
             assert "SIGTERM" in app.screen.title_text
             await pilot.press("escape")
             await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the answer", pilot=pilot)
@@ -261,8 +290,10 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
 async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_newest_first(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text("#!%s\nimport json, sys\nopen(%r, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-                                      % (sys.executable, str(tmp_path / "calls.jsonl")))
+    (bin_dir / "scontrol").write_text(
+        "#!%s\nimport json, sys\nopen(%r, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        % (sys.executable, str(tmp_path / "calls.jsonl"))
+    )
     (bin_dir / "scontrol").chmod(0o755)
     monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
     app = console(tmp_path, LiveFleet("local", gpus=[idle_gpu(0)]))
@@ -270,18 +301,24 @@ async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_new
         await pilot.pause()
         await open_pane(pilot, app, "4", "nodes")
         await pilot.press("D")
-        await wait_for(lambda: isinstance(app.screen, ReasonScreen) and app.screen.is_mounted, "the reason prompt", pilot=pilot)
+        await wait_for(
+            lambda: isinstance(app.screen, ReasonScreen) and app.screen.is_mounted, "the reason prompt", pilot=pilot
+        )
         await pilot.press("enter")  # empty: refused in place
         await pilot.pause()
         assert isinstance(app.screen, ReasonScreen)
         assert "needs a reason" in str(app.screen.query_one("#reason-error").render())
         app.screen.query_one("#reason-input", Input).value = "XID 79 on GPU 3"
         await pilot.press("enter")
-        await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the drain confirmation", pilot=pilot)
+        await wait_for(
+            lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the drain confirmation", pilot=pilot
+        )
         body = str(app.screen.query_one("#confirm-body").render())
         assert "scontrol update NodeName=local State=DRAIN 'Reason=XID 79 on GPU 3'" in body
         await pilot.press("y")
-        await wait_for(lambda: (tmp_path / "calls.jsonl").exists() and "exit status 0" in messages(app), "drain", pilot=pilot)
+        await wait_for(
+            lambda: (tmp_path / "calls.jsonl").exists() and "exit status 0" in messages(app), "drain", pilot=pilot
+        )
         await open_pane(pilot, app, "0", "audit")
         table = app.panes["audit"].query_one("#audit-table", DataTable)
         first = [str(cell) for cell in table.get_row_at(0)]
@@ -292,7 +329,11 @@ async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_new
         assert isinstance(app.screen, ResultScreen)
         assert "exit status" in str(app.screen.query_one("#result-body").render())
     assert json.loads((tmp_path / "calls.jsonl").read_text()) == [
-        "update", "NodeName=local", "State=DRAIN", "Reason=XID 79 on GPU 3"]
+        "update",
+        "NodeName=local",
+        "State=DRAIN",
+        "Reason=XID 79 on GPU 3",
+    ]
 
 
 async def test_action_keys_can_be_remapped_and_yes_no_can_be_switched_off(tmp_path):
@@ -302,8 +343,11 @@ async def test_action_keys_can_be_remapped_and_yes_no_can_be_switched_off(tmp_pa
         config = Config(
             console=ConsoleConfig(interval=0.2, keys=(("process.signal_int", "I"), ("gpu.reset", "G"))),
             nodes=(NodeConfig(name="local", local=True),),
-            actions=ActionsConfig(audit_log=str(tmp_path / "audit.log"), confirm=False,
-                                  gpu_reset_command=(str(reset_stub(tmp_path)), "-i", "{index}")),
+            actions=ActionsConfig(
+                audit_log=str(tmp_path / "audit.log"),
+                confirm=False,
+                gpu_reset_command=(str(reset_stub(tmp_path)), "-i", "{index}"),
+            ),
         )
         app = OpsConsole(config, LiveFleet("local", gpus=[idle_gpu(0)], pids=[sleeper.pid]))
         async with app.run_test(size=SIZE) as pilot:
@@ -313,7 +357,11 @@ async def test_action_keys_can_be_remapped_and_yes_no_can_be_switched_off(tmp_pa
             await open_pane(pilot, app, "1", "gpus")
             assert "G" in footer_keys(app) and "R" not in footer_keys(app)
             await pilot.press("G")  # the typed word is still asked
-            await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the reset confirmation", pilot=pilot)
+            await wait_for(
+                lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed,
+                "the reset confirmation",
+                pilot=pilot,
+            )
             assert app.screen.word == "local/0"
             await pilot.press("escape")
             await pilot.pause()
@@ -330,7 +378,10 @@ async def test_action_keys_can_be_remapped_and_yes_no_can_be_switched_off(tmp_pa
             sleeper.kill()
         sleeper.wait(10)
     outcomes = [(r["action"], r["outcome"]) for r in audit_records(tmp_path)]
-    assert outcomes[0] == ("gpu_reset", "cancelled") and outcomes[1:3] == [("signal_int", "attempt"), ("signal_int", "ok")]
+    assert outcomes[0] == ("gpu_reset", "cancelled") and outcomes[1:3] == [
+        ("signal_int", "attempt"),
+        ("signal_int", "ok"),
+    ]
 
 
 def test_audit_rows_show_old_and_new_records_on_one_line():
@@ -339,13 +390,29 @@ def test_audit_rows_show_old_and_new_records_on_one_line():
 
     log = AuditLog("/nonexistent/audit.log")  # only used to format lines, never written
     # A record as written before every record had target, command and id: it still reads.
-    old = {"time": "2026-12-01T10:00:00.000+00:00", "user": "u", "host": "login1", "action": "trust_hostkey",
-           "node": "n1", "detail": "[127.0.0.1]:22 ssh-ed25519 SHA256:x", "outcome": "confirmed"}
+    old = {
+        "time": "2026-12-01T10:00:00.000+00:00",
+        "user": "u",
+        "host": "login1",
+        "action": "trust_hostkey",
+        "node": "n1",
+        "detail": "[127.0.0.1]:22 ssh-ed25519 SHA256:x",
+        "outcome": "confirmed",
+    }
     cells = record_cells(old)
     assert cells["what"] == "[127.0.0.1]:22 ssh-ed25519 SHA256:x" and cells["target"] == ""
-    new = json.loads(log.record_line("drain_node", "n1", "exit 1: bad\nnews", "failed", target="node n1",
-                                     command=["scontrol", "update", "Reason=a b"], entry_id="abc",
-                                     result={"exit_status": 1, "stdout": "", "stderr": "bad\nnews"}))
+    new = json.loads(
+        log.record_line(
+            "drain_node",
+            "n1",
+            "exit 1: bad\nnews",
+            "failed",
+            target="node n1",
+            command=["scontrol", "update", "Reason=a b"],
+            entry_id="abc",
+            result={"exit_status": 1, "stdout": "", "stderr": "bad\nnews"},
+        )
+    )
     cells = record_cells(new)
     assert cells["what"] == "scontrol update Reason=a b ← exit 1: bad news"  # one line in the table
     detail = str(record_detail(new))

@@ -7,8 +7,6 @@ import sys
 import tarfile
 from dataclasses import replace
 
-
-
 from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states  # noqa: E402
 
 from opsconsole.config import parse_config  # noqa: E402
@@ -36,7 +34,9 @@ async def test_an_alert_fires_shows_in_the_header_the_pane_and_a_toast_and_runs_
     hook = [sys.executable, "-c", "import sys; open(%r, 'w').write(sys.stdin.read())" % str(got)]
     app, fleet = console(
         '[alerting]\nbuiltin_rules = false\nhook = %s\n[[alerts]]\nname = "warm"\nmetric = "gpu.temperature"\n'
-        'comparison = ">"\nthreshold = %s\nseverity = "critical"\n' % (json.dumps(hook), threshold), states)
+        'comparison = ">"\nthreshold = %s\nseverity = "critical"\n' % (json.dumps(hook), threshold),
+        states,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert app.services.alerts.counts() == {"critical": 1}
@@ -57,8 +57,17 @@ async def test_an_alert_fires_shows_in_the_header_the_pane_and_a_toast_and_runs_
         assert payload["rule"] == "warm" and payload["state"] == "firing"
 
         # cooled down: resolved, and the header count goes back to 0
-        cool = [replace(s, frame=replace(s.frame, seq=s.frame.seq + 1, gpus=tuple(
-            replace(g, temperature=threshold - 20) for g in s.frame.gpus))) for s in states]
+        cool = [
+            replace(
+                s,
+                frame=replace(
+                    s.frame,
+                    seq=s.frame.seq + 1,
+                    gpus=tuple(replace(g, temperature=threshold - 20) for g in s.frame.gpus),
+                ),
+            )
+            for s in states
+        ]
         for state in cool:
             fleet.publish(state)
         await pilot.pause(0.3)
@@ -72,7 +81,9 @@ async def test_a_hanging_hook_is_reported_and_the_console_keeps_working(tmp_path
     hook = [sys.executable, "-c", "import time; time.sleep(30)"]
     app, fleet = console(
         '[alerting]\nbuiltin_rules = false\nhook_timeout_s = 0.5\nhook = %s\n[[alerts]]\nmetric = "gpu.temperature"\n'
-        'comparison = ">"\nthreshold = 1\n' % json.dumps(hook), states)
+        'comparison = ">"\nthreshold = 1\n' % json.dumps(hook),
+        states,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("3")  # keys act while the hook hangs
@@ -98,7 +109,9 @@ async def test_record_key_writes_a_recording_that_replays(tmp_path):
         for step in range(1, 4):
             clock[0] += 1
             for state in states:
-                fleet.publish(replace(state, received_at=clock[0], frame=replace(state.frame, seq=state.frame.seq + step)))
+                fleet.publish(
+                    replace(state, received_at=clock[0], frame=replace(state.frame, seq=state.frame.seq + step))
+                )
             await pilot.pause()
         await pilot.press("ctrl+r")
         await pilot.pause()

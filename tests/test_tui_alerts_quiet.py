@@ -24,8 +24,17 @@ def hottest(states) -> float:
 def with_temperature(states, temperature: float, seq: int):
     """The hottest GPU (the only one above the rule's threshold) at `temperature`; the others as they are."""
     hot = hottest(states)
-    return [replace(s, frame=replace(s.frame, seq=seq, gpus=tuple(
-        replace(g, temperature=temperature) if g.temperature == hot else g for g in s.frame.gpus))) for s in states]
+    return [
+        replace(
+            s,
+            frame=replace(
+                s.frame,
+                seq=seq,
+                gpus=tuple(replace(g, temperature=temperature) if g.temperature == hot else g for g in s.frame.gpus),
+            ),
+        )
+        for s in states
+    ]
 
 
 def alert_toasts(app: OpsConsole):
@@ -42,9 +51,12 @@ async def test_acknowledged_and_silenced_alerts_are_listed_but_not_announced_aga
     hot = hottest(states)
     got = tmp_path / "hook.jsonl"
     hook = [sys.executable, "-c", "import sys; open(%r, 'a').write(sys.stdin.read() + '\\n')" % str(got)]
-    config = parse_config('[alerting]\nbuiltin_rules = false\nhook = %s\n[[alerts]]\nname = "warm"\n'
-                          'metric = "gpu.temperature"\ncomparison = ">"\nthreshold = %s\nclear = %s\n'
-                          'severity = "critical"\n' % (json.dumps(hook), hot - 1, hot - 10), "test.toml")
+    config = parse_config(
+        '[alerting]\nbuiltin_rules = false\nhook = %s\n[[alerts]]\nname = "warm"\n'
+        'metric = "gpu.temperature"\ncomparison = ">"\nthreshold = %s\nclear = %s\n'
+        'severity = "critical"\n' % (json.dumps(hook), hot - 1, hot - 10),
+        "test.toml",
+    )
     clock = [FROZEN_NOW]
     fleet = FakeFleet(states)
     app = OpsConsole(config, fleet, now=lambda: clock[0])
@@ -59,7 +71,7 @@ async def test_acknowledged_and_silenced_alerts_are_listed_but_not_announced_aga
 
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(lambda: len(alert_toasts(app)) == 1, "the first alert's toast", pilot=pilot)
-        await wait_for(lambda: got.exists() and got.read_text().count("\"firing\"") == 1, "the hook", pilot=pilot)
+        await wait_for(lambda: got.exists() and got.read_text().count('"firing"') == 1, "the hook", pilot=pilot)
         await pilot.press("9")
         await pilot.pause()
         assert "alerts 1" in str(app.header.render())
@@ -70,7 +82,7 @@ async def test_acknowledged_and_silenced_alerts_are_listed_but_not_announced_aga
         assert "1 acknowledged" in str(app.panes["alerts"].status.render())
         await flap()
         assert len(alert_toasts(app)) == 1  # fired again, acknowledged: no toast, no hook
-        assert got.read_text().count("\"firing\"") == 1
+        assert got.read_text().count('"firing"') == 1
         assert [r.split(" | ")[1] for r in row_texts(app)[:3]] == ["firing · ack", "resolved · ack", "firing · ack"]
 
         await pilot.press("a")  # taken back
@@ -90,7 +102,7 @@ async def test_acknowledged_and_silenced_alerts_are_listed_but_not_announced_aga
         await flap()
         assert "alerts 1" in str(app.header.render())
         await wait_for(lambda: len(alert_toasts(app)) == 2, "a toast after the silence ran out", pilot=pilot)
-        await wait_for(lambda: got.read_text().count("\"firing\"") == 2, "the hook after the silence", pilot=pilot)
+        await wait_for(lambda: got.read_text().count('"firing"') == 2, "the hook after the silence", pilot=pilot)
 
 
 def test_silence_steps():
@@ -99,8 +111,10 @@ def test_silence_steps():
     assert next_silence(8 * 3600 - 30) is None and next_silence(100) == 3600  # the last step lifts it
 
 
-OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
-       "139.72 GiB of which 1.06 GiB is free.")
+OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "139.72 GiB of which 1.06 GiB is free."
+)
 
 
 def record(when: float, message: str) -> str:
@@ -116,8 +130,9 @@ async def test_an_old_log_file_does_not_refire_its_alerts_at_start_but_a_new_lin
     app = OpsConsole(config, FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
     async with app.run_test(size=SIZE) as pilot:
         engine = app.services.alerts
-        await wait_for(lambda: len([e for e in engine.history if e.earlier]) == 2, "both old findings listed",
-                       pilot=pilot)
+        await wait_for(
+            lambda: len([e for e in engine.history if e.earlier]) == 2, "both old findings listed", pilot=pilot
+        )
         await pilot.pause(0.3)
         assert engine.counts() == {} and alert_toasts(app) == []
         await pilot.press("9")

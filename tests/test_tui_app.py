@@ -7,8 +7,6 @@ from dataclasses import replace
 import pytest
 from textual.command import CommandPalette
 from textual.widgets import DataTable, Input
-
-
 from tui_fakes import (  # noqa: E402
     FROZEN_NOW,
     FakeFleet,
@@ -121,7 +119,9 @@ async def test_number_keys_and_tab_switch_panes():
             await pilot.press(cls.key)
             # A pane shown the first time is imported and mounted then, in the app's loop: wait for it.
             await wait_for(lambda: app.visible_pane_id == cls.pane_id, "pane " + cls.pane_id, pilot=pilot)
-            await wait_for(lambda: app.panes[cls.pane_id].region.height > 0, "pane %s on screen" % cls.pane_id, pilot=pilot)
+            await wait_for(
+                lambda: app.panes[cls.pane_id].region.height > 0, "pane %s on screen" % cls.pane_id, pilot=pilot
+            )
         await pilot.press("tab")
         await pilot.pause()
         assert app.visible_pane_id == PANES[0].pane_id  # wraps around
@@ -364,8 +364,11 @@ async def test_update_changes_cells_in_place():
         # GPU 0 goes from the idle capture to the under-load capture.
         fleet.publish(up_state("local", [loaded_gpu(0), loaded_gpu(1)], hostname="h200-box"))
         loaded = loaded_gpu(0)
-        await wait_for(lambda: table.get_cell("local/0", "temp").plain.startswith("%d/" % loaded.temperature),
-                       "the loaded GPU's cells", pilot=pilot)
+        await wait_for(
+            lambda: table.get_cell("local/0", "temp").plain.startswith("%d/" % loaded.temperature),
+            "the loaded GPU's cells",
+            pilot=pilot,
+        )
         assert [key.value for key in table.rows] == keys_before
         assert cleared == []
         assert table.get_cell("local/0", "temp").plain.startswith("%d/" % loaded.temperature)
@@ -414,9 +417,7 @@ def test_bar(percent, width, expected):
     assert bars.bar(percent, width) == expected
 
 
-@pytest.mark.parametrize(
-    "value, expected", [(None, ""), (10, "ok"), (80, "warn"), (89.9, "warn"), (90, "crit")]
-)
+@pytest.mark.parametrize("value, expected", [(None, ""), (10, "ok"), (80, "warn"), (89.9, "warn"), (90, "crit")])
 def test_level_for(value, expected):
     assert bars.level_for(value, 80, 90) == expected
 

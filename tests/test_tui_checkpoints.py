@@ -8,16 +8,14 @@ import time
 from pathlib import Path
 
 import pytest
-
-
 from tui_fakes import FakeFleet, ThisMachineFleet, single_node_states  # noqa: E402
 
 from opsconsole.config import ActionsConfig, CheckpointDirConfig, Config, ConsoleConfig  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
 from opsconsole.tui.checkpoints import CheckpointDetailScreen, CheckpointsPane  # noqa: E402
 from opsconsole.tui.confirm import ConfirmScreen  # noqa: E402
-from tests.sshd import ssh_client, sshd_factory  # noqa: E402,F401,F811 (pytest fixtures)
 from tests.checkpoint_writers import write_seed_layout  # noqa: E402
+from tests.sshd import ssh_client, sshd_factory  # noqa: E402,F401,F811 (pytest fixtures)
 from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (170, 45)
@@ -73,7 +71,12 @@ async def test_list_markers_detail_view_and_sort(tmp_path, seed):
         pane = await open_pane(pilot, app)
         row = cells(pane, "checkpoint_epoch_4.pt")
         assert (row["name"], row["format"], row["epoch"], row["integrity"], row["marks"]) == (
-            "checkpoint_epoch_4.pt", "torch", "4", "ok", "latest")
+            "checkpoint_epoch_4.pt",
+            "torch",
+            "4",
+            "ok",
+            "latest",
+        )
         assert (row["layout"], row["series"], row["note"]) == ("ckpt manager", "checkpoint_epoch_N.pt", "")
         best = cells(pane, "checkpoint_best.pt")
         assert best["marks"] == "best" and best["series"] == "not managed"
@@ -86,15 +89,30 @@ async def test_list_markers_detail_view_and_sort(tmp_path, seed):
         # Detail view of the highlighted row.
         pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index("checkpoint_epoch_2.pt"))
         await pilot.press("enter")
-        await wait_for(lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "the detail view", pilot=pilot)
+        await wait_for(
+            lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted,
+            "the detail view",
+            pilot=pilot,
+        )
         body = app.screen.body.plain
-        for text in ("model_state_dict", "optimizer_state_dict", "scheduler_state_dict", "Optimizer         present",
-                     "Scheduler         present", "Loss              0.7", "float32 ×4",
-                     "Layout            ckpt manager  (checkpoint-manager)", "Series            checkpoint_epoch_N.pt",
-                     "Members (whole)   checkpoint_epoch_2.pt\n", "Protected by      nothing recorded\n"):
+        for text in (
+            "model_state_dict",
+            "optimizer_state_dict",
+            "scheduler_state_dict",
+            "Optimizer         present",
+            "Scheduler         present",
+            "Loss              0.7",
+            "float32 ×4",
+            "Layout            ckpt manager  (checkpoint-manager)",
+            "Series            checkpoint_epoch_N.pt",
+            "Members (whole)   checkpoint_epoch_2.pt\n",
+            "Protected by      nothing recorded\n",
+        ):
             assert text in body, text
         await pilot.press("escape")
-        await wait_for(lambda: not isinstance(app.screen, CheckpointDetailScreen), "the detail view to close", pilot=pilot)
+        await wait_for(
+            lambda: not isinstance(app.screen, CheckpointDetailScreen), "the detail view to close", pilot=pilot
+        )
         # Sort by loss, then the second directory with d.
         pane.checkpoint_table.sort.sort_by("loss")
         pane.redraw()
@@ -117,8 +135,11 @@ async def test_crc_check_runs_in_a_worker_and_marks_the_row(tmp_path, seed):
         pane = await open_pane(pilot, app)
         pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index("checkpoint_epoch_3.pt"))
         await pilot.press("v")
-        await wait_for(lambda: pane.verifying is None and "crc" in cells(pane, "checkpoint_epoch_3.pt")["integrity"],
-                       "the CRC check", pilot=pilot)
+        await wait_for(
+            lambda: pane.verifying is None and "crc" in cells(pane, "checkpoint_epoch_3.pt")["integrity"],
+            "the CRC check",
+            pilot=pilot,
+        )
         assert cells(pane, "checkpoint_epoch_3.pt")["integrity"] == "ok ✓crc"
         assert pane.progress.progress == pane.progress.total
 
@@ -145,7 +166,9 @@ async def test_c_runs_the_registered_cleanup_typed_word_cancel_then_confirm_dele
     async with app.run_test(size=SIZE) as pilot:
         pane = await open_pane(pilot, app)
         await pilot.press("c")
-        await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the cleanup confirmation", pilot=pilot)
+        await wait_for(
+            lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the cleanup confirmation", pilot=pilot
+        )
         screen = app.screen
         assert app.focused.id == "confirm-word"  # deleting checkpoints: the directory's name must be typed
         body = screen.body.plain
@@ -163,7 +186,9 @@ async def test_c_runs_the_registered_cleanup_typed_word_cancel_then_confirm_dele
         await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the cancel", pilot=pilot)
         assert len(list(seed.iterdir())) == 7
         await pilot.press("c")
-        await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the second confirmation", pilot=pilot)
+        await wait_for(
+            lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the second confirmation", pilot=pilot
+        )
         await pilot.press(*seed.name, "enter")
         await wait_for(lambda: pane.checkpoint_table.table.row_count == 3, "the deletions and the rescan", pilot=pilot)
     left = sorted(p.name for p in seed.iterdir())
@@ -187,8 +212,11 @@ async def test_a_remote_directory_is_listed_over_the_nodes_ssh_connection(tmp_pa
         def link(self, name):
             return {"n1": link}[name]
 
-    config = Config(nodes=(node,), checkpoints=(CheckpointDirConfig(path=str(seed), node="n1"),),
-                    actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")))
+    config = Config(
+        nodes=(node,),
+        checkpoints=(CheckpointDirConfig(path=str(seed), node="n1"),),
+        actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")),
+    )
     app = OpsConsole(config, LinkFleet(single_node_states()), now=time.time)
     try:
         async with app.run_test(size=SIZE) as pilot:
@@ -212,8 +240,11 @@ async def test_a_node_waiting_in_auth_is_not_logged_into_by_the_pane(tmp_path, s
             return {"n1": link}[name]
 
     states = single_node_states() + [NodeState(name="n1", state=STATE_AUTH, reason="authentication failed: denied")]
-    config = Config(nodes=(node,), checkpoints=(CheckpointDirConfig(path=str(seed), node="n1"),),
-                    actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")))
+    config = Config(
+        nodes=(node,),
+        checkpoints=(CheckpointDirConfig(path=str(seed), node="n1"),),
+        actions=ActionsConfig(audit_log=str(tmp_path / "audit.log")),
+    )
     app = OpsConsole(config, LinkFleet(states), now=time.time)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("7")
@@ -227,6 +258,7 @@ async def test_a_node_waiting_in_auth_is_not_logged_into_by_the_pane(tmp_path, s
 
 # --- units as the training libraries write them (tests/checkpoint_libraries.py) ---------------
 
+from opsconsole.tui.checkpoints import CKPT_COLUMNS, CKPT_COLUMNS_NARROW  # noqa: E402
 from tests.checkpoint_libraries import (  # noqa: E402,F401  (session fixtures)
     HF_STEPS,
     copy_artifact,
@@ -235,14 +267,15 @@ from tests.checkpoint_libraries import (  # noqa: E402,F401  (session fixtures)
     lightning_run,
     write_deepspeed_layout,
 )
-from opsconsole.tui.checkpoints import CKPT_COLUMNS, CKPT_COLUMNS_NARROW  # noqa: E402
 
 
 def screen_text(app) -> str:
     """What the terminal shows, as plain text (to read the table as an operator would)."""
     from rich.console import Console
 
-    console = Console(width=app.size.width, height=app.size.height, record=True, color_system=None, file=open(os.devnull, "w"))
+    console = Console(
+        width=app.size.width, height=app.size.height, record=True, color_system=None, file=open(os.devnull, "w")
+    )
     console.print(app.screen._compositor.render_update(full=True))
     return console.export_text()
 
@@ -250,7 +283,12 @@ def screen_text(app) -> str:
 async def open_units(pilot, app, count: int):
     await pilot.press("7")
     pane = app.panes["checkpoints"]
-    await wait_for(lambda: pane.checkpoint_table.table.row_count == count, "the scan to list %d units" % count, timeout=30, pilot=pilot)
+    await wait_for(
+        lambda: pane.checkpoint_table.table.row_count == count,
+        "the scan to list %d units" % count,
+        timeout=30,
+        pilot=pilot,
+    )
     return pane
 
 
@@ -267,7 +305,12 @@ async def test_hf_trainer_output_shows_layout_series_marks_and_why_not_managed(t
         assert final["note"].startswith("final model (save_model/save_pretrained output)")
         best = cells(pane, hf_run.best_checkpoint)
         newest = cells(pane, hf_run.checkpoints[-1])
-        assert (best["layout"], best["series"], best["marks"], best["step"]) == ("HF checkpoint", "checkpoint-N/", "best", "4")
+        assert (best["layout"], best["series"], best["marks"], best["step"]) == (
+            "HF checkpoint",
+            "checkpoint-N/",
+            "best",
+            "4",
+        )
         assert (newest["marks"], newest["step"], newest["integrity"]) == ("latest", str(HF_STEPS), "ok")
         shown = screen_text(app)
         # The row as the operator reads it: layout, series and mark on one line, inside the width.
@@ -278,7 +321,9 @@ async def test_hf_trainer_output_shows_layout_series_marks_and_why_not_managed(t
         # Details: the final model's members and the best checkpoint's protections.
         pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index("model.safetensors"))
         await pilot.press("enter")
-        await wait_for(lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "details", pilot=pilot)
+        await wait_for(
+            lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "details", pilot=pilot
+        )
         body = app.screen.body.plain
         members = body.split("Members (whole)", 1)[1].split("\n\n", 1)[0].split()
         assert set(hf_run.final_files) <= set(members)
@@ -288,10 +333,15 @@ async def test_hf_trainer_output_shows_layout_series_marks_and_why_not_managed(t
         await wait_for(lambda: not isinstance(app.screen, CheckpointDetailScreen), "close", pilot=pilot)
         pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index(hf_run.best_checkpoint))
         await pilot.press("enter")
-        await wait_for(lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "details", pilot=pilot)
+        await wait_for(
+            lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted, "details", pilot=pilot
+        )
         body = app.screen.body.plain
         assert "Protected by      best (best_model_checkpoint of the newest trainer_state.json)\n" in body
-        assert "Members (whole)   %s/  (the directory and all it holds: checkpoint (8 files))" % hf_run.best_checkpoint in body
+        assert (
+            "Members (whole)   %s/  (the directory and all it holds: checkpoint (8 files))" % hf_run.best_checkpoint
+            in body
+        )
 
 
 async def test_lightning_top_k_best_and_last(tmp_path, lightning_run):
@@ -325,13 +375,31 @@ def test_note_says_the_problem_then_why_unreadable_then_why_not_managed():
     from opsconsole.checkpoints.records import CheckpointEntry
     from opsconsole.tui.checkpoints import marks_text, note_text
 
-    entry = CheckpointEntry(path="/r/big.pt", name="big.pt", format="torch", size_bytes=1, mtime=0.0,
-                            unreadable="could not read: data.pkl is 300000000 bytes, over the reader's limit",
-                            unmanaged="no epoch or step in its name: not part of a series")
-    assert note_text(entry) == ("could not read: data.pkl is 300000000 bytes, over the reader's limit; "
-                                "no epoch or step in its name: not part of a series")
-    crashed = CheckpointEntry(path="/r/x_step_3.pt", name="x_step_3.pt", format="torch", size_bytes=1, mtime=0.0,
-                              series="x_step_N.pt", problem="worker crashed (SIGSEGV)", unreadable="worker crashed (SIGSEGV)",
-                              protections=("top-k of ModelCheckpoint(monitor=val_acc, mode=max)",), best=True, latest=True)
+    entry = CheckpointEntry(
+        path="/r/big.pt",
+        name="big.pt",
+        format="torch",
+        size_bytes=1,
+        mtime=0.0,
+        unreadable="could not read: data.pkl is 300000000 bytes, over the reader's limit",
+        unmanaged="no epoch or step in its name: not part of a series",
+    )
+    assert note_text(entry) == (
+        "could not read: data.pkl is 300000000 bytes, over the reader's limit; "
+        "no epoch or step in its name: not part of a series"
+    )
+    crashed = CheckpointEntry(
+        path="/r/x_step_3.pt",
+        name="x_step_3.pt",
+        format="torch",
+        size_bytes=1,
+        mtime=0.0,
+        series="x_step_N.pt",
+        problem="worker crashed (SIGSEGV)",
+        unreadable="worker crashed (SIGSEGV)",
+        protections=("top-k of ModelCheckpoint(monitor=val_acc, mode=max)",),
+        best=True,
+        latest=True,
+    )
     assert note_text(crashed) == "worker crashed (SIGSEGV)"
     assert marks_text(crashed) == "best top-k latest"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-
 from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states  # noqa: E402
 
 from opsconsole.config import parse_config  # noqa: E402
@@ -14,8 +13,10 @@ from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (150, 40)
 # Nodes run the health bundle with this interpreter (torch CPU here: the suite answers `error` at once).
-NODES = "".join('[[nodes]]\nname = "%s"\nhost = "127.0.0.1"\npython = "%s"\n' % (name, sys.executable)
-                for name in ("gpu-a01", "gpu-a02", "gpu-a03"))
+NODES = "".join(
+    '[[nodes]]\nname = "%s"\nhost = "127.0.0.1"\npython = "%s"\n' % (name, sys.executable)
+    for name in ("gpu-a01", "gpu-a02", "gpu-a03")
+)
 
 
 def hot(states, gpu_index=1, temperature=91.0):
@@ -85,8 +86,13 @@ async def test_r_reruns_the_selected_node_with_the_gpu_suite():
         assert before and not any("gpu_sanity" in r for r in rows_of(app.panes["health"]))
         await pilot.press("r")
         await pilot.pause()
-        assert await wait_for(lambda: not app.health.running and any(
-            e.result.check.startswith("gpu_sanity") for e in app.health.entries()), "the condition", pilot=pilot)
+        assert await wait_for(
+            lambda: (
+                not app.health.running and any(e.result.check.startswith("gpu_sanity") for e in app.health.entries())
+            ),
+            "the condition",
+            pilot=pilot,
+        )
         await pilot.pause(0.2)
         rows = rows_of(app.panes["health"])
         assert any("gpu_sanity" in r and "skip" in r for r in rows), rows  # no GPU here: skipped, with the reason

@@ -48,7 +48,7 @@ async def test_sixteen_cores_are_cells_apart_on_whole_lines(width):
             assert cells, "a line of the core grid holds no whole cell (wrapped?): %r" % line
             # Between one percent and the next core's number there are spaces ("0%1" was the bug).
             for before, after in zip(cells, cells[1:]):
-                gap = line[before.end():after.start()]
+                gap = line[before.end() : after.start()]
                 assert len(gap) >= 2 and not gap.strip(), repr(line)
             seen += [(int(c.group(1)), int(c.group(3))) for c in cells]
             assert len(line.rstrip()) <= width

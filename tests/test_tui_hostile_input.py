@@ -18,17 +18,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
-
+from h200_fleet import idle_gpu  # noqa: E402
 from rich.text import Text  # noqa: E402
 from textual.widgets import DataTable, Static  # noqa: E402
 from textual.widgets._toast import Toast  # noqa: E402
-
-from h200_fleet import idle_gpu  # noqa: E402
-from opsconsole.config import NodeConfig  # noqa: E402
-from opsconsole.nodes.local import LocalLink  # noqa: E402
 from tui_fakes import FROZEN_NOW, FakeFleet, loaded_gpu, node_frame  # noqa: E402
 
-from opsconsole.config import parse_config  # noqa: E402
+from opsconsole.config import (
+    NodeConfig,  # noqa: E402
+    parse_config,  # noqa: E402
+)
 from opsconsole.model import (  # noqa: E402
     STATE_DOWN,
     STATE_HOSTKEY,
@@ -38,6 +37,7 @@ from opsconsole.model import (  # noqa: E402
     NodeState,
     ProcessSample,
 )
+from opsconsole.nodes.local import LocalLink  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
 from opsconsole.tui.formatting import printable  # noqa: E402
 from opsconsole.tui.help import HelpScreen  # noqa: E402
@@ -70,42 +70,87 @@ EMPTY = ""
 
 def hostile_process(pid: int, gpu: Optional[int] = None) -> ProcessSample:
     return ProcessSample(
-        pid=pid, name=HOSTILE, user=MARKUP, command=HOSTILE if pid % 2 else LONG, cpu_percent=50.0,
-        rss_bytes=2**30, elapsed_s=60.0, state="R", threads=4, gpu_index=gpu, gpu_memory_bytes=2**30 if gpu is not None else None,
+        pid=pid,
+        name=HOSTILE,
+        user=MARKUP,
+        command=HOSTILE if pid % 2 else LONG,
+        cpu_percent=50.0,
+        rss_bytes=2**30,
+        elapsed_s=60.0,
+        state="R",
+        threads=4,
+        gpu_index=gpu,
+        gpu_memory_bytes=2**30 if gpu is not None else None,
         gpu_sm_percent=10.0 if gpu is not None else None,
     )
 
 
 def hostile_states() -> List[NodeState]:
     gpus = (
-        replace(loaded_gpu(0), name=HOSTILE, errors=(HOSTILE,), clock_event_reasons=(MARKUP, "SwPowerCap"),
-                ecc_volatile_uncorrected=1, temperature=95.0),  # ECC and heat: an alert and a failing check
+        replace(
+            loaded_gpu(0),
+            name=HOSTILE,
+            errors=(HOSTILE,),
+            clock_event_reasons=(MARKUP, "SwPowerCap"),
+            ecc_volatile_uncorrected=1,
+            temperature=95.0,
+        ),  # ECC and heat: an alert and a failing check
         replace(idle_gpu(1), name=EMPTY, uuid=MARKUP),
         replace(idle_gpu(2), name=LONG, lost=True),
     )
     frame = node_frame(NODE, gpus, hostname=HOSTILE)
-    host = replace(frame.host, disks=(DiskUsage(path=HOSTILE, total=100, used=99, free=1),),
-                   net=(NetRate(interface=MARKUP, rx_bytes_per_s=1.0, tx_bytes_per_s=2.0),))
-    frame = replace(
-        frame, host=host, driver_version=MARKUP, errors=(HOSTILE,),
-        processes=(hostile_process(421, 0), hostile_process(422, 1)),
-        top_processes=(hostile_process(1001), hostile_process(1002), replace(hostile_process(1003), name="", command="", user="")),
+    host = replace(
+        frame.host,
+        disks=(DiskUsage(path=HOSTILE, total=100, used=99, free=1),),
+        net=(NetRate(interface=MARKUP, rx_bytes_per_s=1.0, tx_bytes_per_s=2.0),),
     )
-    up = NodeState(name=NODE, state=STATE_UP, address=HOSTILE, frame=frame, received_at=FROZEN_NOW - 0.4,
-                   rtt_ms=1.0, since=FROZEN_NOW - 600)
-    down = NodeState(name=DOWN, state=STATE_DOWN, reason=HOSTILE + " " + LONG, address=MARKUP,
-                     frame=replace(node_frame(DOWN, [idle_gpu(0)]), processes=(hostile_process(7, 0),)),
-                     received_at=FROZEN_NOW - 42, since=FROZEN_NOW - 40)
-    hostkey = NodeState(name=HOSTKEY, state=STATE_HOSTKEY, reason=HOSTILE, fingerprint="SHA256:" + MARKUP,
-                        since=FROZEN_NOW - 5)
-    nogpu = NodeState(name=NO_GPUS, state=STATE_UP,
-                      frame=replace(node_frame(NO_GPUS, []), gpus=(), gpu_note=HOSTILE, gpu_source="none"),
-                      received_at=FROZEN_NOW - 1, since=FROZEN_NOW - 60)
+    frame = replace(
+        frame,
+        host=host,
+        driver_version=MARKUP,
+        errors=(HOSTILE,),
+        processes=(hostile_process(421, 0), hostile_process(422, 1)),
+        top_processes=(
+            hostile_process(1001),
+            hostile_process(1002),
+            replace(hostile_process(1003), name="", command="", user=""),
+        ),
+    )
+    up = NodeState(
+        name=NODE,
+        state=STATE_UP,
+        address=HOSTILE,
+        frame=frame,
+        received_at=FROZEN_NOW - 0.4,
+        rtt_ms=1.0,
+        since=FROZEN_NOW - 600,
+    )
+    down = NodeState(
+        name=DOWN,
+        state=STATE_DOWN,
+        reason=HOSTILE + " " + LONG,
+        address=MARKUP,
+        frame=replace(node_frame(DOWN, [idle_gpu(0)]), processes=(hostile_process(7, 0),)),
+        received_at=FROZEN_NOW - 42,
+        since=FROZEN_NOW - 40,
+    )
+    hostkey = NodeState(
+        name=HOSTKEY, state=STATE_HOSTKEY, reason=HOSTILE, fingerprint="SHA256:" + MARKUP, since=FROZEN_NOW - 5
+    )
+    nogpu = NodeState(
+        name=NO_GPUS,
+        state=STATE_UP,
+        frame=replace(node_frame(NO_GPUS, []), gpus=(), gpu_note=HOSTILE, gpu_source="none"),
+        received_at=FROZEN_NOW - 1,
+        since=FROZEN_NOW - 60,
+    )
     return [up, down, hostkey, nogpu]
 
 
 def write_safetensors(path: Path, metadata: dict) -> None:
-    header = json.dumps({"__metadata__": metadata, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    header = json.dumps(
+        {"__metadata__": metadata, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    ).encode()
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
 
 
@@ -125,33 +170,47 @@ def write_world(tmp_path: Path) -> str:
 
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
-    write_safetensors(ckpts / ("epoch=3-step=100 %s $HOME;'q' 日本🚀.safetensors" % FILE_MARKUP),
-                      {MARKUP: HOSTILE, "epoch": "3", "loss": "0.5", "[/k]": LONG, "": ""})
+    write_safetensors(
+        ckpts / ("epoch=3-step=100 %s $HOME;'q' 日本🚀.safetensors" % FILE_MARKUP),
+        {MARKUP: HOSTILE, "epoch": "3", "loss": "0.5", "[/k]": LONG, "": ""},
+    )
     (ckpts / ("%s \x1b[2J broken.pt" % FILE_MARKUP)).write_bytes(b"\x1b[2Jnot a checkpoint")
 
     audit = tmp_path / "audit.log"
-    record = {"time": "2026-12-02T12:00:00+00:00", "user": MARKUP, "host": HOSTILE, "node": NODE,
-              "action": "signal[/x]", "target": HOSTILE, "outcome": "failed", "id": "1", "detail": HOSTILE,
-              "command": ["kill", "-INT", HOSTILE], "result": {"exit_status": 1, "stdout": HOSTILE, "stderr": LONG},
-              MARKUP: CONTROL}
+    record = {
+        "time": "2026-12-02T12:00:00+00:00",
+        "user": MARKUP,
+        "host": HOSTILE,
+        "node": NODE,
+        "action": "signal[/x]",
+        "target": HOSTILE,
+        "outcome": "failed",
+        "id": "1",
+        "detail": HOSTILE,
+        "command": ["kill", "-INT", HOSTILE],
+        "result": {"exit_status": 1, "stdout": HOSTILE, "stderr": LONG},
+        MARKUP: CONTROL,
+    }
     audit.write_text(json.dumps(record) + "\n")
 
-    return "\n".join((
-        "[logs]",
-        "paths = [%s]" % json.dumps(str(logs / "train_*_rank*_*.log")),
-        "[[checkpoints]]",
-        "path = %s" % json.dumps(str(ckpts)),
-        "min_age = 0",
-        "[actions]",
-        "audit_log = %s" % json.dumps(str(audit)),
-        "[[alerts]]",
-        "name = %s" % json.dumps("rule " + MARKUP),
-        'metric = "gpu.temperature"',
-        'comparison = ">"',
-        "threshold = 90",
-        'severity = "critical"',
-        "",
-    ))
+    return "\n".join(
+        (
+            "[logs]",
+            "paths = [%s]" % json.dumps(str(logs / "train_*_rank*_*.log")),
+            "[[checkpoints]]",
+            "path = %s" % json.dumps(str(ckpts)),
+            "min_age = 0",
+            "[actions]",
+            "audit_log = %s" % json.dumps(str(audit)),
+            "[[alerts]]",
+            "name = %s" % json.dumps("rule " + MARKUP),
+            'metric = "gpu.temperature"',
+            'comparison = ">"',
+            "threshold = 90",
+            'severity = "critical"',
+            "",
+        )
+    )
 
 
 class HostileFleet(FakeFleet):
@@ -204,6 +263,7 @@ async def press_and_draw(pilot, *keys: str) -> None:
 
 # --- the plain-text helpers ------------------------------------------------------------------------
 
+
 def test_printable_makes_control_characters_visible_one_for_one():
     assert printable("a\x1b[31mb\x07\x00\x7f\x9b") == "a␛[31mb␇␀␡\ufffd"
     assert printable("two\nlines\tand a tab") == "two\nlines\tand a tab"
@@ -229,6 +289,7 @@ def test_a_theme_file_whose_name_is_markup_is_a_problem_not_a_theme(tmp_path):
 
 # --- the console -------------------------------------------------------------------------------------
 
+
 async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
     app = console(tmp_path)
     async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
@@ -240,7 +301,7 @@ async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
         app.clear_notifications()
 
         await press_and_draw(pilot, "1")
-        text = assert_drawn(app, "no frame yet: " + HOSTKEY, "nogpu␛[2J: " + LITERAL, NODE)
+        assert_drawn(app, "no frame yet: " + HOSTKEY, "nogpu␛[2J: " + LITERAL, NODE)
         gpus = cell_texts(app.query_one("#gpus-table", DataTable))
         assert any(SHOWN in cell for cell in gpus) and printable(LONG) in gpus and "err 1" in gpus
 
@@ -257,22 +318,24 @@ async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
         assert_drawn(app, LITERAL)
 
         await press_and_draw(pilot, "3")  # mounted on first show: wait for it, not a longer pause
-        await wait_for(lambda: app.visible_pane_id == "host" and "host " + NODE in screen_text(app),
-                       "the Host pane", pilot=pilot)
+        await wait_for(
+            lambda: app.visible_pane_id == "host" and "host " + NODE in screen_text(app), "the Host pane", pilot=pilot
+        )
         # The summary's lines are cut at the width, never wrapped (1e0fc32): the host name shows up to
         # the cut, and the whole of it, escapes as visible pictures, is what the summary draws.
-        text = assert_drawn(app, "host " + NODE + " (" + printable(HOSTILE)[:60])
+        assert_drawn(app, "host " + NODE + " (" + printable(HOSTILE)[:60])
         summary = str(app.query_one("#host-summary", Static).render())
         assert "host " + NODE + " (" + SHOWN in summary and "␛[31mred␛[0m" in summary
         assert "  " + SHOWN in summary  # the disk path, whole
         assert any(SHOWN in cell for cell in cell_texts(app.query_one("#host-procs", DataTable)))
 
         await press_and_draw(pilot, "4")
-        text = assert_drawn(app, DOWN, HOSTKEY, "nogpu␛[2J")
+        assert_drawn(app, DOWN, HOSTKEY, "nogpu␛[2J")
         reasons = cell_texts(app.query_one("#nodes-table", DataTable))
         # The reason gets the room the other columns leave: drawn literally up to its cut.
-        assert any(cell.startswith("[bold]b[/x] [/") and cell.endswith("…") and SHOWN.startswith(cell[:-1])
-                   for cell in reasons)
+        assert any(
+            cell.startswith("[bold]b[/x] [/") and cell.endswith("…") and SHOWN.startswith(cell[:-1]) for cell in reasons
+        )
 
         await press_and_draw(pilot, "5")
         assert_drawn(app, NODE, "gpu[/x]01")
@@ -282,7 +345,7 @@ async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
         logs = app.panes["logs"]
         await wait_for(lambda: len(logs.view.visible) >= 4, "the hostile log lines", pilot=pilot)
         await pilot.pause(0.1)
-        text = assert_drawn(app, LITERAL, "[link=https://evil.example]l[/link]")
+        assert_drawn(app, LITERAL, "[link=https://evil.example]l[/link]")
 
         await press_and_draw(pilot, "7")
         checkpoints = app.panes["checkpoints"]
@@ -388,7 +451,9 @@ async def test_detail_screens_and_confirmations_show_the_data_as_it_is(tmp_path)
         assert type(app.screen).__name__ == "ResultScreen"
         assert_drawn(app, "signal[/x] failed on " + NODE, "kill -INT [bold]b[/x]", "␛[31mred")
         await press_and_draw(pilot, "escape", "2", "home", "i")  # SIGINT to the hostile GPU process
-        await wait_for(lambda: type(app.screen).__name__ == "ConfirmScreen" and app.screen.armed, "the confirmation", pilot=pilot)
+        await wait_for(
+            lambda: type(app.screen).__name__ == "ConfirmScreen" and app.screen.armed, "the confirmation", pilot=pilot
+        )
         assert_drawn(app, "pid 421 (" + LITERAL, "␛[31mred")
         await press_and_draw(pilot, "escape")
         await press_and_draw(pilot, "4", "home", "D")  # drain asks for a reason, naming the node

@@ -56,8 +56,13 @@ async def test_nodes_table_fits_the_width_and_keeps_what_matters(width):
     app = console(long_named_cluster())
     async with app.run_test(size=(width, 24)) as pilot:
         await pilot.press("4")
-        lines = await wait_for(lambda: (lambda drawn: drawn if any(line.lstrip().startswith("Node ") for line in drawn)
-                                        else None)(screen_lines(app)), "the Nodes table", pilot=pilot)
+        lines = await wait_for(
+            lambda: (lambda drawn: drawn if any(line.lstrip().startswith("Node ") for line in drawn) else None)(
+                screen_lines(app)
+            ),
+            "the Nodes table",
+            pilot=pilot,
+        )
         header = next(line for line in lines if line.lstrip().startswith("Node "))
         for label in ("Node", "State", "GPUs", "Util", "Memory"):
             assert " %s" % label in header, header
@@ -86,7 +91,7 @@ def test_node_columns_drop_in_order_and_give_the_reason_the_rest():
     kept = [c.key for c in narrow]
     assert kept[:6] == ["name", "state", "reason", "gpus", "util_mean", "memory"]
     dropped = [key for key in DROP_ORDER if key not in kept]
-    assert dropped == list(DROP_ORDER[:len(dropped)])  # in order, the first first
+    assert dropped == list(DROP_ORDER[: len(dropped)])  # in order, the first first
     assert sum(max(c.width, len(c.label) + 1) + 2 for c in narrow) <= 78
 
 
@@ -117,15 +122,25 @@ async def test_gpu_rows_show_long_node_names_whole():
     async with app.run_test(size=(160, 30)) as pilot:
         await pilot.press("1")
         await wait_for(lambda: any(LONG_NAME in line for line in screen_lines(app)), "the long name", pilot=pilot)
-        assert sum(LONG_NAME in line for line in screen_lines(app)) == 1  # whole, on its first GPU row (it was cut at 9)
+        assert (
+            sum(LONG_NAME in line for line in screen_lines(app)) == 1
+        )  # whole, on its first GPU row (it was cut at 9)
 
 
-@pytest.mark.parametrize("size, keys", [
-    ((80, 24), ["4"]), ((160, 40), ["4"]), ((300, 40), ["4"]), ((80, 24), ["3"]), ((300, 40), ["3"]),
-])
+@pytest.mark.parametrize(
+    "size, keys",
+    [
+        ((80, 24), ["4"]),
+        ((160, 40), ["4"]),
+        ((300, 40), ["4"]),
+        ((80, 24), ["3"]),
+        ((300, 40), ["3"]),
+    ],
+)
 def test_layout_snapshots(snap_compare, size, keys):
-    assert snap_compare(console(long_named_cluster() if keys == ["4"] else single_node_states()),
-                        terminal_size=size, press=keys)
+    assert snap_compare(
+        console(long_named_cluster() if keys == ["4"] else single_node_states()), terminal_size=size, press=keys
+    )
 
 
 async def test_the_header_never_wraps_onto_the_tab_bar_at_80_columns():

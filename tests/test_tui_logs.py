@@ -14,10 +14,7 @@ import time
 from pathlib import Path
 from typing import List
 
-
-
 import pytest  # noqa: E402
-
 from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states  # noqa: E402
 
 from opsconsole.config import Config, ConsoleConfig, LogsConfig  # noqa: E402
@@ -26,7 +23,6 @@ from opsconsole.tui.app import OpsConsole  # noqa: E402
 from opsconsole.tui.findings import COLUMNS  # noqa: E402
 from opsconsole.tui.logs import LogsPane  # noqa: E402
 from tests.waiting import wait_for
-
 
 
 def module_present(name: str) -> bool:
@@ -39,7 +35,9 @@ def module_present(name: str) -> bool:
 
 
 # The pane runs the real followers and diagnosis; until both are in the tree these tests cannot run.
-FOLLOWERS_MISSING = [name for name in ("opsconsole.logs.hub", "opsconsole.diagnosis.engine") if not module_present(name)]
+FOLLOWERS_MISSING = [
+    name for name in ("opsconsole.logs.hub", "opsconsole.diagnosis.engine") if not module_present(name)
+]
 needs_followers = pytest.mark.skipif(bool(FOLLOWERS_MISSING), reason="not in the tree yet: %s" % FOLLOWERS_MISSING)
 
 SIZE = (140, 40)
@@ -69,12 +67,14 @@ def record(second: int, level: str, message: str) -> str:
 def append_from_another_process(path: Path, data: bytes) -> None:
     """Append bytes to `path` from a separate Python process (as a training rank would)."""
     subprocess.run(
-        [sys.executable, "-c",
-         "import sys\n"
-         "with open(sys.argv[1], 'ab') as f:\n"
-         "    f.write(sys.stdin.buffer.read())\n",
-         str(path)],
-        input=data, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys\nwith open(sys.argv[1], 'ab') as f:\n    f.write(sys.stdin.buffer.read())\n",
+            str(path),
+        ],
+        input=data,
+        check=True,
     )
 
 
@@ -87,8 +87,9 @@ def rank_file(tmp_path: Path, host: str, rank: int) -> Path:
 
 
 def console(tmp_path: Path, **console_options) -> OpsConsole:
-    config = Config(logs=LogsConfig(paths=(str(tmp_path / "train_*_rank*_*.log"),)),
-                    console=ConsoleConfig(**console_options))
+    config = Config(
+        logs=LogsConfig(paths=(str(tmp_path / "train_*_rank*_*.log"),)), console=ConsoleConfig(**console_options)
+    )
     return OpsConsole(config, FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
 
 
@@ -127,6 +128,7 @@ async def open_logs(pilot, pane: LogsPane, count: int) -> None:
 
 # --- following ----------------------------------------------------------------------------------
 
+
 @needs_followers
 async def test_lines_written_by_another_process_appear_labelled(tmp_path):
     rank0, rank1 = rank_file(tmp_path, "gpu01", 0), rank_file(tmp_path, "gpu02", 1)
@@ -141,7 +143,11 @@ async def test_lines_written_by_another_process_appear_labelled(tmp_path):
         await wait_for(lambda: len(pane.view.entries) == 4, "the two new lines", pilot=pilot)
         await pilot.pause(0.1)
         assert [t.split(" - ")[-1] for t in shown_texts(pane)] == [
-            "Training started on gpu01", "Training started on gpu02", "step 1 loss 2.31", "step 1 loss 2.30"]
+            "Training started on gpu01",
+            "Training started on gpu02",
+            "step 1 loss 2.31",
+            "step 1 loss 2.30",
+        ]
         rows = [row for row in screen_rows(pane) if row.strip()]
         assert rows[0].split()[0] == "gpu01:rank0" and rows[2].split()[0] == "gpu02:rank1"
         assert "step 1 loss 2.30" in rows[3]
@@ -176,6 +182,7 @@ async def test_scrolling_up_stops_following_and_counts_new_lines(tmp_path):
 
 
 # --- search, level, n / N -------------------------------------------------------------------------
+
 
 @needs_followers
 async def test_search_filters_and_a_bad_regex_is_a_message(tmp_path):
@@ -234,6 +241,7 @@ async def test_n_and_N_go_to_errors_and_l_filters_levels(tmp_path):
 
 # --- findings ------------------------------------------------------------------------------------
 
+
 @needs_followers
 async def test_a_finding_is_listed_and_enter_jumps_to_its_line(tmp_path):
     rank0, rank1 = rank_file(tmp_path, "gpu01", 0), rank_file(tmp_path, "gpu02", 1)
@@ -277,9 +285,14 @@ async def test_binary_bytes_show_as_replacement_characters_and_a_10_mb_line_is_c
     async with app.run_test(size=SIZE) as pilot:
         pane = pane_of(app)
         await open_logs(pilot, pane, 1)
-        append_from_another_process(rank0, b"BIN \xff\xfe\x00\x1b[31m\x07 payload \xc3\n"
-                                    + record(2, "INFO", "x" * (10 * 1024 * 1024)).encode() + b"\n"
-                                    + record(3, "INFO", "after the long one").encode() + b"\n")
+        append_from_another_process(
+            rank0,
+            b"BIN \xff\xfe\x00\x1b[31m\x07 payload \xc3\n"
+            + record(2, "INFO", "x" * (10 * 1024 * 1024)).encode()
+            + b"\n"
+            + record(3, "INFO", "after the long one").encode()
+            + b"\n",
+        )
         await wait_for(lambda: len(pane.view.entries) == 4, "the binary line, the long one and the next", pilot=pilot)
         await pilot.pause(0.1)
         rows = [row for row in screen_rows(pane) if row.strip()]
@@ -299,6 +312,7 @@ async def test_binary_bytes_show_as_replacement_characters_and_a_10_mb_line_is_c
 
 # --- views, keys, configuration ---------------------------------------------------------------------
 
+
 @needs_followers
 async def test_v_shows_one_source_and_back_to_the_merge(tmp_path):
     rank0, rank1 = rank_file(tmp_path, "gpu01", 0), rank_file(tmp_path, "gpu02", 1)
@@ -312,6 +326,7 @@ async def test_v_shows_one_source_and_back_to_the_merge(tmp_path):
         await pilot.press("v")
         await pilot.pause(0.1)
         from opsconsole.tui.logs import SourceScreen
+
         assert isinstance(app.screen, SourceScreen)
         keys = [key for key, _ in app.screen.choices]
         assert keys[0] == "" and len(keys) == 3
@@ -374,8 +389,7 @@ async def test_sources_of_a_node_that_is_down_are_shown_as_such():
     from opsconsole.logs.records import LogLine, LogSource
 
     app = OpsConsole(Config(), FakeFleet(cluster_states()), now=lambda: FROZEN_NOW)
-    source = LogSource("gpu-a03", "/scratch/run/train_gpu-a03_rank8_20261202_120000.log", "gpu-a03", 8,
-                       "gpu-a03:rank8")
+    source = LogSource("gpu-a03", "/scratch/run/train_gpu-a03_rank8_20261202_120000.log", "gpu-a03", 8, "gpu-a03:rank8")
     async with app.run_test(size=SIZE) as pilot:
         pane = pane_of(app)
         await pilot.pause()
@@ -445,10 +459,11 @@ async def test_the_first_page_is_drawn_as_it_comes_and_its_diagnosis_marks_it_af
     from opsconsole.logs.records import LogLine, LogSource
 
     app = OpsConsole(Config(), FakeFleet(cluster_states()), now=lambda: FROZEN_NOW)
-    source = LogSource("gpu-a01", "/scratch/run/train_gpu-a01_rank0_20261202_120000.log", "gpu-a01", 0,
-                       "gpu-a01:rank0")
-    page = [LogLine(source, n, n * 100, record(n, "INFO", "step %d" % n), time=float(n), level="INFO", rank=0)
-            for n in range(1, 4)]
+    source = LogSource("gpu-a01", "/scratch/run/train_gpu-a01_rank0_20261202_120000.log", "gpu-a01", 0, "gpu-a01:rank0")
+    page = [
+        LogLine(source, n, n * 100, record(n, "INFO", "step %d" % n), time=float(n), level="INFO", rank=0)
+        for n in range(1, 4)
+    ]
     async with app.run_test(size=SIZE) as pilot:
         pane = pane_of(app)
         await pilot.pause()
@@ -459,9 +474,18 @@ async def test_the_first_page_is_drawn_as_it_comes_and_its_diagnosis_marks_it_af
         later = [LogLine(source, 4, 400, record(4, "INFO", "step 4"), time=4.0, level="INFO", rank=0)]
         pane.add_lines(later, [None])
         assert len(pane.view.entries) == 3  # later lines wait for the flush, as before
-        oom = Finding(line=2, category="cuda_oom", severity="critical", title="CUDA out of memory",
-                      cause="not enough GPU memory", remedy="smaller batch", excerpt=page[1].text,
-                      source=source.key, rank=0, time=2.0)
+        oom = Finding(
+            line=2,
+            category="cuda_oom",
+            severity="critical",
+            title="CUDA out of memory",
+            cause="not enough GPU memory",
+            remedy="smaller batch",
+            excerpt=page[1].text,
+            source=source.key,
+            rank=0,
+            time=2.0,
+        )
         pane.add_findings(page, [None, oom, None])
         assert pane.view.entries[1].finding is oom and pane.view.entries[1].level == "CRITICAL"
         assert pane.findings_of(page) == [None, oom, None]  # remembered for lines read again

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-
-
 import time  # noqa: E402
 
 from test_tui_logs import needs_followers, pane_of, rank_file, wait_for, write_lines  # noqa: E402
+from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states  # noqa: E402
 
 from opsconsole.config import Config, ConsoleConfig, LogsConfig  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
-from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states  # noqa: E402
 
 STALL_AFTER = 5.0  # the straggler lag is then 5 s too
 T0 = time.time()
@@ -19,8 +17,11 @@ T0 = time.time()
 def record(offset: float, message: str) -> str:
     """A seed-format line stamped `offset` seconds after the test began (local time, as logging writes)."""
     when = T0 + offset
-    return "%s,%03d - INFO - %s" % (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)),
-                                   int(when * 1000) % 1000, message)
+    return "%s,%03d - INFO - %s" % (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)),
+        int(when * 1000) % 1000,
+        message,
+    )
 
 
 @needs_followers
@@ -28,8 +29,10 @@ async def test_a_rank_whose_log_stops_shows_as_a_straggler_and_alerts(tmp_path):
     rank0, rank1 = rank_file(tmp_path, "gpu01", 0), rank_file(tmp_path, "gpu01", 1)
     write_lines(rank0, [record(n - 3, "step %d loss 2.0" % n) for n in range(3)])
     write_lines(rank1, [record(n - 3, "step %d loss 2.0" % n) for n in range(3)])
-    config = Config(logs=LogsConfig(paths=(str(tmp_path / "train_*_rank*_*.log"),), stall_after=STALL_AFTER),
-                    console=ConsoleConfig())
+    config = Config(
+        logs=LogsConfig(paths=(str(tmp_path / "train_*_rank*_*.log"),), stall_after=STALL_AFTER),
+        console=ConsoleConfig(),
+    )
     app = OpsConsole(config, FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
     clock = [T0]
     async with app.run_test(size=(140, 40)) as pilot:

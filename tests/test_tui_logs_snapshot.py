@@ -10,10 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-
-
-from test_tui_logs import (  # noqa: E402
-    OOM_TRACEBACK, console, needs_followers, pane_of, rank_file, record, write_lines)
+from test_tui_logs import OOM_TRACEBACK, console, needs_followers, pane_of, rank_file, record, write_lines  # noqa: E402
 
 SIZE = (140, 40)
 
@@ -31,10 +28,17 @@ def utc_clock(monkeypatch):
 @needs_followers
 def test_logs_pane_with_a_finding(snap_compare, tmp_path):
     rank0, rank1 = rank_file(tmp_path, "gpu01", 0), rank_file(tmp_path, "gpu02", 1)
-    write_lines(rank0, [record(n, "INFO", "step %d loss %.2f" % (n, 3.0 - n / 100)) for n in range(0, 24, 2)]
-                + [record(25, "WARNING", "step 25 took 4.1 s (median 1.0 s)")])
-    write_lines(rank1, [record(n, "INFO", "step %d loss %.2f" % (n, 3.0 - n / 100)) for n in range(1, 24, 2)]
-                + [record(24, "ERROR", "step 24 failed on rank 1")] + OOM_TRACEBACK)
+    write_lines(
+        rank0,
+        [record(n, "INFO", "step %d loss %.2f" % (n, 3.0 - n / 100)) for n in range(0, 24, 2)]
+        + [record(25, "WARNING", "step 25 took 4.1 s (median 1.0 s)")],
+    )
+    write_lines(
+        rank1,
+        [record(n, "INFO", "step %d loss %.2f" % (n, 3.0 - n / 100)) for n in range(1, 24, 2)]
+        + [record(24, "ERROR", "step 24 failed on rank 1")]
+        + OOM_TRACEBACK,
+    )
     app = console(tmp_path)
     expected = 13 + 13 + len(OOM_TRACEBACK)
 

@@ -15,6 +15,7 @@ import time
 import pytest
 from rich.text import Text
 from textual.widgets import DataTable, Static
+from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states
 
 from opsconsole.config import Config, ConsoleConfig
 from opsconsole.recording.recorder import Recorder
@@ -24,7 +25,6 @@ from opsconsole.tui.lines_view import LinesView, changed_runs
 from opsconsole.tui.overview import gpu_layout, pack
 from opsconsole.tui.replay import ReplayConsole
 from tests.recording_frames import fleet_ticks
-from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states
 
 TICKS = 90
 SHOWN_AT_TICK = 75  # where the replay is paused for the snapshots: 75 s of history behind it
@@ -144,7 +144,10 @@ def test_layout_fits_the_height_with_the_fewest_columns():
 
 def test_pack_puts_items_side_by_side_and_wraps():
     items = [[("a" * 10, "")], [("b" * 10, "")], [("c" * 10, "")]]
-    assert ["".join(t for t, _ in line) for line in pack(items, 25, 3, gap="  ")] == ["a" * 10 + "  " + "b" * 10, "c" * 10]
+    assert ["".join(t for t, _ in line) for line in pack(items, 25, 3, gap="  ")] == [
+        "a" * 10 + "  " + "b" * 10,
+        "c" * 10,
+    ]
     assert len(pack(items, 25, 1, gap="  ")) == 1
 
 

@@ -6,11 +6,11 @@ from dataclasses import replace
 from typing import Dict, List
 
 import pytest
+from h200_fleet import NOW, connecting_node, hung_worker, idle_gpu, load_process, loaded_gpu, three_nodes
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.widgets import DataTable
 
-from h200_fleet import NOW, connecting_node, hung_worker, idle_gpu, load_process, loaded_gpu, three_nodes
 from opsconsole.model import STATE_STALE
 from opsconsole.tui import formatting as fmt
 from opsconsole.tui.cluster import ClusterGpusPane

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+from h200_fleet import NOW, three_nodes
 from textual.app import App, ComposeResult
 from textual.widgets import DataTable
 
-from h200_fleet import NOW, three_nodes
 from opsconsole.config import NodeConfig
 from opsconsole.fleet_view import TREE_BRANCH, TREE_LAST, ProcessRow, process_tree
 from opsconsole.model import STATE_UP, NodeState
@@ -52,12 +52,25 @@ class ConsoleLikeApp(App):
 def rank_child():
     """A sleeping child started as torchrun starts a rank, with a marker and an escape in its argv."""
     marker = "opsconsole-rank-%s" % uuid.uuid4().hex[:8]
-    env = dict(os.environ, RANK="3", LOCAL_RANK="1", WORLD_SIZE="8", MASTER_ADDR="10.0.0.7", MASTER_PORT="29500",
-               OPSCONSOLE_TEST_SECRET="not-for-the-screen")
+    env = dict(
+        os.environ,
+        RANK="3",
+        LOCAL_RANK="1",
+        WORLD_SIZE="8",
+        MASTER_ADDR="10.0.0.7",
+        MASTER_PORT="29500",
+        OPSCONSOLE_TEST_SECRET="not-for-the-screen",
+    )
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)",
-         marker, "\x1b]52;c;aGk=\x07"],
-        env=env, stdout=subprocess.PIPE,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)",
+            marker,
+            "\x1b]52;c;aGk=\x07",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
     )
     assert child.stdout.readline() == b"ready\n"
     yield child, marker
@@ -115,7 +128,7 @@ def kernel_pids() -> List[int]:
                 stat = Path("/proc/%s/stat" % entry).read_bytes()
             except OSError:
                 continue
-            if int(stat[stat.rindex(b")") + 2:].split()[6]) & 0x00200000:
+            if int(stat[stat.rindex(b")") + 2 :].split()[6]) & 0x00200000:
                 found.append(int(entry))
     return found
 
@@ -185,8 +198,13 @@ async def test_enter_opens_details_read_on_the_node(rank_child):
         await until(pilot, lambda: isinstance(app.screen, ProcessDetailsScreen) and app.screen.details is not None)
         screen = app.screen
         assert screen.details.problem is None, screen.details
-        assert dict(screen.details.rank_env) == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8",
-                                                 "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"}
+        assert dict(screen.details.rank_env) == {
+            "RANK": "3",
+            "LOCAL_RANK": "1",
+            "WORLD_SIZE": "8",
+            "MASTER_ADDR": "10.0.0.7",
+            "MASTER_PORT": "29500",
+        }
         text = str(screen.query_one("#details-node").render()) + str(screen.query_one("#details-frame").render())
         assert "RANK=3" in text and "MASTER_ADDR=10.0.0.7" in text
         assert "not-for-the-screen" not in text  # only the rank variables of the environment
@@ -267,19 +285,46 @@ async def test_sort_label_is_the_header_of_the_sorted_column():
 
 
 def row(node: str, pid: int, ppid, cpu: float = 0.0) -> ProcessRow:
-    return ProcessRow(key="%s/%d" % (node, pid), kind="host", node=node, pid=pid, user="u", name="p", command="c%d" % pid,
-                      gpu_index=None, gpu_memory=None, sm_percent=None, cpu_percent=cpu, rss=None, elapsed=None,
-                      proc_state="S", node_state="up", live=True, ppid=ppid)
+    return ProcessRow(
+        key="%s/%d" % (node, pid),
+        kind="host",
+        node=node,
+        pid=pid,
+        user="u",
+        name="p",
+        command="c%d" % pid,
+        gpu_index=None,
+        gpu_memory=None,
+        sm_percent=None,
+        cpu_percent=cpu,
+        rss=None,
+        elapsed=None,
+        proc_state="S",
+        node_state="up",
+        live=True,
+        ppid=ppid,
+    )
 
 
 def test_process_tree_orders_siblings_and_survives_loops():
-    rows = [row("a", 1, 0), row("a", 10, 1, cpu=5.0), row("a", 11, 1, cpu=50.0), row("a", 12, 11), row("b", 12, 1),
-            row("a", 20, 21), row("a", 21, 20)]  # b's 12 has no parent on b; 20 and 21 loop
+    rows = [
+        row("a", 1, 0),
+        row("a", 10, 1, cpu=5.0),
+        row("a", 11, 1, cpu=50.0),
+        row("a", 12, 11),
+        row("b", 12, 1),
+        row("a", 20, 21),
+        row("a", 21, 20),
+    ]  # b's 12 has no parent on b; 20 and 21 loop
     placed = process_tree(rows, lambda r: r.cpu_percent, reverse=True)
     assert [(r.node, r.pid, prefix) for r, prefix in placed] == [
-        ("a", 1, ""), ("a", 11, "├─ "), ("a", 12, "│  └─ "), ("a", 10, "└─ "),
+        ("a", 1, ""),
+        ("a", 11, "├─ "),
+        ("a", 12, "│  └─ "),
+        ("a", 10, "└─ "),
         ("b", 12, ""),
-        ("a", 20, ""), ("a", 21, "└─ "),
+        ("a", 20, ""),
+        ("a", 21, "└─ "),
     ]
     chain = [row("a", 1, 0)] + [row("a", pid, pid - 1) for pid in range(2, 3000)]  # deeper than the recursion limit
     assert len(process_tree(chain, None)) == 2999
@@ -294,7 +339,9 @@ async def test_details_are_read_over_the_nodes_real_ssh_connection(rank_child, s
 
     child, marker = rank_child
     server = sshd_factory.start()
-    fast = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5)
+    fast = SshConfig(
+        connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5
+    )
     link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port, python=sys.executable), fast, 0.3)
     try:
         details = await fetch_process_details(link, child.pid)
@@ -326,8 +373,11 @@ def test_a_bad_answer_from_the_node_is_a_problem_not_a_crash(answer, problem):
 def test_odd_fields_in_an_answer_are_left_out():
     from opsconsole.nodes.process_details import details_from_answer
 
-    details = details_from_answer(42, '{"pid": 42, "args": ["a", 5, {"x": 1}, "b"], "rank_env": {"RANK": 7, "WORLD_SIZE": "8",'
-                                      ' "EVIL": "1"}, "cgroup": "0::/", "cwd": ["x"], "starttime": -1, "errors": []}')
+    details = details_from_answer(
+        42,
+        '{"pid": 42, "args": ["a", 5, {"x": 1}, "b"], "rank_env": {"RANK": 7, "WORLD_SIZE": "8",'
+        ' "EVIL": "1"}, "cgroup": "0::/", "cwd": ["x"], "starttime": -1, "errors": []}',
+    )
     assert details.args == ("a", "b") and details.rank_env == (("WORLD_SIZE", "8"),)
     assert details.cgroup == () and details.cwd is None and details.starttime is None and details.problem is None
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
-
 from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states  # noqa: E402
 
 from opsconsole.config import Config, ConsoleConfig  # noqa: E402

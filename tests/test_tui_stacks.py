@@ -53,9 +53,10 @@ async def test_a_node_that_is_down_is_an_error_line_and_hostile_frames_show_as_v
         # What a hostile node could make py-spy's output say, once it went through the parser.
         frames = (Frame(EVIL * 3, "/x/" + EVIL + ".py", 7), Frame("train", "/job/train.py", 9))
         thread = ThreadStack(EVIL, 5, frames)
-        hostile = build_report([RankStack("gone", 5, 0, frames, (thread,), cmd=EVIL),
-                                RankStack("gone", 6, 1, frames[1:])],
-                               [StackError("gone", EVIL, 7)])
+        hostile = build_report(
+            [RankStack("gone", 5, 0, frames, (thread,), cmd=EVIL), RankStack("gone", 6, 1, frames[1:])],
+            [StackError("gone", EVIL, 7)],
+        )
         screen.show(hostile)
         await pilot.pause()
         table = screen.query_one("#stacks-table")
@@ -75,8 +76,15 @@ def test_the_gpu_processes_of_each_nodes_last_frame_go_to_the_node_as_the_fallba
     from opsconsole.model import NodeFrame, NodeState, ProcessSample
     from opsconsole.tui.stacks import gpu_processes
 
-    frame = NodeFrame(node="g1", time=0.0, processes=(ProcessSample(pid=40, gpu_index=1), ProcessSample(pid=40, gpu_index=2),
-                                                      ProcessSample(pid=31, gpu_index=0)),
-                      top_processes=(ProcessSample(pid=7),))
+    frame = NodeFrame(
+        node="g1",
+        time=0.0,
+        processes=(
+            ProcessSample(pid=40, gpu_index=1),
+            ProcessSample(pid=40, gpu_index=2),
+            ProcessSample(pid=31, gpu_index=0),
+        ),
+        top_processes=(ProcessSample(pid=7),),
+    )
     states = {"g1": NodeState(name="g1", frame=frame), "g2": NodeState(name="g2"), "g3": NodeState(name="g3")}
     assert gpu_processes(states, ["g1", "g2"]) == {"g1": [31, 40]}

@@ -90,7 +90,9 @@ def test_theme_flag_naming_no_theme_is_one_line_and_exit_2(homes, capsys):
     (homes / "midnight.toml").write_text(MINE)
     code = main(["--theme", "bogus"])
     err = capsys.readouterr().err
-    assert_one_line_exit_2(code, err, "--theme bogus: no such theme", "opsconsole-dark", "opsconsole-light", "midnight-mine")
+    assert_one_line_exit_2(
+        code, err, "--theme bogus: no such theme", "opsconsole-dark", "opsconsole-light", "midnight-mine"
+    )
     # The replay's console too (a recording is opened only after the theme is known).
     code = main(["--theme", "bogus", "replay", "/nonexistent.opsrec"])
     assert_one_line_exit_2(code, capsys.readouterr().err, "--theme bogus: no such theme")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-
 from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states  # noqa: E402
 
 from opsconsole.config import parse_config  # noqa: E402

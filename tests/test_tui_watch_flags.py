@@ -20,8 +20,19 @@ def test_flags_add_to_what_the_config_says(tmp_path, monkeypatch):
     (tmp_path / "run1").mkdir()
     (tmp_path / "run2").mkdir()
     configured = Config(logs=LogsConfig(paths=("/var/log/a.log",)), checkpoints=(CheckpointDirConfig(path="/ckpt"),))
-    args = parse(["--logs", "/var/log/a.log", "logs/*.log", "b.log", "--checkpoints", "run1", str(tmp_path / "run2"),
-                  "--logs", "~/c.log"])
+    args = parse(
+        [
+            "--logs",
+            "/var/log/a.log",
+            "logs/*.log",
+            "b.log",
+            "--checkpoints",
+            "run1",
+            str(tmp_path / "run2"),
+            "--logs",
+            "~/c.log",
+        ]
+    )
     config = config_from_args(args, load=lambda path: configured)
     assert config.logs.paths == ("/var/log/a.log", "logs/*.log", "b.log", str(tmp_path.home() / "c.log"))
     assert [d.path for d in config.checkpoints] == ["/ckpt", str(tmp_path / "run1"), str(tmp_path / "run2")]
@@ -40,11 +51,14 @@ def test_report_takes_logs_after_its_name_and_a_command_is_never_read_as_a_path(
     assert "'report' is a command: give --logs after it (opsconsole report --logs ...)" in err
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--checkpoints", "/nonexistent-dir"], ("--checkpoints /nonexistent-dir: no such directory",)),
-    (["--checkpoints", "FILE"], ("not a directory",)),
-    (["--logs", " "], ("--logs: an empty glob",)),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--checkpoints", "/nonexistent-dir"], ("--checkpoints /nonexistent-dir: no such directory",)),
+        (["--checkpoints", "FILE"], ("not a directory",)),
+        (["--logs", " "], ("--logs: an empty glob",)),
+    ],
+)
 def test_bad_flags_are_one_line_exit_2(tmp_path, capsys, argv, words):
     (tmp_path / "FILE").write_text("x")
     argv = [str(tmp_path / a) if a == "FILE" else a for a in argv]

@@ -38,7 +38,7 @@ def test_bytes(value, text):
 
 def test_every_size_is_a_number_and_an_iec_unit():
     for exponent in range(0, 60):
-        for value in (2 ** exponent - 1, 2 ** exponent, 3 * 2 ** exponent // 2):
+        for value in (2**exponent - 1, 2**exponent, 3 * 2**exponent // 2):
             number, unit = units.format_bytes(value).split(" ")
             assert unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
             assert float(number) < 1024 and (unit == "B" or "." not in number or float(number) < 10)
@@ -49,15 +49,26 @@ def test_missing_placeholder_is_the_callers():
     assert units.format_rate(None, missing="?") == "?"
 
 
-@pytest.mark.parametrize("value, text", [(12 * MIB, "12 MiB/s"), (0, "0 B/s"), (300.4 * KIB, "300 KiB/s"), (None, "N/A")])
+@pytest.mark.parametrize(
+    "value, text", [(12 * MIB, "12 MiB/s"), (0, "0 B/s"), (300.4 * KIB, "300 KiB/s"), (None, "N/A")]
+)
 def test_rates(value, text):
     assert units.format_rate(value) == text
 
 
 @pytest.mark.parametrize(
     "seconds, text",
-    [(0, "0s"), (45.9, "45s"), (60, "1m00s"), (725, "12m05s"), (7920, "2h12m"), (2 * 86400 + 4 * 3600, "2d04h"),
-     (-5, "0s"), (None, "N/A"), (math.nan, "N/A")],
+    [
+        (0, "0s"),
+        (45.9, "45s"),
+        (60, "1m00s"),
+        (725, "12m05s"),
+        (7920, "2h12m"),
+        (2 * 86400 + 4 * 3600, "2d04h"),
+        (-5, "0s"),
+        (None, "N/A"),
+        (math.nan, "N/A"),
+    ],
 )
 def test_durations(seconds, text):
     assert units.format_duration(seconds) == text

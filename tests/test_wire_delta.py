@@ -37,7 +37,9 @@ def real_wire() -> dict:
     first = wire["gpus"][0]
     wire["gpus"] = [dict(first, index=i, uuid=first["uuid"][:-2] + "%02x" % i) for i in range(8)]
     proc = wire["processes"][0]
-    wire["processes"] = [dict(proc, pid=proc["pid"] + i, gpu_index=i, gpu_uuid=wire["gpus"][i]["uuid"]) for i in range(8)]
+    wire["processes"] = [
+        dict(proc, pid=proc["pid"] + i, gpu_index=i, gpu_uuid=wire["gpus"][i]["uuid"]) for i in range(8)
+    ]
     return round_wire(wire)
 
 
@@ -72,7 +74,9 @@ class Mutator:
             if rng.random() < 0.02:
                 gpu["xid_events"] = [79]
             if rng.random() < 0.02:  # same value, other type: the console must see 55 become 55.0
-                gpu["temperature"] = int(gpu["temperature"]) if type(gpu["temperature"]) is float else float(gpu["temperature"])
+                gpu["temperature"] = (
+                    int(gpu["temperature"]) if type(gpu["temperature"]) is float else float(gpu["temperature"])
+                )
         if rng.random() < 0.05 and len(new["gpus"]) > 1:
             del new["gpus"][rng.randrange(len(new["gpus"]))]  # a GPU fell off the bus
         if rng.random() < 0.05:
@@ -84,7 +88,9 @@ class Mutator:
         self._processes(new["top_processes"], gpu=False)
         host = new["host"]
         if host is not None:
-            host["cpu_per_core"] = [rng.randint(0, 1000) / 10.0 if rng.random() < 0.6 else v for v in host["cpu_per_core"]]
+            host["cpu_per_core"] = [
+                rng.randint(0, 1000) / 10.0 if rng.random() < 0.6 else v for v in host["cpu_per_core"]
+            ]
             host["cpu_percent"] = rng.randint(0, 1000) / 10.0
             host["mem_used"] += rng.randint(-100, 100) * 4096
             host["net"][0]["rx_bytes_per_s"] = float(rng.randint(0, 10**9))
@@ -105,7 +111,7 @@ class Mutator:
                 proc["cpu_percent"] = rng.randint(0, 1000) / 10.0
                 proc["elapsed_s"] = (proc["elapsed_s"] or 0) + 1.0
             if gpu and rng.random() < 0.3:
-                proc["gpu_memory_bytes"] = rng.randint(0, 2 ** 34)
+                proc["gpu_memory_bytes"] = rng.randint(0, 2**34)
         if procs and rng.random() < 0.2:
             del procs[rng.randrange(len(procs))]
         if rng.random() < 0.2:
@@ -180,7 +186,12 @@ def test_a_delta_carries_only_what_changed():
     new["seq"] += 1
     new["gpus"][2]["power_draw_w"] = 123.45
     delta = delta_of(wire, new)
-    assert delta == {"delta": 1, "base": wire["seq"], "f": {"seq": wire["seq"] + 1}, "gpus": [0, 1, {"power_draw_w": 123.45, "@": 2}, [3, 5]]}
+    assert delta == {
+        "delta": 1,
+        "base": wire["seq"],
+        "f": {"seq": wire["seq"] + 1},
+        "gpus": [0, 1, {"power_draw_w": 123.45, "@": 2}, [3, 5]],
+    }
 
 
 def test_rounding_makes_noise_below_the_precision_unchanged():
@@ -192,8 +203,13 @@ def test_rounding_makes_noise_below_the_precision_unchanged():
     new["host"]["cpu_per_core"][0] += 0.04  # below 0.1 %
     delta = delta_of(wire, round_wire(new))
     assert "gpus" not in delta and "host" not in delta
-    rounded = round_wire({"gpus": [{"power_draw_w": 690.70649, "energy_j": 1.23456, "utilization_gpu": 98.26}],
-                          "host": {"cpu_per_core": [26.83, 0.0], "load_avg": [0.4712]}, "probe_ms": 1.23456})
+    rounded = round_wire(
+        {
+            "gpus": [{"power_draw_w": 690.70649, "energy_j": 1.23456, "utilization_gpu": 98.26}],
+            "host": {"cpu_per_core": [26.83, 0.0], "load_avg": [0.4712]},
+            "probe_ms": 1.23456,
+        }
+    )
     assert rounded["gpus"][0] == {"power_draw_w": 690.71, "energy_j": 1.235, "utilization_gpu": 98.3}
     assert rounded["host"] == {"cpu_per_core": [26.8, 0.0], "load_avg": [0.47]} and rounded["probe_ms"] == 1.23
 
@@ -316,9 +332,25 @@ def test_real_probe_frames_round_trip_through_the_encoder():
 
 def test_agent_with_delta_streams_a_keyframe_then_deltas():
     agent = subprocess.Popen(
-        [sys.executable, "-m", "opsconsole.probe.agent", "--interval", "0.1", "--delta", "--keyframe-every", "4",
-         "--top", "5", "--node-name", "delta-agent"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=ENV, text=True,
+        [
+            sys.executable,
+            "-m",
+            "opsconsole.probe.agent",
+            "--interval",
+            "0.1",
+            "--delta",
+            "--keyframe-every",
+            "4",
+            "--top",
+            "5",
+            "--node-name",
+            "delta-agent",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=ENV,
+        text=True,
     )
     try:
         lines = [agent.stdout.readline() for _ in range(9)]
@@ -341,7 +373,11 @@ def test_agent_with_delta_streams_a_keyframe_then_deltas():
     # What the deltas built matches what the next keyframe says of the things that do not move.
     built, keyframe = frames[7], frames[8]
     assert (built.host.hostname, built.host.mem_total, built.driver_version, built.gpu_source) == (
-        keyframe.host.hostname, keyframe.host.mem_total, keyframe.driver_version, keyframe.gpu_source)
+        keyframe.host.hostname,
+        keyframe.host.mem_total,
+        keyframe.driver_version,
+        keyframe.gpu_source,
+    )
     for frame in frames:  # every decoded frame is what its own full wire form decodes to
         assert from_wire(NodeFrame, json.loads(json.dumps(to_wire(frame)))) == frame
 
@@ -349,7 +385,11 @@ def test_agent_with_delta_streams_a_keyframe_then_deltas():
 def test_plain_agent_lines_stay_full_frames():
     agent = subprocess.run(
         [sys.executable, "-m", "opsconsole.probe.agent", "--once", "--top", "3"],
-        capture_output=True, cwd=ROOT, env=ENV, text=True, timeout=30,
+        capture_output=True,
+        cwd=ROOT,
+        env=ENV,
+        text=True,
+        timeout=30,
     )
     assert agent.returncode == 0
     assert "delta" not in json.loads(agent.stdout)
@@ -537,9 +577,24 @@ def test_random_sequences_read_now_and_then_decode_right(seed):
 
 def test_unchanged_runs_and_null_fields_keep_an_idle_process_list_small():
     """All host processes in pid order: an unchanged stretch is one [i, n]; null fields are left out."""
-    procs = [{"pid": 100 + i, "name": "idle", "user": "root", "command": "idle", "cpu_percent": 0.0, "rss_bytes": 4096,
-              "state": "S", "threads": 1, "ppid": 1, "start_time": 1700000000.5, "kernel_thread": i % 2 == 0,
-              "elapsed_s": None, "job_id": None} for i in range(500)]
+    procs = [
+        {
+            "pid": 100 + i,
+            "name": "idle",
+            "user": "root",
+            "command": "idle",
+            "cpu_percent": 0.0,
+            "rss_bytes": 4096,
+            "state": "S",
+            "threads": 1,
+            "ppid": 1,
+            "start_time": 1700000000.5,
+            "kernel_thread": i % 2 == 0,
+            "elapsed_s": None,
+            "job_id": None,
+        }
+        for i in range(500)
+    ]
     wire = dict(real_wire(), top_processes=procs)
     encoder, decoder = DeltaEncoder(keyframe_every=10), StreamDecoder()
     keyframe = encoder.encode_wire(wire_delta.round_wire(copy.deepcopy(wire)))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from h200_fleet import H200, MIB, idle_gpu, load_procs, load_query, nvml_capture
+
 from opsconsole.model import (
     STATE_DOWN,
     STATE_UP,
@@ -31,8 +32,24 @@ CLOCK_TICKS = 100  # USER_HZ of the captured machine
 
 # The under-load CSV has no header; these are its columns, in order (see the capture's README).
 UNDER_LOAD_COLUMNS = (
-    "index", "uuid", "name", "pci", "util", "util_mem", "mem_total_mib", "mem_used_mib", "temp",
-    "power", "power_limit", "clock_sm", "clock_mem", "pstate", "ecc_vol_uncorr", "fan", "persistence", "mig",
+    "index",
+    "uuid",
+    "name",
+    "pci",
+    "util",
+    "util_mem",
+    "mem_total_mib",
+    "mem_used_mib",
+    "temp",
+    "power",
+    "power_limit",
+    "clock_sm",
+    "clock_mem",
+    "pstate",
+    "ecc_vol_uncorr",
+    "fan",
+    "persistence",
+    "mig",
 )
 
 

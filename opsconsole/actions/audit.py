@@ -26,9 +26,6 @@ import socket
 import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from opsconsole.config import ActionsConfig
-from opsconsole.sanitize import printable_json
-
 from opsconsole.audit_outcomes import (  # noqa: F401 (the writer's vocabulary, imported from here too)
     OUTCOME_ATTEMPT,
     OUTCOME_CANCELLED,
@@ -37,6 +34,8 @@ from opsconsole.audit_outcomes import (  # noqa: F401 (the writer's vocabulary, 
     OUTCOME_OK,
     OUTCOME_REFUSED,
 )
+from opsconsole.config import ActionsConfig
+from opsconsole.sanitize import printable_json
 
 READ_TAIL_BYTES = 512 * 1024  # the Audit pane reads at most this much of the file's end
 

@@ -96,18 +96,23 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
         raise Refused("no checkpoint directory selected")
     entry = configured_dir(ctx.config, target.node, target.path)
     if entry is None:
-        raise Refused("%s on %s is not a [[checkpoints]] directory of the config: not cleaned"
-                      % (printable_line(target.path), printable_line(target.node)))
+        raise Refused(
+            "%s on %s is not a [[checkpoints]] directory of the config: not cleaned"
+            % (printable_line(target.path), printable_line(target.node))
+        )
     state = ctx.get_state()
     if not ctx.local and (state is None or not state.is_live):
         # The fleet owns logging in: no SFTP login to a node waiting in auth or hostkey, or down.
-        raise Refused("%s is %s: its checkpoints are not cleaned until it is connected"
-                      % (printable_line(target.node), state.state if state is not None else "unknown"))
+        raise Refused(
+            "%s is %s: its checkpoints are not cleaned until it is connected"
+            % (printable_line(target.node), state.state if state is not None else "unknown")
+        )
     fs = _filesystem(ctx, target.node)
     try:
         listing = await asyncio.to_thread(scan_directory, root_of(target.path, fs), fs)
-        retention = await asyncio.to_thread(plan_directory, listing, fs, keep=entry.keep, min_age=entry.min_age,
-                                            now=time.time())
+        retention = await asyncio.to_thread(
+            plan_directory, listing, fs, keep=entry.keep, min_age=entry.min_age, now=time.time()
+        )
     except OSError as exc:
         raise Refused(printable_line("%s on %s: %s" % (target.path, target.node, exc.strerror or exc))) from None
     finally:
@@ -115,19 +120,31 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
     doomed = retention.to_delete
     if not doomed:
         raise Refused("nothing to delete in %s (keep %d, min age %g s)" % (target.path, entry.keep, entry.min_age))
-    notes = ["deletes %d of %d, frees %s; kept: the newest %d, best, latest's target, open and recent files"
-             % (len(doomed), len(retention.items), format_bytes(retention.bytes_freed), entry.keep)]
+    notes = [
+        "deletes %d of %d, frees %s; kept: the newest %d, best, latest's target, open and recent files"
+        % (len(doomed), len(retention.items), format_bytes(retention.bytes_freed), entry.keep)
+    ]
     kept = [item for item in retention.items if not item.delete]
     # Every deletion up to the limit, and what is kept and why (best, latest), so the plan can be judged.
     for item in doomed[:LISTED_ITEMS] + kept[:LISTED_ITEMS]:
-        notes.append("%-6s %s (%s): %s" % ("delete" if item.delete else "keep", printable_line(item.name),
-                                            format_bytes(item.size_bytes), printable_line(item.reason)))
+        notes.append(
+            "%-6s %s (%s): %s"
+            % (
+                "delete" if item.delete else "keep",
+                printable_line(item.name),
+                format_bytes(item.size_bytes),
+                printable_line(item.reason),
+            )
+        )
     if len(doomed) > LISTED_ITEMS or len(kept) > LISTED_ITEMS:
         notes.append("... and %d more" % (max(0, len(doomed) - LISTED_ITEMS) + max(0, len(kept) - LISTED_ITEMS)))
     notes.extend("warning: %s" % printable_line(w) for w in retention.warnings)
     argv = cleanup_argv(target.node, target.path, entry.keep, entry.min_age, ctx.local)
-    where = ("on this machine (%s)" % target.node if ctx.local
-             else "on %s over SSH (listed by SFTP, deleted by a pinned helper on the node)" % target.node)
+    where = (
+        "on this machine (%s)" % target.node
+        if ctx.local
+        else "on %s over SSH (listed by SFTP, deleted by a pinned helper on the node)" % target.node
+    )
     word = posixpath.basename(posixpath.normpath(target.path)) or target.path
     return Plan(action, target, argv, where, notes=tuple(notes), word=word, payload=retention)
 
@@ -144,23 +161,33 @@ async def run_cleanup(plan: Any, ctx: Any) -> Any:
         fs = _filesystem(ctx, plan.target.node)
         try:
             result = await asyncio.to_thread(
-                execute_plan, retention, root_of(plan.target.path, fs), ctx.runner.audit, fs=fs,
+                execute_plan,
+                retention,
+                root_of(plan.target.path, fs),
+                ctx.runner.audit,
+                fs=fs,
                 read_only=ctx.config.console.read_only,
             )
         finally:
             await _close(fs, ctx)
         lines.append(printable_line(result.summary()))
         for item in result.results:
-            lines.append(printable_line("%s %s%s" % ("deleted" if item.deleted else "kept   ", item.path,
-                                                     "" if item.deleted else ": %s" % item.error)))
+            lines.append(
+                printable_line(
+                    "%s %s%s"
+                    % ("deleted" if item.deleted else "kept   ", item.path, "" if item.deleted else ": %s" % item.error)
+                )
+            )
         lines.extend(printable_line("not attempted %s" % path) for path in result.remaining)
         if result.stopped:
             lines.append(printable_line("stopped: %s" % result.stopped))  # last: the result record's summary
-        return CommandResult(0 if result.ok else 1, stdout="\n".join(lines[1:]),
-                             error=None if result.refused is None else lines[0])
+        return CommandResult(
+            0 if result.ok else 1, stdout="\n".join(lines[1:]), error=None if result.refused is None else lines[0]
+        )
 
     outcome = await ctx.runner.run("checkpoint_cleanup", plan.target.node, plan.target.describe(), plan.argv, execute)
     if not outcome.ran:
         lines = ["NOT RUN: %s" % outcome.audit_problem]
-    return ActionReport(outcome.ok, "Cleanup of %s on %s" % (plan.target.path, plan.target.node), tuple(lines),
-                        (outcome,))
+    return ActionReport(
+        outcome.ok, "Cleanup of %s on %s" % (plan.target.path, plan.target.node), tuple(lines), (outcome,)
+    )

@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from opsconsole.actions.argv_template import fill_template
 from opsconsole.actions.runner import CommandResult, remote_link, run_local, run_remote
@@ -29,6 +29,7 @@ from opsconsole.model import GpuSample, NodeState
 CHECK_PASS, CHECK_WARN, CHECK_FAIL = "pass", "warn", "fail"
 PRIVILEGE_TIMEOUT_S = 10.0
 SUDO_PREFIX = ("sudo", "-n", "--")
+
 
 @dataclass(frozen=True)
 class Precheck:
@@ -82,19 +83,32 @@ def frame_prechecks(state: Optional[NodeState], index: int) -> List[Precheck]:
         return checks
     label = "GPU %d %s" % (index, " ".join(part for part in (gpu.name, gpu.pci_bus_id) if part))
     if gpu.lost:
-        checks.append(Precheck("gpu", CHECK_WARN, "%s fell off the bus; a reset may not bring it back (reboot)" % label))
+        checks.append(
+            Precheck("gpu", CHECK_WARN, "%s fell off the bus; a reset may not bring it back (reboot)" % label)
+        )
     else:
         checks.append(Precheck("gpu", CHECK_PASS, label.strip()))
     users = [p for p in state.frame.processes if p.gpu_index == index or (gpu.uuid and p.gpu_uuid == gpu.uuid)]
     if users:
         shown = ", ".join("%d (%s)" % (p.pid, p.name or "?") for p in users[:5]) + (" ..." if len(users) > 5 else "")
-        checks.append(Precheck("compute processes", CHECK_FAIL,
-                               "%d on GPU %d: %s; stop them first (a reset kills their CUDA context)" % (len(users), index, shown)))
+        checks.append(
+            Precheck(
+                "compute processes",
+                CHECK_FAIL,
+                "%d on GPU %d: %s; stop them first (a reset kills their CUDA context)" % (len(users), index, shown),
+            )
+        )
     else:
         checks.append(Precheck("compute processes", CHECK_PASS, "none on GPU %d" % index))
     if gpu.mig_mode is True:
-        checks.append(Precheck("MIG", CHECK_FAIL, "MIG mode is on: destroy the compute and GPU instances first "
-                                                  "(nvidia-smi mig -dci -i %d; nvidia-smi mig -dgi -i %d)" % (index, index)))
+        checks.append(
+            Precheck(
+                "MIG",
+                CHECK_FAIL,
+                "MIG mode is on: destroy the compute and GPU instances first "
+                "(nvidia-smi mig -dci -i %d; nvidia-smi mig -dgi -i %d)" % (index, index),
+            )
+        )
     elif gpu.mig_mode is None:
         checks.append(Precheck("MIG", CHECK_WARN, "MIG state not reported"))
     else:
@@ -136,12 +150,15 @@ async def run_prechecks(state: Optional[NodeState], index: int, link: Any) -> Pr
 
 def reset_argv(template: Sequence[str], node: str, gpu: GpuSample, use_sudo: bool) -> List[str]:
     """The exact reset command for this GPU (raises ValueError for a value that cannot be trusted)."""
-    argv = fill_template(template, {
-        "index": str(gpu.index),
-        "uuid": gpu.uuid,
-        "pci_bus_id": gpu.pci_bus_id,
-        "node": node,
-    })
+    argv = fill_template(
+        template,
+        {
+            "index": str(gpu.index),
+            "uuid": gpu.uuid,
+            "pci_bus_id": gpu.pci_bus_id,
+            "node": node,
+        },
+    )
     return list(SUDO_PREFIX) + argv if use_sudo else argv
 
 
@@ -166,14 +183,19 @@ def dry_run(index: int, template: Sequence[str], state: Optional[NodeState] = No
     state = state if state is not None else _local_state()
     report = asyncio.run(run_prechecks(state, index, None))
     frame = state.frame
-    print("GPU reset pre-checks on %s, GPU %d (gpu source %s, driver %s)"
-          % (state.name, index, frame.gpu_source if frame else "?", (frame.driver_version if frame else None) or "?"))
+    print(
+        "GPU reset pre-checks on %s, GPU %d (gpu source %s, driver %s)"
+        % (state.name, index, frame.gpu_source if frame else "?", (frame.driver_version if frame else None) or "?")
+    )
     for line in report.lines():
         print("  " + line)
     gpu = gpu_of(state, index)
     if gpu is not None:
         try:
-            print("command (not run): " + " ".join(_shown(word) for word in reset_argv(template, state.name, gpu, report.use_sudo)))
+            print(
+                "command (not run): "
+                + " ".join(_shown(word) for word in reset_argv(template, state.name, gpu, report.use_sudo))
+            )
         except ValueError as exc:
             print("command: cannot be built: %s" % exc)
     print("verdict: reset would be %s" % ("REFUSED: " + report.refusal() if report.refused else "allowed"))
@@ -188,15 +210,19 @@ def _shown(word: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opsconsole.actions.gpu_reset",
-                                     description="GPU reset pre-checks on this machine (dry run only).")
+    parser = argparse.ArgumentParser(
+        prog="python -m opsconsole.actions.gpu_reset",
+        description="GPU reset pre-checks on this machine (dry run only).",
+    )
     parser.add_argument("--dry-run", action="store_true", help="run only the pre-checks (required)")
     parser.add_argument("--index", type=int, required=True, help="GPU index")
     parser.add_argument("--config", help="config file (for [actions] gpu_reset_command)")
     args = parser.parse_args(argv)
     if not args.dry_run:
-        print("refusing: this entry point only runs the pre-checks (--dry-run); reset a GPU from the console",
-              file=sys.stderr)
+        print(
+            "refusing: this entry point only runs the pre-checks (--dry-run); reset a GPU from the console",
+            file=sys.stderr,
+        )
         return 2
     from opsconsole.config import ConfigError, load_config
 

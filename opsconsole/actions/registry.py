@@ -14,10 +14,6 @@ from typing import Any, Awaitable, Callable, Dict, FrozenSet, List, Mapping, Opt
 
 from opsconsole.actions import drain as drain_mod
 from opsconsole.actions import gpu_reset, signals
-from opsconsole.actions.runner import ActionOutcome, CommandResult, no_command_channel, run_on_node
-from opsconsole.config import Config
-from opsconsole.model import NodeState
-from opsconsole.nodes.base import is_replayed
 from opsconsole.actions.plan import (  # noqa: F401 (the registry's vocabulary: imported from here too)
     CONFIRM_NONE,
     CONFIRM_TYPED,
@@ -40,6 +36,11 @@ from opsconsole.actions.plan import (  # noqa: F401 (the registry's vocabulary: 
     RunFn,
     Target,
 )
+from opsconsole.actions.runner import ActionOutcome, CommandResult, no_command_channel, run_on_node
+from opsconsole.config import Config
+from opsconsole.model import NodeState
+from opsconsole.nodes.base import is_replayed
+
 
 def allowed(action: Action, config: Config) -> bool:
     """Whether the console offers `action` at all: a read-only console offers only safe ones."""
@@ -101,16 +102,23 @@ async def plan_signal(action: Action, target: Target, ctx: ActionContext, params
     if proc is not None:
         notes.append("process: %s%s" % (proc.command or proc.name, "  (user %s)" % proc.user if proc.user else ""))
     if action.id == "escalate":
-        notes.append("SIGINT now; if it is still running after %g s, you are asked before SIGTERM, then SIGKILL"
-                     % ctx.config.actions.signal_escalation_s)
+        notes.append(
+            "SIGINT now; if it is still running after %g s, you are asked before SIGTERM, then SIGKILL"
+            % ctx.config.actions.signal_escalation_s
+        )
     elif signal_name == "INT":
         notes.append("SIGINT lets a training script that catches it save a checkpoint before it exits")
     elif signal_name == "KILL":
         notes.append("SIGKILL cannot be caught: unsaved work is lost")
     if ctx.local:
         notes.append("sent with os.kill by the console (the same as this kill command)")
-    return Plan(action, Target(TARGET_PROCESS, target.node, pid=target.pid, name=name),
-                tuple(signals.signal_argv(signal_name, target.pid)), _where(ctx, target.node), notes=tuple(notes))
+    return Plan(
+        action,
+        Target(TARGET_PROCESS, target.node, pid=target.pid, name=name),
+        tuple(signals.signal_argv(signal_name, target.pid)),
+        _where(ctx, target.node),
+        notes=tuple(notes),
+    )
 
 
 async def _send_one(plan: Plan, ctx: ActionContext, signal_name: str, action_id: str) -> Tuple[ActionOutcome, float]:
@@ -136,8 +144,13 @@ async def run_signal(plan: Plan, ctx: ActionContext) -> ActionReport:
         verdict = await signals.watch_process(ctx.get_state, plan.target.pid, sent_at, ctx.frame_wait_s)
         lines.append(verdict.text)
     lines += _audit_lines([outcome])
-    return ActionReport(ok, "SIG%s PID %d on %s" % (signal_name, plan.target.pid, plan.target.node),
-                        tuple(lines), (outcome,), _output(outcome.result))
+    return ActionReport(
+        ok,
+        "SIG%s PID %d on %s" % (signal_name, plan.target.pid, plan.target.node),
+        tuple(lines),
+        (outcome,),
+        _output(outcome.result),
+    )
 
 
 async def run_escalation(plan: Plan, ctx: ActionContext) -> ActionReport:
@@ -152,16 +165,24 @@ async def run_escalation(plan: Plan, ctx: ActionContext) -> ActionReport:
 
     async def watch(sent_at: float, timeout: float) -> signals.ProcessVerdict:
         if ctx.progress is not None:
-            ctx.progress("SIG%s sent to PID %d on %s; watching its frames for up to %g s"
-                         % (signals.ESCALATION[len(outcomes) - 1], pid, plan.target.node, timeout))
+            ctx.progress(
+                "SIG%s sent to PID %d on %s; watching its frames for up to %g s"
+                % (signals.ESCALATION[len(outcomes) - 1], pid, plan.target.node, timeout)
+            )
         return await signals.watch_process(ctx.get_state, pid, sent_at, timeout)
 
     async def confirm_next(signal_name: str, verdict: signals.ProcessVerdict) -> bool:
         ask = ctx.confirm_next
         yes = bool(ask is not None and await ask(signal_name, verdict))
         if not yes:
-            ctx.runner.note("escalate", plan.target.node, plan.target.describe(), signals.signal_argv(signal_name, pid),
-                            "cancelled", "SIG%s not sent: %s" % (signal_name, verdict.text))
+            ctx.runner.note(
+                "escalate",
+                plan.target.node,
+                plan.target.describe(),
+                signals.signal_argv(signal_name, pid),
+                "cancelled",
+                "SIG%s not sent: %s" % (signal_name, verdict.text),
+            )
         return yes
 
     wait_s = ctx.config.actions.signal_escalation_s
@@ -173,11 +194,15 @@ async def run_escalation(plan: Plan, ctx: ActionContext) -> ActionReport:
             lines.append("  " + step.verdict.text)
     gone = bool(steps and steps[-1].verdict is not None and steps[-1].verdict.gone)
     if steps and not gone and steps[-1].signal != "KILL" and steps[-1].result.ok:
-        lines.append("stopped before SIG%s: PID %d may still run" % (
-            signals.ESCALATION[signals.ESCALATION.index(steps[-1].signal) + 1], pid))
+        lines.append(
+            "stopped before SIG%s: PID %d may still run"
+            % (signals.ESCALATION[signals.ESCALATION.index(steps[-1].signal) + 1], pid)
+        )
     lines += _audit_lines(outcomes)
     output = "\n".join(_output(o.result) for o in outcomes if _output(o.result))
-    return ActionReport(gone, "Escalation for PID %d on %s" % (pid, plan.target.node), tuple(lines), tuple(outcomes), output)
+    return ActionReport(
+        gone, "Escalation for PID %d on %s" % (pid, plan.target.node), tuple(lines), tuple(outcomes), output
+    )
 
 
 SIGNAL_OF = {"signal_int": "INT", "signal_term": "TERM", "signal_kill": "KILL", "escalate": "INT"}
@@ -200,8 +225,15 @@ async def plan_gpu_reset(action: Action, target: Target, ctx: ActionContext, par
     except ValueError as exc:
         raise Refused("GPU %d on %s not reset: %s" % (target.gpu, target.node, exc)) from None
     notes = ("every process using the GPU loses it; afterwards the GPU is read again and its health checks rerun",)
-    return Plan(action, target, tuple(argv), _where(ctx, target.node), checks=report.checks, notes=notes,
-                word="%s/%d" % (target.node, target.gpu))
+    return Plan(
+        action,
+        target,
+        tuple(argv),
+        _where(ctx, target.node),
+        checks=report.checks,
+        notes=notes,
+        word="%s/%d" % (target.node, target.gpu),
+    )
 
 
 async def run_gpu_reset(plan: Plan, ctx: ActionContext) -> ActionReport:
@@ -219,8 +251,13 @@ async def run_gpu_reset(plan: Plan, ctx: ActionContext) -> ActionReport:
         lines.append(gpu_line)
         lines += await health_lines(ctx, plan.target.node, index, ctx.config.actions.gpu_tests_after_reset)
     lines += _audit_lines([outcome])
-    return ActionReport(outcome.ok, "GPU reset: GPU %d on %s" % (index, plan.target.node), tuple(lines),
-                        (outcome,), _output(outcome.result))
+    return ActionReport(
+        outcome.ok,
+        "GPU reset: GPU %d on %s" % (index, plan.target.node),
+        tuple(lines),
+        (outcome,),
+        _output(outcome.result),
+    )
 
 
 async def reread_gpu(ctx: ActionContext, index: int, after: float) -> str:
@@ -259,10 +296,16 @@ async def health_lines(ctx: ActionContext, node: str, gpu: Optional[int], gpu_te
         return ["health checks could not run: %s: %s" % (type(exc).__name__, exc)]
     if not results:
         return ["health checks: none apply"]
-    return ["health %s: %s%s %s" % (
-        getattr(r, "status", "?"), getattr(r, "check", "?"),
-        "" if getattr(r, "gpu", None) is None else " gpu %s" % r.gpu, getattr(r, "message", ""))
-        for r in results]
+    return [
+        "health %s: %s%s %s"
+        % (
+            getattr(r, "status", "?"),
+            getattr(r, "check", "?"),
+            "" if getattr(r, "gpu", None) is None else " gpu %s" % r.gpu,
+            getattr(r, "message", ""),
+        )
+        for r in results
+    ]
 
 
 def default_health_checks(ctx: ActionContext) -> Optional[Callable[[str, Optional[int], bool], Awaitable[List[Any]]]]:
@@ -282,9 +325,13 @@ async def plan_health_rerun(action: Action, target: Target, ctx: ActionContext, 
     why = health_rerun.unavailable()
     if why:
         raise Refused(why)
-    return Plan(action, target, tuple(health_rerun.equivalent_argv(target.node)),
-                "in the console (the rules over %s's latest frame)" % target.node,
-                notes=("read-only: nothing on the node changes",))
+    return Plan(
+        action,
+        target,
+        tuple(health_rerun.equivalent_argv(target.node)),
+        "in the console (the rules over %s's latest frame)" % target.node,
+        notes=("read-only: nothing on the node changes",),
+    )
 
 
 async def run_health_rerun(plan: Plan, ctx: ActionContext) -> ActionReport:
@@ -299,8 +346,9 @@ async def run_health_rerun(plan: Plan, ctx: ActionContext) -> ActionReport:
 
     outcome = await ctx.runner.run("health_rerun", plan.target.node, plan.target.describe(), plan.argv, execute)
     shown = lines if outcome.ran else [_status_line(outcome)]
-    return ActionReport(outcome.ok, "Health checks of %s" % plan.target.node, tuple(shown + _audit_lines([outcome])),
-                        (outcome,))
+    return ActionReport(
+        outcome.ok, "Health checks of %s" % plan.target.node, tuple(shown + _audit_lines([outcome])), (outcome,)
+    )
 
 
 # --- drain -----------------------------------------------------------------------------------
@@ -315,9 +363,14 @@ async def plan_drain(action: Action, target: Target, ctx: ActionContext, params:
         argv = drain_mod.drain_argv(ctx.config.actions.drain_command, target.node, reason)
     except ValueError as exc:
         raise Refused("%s not drained: %s" % (target.node, exc)) from None
-    return Plan(action, target, tuple(argv), "on this machine (Slurm controller command)",
-                notes=("Slurm stops scheduling new jobs on %s; running jobs go on" % target.node,),
-                params=(("reason", reason.strip()),))
+    return Plan(
+        action,
+        target,
+        tuple(argv),
+        "on this machine (Slurm controller command)",
+        notes=("Slurm stops scheduling new jobs on %s; running jobs go on" % target.node,),
+        params=(("reason", reason.strip()),),
+    )
 
 
 async def run_drain(plan: Plan, ctx: ActionContext) -> ActionReport:
@@ -326,8 +379,14 @@ async def run_drain(plan: Plan, ctx: ActionContext) -> ActionReport:
 
         return await run_local(plan.argv, ctx.config.actions.command_timeout_s)
 
-    outcome = await ctx.runner.run("drain_node", plan.target.node, plan.target.describe(), plan.argv, execute,
-                                   detail="reason: %s" % plan.param("reason"))
+    outcome = await ctx.runner.run(
+        "drain_node",
+        plan.target.node,
+        plan.target.describe(),
+        plan.argv,
+        execute,
+        detail="reason: %s" % plan.param("reason"),
+    )
     lines = ["%s: %s" % (plan.command_line, _status_line(outcome))] + _audit_lines([outcome])
     return ActionReport(outcome.ok, "Drain %s" % plan.target.node, tuple(lines), (outcome,), _output(outcome.result))
 
@@ -362,25 +421,101 @@ def _drain_available(config: Config) -> Optional[str]:
 # --- the registry ----------------------------------------------------------------------------
 
 ACTIONS: Tuple[Action, ...] = (
-    Action("signal_int", "i", "SIGINT", DANGER_DISRUPTIVE, CONFIRM_YES_NO, TARGET_PROCESS,
-           "SIGINT the process (a training script can save a checkpoint)", plan_signal, run_signal),
-    Action("signal_term", "x", "SIGTERM", DANGER_DISRUPTIVE, CONFIRM_YES_NO, TARGET_PROCESS,
-           "SIGTERM the process", plan_signal, run_signal),
-    Action("signal_kill", "K", "SIGKILL", DANGER_DESTRUCTIVE, CONFIRM_YES_NO, TARGET_PROCESS,
-           "SIGKILL the process (cannot be caught)", plan_signal, run_signal),
-    Action("escalate", "e", "Stop: INT, TERM, KILL", DANGER_DESTRUCTIVE, CONFIRM_YES_NO, TARGET_PROCESS,
-           "SIGINT, then SIGTERM and SIGKILL after a timeout, each confirmed", plan_signal, run_escalation),
-    Action("gpu_reset", "R", "Reset GPU", DANGER_CRITICAL, CONFIRM_TYPED, TARGET_GPU,
-           "Reset the GPU (pre-checks, typed confirmation)", plan_gpu_reset, run_gpu_reset, binding="gpu.reset"),
-    Action("health_rerun", "h", "Rerun health", DANGER_SAFE, CONFIRM_NONE, TARGET_NODE,
-           "Rerun the node's health checks", plan_health_rerun, run_health_rerun),
-    Action("drain_node", "D", "Drain node", DANGER_DISRUPTIVE, CONFIRM_YES_NO, TARGET_NODE,
-           "Drain the node in Slurm, with a reason", plan_drain, run_drain, needs_reason=True,
-           available=_drain_available, binding="node.drain"),
+    Action(
+        "signal_int",
+        "i",
+        "SIGINT",
+        DANGER_DISRUPTIVE,
+        CONFIRM_YES_NO,
+        TARGET_PROCESS,
+        "SIGINT the process (a training script can save a checkpoint)",
+        plan_signal,
+        run_signal,
+    ),
+    Action(
+        "signal_term",
+        "x",
+        "SIGTERM",
+        DANGER_DISRUPTIVE,
+        CONFIRM_YES_NO,
+        TARGET_PROCESS,
+        "SIGTERM the process",
+        plan_signal,
+        run_signal,
+    ),
+    Action(
+        "signal_kill",
+        "K",
+        "SIGKILL",
+        DANGER_DESTRUCTIVE,
+        CONFIRM_YES_NO,
+        TARGET_PROCESS,
+        "SIGKILL the process (cannot be caught)",
+        plan_signal,
+        run_signal,
+    ),
+    Action(
+        "escalate",
+        "e",
+        "Stop: INT, TERM, KILL",
+        DANGER_DESTRUCTIVE,
+        CONFIRM_YES_NO,
+        TARGET_PROCESS,
+        "SIGINT, then SIGTERM and SIGKILL after a timeout, each confirmed",
+        plan_signal,
+        run_escalation,
+    ),
+    Action(
+        "gpu_reset",
+        "R",
+        "Reset GPU",
+        DANGER_CRITICAL,
+        CONFIRM_TYPED,
+        TARGET_GPU,
+        "Reset the GPU (pre-checks, typed confirmation)",
+        plan_gpu_reset,
+        run_gpu_reset,
+        binding="gpu.reset",
+    ),
+    Action(
+        "health_rerun",
+        "h",
+        "Rerun health",
+        DANGER_SAFE,
+        CONFIRM_NONE,
+        TARGET_NODE,
+        "Rerun the node's health checks",
+        plan_health_rerun,
+        run_health_rerun,
+    ),
+    Action(
+        "drain_node",
+        "D",
+        "Drain node",
+        DANGER_DISRUPTIVE,
+        CONFIRM_YES_NO,
+        TARGET_NODE,
+        "Drain the node in Slurm, with a reason",
+        plan_drain,
+        run_drain,
+        needs_reason=True,
+        available=_drain_available,
+        binding="node.drain",
+    ),
     # The Checkpoints pane's `c` (checkpoints.cleanup) is this action's key.
-    Action("checkpoint_cleanup", "c", "Clean up", DANGER_DESTRUCTIVE, CONFIRM_TYPED, TARGET_CHECKPOINT_DIR,
-           "Delete the checkpoints the retention plan drops", plan_cleanup, run_cleanup,
-           available=_cleanup_available, binding="checkpoints.cleanup"),
+    Action(
+        "checkpoint_cleanup",
+        "c",
+        "Clean up",
+        DANGER_DESTRUCTIVE,
+        CONFIRM_TYPED,
+        TARGET_CHECKPOINT_DIR,
+        "Delete the checkpoints the retention plan drops",
+        plan_cleanup,
+        run_cleanup,
+        available=_cleanup_available,
+        binding="checkpoints.cleanup",
+    ),
 )
 
 ACTIONS_BY_ID: Dict[str, Action] = {action.id: action for action in ACTIONS}
@@ -416,7 +551,9 @@ def refusal_for_target(act: Action, target: Target, ctx: ActionContext) -> Optio
     return None
 
 
-async def plan_action(action_id: str, target: Target, ctx: ActionContext, params: Optional[Mapping[str, str]] = None) -> Plan:
+async def plan_action(
+    action_id: str, target: Target, ctx: ActionContext, params: Optional[Mapping[str, str]] = None
+) -> Plan:
     """Pre-checks and the exact command; raises Refused (read-only, a replayed node, unavailable, a failed check)."""
     act = action(action_id)
     if act.target_kind != target.kind:

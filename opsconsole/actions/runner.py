@@ -108,7 +108,10 @@ async def run_local(argv: Sequence[str], timeout: float, env: Optional[Dict[str,
         except asyncio.TimeoutError:
             pass
         return CommandResult(
-            None, error="timed out after %g s (stopped)" % timeout, duration_s=time.monotonic() - started, timed_out=True
+            None,
+            error="timed out after %g s (stopped)" % timeout,
+            duration_s=time.monotonic() - started,
+            timed_out=True,
         )
     except asyncio.CancelledError:
         _kill_group(process.pid)
@@ -137,8 +140,9 @@ async def run_remote(link: Any, argv: Sequence[str], timeout: float) -> CommandR
         status, stdout, stderr = await link.run_command([str(word) for word in argv], timeout=timeout)
     except LinkError as err:
         timed_out = "timed out" in err.reason
-        return CommandResult(None, error="%s: %s" % (link.name, err.reason), duration_s=time.monotonic() - started,
-                             timed_out=timed_out)
+        return CommandResult(
+            None, error="%s: %s" % (link.name, err.reason), duration_s=time.monotonic() - started, timed_out=timed_out
+        )
     except ValueError as exc:
         return CommandResult(None, error=str(exc))
     return CommandResult(status, stdout, stderr, duration_s=time.monotonic() - started)
@@ -156,7 +160,9 @@ def no_command_channel(link: Any) -> Optional[str]:
     from opsconsole.nodes.base import COMMANDS_HERE, command_channel, is_replayed
 
     if is_replayed(link):
-        return "%s is a replay of a recording: its PIDs and files are not this machine's" % getattr(link, "name", "node")
+        return "%s is a replay of a recording: its PIDs and files are not this machine's" % getattr(
+            link, "name", "node"
+        )
     channel = command_channel(link)
     if channel is None:
         return "no command channel to %s (not a live node of this console)" % getattr(link, "name", "the node")
@@ -225,19 +231,35 @@ class ActionRunner:
         try:
             result = await execute()
         except asyncio.CancelledError:
-            self.audit.write(action, node, "interrupted: the console stopped waiting", OUTCOME_FAILED,
-                                   target=target, command=command, entry_id=entry_id)
+            self.audit.write(
+                action,
+                node,
+                "interrupted: the console stopped waiting",
+                OUTCOME_FAILED,
+                target=target,
+                command=command,
+                entry_id=entry_id,
+            )
             raise
         except Exception as exc:  # an executor bug is an outcome too, not a crash of the console
             result = CommandResult(None, error=_describe(exc))
         outcome = OUTCOME_OK if result.ok else OUTCOME_FAILED
         problem = self.audit.write(
-            action, node, result.summary(), outcome, target=target, command=command, entry_id=entry_id,
+            action,
+            node,
+            result.summary(),
+            outcome,
+            target=target,
+            command=command,
+            entry_id=entry_id,
             result=result.to_record(),
         )
         return ActionOutcome(True, result, entry_id, problem)
 
-    def note(self, action: str, node: str, target: str, command: Sequence[str], outcome: str, detail: str) -> Optional[str]:
+    def note(
+        self, action: str, node: str, target: str, command: Sequence[str], outcome: str, detail: str
+    ) -> Optional[str]:
         """Record an action that did not run (cancelled, refused); None when written, else why not."""
-        return self.audit.write(action, node, detail, outcome, target=target, command=list(command),
-                                      entry_id=new_entry_id())
+        return self.audit.write(
+            action, node, detail, outcome, target=target, command=list(command), entry_id=new_entry_id()
+        )

@@ -135,7 +135,12 @@ async def watch_process(get_state: StateGetter, pid: int, after: float, timeout:
     last: Optional[ProcessVerdict] = None
     while True:
         state = get_state()
-        if state is not None and state.frame is not None and state.received_at is not None and state.received_at > after:
+        if (
+            state is not None
+            and state.frame is not None
+            and state.received_at is not None
+            and state.received_at > after
+        ):
             last = verdict_of(state.frame, pid)
             if last.gone:
                 return last
@@ -159,7 +164,9 @@ Watch = Callable[[float, float], Awaitable[ProcessVerdict]]  # (sent at, timeout
 ConfirmNext = Callable[[str, ProcessVerdict], Awaitable[bool]]  # (next signal, verdict) -> go on?
 
 
-async def escalate(send: Send, watch: Watch, confirm_next: ConfirmNext, wait_s: float, last_wait_s: float) -> List[EscalationStep]:
+async def escalate(
+    send: Send, watch: Watch, confirm_next: ConfirmNext, wait_s: float, last_wait_s: float
+) -> List[EscalationStep]:
     """SIGINT; still there after `wait_s` and the user agrees: SIGTERM; again: SIGKILL. Stops when it is gone."""
     steps: List[EscalationStep] = []
     for position, name in enumerate(ESCALATION):

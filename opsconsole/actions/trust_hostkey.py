@@ -12,8 +12,8 @@ may run and audits every outcome, so the console only shows the plan, asks, and 
 
 from typing import Any, Callable, Optional, Tuple
 
-from opsconsole.audit_outcomes import OUTCOME_CANCELLED, OUTCOME_CONFIRMED, OUTCOME_FAILED, OUTCOME_OK, OUTCOME_REFUSED
 from opsconsole.actions.plan import Refused
+from opsconsole.audit_outcomes import OUTCOME_CANCELLED, OUTCOME_CONFIRMED, OUTCOME_FAILED, OUTCOME_OK, OUTCOME_REFUSED
 from opsconsole.model import STATE_HOSTKEY, NodeState
 
 ACTION_TRUST_HOSTKEY = "trust_hostkey"

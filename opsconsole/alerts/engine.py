@@ -44,8 +44,15 @@ class AlertEvent:
 
     def to_json(self) -> dict:
         return {
-            "time": self.time, "rule": self.rule, "node": self.node, "gpu": self.gpu, "state": self.state,
-            "severity": self.severity, "message": self.message, "value": self.value, "threshold": self.threshold,
+            "time": self.time,
+            "rule": self.rule,
+            "node": self.node,
+            "gpu": self.gpu,
+            "state": self.state,
+            "severity": self.severity,
+            "message": self.message,
+            "value": self.value,
+            "threshold": self.threshold,
             "earlier": self.earlier,
         }
 
@@ -103,10 +110,18 @@ class AlertEngine:
             if rule.cleared(value):
                 track.firing = False
                 track.pending_since = None
-                return AlertEvent(now, rule.name, node, EVENT_RESOLVED, rule.severity,
-                                  "%s: %s %s, back past %s" % (_subject(node, gpu), rule.metric, _number(value),
-                                                               _number(rule.clear_level())),
-                                  gpu, value, rule.threshold)
+                return AlertEvent(
+                    now,
+                    rule.name,
+                    node,
+                    EVENT_RESOLVED,
+                    rule.severity,
+                    "%s: %s %s, back past %s"
+                    % (_subject(node, gpu), rule.metric, _number(value), _number(rule.clear_level())),
+                    gpu,
+                    value,
+                    rule.threshold,
+                )
             return None
         if not rule.holds(value):
             track.pending_since = None
@@ -117,10 +132,18 @@ class AlertEngine:
             return None
         track.firing = True
         held = " for %ds" % round(now - track.pending_since) if rule.for_s else ""
-        return AlertEvent(now, rule.name, node, EVENT_FIRING, rule.severity,
-                          "%s: %s %s %s %s%s" % (_subject(node, gpu), rule.metric, _number(value), rule.comparison,
-                                                 _number(rule.threshold), held),
-                          gpu, value, rule.threshold)
+        return AlertEvent(
+            now,
+            rule.name,
+            node,
+            EVENT_FIRING,
+            rule.severity,
+            "%s: %s %s %s %s%s"
+            % (_subject(node, gpu), rule.metric, _number(value), rule.comparison, _number(rule.threshold), held),
+            gpu,
+            value,
+            rule.threshold,
+        )
 
     def observe_health(self, results: Iterable, now: float) -> List[AlertEvent]:
         """Health results (opsconsole.health.result.HealthResult): fail/error fire, pass resolves."""
@@ -130,11 +153,29 @@ class AlertEngine:
             was = self._health.get(key)
             bad = result.status in _HEALTH_SEVERITY
             if bad and was != result.status:
-                events.append(AlertEvent(now, "health." + result.check, result.node, EVENT_FIRING,
-                                         _HEALTH_SEVERITY[result.status], result.message, result.gpu))
+                events.append(
+                    AlertEvent(
+                        now,
+                        "health." + result.check,
+                        result.node,
+                        EVENT_FIRING,
+                        _HEALTH_SEVERITY[result.status],
+                        result.message,
+                        result.gpu,
+                    )
+                )
             elif not bad and was in _HEALTH_SEVERITY:
-                events.append(AlertEvent(now, "health." + result.check, result.node, EVENT_RESOLVED,
-                                         _HEALTH_SEVERITY[was], result.message, result.gpu))
+                events.append(
+                    AlertEvent(
+                        now,
+                        "health." + result.check,
+                        result.node,
+                        EVENT_RESOLVED,
+                        _HEALTH_SEVERITY[was],
+                        result.message,
+                        result.gpu,
+                    )
+                )
             self._health[key] = result.status if bad else "pass"
         return self._record(events)
 
@@ -150,22 +191,42 @@ class AlertEngine:
             if key in self._earlier_findings or key in self._findings:
                 return []
             self._earlier_findings.add(key)
-            return self._record([AlertEvent(finding.time or now, "finding." + finding.category, node, EVENT_FIRING,
-                                            finding.severity, "%s%s: %s" % (finding.title, where, finding.excerpt[:200]),
-                                            earlier=True)])
+            return self._record(
+                [
+                    AlertEvent(
+                        finding.time or now,
+                        "finding." + finding.category,
+                        node,
+                        EVENT_FIRING,
+                        finding.severity,
+                        "%s%s: %s" % (finding.title, where, finding.excerpt[:200]),
+                        earlier=True,
+                    )
+                ]
+            )
         seen = self._findings.get(key, 0)
         self._findings[key] = seen + 1
         if seen:
             return []
-        return self._record([AlertEvent(now, "finding." + finding.category, node, EVENT_FIRING,
-                                        finding.severity, "%s%s: %s" % (finding.title, where, finding.excerpt[:200]))])
+        return self._record(
+            [
+                AlertEvent(
+                    now,
+                    "finding." + finding.category,
+                    node,
+                    EVENT_FIRING,
+                    finding.severity,
+                    "%s%s: %s" % (finding.title, where, finding.excerpt[:200]),
+                )
+            ]
+        )
 
     # --- outputs --------------------------------------------------------------
 
     def _record(self, events: List[AlertEvent]) -> List[AlertEvent]:
         if events:
             self.history.extend(events)
-            del self.history[:-self.history_size]
+            del self.history[: -self.history_size]
         return events
 
     def firing(self) -> List[AlertEvent]:

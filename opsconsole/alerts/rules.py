@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from opsconsole import alert_names
 from opsconsole.history import gpu_values
-from opsconsole.model import STATE_DOWN, STATE_AUTH, STATE_HOSTKEY, GpuSample, NodeState
+from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY, GpuSample, NodeState
 
 COMPARISONS: Dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
@@ -74,6 +74,7 @@ def _host_field(name: str) -> Callable[[NodeState], Optional[float]]:
     def read(state: NodeState) -> Optional[float]:
         host = state.frame.host if state.frame else None
         return None if host is None else getattr(host, name)
+
     return read
 
 
@@ -127,8 +128,9 @@ class AlertRule:
         return not self.holds(value)
 
 
-def builtin_rules(gpu_temperature_c: float = 85.0, disk_free_percent: float = 10.0,
-                  memory_percent: float = 90.0) -> Tuple[AlertRule, ...]:
+def builtin_rules(
+    gpu_temperature_c: float = 85.0, disk_free_percent: float = 10.0, memory_percent: float = 90.0
+) -> Tuple[AlertRule, ...]:
     """The seed chapter's thresholds (temperature 85 °C, disk free 10 %, memory 90 %) and hard faults."""
     return (
         AlertRule("gpu_hot", "gpu.temperature", ">", gpu_temperature_c, for_s=30, severity="critical"),

@@ -89,9 +89,21 @@ class FileSystem:
 
 
 def not_regular(path: str, mode: int) -> OSError:
-    what = "a FIFO" if stat_module.S_ISFIFO(mode) else "a socket" if stat_module.S_ISSOCK(mode) else (
-        "a device" if stat_module.S_ISCHR(mode) or stat_module.S_ISBLK(mode) else
-        "a directory" if stat_module.S_ISDIR(mode) else "a symlink" if stat_module.S_ISLNK(mode) else "special")
+    what = (
+        "a FIFO"
+        if stat_module.S_ISFIFO(mode)
+        else "a socket"
+        if stat_module.S_ISSOCK(mode)
+        else (
+            "a device"
+            if stat_module.S_ISCHR(mode) or stat_module.S_ISBLK(mode)
+            else "a directory"
+            if stat_module.S_ISDIR(mode)
+            else "a symlink"
+            if stat_module.S_ISLNK(mode)
+            else "special"
+        )
+    )
     return OSError(errno.EINVAL, "%s, not a regular file: never opened" % what, path)
 
 
@@ -145,7 +157,9 @@ class LocalFileSystem(FileSystem):
                 except FileNotFoundError:
                     continue  # deleted between readdir and stat
                 mode = st.st_mode
-                items.append(DirItem(entry.name, FileStat(st.st_size, st.st_mtime, is_dir(mode), is_link(mode), is_file(mode))))
+                items.append(
+                    DirItem(entry.name, FileStat(st.st_size, st.st_mtime, is_dir(mode), is_link(mode), is_file(mode)))
+                )
         return items
 
     def stat(self, path: str) -> FileStat:

@@ -99,8 +99,16 @@ class CleanupResult:
             "refused": self.refused,
             "stopped": self.stopped,
             "bytes_freed": self.bytes_freed,
-            "results": [{"path": r.path, "deleted": r.deleted, "size_bytes": r.size_bytes, "error": r.error,
-                         "members_deleted": list(r.went)} for r in self.results],
+            "results": [
+                {
+                    "path": r.path,
+                    "deleted": r.deleted,
+                    "size_bytes": r.size_bytes,
+                    "error": r.error,
+                    "members_deleted": list(r.went),
+                }
+                for r in self.results
+            ],
             "remaining": list(self.remaining),
         }
 
@@ -189,9 +197,13 @@ def _valid_records(value: Any) -> Optional[Tuple[Tuple[Any, ...], ...]]:
         return None
     records = []
     for record in value:
-        if (not isinstance(record, list) or len(record) != 6 or not isinstance(record[0], str)
-                or record[1] not in ("d", "f", "l", "o")
-                or not all(isinstance(n, int) and not isinstance(n, bool) for n in record[2:])):
+        if (
+            not isinstance(record, list)
+            or len(record) != 6
+            or not isinstance(record[0], str)
+            or record[1] not in ("d", "f", "l", "o")
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in record[2:])
+        ):
             return None
         records.append(tuple(record))
     return tuple(records)
@@ -210,10 +222,18 @@ def pin_plan(plan: RetentionPlan, fs: FileSystem = LOCAL) -> PinnedPlan:
         answer = {"problem": "cannot pin the directory: %s" % (exc.strerror or exc)}
     root_id = answer.get("root_id") if isinstance(answer, dict) else None
     units = answer.get("units") if isinstance(answer, dict) else None
-    if (not isinstance(root_id, list) or len(root_id) != 2 or not all(isinstance(n, int) for n in root_id)
-            or not isinstance(units, list) or len(units) != len(doomed)):
-        why = str(answer.get("problem") if isinstance(answer, dict) and answer.get("problem") else
-                  "the directory could not be pinned")[:500]
+    if (
+        not isinstance(root_id, list)
+        or len(root_id) != 2
+        or not all(isinstance(n, int) for n in root_id)
+        or not isinstance(units, list)
+        or len(units) != len(doomed)
+    ):
+        why = str(
+            answer.get("problem")
+            if isinstance(answer, dict) and answer.get("problem")
+            else "the directory could not be pinned"
+        )[:500]
         warnings.append("nothing will be deleted: %s" % why)
         items = tuple(_kept(item, why) if item.delete else item for item in plan.items)
         base.update(items=items, warnings=tuple(warnings))
@@ -275,16 +295,22 @@ def execute_plan(
         return CleanupResult(root, node, refused=why + _unaudited(problem))
 
     if read_only:
-        return refuse("read-only console: deleting is off", "read-only: %d deletions in %s refused" % (len(targets), root))
+        return refuse(
+            "read-only console: deleting is off", "read-only: %d deletions in %s refused" % (len(targets), root)
+        )
     if posixpath.normpath(plan.root or root) != posixpath.normpath(root):
-        return refuse("the plan is for %s, not %s" % (plan.root, root),
-                      "plan for %s executed against %s: refused" % (plan.root, root))
+        return refuse(
+            "the plan is for %s, not %s" % (plan.root, root),
+            "plan for %s executed against %s: refused" % (plan.root, root),
+        )
     if not targets:
         return CleanupResult(root, node, warnings=plan.warnings)
     pin: Optional[RootPin] = getattr(plan, "pin", None)
     if pin is None:
-        return refuse("the plan was not pinned to its directory when it was made: nothing deleted",
-                      "unpinned plan for %s: %d deletions refused" % (root, len(targets)))
+        return refuse(
+            "the plan was not pinned to its directory when it was made: nothing deleted",
+            "unpinned plan for %s: %d deletions refused" % (root, len(targets)),
+        )
     by_path = {unit.path: unit for unit in pin.units}
     planned: List[Tuple[PlanItem, Optional[int]]] = []
     pinned_units: List[UnitPin] = []
@@ -296,11 +322,16 @@ def execute_plan(
             planned.append((item, len(pinned_units)))
             pinned_units.append(unit)
     try:
-        session = fs.open_pinned(root, [pin.dev, pin.ino],
-                                 [{"members": list(u.members), "tree": [list(r) for r in u.records]} for u in pinned_units])
+        session = fs.open_pinned(
+            root,
+            [pin.dev, pin.ino],
+            [{"members": list(u.members), "tree": [list(r) for r in u.records]} for u in pinned_units],
+        )
     except OSError as exc:
-        return refuse("cannot reach %s: %s" % (root, exc.strerror or exc),
-                      "%d deletions in %s refused: %s" % (len(targets), root, exc.strerror or exc))
+        return refuse(
+            "cannot reach %s: %s" % (root, exc.strerror or exc),
+            "%d deletions in %s refused: %s" % (len(targets), root, exc.strerror or exc),
+        )
     if session.refused:
         return refuse(session.refused, "%d deletions in %s refused: %s" % (len(targets), root, session.refused))
     try:
@@ -311,8 +342,15 @@ def execute_plan(
         session.close()
 
 
-def _run_units(session: Any, planned: List[Tuple[PlanItem, Optional[int]]], warnings: Tuple[str, ...],
-               root: str, node: str, write: AuditWriter, user_detail: str) -> CleanupResult:
+def _run_units(
+    session: Any,
+    planned: List[Tuple[PlanItem, Optional[int]]],
+    warnings: Tuple[str, ...],
+    root: str,
+    node: str,
+    write: AuditWriter,
+    user_detail: str,
+) -> CleanupResult:
     results: List[FileResult] = []
 
     def stopped(at: int, why: str) -> CleanupResult:
@@ -379,7 +417,13 @@ def plan_directory(listing: Any, fs: FileSystem = LOCAL, *, keep: int, min_age: 
         open_paths = frozenset()
         warnings.append("open-file check failed: %s" % exc)
     plan = plan_retention(
-        listing.entries, keep=keep, min_age=min_age, now=now, open_paths=open_paths,
-        root=listing.root, node=listing.node, warnings=warnings,
+        listing.entries,
+        keep=keep,
+        min_age=min_age,
+        now=now,
+        open_paths=open_paths,
+        root=listing.root,
+        node=listing.node,
+        warnings=warnings,
     )
     return pin_plan(plan, fs)

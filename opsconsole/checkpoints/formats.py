@@ -53,10 +53,24 @@ TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickled 0x1
 DCP_SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 HF_DIR = re.compile(r"^checkpoint-(\d+)$")
 LIGHTNING_PART = re.compile(r"^([A-Za-z_][\w.]*)=(.+)$")
-SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "U16": "uint16",
-                      "U32": "uint32", "U64": "uint64", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
-                      "F8_E5M2": "float8_e5m2", "C64": "complex64"}
+SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "U16": "uint16",
+    "U32": "uint32",
+    "U64": "uint64",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "C64": "complex64",
+}
 
 
 @dataclass(frozen=True)
@@ -164,7 +178,9 @@ def meta_from_name(name: str) -> CheckpointMeta:
     hf = HF_DIR.match(stem)
     if hf:
         return CheckpointMeta(step=int(hf.group(1)))
-    epoch = re.search(r"(?:^|[_\-.])(?:epoch|ep|e)[_\-=]?(\d+)(?![\w])", stem, re.I) or re.search(r"epoch[_\-=]?(\d+)", stem, re.I)
+    epoch = re.search(r"(?:^|[_\-.])(?:epoch|ep|e)[_\-=]?(\d+)(?![\w])", stem, re.I) or re.search(
+        r"epoch[_\-=]?(\d+)", stem, re.I
+    )
     step = re.search(r"(?:^|[_\-.])(?:global_step|step|iter|iteration|it)[_\-=]?(\d+)(?![\w])", stem, re.I)
     return CheckpointMeta(
         epoch=int(epoch.group(1)) if epoch else None,
@@ -195,7 +211,9 @@ def dir_format(names: Iterable[str]) -> Optional[str]:
 # --- serving requests from buffers already read -----------------------------------------------
 
 
-def _served(buffers: Sequence[Tuple[int, bytes]], size: int, inner: Generator[ReadRequest, bytes, Any]) -> Generator[ReadRequest, bytes, Any]:
+def _served(
+    buffers: Sequence[Tuple[int, bytes]], size: int, inner: Generator[ReadRequest, bytes, Any]
+) -> Generator[ReadRequest, bytes, Any]:
     """Run `inner`, answering its requests from bytes already in hand where they cover them."""
     try:
         request = next(inner)
@@ -230,20 +248,28 @@ def file_reader(name: str, size: int, window: int = HEAD_BYTES) -> Generator[Rea
     head = yield (0, min(size, window))
     if head[:4] in (zipmeta.SIG_LOCAL, zipmeta.SIG_EOCD):
         result = yield from torch_zip_reader(size, head, window)
-        if result.format == FORMAT_TORCH and (lightning_fields(name) is not None or "pytorch-lightning_version" in result.meta.top_keys):
+        if result.format == FORMAT_TORCH and (
+            lightning_fields(name) is not None or "pytorch-lightning_version" in result.meta.top_keys
+        ):
             result = replace(result, format=FORMAT_LIGHTNING)
         return replace(result, meta=merge_meta(result.meta, named))
     if head[:1] == b"\x80":
         legacy = "legacy torch file" if head.startswith(TORCH_LEGACY_MAGIC) else "non-zip pickle"
-        return ReadResult(FORMAT_LEGACY, named, INTEGRITY_UNCHECKED,
-                          "%s: listed, not opened (loading it would run its pickle)" % legacy)
+        return ReadResult(
+            FORMAT_LEGACY,
+            named,
+            INTEGRITY_UNCHECKED,
+            "%s: listed, not opened (loading it would run its pickle)" % legacy,
+        )
     if len(head) >= 9 and head[8:9] == b"{":
         result = yield from safetensors_reader(size, head)
         return replace(result, meta=merge_meta(result.meta, named))
     if head[:4] == b"PK\x01\x02" or head[:2] == b"PK":
         return ReadResult(FORMAT_TORCH, named, INTEGRITY_CORRUPT, "damaged zip (no local header at the start)")
     if not head.strip(b"\x00"):
-        return ReadResult(_named_format(name), named, INTEGRITY_TRUNCATED, "starts with zero bytes: preallocated or never written")
+        return ReadResult(
+            _named_format(name), named, INTEGRITY_TRUNCATED, "starts with zero bytes: preallocated or never written"
+        )
     return ReadResult(FORMAT_UNKNOWN, named, INTEGRITY_UNCHECKED, "not a torch zip, pickle or safetensors file")
 
 
@@ -253,7 +279,9 @@ def _named_format(name: str) -> str:
     return FORMAT_LIGHTNING if lightning_fields(name) is not None else FORMAT_TORCH
 
 
-def torch_zip_reader(size: int, head: bytes = b"", window: int = HEAD_BYTES) -> Generator[ReadRequest, bytes, ReadResult]:
+def torch_zip_reader(
+    size: int, head: bytes = b"", window: int = HEAD_BYTES
+) -> Generator[ReadRequest, bytes, ReadResult]:
     """A torch.save zip: directory (quick integrity), data.pkl through the restricted unpickler, scalar tensors."""
     buffers: List[Tuple[int, bytes]] = [(0, head)] if head else []
     try:
@@ -261,14 +289,21 @@ def torch_zip_reader(size: int, head: bytes = b"", window: int = HEAD_BYTES) -> 
     except ZipProblem as problem:
         return ReadResult(FORMAT_TORCH, CheckpointMeta(), problem.integrity, problem.reason)
     integrity = zipmeta.quick_integrity(directory)
-    counts = dict(tensor_count=directory.tensor_count, tensor_bytes=directory.tensor_bytes,
-                  crc_recorded=directory.crc_recorded)
+    counts = dict(
+        tensor_count=directory.tensor_count, tensor_bytes=directory.tensor_bytes, crc_recorded=directory.crc_recorded
+    )
     pkl = directory.find("data.pkl")
     if pkl is None:
-        return ReadResult(FORMAT_UNKNOWN, CheckpointMeta(**counts), integrity, "a zip without data.pkl: not a torch.save file")
+        return ReadResult(
+            FORMAT_UNKNOWN, CheckpointMeta(**counts), integrity, "a zip without data.pkl: not a torch.save file"
+        )
     if max(pkl.size, pkl.compressed_size) > MAX_PICKLE_READ:
         # torch.load reads it: only our reader's bound is passed. The zip's own integrity stands.
-        why = "could not read: %s is %d bytes, over the reader's %d limit" % (pkl.name[-MAX_NAME_TEXT:], max(pkl.size, pkl.compressed_size), MAX_PICKLE_READ)
+        why = "could not read: %s is %d bytes, over the reader's %d limit" % (
+            pkl.name[-MAX_NAME_TEXT:],
+            max(pkl.size, pkl.compressed_size),
+            MAX_PICKLE_READ,
+        )
         return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), integrity, why, unreadable=why)
     try:
         data = yield from _served(buffers, size, zipmeta.member_reader(pkl, MAX_PICKLE_READ))
@@ -279,10 +314,19 @@ def torch_zip_reader(size: int, head: bytes = b"", window: int = HEAD_BYTES) -> 
         # Damage only when the bytes are not the ones the zip recorded; otherwise it is our
         # reader that could not follow them (a work bound, an opcode it does not take).
         if directory.crc_recorded and zlib.crc32(data) != pkl.crc:
-            return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), INTEGRITY_CORRUPT,
-                              "%s: CRC mismatch (%s)" % (pkl.name[-MAX_NAME_TEXT:], loaded.error))
-        return ReadResult(FORMAT_TORCH, CheckpointMeta(**counts), integrity, loaded.error,
-                          unreadable="could not read: %s" % loaded.error)
+            return ReadResult(
+                FORMAT_TORCH,
+                CheckpointMeta(**counts),
+                INTEGRITY_CORRUPT,
+                "%s: CRC mismatch (%s)" % (pkl.name[-MAX_NAME_TEXT:], loaded.error),
+            )
+        return ReadResult(
+            FORMAT_TORCH,
+            CheckpointMeta(**counts),
+            integrity,
+            loaded.error,
+            unreadable="could not read: %s" % loaded.error,
+        )
     scalars: Dict[Any, float] = {}
     for tensor in wanted_scalars(loaded.value):
         entry = directory.storage_entry(tensor.storage.key)
@@ -307,15 +351,26 @@ def torch_zip_reader(size: int, head: bytes = b"", window: int = HEAD_BYTES) -> 
 def safetensors_reader(size: int, head: bytes = b"") -> Generator[ReadRequest, bytes, ReadResult]:
     """A safetensors file: the 8-byte header length and the JSON header, every offset bounds-checked."""
     if size < 8:
-        return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_TRUNCATED, "shorter than its 8-byte header length")
+        return ReadResult(
+            FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_TRUNCATED, "shorter than its 8-byte header length"
+        )
     if len(head) < 8:
         head = yield (0, min(size, SAFETENSORS_FIRST_READ))
     (length,) = struct.unpack("<Q", head[:8])
     if length > MAX_SAFETENSORS_HEADER:
-        return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "header length %d is over the 100 MB limit" % length)
+        return ReadResult(
+            FORMAT_SAFETENSORS,
+            CheckpointMeta(),
+            INTEGRITY_CORRUPT,
+            "header length %d is over the 100 MB limit" % length,
+        )
     if 8 + length > size:
-        return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_TRUNCATED,
-                          "header of %d bytes runs past the end of the file (%d bytes)" % (length, size))
+        return ReadResult(
+            FORMAT_SAFETENSORS,
+            CheckpointMeta(),
+            INTEGRITY_TRUNCATED,
+            "header of %d bytes runs past the end of the file (%d bytes)" % (length, size),
+        )
     raw = head[8 : 8 + length] if 8 + length <= len(head) else (yield (8, length))
     return safetensors_result(raw, size, length)
 
@@ -325,7 +380,9 @@ def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
     try:
         header = _json(raw)
     except ValueError as exc:  # UnicodeDecodeError is one
-        return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "header is not JSON: %s" % error_text(exc))
+        return ReadResult(
+            FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "header is not JSON: %s" % error_text(exc)
+        )
     if type(header) is not dict:
         return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "header is not a JSON object")
     data_size = size - 8 - length
@@ -339,12 +396,26 @@ def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
             continue
         offsets = info.get("data_offsets") if type(info) is dict else None
         if type(offsets) is not list or len(offsets) != 2:
-            return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "tensor %r has no data_offsets" % key[:MAX_NAME_TEXT])
+            return ReadResult(
+                FORMAT_SAFETENSORS,
+                CheckpointMeta(),
+                INTEGRITY_CORRUPT,
+                "tensor %r has no data_offsets" % key[:MAX_NAME_TEXT],
+            )
         begin, end = offsets
         if type(begin) is not int or type(end) is not int or begin < 0 or end < begin or end >= 2**63:
-            return ReadResult(FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_CORRUPT, "tensor %r has bad data_offsets" % key[:MAX_NAME_TEXT])
+            return ReadResult(
+                FORMAT_SAFETENSORS,
+                CheckpointMeta(),
+                INTEGRITY_CORRUPT,
+                "tensor %r has bad data_offsets" % key[:MAX_NAME_TEXT],
+            )
         named = info.get("dtype")
-        dtype = (SAFETENSORS_DTYPES.get(named) or named.lower()[:32]) if type(named) is str else "<%s>" % type(named).__name__
+        dtype = (
+            (SAFETENSORS_DTYPES.get(named) or named.lower()[:32])
+            if type(named) is str
+            else "<%s>" % type(named).__name__
+        )
         dtypes[dtype] = dtypes.get(dtype, 0) + 1
         total += end - begin
         if end > end_max:
@@ -355,7 +426,9 @@ def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
     details = tuple(("__metadata__." + k[:MAX_NAME_TEXT], _json_text(v)) for k, v in list(metadata.items())[:50])
     meta = CheckpointMeta(
         epoch=_int_or_none(_json_text(metadata.get("epoch"))) if "epoch" in metadata else None,
-        step=_int_or_none(_json_text(metadata.get("step", metadata.get("global_step")))) if ("step" in metadata or "global_step" in metadata) else None,
+        step=_int_or_none(_json_text(metadata.get("step", metadata.get("global_step"))))
+        if ("step" in metadata or "global_step" in metadata)
+        else None,
         loss=_float_or_none(metadata.get("loss")),
         top_keys=tuple(itertools.islice((k[:MAX_NAME_TEXT] for k in header if k != "__metadata__"), 200)),
         details=details + (("tensors", "%d tensors, %d bytes" % (count, total)),),
@@ -366,8 +439,12 @@ def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
         tensor_bytes=total,
     )
     if end_max > data_size:
-        return ReadResult(FORMAT_SAFETENSORS, meta, INTEGRITY_TRUNCATED,
-                          "tensor data ends at %d but only %d bytes follow the header" % (end_max, data_size))
+        return ReadResult(
+            FORMAT_SAFETENSORS,
+            meta,
+            INTEGRITY_TRUNCATED,
+            "tensor data ends at %d but only %d bytes follow the header" % (end_max, data_size),
+        )
     return ReadResult(FORMAT_SAFETENSORS, meta, INTEGRITY_OK, None)
 
 
@@ -380,8 +457,11 @@ def safetensors_state(results: Sequence[ReadResult]) -> Optional[StateDictSummar
     for summary in summaries:
         for dtype, count in summary.dtypes:
             dtypes[dtype] = dtypes.get(dtype, 0) + count
-    return StateDictSummary(keys=sum(s.keys for s in summaries), dtypes=tuple(sorted(dtypes.items(), key=lambda kv: -kv[1])),
-                            bytes=sum(s.bytes for s in summaries))
+    return StateDictSummary(
+        keys=sum(s.keys for s in summaries),
+        dtypes=tuple(sorted(dtypes.items(), key=lambda kv: -kv[1])),
+        bytes=sum(s.bytes for s in summaries),
+    )
 
 
 # --- Hugging Face Trainer and DCP directories -----------------------------------------------------
@@ -414,8 +494,11 @@ def trainer_state_fields(text: bytes) -> Tuple[Dict[str, Any], Optional[str]]:
                     if loss is not None:
                         break
             if not metrics:
-                metrics = [(k[:MAX_NAME_TEXT], number) for k, number in ((k, _json_number(v)) for k, v in record.items()
-                                                                         if k.startswith("eval_")) if number is not None][:50]
+                metrics = [
+                    (k[:MAX_NAME_TEXT], number)
+                    for k, number in ((k, _json_number(v)) for k, v in record.items() if k.startswith("eval_"))
+                    if number is not None
+                ][:50]
             if loss is not None and metrics:
                 break
     epoch = state.get("epoch")
@@ -462,8 +545,10 @@ def dir_meta_fields(fmt: str, name: str, files: Mapping[str, int]) -> Dict[str, 
     fields: Dict[str, Any] = dict(epoch=named.epoch, step=named.step, loss=named.loss)
     if fmt == FORMAT_DCP:
         shards = sorted(n for n in files if DCP_SHARD.match(n))
-        fields["details"] = (("shards", "%d (%s)" % (len(shards), ", ".join(shards[:4]) + (", ..." if len(shards) > 4 else ""))),
-                             (".metadata", "%d bytes (not unpickled)" % files.get(".metadata", 0)))
+        fields["details"] = (
+            ("shards", "%d (%s)" % (len(shards), ", ".join(shards[:4]) + (", ..." if len(shards) > 4 else ""))),
+            (".metadata", "%d bytes (not unpickled)" % files.get(".metadata", 0)),
+        )
         fields["top_keys"] = tuple(sorted(files))[:200]
         return fields
     fields["has_optimizer"] = any(n.startswith("optimizer") for n in files)
@@ -518,17 +603,25 @@ def dcp_result(metadata: Optional[bytes], files: Mapping[str, int]) -> ReadResul
     `.metadata` last: shards without it are an incomplete save.
     """
     shards = sorted(n for n in files if n.endswith(".distcp"))
-    details: List[Tuple[str, str]] = [("shards", "%d (%s)" % (len(shards), ", ".join(shards[:4]) + (", ..." if len(shards) > 4 else "")))]
+    details: List[Tuple[str, str]] = [
+        ("shards", "%d (%s)" % (len(shards), ", ".join(shards[:4]) + (", ..." if len(shards) > 4 else "")))
+    ]
     top = tuple(sorted(files))[:200]
     if metadata is None:
-        return ReadResult(FORMAT_DCP, CheckpointMeta(details=tuple(details), top_keys=top), INTEGRITY_TRUNCATED,
-                          "no .metadata beside %d shards: an incomplete save (DCP writes .metadata last)" % len(shards))
+        return ReadResult(
+            FORMAT_DCP,
+            CheckpointMeta(details=tuple(details), top_keys=top),
+            INTEGRITY_TRUNCATED,
+            "no .metadata beside %d shards: an incomplete save (DCP writes .metadata last)" % len(shards),
+        )
     loaded = restricted_loads(metadata)
     root = _state_of(loaded.value) if not loaded.error else None
     storage = root.get("storage_data") if root is not None else None
     if loaded.error or not isinstance(storage, Mapping):
         why = "could not read .metadata: %s" % (loaded.error or "not a DCP Metadata object")
-        return ReadResult(FORMAT_DCP, CheckpointMeta(details=tuple(details), top_keys=top), INTEGRITY_UNCHECKED, why, unreadable=why)
+        return ReadResult(
+            FORMAT_DCP, CheckpointMeta(details=tuple(details), top_keys=top), INTEGRITY_UNCHECKED, why, unreadable=why
+        )
     needed: Dict[str, int] = {}
     for info in storage.values():
         fields = _state_of(info)
@@ -537,22 +630,52 @@ def dcp_result(metadata: Optional[bytes], files: Mapping[str, int]) -> ReadResul
         length = fields.get("length") if fields is not None else None
         if not isinstance(path, str) or type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
             why = "could not read .metadata: a storage entry without relative_path, offset and length"
-            return ReadResult(FORMAT_DCP, CheckpointMeta(details=tuple(details), top_keys=top), INTEGRITY_UNCHECKED, why, unreadable=why)
+            return ReadResult(
+                FORMAT_DCP,
+                CheckpointMeta(details=tuple(details), top_keys=top),
+                INTEGRITY_UNCHECKED,
+                why,
+                unreadable=why,
+            )
         needed[path] = max(needed.get(path, 0), offset + length)
     tensors = root.get("state_dict_metadata")
-    details.append((".metadata", "%d entries, %d chunks in %d files" % (len(tensors) if isinstance(tensors, Mapping) else 0, len(storage), len(needed))))
-    meta = CheckpointMeta(details=tuple(details), top_keys=top,
-                          tensor_count=len(tensors) if isinstance(tensors, Mapping) else None,
-                          tensor_bytes=sum(needed.values()))
+    details.append(
+        (
+            ".metadata",
+            "%d entries, %d chunks in %d files"
+            % (len(tensors) if isinstance(tensors, Mapping) else 0, len(storage), len(needed)),
+        )
+    )
+    meta = CheckpointMeta(
+        details=tuple(details),
+        top_keys=top,
+        tensor_count=len(tensors) if isinstance(tensors, Mapping) else None,
+        tensor_bytes=sum(needed.values()),
+    )
     missing = sorted(p for p in needed if p not in files)
     if missing:
-        return ReadResult(FORMAT_DCP, meta, INTEGRITY_CORRUPT, "shard %s named in .metadata is missing%s" % (
-            missing[0][:MAX_NAME_TEXT], " (and %d more)" % (len(missing) - 1) if len(missing) > 1 else ""))
+        return ReadResult(
+            FORMAT_DCP,
+            meta,
+            INTEGRITY_CORRUPT,
+            "shard %s named in .metadata is missing%s"
+            % (missing[0][:MAX_NAME_TEXT], " (and %d more)" % (len(missing) - 1) if len(missing) > 1 else ""),
+        )
     short = sorted(p for p in needed if files[p] < needed[p])
     if short:
         first = short[0]
-        return ReadResult(FORMAT_DCP, meta, INTEGRITY_TRUNCATED, "shard %s is %d bytes, .metadata records data up to %d%s" % (
-            first[:MAX_NAME_TEXT], files[first], needed[first], " (and %d more)" % (len(short) - 1) if len(short) > 1 else ""))
+        return ReadResult(
+            FORMAT_DCP,
+            meta,
+            INTEGRITY_TRUNCATED,
+            "shard %s is %d bytes, .metadata records data up to %d%s"
+            % (
+                first[:MAX_NAME_TEXT],
+                files[first],
+                needed[first],
+                " (and %d more)" % (len(short) - 1) if len(short) > 1 else "",
+            ),
+        )
     return ReadResult(FORMAT_DCP, meta, INTEGRITY_OK, None)
 
 
@@ -571,8 +694,11 @@ def zip_check_reader(size: int) -> Generator[ReadRequest, bytes, ReadResult]:
         directory = yield from zipmeta.directory_reader(size)
     except ZipProblem as problem:
         return ReadResult(FORMAT_TORCH, CheckpointMeta(), problem.integrity, problem.reason)
-    return ReadResult(FORMAT_TORCH, CheckpointMeta(tensor_count=directory.tensor_count, tensor_bytes=directory.tensor_bytes),
-                      zipmeta.quick_integrity(directory))
+    return ReadResult(
+        FORMAT_TORCH,
+        CheckpointMeta(tensor_count=directory.tensor_count, tensor_bytes=directory.tensor_bytes),
+        zipmeta.quick_integrity(directory),
+    )
 
 
 __all__ = [

@@ -118,8 +118,10 @@ class RankDump:
         """compact() undone: every entry with its frames again (the tuples shared, not copied)."""
         if not self.stacks:
             return self
-        entries = tuple(replace(entry, frames=self.stacks[entry.stack], stack=-1) if 0 <= entry.stack < len(self.stacks)
-                        else entry for entry in self.entries)
+        entries = tuple(
+            replace(entry, frames=self.stacks[entry.stack], stack=-1) if 0 <= entry.stack < len(self.stacks) else entry
+            for entry in self.entries
+        )
         return replace(self, entries=entries, stacks=())
 
 
@@ -203,12 +205,19 @@ def _entry(raw: Any, stacks: Dict[Tuple[Any, ...], Tuple[FrFrame, ...]]) -> FrEn
     name = _text(raw.get("profiling_name"))
     backend, _, op = name.rpartition(":")
     return FrEntry(
-        record_id=_int(raw.get("record_id", -1)), group=group_name, group_desc=group_desc,
-        collective_seq_id=_int(raw.get("collective_seq_id", 0)), p2p_seq_id=_int(raw.get("p2p_seq_id", 0)),
-        op=op, backend=backend, is_p2p=bool(raw.get("is_p2p", False)) if type(raw.get("is_p2p", False)) is bool else False,
+        record_id=_int(raw.get("record_id", -1)),
+        group=group_name,
+        group_desc=group_desc,
+        collective_seq_id=_int(raw.get("collective_seq_id", 0)),
+        p2p_seq_id=_int(raw.get("p2p_seq_id", 0)),
+        op=op,
+        backend=backend,
+        is_p2p=bool(raw.get("is_p2p", False)) if type(raw.get("is_p2p", False)) is bool else False,
         state=_opt_text(raw.get("state")),
-        input_sizes=_sizes(raw.get("input_sizes", [])), input_dtypes=_dtypes(raw.get("input_dtypes", [])),
-        output_sizes=_sizes(raw.get("output_sizes", [])), output_dtypes=_dtypes(raw.get("output_dtypes", [])),
+        input_sizes=_sizes(raw.get("input_sizes", [])),
+        input_dtypes=_dtypes(raw.get("input_dtypes", [])),
+        output_sizes=_sizes(raw.get("output_sizes", [])),
+        output_dtypes=_dtypes(raw.get("output_dtypes", [])),
         frames=_frames(raw.get("frames"), stacks),
     )
 
@@ -251,9 +260,14 @@ def dump_from_value(value: Any) -> RankDump:
         for name, item in list(status.items())[:MAX_GROUPS]:
             if type(name) is str and type(item) is dict:
                 try:
-                    statuses.append(FrGroupStatus(_text(name), _int(item.get("last_enqueued_collective", -1)),
-                                                  _int(item.get("last_started_collective", -1)),
-                                                  _int(item.get("last_completed_collective", -1))))
+                    statuses.append(
+                        FrGroupStatus(
+                            _text(name),
+                            _int(item.get("last_enqueued_collective", -1)),
+                            _int(item.get("last_started_collective", -1)),
+                            _int(item.get("last_completed_collective", -1)),
+                        )
+                    )
                 except _Bad:
                     continue
     entries: List[FrEntry] = []
@@ -266,8 +280,14 @@ def dump_from_value(value: Any) -> RankDump:
             dropped += 1
     if entries_raw and not entries:
         return RankDump(unreadable="none of its %d entries is well formed" % len(entries_raw))
-    return RankDump(version=version, comm_lib_version=lib, groups=tuple(groups), status=tuple(statuses),
-                    entries=tuple(entries), dropped=dropped)
+    return RankDump(
+        version=version,
+        comm_lib_version=lib,
+        groups=tuple(groups),
+        status=tuple(statuses),
+        entries=tuple(entries),
+        dropped=dropped,
+    )
 
 
 def dump_from_bytes(data: bytes) -> RankDump:
@@ -284,8 +304,10 @@ def dump_from_bytes(data: bytes) -> RankDump:
         if result.error is not None:
             return RankDump(unreadable=result.error.replace("data.pkl", "the pickle"))
         if result.unsafe_globals:  # torch writes only dicts, lists, text and numbers: anything else is not its dump
-            return RankDump(unreadable="names %s, which no flight-recorder dump holds (nothing of it was run)"
-                            % ", ".join(result.unsafe_globals[:3]))
+            return RankDump(
+                unreadable="names %s, which no flight-recorder dump holds (nothing of it was run)"
+                % ", ".join(result.unsafe_globals[:3])
+            )
         value = result.value
     try:
         return dump_from_value(value)

@@ -58,23 +58,47 @@ NESTED_SERIES_DIRS = ("checkpoints", "checkpoint")  # accelerate's automatic nam
 DCP_SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 DEEPSPEED_FILE = re.compile(r"(^|_)mp_rank_\d+_model_states\.pt$|_optim_states\.pt$")
 MEGATRON_RANK_DIR = re.compile(r"^mp_rank_\d+(_\d+)*$")
-ACCELERATE_FILE = re.compile(r"^(optimizer(_\d+)?\.bin|scheduler(_\d+)?\.bin|sampler(_\d+)?\.bin|random_states_\d+\.pkl|scaler\.pt|custom_checkpoint_\d+\.pkl)$")
-WEIGHT_FILE = re.compile(r"^(model|pytorch_model|adapter_model|diffusion_pytorch_model)(_\d+)?(-\d+-of-\d+)?\.(safetensors|bin)$")
+ACCELERATE_FILE = re.compile(
+    r"^(optimizer(_\d+)?\.bin|scheduler(_\d+)?\.bin|sampler(_\d+)?\.bin|random_states_\d+\.pkl|scaler\.pt|custom_checkpoint_\d+\.pkl)$"
+)
+WEIGHT_FILE = re.compile(
+    r"^(model|pytorch_model|adapter_model|diffusion_pytorch_model)(_\d+)?(-\d+-of-\d+)?\.(safetensors|bin)$"
+)
 SHARD_FILE = re.compile(r"^(.+)-(\d+)-of-(\d+)\.safetensors$")
 INDEX_SUFFIX = ".safetensors.index.json"
 # Files a save_model()/save_pretrained() writes beside the weights (the final model's members).
-HF_COMPANIONS = frozenset((
-    "config.json", "generation_config.json", "training_args.bin", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "spiece.model",
-    "tokenizer.model", "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
-    "preprocessor_config.json", "processor_config.json", "adapter_config.json", "pytorch_model.bin.index.json",
-    "model.safetensors.index.json",
-))
+HF_COMPANIONS = frozenset(
+    (
+        "config.json",
+        "generation_config.json",
+        "training_args.bin",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "spiece.model",
+        "tokenizer.model",
+        "sentencepiece.bpe.model",
+        "chat_template.jinja",
+        "chat_template.json",
+        "preprocessor_config.json",
+        "processor_config.json",
+        "adapter_config.json",
+        "pytorch_model.bin.index.json",
+        "model.safetensors.index.json",
+    )
+)
 HF_FINAL_MARKERS = ("config.json", "adapter_config.json", "training_args.bin")
 CHECKPOINT_MANAGER = re.compile(r"^checkpoint_(epoch_(\d+)|best|latest)\.pt$")
 # <prefix><word><sep>N<suffix>: run_step_1200.pt, model_epoch_3.pth, ckpt-iter-500.safetensors
-NUMBERED_FILE = re.compile(r"^(?P<prefix>.*?)(?P<word>epoch|global_step|step|iteration|iter)(?P<sep>[_\-=]?)(?P<n>\d+)"
-                           r"(?P<suffix>\.(?:pth\.tar|pt|pth|bin|ckpt|safetensors))$", re.I)
+NUMBERED_FILE = re.compile(
+    r"^(?P<prefix>.*?)(?P<word>epoch|global_step|step|iteration|iter)(?P<sep>[_\-=]?)(?P<n>\d+)"
+    r"(?P<suffix>\.(?:pth\.tar|pt|pth|bin|ckpt|safetensors))$",
+    re.I,
+)
 LIGHTNING_LAST = re.compile(r"^last(-v\d+)?\.ckpt$")
 DEEPSPEED_LATEST = "latest"
 MEGATRON_LATEST = "latest_checkpointed_iteration.txt"
@@ -136,8 +160,13 @@ def dir_kind(name: str, names: Iterable[str]) -> Optional[DirKind]:
         return DirKind(fmt, layout, series, int(match.group(1)))
     if fmt is None:
         return None
-    layout = {FORMAT_HF: LAYOUT_HF_CHECKPOINT, FORMAT_DCP: LAYOUT_DCP, FORMAT_DEEPSPEED: LAYOUT_DEEPSPEED,
-              FORMAT_MEGATRON: LAYOUT_MEGATRON, FORMAT_ACCELERATE: LAYOUT_ACCELERATE}[fmt]
+    layout = {
+        FORMAT_HF: LAYOUT_HF_CHECKPOINT,
+        FORMAT_DCP: LAYOUT_DCP,
+        FORMAT_DEEPSPEED: LAYOUT_DEEPSPEED,
+        FORMAT_MEGATRON: LAYOUT_MEGATRON,
+        FORMAT_ACCELERATE: LAYOUT_ACCELERATE,
+    }[fmt]
     unit = "save_state" if fmt == FORMAT_ACCELERATE else "checkpoint"
     numbered = NUMBERED_DIR.match(name)
     if numbered:
@@ -145,7 +174,9 @@ def dir_kind(name: str, names: Iterable[str]) -> Optional[DirKind]:
     return DirKind(fmt, layout, None, None, unit)
 
 
-def group_top_files(names: Sequence[str], index_maps: Mapping[str, Sequence[str]] = {}) -> Tuple[List[FileGroup], List[str]]:
+def group_top_files(
+    names: Sequence[str], index_maps: Mapping[str, Sequence[str]] = {}
+) -> Tuple[List[FileGroup], List[str]]:
     """The units among a directory's top-level files, and the names that are no checkpoint at all.
 
     A final model (weights beside config.json, training_args.bin or adapter_config.json) is one
@@ -172,17 +203,33 @@ def group_top_files(names: Sequence[str], index_maps: Mapping[str, Sequence[str]
         members = sorted(set(final_weights) | {n for n in present if n in HF_COMPANIONS} | set(indexes))
         missing = tuple(sorted({m for _, miss in sharded.values() for m in miss}))
         weights = tuple(sorted(set(final_weights)))
-        groups.append(FileGroup(weights[0], LAYOUT_HF_FINAL, tuple(members), weights,
-                                "final model (%d files)" % len(members), "final model (save_model/save_pretrained output): never a deletion candidate",
-                                missing))
+        groups.append(
+            FileGroup(
+                weights[0],
+                LAYOUT_HF_FINAL,
+                tuple(members),
+                weights,
+                "final model (%d files)" % len(members),
+                "final model (save_model/save_pretrained output): never a deletion candidate",
+                missing,
+            )
+        )
         used.update(members)
     for index, (shards, missing) in sharded.items():
         if index in used:
             continue
         members = tuple(sorted({index, *shards}))
-        groups.append(FileGroup(index, LAYOUT_SHARDED, members, tuple(shards),
-                                "sharded model (%d shards)" % len(shards), "a sharded model without epoch or step: not part of a series",
-                                tuple(missing)))
+        groups.append(
+            FileGroup(
+                index,
+                LAYOUT_SHARDED,
+                members,
+                tuple(shards),
+                "sharded model (%d shards)" % len(shards),
+                "a sharded model without epoch or step: not part of a series",
+                tuple(missing),
+            )
+        )
         used.update(members)
     others = []
     for name in sorted(present - used):
@@ -217,7 +264,12 @@ def file_series(name: str) -> Tuple[str, Optional[str]]:
         return LAYOUT_LIGHTNING, None
     numbered = NUMBERED_FILE.match(name)
     if numbered:
-        return LAYOUT_NUMBERED, "%s%s%sN%s" % (numbered.group("prefix"), numbered.group("word"), numbered.group("sep"), numbered.group("suffix"))
+        return LAYOUT_NUMBERED, "%s%s%sN%s" % (
+            numbered.group("prefix"),
+            numbered.group("word"),
+            numbered.group("sep"),
+            numbered.group("suffix"),
+        )
     return LAYOUT_FILE, None
 
 

@@ -38,8 +38,17 @@ MAX_SCORES_READ = 20  # of their scores fetched from the zip (one member read ea
 MAX_PATH_TEXT = 4096
 CALLBACK_MODE = re.compile(r"""['"]mode['"]\s*:\s*['"](min|max)['"]""")
 
-_SCALAR_FORMATS = {"float64": "<d", "float32": "<f", "float16": "<e", "int64": "<q", "int32": "<i",
-                   "int16": "<h", "int8": "<b", "uint8": "<B", "bool": "<?"}
+_SCALAR_FORMATS = {
+    "float64": "<d",
+    "float32": "<f",
+    "float16": "<e",
+    "int64": "<q",
+    "int32": "<i",
+    "int16": "<h",
+    "int8": "<b",
+    "uint8": "<B",
+    "bool": "<?",
+}
 
 
 def decode_scalar(dtype: str, data: bytes, element: int = 0) -> Optional[float]:
@@ -108,17 +117,19 @@ def model_checkpoint_states(tree: Any, scalars: Mapping[TensorStub, float] = {})
                 text = _path_text(path)
                 if text is not None:
                     best_k.append((text, _number(score, scalars)))
-        states.append(ModelCheckpointState(
-            key=key[:MAX_PATH_TEXT],
-            monitor=monitor[:MAX_KEY_TEXT] if isinstance(monitor, str) else None,
-            mode=mode.group(1) if mode else None,
-            best_model_path=_path_text(state.get("best_model_path")),
-            best_model_score=_number(state.get("best_model_score"), scalars),
-            kth_best_model_path=_path_text(state.get("kth_best_model_path")),
-            last_model_path=_path_text(state.get("last_model_path")),
-            dirpath=_path_text(state.get("dirpath")),
-            best_k_models=tuple(best_k),
-        ))
+        states.append(
+            ModelCheckpointState(
+                key=key[:MAX_PATH_TEXT],
+                monitor=monitor[:MAX_KEY_TEXT] if isinstance(monitor, str) else None,
+                mode=mode.group(1) if mode else None,
+                best_model_path=_path_text(state.get("best_model_path")),
+                best_model_score=_number(state.get("best_model_score"), scalars),
+                kth_best_model_path=_path_text(state.get("kth_best_model_path")),
+                last_model_path=_path_text(state.get("last_model_path")),
+                dirpath=_path_text(state.get("dirpath")),
+                best_k_models=tuple(best_k),
+            )
+        )
     return tuple(states)
 
 
@@ -232,12 +243,14 @@ def describe_value(value: Any, scalars: Mapping[TensorStub, float] = {}) -> str:
         text = "%s: %d %s" % (kind, size, "keys" if isinstance(value, Mapping) else "items")
         if summary.keys:
             text += ", %d tensors (%s), %s" % (
-                summary.keys, ", ".join(d for d, _ in summary.dtypes[:3]), format_bytes(summary.bytes)
+                summary.keys,
+                ", ".join(d for d, _ in summary.dtypes[:3]),
+                format_bytes(summary.bytes),
             )
         elif isinstance(value, Mapping) and size:
             keys = [_key_text(k)[:MAX_TEXT] for k in list(value)[:6]]
             text += ": " + ", ".join(keys) + (", ..." if size > 6 else "")
-        return text[:MAX_TEXT * 2]
+        return text[: MAX_TEXT * 2]
     return short_text(value)
 
 

@@ -28,7 +28,9 @@ def open_files_from(answer: Mapping[str, Any]) -> OpenFiles:
     if not isinstance(paths, list):
         return OpenFiles(frozenset(), "open-file check gave no usable answer: it may be incomplete")
     note = answer.get("note")
-    return OpenFiles(frozenset(p for p in paths if isinstance(p, str)), note if isinstance(note, str) and note else None)
+    return OpenFiles(
+        frozenset(p for p in paths if isinstance(p, str)), note if isinstance(note, str) and note else None
+    )
 
 
 def open_files_local(root: str) -> OpenFiles:

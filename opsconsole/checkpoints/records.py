@@ -115,7 +115,9 @@ class CheckpointEntry:
     unit: str = ""  # what the unit is, in words: "checkpoint", "final model", "incomplete save" ...
     series: Optional[str] = None  # the recognised series it is a member of (a retention candidate); None: not managed
     unmanaged: Optional[str] = None  # why it is no retention candidate (final model, no epoch or step, legacy ...)
-    members: Tuple[str, ...] = ()  # the unit's top-level paths relative to the listed root (a directory with all it holds); whole or not at all
+    members: Tuple[
+        str, ...
+    ] = ()  # the unit's top-level paths relative to the listed root (a directory with all it holds); whole or not at all
     protections: Tuple[str, ...] = ()  # what the library recorded that keeps it: best, top-k, current tag ...
     unreadable: Optional[str] = None  # its metadata could not be read (not damage): kept, never judged
 

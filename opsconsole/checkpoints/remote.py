@@ -224,8 +224,9 @@ class SftpFileSystem(FileSystem):
         from opsconsole.nodes.ssh import LinkError
 
         try:
-            status, out, err = await self.link.run_command(self.helper_command(), timeout=self.timeout,
-                                                           input=json.dumps(request) + "\n")
+            status, out, err = await self.link.run_command(
+                self.helper_command(), timeout=self.timeout, input=json.dumps(request) + "\n"
+            )
         except LinkError as exc:
             raise OSError(errno.EHOSTUNREACH, "%s: %s" % (self.node, exc.reason)) from None
         return first_answer(out + "\n" + err, status)
@@ -310,16 +311,19 @@ class RemotePinnedRoot:
             conn = await self.fs.link.connection()
             await stack.enter_async_context(self.fs.link.channel_slot())
             # stderr merged: an unread stderr would stall stdout, and what it says explains a failure.
-            process = await conn.create_process(shlex.join(self.fs.helper_command()), stderr=asyncssh.STDOUT,
-                                                encoding="utf-8", errors="replace")
+            process = await conn.create_process(
+                shlex.join(self.fs.helper_command()), stderr=asyncssh.STDOUT, encoding="utf-8", errors="replace"
+            )
             stack.callback(process.close)
         except LinkError as exc:
             await stack.aclose()
             raise OSError(errno.EHOSTUNREACH, "%s: %s" % (self.fs.node, exc.reason)) from None
         except (asyncssh.Error, OSError) as exc:
             await stack.aclose()
-            raise OSError(errno.EIO, "%s: cannot start the deletion helper: %s"
-                          % (self.fs.node, getattr(exc, "reason", None) or exc)) from None
+            raise OSError(
+                errno.EIO,
+                "%s: cannot start the deletion helper: %s" % (self.fs.node, getattr(exc, "reason", None) or exc),
+            ) from None
         self._process, self._stack = process, stack
         return await self._exchange(request)
 
@@ -344,8 +348,9 @@ class RemotePinnedRoot:
         except asyncio.TimeoutError:
             raise OSError(errno.ETIMEDOUT, "%s: no answer within %g s" % (self.fs.node, self.fs.timeout)) from None
         except (asyncssh.Error, OSError, BrokenPipeError) as exc:
-            raise OSError(errno.EIO, "%s: the deletion session failed: %s"
-                          % (self.fs.node, getattr(exc, "reason", None) or exc)) from None
+            raise OSError(
+                errno.EIO, "%s: the deletion session failed: %s" % (self.fs.node, getattr(exc, "reason", None) or exc)
+            ) from None
         raise OSError(errno.EIO, "%s: the deletion helper ended: %s" % (self.fs.node, "; ".join(noise) or "no output"))
 
     def _ask(self, request: Dict[str, Any]) -> Dict[str, Any]:

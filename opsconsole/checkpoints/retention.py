@@ -91,9 +91,18 @@ class RetentionPlan:
             "bytes_freed": self.bytes_freed,
             "warnings": list(self.warnings),
             "plan": [
-                {"path": i.path, "action": i.action, "reasons": list(i.reasons), "size_bytes": i.size_bytes, "mtime": i.mtime,
-                 "layout": i.layout, "unit": i.unit, "series": i.series, "managed": i.series is not None,
-                 "members": list(i.members)}
+                {
+                    "path": i.path,
+                    "action": i.action,
+                    "reasons": list(i.reasons),
+                    "size_bytes": i.size_bytes,
+                    "mtime": i.mtime,
+                    "layout": i.layout,
+                    "unit": i.unit,
+                    "series": i.series,
+                    "managed": i.series is not None,
+                    "members": list(i.members),
+                }
                 for i in self.items
             ],
         }
@@ -149,7 +158,11 @@ def plan_retention(
             reasons.append("not managed here: %s" % entry.unmanaged)
         reasons.extend(_recorded(entry))
         if entry.unreadable and entry.integrity not in BROKEN:
-            reasons.append(entry.unreadable if entry.unreadable.startswith("could not read") else "could not read: %s" % entry.unreadable)
+            reasons.append(
+                entry.unreadable
+                if entry.unreadable.startswith("could not read")
+                else "could not read: %s" % entry.unreadable
+            )
         age = now - entry.mtime
         if age < 0:
             reasons.append("modified in the future (clock skew?)")
@@ -191,9 +204,21 @@ def plan_retention(
                 reasons = ["older than the newest %d of %s" % (keep, entry.series)]
         elif entry.path in broken:
             reasons.append(broken[entry.path])
-        items.append(PlanItem(entry.path, entry.name, entry.size_bytes, entry.mtime, delete, tuple(reasons), entry.is_dir,
-                              members=entry.members or (posixpath.basename(entry.path),), layout=entry.layout,
-                              unit=entry.unit, series=entry.series))
+        items.append(
+            PlanItem(
+                entry.path,
+                entry.name,
+                entry.size_bytes,
+                entry.mtime,
+                delete,
+                tuple(reasons),
+                entry.is_dir,
+                members=entry.members or (posixpath.basename(entry.path),),
+                layout=entry.layout,
+                unit=entry.unit,
+                series=entry.series,
+            )
+        )
     return RetentionPlan(root=root, node=node, keep=keep, min_age=min_age, items=tuple(items), warnings=tuple(warnings))
 
 

@@ -17,7 +17,6 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from opsconsole.checkpoints import formats, layouts
 from opsconsole.checkpoints.access import LOCAL, DirItem, FileStat, FileSystem
 from opsconsole.checkpoints.cache import CRC_CACHE, METADATA_CACHE, ResultCache
-from opsconsole.checkpoints.worker import read_checkpoint_file, read_dcp_metadata
 from opsconsole.checkpoints.records import (
     BROKEN,
     FORMAT_DCP,
@@ -41,6 +40,7 @@ from opsconsole.checkpoints.records import (
     DirListing,
     ModelCheckpointState,
 )
+from opsconsole.checkpoints.worker import read_checkpoint_file, read_dcp_metadata
 
 GROWING_S = 600.0  # a truncated file modified this recently is probably still being written
 LATEST_WORDS = ("latest", "last")
@@ -86,8 +86,12 @@ def read_file_entry(fs: FileSystem, path: str, item: DirItem, cache: ResultCache
         # "unreadable: <reason>" and the scan goes on. Was: fs.run_reader(path, formats.file_reader ...).
         result = read_checkpoint_file(fs, path, item.name, fs.read_window)
     except OSError as exc:
-        return formats.ReadResult(formats._named_format(item.name), formats.meta_from_name(item.name),
-                                  INTEGRITY_UNCHECKED, "cannot read: %s" % (exc.strerror or exc))
+        return formats.ReadResult(
+            formats._named_format(item.name),
+            formats.meta_from_name(item.name),
+            INTEGRITY_UNCHECKED,
+            "cannot read: %s" % (exc.strerror or exc),
+        )
     cache.put(fs.node, path, signature, result)
     return result
 
@@ -97,7 +101,9 @@ MAX_UNIT_DEPTH = 4  # Megatron: iter_N/mp_rank_00/model_optim_rng.pt; FSDP: pyto
 MAX_CHECKED_FILES = 64  # weight and state files of one unit whose zip directory or header is checked
 
 
-def _walk_unit(fs: FileSystem, path: str, first: Optional[List[DirItem]] = None) -> Tuple[List[Tuple[str, FileStat]], bool]:
+def _walk_unit(
+    fs: FileSystem, path: str, first: Optional[List[DirItem]] = None
+) -> Tuple[List[Tuple[str, FileStat]], bool]:
     """(relative path, stat) of the regular files below `path` (never through a link), bounded; True when cut short."""
     out: List[Tuple[str, FileStat]] = []
     stack: List[Tuple[str, str, int, Optional[List[DirItem]]]] = [(path, "", 0, first)]
@@ -119,7 +125,9 @@ def _walk_unit(fs: FileSystem, path: str, first: Optional[List[DirItem]] = None)
     return out, False
 
 
-def _check_files(fs: FileSystem, path: str, names: Sequence[str], problems: List[str]) -> Tuple[List[str], List[formats.ReadResult]]:
+def _check_files(
+    fs: FileSystem, path: str, names: Sequence[str], problems: List[str]
+) -> Tuple[List[str], List[formats.ReadResult]]:
     """Quick integrity of a unit's weight and state files: safetensors headers, torch zip directories."""
     integrities: List[str] = []
     safetensors: List[formats.ReadResult] = []
@@ -156,8 +164,9 @@ def _is_checked_weight(rel: str, fmt: str) -> bool:
     return lower.endswith((".bin", ".pt", ".pth")) and base != "training_args.bin"
 
 
-def read_unit_dir(fs: FileSystem, path: str, name: str, kind: layouts.DirKind, children: List[DirItem],
-                  cache: ResultCache) -> Tuple[formats.ReadResult, int, float, Tuple[str, ...]]:
+def read_unit_dir(
+    fs: FileSystem, path: str, name: str, kind: layouts.DirKind, children: List[DirItem], cache: ResultCache
+) -> Tuple[formats.ReadResult, int, float, Tuple[str, ...]]:
     """(result, total bytes, newest mtime, member files) of one checkpoint directory.
 
     The record is built once from what each file says (one dict of fields, one CheckpointMeta):
@@ -201,8 +210,12 @@ def read_unit_dir(fs: FileSystem, path: str, name: str, kind: layouts.DirKind, c
             if dcp.problem:
                 problems.append(dcp.problem)
             unreadable = dcp.unreadable
-            fields.update(details=dcp.meta.details, top_keys=dcp.meta.top_keys, tensor_count=dcp.meta.tensor_count,
-                          tensor_bytes=dcp.meta.tensor_bytes)
+            fields.update(
+                details=dcp.meta.details,
+                top_keys=dcp.meta.top_keys,
+                tensor_count=dcp.meta.tensor_count,
+                tensor_bytes=dcp.meta.tensor_bytes,
+            )
     if fmt == FORMAT_HF:
         if "trainer_state.json" in files:
             try:
@@ -223,21 +236,29 @@ def read_unit_dir(fs: FileSystem, path: str, name: str, kind: layouts.DirKind, c
             integrities.append(INTEGRITY_TRUNCATED)
             problems.append("no trainer_state.json: an incomplete save (the Trainer writes it last)")
     if fmt != FORMAT_DCP:
-        checked, safetensors = _check_files(fs, path, [rel for rel in members if _is_checked_weight(rel, fmt)], problems)
+        checked, safetensors = _check_files(
+            fs, path, [rel for rel in members if _is_checked_weight(rel, fmt)], problems
+        )
         integrities.extend(checked)
         summary = formats.safetensors_state(safetensors)
         if summary is not None:
             fields.update(state_dict=summary, tensor_count=summary.keys, tensor_bytes=summary.bytes)
-    if fmt == FORMAT_DEEPSPEED and not any(layouts.DEEPSPEED_FILE.search(rel.rsplit("/", 1)[-1]) and "model_states" in rel for rel in files):
+    if fmt == FORMAT_DEEPSPEED and not any(
+        layouts.DEEPSPEED_FILE.search(rel.rsplit("/", 1)[-1]) and "model_states" in rel for rel in files
+    ):
         integrities.append(INTEGRITY_TRUNCATED)
         problems.append("no *_model_states.pt: an incomplete save")
     integrity = formats.combine_integrity(integrities)
-    result = formats.ReadResult(fmt, CheckpointMeta(**fields), integrity, "; ".join(problems) or None, unreadable=unreadable)
+    result = formats.ReadResult(
+        fmt, CheckpointMeta(**fields), integrity, "; ".join(problems) or None, unreadable=unreadable
+    )
     cache.put(fs.node, path, signature, result)
     return result, size, mtime, members
 
 
-def read_dir_entry(fs: FileSystem, path: str, name: str, cache: ResultCache) -> Optional[Tuple[formats.ReadResult, int, float]]:
+def read_dir_entry(
+    fs: FileSystem, path: str, name: str, cache: ResultCache
+) -> Optional[Tuple[formats.ReadResult, int, float]]:
     """(result, total bytes, newest mtime) of a checkpoint directory; None when it is none."""
     try:
         children = fs.listdir(path)
@@ -250,10 +271,21 @@ def read_dir_entry(fs: FileSystem, path: str, name: str, cache: ResultCache) -> 
     return result, size, mtime
 
 
-def _entry(path: str, name: str, result: formats.ReadResult, size: int, mtime: float, is_dir: bool, **unit) -> CheckpointEntry:
+def _entry(
+    path: str, name: str, result: formats.ReadResult, size: int, mtime: float, is_dir: bool, **unit
+) -> CheckpointEntry:
     return CheckpointEntry(
-        path=path, name=name, format=result.format, size_bytes=size, mtime=mtime, is_dir=is_dir,
-        meta=result.meta, integrity=result.integrity, problem=result.problem, unreadable=result.unreadable, **unit,
+        path=path,
+        name=name,
+        format=result.format,
+        size_bytes=size,
+        mtime=mtime,
+        is_dir=is_dir,
+        meta=result.meta,
+        integrity=result.integrity,
+        problem=result.problem,
+        unreadable=result.unreadable,
+        **unit,
     )
 
 
@@ -284,38 +316,72 @@ def _index_shards(fs: FileSystem, root: str, item: DirItem) -> List[str]:
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         return []
-    return sorted({v for v in weight_map.values() if isinstance(v, str) and "/" not in v and v not in ("", ".", "..")})[:100_000]
+    return sorted({v for v in weight_map.values() if isinstance(v, str) and "/" not in v and v not in ("", ".", "..")})[
+        :100_000
+    ]
 
 
 class _Unit:
     """A unit found while scanning, before it is read (how to read it, and its name and layout)."""
 
-    def __init__(self, name: str, path: str, rel: str, *, kind: Optional[layouts.DirKind] = None,
-                 children: Optional[List[DirItem]] = None, group: Optional[layouts.FileGroup] = None,
-                 item: Optional[DirItem] = None, nested: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        rel: str,
+        *,
+        kind: Optional[layouts.DirKind] = None,
+        children: Optional[List[DirItem]] = None,
+        group: Optional[layouts.FileGroup] = None,
+        item: Optional[DirItem] = None,
+        nested: Optional[str] = None,
+    ) -> None:
         self.name, self.path, self.rel = name, path, rel
         self.kind, self.children, self.group, self.item, self.nested = kind, children, group, item, nested
 
 
 def _read_unit(fs: FileSystem, root: str, unit: _Unit, cache: ResultCache, now: float) -> CheckpointEntry:
     if unit.kind is not None:
-        result, size, mtime, members = read_unit_dir(fs, unit.path, posixpath.basename(unit.path.rstrip("/")) or unit.name,
-                                                     unit.kind, unit.children or [], cache)
+        result, size, mtime, members = read_unit_dir(
+            fs, unit.path, posixpath.basename(unit.path.rstrip("/")) or unit.name, unit.kind, unit.children or [], cache
+        )
         # A directory is one member: it goes whole, with whatever it holds.
-        return _entry(unit.path, unit.name, result, size, mtime, True, layout=unit.kind.layout,
-                      unit=_files_text(unit.kind.unit, members), members=(unit.rel,))
+        return _entry(
+            unit.path,
+            unit.name,
+            result,
+            size,
+            mtime,
+            True,
+            layout=unit.kind.layout,
+            unit=_files_text(unit.kind.unit, members),
+            members=(unit.rel,),
+        )
     group = unit.group
     assert group is not None
     if group.layout == LAYOUT_FILE and unit.item is not None:
         result = _with_growth_note(read_file_entry(fs, unit.path, unit.item, cache), unit.item.stat.mtime, now)
-        return _entry(unit.path, unit.name, result, unit.item.stat.size, unit.item.stat.mtime, False,
-                      layout=LAYOUT_FILE, unit="file", members=group.members)
+        return _entry(
+            unit.path,
+            unit.name,
+            result,
+            unit.item.stat.size,
+            unit.item.stat.mtime,
+            False,
+            layout=LAYOUT_FILE,
+            unit="file",
+            members=group.members,
+        )
     # A final model or a sharded model: several files at the top, one unit.
     problems: List[str] = []
     integrities, safetensors = _check_files(fs, root, group.weights, problems)
     if group.missing:
         integrities.append(INTEGRITY_CORRUPT)
-        problems.insert(0, "shard %s named in the index is missing%s" % (group.missing[0], " (and %d more)" % (len(group.missing) - 1) if len(group.missing) > 1 else ""))
+        problems.insert(
+            0,
+            "shard %s named in the index is missing%s"
+            % (group.missing[0], " (and %d more)" % (len(group.missing) - 1) if len(group.missing) > 1 else ""),
+        )
     stats = {}
     for name in group.members:
         try:
@@ -323,14 +389,28 @@ def _read_unit(fs: FileSystem, root: str, unit: _Unit, cache: ResultCache, now: 
         except OSError:
             continue
     summary = formats.safetensors_state(safetensors)
-    meta = CheckpointMeta(details=tuple(("file " + n, "%d bytes" % st.size) for n, st in sorted(stats.items())[:50]),
-                          state_dict=summary, tensor_count=summary.keys if summary else None,
-                          tensor_bytes=summary.bytes if summary else None, has_optimizer=False, has_scheduler=False)
+    meta = CheckpointMeta(
+        details=tuple(("file " + n, "%d bytes" % st.size) for n, st in sorted(stats.items())[:50]),
+        state_dict=summary,
+        tensor_count=summary.keys if summary else None,
+        tensor_bytes=summary.bytes if summary else None,
+        has_optimizer=False,
+        has_scheduler=False,
+    )
     fmt = FORMAT_SAFETENSORS if any(w.endswith(".safetensors") for w in group.weights) else FORMAT_TORCH
     result = formats.ReadResult(fmt, meta, formats.combine_integrity(integrities), "; ".join(problems) or None)
-    return _entry(unit.path, unit.name, result, sum(st.size for st in stats.values()),
-                  max([st.mtime for st in stats.values()] or [0.0]), False, layout=group.layout, unit=group.unit,
-                  members=group.members, unmanaged=group.unmanaged)
+    return _entry(
+        unit.path,
+        unit.name,
+        result,
+        sum(st.size for st in stats.values()),
+        max([st.mtime for st in stats.values()] or [0.0]),
+        False,
+        layout=group.layout,
+        unit=group.unit,
+        members=group.members,
+        unmanaged=group.unmanaged,
+    )
 
 
 def _find_units(fs: FileSystem, root: str, items: List[DirItem]) -> Tuple[List[_Unit], int]:
@@ -376,8 +456,16 @@ def _find_units(fs: FileSystem, root: str, items: List[DirItem]) -> Tuple[List[_
                 child_kind = layouts.dir_kind(child.name, (g.name for g in grandchildren))
                 if child_kind is not None:
                     found = True
-                    units.append(_Unit(item.name + "/" + child.name, child_path, item.name + "/" + child.name,
-                                       kind=child_kind, children=grandchildren, nested=path))
+                    units.append(
+                        _Unit(
+                            item.name + "/" + child.name,
+                            child_path,
+                            item.name + "/" + child.name,
+                            kind=child_kind,
+                            children=grandchildren,
+                            nested=path,
+                        )
+                    )
         if not found:
             other += 1
     return units, other
@@ -401,7 +489,9 @@ def scan_directory(
     try:
         items = fs.listdir(root)
     except OSError as exc:
-        return DirListing(root=root, node=fs.node, problem="cannot list %s: %s" % (root, exc.strerror or exc), scanned_at=now)
+        return DirListing(
+            root=root, node=fs.node, problem="cannot list %s: %s" % (root, exc.strerror or exc), scanned_at=now
+        )
     try:
         root_real = fs.realpath(root)
     except OSError:
@@ -410,8 +500,18 @@ def scan_directory(
     own_kind = layouts.dir_kind(root_name, (item.name for item in items))
     if own_kind is not None:
         result, size, mtime, members = read_unit_dir(fs, root, root_name, own_kind, items, cache)
-        entry = _entry(root, root_name, result, size, mtime, True, layout=own_kind.layout,
-                       unit=_files_text(own_kind.unit, members), members=(".",), unmanaged=ROOT_IS_UNIT)
+        entry = _entry(
+            root,
+            root_name,
+            result,
+            size,
+            mtime,
+            True,
+            layout=own_kind.layout,
+            unit=_files_text(own_kind.unit, members),
+            members=(".",),
+            unmanaged=ROOT_IS_UNIT,
+        )
         return _listing(fs, root, (_apply_crc_cache(fs, entry, crc_cache),), 0, now, started)
 
     units, other = _find_units(fs, root, items)
@@ -476,8 +576,16 @@ def scan_directory(
         if not resolved or not _exists(fs, path):
             reason = "dangling symlink to %s" % target
         entries[item.name] = CheckpointEntry(
-            path=path, name=item.name, format=FORMAT_LINK, size_bytes=0, mtime=item.stat.mtime,
-            is_link=True, link_target=target, problem=reason, layout=LAYOUT_LINK, unit="link",
+            path=path,
+            name=item.name,
+            format=FORMAT_LINK,
+            size_bytes=0,
+            mtime=item.stat.mtime,
+            is_link=True,
+            link_target=target,
+            problem=reason,
+            layout=LAYOUT_LINK,
+            unit="link",
             unmanaged="symlink: never deleted, never followed",
         )
         protections[item.name] = []
@@ -526,8 +634,10 @@ def scan_directory(
                 best.add(name)
                 protect(name, "best (lowest loss)")
 
-    placed = {name: _series_of(entry, lightning_state is not None, name in top_k, nested.get(name))
-              for name, entry in entries.items()}
+    placed = {
+        name: _series_of(entry, lightning_state is not None, name in top_k, nested.get(name))
+        for name, entry in entries.items()
+    }
     # A directory series whose library records no current one (HF Trainer, accelerate, torchtitan):
     # its newest sound unit is what a resume loads (get_last_checkpoint, load_state(), the max step).
     dir_series: Dict[str, List[str]] = {}
@@ -545,8 +655,18 @@ def scan_directory(
     for name in sorted(entries, key=natural_key):
         entry = entries[name]
         layout, series, unmanaged = placed[name]
-        listed.append(replace(entry, latest=name in latest, best=name in best, lowest_loss=name in lowest,
-                              layout=layout, series=series, unmanaged=unmanaged, protections=tuple(protections.get(name, ()))))
+        listed.append(
+            replace(
+                entry,
+                latest=name in latest,
+                best=name in best,
+                lowest_loss=name in lowest,
+                layout=layout,
+                series=series,
+                unmanaged=unmanaged,
+                protections=tuple(protections.get(name, ())),
+            )
+        )
     return _listing(fs, root, tuple(listed), other, now, started)
 
 
@@ -559,12 +679,15 @@ def _trailing_number(name: str) -> int:
     return int(name[-digits:]) if 0 < digits <= 18 else -1
 
 
-ROOT_IS_UNIT = ("the directory given is itself one checkpoint: cleanup never deletes the directory it is pointed at "
-                "(point it at the parent to manage the series)")
+ROOT_IS_UNIT = (
+    "the directory given is itself one checkpoint: cleanup never deletes the directory it is pointed at "
+    "(point it at the parent to manage the series)"
+)
 
 
-def _series_of(entry: CheckpointEntry, lightning_read: bool, in_top_k: bool,
-               nested_in: Optional[str]) -> Tuple[str, Optional[str], Optional[str]]:
+def _series_of(
+    entry: CheckpointEntry, lightning_read: bool, in_top_k: bool, nested_in: Optional[str]
+) -> Tuple[str, Optional[str], Optional[str]]:
     """(layout, series, why unmanaged) of one listed unit: only members of a recognised series are managed."""
     if entry.is_link or entry.format == FORMAT_LINK:
         return entry.layout, None, entry.unmanaged or "symlink: never deleted, never followed"
@@ -574,9 +697,17 @@ def _series_of(entry: CheckpointEntry, lightning_read: bool, in_top_k: bool,
     if entry.is_dir:
         series = layouts.dir_series(base)
         if series is None:
-            return entry.layout, None, "a %s directory without a number in its name: not part of a series" % entry.layout
+            return (
+                entry.layout,
+                None,
+                "a %s directory without a number in its name: not part of a series" % entry.layout,
+            )
         if nested_in is not None:
-            return entry.layout, series, "inside %s/: clean up that directory to manage this series" % entry.name.split("/")[0]
+            return (
+                entry.layout,
+                series,
+                "inside %s/: clean up that directory to manage this series" % entry.name.split("/")[0],
+            )
         return entry.layout, series, None
     if entry.format == FORMAT_LEGACY:
         return entry.layout, None, "legacy pickle: listed, never opened, never deleted"
@@ -587,7 +718,11 @@ def _series_of(entry: CheckpointEntry, lightning_read: bool, in_top_k: bool,
         if layouts.LIGHTNING_LAST.match(entry.name):
             return LAYOUT_LIGHTNING, None, "Lightning's last.ckpt: kept as latest"
         if not lightning_read:
-            return LAYOUT_LIGHTNING, None, "no ModelCheckpoint state could be read in this directory: its best and top-k are unknown"
+            return (
+                LAYOUT_LIGHTNING,
+                None,
+                "no ModelCheckpoint state could be read in this directory: its best and top-k are unknown",
+            )
         if layouts.lightning_name(entry.name) or in_top_k:
             return LAYOUT_LIGHTNING, "ModelCheckpoint .ckpt", None
         return LAYOUT_LIGHTNING, None, "neither named by ModelCheckpoint nor in its top-k"
@@ -607,15 +742,24 @@ def _lightning_truth(entries: Iterable[CheckpointEntry]) -> Optional[Tuple[str, 
     return newest.name, newest.meta.callbacks
 
 
-def _listing(fs: FileSystem, root: str, listed: Tuple[CheckpointEntry, ...], other: int, now: float, started: float) -> DirListing:
+def _listing(
+    fs: FileSystem, root: str, listed: Tuple[CheckpointEntry, ...], other: int, now: float, started: float
+) -> DirListing:
     try:
         free, fs_total = fs.statvfs(root)
     except OSError:
         free, fs_total = None, None
     total = sum(e.size_bytes for e in listed if not e.is_link)
     return DirListing(
-        root=root, node=fs.node, entries=listed, total_bytes=total, free_bytes=free, fs_bytes=fs_total,
-        scanned_at=now, scan_seconds=time.perf_counter() - started, other_files=other,
+        root=root,
+        node=fs.node,
+        entries=listed,
+        total_bytes=total,
+        free_bytes=free,
+        fs_bytes=fs_total,
+        scanned_at=now,
+        scan_seconds=time.perf_counter() - started,
+        other_files=other,
     )
 
 

@@ -105,13 +105,15 @@ def _read_exact(read: Callable[[int], bytes], count: int) -> Optional[bytes]:
 
 def _result_types() -> Dict[str, type]:
     """The records a reply may hold: ReadResult, CrcResult and every dataclass of records.py (new ones included)."""
-    from opsconsole.checkpoints import records
+    from opsconsole.checkpoints import fr_dump, records
     from opsconsole.checkpoints.formats import ReadResult
     from opsconsole.checkpoints.zipmeta import CrcResult
-    from opsconsole.checkpoints import fr_dump
 
-    types = {name: value for name, value in vars(records).items()
-             if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == records.__name__}
+    types = {
+        name: value
+        for name, value in vars(records).items()
+        if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == records.__name__
+    }
     types.update(ReadResult=ReadResult, CrcResult=CrcResult)
     types.update(fr_dump.RECORD_TYPES)  # a flight-recorder dump, read by the "fr_dump" reader
     return types
@@ -149,8 +151,7 @@ def from_plain(value: Any, types: Dict[str, type]) -> Any:
 
 def _readers() -> Dict[str, Callable[..., Generator]]:
     """The readers a request may name, each as make(size, **args)."""
-    from opsconsole.checkpoints import formats
-    from opsconsole.checkpoints import fr_dump
+    from opsconsole.checkpoints import formats, fr_dump
 
     return {
         "file": lambda size, name, window=formats.HEAD_BYTES: formats.file_reader(str(name), size, int(window)),
@@ -158,7 +159,8 @@ def _readers() -> Dict[str, Callable[..., Generator]]:
         "zip_check": lambda size: formats.zip_check_reader(size),
         # A DCP directory's .metadata is a pickle: parsed here, like data.pkl, never in the console.
         "dcp_metadata": lambda size, files: formats.dcp_metadata_reader(
-            size, {str(name): int(length) for name, length in dict(files).items()}),
+            size, {str(name): int(length) for name, length in dict(files).items()}
+        ),
         # PyTorch's flight-recorder dumps are pickles from the training processes: same limits, same unpickler.
         "fr_dump": lambda size: fr_dump.fr_dump_reader(size),
     }
@@ -168,10 +170,16 @@ def _stand_ins_fingerprint() -> Tuple[Tuple[Any, ...], ...]:
     """What the shared stand-ins are now: a read that changed them must not colour the next one."""
     from opsconsole.checkpoints import safe_unpickle
 
-    return tuple(sorted(
-        (key, type(value).__name__, getattr(value, "name", None) if type(value) is safe_unpickle.DtypeStub else id(value))
-        for key, value in safe_unpickle.SAFE_GLOBALS.items()
-    ))
+    return tuple(
+        sorted(
+            (
+                key,
+                type(value).__name__,
+                getattr(value, "name", None) if type(value) is safe_unpickle.DtypeStub else id(value),
+            )
+            for key, value in safe_unpickle.SAFE_GLOBALS.items()
+        )
+    )
 
 
 class _Served:
@@ -212,14 +220,22 @@ def _open_regular(path: str) -> int:
 
 
 def _not_regular_text(mode: int) -> str:
-    for test, kind in ((stat_module.S_ISFIFO, "a FIFO"), (stat_module.S_ISSOCK, "a socket"), (stat_module.S_ISCHR, "a character device"),
-                       (stat_module.S_ISBLK, "a block device"), (stat_module.S_ISDIR, "a directory"), (stat_module.S_ISLNK, "a symlink")):
+    for test, kind in (
+        (stat_module.S_ISFIFO, "a FIFO"),
+        (stat_module.S_ISSOCK, "a socket"),
+        (stat_module.S_ISCHR, "a character device"),
+        (stat_module.S_ISBLK, "a block device"),
+        (stat_module.S_ISDIR, "a directory"),
+        (stat_module.S_ISLNK, "a symlink"),
+    ):
         if test(mode):
             return "%s, not a regular file: never opened" % kind
     return "not a regular file: never opened"
 
 
-def _run_request(served: _Served, request: Dict[str, Any], readers: Dict[str, Callable[..., Generator]]) -> Dict[str, Any]:
+def _run_request(
+    served: _Served, request: Dict[str, Any], readers: Dict[str, Callable[..., Generator]]
+) -> Dict[str, Any]:
     make = readers.get(request.get("reader"))  # type: ignore[arg-type]
     if make is None:
         return {"failure": "no reader %r" % str(request.get("reader"))[:40]}
@@ -243,7 +259,10 @@ def _run_request(served: _Served, request: Dict[str, Any], readers: Dict[str, Ca
     except (MemoryError, EOFError):
         raise
     except Exception as exc:  # a reader's bug, not the file's: one line, and the worker goes on
-        return {"failure": "reader failed: %s: %s" % (type(exc).__name__, str(exc)[:200].splitlines()[0] if str(exc) else "")}
+        return {
+            "failure": "reader failed: %s: %s"
+            % (type(exc).__name__, str(exc)[:200].splitlines()[0] if str(exc) else "")
+        }
     return {"result": to_plain(result)}
 
 
@@ -340,10 +359,17 @@ def serve(limits: WorkerLimits) -> int:
         if reply is None:
             # Whatever was half-built is garbage now; say so in a few bytes and leave
             # ("exit" tells the parent to wait for us rather than send the next request).
-            served.send({"failure": "over the worker's memory limit (%d MiB)" % (limits.memory_bytes // MiB), "exit": True})
+            served.send(
+                {"failure": "over the worker's memory limit (%d MiB)" % (limits.memory_bytes // MiB), "exit": True}
+            )
             return EXIT_MEMORY
         if len(text) > limits.max_reply_bytes:
-            text = json.dumps({"failure": "metadata of %d bytes is over the %d-byte reply limit" % (len(text), limits.max_reply_bytes)})
+            text = json.dumps(
+                {
+                    "failure": "metadata of %d bytes is over the %d-byte reply limit"
+                    % (len(text), limits.max_reply_bytes)
+                }
+            )
         changed = _stand_ins_fingerprint() != fingerprint
         if changed:  # this file's reply stands; the next file gets a worker whose stand-ins are as built
             text = text[:-1] + ',"exit":true}'
@@ -355,14 +381,22 @@ def serve(limits: WorkerLimits) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m opsconsole.checkpoints.worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m opsconsole.checkpoints.worker", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--memory-bytes", type=int, default=WorkerLimits.memory_bytes)
     parser.add_argument("--cpu-seconds", type=int, default=WorkerLimits.cpu_seconds)
     parser.add_argument("--max-reply-bytes", type=int, default=WorkerLimits.max_reply_bytes)
     parser.add_argument("--first-try-cpu-seconds", type=int, default=WorkerLimits.first_try_cpu_seconds)
     args = parser.parse_args(argv)
-    return serve(WorkerLimits(memory_bytes=args.memory_bytes, cpu_seconds=args.cpu_seconds, max_reply_bytes=args.max_reply_bytes,
-                              first_try_cpu_seconds=args.first_try_cpu_seconds))
+    return serve(
+        WorkerLimits(
+            memory_bytes=args.memory_bytes,
+            cpu_seconds=args.cpu_seconds,
+            max_reply_bytes=args.max_reply_bytes,
+            first_try_cpu_seconds=args.first_try_cpu_seconds,
+        )
+    )
 
 
 # --- the parent's side -------------------------------------------------------------------------
@@ -400,15 +434,34 @@ class WorkerProcess:
         if self._process is not None and self._process.poll() is None:
             return self._process
         self.discard()
-        command = [sys.executable, "-E", "-s", "-m", "opsconsole.checkpoints.worker",
-                   "--memory-bytes", str(self.limits.memory_bytes), "--cpu-seconds", str(self.limits.cpu_seconds),
-                   "--max-reply-bytes", str(self.limits.max_reply_bytes),
-                   "--first-try-cpu-seconds", str(self.limits.first_try_cpu_seconds)]
+        command = [
+            sys.executable,
+            "-E",
+            "-s",
+            "-m",
+            "opsconsole.checkpoints.worker",
+            "--memory-bytes",
+            str(self.limits.memory_bytes),
+            "--cpu-seconds",
+            str(self.limits.cpu_seconds),
+            "--max-reply-bytes",
+            str(self.limits.max_reply_bytes),
+            "--first-try-cpu-seconds",
+            str(self.limits.first_try_cpu_seconds),
+        ]
         try:
             # An exec, not a fork of this (threaded) process; its own session: a terminal's
             # Ctrl-C goes to the console, which closes the worker itself.
-            self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                             cwd=PACKAGE_ROOT, close_fds=True, start_new_session=True, bufsize=0)
+            self._process = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                cwd=PACKAGE_ROOT,
+                close_fds=True,
+                start_new_session=True,
+                bufsize=0,
+            )
         except OSError as exc:
             raise WorkerFailure("metadata worker could not start: %s" % (exc.strerror or exc)) from None
         self.starts += 1
@@ -514,8 +567,12 @@ class WorkerProcess:
                     if reply.get("exit"):
                         self.discard()  # it is leaving after this reply: the next request starts a new one
                     return reply
-                if (not isinstance(fetch, list) or len(fetch) != 2 or not all(type(n) is int and n >= 0 for n in fetch)
-                        or fetch[1] > MAX_FETCH):
+                if (
+                    not isinstance(fetch, list)
+                    or len(fetch) != 2
+                    or not all(type(n) is int and n >= 0 for n in fetch)
+                    or fetch[1] > MAX_FETCH
+                ):
                     raise self._fail("worker asked for a read of %s" % str(fetch)[:60])
                 data = yield (fetch[0], fetch[1])
                 self._send(b"B", bytes(data))
@@ -651,8 +708,12 @@ def read_checkpoint_file(fs: Any, path: str, name: str, window: int, workers: Op
     try:
         return (workers or METADATA_WORKERS).read(fs, path, "file", name=name, window=window)
     except WorkerFailure as failure:
-        result = formats.ReadResult(formats._named_format(name), formats.meta_from_name(name), INTEGRITY_UNCHECKED,
-                                    "unreadable: %s" % failure.reason)
+        result = formats.ReadResult(
+            formats._named_format(name),
+            formats.meta_from_name(name),
+            INTEGRITY_UNCHECKED,
+            "unreadable: %s" % failure.reason,
+        )
         if "unreadable" in {item.name for item in dataclasses.fields(result)}:
             # Not known damage: retention keeps what it could not read and never ranks it.
             result = dataclasses.replace(result, unreadable="could not read: %s" % failure.reason)

@@ -162,7 +162,10 @@ def directory_reader(size: int, tail_bytes: int = TAIL_BYTES) -> Generator[ReadR
     if disk != 0:
         raise ZipProblem(INTEGRITY_CORRUPT, "multi-disk zip")
     if cd_offset + cd_size > record_end:
-        raise ZipProblem(INTEGRITY_TRUNCATED, "zip directory at %d+%d runs past its end record at %d" % (cd_offset, cd_size, record_end))
+        raise ZipProblem(
+            INTEGRITY_TRUNCATED,
+            "zip directory at %d+%d runs past its end record at %d" % (cd_offset, cd_size, record_end),
+        )
     if cd_size > MAX_DIRECTORY_BYTES:
         raise ZipProblem(INTEGRITY_CORRUPT, "zip directory of %d bytes is implausibly large" % cd_size)
     if cd_offset >= tail_start:
@@ -174,11 +177,17 @@ def directory_reader(size: int, tail_bytes: int = TAIL_BYTES) -> Generator[ReadR
     entries = _parse_directory(data, count)
     for entry in entries:
         # The local header alone needs 30 bytes plus the name before the data starts.
-        end = entry.offset + LOCAL_HEADER.size + len(entry.name.encode("utf-8", "surrogateescape")) + entry.compressed_size
+        end = (
+            entry.offset
+            + LOCAL_HEADER.size
+            + len(entry.name.encode("utf-8", "surrogateescape"))
+            + entry.compressed_size
+        )
         if end > cd_offset:
             raise ZipProblem(
                 INTEGRITY_TRUNCATED,
-                "%s: %d bytes at %d run past the data area (%d bytes)" % (entry.name, entry.compressed_size, entry.offset, cd_offset),
+                "%s: %d bytes at %d run past the data area (%d bytes)"
+                % (entry.name, entry.compressed_size, entry.offset, cd_offset),
             )
     return ZipDirectory(tuple(entries), cd_offset, cd_size, size, zip64)
 
@@ -231,7 +240,9 @@ def _parse_directory(data: bytes, count: int) -> List[ZipEntry]:
         entries.append(ZipEntry(name, offset, csize, usize, crc, method, flags))
         pos = start + name_len + extra_len + comment_len
     if len(entries) != count:
-        raise ZipProblem(INTEGRITY_CORRUPT, "zip directory lists %d entries, its end record says %d" % (len(entries), count))
+        raise ZipProblem(
+            INTEGRITY_CORRUPT, "zip directory lists %d entries, its end record says %d" % (len(entries), count)
+        )
     return entries
 
 
@@ -262,9 +273,14 @@ def member_reader(entry: ZipEntry, limit: int) -> Generator[ReadRequest, bytes, 
         raise ZipProblem(INTEGRITY_CORRUPT, "%s is %d bytes, over the %d read limit" % (entry.name, entry.size, limit))
     # What is read is the compressed size: bound it too, or a small `size` could bring a 100 GB read.
     if entry.method == 0 and entry.compressed_size != entry.size:
-        raise ZipProblem(INTEGRITY_CORRUPT, "%s: stored with %d bytes but sized %d" % (entry.name, entry.compressed_size, entry.size))
+        raise ZipProblem(
+            INTEGRITY_CORRUPT, "%s: stored with %d bytes but sized %d" % (entry.name, entry.compressed_size, entry.size)
+        )
     if entry.compressed_size > limit:
-        raise ZipProblem(INTEGRITY_CORRUPT, "%s is %d bytes compressed, over the %d read limit" % (entry.name, entry.compressed_size, limit))
+        raise ZipProblem(
+            INTEGRITY_CORRUPT,
+            "%s is %d bytes compressed, over the %d read limit" % (entry.name, entry.compressed_size, limit),
+        )
     # Local header and data in one request; the local extra field may differ from the central one.
     guess = LOCAL_HEADER.size + len(entry.name.encode("utf-8", "surrogateescape")) + 256
     data = yield (entry.offset, guess + entry.compressed_size)
@@ -297,8 +313,11 @@ def _decompress(entry: ZipEntry, raw: bytes) -> bytes:
         except zlib.error as exc:
             raise ZipProblem(INTEGRITY_CORRUPT, "%s: %s" % (entry.name, exc)) from None
         if len(out) != entry.size:
-            raise ZipProblem(INTEGRITY_CORRUPT, "%s inflates to %s bytes, its directory says %d" % (
-                entry.name, "over %d" % entry.size if len(out) > entry.size else len(out), entry.size))
+            raise ZipProblem(
+                INTEGRITY_CORRUPT,
+                "%s inflates to %s bytes, its directory says %d"
+                % (entry.name, "over %d" % entry.size if len(out) > entry.size else len(out), entry.size),
+            )
         return out
     raise ZipProblem(INTEGRITY_CORRUPT, "%s: compression method %d not supported" % (entry.name, entry.method))
 
@@ -351,8 +370,12 @@ def crc_reader(
                 except zlib.error as exc:
                     return CrcResult(INTEGRITY_CORRUPT, "%s: %s" % (entry.name, exc), done, len(directory.entries))
                 if inflated > entry.size:
-                    return CrcResult(INTEGRITY_CORRUPT, "%s inflates past its %d bytes" % (entry.name, entry.size),
-                                     done, len(directory.entries))
+                    return CrcResult(
+                        INTEGRITY_CORRUPT,
+                        "%s inflates past its %d bytes" % (entry.name, entry.size),
+                        done,
+                        len(directory.entries),
+                    )
             else:
                 crc = zlib.crc32(block, crc)
             if progress is not None:
@@ -361,8 +384,10 @@ def crc_reader(
             continue  # this member was written without a CRC
         if crc != entry.crc:
             return CrcResult(
-                INTEGRITY_CORRUPT, "CRC mismatch in %s (recorded %08x, read %08x)" % (entry.name, entry.crc, crc),
-                done, len(directory.entries),
+                INTEGRITY_CORRUPT,
+                "CRC mismatch in %s (recorded %08x, read %08x)" % (entry.name, entry.crc, crc),
+                done,
+                len(directory.entries),
             )
     if progress is not None:
         progress(total, total)

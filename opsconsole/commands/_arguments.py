@@ -26,7 +26,6 @@ class UsageError(Exception):
     """A bad argument, already worded for the user (one line)."""
 
 
-
 def nodes_from_hostlist(pattern: str) -> List[NodeConfig]:
     """SSH nodes named by a Slurm-style hostlist (`gpu[01-04],login1`), shared defaults for the rest."""
     from opsconsole.hostlist import expand_hostlist

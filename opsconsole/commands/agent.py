@@ -35,16 +35,35 @@ def register(commands, add_node_options) -> None:
             "without, it prints one JSON frame per line."
         ),
     )
-    parser.add_argument("--metrics-port", metavar="PORT", type=_port, default=None,
-                        help="serve /metrics on this port (0: any free port, printed at start)")
-    parser.add_argument("--bind", metavar="ADDRESS", default=None,
-                        help="address to listen on with --metrics-port (default 127.0.0.1: this node only)")
-    parser.add_argument("--interval", metavar="S", type=_interval, default=None,
-                        help="seconds between probe polls (default 5 with --metrics-port, else 2)")
-    parser.add_argument("--node-name", metavar="NAME", default=None,
-                        help="the node's name in frames and the Hostname label (default: hostname)")
-    parser.add_argument("--disk", metavar="PATH", action="append", default=None,
-                        help="file system to report (repeatable; default /)")
+    parser.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        type=_port,
+        default=None,
+        help="serve /metrics on this port (0: any free port, printed at start)",
+    )
+    parser.add_argument(
+        "--bind",
+        metavar="ADDRESS",
+        default=None,
+        help="address to listen on with --metrics-port (default 127.0.0.1: this node only)",
+    )
+    parser.add_argument(
+        "--interval",
+        metavar="S",
+        type=_interval,
+        default=None,
+        help="seconds between probe polls (default 5 with --metrics-port, else 2)",
+    )
+    parser.add_argument(
+        "--node-name",
+        metavar="NAME",
+        default=None,
+        help="the node's name in frames and the Hostname label (default: hostname)",
+    )
+    parser.add_argument(
+        "--disk", metavar="PATH", action="append", default=None, help="file system to report (repeatable; default /)"
+    )
     parser.set_defaults(handler=command_agent)
 
 
@@ -63,7 +82,13 @@ def command_agent(args: argparse.Namespace) -> int:
             argv += ["--disk", path]
         return probe_main(argv)
 
-    from opsconsole.exporter.serve import DEFAULT_BIND, DEFAULT_INTERVAL_S, ExporterError, check_bind_address, serve_probe
+    from opsconsole.exporter.serve import (
+        DEFAULT_BIND,
+        DEFAULT_INTERVAL_S,
+        ExporterError,
+        check_bind_address,
+        serve_probe,
+    )
     from opsconsole.probe.agent import Probe
 
     bind = args.bind or DEFAULT_BIND
@@ -71,10 +96,17 @@ def command_agent(args: argparse.Namespace) -> int:
         check_bind_address(bind)
     except ExporterError as exc:
         raise UsageError(str(exc)) from None
-    probe = Probe(node_name=args.node_name, disk_paths=tuple(args.disk or ("/",)), top=0)  # host top list is not exported
+    probe = Probe(
+        node_name=args.node_name, disk_paths=tuple(args.disk or ("/",)), top=0
+    )  # host top list is not exported
     try:
-        return serve_probe(args.metrics_port, bind, args.interval or DEFAULT_INTERVAL_S, probe=probe,
-                           announce=lambda line: print(line, flush=True))
+        return serve_probe(
+            args.metrics_port,
+            bind,
+            args.interval or DEFAULT_INTERVAL_S,
+            probe=probe,
+            announce=lambda line: print(line, flush=True),
+        )
     except ExporterError as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:

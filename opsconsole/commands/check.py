@@ -29,10 +29,19 @@ def register(commands, add_node_options) -> None:
     )
     add_node_options(parser)
     parser.add_argument("--node", action="append", metavar="NAME", help="check only this node (repeatable)")
-    parser.add_argument("--gpu-tests", action="store_true", help="also run the GPU sanity suite on each node (torch on the node)")
-    parser.add_argument("--force", action="store_true", help="with --gpu-tests: also test GPUs that run compute processes")
-    parser.add_argument("--level", type=int, choices=(1, 2), default=1,
-                        help="with --gpu-tests: 1 quick (seconds), 2 longer (as dcgmi diag -r 1/2)")
+    parser.add_argument(
+        "--gpu-tests", action="store_true", help="also run the GPU sanity suite on each node (torch on the node)"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="with --gpu-tests: also test GPUs that run compute processes"
+    )
+    parser.add_argument(
+        "--level",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="with --gpu-tests: 1 quick (seconds), 2 longer (as dcgmi diag -r 1/2)",
+    )
     parser.add_argument("--json", action="store_true", help='print {"results": [...]} as JSON')
     parser.add_argument("--all", action="store_true", help="list passing checks too (the table shows problems only)")
     parser.add_argument("--timeout", metavar="S", type=float, default=10.0, help="give up polling a node after S s")
@@ -53,7 +62,9 @@ def select_nodes(config, names):
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = " (did you mean %s?)" % close[0] if close else ""
-            raise UsageError(printable_line("check: no node is named %s%s; nodes: %s" % (name, hint, ", ".join(known) or "none")))
+            raise UsageError(
+                printable_line("check: no node is named %s%s; nodes: %s" % (name, hint, ", ".join(known) or "none"))
+            )
     return replace(config, nodes=tuple(node for node in config.nodes if node.name in names))
 
 
@@ -93,9 +104,18 @@ def results_table(results, show_all: bool) -> str:
             lines.append(printable_line("      remedy: %s" % r.remedy))
     counts = {status: sum(1 for r in results if r.status == status) for status in order}
     nodes = len({r.node for r in results})
-    lines.append("%d checks on %d node(s): %d fail, %d error, %d warn, %d pass%s" % (
-        len(results), nodes, counts["fail"], counts["error"], counts["warn"], counts["pass"],
-        ", %d skipped" % counts["skip"] if counts["skip"] else ""))
+    lines.append(
+        "%d checks on %d node(s): %d fail, %d error, %d warn, %d pass%s"
+        % (
+            len(results),
+            nodes,
+            counts["fail"],
+            counts["error"],
+            counts["warn"],
+            counts["pass"],
+            ", %d skipped" % counts["skip"] if counts["skip"] else "",
+        )
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -108,7 +128,9 @@ def command_check(args: argparse.Namespace) -> int:
         from opsconsole.commands._arguments import UsageError
 
         raise UsageError("check: no nodes configured")
-    results = run_without_joining_threads(gather_results(config, args.timeout, args.gpu_tests, args.force, slurm_follower(args), args.level))
+    results = run_without_joining_threads(
+        gather_results(config, args.timeout, args.gpu_tests, args.force, slurm_follower(args), args.level)
+    )
     if args.json:
         text = printable_json({"results": [result_to_json(r) for r in results]}, indent=2) + "\n"
     else:

@@ -71,10 +71,17 @@ def open_dir_access(args: argparse.Namespace) -> DirAccess:
         node = next((n for n in config.nodes if n.name == node_name), None)
         if node is None:
             names = ", ".join(n.name for n in config.nodes)
-            raise UsageError(printable_line("--node %s: no such node in %s (nodes: %s)" % (node_name, config.source or "the config", names)))
+            raise UsageError(
+                printable_line(
+                    "--node %s: no such node in %s (nodes: %s)" % (node_name, config.source or "the config", names)
+                )
+            )
     if node is None or node.local:
         if not os.path.isdir(root):
-            raise UsageError("%s: %s" % (printable_line(root), "no such directory" if not os.path.exists(root) else "not a directory"))
+            raise UsageError(
+                "%s: %s"
+                % (printable_line(root), "no such directory" if not os.path.exists(root) else "not a directory")
+            )
         return DirAccess(LOCAL, os.path.abspath(root))
     if not root.startswith("/"):
         raise UsageError("DIR on a node must be an absolute path, got %r" % root)
@@ -150,19 +157,53 @@ def listing_table(listing: Any, now: float) -> str:
     """The listing as a text table with a totals line (what the pane shows)."""
     if listing.problem:
         return printable_line("%s: %s" % (listing.root, listing.problem)) + "\n"
-    rows = [("NAME", "LAYOUT", "UNIT", "FORMAT", "EPOCH", "STEP", "LOSS", "SIZE", "AGE", "INTEGRITY", "MARKS", "SERIES",
-             "PROBLEM")]
+    rows = [
+        (
+            "NAME",
+            "LAYOUT",
+            "UNIT",
+            "FORMAT",
+            "EPOCH",
+            "STEP",
+            "LOSS",
+            "SIZE",
+            "AGE",
+            "INTEGRITY",
+            "MARKS",
+            "SERIES",
+            "PROBLEM",
+        )
+    ]
     for e in listing.entries:
-        rows.append((
-            e.name, e.layout, e.unit, e.format, epoch_text(e),
-            "-" if e.meta.step is None else str(e.meta.step),
-            loss_text(e), size_text(e.size_bytes), age_text(now - e.mtime),
-            e.integrity + (" (crc)" if e.crc_checked else ""), marks(e), e.series or "not managed",
-            "; ".join(p for p in (e.problem, e.unreadable if e.unreadable != e.problem else None) if p),
-        ))
+        rows.append(
+            (
+                e.name,
+                e.layout,
+                e.unit,
+                e.format,
+                epoch_text(e),
+                "-" if e.meta.step is None else str(e.meta.step),
+                loss_text(e),
+                size_text(e.size_bytes),
+                age_text(now - e.mtime),
+                e.integrity + (" (crc)" if e.crc_checked else ""),
+                marks(e),
+                e.series or "not managed",
+                "; ".join(p for p in (e.problem, e.unreadable if e.unreadable != e.problem else None) if p),
+            )
+        )
     text = format_table(rows) if listing.entries else "no checkpoints in %s\n" % printable_line(listing.root)
-    free = "" if listing.free_bytes is None else ", %s free of %s" % (size_text(listing.free_bytes), size_text(listing.fs_bytes))
-    text += "%d checkpoints, %s in %s%s\n" % (len(listing.entries), size_text(listing.total_bytes), printable_line(listing.root), free)
+    free = (
+        ""
+        if listing.free_bytes is None
+        else ", %s free of %s" % (size_text(listing.free_bytes), size_text(listing.fs_bytes))
+    )
+    text += "%d checkpoints, %s in %s%s\n" % (
+        len(listing.entries),
+        size_text(listing.total_bytes),
+        printable_line(listing.root),
+        free,
+    )
     return text
 
 
@@ -211,7 +252,9 @@ def command_checkpoints(args: argparse.Namespace) -> int:
             for entry in listing.entries:
                 if can_verify(entry) is None:
                     result = verify_checkpoint(entry, access.fs)
-                    entry = replace(entry, integrity=result.integrity, problem=result.problem or entry.problem, crc_checked=True)
+                    entry = replace(
+                        entry, integrity=result.integrity, problem=result.problem or entry.problem, crc_checked=True
+                    )
                 checked.append(entry)
             listing = replace(listing, entries=tuple(checked))
     finally:

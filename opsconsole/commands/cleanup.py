@@ -53,10 +53,18 @@ def register(commands: Any, add_node_options: Callable[[argparse.ArgumentParser]
         "recent and open files), print the plan, and with --yes (or a yes on the terminal) carry it out.",
     )
     parser.add_argument("dir", metavar="DIR", help="the checkpoint directory")
-    parser.add_argument("--keep", metavar="N", type=_non_negative_int,
-                        help="keep the newest N checkpoints (default: the [[checkpoints]] entry of DIR)")
-    parser.add_argument("--min-age", metavar="SECONDS", type=_non_negative_seconds,
-                        help="never delete anything modified within SECONDS (default 600)")
+    parser.add_argument(
+        "--keep",
+        metavar="N",
+        type=_non_negative_int,
+        help="keep the newest N checkpoints (default: the [[checkpoints]] entry of DIR)",
+    )
+    parser.add_argument(
+        "--min-age",
+        metavar="SECONDS",
+        type=_non_negative_seconds,
+        help="never delete anything modified within SECONDS (default 600)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan, delete nothing")
     parser.add_argument("--yes", action="store_true", help="delete without asking")
     parser.add_argument("--json", action="store_true", help="print the plan (and the results) as JSON")
@@ -80,12 +88,26 @@ def plan_table(plan: Any) -> str:
     rows = [("ACTION", "SIZE", "NAME", "UNIT", "REASON")]
     for item in plan.items:
         unit = ("%s: %s" % (item.layout, item.unit)) if getattr(item, "layout", "") else ""
-        rows.append((item.action.upper() if item.delete else item.action, size_text(item.size_bytes), item.name, unit, item.reason))
+        rows.append(
+            (
+                item.action.upper() if item.delete else item.action,
+                size_text(item.size_bytes),
+                item.name,
+                unit,
+                item.reason,
+            )
+        )
     text = format_table(rows) if plan.items else "no checkpoints in %s\n" % printable_line(plan.root)
     for warning in plan.warnings:
         text += "warning: %s\n" % printable_line(warning)
     text += "plan: delete %d of %d checkpoints, %s freed (keep %d, min-age %gs) in %s\n" % (
-        len(plan.to_delete), len(plan.items), size_text(plan.bytes_freed), plan.keep, plan.min_age, printable_line(plan.root))
+        len(plan.to_delete),
+        len(plan.items),
+        size_text(plan.bytes_freed),
+        plan.keep,
+        plan.min_age,
+        printable_line(plan.root),
+    )
     return text
 
 
@@ -104,7 +126,9 @@ def confirmed_at_prompt(plan: Any, root: str, stdin: TextIO = sys.stdin, stderr:
     if count == 1:
         return ask("delete 1 checkpoint (%s)? [y/N] " % size, stdin, stderr)
     word = posixpath.basename(posixpath.normpath(root)) or root
-    stderr.write("delete %d checkpoints (%s)? type the directory's name, %s, to confirm: " % (count, size, printable_line(word)))
+    stderr.write(
+        "delete %d checkpoints (%s)? type the directory's name, %s, to confirm: " % (count, size, printable_line(word))
+    )
     stderr.flush()
     return stdin.readline().strip() == word
 
@@ -151,16 +175,40 @@ def command_cleanup(args: argparse.Namespace) -> int:
         node = plan.node or access.fs.node
         planned = "%d deletions planned" % len(plan.to_delete)
         if config.console.read_only:
-            raise UsageError(_refuse(audit, node, access.root, planned + ", read-only console: refused", OUTCOME_REFUSED,
-                                     "read-only config: cleanup refused (nothing deleted)"))
+            raise UsageError(
+                _refuse(
+                    audit,
+                    node,
+                    access.root,
+                    planned + ", read-only console: refused",
+                    OUTCOME_REFUSED,
+                    "read-only config: cleanup refused (nothing deleted)",
+                )
+            )
         if not args.yes:
             if not (sys.stdin.isatty() and sys.stderr.isatty()):
-                raise UsageError(_refuse(audit, node, access.root, planned + ", no --yes off a terminal: refused",
-                                         OUTCOME_REFUSED,
-                                         "refusing to delete without --yes when not on a terminal (nothing deleted)"))
+                raise UsageError(
+                    _refuse(
+                        audit,
+                        node,
+                        access.root,
+                        planned + ", no --yes off a terminal: refused",
+                        OUTCOME_REFUSED,
+                        "refusing to delete without --yes when not on a terminal (nothing deleted)",
+                    )
+                )
             if not confirmed_at_prompt(plan, access.root):
-                print(_refuse(audit, node, access.root, planned + ", cancelled at the prompt", OUTCOME_CANCELLED,
-                              "cancelled: nothing deleted"), file=sys.stderr)
+                print(
+                    _refuse(
+                        audit,
+                        node,
+                        access.root,
+                        planned + ", cancelled at the prompt",
+                        OUTCOME_CANCELLED,
+                        "cancelled: nothing deleted",
+                    ),
+                    file=sys.stderr,
+                )
                 if args.json:
                     return write_out(printable_json(document, indent=2) + "\n")
                 return EXIT_OK

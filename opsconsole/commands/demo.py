@@ -31,8 +31,9 @@ def register(commands, add_node_options) -> None:
     parser.add_argument("--dir", metavar="DIR", help="where the run writes (default: a new temporary directory)")
     parser.add_argument("--ranks", type=int, default=2, help="training processes (2)")
     parser.add_argument("--fail-at-epoch", type=int, default=6, help="epoch at which the data turns bad (0: never)")
-    parser.add_argument("--no-console", action="store_true",
-                        help="only run the training, wait for it, and print where its files are")
+    parser.add_argument(
+        "--no-console", action="store_true", help="only run the training, wait for it, and print where its files are"
+    )
     parser.add_argument("--no-replay", action="store_true", help="leave the shipped H200 recording out")
     parser.set_defaults(handler=command_demo)
 
@@ -60,9 +61,21 @@ def start_training(directory: Path, ranks: int, fail_at_epoch: int) -> subproces
     """The training run as a child in its own session (so it can be stopped as a group)."""
     out = open(directory / "train.out", "ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "opsconsole.demo.train", "--dir", str(directory), "--ranks", str(ranks),
-         "--fail-at-epoch", str(fail_at_epoch)],
-        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "opsconsole.demo.train",
+            "--dir",
+            str(directory),
+            "--ranks",
+            str(ranks),
+            "--fail-at-epoch",
+            str(fail_at_epoch),
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 
@@ -99,8 +112,9 @@ def command_demo(args: argparse.Namespace) -> int:
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
-        raise UsageError("demo: torch is not installed here (./scripts/console demo installs it, "
-                         "or: pip install torch==2.13.0)")
+        raise UsageError(
+            "demo: torch is not installed here (./scripts/console demo installs it, or: pip install torch==2.13.0)"
+        )
     directory = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="opsconsole-demo-"))
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -116,8 +130,11 @@ def command_demo(args: argparse.Namespace) -> int:
     try:
         if args.no_console:
             code = proc.wait()
-            print("training exited with status %d; logs in %s, checkpoints in %s"
-                  % (code, directory / "logs", directory / "checkpoints"), file=sys.stderr)
+            print(
+                "training exited with status %d; logs in %s, checkpoints in %s"
+                % (code, directory / "logs", directory / "checkpoints"),
+                file=sys.stderr,
+            )
             return 0
         from opsconsole.nodes.fleet import Fleet
         from opsconsole.tui.app import run_console
@@ -125,8 +142,10 @@ def command_demo(args: argparse.Namespace) -> int:
         recording = None if args.no_replay else shipped_recording()
         fleet = Fleet(config, links=demo_links(config, recording))
         status = run_console(config, fleet)
-        print("demo files kept in %s; rerun the console on them: opsconsole --config %s"
-              % (directory, config_path), file=sys.stderr)
+        print(
+            "demo files kept in %s; rerun the console on them: opsconsole --config %s" % (directory, config_path),
+            file=sys.stderr,
+        )
         return status
     finally:
         stop_training(proc)  # the files stay for the user to look at

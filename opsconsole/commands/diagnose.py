@@ -44,9 +44,12 @@ def register(commands, add_node_options) -> None:
     )
     parser.add_argument("files", nargs="*", metavar="FILE", help="log files to read; - reads standard input")
     parser.add_argument("--json", action="store_true", help="one JSON object per input file, one per line")
-    parser.add_argument("--run", action="store_true",
-                        help="read the FILEs and directories as one run (every rank, the launcher's output): "
-                        "one verdict naming the root cause and the rank and file it started in")
+    parser.add_argument(
+        "--run",
+        action="store_true",
+        help="read the FILEs and directories as one run (every rank, the launcher's output): "
+        "one verdict naming the root cause and the rank and file it started in",
+    )
     parser.set_defaults(handler=command_diagnose)
 
 
@@ -132,18 +135,27 @@ def run_json_document(result) -> dict:
 
 def _watchdog_json(watchdog) -> dict:
     """The NCCL watchdog lines of every rank together: who never reached collective N, or that all froze."""
-    return {"kind": watchdog.kind, "group": watchdog.group, "seq": watchdog.seq, "op": watchdog.op,
-            "culprit_ranks": list(watchdog.culprit_ranks), "culprit_enqueued": watchdog.culprit_enqueued,
-            "others_enqueued": watchdog.others_enqueued, "reporting_ranks": list(watchdog.reporting_ranks),
-            "text": watchdog.text}
+    return {
+        "kind": watchdog.kind,
+        "group": watchdog.group,
+        "seq": watchdog.seq,
+        "op": watchdog.op,
+        "culprit_ranks": list(watchdog.culprit_ranks),
+        "culprit_enqueued": watchdog.culprit_enqueued,
+        "others_enqueued": watchdog.others_enqueued,
+        "reporting_ranks": list(watchdog.reporting_ranks),
+        "text": watchdog.text,
+    }
 
 
 def run_report(result) -> str:
     """The run's verdict for people: the root cause, where and on which rank it started, then each category."""
     diagnosis = result.diagnosis
     files = len(result.files)
-    out: List[str] = ["== run: %d file%s, %d line%s" % (files, "" if files == 1 else "s",
-                                                        diagnosis.lines, "" if diagnosis.lines == 1 else "s")]
+    out: List[str] = [
+        "== run: %d file%s, %d line%s"
+        % (files, "" if files == 1 else "s", diagnosis.lines, "" if diagnosis.lines == 1 else "s")
+    ]
     verdict = result.verdict
     if verdict is None:
         out.append("No failure signature found.")
@@ -154,12 +166,16 @@ def run_report(result) -> str:
     rank = "rank %d" % verdict.rank if verdict.rank is not None else "an unknown rank"
     if verdict.watchdog is not None and start.rank is not None and verdict.rank != start.rank:
         # The watchdog lines name the rank that never got there; the first line is a waiting rank's.
-        out.append("Started on %s (it never reached the collective the others waited in); first seen on rank %d, "
-                   "in %s line %d: %s" % (rank, start.rank, printable_line(result.file_of(start) or "?"), start.line,
-                                          _one_line(start.excerpt)))
+        out.append(
+            "Started on %s (it never reached the collective the others waited in); first seen on rank %d, "
+            "in %s line %d: %s"
+            % (rank, start.rank, printable_line(result.file_of(start) or "?"), start.line, _one_line(start.excerpt))
+        )
     else:
-        out.append("Started on %s, in %s line %d: %s" % (rank, printable_line(result.file_of(start) or "?"), start.line,
-                                                      _one_line(start.excerpt)))
+        out.append(
+            "Started on %s, in %s line %d: %s"
+            % (rank, printable_line(result.file_of(start) or "?"), start.line, _one_line(start.excerpt))
+        )
     if verdict.watchdog is not None:
         out.append(printable_line(verdict.watchdog.text))
     if start.evidence == "inferred":
@@ -181,14 +197,18 @@ def run_report(result) -> str:
         out.append("")
         marker = "* " if row.category == verdict.category else "  "
         ranks = ", rank%s %s" % ("" if len(row.ranks) == 1 else "s", _ranks_text(row.ranks)) if row.ranks else ""
-        out.append("%s%s [%s] %s, %d time%s%s" % (marker, row.title, row.category, row.severity, row.count,
-                                                 "" if row.count == 1 else "s", ranks))
+        out.append(
+            "%s%s [%s] %s, %d time%s%s"
+            % (marker, row.title, row.category, row.severity, row.count, "" if row.count == 1 else "s", ranks)
+        )
         out.append("    cause:  " + row.cause)
         out.append("    remedy: " + row.remedy)
         for finding in by_category.get(row.category, ()):
             rank_text = " rank %d" % finding.rank if finding.rank is not None else ""
-            out.append("    %s:%d%s: %s" % (printable_line(result.file_of(finding) or "?"), finding.line, rank_text,
-                                            _one_line(finding.excerpt)))
+            out.append(
+                "    %s:%d%s: %s"
+                % (printable_line(result.file_of(finding) or "?"), finding.line, rank_text, _one_line(finding.excerpt))
+            )
     if diagnosis.dropped:
         out.append("")
         out.append("(%d further matching lines counted above but not listed)" % diagnosis.dropped)
@@ -291,7 +311,11 @@ def readable_report(name: str, result) -> str:
 
 def _seen(row) -> str:
     times = "%d time%s" % (row.count, "" if row.count == 1 else "s")
-    lines = "line %d" % row.first_line if row.first_line == row.last_line else "lines %d-%d" % (row.first_line, row.last_line)
+    lines = (
+        "line %d" % row.first_line
+        if row.first_line == row.last_line
+        else "lines %d-%d" % (row.first_line, row.last_line)
+    )
     ranks = ""
     if row.ranks:
         ranks = ", rank%s %s" % ("" if len(row.ranks) == 1 else "s", _ranks_text(row.ranks))

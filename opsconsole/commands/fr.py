@@ -38,17 +38,31 @@ def register(commands: Any, add_node_options: Callable[[argparse.ArgumentParser]
         "Exit 0 when a dump was read, 2 for bad usage or when no dump could be read.",
     )
     add_node_options(parser)
-    parser.add_argument("directory", metavar="DIR", nargs="?",
-                        help="the directory holding the dumps (with --collect: where to put them; a new one by default)")
-    parser.add_argument("--prefix", metavar="P", help="the dumps' file name stem before the rank (found by itself when left out)")
+    parser.add_argument(
+        "directory",
+        metavar="DIR",
+        nargs="?",
+        help="the directory holding the dumps (with --collect: where to put them; a new one by default)",
+    )
+    parser.add_argument(
+        "--prefix", metavar="P", help="the dumps' file name stem before the rank (found by itself when left out)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object")
-    parser.add_argument("--collect", action="store_true",
-                        help="first ask every rank of the configured nodes for a dump (through its FIFO) and copy the "
-                        "dumps here over each node's connection, then match them")
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="first ask every rank of the configured nodes for a dump (through its FIFO) and copy the "
+        "dumps here over each node's connection, then match them",
+    )
     parser.add_argument("--node", action="append", metavar="NAME", help="with --collect: only this node (repeatable)")
     parser.add_argument("--no-ask", action="store_true", help="with --collect: copy the dumps there are, ask for none")
-    parser.add_argument("--wait", metavar="S", type=float, default=10.0,
-                        help="with --collect: seconds to wait for the ranks to write their dumps (10)")
+    parser.add_argument(
+        "--wait",
+        metavar="S",
+        type=float,
+        default=10.0,
+        help="with --collect: seconds to wait for the ranks to write their dumps (10)",
+    )
     parser.set_defaults(handler=command_fr)
 
 
@@ -76,7 +90,9 @@ def command_fr(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     if not analysis.readable:
-        print(printable_line("opsconsole: fr: no readable flight-recorder dump in %s" % args.directory), file=sys.stderr)
+        print(
+            printable_line("opsconsole: fr: no readable flight-recorder dump in %s" % args.directory), file=sys.stderr
+        )
         return EXIT_USAGE
     return EXIT_OK
 
@@ -138,8 +154,12 @@ def report(analysis: Any) -> str:
             out.append(printable_line("  rank %s  %s  unreadable: %s" % (dump.rank, where, dump.unreadable)))
         else:
             dropped = ", %d malformed left out" % dump.dropped if dump.dropped else ""
-            out.append(printable_line("  rank %s  %s  %d entries (version %s%s)" % (dump.rank, where, len(dump.entries),
-                                                                                 dump.version or "?", dropped)))
+            out.append(
+                printable_line(
+                    "  rank %s  %s  %d entries (version %s%s)"
+                    % (dump.rank, where, len(dump.entries), dump.version or "?", dropped)
+                )
+            )
     for note in analysis.notes:
         out.append(printable_line("  note: %s" % note))
     return "\n".join(out) + "\n"

@@ -8,6 +8,10 @@ import math
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from opsconsole.recording.recorder import RecorderStats
 
 
 def register(commands, add_node_options) -> None:
@@ -21,8 +25,11 @@ def register(commands, add_node_options) -> None:
     parser.add_argument("--duration", metavar="S", type=float, default=None, help="stop after S seconds")
     parser.add_argument("--interval", metavar="S", type=float, default=None, help="seconds between polls")
     parser.add_argument("--max-mb", metavar="MB", type=float, default=None, help="keep the file under MB megabytes")
-    parser.add_argument("--progress", action="store_true",
-                        help="print a progress line every %g s even when stderr is not a terminal" % PROGRESS_S)
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="print a progress line every %g s even when stderr is not a terminal" % PROGRESS_S,
+    )
     parser.set_defaults(handler=command_record)
 
 
@@ -30,13 +37,18 @@ PROGRESS_S = 2.0  # how often the progress line is written: readable, and cheap 
 
 
 def progress_line(out: str, stats, elapsed_s: float) -> str:
-    """"recording to FILE: 120 states, 3 chunks, 41 KiB written, 1:02 elapsed"."""
+    """ "recording to FILE: 120 states, 3 chunks, 41 KiB written, 1:02 elapsed"."""
     from opsconsole.recording.seek import offset_text
     from opsconsole.sanitize import printable_line
     from opsconsole.units import format_bytes
 
     return "recording to %s: %d states, %d chunks, %s written, %s elapsed" % (
-        printable_line(out), stats.records, stats.chunks, format_bytes(stats.bytes_written), offset_text(elapsed_s))
+        printable_line(out),
+        stats.records,
+        stats.chunks,
+        format_bytes(stats.bytes_written),
+        offset_text(elapsed_s),
+    )
 
 
 class ProgressReporter:
@@ -65,8 +77,9 @@ async def report_progress(recorder, reporter: "ProgressReporter") -> None:
         reporter.show(recorder.stats)
 
 
-async def record(config, out: str, duration, stop_event: asyncio.Event,
-                 reporter: "ProgressReporter" = None) -> "RecorderStats":
+async def record(
+    config, out: str, duration, stop_event: asyncio.Event, reporter: "ProgressReporter" = None
+) -> "RecorderStats":
     from opsconsole.nodes.fleet import Fleet
     from opsconsole.recording.recorder import Recorder
 
@@ -92,9 +105,8 @@ async def record(config, out: str, duration, stop_event: asyncio.Event,
 
 
 def command_record(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     import sqlite3
+    from dataclasses import replace
 
     from opsconsole.commands._arguments import UsageError, config_from_args
     from opsconsole.config import MAX_INTERVAL_S, MAX_RECORD_MB, MIN_INTERVAL_S
@@ -104,7 +116,9 @@ def command_record(args: argparse.Namespace) -> int:
     if args.duration is not None and not (args.duration > 0 and math.isfinite(args.duration)):
         raise UsageError("--duration must be a positive number of seconds")
     if args.interval is not None and not (MIN_INTERVAL_S <= args.interval <= MAX_INTERVAL_S):
-        raise UsageError("--interval must be between %g and %g seconds, got %g" % (MIN_INTERVAL_S, MAX_INTERVAL_S, args.interval))
+        raise UsageError(
+            "--interval must be between %g and %g seconds, got %g" % (MIN_INTERVAL_S, MAX_INTERVAL_S, args.interval)
+        )
     if args.max_mb is not None and not (0 < args.max_mb <= MAX_RECORD_MB):
         raise UsageError("--max-mb must be above 0 and at most %g, got %g" % (MAX_RECORD_MB, args.max_mb))
     config = config_from_args(args)
@@ -127,7 +141,16 @@ def command_record(args: argparse.Namespace) -> int:
         loop.close()
     from opsconsole.units import format_bytes
 
-    print("recorded %d states of %d node(s) in %.0f s to %s (%d chunks, %s)"
-          % (stats.records, len(config.nodes), time.monotonic() - started, printable_line(args.out), stats.chunks,
-             format_bytes(stats.bytes_written)), file=sys.stderr)
+    print(
+        "recorded %d states of %d node(s) in %.0f s to %s (%d chunks, %s)"
+        % (
+            stats.records,
+            len(config.nodes),
+            time.monotonic() - started,
+            printable_line(args.out),
+            stats.chunks,
+            format_bytes(stats.bytes_written),
+        ),
+        file=sys.stderr,
+    )
     return 0

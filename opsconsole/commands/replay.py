@@ -14,8 +14,12 @@ def register(commands, add_node_options) -> None:
     parser.add_argument("file", metavar="FILE", help="the recording")
     parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help="config file (theme, keys)")
     parser.add_argument("--speed", type=float, default=1.0, help="playback speed (1 = real time)")
-    parser.add_argument("--at", metavar="OFFSET", default=None,
-                        help="start this far into the recording: seconds (90), 2m, or m:ss / h:mm:ss as the replay bar shows")
+    parser.add_argument(
+        "--at",
+        metavar="OFFSET",
+        default=None,
+        help="start this far into the recording: seconds (90), 2m, or m:ss / h:mm:ss as the replay bar shows",
+    )
     parser.set_defaults(handler=command_replay)
 
 
@@ -48,8 +52,10 @@ def command_replay(args: argparse.Namespace) -> int:
     if at is not None:
         length = fleet.reader.end - fleet.reader.start
         if at > length:  # it used to start at the end without a word
-            raise UsageError("--at %s is past the end of the recording (%s long): give 0 to %s" % (
-                printable_line(args.at.strip()), offset_text(length), offset_text(length)))
+            raise UsageError(
+                "--at %s is past the end of the recording (%s long): give 0 to %s"
+                % (printable_line(args.at.strip()), offset_text(length), offset_text(length))
+            )
         fleet.start_at = fleet.reader.start + at
     from opsconsole.tui.app import run_console
     from opsconsole.tui.replay import ReplayConsole

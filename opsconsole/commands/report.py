@@ -14,12 +14,21 @@ def register(commands, add_node_options) -> None:
     )
     add_node_options(parser)
     parser.add_argument(
-        "--out", metavar="DIR|FILE.tar.gz", default=None,
+        "--out",
+        metavar="DIR|FILE.tar.gz",
+        default=None,
         help="an existing directory for the report, or a new FILE.tar.gz in an existing directory (never made, never "
-             "overwritten); default: $XDG_STATE_HOME/opsconsole/reports (0700)")
+        "overwritten); default: $XDG_STATE_HOME/opsconsole/reports (0700)",
+    )
     parser.add_argument("--timeout", metavar="S", type=float, default=10.0, help="give up on a node after S s")
-    parser.add_argument("--logs", metavar="GLOB", nargs="+", action="extend", default=argparse.SUPPRESS,
-                        help="also take the last lines of these log files (globs), beside [logs] paths")
+    parser.add_argument(
+        "--logs",
+        metavar="GLOB",
+        nargs="+",
+        action="extend",
+        default=argparse.SUPPRESS,
+        help="also take the last lines of these log files (globs), beside [logs] paths",
+    )
     parser.set_defaults(handler=command_report)
 
 
@@ -45,6 +54,5 @@ def command_report(args: argparse.Namespace) -> int:
         raise UsageError("report: %s: %s" % (where, exc.strerror or exc)) from None
     print(path)
     if inputs.problems:
-        print("%d item(s) could not be collected: see errors.txt in the report" % len(inputs.problems),
-              file=sys.stderr)
+        print("%d item(s) could not be collected: see errors.txt in the report" % len(inputs.problems), file=sys.stderr)
     return 0

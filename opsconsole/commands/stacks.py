@@ -28,13 +28,20 @@ def register(commands, add_node_options) -> None:
     )
     add_node_options(parser)
     parser.add_argument("--node", action="append", metavar="NAME", help="only this node (repeatable)")
-    parser.add_argument("--pid", action="append", type=_pid, metavar="PID",
-                        help="only this process (repeatable; with several nodes, give --node)")
+    parser.add_argument(
+        "--pid",
+        action="append",
+        type=_pid,
+        metavar="PID",
+        help="only this process (repeatable; with several nodes, give --node)",
+    )
     parser.add_argument("--native", action="store_true", help="include native (C/C++) frames (py-spy --native)")
-    parser.add_argument("--json", action="store_true",
-                        help='print {"ranks": [...], "groups": [...], "odd": [...], "errors": [...]}')
-    parser.add_argument("--timeout", metavar="S", type=float, default=10.0,
-                        help="give up on one process's dump after S seconds (10)")
+    parser.add_argument(
+        "--json", action="store_true", help='print {"ranks": [...], "groups": [...], "odd": [...], "errors": [...]}'
+    )
+    parser.add_argument(
+        "--timeout", metavar="S", type=float, default=10.0, help="give up on one process's dump after S seconds (10)"
+    )
     parser.set_defaults(handler=command_stacks)
 
 
@@ -43,7 +50,7 @@ def _pid(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError("expected a process id, got %r" % text) from None
-    if not 0 < value < 2 ** 31:
+    if not 0 < value < 2**31:
         raise argparse.ArgumentTypeError("expected a positive process id, got %r" % text)
     return value
 
@@ -59,7 +66,9 @@ def chosen_nodes(config, names):
     known = [node.name for node in config.nodes]
     for name in names:
         if name not in known:
-            raise UsageError(printable_line("stacks: no node is named %s; nodes: %s" % (name, ", ".join(known) or "none")))
+            raise UsageError(
+                printable_line("stacks: no node is named %s; nodes: %s" % (name, ", ".join(known) or "none"))
+            )
     return replace(config, nodes=tuple(node for node in config.nodes if node.name in names))
 
 

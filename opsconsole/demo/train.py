@@ -74,8 +74,10 @@ class CheckpointManager:
             self.best_loss = loss
             torch.save(checkpoint, os.path.join(self.save_dir, "checkpoint_best.pt"))
             self.logger.info("Best checkpoint updated: loss=%.4f", loss)
-        checkpoints = sorted(glob.glob(os.path.join(self.save_dir, "checkpoint_epoch_*.pt")),
-                             key=lambda p: int(p.rsplit("_", 1)[1].split(".")[0]))
+        checkpoints = sorted(
+            glob.glob(os.path.join(self.save_dir, "checkpoint_epoch_*.pt")),
+            key=lambda p: int(p.rsplit("_", 1)[1].split(".")[0]),
+        )
         while len(checkpoints) > self.max_to_keep:
             old = checkpoints.pop(0)
             os.remove(old)
@@ -112,8 +114,13 @@ def run_rank(rank: int, args: argparse.Namespace) -> None:
     from torch import nn
 
     logger = setup_training_logger(os.path.join(args.dir, "logs"), rank)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=rank, world_size=args.ranks,
-                            timeout=__import__("datetime").timedelta(seconds=args.peer_timeout))
+    dist.init_process_group(
+        "gloo",
+        init_method="tcp://127.0.0.1:%d" % args.port,
+        rank=rank,
+        world_size=args.ranks,
+        timeout=__import__("datetime").timedelta(seconds=args.peer_timeout),
+    )
     torch.manual_seed(1234 + rank)
     logger.info("Training started on %s", socket.gethostname())
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
@@ -137,15 +144,25 @@ def run_rank(rank: int, args: argparse.Namespace) -> None:
             optimizer.zero_grad()
             loss = nn.functional.mse_loss(ddp(x), y)
             if check_nan(loss, "loss", logger):
-                logger.error("Epoch %d step %d: loss is %s; stopping (check the learning rate, loss scaling and"
-                             " the data)", epoch, step, loss.item())
+                logger.error(
+                    "Epoch %d step %d: loss is %s; stopping (check the learning rate, loss scaling and the data)",
+                    epoch,
+                    step,
+                    loss.item(),
+                )
                 raise FloatingPointError("loss is %s at epoch %d step %d" % (loss.item(), epoch, step))
             loss.backward()
             optimizer.step()
             total += loss.item()
             if step % 10 == 0:
-                logger.info("Epoch %d step %d/%d loss %.4f lr %.2e", epoch, step, steps_per_epoch, loss.item(),
-                            scheduler.get_last_lr()[0])
+                logger.info(
+                    "Epoch %d step %d/%d loss %.4f lr %.2e",
+                    epoch,
+                    step,
+                    steps_per_epoch,
+                    loss.item(),
+                    scheduler.get_last_lr()[0],
+                )
             time.sleep(args.step_sleep)
             if killer.kill_now:
                 break

@@ -95,8 +95,10 @@ WATCHDOG_CATEGORIES = frozenset(("nccl_timeout", "nccl_remote", "nccl_network"))
 _RANK_PREFIX = re.compile(r"^\s*(?:\S+\s+){0,2}?\[(?:rank|default|trainer)([0-9]{1,7})\]:\s?")
 _SRUN_LABEL = re.compile(r"^\s{0,4}([0-9]{1,5}): ")
 # Launchers name the failed process by its local rank (torchelastic, DeepSpeed) or task id (srun).
-_RANK_IN_TEXT = re.compile(r"\[Rank ([0-9]{1,7})\]|\brank(?: |: |=)([0-9]{1,7}) \(local_rank|\bRank ([0-9]{1,7})\] "
-                           r"|\blocal_rank: ([0-9]{1,7}) \(pid|--local_rank=([0-9]{1,7})\b|\btask ([0-9]{1,7}): ")
+_RANK_IN_TEXT = re.compile(
+    r"\[Rank ([0-9]{1,7})\]|\brank(?: |: |=)([0-9]{1,7}) \(local_rank|\bRank ([0-9]{1,7})\] "
+    r"|\blocal_rank: ([0-9]{1,7}) \(pid|--local_rank=([0-9]{1,7})\b|\btask ([0-9]{1,7}): "
+)
 # torch.multiprocessing.spawn's report: the traceback below it is that process's.
 _SPAWN_FAILED = re.compile(r"-- Process ([0-9]{1,7}) terminated with the following error:")
 # A Python traceback frame; the line after it (indented two more) quotes source code, not an error.
@@ -107,11 +109,22 @@ _CHAINED = ("The above exception was the direct cause", "During handling of the 
 _EXCEPTION = re.compile(r"([A-Za-z_][\w.]{0,200}?)(?:: ?(.*)|)$")
 _EXCEPTION_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Warning", "Failure", "Fault", "Iteration")
 # Exceptions that say the process was told to stop or that a child failed: consequences, never app_error.
-_CONSEQUENCES = frozenset(("KeyboardInterrupt", "SystemExit", "SignalException", "ChildFailedError",
-                           "BrokenPipeError", "ConnectionResetError", "GeneratorExit"))
+_CONSEQUENCES = frozenset(
+    (
+        "KeyboardInterrupt",
+        "SystemExit",
+        "SignalException",
+        "ChildFailedError",
+        "BrokenPipeError",
+        "ConnectionResetError",
+        "GeneratorExit",
+    )
+)
 _LIBRARY_PATHS = ("site-packages", "dist-packages", "/lib/python")
-_INDEX_ERROR = re.compile(r"IndexError|index .{0,40}out of (?:range|bounds)|out of bounds for dimension"
-                          r"|[Tt]arget -?\d+ is out of bounds")
+_INDEX_ERROR = re.compile(
+    r"IndexError|index .{0,40}out of (?:range|bounds)|out of bounds for dimension"
+    r"|[Tt]arget -?\d+ is out of bounds"
+)
 TRACEBACK_SPAN = 500  # lines after a traceback's last frame in which its exception line may still come
 MAX_TABLES = 64  # launcher failure tables kept (one per source that printed one)
 _TABLE_STARTS = frozenset("RF")
@@ -216,7 +229,9 @@ class _SourceState:
     table: Optional[FailureTable] = None  # torchelastic's failure table, once this source printed one
     spawned_rank: Optional[int] = None  # the process that torch.multiprocessing.spawn says failed
     clock: Optional[_SourceState] = None  # an interleaved rank's: its file's state, which keeps the time
-    nccl_setup: bool = False  # NCCL INFO said a communicator is being set up (Bootstrap, Init START) and not yet complete
+    nccl_setup: bool = (
+        False  # NCCL INFO said a communicator is being set up (Bootstrap, Init START) and not yet complete
+    )
 
 
 class Diagnoser:
@@ -244,8 +259,14 @@ class Diagnoser:
         rank = line.rank if line.rank is not None else getattr(source, "rank", None)
         return self._feed(line.text, line.number, key, rank, line.time)
 
-    def feed_text(self, text: str, number: int, source: Union[str, object, None] = None,
-                  time: Optional[float] = None, rank: Optional[int] = None) -> Optional[Finding]:
+    def feed_text(
+        self,
+        text: str,
+        number: int,
+        source: Union[str, object, None] = None,
+        time: Optional[float] = None,
+        rank: Optional[int] = None,
+    ) -> Optional[Finding]:
         """Diagnose one line of plain text (number is 1-based); `source` is a name or a LogSource."""
         key = None
         if type(source) is str:  # the common case, without two failed attribute lookups a line
@@ -256,8 +277,9 @@ class Diagnoser:
                 rank = getattr(source, "rank", None)
         return self._feed(text, number, key, rank, time)
 
-    def _feed(self, text: str, number: int, key: Optional[str], rank: Optional[int],
-              time: Optional[float]) -> Optional[Finding]:
+    def _feed(
+        self, text: str, number: int, key: Optional[str], rank: Optional[int], time: Optional[float]
+    ) -> Optional[Finding]:
         if len(text) > MAX_SCAN_CHARS:
             text = text[:MAX_SCAN_CHARS]
         body = text
@@ -266,7 +288,7 @@ class Diagnoser:
         if prefix is None and text[:1] in " 0123456789" and text.find(": ", 1, 12) > 0:  # "2026-..." has none there
             prefix = _SRUN_LABEL.match(text)
         if prefix:
-            body = text[prefix.end():]
+            body = text[prefix.end() :]
             line_rank = int(prefix.group(1))
             if rank is None:
                 rank = line_rank
@@ -321,8 +343,10 @@ class Diagnoser:
                 state.traceback_line = -1
             else:
                 exception = _exception_of(body)
-                if exception is None and state.traceback_prefix:  # "ERROR 11-29 03:31:11 worker.py:574] ValueError: ..."
-                    exception = _exception_of(body[state.traceback_prefix:])
+                if (
+                    exception is None and state.traceback_prefix
+                ):  # "ERROR 11-29 03:31:11 worker.py:574] ValueError: ..."
+                    exception = _exception_of(body[state.traceback_prefix :])
         if _TRACEBACK_HEADER in body:
             if not state.chained:
                 state.traceback_matched = False
@@ -330,8 +354,12 @@ class Diagnoser:
             column = body.find("Traceback")
             # A logger's prefix in front of every line of the traceback: the exception line is after it.
             state.traceback_prefix = column if column > 0 and body[:column].rstrip().endswith("]") else 0
-        elif state.traceback_matched and state.traceback_line < 0 and "above exception" in body \
-                and body.lstrip().startswith(_CHAINED):  # the chain matters only when it carries a match
+        elif (
+            state.traceback_matched
+            and state.traceback_line < 0
+            and "above exception" in body
+            and body.lstrip().startswith(_CHAINED)
+        ):  # the chain matters only when it carries a match
             state.chained = True
         matches = match_roles(body)
         if exception is not None:
@@ -342,8 +370,9 @@ class Diagnoser:
             if rank is None:
                 rank = state.spawned_rank
             state.traceback_matched = True
-            finding = self._app_error(_exception_text(exception), state.frame or state.any_frame, number, key, rank,
-                                      self._time(clock, time))
+            finding = self._app_error(
+                _exception_text(exception), state.frame or state.any_frame, number, key, rank, self._time(clock, time)
+            )
             self._record(finding)
             return finding
         if state.traceback_line >= 0 or exception is not None:
@@ -352,14 +381,18 @@ class Diagnoser:
             if state.nccl_setup:
                 # Closed while the communicator was being set up (bootstrap, proxy connect), before any peer ran a
                 # step: peers that could not reach each other (an interface, a firewall), the network's story.
-                matches = [("nccl_network", False, "") if role == ROLE_PEER_GONE else (category, weak, role)
-                           for category, weak, role in matches]
+                matches = [
+                    ("nccl_network", False, "") if role == ROLE_PEER_GONE else (category, weak, role)
+                    for category, weak, role in matches
+                ]
             else:
                 state.peer_gone_line = number
         elif 0 <= number - state.peer_gone_line <= PEER_GONE_WINDOW:
             # "unhandled system error" / "ncclInternalError" just after a peer vanished: that peer is the story.
-            matches = [("nccl_remote", True, ROLE_PEER_GONE) if role == ROLE_GENERIC else (category, weak, role)
-                       for category, weak, role in matches]
+            matches = [
+                ("nccl_remote", True, ROLE_PEER_GONE) if role == ROLE_GENERIC else (category, weak, role)
+                for category, weak, role in matches
+            ]
         category, weak, _ = min(matches, key=lambda match: precedence(match[0], match[1]))
         when = self._time(clock, time)
         if entry is not None and entry.rank is not None:  # a line of the launcher's failure table: that child's
@@ -376,8 +409,9 @@ class Diagnoser:
         if category == "app_error":  # a signature for an app's own error: with its frame and remedy
             parsed = exception or _exception_of(body)
             frame = (state.frame or state.any_frame) if exception is not None else None  # the traceback it ends
-            finding = self._app_error(_exception_text(parsed) if parsed else body.strip(), frame, number, key,
-                                      rank, when)
+            finding = self._app_error(
+                _exception_text(parsed) if parsed else body.strip(), frame, number, key, rank, when
+            )
         else:
             finding = self._finding(category, weak, number, excerpt, key, rank, when)
         self._record(finding)
@@ -412,8 +446,8 @@ class Diagnoser:
                         state.frame = where
                 # A frame with more after its function name is a pasted traceback whose line breaks were lost
                 # ("... in broadcast 10: work = ... 10: torch.distributed.DistBackendError: ..."): read the rest.
-                return not body[frame.end():].strip()
-        return column >= 0 and body[column:column + 2] == "  " and bool(body[column + 2:].strip())
+                return not body[frame.end() :].strip()
+        return column >= 0 and body[column : column + 2] == "  " and bool(body[column + 2 :].strip())
 
     def _state(self, key: str) -> _SourceState:
         state = self._sources.get(key)
@@ -423,8 +457,16 @@ class Diagnoser:
             state = self._sources[key] = _SourceState()
         return state
 
-    def _finding(self, category: str, weak: bool, number: int, body: str,
-                 key: Optional[str], rank: Optional[int], time: Optional[float]) -> Finding:
+    def _finding(
+        self,
+        category: str,
+        weak: bool,
+        number: int,
+        body: str,
+        key: Optional[str],
+        rank: Optional[int],
+        time: Optional[float],
+    ) -> Finding:
         entry = CATEGORIES[category]
         severity, cause, remedy, evidence = entry.severity, entry.cause, entry.remedy, None
         if category == "host_oom":  # SIGKILL alone is only the usual cause; the OOM killer's line proves it
@@ -436,20 +478,53 @@ class Diagnoser:
         elif "NVRM: Xid" in body:  # NVIDIA's catalog: what this Xid means and the action it calls for
             seen = xid.decode_line(body)
             if seen is not None:
-                cause, remedy = "%s. %s" % (seen.describe(), cause), "%s%s. %s" % (
-                    seen.action_text[:1].upper(), seen.action_text[1:], " (%s)" % seen.note if seen.note else "") + remedy
-        return Finding(line=number, category=category, severity=severity, title=entry.title,
-                       cause=cause, remedy=remedy, excerpt=_excerpt(body), source=key, rank=rank,
-                       time=time, weak=weak, evidence=evidence)
+                cause, remedy = (
+                    "%s. %s" % (seen.describe(), cause),
+                    "%s%s. %s"
+                    % (seen.action_text[:1].upper(), seen.action_text[1:], " (%s)" % seen.note if seen.note else "")
+                    + remedy,
+                )
+        return Finding(
+            line=number,
+            category=category,
+            severity=severity,
+            title=entry.title,
+            cause=cause,
+            remedy=remedy,
+            excerpt=_excerpt(body),
+            source=key,
+            rank=rank,
+            time=time,
+            weak=weak,
+            evidence=evidence,
+        )
 
-    def _app_error(self, text: str, frame: Optional[str], number: int,
-                   key: Optional[str], rank: Optional[int], time: Optional[float]) -> Finding:
+    def _app_error(
+        self,
+        text: str,
+        frame: Optional[str],
+        number: int,
+        key: Optional[str],
+        rank: Optional[int],
+        time: Optional[float],
+    ) -> Finding:
         entry = CATEGORIES["app_error"]
         remedy = INDEX_ERROR_REMEDY + " " + entry.remedy if _INDEX_ERROR.search(text) else entry.remedy
         excerpt = text + (" (at %s)" % frame if frame else "")
-        return Finding(line=number, category="app_error", severity=entry.severity, title=entry.title,
-                       cause=entry.cause, remedy=remedy, excerpt=_excerpt(excerpt), source=key, rank=rank,
-                       time=time, exception=_excerpt(text), frame=frame)
+        return Finding(
+            line=number,
+            category="app_error",
+            severity=entry.severity,
+            title=entry.title,
+            cause=entry.cause,
+            remedy=remedy,
+            excerpt=_excerpt(excerpt),
+            source=key,
+            rank=rank,
+            time=time,
+            exception=_excerpt(text),
+            frame=frame,
+        )
 
     def _record(self, finding: Finding) -> None:
         self._seen += 1
@@ -505,11 +580,14 @@ class Diagnoser:
         best = self._best_finding
         launcher = self.first_launcher_failure()
         named = launcher.rank if launcher is not None else None
-        candidates = [finding for finding in self._findings
-                      if finding.category == best.category and finding.weak == best.weak]
+        candidates = [
+            finding for finding in self._findings if finding.category == best.category and finding.weak == best.weak
+        ]
         start = best
         if candidates:
-            start = min(candidates, key=lambda finding: (_time_key(finding), named is not None and finding.rank != named))
+            start = min(
+                candidates, key=lambda finding: (_time_key(finding), named is not None and finding.rank != named)
+            )
         rank = start.rank if start.rank is not None else named
         if rank is None:  # another line reporting the same failure may name the rank ("srun: task 4: Out Of Memory")
             rank = next((finding.rank for finding in candidates if finding.rank is not None), None)
@@ -533,14 +611,29 @@ class Diagnoser:
             cause = best.cause
             if watchdog is not None and category == "nccl_timeout":
                 cause = "%s. %s" % (watchdog.text, cause)  # the findings row names the rank that never got there
-            rows.append(FindingSummary(
-                category=category, title=entry.title, severity=best.severity, cause=cause,
-                remedy=best.remedy, count=aggregate.count, first=aggregate.first, last=aggregate.last,
-                ranks=tuple(sorted(aggregate.ranks)), sources=tuple(aggregate.sources)))
+            rows.append(
+                FindingSummary(
+                    category=category,
+                    title=entry.title,
+                    severity=best.severity,
+                    cause=cause,
+                    remedy=best.remedy,
+                    count=aggregate.count,
+                    first=aggregate.first,
+                    last=aggregate.last,
+                    ranks=tuple(sorted(aggregate.ranks)),
+                    sources=tuple(aggregate.sources),
+                )
+            )
         severity_order = {"critical": 0, "error": 1, "warning": 2}
-        rows.sort(key=lambda row: (row.category != root, severity_order.get(row.severity, 3),
-                                   row.first.time if row.first.time is not None else float("inf"),
-                                   row.first.line))
+        rows.sort(
+            key=lambda row: (
+                row.category != root,
+                severity_order.get(row.severity, 3),
+                row.first.time if row.first.time is not None else float("inf"),
+                row.first.line,
+            )
+        )
         return rows
 
     def reset(self) -> None:
@@ -576,12 +669,16 @@ def _exception_of(body: str) -> Optional[Tuple[str, str]]:
     return name, (message or "").strip()
 
 
-def diagnose_lines(lines: Iterable[str], source: Optional[str] = None,
-                   max_findings: int = MAX_FINDINGS) -> Diagnosis:
+def diagnose_lines(lines: Iterable[str], source: Optional[str] = None, max_findings: int = MAX_FINDINGS) -> Diagnosis:
     """Diagnose one input's lines (newlines stripped here); line numbers start at 1."""
     diagnoser = Diagnoser(max_findings=max_findings)
     number = 0
     for number, text in enumerate(lines, 1):
         diagnoser.feed_text(text.rstrip("\r\n"), number, source)
-    return Diagnosis(root_cause=diagnoser.root_cause(), findings=tuple(diagnoser.findings()),
-                     summary=tuple(diagnoser.summary()), lines=number, dropped=diagnoser.dropped)
+    return Diagnosis(
+        root_cause=diagnoser.root_cause(),
+        findings=tuple(diagnoser.findings()),
+        summary=tuple(diagnoser.summary()),
+        lines=number,
+        dropped=diagnoser.dropped,
+    )

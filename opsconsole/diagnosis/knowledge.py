@@ -18,7 +18,9 @@ def _category(id: str, title: str, severity: str, cause: str, remedy: str) -> Ca
 
 _ENTRIES = (
     _category(
-        "cuda_oom", "CUDA out of memory", SEVERITY_CRITICAL,
+        "cuda_oom",
+        "CUDA out of memory",
+        SEVERITY_CRITICAL,
         "The GPU ran out of memory: the batch, activations, optimizer state or a leak (tensors kept alive "
         "across steps, e.g. accumulating loss without .item()) need more than the device has; fragmentation "
         "can leave reserved-but-unallocated memory unusable.",
@@ -29,7 +31,9 @@ _ENTRIES = (
         "torch.cuda.memory_summary() and nvidia-smi --query-compute-apps (another process may hold memory).",
     ),
     _category(
-        "cuda_device_assert", "CUDA device-side assert triggered", SEVERITY_CRITICAL,
+        "cuda_device_assert",
+        "CUDA device-side assert triggered",
+        SEVERITY_CRITICAL,
         "A kernel assertion failed on the GPU, most often an index out of range: class labels outside "
         "[0, num_classes) for a loss, embedding ids beyond the vocabulary, or a bad argument to an op.",
         "Check the data's label range and embedding indices against the model's sizes; rerun with "
@@ -37,7 +41,9 @@ _ENTRIES = (
         "readable error; the CUDA context is unusable afterwards, so restart the process.",
     ),
     _category(
-        "cuda_illegal_memory", "CUDA illegal memory access", SEVERITY_CRITICAL,
+        "cuda_illegal_memory",
+        "CUDA illegal memory access",
+        SEVERITY_CRITICAL,
         "A kernel read or wrote out of bounds (a bug in a custom/extension kernel, a wrong stride or shape, "
         "a race), or faulty GPU memory; NCCL's watchdog often reports it as the collective's failure.",
         "Check custom kernel code and tensor shapes; run with CUDA_LAUNCH_BLOCKING=1 and under "
@@ -45,21 +51,27 @@ _ENTRIES = (
         "recurs on one GPU only, check dmesg for Xid errors and ECC counters.",
     ),
     _category(
-        "cuda_invalid_device", "CUDA invalid device ordinal", SEVERITY_ERROR,
+        "cuda_invalid_device",
+        "CUDA invalid device ordinal",
+        SEVERITY_ERROR,
         "The program asked for a GPU id that does not exist in this process: LOCAL_RANK or --nproc_per_node "
         "larger than the GPUs visible, or CUDA_VISIBLE_DEVICES restricting the set.",
         "Check CUDA_VISIBLE_DEVICES and nvidia-smi -L; make --nproc_per_node match the GPUs per node; use "
         "torch.cuda.set_device(local_rank) with the local (not global) rank.",
     ),
     _category(
-        "cuda_peer_access", "CUDA peer-to-peer access unsupported", SEVERITY_ERROR,
+        "cuda_peer_access",
+        "CUDA peer-to-peer access unsupported",
+        SEVERITY_ERROR,
         "Direct GPU-to-GPU (P2P) access is not supported or not enabled between these GPUs (topology across "
         "PCIe root complexes, IOMMU/ACS settings, virtualisation).",
         "Check the GPU topology with nvidia-smi topo -m; disable P2P (NCCL_P2P_DISABLE=1) to fall back to "
         "shared memory; check IOMMU/ACS settings in the BIOS or kernel.",
     ),
     _category(
-        "cuda_driver", "CUDA driver/runtime problem", SEVERITY_CRITICAL,
+        "cuda_driver",
+        "CUDA driver/runtime problem",
+        SEVERITY_CRITICAL,
         "CUDA could not initialise: the NVIDIA driver is older than the CUDA runtime the framework was built "
         "with, no CUDA device is visible, the GPU is in Exclusive_Process mode and taken, or the driver/device "
         "is in a bad state (after a driver upgrade without reboot NVML reports a Driver/library version "
@@ -71,7 +83,9 @@ _ENTRIES = (
         "check nvidia-smi -q for Compute Mode; check dmesg for NVRM errors.",
     ),
     _category(
-        "nccl_timeout", "NCCL collective timeout (watchdog)", SEVERITY_CRITICAL,
+        "nccl_timeout",
+        "NCCL collective timeout (watchdog)",
+        SEVERITY_CRITICAL,
         "A collective did not complete within the process group timeout: some rank never reached it "
         "(deadlock from conditional collectives or barriers on some ranks only, a rank stuck or much "
         "slower, e.g. on data loading or checkpoint saving), or the network stalled.",
@@ -81,7 +95,9 @@ _ENTRIES = (
         "legitimately long steps such as saving.",
     ),
     _category(
-        "nccl_network", "NCCL network/system error", SEVERITY_CRITICAL,
+        "nccl_network",
+        "NCCL network/system error",
+        SEVERITY_CRITICAL,
         "NCCL's network transport failed: a peer is unreachable (network call failed), a socket or "
         "InfiniBand error (completion with error status, RDMA link down; status=12 is the transport retry "
         "counter exceeded: a flapping link or congestion), the wrong interface chosen, or a system "
@@ -93,7 +109,9 @@ _ENTRIES = (
         "(nvidia-smi nvlink --status) and IB links; check switch/link errors.",
     ),
     _category(
-        "nccl_remote", "A peer rank failed (remote error)", SEVERITY_ERROR,
+        "nccl_remote",
+        "A peer rank failed (remote error)",
+        SEVERITY_ERROR,
         "Another process of the job exited or detached (remote process exited, connection closed by peer, "
         "the elastic launcher reports a failed child): this rank's error is a consequence, the cause is in "
         "the failing rank's log.",
@@ -101,14 +119,18 @@ _ENTRIES = (
         "it) and read its log; check that node for OOM kills (dmesg), Xid errors and CUDA errors.",
     ),
     _category(
-        "nccl_unhandled_cuda", "NCCL unhandled CUDA error", SEVERITY_CRITICAL,
+        "nccl_unhandled_cuda",
+        "NCCL unhandled CUDA error",
+        SEVERITY_CRITICAL,
         "A CUDA call inside NCCL failed: an earlier CUDA error (OOM, illegal access, a bad device) or a "
         "driver/peer-memory problem surfaced in the communicator.",
         "Solve the CUDA error first: look above for the underlying CUDA failure; run with NCCL_DEBUG=INFO to "
         "see the failing CUDA call; check GPU health (nvidia-smi, dmesg Xid).",
     ),
     _category(
-        "nan_inf", "NaN/Inf in loss or gradients", SEVERITY_ERROR,
+        "nan_inf",
+        "NaN/Inf in loss or gradients",
+        SEVERITY_ERROR,
         "Numerical instability: exploding gradients, a learning rate too high, FP16 overflow without proper "
         "loss scaling, a bad data sample, or a division by zero/log of zero. (A NaN/Inf gradient norm alone, "
         "on steps an fp16 loss scaler skips, is normal and not reported.)",
@@ -117,35 +139,45 @@ _ENTRIES = (
         "the op; skip batches whose loss is not finite.",
     ),
     _category(
-        "disk_full", "Disk full (no space left on device)", SEVERITY_CRITICAL,
+        "disk_full",
+        "Disk full (no space left on device)",
+        SEVERITY_CRITICAL,
         "The file system for checkpoints, logs, caches or /dev/shm ran out of space or quota; a checkpoint "
         "write is then left incomplete.",
         "Free space (df -h; delete old checkpoints, keep only the newest few), move checkpoints to larger "
         "storage, check quotas; verify the last checkpoint is complete before resuming.",
     ),
     _category(
-        "io_error", "I/O error", SEVERITY_ERROR,
+        "io_error",
+        "I/O error",
+        SEVERITY_ERROR,
         "Reading or writing storage failed: an input/output error from the device, a stale NFS handle, "
         "a lost network file system, permission denied or a missing path.",
         "Check the storage (dmesg for disk/NFS errors, mount, nfsstat -c, iostat -x 1, a dd or fio test); check paths and "
         "permissions; re-mount or move to healthy storage; retry reads of transient network file systems.",
     ),
     _category(
-        "checkpoint_corrupt", "Checkpoint corrupt or truncated", SEVERITY_ERROR,
+        "checkpoint_corrupt",
+        "Checkpoint corrupt or truncated",
+        SEVERITY_ERROR,
         "A checkpoint file is incomplete or damaged (the job died while saving, the disk filled up, an "
         "interrupted copy or download), so torch.load cannot read it.",
         "Load an earlier checkpoint; write checkpoints to a temporary name and rename when complete; keep "
         "several and verify them (size, checksum, a test load) after saving; check free space.",
     ),
     _category(
-        "data_corrupt", "Corrupt data record", SEVERITY_ERROR,
+        "data_corrupt",
+        "Corrupt data record",
+        SEVERITY_ERROR,
         "A training sample cannot be decoded: a truncated or damaged image, malformed JSON/JSON lines, a "
         "broken Arrow/Parquet shard.",
         "Find the file named in the error and verify the data set (md5 checksums against the expected ones, "
         "a json.load / image decode pass over every file); re-download or drop the bad records; make the Dataset skip or log undecodable samples.",
     ),
     _category(
-        "dataloader_worker", "DataLoader worker failed", SEVERITY_ERROR,
+        "dataloader_worker",
+        "DataLoader worker failed",
+        SEVERITY_ERROR,
         "A DataLoader worker process was killed or exited: out of shared memory (/dev/shm too small, Bus "
         "error), killed by the OOM killer, or an exception/segfault in the Dataset code.",
         "Raise the shared memory limit (docker gives 64 MB by default: --shm-size / --ipc=host, or a larger "
@@ -154,7 +186,9 @@ _ENTRIES = (
         "Dataset's own exception.",
     ),
     _category(
-        "host_oom", "Host out of memory (OOM killer)", SEVERITY_CRITICAL,
+        "host_oom",
+        "Host out of memory (OOM killer)",
+        SEVERITY_CRITICAL,
         "The kernel's OOM killer ended a process because the host ran out of RAM (exit code -9 / SIGKILL): "
         "too many DataLoader workers, loading a whole model or data set into memory per rank, a memory leak.",
         "Check dmesg / journalctl -k for 'Out of memory: Killed process'; reduce num_workers and per-rank "
@@ -162,7 +196,9 @@ _ENTRIES = (
         "memory; ask the scheduler for more memory.",
     ),
     _category(
-        "app_error", "Python exception in the training code", SEVERITY_ERROR,
+        "app_error",
+        "Python exception in the training code",
+        SEVERITY_ERROR,
         "The failing rank raised an exception of its own that no more specific category explains: a bug "
         "in the training, model or data code, a shape, dtype or index mismatch, a bad configuration value. "
         "Its peers' errors after it (lost connections, timeouts, a launcher's failed-child report) are "
@@ -173,7 +209,9 @@ _ENTRIES = (
         "launcher reports the traceback.",
     ),
     _category(
-        "gpu_hardware", "GPU hardware fault (Xid / ECC / fell off the bus)", SEVERITY_CRITICAL,
+        "gpu_hardware",
+        "GPU hardware fault (Xid / ECC / fell off the bus)",
+        SEVERITY_CRITICAL,
         "The GPU or its link failed: an NVRM Xid error (79: fallen off the bus, 48/63/64/94/95: ECC, "
         "74: NVLink, 119/120: GSP firmware timeouts), an uncorrectable ECC error or the GPU lost to the "
         "system.",
@@ -190,12 +228,14 @@ CATEGORIES: Dict[str, Category] = {entry.id: entry for entry in _ENTRIES}
 HOST_OOM_INFERRED_CAUSE = (
     "The process was killed by SIGKILL (exit code -9), which is what the kernel's OOM killer does when "
     "the host runs out of RAM; no OOM-killer line was seen in these logs, so this is inferred: a kill -9, "
-    "a scheduler's time or memory limit or a watchdog also send SIGKILL.")
+    "a scheduler's time or memory limit or a watchdog also send SIGKILL."
+)
 HOST_OOM_INFERRED_REMEDY = (
     "Confirm on that node: dmesg -T | grep -i -e 'out of memory' -e oom-kill (or journalctl -k) shows "
     "'Out of memory: Killed process PID'; under Slurm, sacct -j JOB -o JobID,State,MaxRSS shows "
     "OUT_OF_MEMORY and the job's log 'oom-kill event'; in Kubernetes the pod's state says OOMKilled. "
-    "If confirmed: " + CATEGORIES["host_oom"].remedy)
+    "If confirmed: " + CATEGORIES["host_oom"].remedy
+)
 HOST_OOM_SEEN_CAUSE = CATEGORIES["host_oom"].cause + " The OOM killer's own report was seen in the logs."
 
 # An index out of range on the CPU is what a device-side assert is on the GPU: the same checks.
@@ -203,10 +243,13 @@ INDEX_ERROR_REMEDY = (
     "An index was out of range: check the data's label range against the number of classes "
     "([0, num_classes) for the loss) and token/embedding ids against the vocabulary (nn.Embedding's "
     "num_embeddings), and the shapes and lengths the indices were computed from; print the min/max of "
-    "the offending batch's indices.")
+    "the offending batch's indices."
+)
 
 STALL_CATEGORY = _category(
-    "stall", "Possible hang: logs stopped advancing", SEVERITY_WARNING,
+    "stall",
+    "Possible hang: logs stopped advancing",
+    SEVERITY_WARNING,
     "The run's logs have not advanced while its processes are alive and its GPUs idle: a deadlock (a "
     "collective or barrier reached by some ranks only, mismatched send/recv), a stuck data loader or I/O.",
     "S in the console (headless: opsconsole stacks) dumps every rank's stack and names the odd one out "
@@ -216,7 +259,9 @@ STALL_CATEGORY = _category(
 )
 
 STRAGGLER_CATEGORY = _category(
-    "straggler", "Straggler rank", SEVERITY_WARNING,
+    "straggler",
+    "Straggler rank",
+    SEVERITY_WARNING,
     "One rank's log lags the others: a slower GPU (throttling, a sick GPU), a slower node or link, or "
     "data loading/storage slower on that node; the others wait for it at every collective.",
     "Compare that node's GPU clocks, temperature and utilisation with the others; check its data loading "

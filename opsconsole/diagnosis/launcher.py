@@ -166,8 +166,11 @@ def parse_error_file(data: bytes) -> Optional[ErrorFile]:
     except (TypeError, ValueError):
         timestamp = None
     text = message.get("message")
-    return ErrorFile(message=text if isinstance(text, str) else "",
-                     traceback=callstack if isinstance(callstack, str) else "", timestamp=timestamp)
+    return ErrorFile(
+        message=text if isinstance(text, str) else "",
+        traceback=callstack if isinstance(callstack, str) else "",
+        timestamp=timestamp,
+    )
 
 
 def read_error_file(path: str) -> Optional[ErrorFile]:

@@ -51,9 +51,18 @@ def fleet_activity(states: Mapping[str, NodeState]) -> Tuple[bool, bool]:
 
 
 def as_finding(stall: StallFinding, now: float) -> Finding:
-    return Finding(line=0, category=stall.category, severity=stall.severity, title=stall.title,
-                   cause=stall.cause, remedy=stall.remedy, excerpt=stall.excerpt,
-                   source=None if stall.source is None else str(stall.source), rank=stall.rank, time=now)
+    return Finding(
+        line=0,
+        category=stall.category,
+        severity=stall.severity,
+        title=stall.title,
+        cause=stall.cause,
+        remedy=stall.remedy,
+        excerpt=stall.excerpt,
+        source=None if stall.source is None else str(stall.source),
+        rank=stall.rank,
+        time=now,
+    )
 
 
 class ProgressSummary:
@@ -117,8 +126,9 @@ class RunProgress:
         steps = {key: step for key, step in self.tracker.steps.items() if key in advance}
         alive, idle = fleet_activity(states)
         found = detect_stalls(advance, now, self.stall_after, processes_alive=alive, gpus_idle=idle)
-        found += detect_stragglers(advance, now, self.lag_after, steps=steps, lag_steps=STRAGGLER_STEPS,
-                                   ranks=self.tracker.ranks)
+        found += detect_stragglers(
+            advance, now, self.lag_after, steps=steps, lag_steps=STRAGGLER_STEPS, ranks=self.tracker.ranks
+        )
         current: Dict[Tuple[str, Optional[str]], Tuple[Finding, float]] = {}
         new: List[Tuple[Finding, str]] = []
         for stall in found:
@@ -128,7 +138,9 @@ class RunProgress:
             current[key] = (finding, previous[1] if previous else now)
             if previous is None:
                 new.append((finding, self.node_of.get(finding.source or "", HANG_NODE)))
-        changed = {k: f.excerpt for k, (f, _) in current.items()} != {k: f.excerpt for k, (f, _) in self._current.items()}
+        changed = {k: f.excerpt for k, (f, _) in current.items()} != {
+            k: f.excerpt for k, (f, _) in self._current.items()
+        }
         self._current = current
         return new, changed
 

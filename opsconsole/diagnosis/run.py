@@ -89,11 +89,14 @@ def run_source(path: str) -> LogSource:
     if match is None:
         return source
     rank = int(match.group(1))
-    return LogSource(node=NODE, path=path, host=source.host, rank=rank, label="rank%d:%s" % (rank, os.path.basename(path)))
+    return LogSource(
+        node=NODE, path=path, host=source.host, rank=rank, label="rank%d:%s" % (rank, os.path.basename(path))
+    )
 
 
-def diagnose_run(names: Sequence[str], lines_of: Callable[[str], Iterable[str]],
-                 unreadable: Tuple[type, ...] = (OSError,)) -> RunDiagnosis:
+def diagnose_run(
+    names: Sequence[str], lines_of: Callable[[str], Iterable[str]], unreadable: Tuple[type, ...] = (OSError,)
+) -> RunDiagnosis:
     """Diagnose the files (and directories) of one run together; `lines_of(file)` reads a file's lines.
 
     A file that raises one of `unreadable` is listed with its reason; the others are still read.
@@ -114,13 +117,23 @@ def diagnose_run(names: Sequence[str], lines_of: Callable[[str], Iterable[str]],
                 source = LogSource(node=NODE, path=path, host=failure.host, rank=failure.rank, label=source.label)
             total += _feed_file(diagnoser, result, source, lines_of, unreadable)
     result.verdict = diagnoser.verdict()
-    result.diagnosis = Diagnosis(root_cause=diagnoser.root_cause(), findings=tuple(diagnoser.findings()),
-                                 summary=tuple(diagnoser.summary()), lines=total, dropped=diagnoser.dropped)
+    result.diagnosis = Diagnosis(
+        root_cause=diagnoser.root_cause(),
+        findings=tuple(diagnoser.findings()),
+        summary=tuple(diagnoser.summary()),
+        lines=total,
+        dropped=diagnoser.dropped,
+    )
     return result
 
 
-def _feed_file(diagnoser: Diagnoser, result: RunDiagnosis, source: LogSource,
-               lines_of: Callable[[str], Iterable[str]], unreadable: Tuple[type, ...]) -> int:
+def _feed_file(
+    diagnoser: Diagnoser,
+    result: RunDiagnosis,
+    source: LogSource,
+    lines_of: Callable[[str], Iterable[str]],
+    unreadable: Tuple[type, ...],
+) -> int:
     """Feed one file's lines; the number read (an unreadable file is listed in result.unreadable)."""
     path = source.path
     result.paths[source.key] = path

@@ -36,9 +36,16 @@ ROLE_GENERIC = "generic"  # a generic NCCL result code (unhandled system / inter
 ROLE_PEER_GONE = "peer_gone"  # a peer closed or reset its connection, or its process exited
 
 
-def _sig(category: str, pattern: str, needles: Tuple[str, ...], weak: bool = False, flags: int = 0,
-         overrides: Tuple[str, ...] = (), role: str = "",
-         check: Optional[Callable[[Match[str]], bool]] = None) -> Signature:
+def _sig(
+    category: str,
+    pattern: str,
+    needles: Tuple[str, ...],
+    weak: bool = False,
+    flags: int = 0,
+    overrides: Tuple[str, ...] = (),
+    role: str = "",
+    check: Optional[Callable[[Match[str]], bool]] = None,
+) -> Signature:
     return Signature(category, re.compile(pattern, flags), needles, weak, overrides, role, check)
 
 
@@ -62,194 +69,471 @@ SIGNATURES: Tuple[Signature, ...] = (
     _sig("gpu_hardware", r"NVRM: Xid \(", ("nvrm: xid",)),  # the code decides: xid_category()
     _sig("gpu_hardware", r"fallen off the bus", ("fallen off the bus",), flags=_I),
     # The driver sees the GPU but cannot bring it up (after Xid 79/48, a bad PCIe link, a dying board).
-    _sig("gpu_hardware", r"NVRM: .*(?:RmInitAdapter failed|rm_init_adapter failed)",
-         ("rminitadapter failed", "rm_init_adapter failed")),
-    _sig("gpu_hardware", r"uncorrectable ECC error|ECC errors? (?:detected|encountered)|cudaErrorECCUncorrectable"
-         r"|row.?remap(?:ping)? failure|GPU is lost|GPU requires reset|double.?bit (?:ECC|error)"
-         r"|Unable to determine the device handle for GPU",
-         ("uncorrectable ecc", "ecc error", "cudaerroreccuncorrectable", "remap", "gpu is lost",
-          "gpu requires reset", "double bit", "double-bit", "device handle for gpu"), flags=_I),
-    _sig("host_oom", r"Out of memory: Killed process|Killed process \d+ \(.*\) total-vm|invoked oom-killer"
-         r"|Memory cgroup out of memory|oom-kill:constraint|Detected \d+ oom[_-]kill events?"
-         r"|task \d+: Out Of Memory",
-         ("out of memory", "killed process", "oom-killer", "oom-kill", "oom_kill")),
-    _sig("host_oom", r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received|\bKilled\s+(?:python|torchrun|deepspeed|\S*\.py)"
-         r"|terminated with signal SIGKILL|died with <Signals\.SIGKILL: 9>|(?:^|it/s\]|s/it\])\s*Killed\s*$"
-         r"|exits with return code = -9\b|exit code 137\b",
-         ("exitcode", "sigkill", "killed", "return code = -9", "exit code 137"), weak=True),
+    _sig(
+        "gpu_hardware",
+        r"NVRM: .*(?:RmInitAdapter failed|rm_init_adapter failed)",
+        ("rminitadapter failed", "rm_init_adapter failed"),
+    ),
+    _sig(
+        "gpu_hardware",
+        r"uncorrectable ECC error|ECC errors? (?:detected|encountered)|cudaErrorECCUncorrectable"
+        r"|row.?remap(?:ping)? failure|GPU is lost|GPU requires reset|double.?bit (?:ECC|error)"
+        r"|Unable to determine the device handle for GPU",
+        (
+            "uncorrectable ecc",
+            "ecc error",
+            "cudaerroreccuncorrectable",
+            "remap",
+            "gpu is lost",
+            "gpu requires reset",
+            "double bit",
+            "double-bit",
+            "device handle for gpu",
+        ),
+        flags=_I,
+    ),
+    _sig(
+        "host_oom",
+        r"Out of memory: Killed process|Killed process \d+ \(.*\) total-vm|invoked oom-killer"
+        r"|Memory cgroup out of memory|oom-kill:constraint|Detected \d+ oom[_-]kill events?"
+        r"|task \d+: Out Of Memory",
+        ("out of memory", "killed process", "oom-killer", "oom-kill", "oom_kill"),
+    ),
+    _sig(
+        "host_oom",
+        r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received|\bKilled\s+(?:python|torchrun|deepspeed|\S*\.py)"
+        r"|terminated with signal SIGKILL|died with <Signals\.SIGKILL: 9>|(?:^|it/s\]|s/it\])\s*Killed\s*$"
+        r"|exits with return code = -9\b|exit code 137\b",
+        ("exitcode", "sigkill", "killed", "return code = -9", "exit code 137"),
+        weak=True,
+    ),
     # Ray's memory monitor kills workers before the kernel does; a host allocation refused is the same story.
-    _sig("host_oom", r"Task was killed due to the node running low on memory|killed due to memory pressure \(OOM\)"
-         r"|System memory low at node|DefaultCPUAllocator: can't allocate memory",
-         ("running low on memory", "memory pressure (oom)", "system memory low", "can't allocate memory"),
-         overrides=("cuda_oom",)),
+    _sig(
+        "host_oom",
+        r"Task was killed due to the node running low on memory|killed due to memory pressure \(OOM\)"
+        r"|System memory low at node|DefaultCPUAllocator: can't allocate memory",
+        ("running low on memory", "memory pressure (oom)", "system memory low", "can't allocate memory"),
+        overrides=("cuda_oom",),
+    ),
     # --- CUDA --------------------------------------------------------------------------------------
-    _sig("cuda_oom", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
-         r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|Cuda failure (?:2 )?'out of memory'"
-         r"|Failed to CUDA (?:calloc|malloc|host alloc)",
-         ("out of memory", "outofmemoryerror", "cudaerrormemoryallocation", "alloc_failed", "failed to cuda")),
+    _sig(
+        "cuda_oom",
+        r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
+        r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|Cuda failure (?:2 )?'out of memory'"
+        r"|Failed to CUDA (?:calloc|malloc|host alloc)",
+        ("out of memory", "outofmemoryerror", "cudaerrormemoryallocation", "alloc_failed", "failed to cuda"),
+    ),
     # The same on the other stacks: XLA (JAX, TF), TensorFlow's BFC allocator (not its CPU allocator), ROCm/HIP.
-    _sig("cuda_oom", r"RESOURCE_EXHAUSTED: (?:Out of memory|.*Ran out of memory in memory space|Attempting to reserve .*"
-         r"That was not possible|Error allocating device buffer)|CUDA_ERROR_OUT_OF_MEMORY"
-         r"|OOM when allocating tensor(?!.*device:CPU)|ResourceExhaustedError: failed to allocate memory"
-         r"|HIP out of memory|HIP_ERROR_OutOfMemory|hipErrorOutOfMemory",
-         ("resource_exhausted: ", "cuda_error_out_of_memory", "oom when allocating tensor",
-          "failed to allocate memory", "hip out of memory", "hip_error_outofmemory", "hiperroroutofmemory")),
-    _sig("cuda_device_assert", r"device-side assert(?:ion)? triggered|\.cuh?:\d+: \w.*Assertion `.*` failed"
-         r"|cudaErrorAssert", ("device-side assert", "assertion `", "cudaerrorassert")),
-    _sig("cuda_illegal_memory", r"illegal memory access|cudaErrorIllegalAddress|illegal instruction was encountered"
-         r"|CUDA error: misaligned address|\(74 vs\. 0\)\s+misaligned address|cudaErrorMisalignedAddress|CUDA error: unspecified launch failure"
-         r"|cudaErrorLaunchFailure|HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION",
-         ("illegal memory", "illegaladdress", "illegal instruction", "misaligned", "unspecified launch failure",
-          "cudaerrorlaunchfailure", "memory_aperture_violation")),
-    _sig("cuda_invalid_device", r"invalid device ordinal|cudaErrorInvalidDevice\b",
-         ("invalid device ordinal", "cudaerrorinvaliddevice")),
+    _sig(
+        "cuda_oom",
+        r"RESOURCE_EXHAUSTED: (?:Out of memory|.*Ran out of memory in memory space|Attempting to reserve .*"
+        r"That was not possible|Error allocating device buffer)|CUDA_ERROR_OUT_OF_MEMORY"
+        r"|OOM when allocating tensor(?!.*device:CPU)|ResourceExhaustedError: failed to allocate memory"
+        r"|HIP out of memory|HIP_ERROR_OutOfMemory|hipErrorOutOfMemory",
+        (
+            "resource_exhausted: ",
+            "cuda_error_out_of_memory",
+            "oom when allocating tensor",
+            "failed to allocate memory",
+            "hip out of memory",
+            "hip_error_outofmemory",
+            "hiperroroutofmemory",
+        ),
+    ),
+    _sig(
+        "cuda_device_assert",
+        r"device-side assert(?:ion)? triggered|\.cuh?:\d+: \w.*Assertion `.*` failed"
+        r"|cudaErrorAssert",
+        ("device-side assert", "assertion `", "cudaerrorassert"),
+    ),
+    _sig(
+        "cuda_illegal_memory",
+        r"illegal memory access|cudaErrorIllegalAddress|illegal instruction was encountered"
+        r"|CUDA error: misaligned address|\(74 vs\. 0\)\s+misaligned address|cudaErrorMisalignedAddress|CUDA error: unspecified launch failure"
+        r"|cudaErrorLaunchFailure|HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION",
+        (
+            "illegal memory",
+            "illegaladdress",
+            "illegal instruction",
+            "misaligned",
+            "unspecified launch failure",
+            "cudaerrorlaunchfailure",
+            "memory_aperture_violation",
+        ),
+    ),
+    _sig(
+        "cuda_invalid_device",
+        r"invalid device ordinal|cudaErrorInvalidDevice\b",
+        ("invalid device ordinal", "cudaerrorinvaliddevice"),
+    ),
     # cudaErrorPeerAccessAlreadyEnabled is what enabling twice returns: NCCL and torch ignore it.
-    _sig("cuda_peer_access", r"cudaErrorPeerAccess(?!AlreadyEnabled)\w*|peer access is not supported"
-         r"|peer mapping resources exhausted|cudaErrorTooManyPeers",
-         ("cudaerrorpeeraccess", "peer access is not supported", "peer mapping", "toomanypeers")),
-    _sig("cuda_driver", r"NVIDIA driver on your system is too old|driver version is insufficient for CUDA runtime"
-         r"|Found no NVIDIA driver|no CUDA-capable device is detected|No CUDA GPUs are available"
-         r"|CUDA initialization: |cudaErrorNoDevice|cudaErrorInsufficientDriver|Driver/library version mismatch"
-         r"|no kernel image is available for execution|CUDA error: initialization error"
-         r"|CUDA error: system not yet initialized|CUDA-capable device\(s\) is/are busy or unavailable"
-         r"|Failed to initialize NVML|^No devices were found",
-         ("nvidia driver on your system", "driver version is insufficient", "no nvidia driver", "cuda-capable",
-          "no cuda gpus", "cuda initialization: ", "cudaerrornodevice", "cudaerrorinsufficientdriver",
-          "driver/library version mismatch", "no kernel image", "initialization error", "not yet initialized",
-          "failed to initialize nvml", "no devices were found")),
+    _sig(
+        "cuda_peer_access",
+        r"cudaErrorPeerAccess(?!AlreadyEnabled)\w*|peer access is not supported"
+        r"|peer mapping resources exhausted|cudaErrorTooManyPeers",
+        ("cudaerrorpeeraccess", "peer access is not supported", "peer mapping", "toomanypeers"),
+    ),
+    _sig(
+        "cuda_driver",
+        r"NVIDIA driver on your system is too old|driver version is insufficient for CUDA runtime"
+        r"|Found no NVIDIA driver|no CUDA-capable device is detected|No CUDA GPUs are available"
+        r"|CUDA initialization: |cudaErrorNoDevice|cudaErrorInsufficientDriver|Driver/library version mismatch"
+        r"|no kernel image is available for execution|CUDA error: initialization error"
+        r"|CUDA error: system not yet initialized|CUDA-capable device\(s\) is/are busy or unavailable"
+        r"|Failed to initialize NVML|^No devices were found",
+        (
+            "nvidia driver on your system",
+            "driver version is insufficient",
+            "no nvidia driver",
+            "cuda-capable",
+            "no cuda gpus",
+            "cuda initialization: ",
+            "cudaerrornodevice",
+            "cudaerrorinsufficientdriver",
+            "driver/library version mismatch",
+            "no kernel image",
+            "initialization error",
+            "not yet initialized",
+            "failed to initialize nvml",
+            "no devices were found",
+        ),
+    ),
     # cuDNN that cannot create its handle or list its algorithms: a cuDNN/CUDA/driver mismatch in the environment.
-    _sig("cuda_driver", r"CUDNN_STATUS_NOT_INITIALIZED|Check failed: stream->parent\(\)->GetConvolveAlgorithms",
-         ("cudnn_status_not_initialized", "getconvolvealgorithms")),
+    _sig(
+        "cuda_driver",
+        r"CUDNN_STATUS_NOT_INITIALIZED|Check failed: stream->parent\(\)->GetConvolveAlgorithms",
+        ("cudnn_status_not_initialized", "getconvolvealgorithms"),
+    ),
     # --- NCCL / torch.distributed --------------------------------------------------------------------
-    _sig("nccl_unhandled_cuda", r"unhandled cuda error|ncclUnhandledCudaError", ("unhandled cuda", "ncclunhandledcudaerror")),
+    _sig(
+        "nccl_unhandled_cuda",
+        r"unhandled cuda error|ncclUnhandledCudaError",
+        ("unhandled cuda", "ncclunhandledcudaerror"),
+    ),
     # NCCL's generic result codes say only that something failed; after a peer went away they mean that.
-    _sig("nccl_network", r"unhandled system error|ncclSystemError|ncclInternalError"
-         r"|internal error - please report this issue to the NCCL developers|, internal error, NCCL version",
-         ("unhandled system error", "ncclsystemerror", "ncclinternalerror", "internal error"), role="generic"),
-    _sig("nccl_network", r"NET/IB\w* ?: ?.*(?:completion .*(?:status=|error)|error|failed)"
-         r"|NET/Socket ?: .*(?:error|failed)"
-         r"|NCCL WARN (?:[\w/]+ ?: ?)?(?:Connect to .* failed|Call to \w+ .*failed)(?!.*(?:reset by peer|Broken pipe|closed))"
-         r"|NCCL WARN .*(?:Connection refused|No route to host|Network is unreachable|Connection timed out)"
-         r"|\bsocket\w*: Connect to \S+ failed|network call failed|CANNOT RECV FROM PEER|Bootstrap : no socket interface found"
-         r"|The client socket has failed to connect to|DistNetworkError: (?!.*(?:reset by peer|closed))",
-         ("net/ib", "net/socket", "connect to", "call to ", "connection refused", "no route to host",
-          "network is unreachable", "connection timed out", "network call failed", "cannot recv from peer",
-          "no socket interface", "client socket", "distnetworkerror")),
-    _sig("nccl_timeout", r"Watchdog caught collective operation timeout|collective operation timeout"
-         r"|Some NCCL operations have failed or timed out|watchdog got stuck for|Timeout at NCCL work"
-         r"|Heartbeat monitor timed out|DistStoreError: .*[Tt]imed out"
-         r"|Timed out (?:after|waiting) .*(?:store|rendezvous|barrier|clients)|Timed out initializing process group"
-         r"|Timed out waiting \d+ms for (?:recv|send) operation|failed to pass monitoredBarrier"
-         r"|RendezvousTimeoutError|Socket Timeout",
-         ("collective operation timeout", "failed or timed out", "watchdog got stuck", "timeout at nccl work",
-          "heartbeat monitor timed out", "diststoreerror", "timed out after", "timed out waiting",
-          "timed out initializing", "monitoredbarrier", "rendezvoustimeouterror", "socket timeout")),
+    _sig(
+        "nccl_network",
+        r"unhandled system error|ncclSystemError|ncclInternalError"
+        r"|internal error - please report this issue to the NCCL developers|, internal error, NCCL version",
+        ("unhandled system error", "ncclsystemerror", "ncclinternalerror", "internal error"),
+        role="generic",
+    ),
+    _sig(
+        "nccl_network",
+        r"NET/IB\w* ?: ?.*(?:completion .*(?:status=|error)|error|failed)"
+        r"|NET/Socket ?: .*(?:error|failed)"
+        r"|NCCL WARN (?:[\w/]+ ?: ?)?(?:Connect to .* failed|Call to \w+ .*failed)(?!.*(?:reset by peer|Broken pipe|closed))"
+        r"|NCCL WARN .*(?:Connection refused|No route to host|Network is unreachable|Connection timed out)"
+        r"|\bsocket\w*: Connect to \S+ failed|network call failed|CANNOT RECV FROM PEER|Bootstrap : no socket interface found"
+        r"|The client socket has failed to connect to|DistNetworkError: (?!.*(?:reset by peer|closed))",
+        (
+            "net/ib",
+            "net/socket",
+            "connect to",
+            "call to ",
+            "connection refused",
+            "no route to host",
+            "network is unreachable",
+            "connection timed out",
+            "network call failed",
+            "cannot recv from peer",
+            "no socket interface",
+            "client socket",
+            "distnetworkerror",
+        ),
+    ),
+    _sig(
+        "nccl_timeout",
+        r"Watchdog caught collective operation timeout|collective operation timeout"
+        r"|Some NCCL operations have failed or timed out|watchdog got stuck for|Timeout at NCCL work"
+        r"|Heartbeat monitor timed out|DistStoreError: .*[Tt]imed out"
+        r"|Timed out (?:after|waiting) .*(?:store|rendezvous|barrier|clients)|Timed out initializing process group"
+        r"|Timed out waiting \d+ms for (?:recv|send) operation|failed to pass monitoredBarrier"
+        r"|RendezvousTimeoutError|Socket Timeout",
+        (
+            "collective operation timeout",
+            "failed or timed out",
+            "watchdog got stuck",
+            "timeout at nccl work",
+            "heartbeat monitor timed out",
+            "diststoreerror",
+            "timed out after",
+            "timed out waiting",
+            "timed out initializing",
+            "monitoredbarrier",
+            "rendezvoustimeouterror",
+            "socket timeout",
+        ),
+    ),
     # A peer's connection gone: the cause is on the other side.
-    _sig("nccl_remote", r"remote process exited|ncclRemoteError|[Cc]onnection closed by (?:remote )?peer|remote detached"
-         r"|Connection reset by peer|failed : Broken pipe|NCCL communicator was aborted|RendezvousClosedError"
-         r"|Horovod has been shut down",
-         ("remote process", "ncclremoteerror", "closed by", "remote detached", "reset by peer", "broken pipe",
-          "communicator was aborted", "rendezvousclosed", "horovod has been shut down"), weak=True, role="peer_gone"),
+    _sig(
+        "nccl_remote",
+        r"remote process exited|ncclRemoteError|[Cc]onnection closed by (?:remote )?peer|remote detached"
+        r"|Connection reset by peer|failed : Broken pipe|NCCL communicator was aborted|RendezvousClosedError"
+        r"|Horovod has been shut down",
+        (
+            "remote process",
+            "ncclremoteerror",
+            "closed by",
+            "remote detached",
+            "reset by peer",
+            "broken pipe",
+            "communicator was aborted",
+            "rendezvousclosed",
+            "horovod has been shut down",
+        ),
+        weak=True,
+        role="peer_gone",
+    ),
     # A Ray actor or worker gone (ActorDiedError, RayActorError): its own log holds the cause.
-    _sig("nccl_remote", r"The actor died unexpectedly|The actor is dead because its worker process has died"
-         r"|A worker died or was killed while executing a task",
-         ("actor died unexpectedly", "actor is dead", "worker died or was killed"), weak=True),
+    _sig(
+        "nccl_remote",
+        r"The actor died unexpectedly|The actor is dead because its worker process has died"
+        r"|A worker died or was killed while executing a task",
+        ("actor died unexpectedly", "actor is dead", "worker died or was killed"),
+        weak=True,
+    ),
     # The launcher's report of a failed child (its own error, if any, is in that child's lines).
-    _sig("nccl_remote", r"ChildFailedError|Sending process \d+ closing signal SIGTERM"
-         r"|failed \(exitcode: (?!-9\b)-?\d+\) local_rank"
-         r"|exitcode\s*:\s*(?!-9\b)-?\d+ \(pid|Signal \d+ \(SIG\w+\) received by PID"
-         r"|task \d+: Exited with exit code [1-9]|process \d+ terminated with exit code [1-9]",
-         ("childfailederror", "closing signal", "exitcode", "received by pid", "exited with exit code",
-          "terminated with exit code"), weak=True),
+    _sig(
+        "nccl_remote",
+        r"ChildFailedError|Sending process \d+ closing signal SIGTERM"
+        r"|failed \(exitcode: (?!-9\b)-?\d+\) local_rank"
+        r"|exitcode\s*:\s*(?!-9\b)-?\d+ \(pid|Signal \d+ \(SIG\w+\) received by PID"
+        r"|task \d+: Exited with exit code [1-9]|process \d+ terminated with exit code [1-9]",
+        (
+            "childfailederror",
+            "closing signal",
+            "exitcode",
+            "received by pid",
+            "exited with exit code",
+            "terminated with exit code",
+        ),
+        weak=True,
+    ),
     # --- numerics ------------------------------------------------------------------------------------
     # Only the loss: a NaN/Inf grad norm alone is what fp16 loss scaling shows on the steps it skips.
     # One signature per phrasing, each with its own needles, so a line runs only the regex it may match;
     # case spelled out instead of IGNORECASE, a literal first in every branch (sre scans for it in C).
     # "oss" first, "[Ll]" and the letter before it checked behind: 1.7 us a Megatron metrics line, 8 us with "[Ll]" first.
-    _sig("nan_inf", r"oss(?<![A-Za-z][Ll]oss)(?<=[Ll]oss)['\"]?\s*(?:is\s+|[:=]\s*|\s+)(?:total[:=]\s*)?['\"]?(?:nan|NaN|NAN|[-+]?(?:inf|Inf|INF))\b",
-         ("nan", "inf")),
+    _sig(
+        "nan_inf",
+        r"oss(?<![A-Za-z][Ll]oss)(?<=[Ll]oss)['\"]?\s*(?:is\s+|[:=]\s*|\s+)(?:total[:=]\s*)?['\"]?(?:nan|NaN|NAN|[-+]?(?:inf|Inf|INF))\b",
+        ("nan", "inf"),
+    ),
     _sig("nan_inf", r"number of nan iterations:\s*[1-9]", ("nan iterations",)),
     # Dynamic loss scaling that never recovers: the scale driven to its floor (apex prints Python's
     # repr, so below 1e-4 it is in e- notation; fairseq's default floor is 1e-4; DeepSpeed's is 1).
     # A scale halved all the way to zero (DeepSpeed's "Attempted loss scale: 0.0, reducing to 0.0") is the same story.
-    _sig("nan_inf", r"loss scale to:? (?:\d(?:\.\d+)?e-\d|0\.000\d)|Attempted loss scale: 1(?:\.0)?, reducing to 1\b"
-         r"|Attempted loss scale: 0(?:\.0+)?, reducing to 0(?:\.0+)?\b",
-         ("loss scale to", "attempted loss scale: 1", "attempted loss scale: 0")),
+    _sig(
+        "nan_inf",
+        r"loss scale to:? (?:\d(?:\.\d+)?e-\d|0\.000\d)|Attempted loss scale: 1(?:\.0)?, reducing to 1\b"
+        r"|Attempted loss scale: 0(?:\.0+)?, reducing to 0(?:\.0+)?\b",
+        ("loss scale to", "attempted loss scale: 1", "attempted loss scale: 0"),
+    ),
     _sig("nan_inf", r"\bstep=(\d+), skipped=(\d+)", ("skipped=",), check=_most_steps_skipped),
-    _sig("nan_inf", r"returned nan values|contains (?:NaN|Inf|nan|inf)\b|probability tensor contains either `inf`, `nan`"
-         r"|Detected (?:NaN|Inf|non-finite)|[Nn]a[Nn] (?:loss|gradients?) (?:detected|encountered)",
-         ("returned nan", "contains nan", "contains inf", "probability tensor", "detected nan", "detected inf",
-          "detected non-finite", "nan loss", "nan gradient")),
+    _sig(
+        "nan_inf",
+        r"returned nan values|contains (?:NaN|Inf|nan|inf)\b|probability tensor contains either `inf`, `nan`"
+        r"|Detected (?:NaN|Inf|non-finite)|[Nn]a[Nn] (?:loss|gradients?) (?:detected|encountered)",
+        (
+            "returned nan",
+            "contains nan",
+            "contains inf",
+            "probability tensor",
+            "detected nan",
+            "detected inf",
+            "detected non-finite",
+            "nan loss",
+            "nan gradient",
+        ),
+    ),
     # The frameworks' own NaN checks: TensorFlow's CheckNumerics op ("LossTensor is inf or nan : Tensor had NaN
     # values"), Megatron's grad-norm and loss checks ("Rank 11: found NaN in local grad norm ...", the rerun
     # machine's "Unexpected result nan"), tf.estimator's NanLossDuringTrainingError.
-    _sig("nan_inf", r"Tensor had (?:NaN|Inf) values|found (?:NaN|Inf) in local (?:grad norm|forward loss)"
-         r"|Unexpected result nan\b|NaN loss during training",
-         ("tensor had nan", "tensor had inf", "found nan in local", "found inf in local", "unexpected result nan",
-          "nan loss during training")),
-    _sig("nan_inf", r"is non-finite, so it cannot be clipped|FloatingPointError|Minimum loss scale reached"
-         r"|loss scale already at minimum|Loss became infinite or NaN|Invalid loss, terminating training",
-         ("non-finite", "floatingpointerror", "minimum loss scale", "loss scale already at minimum",
-          "loss became infinite", "invalid loss, terminating")),
+    _sig(
+        "nan_inf",
+        r"Tensor had (?:NaN|Inf) values|found (?:NaN|Inf) in local (?:grad norm|forward loss)"
+        r"|Unexpected result nan\b|NaN loss during training",
+        (
+            "tensor had nan",
+            "tensor had inf",
+            "found nan in local",
+            "found inf in local",
+            "unexpected result nan",
+            "nan loss during training",
+        ),
+    ),
+    _sig(
+        "nan_inf",
+        r"is non-finite, so it cannot be clipped|FloatingPointError|Minimum loss scale reached"
+        r"|loss scale already at minimum|Loss became infinite or NaN|Invalid loss, terminating training",
+        (
+            "non-finite",
+            "floatingpointerror",
+            "minimum loss scale",
+            "loss scale already at minimum",
+            "loss became infinite",
+            "invalid loss, terminating",
+        ),
+    ),
     # The HF Trainer's metrics when the weights went NaN: the loss reads 0.0 and the grad norm NaN, step after
     # step (a step an fp16 scaler skips still reports its real loss).
     _sig("nan_inf", r"'loss': 0\.0, 'grad_norm': nan\b", ("'grad_norm': nan",)),
     # --- storage -------------------------------------------------------------------------------------
-    _sig("disk_full", r"No space left on device|Errno 28\]|ENOSPC|Disk quota exceeded|Errno 122\]"
-         r"|PytorchStreamWriter failed writing|inline_container\.cc:\d+\] \. unexpected pos",
-         ("no space left", "errno 28]", "enospc", "quota exceeded", "errno 122]", "pytorchstreamwriter", "unexpected pos")),
-    _sig("io_error", r"Input/output error|Errno 5\]|Stale file handle|Errno 116\]|Transport endpoint is not connected"
-         r"|Read-only file system|Errno 30\]|blk_update_request: I/O error|Buffer I/O error|EXT4-fs error"
-         r"|nfs: server \S+ not responding|LustreError|PermissionError: \[Errno 13\]|FileNotFoundError: \[Errno 2\]",
-         ("input/output", "errno 5]", "stale file", "errno 116]", "transport endpoint", "read-only file", "errno 30]",
-          "i/o error", "ext4-fs error", "not responding", "lustreerror", "permissionerror", "filenotfounderror")),
+    _sig(
+        "disk_full",
+        r"No space left on device|Errno 28\]|ENOSPC|Disk quota exceeded|Errno 122\]"
+        r"|PytorchStreamWriter failed writing|inline_container\.cc:\d+\] \. unexpected pos",
+        (
+            "no space left",
+            "errno 28]",
+            "enospc",
+            "quota exceeded",
+            "errno 122]",
+            "pytorchstreamwriter",
+            "unexpected pos",
+        ),
+    ),
+    _sig(
+        "io_error",
+        r"Input/output error|Errno 5\]|Stale file handle|Errno 116\]|Transport endpoint is not connected"
+        r"|Read-only file system|Errno 30\]|blk_update_request: I/O error|Buffer I/O error|EXT4-fs error"
+        r"|nfs: server \S+ not responding|LustreError|PermissionError: \[Errno 13\]|FileNotFoundError: \[Errno 2\]",
+        (
+            "input/output",
+            "errno 5]",
+            "stale file",
+            "errno 116]",
+            "transport endpoint",
+            "read-only file",
+            "errno 30]",
+            "i/o error",
+            "ext4-fs error",
+            "not responding",
+            "lustreerror",
+            "permissionerror",
+            "filenotfounderror",
+        ),
+    ),
     _sig("io_error", r"PermissionDeniedError|Permission denied: /", ("permissiondeniederror", "permission denied: /")),
     # Remote storage that did not answer: the Hugging Face Hub, S3/GCS object stores, dataset mirrors. A
     # request that will be retried (huggingface_hub's "Retrying in 1s", wandb's retry loop) is not a failure.
-    _sig("io_error", r"^(?!.*(?:Retrying in|retry loop))(?:.*(?:Read timed out|ReadTimeout|Read timeout on endpoint URL"
-         r"|We couldn't connect to 'https?://|LocalEntryNotFoundError|Couldn.t reach https?://"
-         r"|Max retries exceeded with url|ChunkedEncodingError|Connection broken: ))",
-         ("read timed out", "readtimeout", "read timeout on endpoint", "couldn't connect to", "localentrynotfound",
-          "couldn't reach", "couldn’t reach", "max retries exceeded", "chunkedencodingerror", "connection broken: "),
-         overrides=("nccl_remote",)),
+    _sig(
+        "io_error",
+        r"^(?!.*(?:Retrying in|retry loop))(?:.*(?:Read timed out|ReadTimeout|Read timeout on endpoint URL"
+        r"|We couldn't connect to 'https?://|LocalEntryNotFoundError|Couldn.t reach https?://"
+        r"|Max retries exceeded with url|ChunkedEncodingError|Connection broken: ))",
+        (
+            "read timed out",
+            "readtimeout",
+            "read timeout on endpoint",
+            "couldn't connect to",
+            "localentrynotfound",
+            "couldn't reach",
+            "couldn’t reach",
+            "max retries exceeded",
+            "chunkedencodingerror",
+            "connection broken: ",
+        ),
+        overrides=("nccl_remote",),
+    ),
     # torch>=2.6 refuses unknown globals with "Weights only load failed": a policy, not a damaged file.
-    _sig("checkpoint_corrupt", r"PytorchStreamReader failed|failed finding central directory"
-         r"|UnpicklingError(?!: Weights only load failed)|pickle data was truncated|SafetensorError|HeaderTooLarge"
-         r"|MetadataIncompleteBuffer|archive is corrupted|EOFError: Ran out of input|The file might be corrupted",
-         ("pytorchstreamreader", "central directory", "unpickling", "pickle data", "safetensor", "headertoolarge",
-          "metadataincomplete", "archive is corrupted", "ran out of input", "might be corrupted")),
+    _sig(
+        "checkpoint_corrupt",
+        r"PytorchStreamReader failed|failed finding central directory"
+        r"|UnpicklingError(?!: Weights only load failed)|pickle data was truncated|SafetensorError|HeaderTooLarge"
+        r"|MetadataIncompleteBuffer|archive is corrupted|EOFError: Ran out of input|The file might be corrupted",
+        (
+            "pytorchstreamreader",
+            "central directory",
+            "unpickling",
+            "pickle data",
+            "safetensor",
+            "headertoolarge",
+            "metadataincomplete",
+            "archive is corrupted",
+            "ran out of input",
+            "might be corrupted",
+        ),
+    ),
     # libjpeg's "Corrupt JPEG data: N extraneous bytes" is a warning on an image that still decodes.
-    _sig("data_corrupt", r"UnidentifiedImageError|cannot identify image file|image file is truncated"
-         r"|broken data stream when reading image|JSONDecodeError|ArrowInvalid|DatasetGenerationError"
-         r"|Parquet magic bytes not found|Error -3 while decompressing|UnicodeDecodeError: 'utf-8' codec can't decode"
-         r"|tarfile\.ReadError|decoding image failed|struct\.error: unpack(?:_from)? requires a buffer",
-         ("unidentifiedimage", "identify image", "image file is truncated", "broken data stream",
-          "jsondecodeerror", "arrowinvalid", "datasetgenerationerror", "magic bytes", "decompressing",
-          "unicodedecodeerror", "readerror", "decoding image", "struct.error")),
+    _sig(
+        "data_corrupt",
+        r"UnidentifiedImageError|cannot identify image file|image file is truncated"
+        r"|broken data stream when reading image|JSONDecodeError|ArrowInvalid|DatasetGenerationError"
+        r"|Parquet magic bytes not found|Error -3 while decompressing|UnicodeDecodeError: 'utf-8' codec can't decode"
+        r"|tarfile\.ReadError|decoding image failed|struct\.error: unpack(?:_from)? requires a buffer",
+        (
+            "unidentifiedimage",
+            "identify image",
+            "image file is truncated",
+            "broken data stream",
+            "jsondecodeerror",
+            "arrowinvalid",
+            "datasetgenerationerror",
+            "magic bytes",
+            "decompressing",
+            "unicodedecodeerror",
+            "readerror",
+            "decoding image",
+            "struct.error",
+        ),
+    ),
     _sig("data_corrupt", r"DataLossError: corrupted record|Data loss: corrupted record", ("corrupted record",)),
-    _sig("dataloader_worker", r"DataLoader worker \(pid\(?s?\)? [\d, ]+\) (?:is killed by signal|exited unexpectedly)"
-         r"|Unexpected (?:bus error|segmentation fault) encountered in worker|out of shared memory"
-         r"|Too many open files\. Communication with the workers|DataLoader timed out after",
-         ("dataloader worker", "encountered in worker", "shared memory", "communication with the workers",
-          "dataloader timed out")),
+    _sig(
+        "dataloader_worker",
+        r"DataLoader worker \(pid\(?s?\)? [\d, ]+\) (?:is killed by signal|exited unexpectedly)"
+        r"|Unexpected (?:bus error|segmentation fault) encountered in worker|out of shared memory"
+        r"|Too many open files\. Communication with the workers|DataLoader timed out after",
+        (
+            "dataloader worker",
+            "encountered in worker",
+            "shared memory",
+            "communication with the workers",
+            "dataloader timed out",
+        ),
+    ),
     # Shared memory (/dev/shm, torch's </torch_...> segments) filling up is a loader problem, not a full disk.
-    _sig("dataloader_worker", r"unable to (?:write to file|mmap \d+ bytes from file|open shared memory object) </?torch_"
-         r"|No space left on device.*/dev/shm|/dev/shm.*No space left on device",
-         ("</torch_", "<torch_", "/dev/shm"), overrides=("disk_full",)),
-    _sig("dataloader_worker", r"Caught \w+ in DataLoader worker process \d+", ("in dataloader worker process",), weak=True),
+    _sig(
+        "dataloader_worker",
+        r"unable to (?:write to file|mmap \d+ bytes from file|open shared memory object) </?torch_"
+        r"|No space left on device.*/dev/shm|/dev/shm.*No space left on device",
+        ("</torch_", "<torch_", "/dev/shm"),
+        overrides=("disk_full",),
+    ),
+    _sig(
+        "dataloader_worker",
+        r"Caught \w+ in DataLoader worker process \d+",
+        ("in dataloader worker process",),
+        weak=True,
+    ),
     # The training script's own bugs in the words PyTorch and Lightning use for them, for the logs that keep
     # only the exception line (a notebook's traceback, a report that quotes the last line).
-    _sig("app_error", r"mat1 and mat2 shapes cannot be multiplied|Expected all tensors to be on the same device"
-         r"|IndexError: index out of range in self|IndexError: list index out of range\s*$|Expected input batch_size \(\d+\) to match target batch_size"
-         r"|does not require grad and does not have a grad_fn|Error\(s\) in loading state_dict for"
-         r"|MisconfigurationException|Target modules .{0,400} not found in the base model",
-         ("mat1 and mat2", "expected all tensors to be on the same device", "index out of range in self",
-          "to match target batch_size", "index out of range", "does not require grad", "error(s) in loading state_dict",
-          "misconfigurationexception", "not found in the base model")),
+    _sig(
+        "app_error",
+        r"mat1 and mat2 shapes cannot be multiplied|Expected all tensors to be on the same device"
+        r"|IndexError: index out of range in self|IndexError: list index out of range\s*$|Expected input batch_size \(\d+\) to match target batch_size"
+        r"|does not require grad and does not have a grad_fn|Error\(s\) in loading state_dict for"
+        r"|MisconfigurationException|Target modules .{0,400} not found in the base model",
+        (
+            "mat1 and mat2",
+            "expected all tensors to be on the same device",
+            "index out of range in self",
+            "to match target batch_size",
+            "index out of range",
+            "does not require grad",
+            "error(s) in loading state_dict",
+            "misconfigurationexception",
+            "not found in the base model",
+        ),
+    ),
     # IPython's traceback header names the exception before its frames ("IndexError    Traceback (most
     # recent call last)"); a more specific line further down still wins on precedence.
-    _sig("app_error", r"^\s*(?!BrokenPipe|ConnectionReset)\w+(?:Error|Exception)\s{2,}Traceback \(most recent call last\)\s*$",
-         ("traceback (most recent call last)",)),
+    _sig(
+        "app_error",
+        r"^\s*(?!BrokenPipe|ConnectionReset)\w+(?:Error|Exception)\s{2,}Traceback \(most recent call last\)\s*$",
+        ("traceback (most recent call last)",),
+    ),
     # Sacred's traceback header, which the engine does not read as one ("most recent calls WITHOUT ...").
     _sig("app_error", r"Traceback \(most recent calls WITHOUT Sacred internals\)", ("without sacred internals",)),
 )
@@ -265,7 +549,9 @@ _WORD_NEEDLES = ("nan", "inf")  # whole words only in the prefilter
 _NEEDLES = sorted({needle for sig in SIGNATURES for needle in sig.needles if needle not in _WORD_NEEDLES})
 # needle index -> the positions in SIGNATURES of the signatures that name it
 _SIGNATURES_OF = tuple(tuple(i for i, sig in enumerate(SIGNATURES) if needle in sig.needles) for needle in _NEEDLES)
-_find_needles = ahocorasick_rs.AhoCorasick(_NEEDLES, implementation=ahocorasick_rs.Implementation.DFA).find_matches_as_indexes
+_find_needles = ahocorasick_rs.AhoCorasick(
+    _NEEDLES, implementation=ahocorasick_rs.Implementation.DFA
+).find_matches_as_indexes
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # The word, its whole-word regex (the literal first: sre scans for it in C), the signatures naming it.
 _NAN_WORD = re.compile(r"nan(?<![a-z]nan)(?![a-z])")
@@ -356,4 +642,3 @@ def match_roles(line: str) -> List[Tuple[str, bool, str]]:
 
 # Categories whose needles are common words; a line matching only these is checked against BENIGN.
 _SOFT = {"nan_inf", "nccl_timeout", "nccl_network", "nccl_remote"}
-

@@ -48,8 +48,13 @@ def stall_after_from(config) -> float:
         return DEFAULT_STALL_AFTER
 
 
-def detect_stalls(progress: Mapping[Hashable, float], now: float, stall_after: float = DEFAULT_STALL_AFTER,
-                  processes_alive: bool = True, gpus_idle: bool = True) -> List[StallFinding]:
+def detect_stalls(
+    progress: Mapping[Hashable, float],
+    now: float,
+    stall_after: float = DEFAULT_STALL_AFTER,
+    processes_alive: bool = True,
+    gpus_idle: bool = True,
+) -> List[StallFinding]:
     """A possible hang when no source advanced for stall_after while processes live and GPUs idle."""
     if not progress or not processes_alive or not gpus_idle or stall_after <= 0:
         return []
@@ -59,14 +64,32 @@ def detect_stalls(progress: Mapping[Hashable, float], now: float, stall_after: f
         return []
     entry = STALL_CATEGORY
     excerpt = "no log of %d source(s) advanced for %s (stall_after %s); processes alive, GPUs idle" % (
-        len(progress), format_duration(idle), format_duration(stall_after))
-    return [StallFinding(category=entry.id, title=entry.title, severity=entry.severity, cause=entry.cause,
-                         remedy=entry.remedy, excerpt=excerpt, idle_s=idle, time=newest)]
+        len(progress),
+        format_duration(idle),
+        format_duration(stall_after),
+    )
+    return [
+        StallFinding(
+            category=entry.id,
+            title=entry.title,
+            severity=entry.severity,
+            cause=entry.cause,
+            remedy=entry.remedy,
+            excerpt=excerpt,
+            idle_s=idle,
+            time=newest,
+        )
+    ]
 
 
-def detect_stragglers(progress: Mapping[Hashable, float], now: float, lag_after: float,
-                      steps: Optional[Mapping[Hashable, int]] = None, lag_steps: int = 0,
-                      ranks: Optional[Mapping[Hashable, int]] = None) -> List[StallFinding]:
+def detect_stragglers(
+    progress: Mapping[Hashable, float],
+    now: float,
+    lag_after: float,
+    steps: Optional[Mapping[Hashable, int]] = None,
+    lag_steps: int = 0,
+    ranks: Optional[Mapping[Hashable, int]] = None,
+) -> List[StallFinding]:
     """Sources whose log lags the others' median by lag_after seconds, or by lag_steps steps.
 
     Needs at least two sources to compare; a source counts against the median of the others, so one
@@ -79,8 +102,14 @@ def detect_stragglers(progress: Mapping[Hashable, float], now: float, lag_after:
             median = statistics.median(others)
             lag = median - last
             if lag >= lag_after and now - median < lag_after:  # the others are still advancing
-                found[key] = _straggler(key, "log last advanced %s behind the other ranks (idle %s)" % (
-                    format_duration(lag), format_duration(now - last)), ranks, idle_s=now - last, lag_s=lag)
+                found[key] = _straggler(
+                    key,
+                    "log last advanced %s behind the other ranks (idle %s)"
+                    % (format_duration(lag), format_duration(now - last)),
+                    ranks,
+                    idle_s=now - last,
+                    lag_s=lag,
+                )
     if steps and len(steps) >= 2 and lag_steps > 0:
         for key, step in steps.items():
             others = [value for other, value in steps.items() if other != key]
@@ -91,22 +120,34 @@ def detect_stragglers(progress: Mapping[Hashable, float], now: float, lag_after:
                 text = "at step %d, %d steps behind the other ranks (median %d)" % (step, behind, int(median))
                 if previous is not None:
                     text = previous.excerpt + "; " + text
-                found[key] = _straggler(key, text, ranks,
-                                        idle_s=previous.idle_s if previous else None,
-                                        lag_s=previous.lag_s if previous else None, lag_steps=behind)
+                found[key] = _straggler(
+                    key,
+                    text,
+                    ranks,
+                    idle_s=previous.idle_s if previous else None,
+                    lag_s=previous.lag_s if previous else None,
+                    lag_steps=behind,
+                )
     return list(found.values())
 
 
 def _straggler(key: Hashable, excerpt: str, ranks: Optional[Mapping[Hashable, int]], **measures) -> StallFinding:
     entry = STRAGGLER_CATEGORY
-    return StallFinding(category=entry.id, title=entry.title, severity=entry.severity, cause=entry.cause,
-                        remedy=entry.remedy, excerpt=excerpt, source=key,
-                        rank=(ranks or {}).get(key), **measures)
+    return StallFinding(
+        category=entry.id,
+        title=entry.title,
+        severity=entry.severity,
+        cause=entry.cause,
+        remedy=entry.remedy,
+        excerpt=excerpt,
+        source=key,
+        rank=(ranks or {}).get(key),
+        **measures,
+    )
 
 
 # "step 1200", "Step: 1200", "global_step=1200", "iteration 1200/5000", "iter [1200/5000]", "it 1200".
-_STEP = re.compile(
-    r"\b(?:global[_ ]step|step|iteration|iter)\b\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*\d+)?", re.IGNORECASE)
+_STEP = re.compile(r"\b(?:global[_ ]step|step|iteration|iter)\b\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*\d+)?", re.IGNORECASE)
 _TQDM = re.compile(r"\|\s*(\d+)/(\d+) \[")
 
 
@@ -149,8 +190,14 @@ class ProgressTracker:
         rank = line.rank if line.rank is not None else getattr(line.source, "rank", None)
         self.observe(line.source.key, when, line.text, rank)
 
-    def check(self, now: float, stall_after: float = DEFAULT_STALL_AFTER, processes_alive: bool = True,
-              gpus_idle: bool = True, lag_steps: int = 0) -> List[StallFinding]:
+    def check(
+        self,
+        now: float,
+        stall_after: float = DEFAULT_STALL_AFTER,
+        processes_alive: bool = True,
+        gpus_idle: bool = True,
+        lag_steps: int = 0,
+    ) -> List[StallFinding]:
         """The stall (if any) and the stragglers now; stragglers lag by half of stall_after."""
         stalls = detect_stalls(self.last_advance, now, stall_after, processes_alive, gpus_idle)
         if stalls:

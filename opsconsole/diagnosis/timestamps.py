@@ -52,16 +52,24 @@ def line_time(text: str, year: Optional[int] = None) -> Tuple[Optional[float], O
         prefix = _RAY_PREFIX.match(text, 0, RAY_PREFIX_CHARS)
         if prefix is None:
             return None, None
-        text = text[prefix.end():]
+        text = text[prefix.end() :]
     start = 1 if text[:1] == "[" else 0
-    first = text[start:start + 1]
+    first = text[start : start + 1]
     if first.isdigit():
         match = _ISO.match(text, start)
         if match is None:
             return None, None
         stamp_year = int(match.group(1))
-        when = _epoch(stamp_year, int(match.group(2)), int(match.group(3)), int(match.group(4)),
-                      int(match.group(5)), int(match.group(6)), match.group(7), match.group(8))
+        when = _epoch(
+            stamp_year,
+            int(match.group(2)),
+            int(match.group(3)),
+            int(match.group(4)),
+            int(match.group(5)),
+            int(match.group(6)),
+            match.group(7),
+            match.group(8),
+        )
         return (when, stamp_year) if when is not None else (None, None)
     if first in _GLOG_LEVELS:
         match = _GLOG.match(text, start)
@@ -79,8 +87,9 @@ def line_time(text: str, year: Optional[int] = None) -> Tuple[Optional[float], O
     return None, None
 
 
-def _epoch(year: int, month: int, day: int, hour: int, minute: int, second: int,
-           fraction: Optional[str], zone: Optional[str]) -> Optional[float]:
+def _epoch(
+    year: int, month: int, day: int, hour: int, minute: int, second: int, fraction: Optional[str], zone: Optional[str]
+) -> Optional[float]:
     """Epoch seconds of the fields (local time without a zone); None for an impossible date."""
     if second > 60:
         return None

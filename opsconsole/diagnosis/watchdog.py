@@ -28,13 +28,15 @@ _GLOBAL_RANK = re.compile(r"\[rank(\d{1,7})\]:")
 _GROUP = re.compile(r"\[PG (?:ID )?(\d{1,9})(?: PG GUID \d{1,9})?\s*(?:\(([^)\]]{0,80})\))? Rank (\d{1,7})\]")
 _PROGRESS = re.compile(
     r"(?:Timeout at NCCL work|detected by watchdog at work(?: sequence id)?): (-?\d{1,19}),?"
-    r".{0,40}?last enqueued (?:NCCL )?work: (-?\d{1,19}), last completed (?:NCCL )?work: (-?\d{1,19})")
+    r".{0,40}?last enqueued (?:NCCL )?work: (-?\d{1,19}), last completed (?:NCCL )?work: (-?\d{1,19})"
+)
 # The heartbeat monitor's line, printed by every rank (the one that never got there too) once any
 # rank timed out: "Received a dump signal due to a collective timeout from rank 1 ... Last
 # enqueued NCCL work: 3, last completed: 1." (also "from this local rank", "last completed NCCL work").
 _DUMP_SIGNAL = re.compile(
     r"Received a dump signal due to a collective timeout.{0,300}?Last enqueued NCCL work: (-?\d{1,19}), "
-    r"last completed(?: NCCL work)?: (-?\d{1,19})")
+    r"last completed(?: NCCL work)?: (-?\d{1,19})"
+)
 _WORK = re.compile(r"WorkNCCL\(SeqNum=(\d{1,19}), OpType=([A-Z_]{1,40})(?:, NumelIn=(\d{1,20}))?")
 _PLAIN_RANK = re.compile(r"\[Rank (\d{1,7})\]")
 
@@ -71,8 +73,9 @@ class WatchdogVerdict:
         return verdict_text(self)
 
 
-def parse_watchdog_line(text: str, rank: Optional[int] = None, line: int = 0,
-                        source: Optional[str] = None) -> Optional[WatchdogReport]:
+def parse_watchdog_line(
+    text: str, rank: Optional[int] = None, line: int = 0, source: Optional[str] = None
+) -> Optional[WatchdogReport]:
     """A WatchdogReport from one line of the progress kinds above (None for any other line).
 
     `rank` is the global rank the caller already knows (the source's or a "[rankN]:" prefix it
@@ -93,8 +96,16 @@ def parse_watchdog_line(text: str, rank: Optional[int] = None, line: int = 0,
     group_rank = int(group.group(3)) if group else None
     if rank is None and group is not None and group.group(1) == "0":
         rank = group_rank  # in the default group the group rank is the global rank
-    return WatchdogReport(rank=rank, group=group.group(1) if group else "?", group_rank=group_rank,
-                          timed_out=timed_out, last_enqueued=enqueued, last_completed=completed, line=line, source=source)
+    return WatchdogReport(
+        rank=rank,
+        group=group.group(1) if group else "?",
+        group_rank=group_rank,
+        timed_out=timed_out,
+        last_enqueued=enqueued,
+        last_completed=completed,
+        line=line,
+        source=source,
+    )
 
 
 class WatchdogLines:
@@ -104,8 +115,9 @@ class WatchdogLines:
         self._reports: Dict[Tuple[Optional[int], str], WatchdogReport] = {}
         self._ops: Dict[int, str] = {}  # sequence number -> OpType from WorkNCCL(...) lines
 
-    def feed(self, text: str, rank: Optional[int] = None, line: int = 0,
-             source: Optional[str] = None) -> Optional[WatchdogReport]:
+    def feed(
+        self, text: str, rank: Optional[int] = None, line: int = 0, source: Optional[str] = None
+    ) -> Optional[WatchdogReport]:
         """Take one line; the report when it was a progress line."""
         if "WorkNCCL(" in text:  # names the op of a sequence number
             work = _WORK.search(text)
@@ -126,7 +138,9 @@ class WatchdogLines:
         return watchdog_verdict(self._reports.values(), self._ops)
 
 
-def watchdog_verdict(reports: Iterable[WatchdogReport], ops: Optional[Dict[int, str]] = None) -> Optional[WatchdogVerdict]:
+def watchdog_verdict(
+    reports: Iterable[WatchdogReport], ops: Optional[Dict[int, str]] = None
+) -> Optional[WatchdogVerdict]:
     """The rank(s) that never reached the collective, or "frozen", from every rank's reports.
 
     Per group: all -1 means frozen; a rank whose last enqueued is below every other's never
@@ -145,16 +159,30 @@ def watchdog_verdict(reports: Iterable[WatchdogReport], ops: Optional[Dict[int, 
             continue
         lowest = min(item.last_enqueued for item in items)
         highest = max(item.last_enqueued for item in items)
-        waited = max((item.timed_out for item in items if item.timed_out is not None and item.timed_out > lowest), default=None)
+        waited = max(
+            (item.timed_out for item in items if item.timed_out is not None and item.timed_out > lowest), default=None
+        )
         if waited is not None:
             seq: Optional[int] = waited
         else:
             seq = max((item.timed_out for item in items if item.timed_out is not None), default=None)
         op = (ops or {}).get(seq) if seq is not None else None
         if lowest < highest:
-            culprits = tuple(sorted(item.rank for item in items if item.last_enqueued == lowest and item.rank is not None))
-            verdicts.append(WatchdogVerdict("never_reached", group, lowest + 1 if waited is None else waited, op, culprits,
-                                            lowest, highest, ranks))
+            culprits = tuple(
+                sorted(item.rank for item in items if item.last_enqueued == lowest and item.rank is not None)
+            )
+            verdicts.append(
+                WatchdogVerdict(
+                    "never_reached",
+                    group,
+                    lowest + 1 if waited is None else waited,
+                    op,
+                    culprits,
+                    lowest,
+                    highest,
+                    ranks,
+                )
+            )
         else:
             verdicts.append(WatchdogVerdict("all_waiting", group, seq, op, (), lowest, highest, ranks))
     if not verdicts:
@@ -164,7 +192,7 @@ def watchdog_verdict(reports: Iterable[WatchdogReport], ops: Optional[Dict[int, 
 
 
 def rank_list(ranks: Iterable[int]) -> str:
-    """"0-4, 6, 8-15" for a set of ranks."""
+    """ "0-4, 6, 8-15" for a set of ranks."""
     ordered = sorted(set(ranks))
     parts: List[str] = []
     index = 0
@@ -183,15 +211,27 @@ _ranks = rank_list
 def verdict_text(verdict: WatchdogVerdict) -> str:
     """One sentence naming the rank, the collective and the group, or the freeze."""
     if verdict.kind == "frozen":
-        return ("NCCL watchdog: ranks %s report no collective ever enqueued or completed in group %s (all -1): "
-                "the processes froze before or outside NCCL (a file-system stall, a deadlock), not a collective"
-                % (_ranks(verdict.reporting_ranks), verdict.group))
-    collective = "collective %s%s" % (verdict.seq if verdict.seq is not None else "?", " (%s)" % verdict.op if verdict.op else "")
+        return (
+            "NCCL watchdog: ranks %s report no collective ever enqueued or completed in group %s (all -1): "
+            "the processes froze before or outside NCCL (a file-system stall, a deadlock), not a collective"
+            % (_ranks(verdict.reporting_ranks), verdict.group)
+        )
+    collective = "collective %s%s" % (
+        verdict.seq if verdict.seq is not None else "?",
+        " (%s)" % verdict.op if verdict.op else "",
+    )
     if verdict.kind == "never_reached":
         word = "rank" if len(verdict.culprit_ranks) == 1 else "ranks"
-        return ("NCCL watchdog: %s %s never reached %s of group %s: last enqueued %s there, the other ranks %s"
-                % (word, _ranks(verdict.culprit_ranks), collective, verdict.group, verdict.culprit_enqueued,
-                   verdict.others_enqueued))
-    return ("NCCL watchdog: every reporting rank (%s) enqueued %s of group %s and waits in it: the rank that never "
-            "reached it printed no watchdog line, or the collective itself is stuck (network, GPU)"
-            % (_ranks(verdict.reporting_ranks), collective, verdict.group))
+        return "NCCL watchdog: %s %s never reached %s of group %s: last enqueued %s there, the other ranks %s" % (
+            word,
+            _ranks(verdict.culprit_ranks),
+            collective,
+            verdict.group,
+            verdict.culprit_enqueued,
+            verdict.others_enqueued,
+        )
+    return (
+        "NCCL watchdog: every reporting rank (%s) enqueued %s of group %s and waits in it: the rank that never "
+        "reached it printed no watchdog line, or the collective itself is stuck (network, GPU)"
+        % (_ranks(verdict.reporting_ranks), collective, verdict.group)
+    )

@@ -124,16 +124,28 @@ class FrameCollector(Collector):
                     family.add_metric(labels_of[gpu.index], value)
             if family.samples:
                 yield family
-        masks = GaugeMetricFamily(names.METRIC_CLOCK_REASONS, "Current clock throttle reasons (NVML bitmask).", labels=GPU_LABELS)
-        events = GaugeMetricFamily(names.METRIC_CLOCK_EVENTS, "Current clock event reasons (NVML bitmask).", labels=GPU_LABELS)
+        masks = GaugeMetricFamily(
+            names.METRIC_CLOCK_REASONS, "Current clock throttle reasons (NVML bitmask).", labels=GPU_LABELS
+        )
+        events = GaugeMetricFamily(
+            names.METRIC_CLOCK_EVENTS, "Current clock event reasons (NVML bitmask).", labels=GPU_LABELS
+        )
         active = GaugeMetricFamily(
-            names.METRIC_CLOCK_REASON_ACTIVE, "1 for each clock event (throttle) reason active now.", labels=GPU_LABELS + ["reason"]
+            names.METRIC_CLOCK_REASON_ACTIVE,
+            "1 for each clock event (throttle) reason active now.",
+            labels=GPU_LABELS + ["reason"],
         )
         xid = GaugeMetricFamily(names.METRIC_XID, _HELP[names.METRIC_XID], labels=GPU_LABELS)
-        xid_total = CounterMetricFamily(names.METRIC_XID_EVENTS, "XID errors the probe saw since the exporter started.", labels=GPU_LABELS)
+        xid_total = CounterMetricFamily(
+            names.METRIC_XID_EVENTS, "XID errors the probe saw since the exporter started.", labels=GPU_LABELS
+        )
         procs = GaugeMetricFamily(names.METRIC_GPU_PROCESSES, "Compute processes on the GPU.", labels=GPU_LABELS)
-        errors = GaugeMetricFamily(names.METRIC_GPU_ERRORS, "NVML read errors in the last poll (other than NotSupported).", labels=GPU_LABELS)
-        mode = GaugeMetricFamily(names.METRIC_COMPUTE_MODE, "The GPU's compute mode (value 1).", labels=GPU_LABELS + ["mode"])
+        errors = GaugeMetricFamily(
+            names.METRIC_GPU_ERRORS, "NVML read errors in the last poll (other than NotSupported).", labels=GPU_LABELS
+        )
+        mode = GaugeMetricFamily(
+            names.METRIC_COMPUTE_MODE, "The GPU's compute mode (value 1).", labels=GPU_LABELS + ["mode"]
+        )
         per_gpu = {}  # index -> process count
         for proc in frame.processes:
             if proc.gpu_index is not None:
@@ -171,15 +183,21 @@ class FrameCollector(Collector):
 
     def _process_families(self, frame: NodeFrame, labels_of: Dict[int, List[str]]) -> Iterator[Metric]:
         extra = ["pid", "process_name", "user"] + [label for label, _ in names.PROCESS_JOB_LABELS]
-        memory = GaugeMetricFamily(names.METRIC_PROCESS_MEMORY, "GPU memory of a compute process (bytes).", labels=GPU_LABELS + extra)
-        sm = GaugeMetricFamily(names.METRIC_PROCESS_SM, "SM utilisation of a compute process (in %).", labels=GPU_LABELS + extra)
+        memory = GaugeMetricFamily(
+            names.METRIC_PROCESS_MEMORY, "GPU memory of a compute process (bytes).", labels=GPU_LABELS + extra
+        )
+        sm = GaugeMetricFamily(
+            names.METRIC_PROCESS_SM, "SM utilisation of a compute process (in %).", labels=GPU_LABELS + extra
+        )
         for proc in frame.processes:
             labels = labels_of.get(proc.gpu_index) if proc.gpu_index is not None else None
             if labels is None:
                 continue
-            row = labels + [str(proc.pid), proc.name, _label_text(proc.user)] + [
-                _label_text(getattr(proc, attr)) for _, attr in names.PROCESS_JOB_LABELS
-            ]
+            row = (
+                labels
+                + [str(proc.pid), proc.name, _label_text(proc.user)]
+                + [_label_text(getattr(proc, attr)) for _, attr in names.PROCESS_JOB_LABELS]
+            )
             if proc.gpu_memory_bytes is not None:
                 memory.add_metric(row, float(proc.gpu_memory_bytes))
             if proc.gpu_sm_percent is not None:
@@ -207,9 +225,17 @@ class FrameCollector(Collector):
         single(names.FRAME_ERRORS, "Errors the probe reported in the frame being served.", len(frame.errors))
         if frame.probe_ms is not None:
             single(names.PROBE_SECONDS, "What the probe's last poll cost (seconds).", frame.probe_ms / 1000.0)
-        info = GaugeMetricFamily(names.NODE_INFO, "The probe's GPU source and driver (value 1).", labels=node + ["gpu_source", "driver_version", "hostname"])
+        info = GaugeMetricFamily(
+            names.NODE_INFO,
+            "The probe's GPU source and driver (value 1).",
+            labels=node + ["gpu_source", "driver_version", "hostname"],
+        )
         host = frame.host
-        info.add_metric(host_name + [frame.gpu_source, _label_text(frame.driver_version), _label_text(host.hostname if host else None)], 1.0)
+        info.add_metric(
+            host_name
+            + [frame.gpu_source, _label_text(frame.driver_version), _label_text(host.hostname if host else None)],
+            1.0,
+        )
         families.append(info)
         if host is not None:
             single(names.HOST_CPU_PERCENT, "Host CPU busy (in %).", host.cpu_percent)

@@ -123,8 +123,10 @@ def serve_probe(
         if hasattr(probe, "prime"):
             probe.prime()
         exporter.start()
-        announce("opsconsole exporter: serving %s on http://%s:%d/metrics every %g s"
-                 % (getattr(probe, "node_name", "this node"), exporter.bind, exporter.port, interval))
+        announce(
+            "opsconsole exporter: serving %s on http://%s:%d/metrics every %g s"
+            % (getattr(probe, "node_name", "this node"), exporter.bind, exporter.port, interval)
+        )
         exporter.run(interval, stop)
         return 0
     finally:

@@ -34,7 +34,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from opsconsole.checkpoints.fr_dump import (  # noqa: F401  (the records are this module's API too)
-    RECORD_TYPES, FrEntry, FrFrame, FrGroup, FrGroupStatus, RankDump, dump_from_bytes, dump_from_value,
+    RECORD_TYPES,
+    FrEntry,
+    FrFrame,
+    FrGroup,
+    FrGroupStatus,
+    RankDump,
+    dump_from_bytes,
+    dump_from_value,
     fr_dump_reader,
 )
 from opsconsole.diagnosis.watchdog import rank_list
@@ -55,12 +62,26 @@ DumpFile = Tuple[str, int, Optional[str]]  # (path, rank, host)
 Skipped = Tuple[str, str]  # (path, why it is no dump)
 
 # Collectives whose every rank passes tensors of one shape and dtype: a size difference is a bug.
-SAME_SIZE_OPS = frozenset((
-    "all_reduce", "allreduce", "allreduce_coalesced", "all_reduce_coalesced", "broadcast", "reduce",
-    "all_gather", "_all_gather_base", "all_gather_into_tensor", "allgather", "allgather_into_tensor_coalesced",
-    "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
-    "all_reduce_barrier",
-))
+SAME_SIZE_OPS = frozenset(
+    (
+        "all_reduce",
+        "allreduce",
+        "allreduce_coalesced",
+        "all_reduce_coalesced",
+        "broadcast",
+        "reduce",
+        "all_gather",
+        "_all_gather_base",
+        "all_gather_into_tensor",
+        "allgather",
+        "allgather_into_tensor_coalesced",
+        "reduce_scatter",
+        "_reduce_scatter_base",
+        "reduce_scatter_tensor",
+        "reduce_scatter_tensor_coalesced",
+        "all_reduce_barrier",
+    )
+)
 COMPLETED = "completed"
 
 
@@ -101,7 +122,9 @@ def dump_files(directory: str, prefix: Optional[str] = None) -> Tuple[List[DumpF
     return dumps, skipped
 
 
-def _dump_files_in(directory: str, prefix: Optional[str], folder_host: Optional[str]) -> Tuple[List[DumpFile], List[Skipped]]:
+def _dump_files_in(
+    directory: str, prefix: Optional[str], folder_host: Optional[str]
+) -> Tuple[List[DumpFile], List[Skipped]]:
     names = sorted(os.listdir(directory))[:MAX_DUMP_FILES]
     found: List[Tuple[str, str, int]] = []  # (name, before, rank)
     skipped: List[Tuple[str, str]] = []
@@ -137,7 +160,9 @@ def _dump_files_in(directory: str, prefix: Optional[str], folder_host: Optional[
     return dumps, skipped
 
 
-def read_dump_dir(directory: str, prefix: Optional[str] = None, workers: Any = None) -> Tuple[List[RankDump], List[Skipped]]:
+def read_dump_dir(
+    directory: str, prefix: Optional[str] = None, workers: Any = None
+) -> Tuple[List[RankDump], List[Skipped]]:
     """Every dump of `directory` read in the limited worker: (dumps, files left out with why).
 
     A dump the worker cannot read (killed, over its limits) or that fails validation comes back
@@ -178,8 +203,12 @@ def dump_workers() -> Any:
 
         from opsconsole.checkpoints.worker import MetadataWorkers, WorkerLimits
 
-        limits = WorkerLimits(cpu_seconds=DUMP_CPU_S, timeout_s=float(DUMP_CPU_S), first_try_cpu_seconds=DUMP_CPU_S // 2,
-                              max_reply_bytes=MAX_REPLY_BYTES)
+        limits = WorkerLimits(
+            cpu_seconds=DUMP_CPU_S,
+            timeout_s=float(DUMP_CPU_S),
+            first_try_cpu_seconds=DUMP_CPU_S // 2,
+            max_reply_bytes=MAX_REPLY_BYTES,
+        )
         pool = MetadataWorkers(size=max(2, min(4, (os.cpu_count() or 2) // 2)), limits=limits)
         atexit.register(pool.close)
         _DUMP_WORKERS.append(pool)
@@ -259,9 +288,11 @@ def _last_enqueued(dump: RankDump, group: str, seen: Mapping[int, FrEntry]) -> i
 
 def _differs(kind_of: Dict[int, FrEntry], majority: FrEntry) -> Tuple[Optional[str], List[int]]:
     """The kind of the first difference from the majority's entry and the ranks that differ."""
-    for kind, key in ((KIND_OP, lambda e: e.op),
-                      (KIND_SIZE, lambda e: e.input_sizes if majority.op in SAME_SIZE_OPS else None),
-                      (KIND_DTYPE, lambda e: e.input_dtypes)):
+    for kind, key in (
+        (KIND_OP, lambda e: e.op),
+        (KIND_SIZE, lambda e: e.input_sizes if majority.op in SAME_SIZE_OPS else None),
+        (KIND_DTYPE, lambda e: e.input_dtypes),
+    ):
         odd = [rank for rank, entry in kind_of.items() if key(entry) != key(majority)]
         if odd:
             return kind, sorted(odd)
@@ -283,7 +314,9 @@ def match_dumps(dumps: Sequence[RankDump], skipped: Sequence[Tuple[str, str]] = 
     notes: List[str] = []
     for dump in readable:
         if dump.rank in by_rank:
-            notes.append("two dumps for rank %d: %s kept, %s left out" % (dump.rank, by_rank[dump.rank].path, dump.path))
+            notes.append(
+                "two dumps for rank %d: %s kept, %s left out" % (dump.rank, by_rank[dump.rank].path, dump.path)
+            )
             continue
         by_rank[dump.rank] = dump  # type: ignore[index]
     collectives = {rank: _collectives(dump) for rank, dump in by_rank.items()}
@@ -316,12 +349,26 @@ def match_dumps(dumps: Sequence[RankDump], skipped: Sequence[Tuple[str, str]] = 
         if found is not None:
             candidates.append((0 if found.kind != KIND_STUCK else 1, found.seq, found))
     mismatch = min(candidates, key=lambda item: (item[0], item[1]))[2] if candidates else None
-    return FrAnalysis(dumps=tuple(dumps), skipped=tuple(skipped), missing_ranks=tuple(missing), mismatch=mismatch,
-                      p2p_skipped=p2p, notes=tuple(notes))
+    return FrAnalysis(
+        dumps=tuple(dumps),
+        skipped=tuple(skipped),
+        missing_ranks=tuple(missing),
+        mismatch=mismatch,
+        p2p_skipped=p2p,
+        notes=tuple(notes),
+    )
 
 
-def _first_mismatch(group: str, desc: str, ranks: List[int], seen: Dict[int, Dict[int, FrEntry]], last: Dict[int, int],
-                    by_rank: Dict[int, RankDump], start: int, end: int) -> Optional[Mismatch]:
+def _first_mismatch(
+    group: str,
+    desc: str,
+    ranks: List[int],
+    seen: Dict[int, Dict[int, FrEntry]],
+    last: Dict[int, int],
+    by_rank: Dict[int, RankDump],
+    start: int,
+    end: int,
+) -> Optional[Mismatch]:
     stuck: Optional[Mismatch] = None
     for seq in range(start, end + 1):
         present = {rank: seen[rank][seq] for rank in ranks if seq in seen[rank]}
@@ -330,19 +377,44 @@ def _first_mismatch(group: str, desc: str, ranks: List[int], seen: Dict[int, Dic
             continue
         majority = _majority(present)
         if absent:
-            culprits = tuple(RankAtCollective(rank, by_rank[rank].host, None, _last_entry(seen[rank])) for rank in absent)
-            return Mismatch(KIND_NOT_JOINED, group, desc, seq, majority.op, majority.input_sizes, majority.input_dtypes,
-                            culprits, tuple(sorted(present)))
+            culprits = tuple(
+                RankAtCollective(rank, by_rank[rank].host, None, _last_entry(seen[rank])) for rank in absent
+            )
+            return Mismatch(
+                KIND_NOT_JOINED,
+                group,
+                desc,
+                seq,
+                majority.op,
+                majority.input_sizes,
+                majority.input_dtypes,
+                culprits,
+                tuple(sorted(present)),
+            )
         kind, odd = _differs(present, majority)
         if kind is not None:
             culprits = tuple(RankAtCollective(rank, by_rank[rank].host, present[rank]) for rank in odd)
             agreeing = tuple(sorted(rank for rank in present if rank not in odd))
-            return Mismatch(kind, group, desc, seq, majority.op, majority.input_sizes, majority.input_dtypes, culprits, agreeing)
+            return Mismatch(
+                kind, group, desc, seq, majority.op, majority.input_sizes, majority.input_dtypes, culprits, agreeing
+            )
         if stuck is None and any(entry.state != COMPLETED for entry in present.values()):
-            waiting = tuple(RankAtCollective(rank, by_rank[rank].host, present[rank])
-                            for rank in sorted(present) if present[rank].state != COMPLETED)
-            stuck = Mismatch(KIND_STUCK, group, desc, seq, majority.op, majority.input_sizes, majority.input_dtypes,
-                             waiting, tuple(sorted(rank for rank in present if present[rank].state == COMPLETED)))
+            waiting = tuple(
+                RankAtCollective(rank, by_rank[rank].host, present[rank])
+                for rank in sorted(present)
+                if present[rank].state != COMPLETED
+            )
+            stuck = Mismatch(
+                KIND_STUCK,
+                group,
+                desc,
+                seq,
+                majority.op,
+                majority.input_sizes,
+                majority.input_dtypes,
+                waiting,
+                tuple(sorted(rank for rank in present if present[rank].state == COMPLETED)),
+            )
     return stuck
 
 
@@ -395,25 +467,40 @@ def summary_text(analysis: FrAnalysis) -> str:
     if found is None:
         ranks = sorted({dump.rank for dump in analysis.readable if dump.rank is not None})
         return "%s %s: every collective they still hold agrees and completed" % (
-            "rank" if len(ranks) == 1 else "ranks", rank_list(ranks))
+            "rank" if len(ranks) == 1 else "ranks",
+            rank_list(ranks),
+        )
     group = "group %s%s" % (found.group, " (%s)" % found.group_desc if found.group_desc else "")
-    collective = "collective %d (%s %s) of %s" % (found.seq, found.op, _shape_text(found.sizes, found.dtypes).strip(), group)
+    collective = "collective %d (%s %s) of %s" % (
+        found.seq,
+        found.op,
+        _shape_text(found.sizes, found.dtypes).strip(),
+        group,
+    )
     culprits = found.culprit_ranks
     word = "rank" if len(culprits) == 1 else "ranks"
     if found.kind == KIND_NOT_JOINED:
         waiting = "rank %s waits in it" if len(found.agreeing) == 1 else "ranks %s wait in it"
-        lines = ["%s %s never joined %s; %s" % (word, rank_list(culprits), collective, waiting % rank_list(found.agreeing))]
+        lines = [
+            "%s %s never joined %s; %s" % (word, rank_list(culprits), collective, waiting % rank_list(found.agreeing))
+        ]
         for item in found.culprits:
             if item.last is not None:
-                lines.append("  rank %d last enqueued collective %d (%s)%s" % (
-                    item.rank, item.last.collective_seq_id, item.last.op, _where(item)))
+                lines.append(
+                    "  rank %d last enqueued collective %d (%s)%s"
+                    % (item.rank, item.last.collective_seq_id, item.last.op, _where(item))
+                )
             else:
                 lines.append("  rank %d enqueued nothing in this group%s" % (item.rank, _where(item)))
         return "\n".join(lines)
     if found.kind == KIND_STUCK:
         return "%s: every rank joined %s with the same op, sizes and dtypes; not completed on %s %s%s" % (
-            "stuck", collective, word, rank_list(culprits),
-            "" if not found.agreeing else " (completed on %s)" % rank_list(found.agreeing))
+            "stuck",
+            collective,
+            word,
+            rank_list(culprits),
+            "" if not found.agreeing else " (completed on %s)" % rank_list(found.agreeing),
+        )
     what = {KIND_OP: "another op", KIND_SIZE: "other sizes", KIND_DTYPE: "another dtype"}[found.kind]
     lines = ["%s %s joined %s with %s" % (word, rank_list(culprits), collective, what)]
     for item in found.culprits:
@@ -431,9 +518,14 @@ def _frame_json(frame: FrFrame) -> Dict[str, Any]:
 def _entry_json(entry: Optional[FrEntry]) -> Optional[Dict[str, Any]]:
     if entry is None:
         return None
-    return {"seq": entry.collective_seq_id, "op": entry.op, "state": entry.state,
-            "input_sizes": [list(shape) for shape in entry.input_sizes], "input_dtypes": list(entry.input_dtypes),
-            "frames": [_frame_json(frame) for frame in entry.frames]}
+    return {
+        "seq": entry.collective_seq_id,
+        "op": entry.op,
+        "state": entry.state,
+        "input_sizes": [list(shape) for shape in entry.input_sizes],
+        "input_dtypes": list(entry.input_dtypes),
+        "frames": [_frame_json(frame) for frame in entry.frames],
+    }
 
 
 def analysis_json(analysis: FrAnalysis) -> Dict[str, Any]:
@@ -442,16 +534,33 @@ def analysis_json(analysis: FrAnalysis) -> Dict[str, Any]:
     mismatch = None
     if found is not None:
         mismatch = {
-            "kind": found.kind, "group": found.group, "group_desc": found.group_desc, "seq": found.seq, "op": found.op,
-            "input_sizes": [list(shape) for shape in found.sizes], "input_dtypes": list(found.dtypes),
-            "culprit_ranks": list(found.culprit_ranks), "agreeing_ranks": list(found.agreeing),
-            "culprits": [{"rank": item.rank, "host": item.host, "entry": _entry_json(item.entry), "last": _entry_json(item.last)}
-                         for item in found.culprits],
+            "kind": found.kind,
+            "group": found.group,
+            "group_desc": found.group_desc,
+            "seq": found.seq,
+            "op": found.op,
+            "input_sizes": [list(shape) for shape in found.sizes],
+            "input_dtypes": list(found.dtypes),
+            "culprit_ranks": list(found.culprit_ranks),
+            "agreeing_ranks": list(found.agreeing),
+            "culprits": [
+                {"rank": item.rank, "host": item.host, "entry": _entry_json(item.entry), "last": _entry_json(item.last)}
+                for item in found.culprits
+            ],
         }
     return {
-        "dumps": [{"path": dump.path, "rank": dump.rank, "host": dump.host, "version": dump.version or None,
-                   "entries": len(dump.entries), "dropped": dump.dropped, "unreadable": dump.unreadable}
-                  for dump in analysis.dumps],
+        "dumps": [
+            {
+                "path": dump.path,
+                "rank": dump.rank,
+                "host": dump.host,
+                "version": dump.version or None,
+                "entries": len(dump.entries),
+                "dropped": dump.dropped,
+                "unreadable": dump.unreadable,
+            }
+            for dump in analysis.dumps
+        ],
         "skipped": [{"path": path, "why": why} for path, why in analysis.skipped],
         "missing_ranks": list(analysis.missing_ranks),
         "mismatch": mismatch,
@@ -502,13 +611,17 @@ def dump_locations(environ: Mapping[str, str], rank: int) -> Optional[DumpLocati
         return None
     prefix = _first(environ, DUMP_FILE_VARS) or DEFAULT_DUMP_PREFIX
     pipe = _first(environ, PIPE_FILE_VARS)
-    return DumpLocations(rank=rank, buffer_size=size, dump_file="%s%d" % (prefix, rank),
-                         pipe_file="%s%d.pipe" % (pipe, rank) if pipe else None)
+    return DumpLocations(
+        rank=rank,
+        buffer_size=size,
+        dump_file="%s%d" % (prefix, rank),
+        pipe_file="%s%d.pipe" % (pipe, rank) if pipe else None,
+    )
 
 
 # Runs on the node (python3 -c, stdlib only, 3.6+): asks each rank for a dump through its FIFO when
 # told to, waits for the dump files to change, and prints each as one JSON line (base64), bounded.
-_REMOTE_COLLECT = r'''
+_REMOTE_COLLECT = r"""
 import base64, errno, json, os, stat, sys, time
 spec = json.loads(sys.argv[1])
 limit, total = int(spec["max_bytes"]), int(spec["max_total"])
@@ -601,7 +714,7 @@ for item in spec["ranks"]:
     except OSError as exc:
         out["error"] = exc.strerror or str(exc)
     print(json.dumps(out), flush=True)
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -616,10 +729,19 @@ def _safe_name_part(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", text)[:64].lstrip(".") or "node"
 
 
-async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir: str, host: str,
-                        trigger: bool = True, wait_s: float = 10.0, max_bytes: int = 64 * 1024 * 1024,
-                        max_total: int = 256 * 1024 * 1024, python: str = "python3",
-                        rank_pids: Sequence[Tuple[int, int]] = (), discover: bool = False) -> Collected:
+async def collect_dumps(
+    link: Any,
+    locations: Sequence[DumpLocations],
+    dest_dir: str,
+    host: str,
+    trigger: bool = True,
+    wait_s: float = 10.0,
+    max_bytes: int = 64 * 1024 * 1024,
+    max_total: int = 256 * 1024 * 1024,
+    python: str = "python3",
+    rank_pids: Sequence[Tuple[int, int]] = (),
+    discover: bool = False,
+) -> Collected:
     """Ask the ranks for dumps through their FIFOs (when `trigger`), then copy each dump file here.
 
     The ranks are `locations` (from dump_locations) and/or `rank_pids`, (pid, rank) pairs whose
@@ -632,9 +754,15 @@ async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir:
     land in `dest_dir/<host>/` under their own names (ending in the rank), ready for analyse_dir.
     Sizes are bounded per file and in all; a file not brought back is a (rank, why) problem.
     """
-    spec = {"ranks": [{"rank": item.rank, "dump_file": item.dump_file, "pipe_file": item.pipe_file} for item in locations],
-            "pids": [{"pid": int(pid), "rank": int(rank)} for pid, rank in rank_pids], "discover": bool(discover),
-            "trigger": bool(trigger), "wait_s": float(wait_s), "max_bytes": int(max_bytes), "max_total": int(max_total)}
+    spec = {
+        "ranks": [{"rank": item.rank, "dump_file": item.dump_file, "pipe_file": item.pipe_file} for item in locations],
+        "pids": [{"pid": int(pid), "rank": int(rank)} for pid, rank in rank_pids],
+        "discover": bool(discover),
+        "trigger": bool(trigger),
+        "wait_s": float(wait_s),
+        "max_bytes": int(max_bytes),
+        "max_total": int(max_total),
+    }
     finder = ""
     if discover:
         import inspect
@@ -643,7 +771,13 @@ async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir:
 
         finder = inspect.getsource(rank_stacks)
     script = "BUFFER_VARS, DUMP_VARS, PIPE_VARS, DEFAULT_PREFIX, RANK_FINDER = %r, %r, %r, %r, %r\n%s" % (
-        BUFFER_SIZE_VARS, DUMP_FILE_VARS, PIPE_FILE_VARS, DEFAULT_DUMP_PREFIX, finder, _REMOTE_COLLECT)
+        BUFFER_SIZE_VARS,
+        DUMP_FILE_VARS,
+        PIPE_FILE_VARS,
+        DEFAULT_DUMP_PREFIX,
+        finder,
+        _REMOTE_COLLECT,
+    )
     argv = [python, "-c", script, json.dumps(spec)]
     timeout = wait_s + 60.0
     if link is not None and hasattr(link, "run_command"):
@@ -651,14 +785,21 @@ async def collect_dumps(link: Any, locations: Sequence[DumpLocations], dest_dir:
     else:
         if python == "python3":
             argv[0] = sys.executable
-        process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
         try:
             raw_out, raw_err = await asyncio.wait_for(process.communicate(), timeout)
         except asyncio.TimeoutError:
             process.kill()
             await process.wait()
-            return Collected((), tuple((rank, "the collector timed out after %g s" % timeout)
-                                       for rank in sorted({item.rank for item in locations} | {r for _, r in rank_pids})))
+            return Collected(
+                (),
+                tuple(
+                    (rank, "the collector timed out after %g s" % timeout)
+                    for rank in sorted({item.rank for item in locations} | {r for _, r in rank_pids})
+                ),
+            )
         status, out, err = process.returncode, raw_out.decode("utf-8", "replace"), raw_err.decode("utf-8", "replace")
     saved: List[str] = []
     problems: List[Tuple[int, str]] = []
@@ -720,8 +861,13 @@ def shell_quote(argv: Sequence[str]) -> str:
     return shlex.join([str(word) for word in argv])
 
 
-async def collect_from_links(links: Mapping[str, Any], dest_dir: str, trigger: bool = True, wait_s: float = 10.0,
-                             rank_pids: Optional[Mapping[str, Sequence[Tuple[int, int]]]] = None) -> Dict[str, Collected]:
+async def collect_from_links(
+    links: Mapping[str, Any],
+    dest_dir: str,
+    trigger: bool = True,
+    wait_s: float = 10.0,
+    rank_pids: Optional[Mapping[str, Sequence[Tuple[int, int]]]] = None,
+) -> Dict[str, Collected]:
     """collect_dumps on every node at once, each over its own link; {node: what came back}.
 
     Ranks are `rank_pids[node]` where given (the stacks screen's), else what each node finds itself.
@@ -736,8 +882,17 @@ async def collect_from_links(links: Mapping[str, Any], dest_dir: str, trigger: b
         pids = list((rank_pids or {}).get(name, ()))
         python = getattr(getattr(link, "node", None), "python", None) or "python3"
         try:
-            return await collect_dumps(link if channel == COMMANDS_SSH else None, [], dest_dir, host=name, trigger=trigger,
-                                       wait_s=wait_s, rank_pids=pids, discover=not pids, python=python)
+            return await collect_dumps(
+                link if channel == COMMANDS_SSH else None,
+                [],
+                dest_dir,
+                host=name,
+                trigger=trigger,
+                wait_s=wait_s,
+                rank_pids=pids,
+                discover=not pids,
+                python=python,
+            )
         except Exception as exc:  # one node's failure (unreachable, timed out) is its problem line, not the others'
             reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
             return Collected((), ((-1, "%s: %s" % (name, str(reason).splitlines()[0][:200])),))

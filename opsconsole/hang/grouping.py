@@ -18,12 +18,36 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from opsconsole.hang.pyspy import Frame
 
 # Functions of torch.distributed (and the libraries that wrap it) in which a rank waits for its peers.
-COLLECTIVES = frozenset((
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all", "all_to_all_single",
-    "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "reduce", "gather",
-    "gather_object", "scatter", "scatter_object_list", "barrier", "monitored_barrier", "send", "recv", "isend",
-    "irecv", "batch_isend_irecv", "_all_gather_base", "_reduce_scatter_base", "wait", "synchronize",
-))
+COLLECTIVES = frozenset(
+    (
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_to_all",
+        "all_to_all_single",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "broadcast",
+        "broadcast_object_list",
+        "reduce",
+        "gather",
+        "gather_object",
+        "scatter",
+        "scatter_object_list",
+        "barrier",
+        "monitored_barrier",
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "batch_isend_irecv",
+        "_all_gather_base",
+        "_reduce_scatter_base",
+        "wait",
+        "synchronize",
+    )
+)
 DISTRIBUTED_FILES = ("torch/distributed/", "deepspeed/comm/", "megatron/core/parallel_state")
 LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python", "<frozen", "/lib64/python")
 
@@ -81,7 +105,10 @@ def where(frames: Sequence[Frame]) -> str:
     inner = frames[inner_index]
     text = "`%s` (%s)" % (inner.function, place(inner))
     if is_library(inner.file):
-        user = next((frame for frame in frames[inner_index + 1:] if is_python_frame(frame) and not is_library(frame.file)), None)
+        user = next(
+            (frame for frame in frames[inner_index + 1 :] if is_python_frame(frame) and not is_library(frame.file)),
+            None,
+        )
         if user is not None:
             text += " via %s" % place(user)
     return text
@@ -118,8 +145,10 @@ def group_stacks(members: Sequence[Member]) -> List[Group]:
     by_stack: Dict[Tuple[Frame, ...], List[Member]] = {}
     for member in members:
         by_stack.setdefault(member.frames, []).append(member)
-    groups = [Group(tuple(sorted(found, key=lambda m: _sort_key(m.rank))), frames, in_collective(frames))
-              for frames, found in by_stack.items()]
+    groups = [
+        Group(tuple(sorted(found, key=lambda m: _sort_key(m.rank))), frames, in_collective(frames))
+        for frames, found in by_stack.items()
+    ]
     odd = odd_groups(groups)
     marked = [Group(g.members, g.frames, g.in_collective, odd=id(g) in odd) for g in groups]
     marked.sort(key=lambda g: (not g.odd, -len(g.members), _sort_key(g.members[0].rank)))

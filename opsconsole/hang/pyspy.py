@@ -20,7 +20,7 @@ MAX_THREADS = 256
 MAX_FRAMES = 512  # per thread; deeper stacks keep their innermost frames
 MAX_NAME_CHARS = 200
 MAX_FILE_CHARS = 400
-MAX_LINE = 10 ** 8
+MAX_LINE = 10**8
 
 
 @dataclass(frozen=True)
@@ -82,9 +82,14 @@ def _thread(raw: Any) -> Tuple[Optional[ThreadStack], int]:
         else:
             frames.append(frame)
     name = _text(raw.get("thread_name"), MAX_NAME_CHARS) or ""
-    os_thread_id = _int(raw.get("os_thread_id"), 0, 2 ** 63)
-    stack = ThreadStack(name, os_thread_id, tuple(frames), active=raw.get("active") is True,
-                        frames_cut=max(0, len(raw["frames"]) - MAX_FRAMES))
+    os_thread_id = _int(raw.get("os_thread_id"), 0, 2**63)
+    stack = ThreadStack(
+        name,
+        os_thread_id,
+        tuple(frames),
+        active=raw.get("active") is True,
+        frames_cut=max(0, len(raw["frames"]) - MAX_FRAMES),
+    )
     return stack, skipped
 
 

@@ -38,9 +38,11 @@ READ_CHUNK = 256 * 1024
 RANK_STATUSES = ("ok", "failed", "timeout", "gone", "no-py-spy")
 
 PY_SPY_FIX = "pip install py-spy on the node (into the training environment, or ~/.local/bin)"
-PTRACE_FIX = ("allow ptrace: run as root or as the ranks' user with `sysctl kernel.yama.ptrace_scope=0` "
-              "(1 lets only a parent trace); in a container add the SYS_PTRACE capability "
-              "(docker run --cap-add SYS_PTRACE; Kubernetes securityContext.capabilities.add: [SYS_PTRACE])")
+PTRACE_FIX = (
+    "allow ptrace: run as root or as the ranks' user with `sysctl kernel.yama.ptrace_scope=0` "
+    "(1 lets only a parent trace); in a container add the SYS_PTRACE capability "
+    "(docker run --cap-add SYS_PTRACE; Kubernetes securityContext.capabilities.add: [SYS_PTRACE])"
+)
 
 
 @dataclass(frozen=True)
@@ -106,15 +108,20 @@ class StacksReport:
     def to_json(self) -> dict:
         return {
             "ranks": [r.to_json() for r in self.ranks],
-            "groups": [{"ranks": list(g.ranks), "frames": [f.to_json() for f in g.frames], "odd": g.odd}
-                       for g in self.groups],
+            "groups": [
+                {"ranks": list(g.ranks), "frames": [f.to_json() for f in g.frames], "odd": g.odd} for g in self.groups
+            ],
             "odd": self.odd,
             "errors": [e.to_json() for e in self.errors],
         }
 
 
-def build_report(ranks: Sequence[RankStack], errors: Sequence[StackError], wall_s: float = 0.0,
-                 node_s: Optional[Dict[str, float]] = None) -> StacksReport:
+def build_report(
+    ranks: Sequence[RankStack],
+    errors: Sequence[StackError],
+    wall_s: float = 0.0,
+    node_s: Optional[Dict[str, float]] = None,
+) -> StacksReport:
     ordered = sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.node, r.pid))
     groups = group_stacks([Member(r.rank_id, r.node, r.pid, r.frames) for r in ordered])
     return StacksReport(tuple(ordered), tuple(groups), tuple(errors), wall_s, dict(node_s or {}))
@@ -151,19 +158,23 @@ def why_dump_failed(answer: Mapping[str, Any], head: Mapping[str, Any], timeout:
         places = ", ".join(_text(p, 200) for p in looked[:8]) if isinstance(looked, list) else "PATH"
         return "py-spy not found (looked in %s): %s" % (places, PY_SPY_FIX)
     if status == "timeout":
-        return ("py-spy gave no stack within %g s%s (a process in uninterruptible I/O, state D, cannot be "
-                "attached: cat /proc/PID/stack shows where the kernel holds it)"
-                % (timeout, " and the process is in state D" if state == "D" else ""))
+        return (
+            "py-spy gave no stack within %g s%s (a process in uninterruptible I/O, state D, cannot be "
+            "attached: cat /proc/PID/stack shows where the kernel holds it)"
+            % (timeout, " and the process is in state D" if state == "D" else "")
+        )
     if status == "gone" or state == "Z":
         return "the process exited before its stack was read"
     if state in ("T", "t"):
-        return ("the process is stopped (state %s: SIGSTOP, ctrl-z or a debugger holds it), so py-spy cannot "
-                "suspend it: kill -CONT it, or detach the debugger (py-spy said: %s)" % (state, said or "nothing"))
+        return (
+            "the process is stopped (state %s: SIGSTOP, ctrl-z or a debugger holds it), so py-spy cannot "
+            "suspend it: kill -CONT it, or detach the debugger (py-spy said: %s)" % (state, said or "nothing")
+        )
     lowered = stderr.lower()
     if "permission denied" in lowered or "operation not permitted" in lowered or "ptrace" in lowered:
         scope = _int(head.get("ptrace_scope"), 0, 3)
         facts = ["kernel.yama.ptrace_scope = %s" % ("not set (no Yama)" if scope is None else scope)]
-        if _int(head.get("uid"), 0, 2 ** 32) is not None:
+        if _int(head.get("uid"), 0, 2**32) is not None:
             facts.append("uid %d" % head["uid"])
         if head.get("cap_sys_ptrace") is False:
             facts.append("no CAP_SYS_PTRACE")
@@ -179,8 +190,8 @@ def py_spy_error(stderr: str) -> str:
     start = next((i for i, line in enumerate(lines) if line.startswith("Error")), None)
     if start is None:
         return lines[-1] if lines else ""
-    parts = [lines[start][len("Error"):].lstrip(": ").strip()]
-    for line in lines[start + 1:]:
+    parts = [lines[start][len("Error") :].lstrip(": ").strip()]
+    for line in lines[start + 1 :]:
         if line.startswith("Stack backtrace"):
             break
         if line.startswith("Caused by"):
@@ -189,13 +200,15 @@ def py_spy_error(stderr: str) -> str:
     return ": ".join(part for part in parts if part)[:MAX_NOTE_CHARS]
 
 
-def rank_of(node: str, answer: Mapping[str, Any], head: Mapping[str, Any], timeout: float) -> Tuple[Optional[RankStack], Optional[StackError]]:
+def rank_of(
+    node: str, answer: Mapping[str, Any], head: Mapping[str, Any], timeout: float
+) -> Tuple[Optional[RankStack], Optional[StackError]]:
     """One `rank` answer line, checked: a RankStack, or a StackError saying why not."""
-    pid = _int(answer.get("pid"), 1, 2 ** 31)
+    pid = _int(answer.get("pid"), 1, 2**31)
     if pid is None:
         return None, StackError(node, "the node's helper sent a rank without a valid pid")
-    rank = _int(answer.get("rank"), 0, 10 ** 7)
-    local_rank = _int(answer.get("local_rank"), 0, 10 ** 7)
+    rank = _int(answer.get("rank"), 0, 10**7)
+    local_rank = _int(answer.get("local_rank"), 0, 10**7)
     status = answer.get("status")
     if status not in RANK_STATUSES:
         return None, StackError(node, "the node's helper sent an unknown status", pid, rank)
@@ -207,8 +220,17 @@ def rank_of(node: str, answer: Mapping[str, Any], head: Mapping[str, Any], timeo
     main = main_thread(threads, pid)
     if main is None:
         return None, StackError(node, problem or "no Python thread in the dump", pid, rank)
-    return RankStack(node, pid, rank, main.frames, threads, local_rank, _text(answer.get("cmd"), 512),
-                     _number(answer.get("seconds")), problem), None
+    return RankStack(
+        node,
+        pid,
+        rank,
+        main.frames,
+        threads,
+        local_rank,
+        _text(answer.get("cmd"), 512),
+        _number(answer.get("seconds")),
+        problem,
+    ), None
 
 
 class NodeAnswer:
@@ -234,8 +256,11 @@ class NodeAnswer:
             self.lines.append(line)
 
     def on_too_long(self, length: int) -> None:
-        self.errors.append(StackError(self.node, "an answer line of %d characters was dropped (over %d)"
-                                      % (length, MAX_ANSWER_LINE_CHARS)))
+        self.errors.append(
+            StackError(
+                self.node, "an answer line of %d characters was dropped (over %d)" % (length, MAX_ANSWER_LINE_CHARS)
+            )
+        )
 
     def _read(self, line: str) -> None:
         try:
@@ -276,9 +301,14 @@ class NodeAnswer:
             self.errors.append(StackError(self.node, "the stack helper did not answer: %s" % said))
         elif self.done_s is None:
             self.errors.append(StackError(self.node, "the stack helper stopped before it was done"))
-        if self.head and _int(self.head.get("ranks"), 0, 10 ** 6) == 0 and not failure:
-            self.errors.append(StackError(self.node, "no training ranks found (no process with RANK or LOCAL_RANK "
-                                                     "in its environment, no GPU compute process)"))
+        if self.head and _int(self.head.get("ranks"), 0, 10**6) == 0 and not failure:
+            self.errors.append(
+                StackError(
+                    self.node,
+                    "no training ranks found (no process with RANK or LOCAL_RANK "
+                    "in its environment, no GPU compute process)",
+                )
+            )
         return self
 
 
@@ -293,10 +323,20 @@ def helper_argv(python: str) -> List[str]:
     return shlex.split(python) + ["-I", "-S", "-u", "-c", inspect.getsource(rank_stacks)]
 
 
-def request_line(pids: Optional[Sequence[int]], native: bool, timeout: float,
-                 gpu_pids: Optional[Sequence[int]] = None) -> str:
-    return json.dumps({"pids": list(pids) if pids else None, "native": bool(native), "timeout": timeout,
-                       "gpu_pids": list(gpu_pids) if gpu_pids else None}) + "\n"
+def request_line(
+    pids: Optional[Sequence[int]], native: bool, timeout: float, gpu_pids: Optional[Sequence[int]] = None
+) -> str:
+    return (
+        json.dumps(
+            {
+                "pids": list(pids) if pids else None,
+                "native": bool(native),
+                "timeout": timeout,
+                "gpu_pids": list(gpu_pids) if gpu_pids else None,
+            }
+        )
+        + "\n"
+    )
 
 
 async def _pump(read: Callable[[], Any], answer: NodeAnswer, decode: Callable[[Any], str]) -> None:
@@ -309,7 +349,9 @@ async def _pump(read: Callable[[], Any], answer: NodeAnswer, decode: Callable[[A
         text = decode(chunk)
         total += len(text)
         if total > MAX_NODE_ANSWER_CHARS:
-            answer.errors.append(StackError(answer.node, "the node's answer went past %d characters: cut" % MAX_NODE_ANSWER_CHARS))
+            answer.errors.append(
+                StackError(answer.node, "the node's answer went past %d characters: cut" % MAX_NODE_ANSWER_CHARS)
+            )
             return
         splitter.feed(text)
     splitter.feed("\n")  # a last line without its newline
@@ -321,7 +363,9 @@ async def _run_over_ssh(link: Any, argv: List[str], request: str, answer: NodeAn
     conn = await link.connection()
     async with link.channel_slot():
         # stderr merged: an unread stderr stalls stdout, and what it says explains a failure.
-        process = await conn.create_process(shlex.join(argv), stderr=asyncssh.STDOUT, encoding="utf-8", errors="replace")
+        process = await conn.create_process(
+            shlex.join(argv), stderr=asyncssh.STDOUT, encoding="utf-8", errors="replace"
+        )
         try:
             process.stdin.write(request)
             process.stdin.write_eof()
@@ -331,8 +375,9 @@ async def _run_over_ssh(link: Any, argv: List[str], request: str, answer: NodeAn
 
 
 async def _run_here(argv: List[str], request: str, answer: NodeAnswer) -> None:
-    process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.STDOUT)
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     try:
         stdin, stdout = process.stdin, process.stdout
@@ -355,8 +400,14 @@ def _describe(exc: BaseException) -> str:
     return printable_line(str(reason).splitlines()[0][:MAX_NOTE_CHARS]) if str(reason).strip() else type(exc).__name__
 
 
-async def collect_node(name: str, link: Any, pids: Optional[Sequence[int]] = None, native: bool = False,
-                       timeout: float = DEFAULT_DUMP_TIMEOUT_S, gpu_pids: Optional[Sequence[int]] = None) -> NodeAnswer:
+async def collect_node(
+    name: str,
+    link: Any,
+    pids: Optional[Sequence[int]] = None,
+    native: bool = False,
+    timeout: float = DEFAULT_DUMP_TIMEOUT_S,
+    gpu_pids: Optional[Sequence[int]] = None,
+) -> NodeAnswer:
     """One node's ranks and stacks over its link; every failure ends up in the answer's errors.
 
     `gpu_pids`: the node's GPU compute processes as its last frame listed them, dumped when no
@@ -364,8 +415,9 @@ async def collect_node(name: str, link: Any, pids: Optional[Sequence[int]] = Non
     answer = NodeAnswer(name, timeout)
     channel = command_channel(link)
     if is_replayed(link) or channel not in (COMMANDS_HERE, COMMANDS_SSH):
-        return answer.finish("no command channel to the node (a replay or a metrics-only source): its processes "
-                             "cannot be read")
+        return answer.finish(
+            "no command channel to the node (a replay or a metrics-only source): its processes cannot be read"
+        )
     request = request_line(pids, native, timeout, gpu_pids)
     deadline = timeout * 3 + NODE_SLACK_S
     failure = None
@@ -384,16 +436,23 @@ async def collect_node(name: str, link: Any, pids: Optional[Sequence[int]] = Non
     return await asyncio.to_thread(answer.finish, failure)
 
 
-async def collect_stacks(links: Mapping[str, Any], pids: Optional[Mapping[str, Sequence[int]]] = None,
-                         native: bool = False, timeout: float = DEFAULT_DUMP_TIMEOUT_S,
-                         gpu_pids: Optional[Mapping[str, Sequence[int]]] = None) -> StacksReport:
+async def collect_stacks(
+    links: Mapping[str, Any],
+    pids: Optional[Mapping[str, Sequence[int]]] = None,
+    native: bool = False,
+    timeout: float = DEFAULT_DUMP_TIMEOUT_S,
+    gpu_pids: Optional[Mapping[str, Sequence[int]]] = None,
+) -> StacksReport:
     """Every node's rank stacks, all nodes at once, grouped. `pids` limits a node to those processes;
     `gpu_pids` are each node's GPU compute processes from its frame (used where no rank is found)."""
     started = time.monotonic()
     names = list(links)
-    answers = await asyncio.gather(*(
-        collect_node(name, links[name], (pids or {}).get(name), native, timeout, (gpu_pids or {}).get(name))
-        for name in names))
+    answers = await asyncio.gather(
+        *(
+            collect_node(name, links[name], (pids or {}).get(name), native, timeout, (gpu_pids or {}).get(name))
+            for name in names
+        )
+    )
     ranks = [stack for answer in answers for stack in answer.ranks]
     errors = [error for answer in answers for error in answer.errors]
     node_s = {answer.node: answer.done_s for answer in answers if answer.done_s is not None}
@@ -404,15 +463,21 @@ async def collect_stacks(links: Mapping[str, Any], pids: Optional[Mapping[str, S
 
 
 def frame_line(frame: Frame) -> str:
-    return "%s (%s:%d)" % (frame.function, frame.file, frame.line) if frame.line else "%s (%s)" % (frame.function, frame.file)
+    return (
+        "%s (%s:%d)" % (frame.function, frame.file, frame.line)
+        if frame.line
+        else "%s (%s)" % (frame.function, frame.file)
+    )
 
 
 def report_text(report: StacksReport) -> str:
     """The headless table: the verdict, each group with its stack, then the errors."""
     lines: List[str] = []
     if report.ranks:
-        lines.append("%d rank(s) on %d node(s): %d group(s)" % (
-            len(report.ranks), len({r.node for r in report.ranks}), len(report.groups)))
+        lines.append(
+            "%d rank(s) on %d node(s): %d group(s)"
+            % (len(report.ranks), len({r.node for r in report.ranks}), len(report.groups))
+        )
         if report.verdict:
             lines.append("odd: " + report.verdict)
     for group in report.groups:
@@ -425,8 +490,11 @@ def report_text(report: StacksReport) -> str:
     if report.errors:
         lines.append("")
         for error in report.errors:
-            who = error.node + ("" if error.pid is None else " pid %d" % error.pid) + (
-                "" if error.rank is None else " (rank %d)" % error.rank)
+            who = (
+                error.node
+                + ("" if error.pid is None else " pid %d" % error.pid)
+                + ("" if error.rank is None else " (rank %d)" % error.rank)
+            )
             lines.append("error %s: %s" % (who, error.reason))
     if not report.ranks and not report.errors:
         lines.append("no nodes")

@@ -6,5 +6,11 @@ name for the same functions.
 """
 
 from opsconsole.diagnosis.watchdog import (  # noqa: F401
-    WatchdogLines, WatchdogReport, WatchdogVerdict, parse_watchdog_line, rank_list, verdict_text, watchdog_verdict,
+    WatchdogLines,
+    WatchdogReport,
+    WatchdogVerdict,
+    parse_watchdog_line,
+    rank_list,
+    verdict_text,
+    watchdog_verdict,
 )

@@ -81,7 +81,9 @@ class HealthMonitor:
                 self._entries[key] = HealthEntry(result, now, ORIGIN_RULES)
             else:
                 self._entries[key] = HealthEntry(result, old.since, ORIGIN_RULES)
-        for key in [k for k, e in self._entries.items() if k[0] == node and e.origin == ORIGIN_RULES and k not in fresh]:
+        for key in [
+            k for k, e in self._entries.items() if k[0] == node and e.origin == ORIGIN_RULES and k not in fresh
+        ]:
             del self._entries[key]  # a GPU or process that is gone takes its results along
         return changed
 
@@ -106,7 +108,9 @@ class HealthMonitor:
     def entries(self, node: Optional[str] = None) -> List[HealthEntry]:
         """Entries of one node (None: all), newest change first; ties by node, GPU, check."""
         chosen = [e for e in self._entries.values() if node is None or e.result.node == node]
-        chosen.sort(key=lambda e: (-e.since, e.result.node, -1 if e.result.gpu is None else e.result.gpu, e.result.check))
+        chosen.sort(
+            key=lambda e: (-e.since, e.result.node, -1 if e.result.gpu is None else e.result.gpu, e.result.check)
+        )
         return chosen
 
     def latest(self) -> List[HealthResult]:

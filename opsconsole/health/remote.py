@@ -35,7 +35,9 @@ def health_bundle() -> str:
     return head + HEALTH_ENTRY + tail
 
 
-def suite_args(node: str, cfg: HealthConfig, gpus: Optional[Sequence[int]] = None, force: bool = False, level: int = 1) -> List[str]:
+def suite_args(
+    node: str, cfg: HealthConfig, gpus: Optional[Sequence[int]] = None, force: bool = False, level: int = 1
+) -> List[str]:
     """The health mode's arguments (after `python3 -`)."""
     args = ["--json", "--level", str(level), "--node-name", node, "--memory-share", "%g" % cfg.gpu_test_memory_share]
     if gpus:
@@ -53,7 +55,11 @@ def result_from_wire(data: Any, node: str) -> HealthResult:
     if status not in STATUSES:
         raise ValueError("unknown status %r" % (status,))
     gpu = data.get("gpu")
-    evidence = tuple((str(pair[0]), str(pair[1])) for pair in data.get("evidence") or () if isinstance(pair, (list, tuple)) and len(pair) == 2)
+    evidence = tuple(
+        (str(pair[0]), str(pair[1]))
+        for pair in data.get("evidence") or ()
+        if isinstance(pair, (list, tuple)) and len(pair) == 2
+    )
     duration = data.get("duration_s")
     return HealthResult(
         check=data["check"],
@@ -93,8 +99,12 @@ def suite_error(node: str, message: str) -> HealthResult:
 async def run_local_suite(python: str, args: Sequence[str], timeout: float) -> Tuple[Optional[int], str, str]:
     """Run the health bundle with a local interpreter: (exit status, stdout, stderr)."""
     process = await asyncio.create_subprocess_exec(
-        *shlex.split(python), "-", *args,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        *shlex.split(python),
+        "-",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         out, err = await asyncio.wait_for(process.communicate(health_bundle().encode("utf-8")), timeout)
@@ -134,5 +144,7 @@ async def run_gpu_suite(
         return [suite_error(node, "the GPU suite did not finish within %g s ([health] gpu_test_timeout_s)" % timeout)]
     except Exception as exc:  # LinkError, OSError (no interpreter) ...
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return [suite_error(node, "could not run the GPU suite: %s%s" % (type(exc).__name__, ": " + text if text else ""))]
+        return [
+            suite_error(node, "could not run the GPU suite: %s%s" % (type(exc).__name__, ": " + text if text else ""))
+        ]
     return parse_suite_output(out, node, status, err)

@@ -31,17 +31,34 @@ _FIELDS = ("check", "node", "status", "message", "gpu", "evidence", "remedy", "t
 _EXTRA = {f.name: f.default for f in fields(HealthResult) if f.name not in _FIELDS and f.default is not MISSING}
 
 
-def make_result(check: str, node: str, status: str, message: str, gpu: Optional[int] = None,
-                evidence: Tuple[Tuple[str, str], ...] = (), remedy: str = "", time: float = 0.0,
-                duration_s: Optional[float] = None) -> HealthResult:
+def make_result(
+    check: str,
+    node: str,
+    status: str,
+    message: str,
+    gpu: Optional[int] = None,
+    evidence: Tuple[Tuple[str, str], ...] = (),
+    remedy: str = "",
+    time: float = 0.0,
+    duration_s: Optional[float] = None,
+) -> HealthResult:
     """HealthResult(...) without the frozen __init__'s per-field object.__setattr__.
 
     The rules build ~80 results per 8-GPU node on every fleet change; the frozen __init__
     was a quarter of their cost. The dataclass has no __post_init__, so the object is the same.
     """
     result = object.__new__(HealthResult)
-    values = {"check": check, "node": node, "status": status, "message": message, "gpu": gpu,
-              "evidence": evidence, "remedy": remedy, "time": time, "duration_s": duration_s}
+    values = {
+        "check": check,
+        "node": node,
+        "status": status,
+        "message": message,
+        "gpu": gpu,
+        "evidence": evidence,
+        "remedy": remedy,
+        "time": time,
+        "duration_s": duration_s,
+    }
     if _EXTRA:
         values.update(_EXTRA)
     object.__setattr__(result, "__dict__", values)

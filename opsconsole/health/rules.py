@@ -12,15 +12,15 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Tuple
 
 from opsconsole.config import HealthConfig
+from opsconsole.health import xid
 from opsconsole.health.result import STATUS_FAIL, STATUS_PASS, STATUS_WARN, HealthResult, make_result
 from opsconsole.health.thresholds import temperature_limit, temperature_status
 from opsconsole.model import GpuSample, HostSample, NodeFrame
-from opsconsole.health import xid
 
 GpuRule = Callable[[str, GpuSample, HealthConfig, float], Optional[HealthResult]]
 HostRule = Callable[[str, HostSample, HealthConfig, float], List[HealthResult]]
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 REMEDY_TEMPERATURE = (
     "check the node's cooling (airflow, fans, inlet temperature) and the GPU's heatsink; "
@@ -103,10 +103,25 @@ def gpu_ecc(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) -> Optiona
         evidence += (("ecc_volatile_corrected", str(gpu.ecc_volatile_corrected)),)
     if count > 0:
         return make_result(
-            "gpu_ecc", node, STATUS_FAIL, "GPU %d: %d uncorrected ECC errors" % (gpu.index, count),
-            gpu.index, evidence, REMEDY_ECC, now,
+            "gpu_ecc",
+            node,
+            STATUS_FAIL,
+            "GPU %d: %d uncorrected ECC errors" % (gpu.index, count),
+            gpu.index,
+            evidence,
+            REMEDY_ECC,
+            now,
         )
-    return make_result("gpu_ecc", node, STATUS_PASS, "GPU %d: no uncorrected ECC errors" % gpu.index, gpu.index, evidence, REMEDY_ECC, now)
+    return make_result(
+        "gpu_ecc",
+        node,
+        STATUS_PASS,
+        "GPU %d: no uncorrected ECC errors" % gpu.index,
+        gpu.index,
+        evidence,
+        REMEDY_ECC,
+        now,
+    )
 
 
 def gpu_remapped_rows(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) -> Optional[HealthResult]:
@@ -118,10 +133,37 @@ def gpu_remapped_rows(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) 
     if gpu.remapped_rows_uncorrected is not None:
         evidence += (("remapped_uncorrected", str(gpu.remapped_rows_uncorrected)),)
     if failed:
-        return make_result("gpu_remapped_rows", node, STATUS_FAIL, "GPU %d: row remapping failed" % gpu.index, gpu.index, evidence, REMEDY_REMAP_FAILED, now)
+        return make_result(
+            "gpu_remapped_rows",
+            node,
+            STATUS_FAIL,
+            "GPU %d: row remapping failed" % gpu.index,
+            gpu.index,
+            evidence,
+            REMEDY_REMAP_FAILED,
+            now,
+        )
     if pending:
-        return make_result("gpu_remapped_rows", node, STATUS_WARN, "GPU %d: row remap pending" % gpu.index, gpu.index, evidence, REMEDY_REMAP_PENDING, now)
-    return make_result("gpu_remapped_rows", node, STATUS_PASS, "GPU %d: no remap pending" % gpu.index, gpu.index, evidence, REMEDY_REMAP_PENDING, now)
+        return make_result(
+            "gpu_remapped_rows",
+            node,
+            STATUS_WARN,
+            "GPU %d: row remap pending" % gpu.index,
+            gpu.index,
+            evidence,
+            REMEDY_REMAP_PENDING,
+            now,
+        )
+    return make_result(
+        "gpu_remapped_rows",
+        node,
+        STATUS_PASS,
+        "GPU %d: no remap pending" % gpu.index,
+        gpu.index,
+        evidence,
+        REMEDY_REMAP_PENDING,
+        now,
+    )
 
 
 def gpu_retired_pages(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) -> Optional[HealthResult]:
@@ -130,27 +172,43 @@ def gpu_retired_pages(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) 
     if pending is None:
         return None
     status = STATUS_WARN if pending else STATUS_PASS
-    message = "GPU %d: page retirement pending" % gpu.index if pending else "GPU %d: no page retirement pending" % gpu.index
-    return make_result("gpu_retired_pages", node, status, message, gpu.index, (("pending", str(pending)),), REMEDY_RETIRED_PAGES, now)
+    message = (
+        "GPU %d: page retirement pending" % gpu.index if pending else "GPU %d: no page retirement pending" % gpu.index
+    )
+    return make_result(
+        "gpu_retired_pages", node, status, message, gpu.index, (("pending", str(pending)),), REMEDY_RETIRED_PAGES, now
+    )
 
 
 def gpu_xid(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) -> Optional[HealthResult]:
     """Fail on critical XID events seen since the previous frame."""
     if not gpu.xid_events:
-        return make_result("gpu_xid", node, STATUS_PASS, "GPU %d: no critical XID" % gpu.index, gpu.index, (), REMEDY_XID, now)
+        return make_result(
+            "gpu_xid", node, STATUS_PASS, "GPU %d: no critical XID" % gpu.index, gpu.index, (), REMEDY_XID, now
+        )
     # Each Xid with NVIDIA's catalog meaning and the action it calls for; the remedy is the most disruptive one.
     seen = [xid.decode(code) for code in gpu.xid_events]
     described = "; ".join(item.describe() for item in seen)
     action = xid.worst_action(seen)
     notes = "; ".join(sorted({item.note for item in seen if item.note}))
-    remedy = "%s%s%s" % (xid.ACTION_TEXT[action][:1].upper(), xid.ACTION_TEXT[action][1:], " (%s)" % notes if notes else "")
+    remedy = "%s%s%s" % (
+        xid.ACTION_TEXT[action][:1].upper(),
+        xid.ACTION_TEXT[action][1:],
+        " (%s)" % notes if notes else "",
+    )
     if action == xid.ACTION_RESET_GPU:
         remedy += "; the GPUs pane offers R (reset) once the GPU runs no process"
     elif action in (xid.ACTION_REBOOT_NODE, xid.ACTION_DRAIN):
         remedy += "; drain the node first (D on the Nodes pane)"
     return make_result(
-        "gpu_xid", node, STATUS_FAIL, "GPU %d: %s" % (gpu.index, described), gpu.index,
-        (("xid", ",".join(str(code) for code in gpu.xid_events)), ("action", action)), remedy, now,
+        "gpu_xid",
+        node,
+        STATUS_FAIL,
+        "GPU %d: %s" % (gpu.index, described),
+        gpu.index,
+        (("xid", ",".join(str(code) for code in gpu.xid_events)), ("action", action)),
+        remedy,
+        now,
     )
 
 
@@ -165,14 +223,26 @@ def gpu_clock_events(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) -
     hardware = [r for r in reasons if r in HARDWARE_REASONS]
     if hardware:
         return make_result(
-            "gpu_clock_events", node, STATUS_FAIL, "GPU %d: hardware slowdown (%s)" % (gpu.index, ", ".join(hardware)),
-            gpu.index, evidence, REMEDY_HW_CLOCKS, now,
+            "gpu_clock_events",
+            node,
+            STATUS_FAIL,
+            "GPU %d: hardware slowdown (%s)" % (gpu.index, ", ".join(hardware)),
+            gpu.index,
+            evidence,
+            REMEDY_HW_CLOCKS,
+            now,
         )
     thermal = [r for r in reasons if r in THERMAL_REASONS]
     if thermal:
         return make_result(
-            "gpu_clock_events", node, STATUS_WARN, "GPU %d: thermal slowdown (%s)" % (gpu.index, ", ".join(thermal)),
-            gpu.index, evidence, REMEDY_THERMAL_CLOCKS, now,
+            "gpu_clock_events",
+            node,
+            STATUS_WARN,
+            "GPU %d: thermal slowdown (%s)" % (gpu.index, ", ".join(thermal)),
+            gpu.index,
+            evidence,
+            REMEDY_THERMAL_CLOCKS,
+            now,
         )
     if "SwPowerCap" in reasons:
         message = "GPU %d: at its power cap (expected under full load)" % gpu.index
@@ -201,22 +271,54 @@ def gpu_pcie_link(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) -> O
         if narrow:
             parts.append("x%d of x%d" % (width, width_max))
         return make_result(
-            "gpu_pcie_link", node, STATUS_WARN, "GPU %d: PCIe link downgraded (%s)" % (gpu.index, ", ".join(parts)),
-            gpu.index, evidence, REMEDY_PCIE, now,
+            "gpu_pcie_link",
+            node,
+            STATUS_WARN,
+            "GPU %d: PCIe link downgraded (%s)" % (gpu.index, ", ".join(parts)),
+            gpu.index,
+            evidence,
+            REMEDY_PCIE,
+            now,
         )
-    return make_result("gpu_pcie_link", node, STATUS_PASS, "GPU %d: PCIe link at full speed" % gpu.index, gpu.index, evidence, REMEDY_PCIE, now)
+    return make_result(
+        "gpu_pcie_link",
+        node,
+        STATUS_PASS,
+        "GPU %d: PCIe link at full speed" % gpu.index,
+        gpu.index,
+        evidence,
+        REMEDY_PCIE,
+        now,
+    )
 
 
 def gpu_nvml(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) -> Optional[HealthResult]:
     """Fail when the GPU is lost; warn when NVML fails on some of its fields."""
     if gpu.lost:
-        return make_result("gpu_lost", node, STATUS_FAIL, "GPU %d lost (fell off the bus or NVML lost it)" % gpu.index, gpu.index, (("lost", "True"),), REMEDY_LOST, now)
+        return make_result(
+            "gpu_lost",
+            node,
+            STATUS_FAIL,
+            "GPU %d lost (fell off the bus or NVML lost it)" % gpu.index,
+            gpu.index,
+            (("lost", "True"),),
+            REMEDY_LOST,
+            now,
+        )
     if gpu.errors:
         return make_result(
-            "gpu_lost", node, STATUS_WARN, "GPU %d: NVML errors: %s" % (gpu.index, "; ".join(gpu.errors[:3])),
-            gpu.index, (("errors", str(len(gpu.errors))),), REMEDY_NVML, now,
+            "gpu_lost",
+            node,
+            STATUS_WARN,
+            "GPU %d: NVML errors: %s" % (gpu.index, "; ".join(gpu.errors[:3])),
+            gpu.index,
+            (("errors", str(len(gpu.errors))),),
+            REMEDY_NVML,
+            now,
         )
-    return make_result("gpu_lost", node, STATUS_PASS, "GPU %d answers NVML" % gpu.index, gpu.index, (), REMEDY_LOST, now)
+    return make_result(
+        "gpu_lost", node, STATUS_PASS, "GPU %d answers NVML" % gpu.index, gpu.index, (), REMEDY_LOST, now
+    )
 
 
 GPU_RULES: Tuple[GpuRule, ...] = (
@@ -243,12 +345,31 @@ def disk_free(node: str, host: HostSample, cfg: HealthConfig, now: float) -> Lis
         free = disk.free_percent
         evidence = (("path", disk.path), ("free_percent", _num(free)), ("free_gib", _num(disk.free / GIB)))
         if free < cfg.disk_free_percent:
-            out.append(make_result(
-                "disk_free", node, STATUS_FAIL, "%s: %s%% free (minimum %s%%)" % (disk.path, _num(free), _num(cfg.disk_free_percent)),
-                None, evidence, REMEDY_DISK, now,
-            ))
+            out.append(
+                make_result(
+                    "disk_free",
+                    node,
+                    STATUS_FAIL,
+                    "%s: %s%% free (minimum %s%%)" % (disk.path, _num(free), _num(cfg.disk_free_percent)),
+                    None,
+                    evidence,
+                    REMEDY_DISK,
+                    now,
+                )
+            )
         else:
-            out.append(make_result("disk_free", node, STATUS_PASS, "%s: %s%% free" % (disk.path, _num(free)), None, evidence, REMEDY_DISK, now))
+            out.append(
+                make_result(
+                    "disk_free",
+                    node,
+                    STATUS_PASS,
+                    "%s: %s%% free" % (disk.path, _num(free)),
+                    None,
+                    evidence,
+                    REMEDY_DISK,
+                    now,
+                )
+            )
     return out
 
 
@@ -259,8 +380,21 @@ def memory_used(node: str, host: HostSample, cfg: HealthConfig, now: float) -> L
         return []
     evidence = (("memory_percent", _num(used)), ("limit_percent", _num(cfg.memory_percent)))
     if used > cfg.memory_percent:
-        return [make_result("memory", node, STATUS_FAIL, "memory %s%% used (limit %s%%)" % (_num(used), _num(cfg.memory_percent)), None, evidence, REMEDY_MEMORY, now)]
-    return [make_result("memory", node, STATUS_PASS, "memory %s%% used" % _num(used), None, evidence, REMEDY_MEMORY, now)]
+        return [
+            make_result(
+                "memory",
+                node,
+                STATUS_FAIL,
+                "memory %s%% used (limit %s%%)" % (_num(used), _num(cfg.memory_percent)),
+                None,
+                evidence,
+                REMEDY_MEMORY,
+                now,
+            )
+        ]
+    return [
+        make_result("memory", node, STATUS_PASS, "memory %s%% used" % _num(used), None, evidence, REMEDY_MEMORY, now)
+    ]
 
 
 def swap_used(node: str, host: HostSample, cfg: HealthConfig, now: float) -> List[HealthResult]:
@@ -270,7 +404,9 @@ def swap_used(node: str, host: HostSample, cfg: HealthConfig, now: float) -> Lis
     share = 100.0 * host.swap_used / host.swap_total
     evidence = (("swap_used_percent", _num(share)), ("swap_used_gib", _num(host.swap_used / GIB)))
     if share > cfg.swap_used_percent:
-        return [make_result("swap", node, STATUS_WARN, "swap %s%% in use" % _num(share), None, evidence, REMEDY_SWAP, now)]
+        return [
+            make_result("swap", node, STATUS_WARN, "swap %s%% in use" % _num(share), None, evidence, REMEDY_SWAP, now)
+        ]
     return [make_result("swap", node, STATUS_PASS, "swap %s%% in use" % _num(share), None, evidence, REMEDY_SWAP, now)]
 
 
@@ -281,7 +417,18 @@ def iowait(node: str, host: HostSample, cfg: HealthConfig, now: float) -> List[H
         return []
     evidence = (("iowait_percent", _num(value)), ("limit_percent", _num(cfg.iowait_percent)))
     if value > cfg.iowait_percent:
-        return [make_result("iowait", node, STATUS_WARN, "iowait %s%%: I/O bottleneck" % _num(value), None, evidence, REMEDY_IOWAIT, now)]
+        return [
+            make_result(
+                "iowait",
+                node,
+                STATUS_WARN,
+                "iowait %s%%: I/O bottleneck" % _num(value),
+                None,
+                evidence,
+                REMEDY_IOWAIT,
+                now,
+            )
+        ]
     return [make_result("iowait", node, STATUS_PASS, "iowait %s%%" % _num(value), None, evidence, REMEDY_IOWAIT, now)]
 
 
@@ -293,16 +440,37 @@ def nvml_source(node: str, frame: NodeFrame, now: float) -> List[HealthResult]:
     nvml_errors = [e for e in frame.errors if "nvml" in e.lower()]
     if frame.gpu_source == "nvidia-smi" or nvml_errors:
         detail = "; ".join(nvml_errors[:2]) or frame.gpu_note or "read through nvidia-smi"
-        return [make_result(
-            "nvml", node, STATUS_WARN, "NVML failing: %s" % detail, None,
-            (("gpu_source", frame.gpu_source),), REMEDY_NVML, now,
-        )]
+        return [
+            make_result(
+                "nvml",
+                node,
+                STATUS_WARN,
+                "NVML failing: %s" % detail,
+                None,
+                (("gpu_source", frame.gpu_source),),
+                REMEDY_NVML,
+                now,
+            )
+        ]
     if frame.gpu_source == "nvml":
-        return [make_result("nvml", node, STATUS_PASS, "NVML answers (%d GPUs)" % len(frame.gpus), None, (("gpu_source", "nvml"),), REMEDY_NVML, now)]
+        return [
+            make_result(
+                "nvml",
+                node,
+                STATUS_PASS,
+                "NVML answers (%d GPUs)" % len(frame.gpus),
+                None,
+                (("gpu_source", "nvml"),),
+                REMEDY_NVML,
+                now,
+            )
+        ]
     return []  # no GPUs on this node: nothing to say
 
 
-def evaluate_frame(frame: NodeFrame, cfg: HealthConfig, now: Optional[float] = None, node: Optional[str] = None) -> List[HealthResult]:
+def evaluate_frame(
+    frame: NodeFrame, cfg: HealthConfig, now: Optional[float] = None, node: Optional[str] = None
+) -> List[HealthResult]:
     """Every threshold rule over one frame: GPU rules per GPU, host rules, the NVML source."""
     name = node or frame.node
     when = frame.time if now is None else now

@@ -45,16 +45,42 @@ def node_state_result(state: NodeState, now: float) -> HealthResult:
     """Whether the node delivers frames: pass when live, warn when stale, fail when away, error before any."""
     evidence = (("state", state.state),) + ((("reason", state.reason),) if state.reason else ())
     if state.is_live:
-        return HealthResult("node_reachable", state.name, STATUS_PASS, "node %s" % state.state, None, evidence, REMEDY_NODE, now)
+        return HealthResult(
+            "node_reachable", state.name, STATUS_PASS, "node %s" % state.state, None, evidence, REMEDY_NODE, now
+        )
     if state.state == STATE_STALE:
         age = state.age(now)
-        return HealthResult("node_reachable", state.name, STATUS_WARN, "no fresh frame for %s s" % ("%.0f" % age if age is not None else "?"),
-                            None, evidence, REMEDY_NODE, now)
+        return HealthResult(
+            "node_reachable",
+            state.name,
+            STATUS_WARN,
+            "no fresh frame for %s s" % ("%.0f" % age if age is not None else "?"),
+            None,
+            evidence,
+            REMEDY_NODE,
+            now,
+        )
     if state.state == STATE_CONNECTING or state.frame is None:
-        return HealthResult("node_reachable", state.name, STATUS_ERROR, "no frame from the node yet (%s)" % (state.reason or state.state),
-                            None, evidence, REMEDY_NODE, now)
-    return HealthResult("node_reachable", state.name, STATUS_FAIL, "node %s: %s" % (state.state, state.reason or "no reason given"),
-                        None, evidence, REMEDY_NODE, now)
+        return HealthResult(
+            "node_reachable",
+            state.name,
+            STATUS_ERROR,
+            "no frame from the node yet (%s)" % (state.reason or state.state),
+            None,
+            evidence,
+            REMEDY_NODE,
+            now,
+        )
+    return HealthResult(
+        "node_reachable",
+        state.name,
+        STATUS_FAIL,
+        "node %s: %s" % (state.state, state.reason or "no reason given"),
+        None,
+        evidence,
+        REMEDY_NODE,
+        now,
+    )
 
 
 def evaluate_state(state: NodeState, config: Any = None, now: Optional[float] = None) -> List[HealthResult]:
@@ -93,10 +119,17 @@ async def run_node_checks(
     when = time.time() if now is None else now
     results = evaluate_state(state if state is not None else NodeState(node), config, when)
     if gpu_tests:
-        results.extend(await run_gpu_suite(
-            node, health_config(config), link=link, python=node_python(config, node),
-            gpus=[gpu] if gpu is not None else None, force=force, level=level,
-        ))
+        results.extend(
+            await run_gpu_suite(
+                node,
+                health_config(config),
+                link=link,
+                python=node_python(config, node),
+                gpus=[gpu] if gpu is not None else None,
+                force=force,
+                level=level,
+            )
+        )
     return results
 
 
@@ -116,8 +149,9 @@ async def run_all_checks(
     async def one(state: NodeState) -> List[HealthResult]:
         async with gate:
             link = links.get(state.name) if links is not None else None
-            return await run_node_checks(state.name, state, config, link=link, gpu_tests=gpu_tests and state.is_live, force=force,
-                                         level=level)
+            return await run_node_checks(
+                state.name, state, config, link=link, gpu_tests=gpu_tests and state.is_live, force=force, level=level
+            )
 
     done = await asyncio.gather(*(one(state) for state in ordered))
     return {state.name: results for state, results in zip(ordered, done)}

@@ -83,7 +83,9 @@ def _gpu_util(gpus: Sequence[GpuSample]) -> str:
 Jobs = List[Tuple[ProcessSample, Tuple[GpuSample, ...]]]
 
 
-def input_pipeline(node: str, frame: NodeFrame, cfg: HealthConfig, now: float, jobs: Optional[Jobs] = None) -> List[HealthResult]:
+def input_pipeline(
+    node: str, frame: NodeFrame, cfg: HealthConfig, now: float, jobs: Optional[Jobs] = None
+) -> List[HealthResult]:
     """Per training process: GPUs idle while its workers (or itself) keep the CPU busy."""
     out = []
     children: Dict[int, List[ProcessSample]] = {}
@@ -107,26 +109,52 @@ def input_pipeline(node: str, frame: NodeFrame, cfg: HealthConfig, now: float, j
         )
         idle = _idle(gpus, cfg)
         if idle and worker_cpu >= cfg.loader_busy_percent:
-            out.append(make_result(
-                "data_loader", node, STATUS_WARN,
-                "pid %d: GPU %s idle while its %d data-loader workers use %g%% CPU" % (proc.pid, _gpu_list(gpus), len(workers), round(worker_cpu)),
-                first, evidence, REMEDY_DATA_LOADER, now,
-            ))
+            out.append(
+                make_result(
+                    "data_loader",
+                    node,
+                    STATUS_WARN,
+                    "pid %d: GPU %s idle while its %d data-loader workers use %g%% CPU"
+                    % (proc.pid, _gpu_list(gpus), len(workers), round(worker_cpu)),
+                    first,
+                    evidence,
+                    REMEDY_DATA_LOADER,
+                    now,
+                )
+            )
         elif idle and main_cpu >= MAIN_BUSY_PERCENT:
-            out.append(make_result(
-                "data_loader", node, STATUS_WARN,
-                "pid %d: GPU %s idle while the process itself uses %g%% CPU (preprocessing)" % (proc.pid, _gpu_list(gpus), round(main_cpu)),
-                first, evidence, REMEDY_PREPROCESS, now,
-            ))
+            out.append(
+                make_result(
+                    "data_loader",
+                    node,
+                    STATUS_WARN,
+                    "pid %d: GPU %s idle while the process itself uses %g%% CPU (preprocessing)"
+                    % (proc.pid, _gpu_list(gpus), round(main_cpu)),
+                    first,
+                    evidence,
+                    REMEDY_PREPROCESS,
+                    now,
+                )
+            )
         else:
-            out.append(make_result(
-                "data_loader", node, STATUS_PASS, "pid %d: input pipeline keeps up" % proc.pid,
-                first, evidence, REMEDY_DATA_LOADER, now,
-            ))
+            out.append(
+                make_result(
+                    "data_loader",
+                    node,
+                    STATUS_PASS,
+                    "pid %d: input pipeline keeps up" % proc.pid,
+                    first,
+                    evidence,
+                    REMEDY_DATA_LOADER,
+                    now,
+                )
+            )
     return out
 
 
-def storage_bottleneck(node: str, frame: NodeFrame, cfg: HealthConfig, now: float, jobs: Optional[Jobs] = None) -> List[HealthResult]:
+def storage_bottleneck(
+    node: str, frame: NodeFrame, cfg: HealthConfig, now: float, jobs: Optional[Jobs] = None
+) -> List[HealthResult]:
     """A job's GPUs idle, the CPUs idle and iowait high: the job waits on storage."""
     host = frame.host
     jobs = [gpus for _, gpus in (training_processes(frame) if jobs is None else jobs) if gpus]
@@ -140,12 +168,22 @@ def storage_bottleneck(node: str, frame: NodeFrame, cfg: HealthConfig, now: floa
         ("iowait_percent", "%g" % round(host.iowait_percent, 1)),
     )
     if _idle(used, cfg) and host.cpu_percent < CPU_IDLE_PERCENT and host.iowait_percent > cfg.iowait_percent:
-        return [make_result(
-            "storage_bottleneck", node, STATUS_WARN,
-            "GPU %s idle, CPU %g%%, iowait %g%%: the job waits on storage" % (_gpu_list(used), round(host.cpu_percent), round(host.iowait_percent)),
-            None, evidence, REMEDY_STORAGE, now,
-        )]
-    return [make_result("storage_bottleneck", node, STATUS_PASS, "no storage stall", None, evidence, REMEDY_STORAGE, now)]
+        return [
+            make_result(
+                "storage_bottleneck",
+                node,
+                STATUS_WARN,
+                "GPU %s idle, CPU %g%%, iowait %g%%: the job waits on storage"
+                % (_gpu_list(used), round(host.cpu_percent), round(host.iowait_percent)),
+                None,
+                evidence,
+                REMEDY_STORAGE,
+                now,
+            )
+        ]
+    return [
+        make_result("storage_bottleneck", node, STATUS_PASS, "no storage stall", None, evidence, REMEDY_STORAGE, now)
+    ]
 
 
 def visible_devices_agree(value: str, gpus: Sequence[GpuSample]) -> bool:
@@ -171,7 +209,9 @@ def visible_devices_agree(value: str, gpus: Sequence[GpuSample]) -> bool:
     return True
 
 
-def environment(node: str, frame: NodeFrame, cfg: HealthConfig, now: float, jobs: Optional[Jobs] = None) -> List[HealthResult]:
+def environment(
+    node: str, frame: NodeFrame, cfg: HealthConfig, now: float, jobs: Optional[Jobs] = None
+) -> List[HealthResult]:
     """Training processes whose environment disables NCCL transports or hides their own GPUs."""
     out = []
     for proc, gpus in training_processes(frame) if jobs is None else jobs:
@@ -190,22 +230,45 @@ def environment(node: str, frame: NodeFrame, cfg: HealthConfig, now: float, jobs
         if cvd is not None and gpus and not visible_devices_agree(cvd, gpus):
             problems.append(("CUDA_VISIBLE_DEVICES=%r but it uses GPU %s" % (cvd, _gpu_list(gpus)), REMEDY_CVD))
         if problems:
-            out.append(make_result(
-                "process_env", node, STATUS_WARN,
-                "pid %d: %s" % (proc.pid, "; ".join(text for text, _ in problems)),
-                first, evidence, " / ".join(remedy for _, remedy in problems), now,
-            ))
+            out.append(
+                make_result(
+                    "process_env",
+                    node,
+                    STATUS_WARN,
+                    "pid %d: %s" % (proc.pid, "; ".join(text for text, _ in problems)),
+                    first,
+                    evidence,
+                    " / ".join(remedy for _, remedy in problems),
+                    now,
+                )
+            )
         else:
-            out.append(make_result("process_env", node, STATUS_PASS, "pid %d: environment as expected" % proc.pid, first, evidence, REMEDY_P2P, now))
+            out.append(
+                make_result(
+                    "process_env",
+                    node,
+                    STATUS_PASS,
+                    "pid %d: environment as expected" % proc.pid,
+                    first,
+                    evidence,
+                    REMEDY_P2P,
+                    now,
+                )
+            )
     return out
 
 
-def evaluate_telemetry(frame: NodeFrame, cfg: HealthConfig, now: Optional[float] = None, node: Optional[str] = None) -> List[HealthResult]:
+def evaluate_telemetry(
+    frame: NodeFrame, cfg: HealthConfig, now: Optional[float] = None, node: Optional[str] = None
+) -> List[HealthResult]:
     """All telemetry findings over one frame."""
     name = node or frame.node
     when = frame.time if now is None else now
     if not frame.processes:
         return []  # no training process: nothing to find
     jobs = training_processes(frame)
-    return (input_pipeline(name, frame, cfg, when, jobs) + storage_bottleneck(name, frame, cfg, when, jobs)
-            + environment(name, frame, cfg, when, jobs))
+    return (
+        input_pipeline(name, frame, cfg, when, jobs)
+        + storage_bottleneck(name, frame, cfg, when, jobs)
+        + environment(name, frame, cfg, when, jobs)
+    )

@@ -32,8 +32,13 @@ ACTION_TEXT = {
     ACTION_REBOOT_NODE: "reboot the node",
     ACTION_DRAIN: "drain the node and have the GPU serviced (RMA)",
 }
-ACTION_SHORT = {ACTION_NONE: "info", ACTION_RESTART_APP: "app", ACTION_RESET_GPU: "reset",
-                ACTION_REBOOT_NODE: "reboot", ACTION_DRAIN: "drain"}
+ACTION_SHORT = {
+    ACTION_NONE: "info",
+    ACTION_RESTART_APP: "app",
+    ACTION_RESET_GPU: "reset",
+    ACTION_REBOOT_NODE: "reboot",
+    ACTION_DRAIN: "drain",
+}
 
 
 @dataclass(frozen=True)
@@ -50,49 +55,137 @@ class XidEntry:
 def _entries() -> Dict[int, XidEntry]:
     rows = [
         XidEntry(8, "FIFO_IDLE_TIMEOUT", "GPU stopped processing (a channel timed out)", ACTION_RESTART_APP),
-        XidEntry(13, "GR_EXCEPTION", "graphics engine exception: usually the application (an out-of-range access in a kernel)",
-                 ACTION_RESTART_APP, "recurs on one GPU only: run the GPU checks"),
-        XidEntry(31, "FAULT_PDE/PTE", "GPU memory page fault: an illegal address, usually the application", ACTION_RESTART_APP,
-                 "compute-sanitizer finds the faulting kernel"),
-        XidEntry(32, "PBDMA_ERROR", "invalid or corrupted push buffer stream (PCIe or host memory can cause it)",
-                 ACTION_RESTART_APP, "recurs: check PCIe (AER in dmesg) and reset the GPU"),
-        XidEntry(43, "RESETCHANNEL_VERIF_ERROR", "GPU stopped processing the application's channel (the application faulted)",
-                 ACTION_RESTART_APP),
-        XidEntry(45, "PREEMPTIVE_REMOVAL", "preemptive cleanup after an earlier error: look at the Xid before it", ACTION_NONE),
-        XidEntry(48, "ECC_DBE", "double-bit (uncorrectable) ECC error", ACTION_RESET_GPU,
-                 "row remapping follows (Xid 63/64): check nvidia-smi -q -d ROW_REMAPPER"),
+        XidEntry(
+            13,
+            "GR_EXCEPTION",
+            "graphics engine exception: usually the application (an out-of-range access in a kernel)",
+            ACTION_RESTART_APP,
+            "recurs on one GPU only: run the GPU checks",
+        ),
+        XidEntry(
+            31,
+            "FAULT_PDE/PTE",
+            "GPU memory page fault: an illegal address, usually the application",
+            ACTION_RESTART_APP,
+            "compute-sanitizer finds the faulting kernel",
+        ),
+        XidEntry(
+            32,
+            "PBDMA_ERROR",
+            "invalid or corrupted push buffer stream (PCIe or host memory can cause it)",
+            ACTION_RESTART_APP,
+            "recurs: check PCIe (AER in dmesg) and reset the GPU",
+        ),
+        XidEntry(
+            43,
+            "RESETCHANNEL_VERIF_ERROR",
+            "GPU stopped processing the application's channel (the application faulted)",
+            ACTION_RESTART_APP,
+        ),
+        XidEntry(
+            45,
+            "PREEMPTIVE_REMOVAL",
+            "preemptive cleanup after an earlier error: look at the Xid before it",
+            ACTION_NONE,
+        ),
+        XidEntry(
+            48,
+            "ECC_DBE",
+            "double-bit (uncorrectable) ECC error",
+            ACTION_RESET_GPU,
+            "row remapping follows (Xid 63/64): check nvidia-smi -q -d ROW_REMAPPER",
+        ),
         XidEntry(61, "PMU_BREAKPOINT", "internal micro-controller breakpoint or warning", ACTION_RESET_GPU),
-        XidEntry(62, "PMU_HALT", "internal micro-controller halt", ACTION_RESET_GPU,
-                 "recurs after a reset: reboot, then service"),
-        XidEntry(63, "ROW_REMAP_EVENT", "ECC page retirement or row remapping recorded; it takes effect at the next GPU reset",
-                 ACTION_RESET_GPU, "no hurry: reset when the GPU is idle"),
-        XidEntry(64, "ROW_REMAP_FAILURE", "ECC page retirement or row remapping failed: the memory fault cannot be fenced off",
-                 ACTION_DRAIN),
+        XidEntry(
+            62,
+            "PMU_HALT",
+            "internal micro-controller halt",
+            ACTION_RESET_GPU,
+            "recurs after a reset: reboot, then service",
+        ),
+        XidEntry(
+            63,
+            "ROW_REMAP_EVENT",
+            "ECC page retirement or row remapping recorded; it takes effect at the next GPU reset",
+            ACTION_RESET_GPU,
+            "no hurry: reset when the GPU is idle",
+        ),
+        XidEntry(
+            64,
+            "ROW_REMAP_FAILURE",
+            "ECC page retirement or row remapping failed: the memory fault cannot be fenced off",
+            ACTION_DRAIN,
+        ),
         XidEntry(68, "NVDEC_EXCEPTION", "video decoder exception", ACTION_RESTART_APP),
         XidEntry(69, "GR_CLASS_ERROR", "graphics engine class error", ACTION_RESTART_APP),
-        XidEntry(74, "NVLINK_ERROR", "NVLink error", ACTION_RESET_GPU,
-                 "recurs: check the links (nvidia-smi nvlink -e) and service"),
-        XidEntry(79, "GPU_FALLEN_OFF_BUS", "GPU has fallen off the bus: the host no longer reaches it", ACTION_REBOOT_NODE,
-                 "recurs: drain and service the GPU, riser or slot"),
-        XidEntry(92, "HIGH_SBE_RATE", "high single-bit ECC error rate (corrected)", ACTION_NONE, "keeps rising: plan a reset"),
-        XidEntry(94, "CONTAINED_ECC", "contained ECC error: only the process that touched the bad memory was stopped",
-                 ACTION_RESTART_APP, "reset the GPU when it is idle to remap the row; recurs: service"),
-        XidEntry(95, "UNCONTAINED_ECC", "uncontained ECC error: every process on the GPU is affected", ACTION_RESET_GPU),
+        XidEntry(
+            74,
+            "NVLINK_ERROR",
+            "NVLink error",
+            ACTION_RESET_GPU,
+            "recurs: check the links (nvidia-smi nvlink -e) and service",
+        ),
+        XidEntry(
+            79,
+            "GPU_FALLEN_OFF_BUS",
+            "GPU has fallen off the bus: the host no longer reaches it",
+            ACTION_REBOOT_NODE,
+            "recurs: drain and service the GPU, riser or slot",
+        ),
+        XidEntry(
+            92, "HIGH_SBE_RATE", "high single-bit ECC error rate (corrected)", ACTION_NONE, "keeps rising: plan a reset"
+        ),
+        XidEntry(
+            94,
+            "CONTAINED_ECC",
+            "contained ECC error: only the process that touched the bad memory was stopped",
+            ACTION_RESTART_APP,
+            "reset the GPU when it is idle to remap the row; recurs: service",
+        ),
+        XidEntry(
+            95, "UNCONTAINED_ECC", "uncontained ECC error: every process on the GPU is affected", ACTION_RESET_GPU
+        ),
         XidEntry(109, "CTXSW_TIMEOUT", "context switch timeout", ACTION_RESTART_APP),
-        XidEntry(119, "GSP_RPC_TIMEOUT", "GSP RPC timeout: the GPU's system processor stopped answering", ACTION_RESET_GPU,
-                 "the reset fails: reboot the node"),
+        XidEntry(
+            119,
+            "GSP_RPC_TIMEOUT",
+            "GSP RPC timeout: the GPU's system processor stopped answering",
+            ACTION_RESET_GPU,
+            "the reset fails: reboot the node",
+        ),
         XidEntry(120, "GSP_ERROR", "GSP error", ACTION_RESET_GPU, "the reset fails: reboot the node"),
         XidEntry(121, "C2C_LINK_ERROR", "chip-to-chip (C2C) link error", ACTION_RESET_GPU),
         XidEntry(137, "NVLINK_TLC_RX_PRIV", "NVLink receive error", ACTION_RESET_GPU),
         XidEntry(140, "ECC_UNRECOVERED", "unrecovered ECC error", ACTION_RESET_GPU, "recurs: service"),
         XidEntry(143, "GPU_INIT_FAILURE", "GPU initialisation failure", ACTION_REBOOT_NODE, "recurs: service"),
     ]
-    for code, what in ((144, "SAW"), (145, "RLW"), (146, "TLW"), (147, "TREX"), (148, "NVLPW control"),
-                       (149, "NETIR"), (150, "MSE")):
-        rows.append(XidEntry(code, "NVLINK_%s_ERROR" % what.split()[0].upper(), "NVLink %s error" % what, ACTION_RESET_GPU,
-                             "the driver's Xid 154 names the recovery it needs"))
-    rows.append(XidEntry(154, "GPU_RECOVERY_ACTION", "the driver says what recovery the GPU needs", ACTION_RESET_GPU,
-                         "the line names the action: Reset Required, Reboot Required, Drain P2P, Drain and Reset"))
+    for code, what in (
+        (144, "SAW"),
+        (145, "RLW"),
+        (146, "TLW"),
+        (147, "TREX"),
+        (148, "NVLPW control"),
+        (149, "NETIR"),
+        (150, "MSE"),
+    ):
+        rows.append(
+            XidEntry(
+                code,
+                "NVLINK_%s_ERROR" % what.split()[0].upper(),
+                "NVLink %s error" % what,
+                ACTION_RESET_GPU,
+                "the driver's Xid 154 names the recovery it needs",
+            )
+        )
+    rows.append(
+        XidEntry(
+            154,
+            "GPU_RECOVERY_ACTION",
+            "the driver says what recovery the GPU needs",
+            ACTION_RESET_GPU,
+            "the line names the action: Reset Required, Reboot Required, Drain P2P, Drain and Reset",
+        )
+    )
     return {row.code: row for row in rows}
 
 
@@ -101,8 +194,13 @@ CATALOG: Dict[int, XidEntry] = _entries()
 # "NVRM: Xid (PCI:0000:17:00): 79, pid=..., GPU has fallen off the bus." (also "Xid (0000:17:00)")
 XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]{0,20})\): (\d{1,4})\b,?\s?(.{0,300})")
 _RECOVERY = re.compile(r"recovery action changed from .{0,40}? to 0x[0-9a-fA-F]+ \(([A-Za-z0-9 ]{1,40})\)")
-_RECOVERY_ACTIONS = {"none": ACTION_NONE, "reset required": ACTION_RESET_GPU, "reboot required": ACTION_REBOOT_NODE,
-                     "drain p2p": ACTION_DRAIN, "drain and reset": ACTION_DRAIN}
+_RECOVERY_ACTIONS = {
+    "none": ACTION_NONE,
+    "reset required": ACTION_RESET_GPU,
+    "reboot required": ACTION_REBOOT_NODE,
+    "drain p2p": ACTION_DRAIN,
+    "drain and reset": ACTION_DRAIN,
+}
 
 
 @dataclass(frozen=True)
@@ -121,7 +219,7 @@ class XidSeen:
         return ACTION_TEXT[self.action]
 
     def describe(self) -> str:
-        """"Xid 79 (GPU has fallen off the bus ...): reboot the node"."""
+        """ "Xid 79 (GPU has fallen off the bus ...): reboot the node"."""
         return "Xid %d (%s): %s" % (self.code, self.meaning, self.action_text)
 
 
@@ -182,7 +280,9 @@ def offer_for(codes: Iterable[int], gpu_processes: int, texts: Iterable[str] = (
     if action == ACTION_RESET_GPU:
         if gpu_processes:
             return None  # a reset would kill them: stop the job first; the key is offered once the GPU is idle
-        return XidOffer("gpu_reset", "R: reset the GPU", "Xid %s calls for a GPU reset and the GPU runs no process" % culprits)
+        return XidOffer(
+            "gpu_reset", "R: reset the GPU", "Xid %s calls for a GPU reset and the GPU runs no process" % culprits
+        )
     return None
 
 

@@ -86,9 +86,16 @@ def load_libc() -> ctypes.CDLL:
 class LocalFollower:
     """Follows the local files matching `globs` in a thread; batches go to `deliver` (from that thread)."""
 
-    def __init__(self, globs: Sequence[str], deliver: Callable[[Batch], None], *, poll_interval: float = 0.25,
-                 rescan_interval: float = 5.0, use_inotify: Optional[bool] = None,
-                 on_new: Optional[Callable[[str, FileTail], None]] = None) -> None:
+    def __init__(
+        self,
+        globs: Sequence[str],
+        deliver: Callable[[Batch], None],
+        *,
+        poll_interval: float = 0.25,
+        rescan_interval: float = 5.0,
+        use_inotify: Optional[bool] = None,
+        on_new: Optional[Callable[[str, FileTail], None]] = None,
+    ) -> None:
         self.globs = list(globs)
         self.deliver = deliver
         self.poll_interval = poll_interval
@@ -139,7 +146,11 @@ class LocalFollower:
                 self.problems[pattern] = str(exc)
                 continue
             if not matches:
-                self.problems[pattern] = "no file matches" if os.access(base, os.R_OK | os.X_OK) or not os.path.exists(base) else "permission denied"
+                self.problems[pattern] = (
+                    "no file matches"
+                    if os.access(base, os.R_OK | os.X_OK) or not os.path.exists(base)
+                    else "permission denied"
+                )
             else:
                 self.problems.pop(pattern, None)
             for path in matches:

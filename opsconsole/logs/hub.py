@@ -10,12 +10,12 @@ import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from opsconsole.config import Config
-from opsconsole.probe.filetail import FileTail
 from opsconsole.logs.follow import LocalFollower
 from opsconsole.logs.index import LineIndex, read_last_lines
 from opsconsole.logs.names import label_source, parse_line
 from opsconsole.logs.records import TRUNCATED_MARKER, LogLine, LogSource
 from opsconsole.logs.remote import RemoteFollower, remote_older
+from opsconsole.probe.filetail import FileTail
 
 OnLines = Callable[[Sequence[LogLine]], None]
 HAND_ON_WAIT_S = 0.25  # the follower thread looks this often whether the hub stopped while it waits
@@ -27,8 +27,15 @@ HAND_ON_WAIT_S = 0.25  # the follower thread looks this often whether the hub st
 #   epoch of each distinct "YYYY-MM-DD HH:MM:SS" taken once from names.parse_line (3 us -> 0.5 us);
 # - the frozen dataclass is filled through its __dict__ (its __init__ pays object.__setattr__ per field).
 SEED_SECOND = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d", re.ASCII)
-SEED_LEVELS = {"DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING", "WARN": "WARNING", "ERROR": "ERROR",
-               "CRITICAL": "CRITICAL", "FATAL": "CRITICAL"}
+SEED_LEVELS = {
+    "DEBUG": "DEBUG",
+    "INFO": "INFO",
+    "WARNING": "WARNING",
+    "WARN": "WARNING",
+    "ERROR": "ERROR",
+    "CRITICAL": "CRITICAL",
+    "FATAL": "CRITICAL",
+}
 FRACTIONS = {"%03d" % n: float("0.%03d" % n) for n in range(1000)}
 _second_epochs: Dict[str, Optional[float]] = {}  # "YYYY-MM-DD HH:MM:SS" -> epoch (None: not a time)
 SEED_PREFIX = 36  # stamp (23) + " - " + the longest level word (CRITICAL) + its space
@@ -94,14 +101,23 @@ def make_line(source: LogSource, offset: int, number: int, text: str, truncated:
     if rank is None:
         rank = source.rank
     if _LINE_DEFAULTS is None:
-        return LogLine(source=source, number=number, offset=offset, text=text, time=when, level=level,
-                       rank=rank, truncated=truncated)
+        return LogLine(
+            source=source,
+            number=number,
+            offset=offset,
+            text=text,
+            time=when,
+            level=level,
+            rank=rank,
+            truncated=truncated,
+        )
     line = _new_line(LogLine)
     fields = line.__dict__
     if _LINE_DEFAULTS:
         fields.update(_LINE_DEFAULTS)
-    fields.update(source=source, number=number, offset=offset, text=text, time=when, level=level,
-                  rank=rank, truncated=truncated)
+    fields.update(
+        source=source, number=number, offset=offset, text=text, time=when, level=level, rank=rank, truncated=truncated
+    )
     return line
 
 
@@ -111,8 +127,9 @@ _new_line = object.__new__
 def make_lines(source: LogSource, raws: Sequence[Tuple[int, int, bytes, bool]]) -> List[LogLine]:
     """make_line over FileTail's (offset, number, raw, truncated) lines of one source, inlined (hot path)."""
     if _LINE_DEFAULTS is None or _LINE_DEFAULTS:
-        return [make_line(source, offset, number, raw.decode("utf-8", "replace"), cut)
-                for offset, number, raw, cut in raws]
+        return [
+            make_line(source, offset, number, raw.decode("utf-8", "replace"), cut) for offset, number, raw, cut in raws
+        ]
     out: List[LogLine] = []
     append = out.append
     source_rank = source.rank
@@ -173,8 +190,14 @@ def decode(raw: bytes) -> str:
 class LogHub:
     """Follows `config.logs` globs on every node: local files directly, remote ones over their SshLink."""
 
-    def __init__(self, config: Config, links: Mapping[str, object] = {}, *, poll_interval: float = 0.25,
-                 use_inotify: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        links: Mapping[str, object] = {},
+        *,
+        poll_interval: float = 0.25,
+        use_inotify: Optional[bool] = None,
+    ) -> None:
         self.config = config
         self.use_inotify = use_inotify  # None: inotify where it works; False: polling (as on NFS)
         self.links = dict(links)
@@ -207,9 +230,14 @@ class LogHub:
                     continue
                 self._local_node = node.name
                 globs = tuple(os.path.expanduser(g) for g in globs)
-                self._local = LocalFollower(globs, self._deliver_local, poll_interval=self.poll_interval,
-                                            rescan_interval=logs.rescan_interval, on_new=self._new_local,
-                                            use_inotify=self.use_inotify)
+                self._local = LocalFollower(
+                    globs,
+                    self._deliver_local,
+                    poll_interval=self.poll_interval,
+                    rescan_interval=logs.rescan_interval,
+                    on_new=self._new_local,
+                    use_inotify=self.use_inotify,
+                )
                 self._deferred_indexes = []
                 try:
                     await asyncio.to_thread(self._local.start)  # the last pages are delivered by then
@@ -220,9 +248,15 @@ class LogHub:
             elif link is None:
                 self._problems[node.name] = "node down: no connection to it"
             else:
-                follower = RemoteFollower(node.name, link, globs, self._remote_lines(node.name),
-                                          python=node.python, poll_interval=self.poll_interval,
-                                          rescan_interval=logs.rescan_interval)
+                follower = RemoteFollower(
+                    node.name,
+                    link,
+                    globs,
+                    self._remote_lines(node.name),
+                    python=node.python,
+                    poll_interval=self.poll_interval,
+                    rescan_interval=logs.rescan_interval,
+                )
                 self._remote[node.name] = follower
                 follower.start()
 

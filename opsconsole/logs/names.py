@@ -21,9 +21,7 @@ RANK_PREFIX = re.compile(r"\[rank(\d+)\]:\s?")
 NCCL_PREFIX = re.compile(r"^\S+:\d+:\d+ \[\d+\] NCCL (INFO|WARN|ERROR|TRACE|ABORT)\b")
 NCCL_LEVELS = {"INFO": "INFO", "WARN": "WARNING", "ERROR": "ERROR", "TRACE": "DEBUG", "ABORT": "ERROR"}
 # A level word near the start of a line: "- INFO -", "[ERROR]", "WARNING:root:", "| INFO |" ...
-LEVEL_WORD = re.compile(
-    r"(?:^|[\s\[(|:-])(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=$|[\s\])|:,-])"
-)
+LEVEL_WORD = re.compile(r"(?:^|[\s\[(|:-])(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=$|[\s\])|:,-])")
 LEVEL_NAMES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
 LEVEL_SEARCH_CHARS = 48  # how far past the timestamp a level word still counts as the line's level
 GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
@@ -126,7 +124,7 @@ def parse_line(text: str) -> Tuple[Optional[float], Optional[str], Optional[int]
         match = RANK_PREFIX.match(body)
         if match:
             rank = int(match.group(1))
-            body = body[match.end():]
+            body = body[match.end() :]
     if not body:
         return None, None, rank
     first = body[0]

@@ -16,7 +16,7 @@ import contextlib
 import inspect
 import json
 import shlex
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from opsconsole.probe import filetail
 
@@ -31,15 +31,23 @@ def follower_source() -> str:
 
 def remote_command(python: str, spec: Dict[str, Any]) -> str:
     """The quoted command line that starts the follower on the node."""
-    return " ".join([shlex.quote(python), "-u", "-c", shlex.quote(follower_source()),
-                     shlex.quote(json.dumps(spec))])
+    return " ".join([shlex.quote(python), "-u", "-c", shlex.quote(follower_source()), shlex.quote(json.dumps(spec))])
 
 
 class RemoteFollower:
     """Runs the follower on one node, restarting it after a lost connection from where it was."""
 
-    def __init__(self, node: str, link: Any, globs: Sequence[str], on_lines: RemoteLines, *,
-                 python: str = "python3", poll_interval: float = 0.25, rescan_interval: float = 5.0) -> None:
+    def __init__(
+        self,
+        node: str,
+        link: Any,
+        globs: Sequence[str],
+        on_lines: RemoteLines,
+        *,
+        python: str = "python3",
+        poll_interval: float = 0.25,
+        rescan_interval: float = 5.0,
+    ) -> None:
         self.node, self.link, self.globs = node, link, list(globs)
         self.on_lines, self.python = on_lines, python
         self.poll_interval, self.rescan_interval = poll_interval, rescan_interval
@@ -63,8 +71,13 @@ class RemoteFollower:
                 await self._task
 
     def spec(self) -> Dict[str, Any]:
-        return {"globs": self.globs, "files": dict(self.state), "initial": not self._started,
-                "poll": self.poll_interval, "rescan": self.rescan_interval}
+        return {
+            "globs": self.globs,
+            "files": dict(self.state),
+            "initial": not self._started,
+            "poll": self.poll_interval,
+            "rescan": self.rescan_interval,
+        }
 
     async def _run(self) -> None:
         while True:

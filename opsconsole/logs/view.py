@@ -134,8 +134,9 @@ def compile_search(text: str) -> SearchPattern:
     try:
         return SearchPattern(text, re.compile(text, flags))
     except re.error as exc:
-        return SearchPattern(text, re.compile(re.escape(text), flags),
-                             "invalid regex (%s): matching it as plain text" % exc)
+        return SearchPattern(
+            text, re.compile(re.escape(text), flags), "invalid regex (%s): matching it as plain text" % exc
+        )
 
 
 class ViewEntry:
@@ -143,8 +144,16 @@ class ViewEntry:
 
     __slots__ = ("line", "source_key", "time", "seq", "level", "level_rank", "label", "text", "finding")
 
-    def __init__(self, line: LogLine, time_: float, seq: int, level: Optional[str], finding: Any,
-                 source_key: Optional[str] = None, label: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        line: LogLine,
+        time_: float,
+        seq: int,
+        level: Optional[str],
+        finding: Any,
+        source_key: Optional[str] = None,
+        label: Optional[str] = None,
+    ) -> None:
         self.line = line
         self.source_key = source_key or line.source.key  # LogSource.key builds a string on every call
         self.time = time_
@@ -277,8 +286,13 @@ class LogView:
         self._trim_oldest(result)
         return result
 
-    def add_older(self, source_key: str, lines: Sequence[LogLine],
-                  findings: Optional[Sequence[Any]] = None, complete: bool = False) -> AddResult:
+    def add_older(
+        self,
+        source_key: str,
+        lines: Sequence[LogLine],
+        findings: Optional[Sequence[Any]] = None,
+        complete: bool = False,
+    ) -> AddResult:
         """Put lines from before a source's first buffered line (file order) in front of it.
 
         `complete`: the source has nothing older (LogHub.older returned fewer than asked).
@@ -536,15 +550,19 @@ class LogView:
     def find_line(self, source_key: Optional[str], number: int) -> Optional[ViewEntry]:
         """The buffered entry of line `number` of a source (the latest such, after a rotation)."""
         for entry in reversed(self.entries):
-            if entry.line.number == number and (source_key is None or entry.source_key == source_key
-                                                or entry.line.source.path == source_key):
+            if entry.line.number == number and (
+                source_key is None or entry.source_key == source_key or entry.line.source.path == source_key
+            ):
                 return entry
         return None
 
     def marked(self, category: str) -> List[ViewEntry]:
         """Buffered lines whose finding is of `category`, in view order."""
-        return [entry for entry in self.entries
-                if entry.finding is not None and getattr(entry.finding, "category", None) == category]
+        return [
+            entry
+            for entry in self.entries
+            if entry.finding is not None and getattr(entry.finding, "category", None) == category
+        ]
 
     def first_entry(self, source_key: str) -> Optional[ViewEntry]:
         """The oldest buffered line of a source."""

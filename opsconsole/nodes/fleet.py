@@ -12,8 +12,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from opsconsole.config import Config, NodeConfig
 from opsconsole.model import BAD_FRAME, STATE_DOWN, STATE_STALE, STATE_UP, NodeState
 from opsconsole.nodes.base import NodeLink
-from opsconsole.nodes.totals import FleetTotals, totals_of  # noqa: F401  (FleetTotals: imported from here too)
 from opsconsole.nodes.fleet_sources import FleetSources  # sources, add/remove nodes, Slurm (issue 8)
+from opsconsole.nodes.totals import FleetTotals, totals_of  # noqa: F401  (FleetTotals: imported from here too)
 
 log = logging.getLogger(__name__)
 

@@ -82,10 +82,15 @@ class FleetSources:
         if link.state in (STATE_HOSTKEY, STATE_AUTH):
             # The user must act on the link (trust a key, fix a login): show that, with the freshest frame.
             return replace(link, frame=chosen.frame, received_at=chosen.received_at)
-        merged = replace(chosen, address=link.address or chosen.address, rtt_ms=link.rtt_ms, fingerprint=link.fingerprint)
+        merged = replace(
+            chosen, address=link.address or chosen.address, rtt_ms=link.rtt_ms, fingerprint=link.fingerprint
+        )
         if chosen is source and not link.is_live and link.state != STATE_CONNECTING:
-            merged = replace(merged, reason="telemetry from %s; ssh %s: %s" % (
-                getattr(self._node_source.get(name), "name", "source"), link.state, link.reason or "-"))
+            merged = replace(
+                merged,
+                reason="telemetry from %s; ssh %s: %s"
+                % (getattr(self._node_source.get(name), "name", "source"), link.state, link.reason or "-"),
+            )
         return merged
 
     def _merge_link_state(self, state: NodeState) -> NodeState:

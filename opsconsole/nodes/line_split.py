@@ -18,8 +18,9 @@ class LineSplitter:
     memory stays bounded whatever a node sends. Pieces are joined once per line, not per chunk.
     """
 
-    def __init__(self, on_line: Callable[[str], None], on_too_long: Callable[[int], None],
-                 limit: int = MAX_LINE_CHARS) -> None:
+    def __init__(
+        self, on_line: Callable[[str], None], on_too_long: Callable[[int], None], limit: int = MAX_LINE_CHARS
+    ) -> None:
         self._on_line = on_line
         self._on_too_long = on_too_long
         self.limit = limit
@@ -34,7 +35,7 @@ class LineSplitter:
             return
         start = 0
         while end >= 0:
-            self._line_ends(data[start:end + 1])
+            self._line_ends(data[start : end + 1])
             start = end + 1
             end = data.find("\n", start)
         if start < len(data):

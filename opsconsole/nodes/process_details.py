@@ -59,8 +59,11 @@ def details_from_answer(pid: int, text: str) -> ProcessDetails:
     if data.get("pid") != pid:
         return ProcessDetails(pid, errors=errors, problem="the node answered for another pid")
     env = data.get("rank_env") if isinstance(data.get("rank_env"), dict) else {}
-    rank_env = tuple((name, env[name][: proc_details.VALUE_CHARS]) for name in proc_details.RANK_VARIABLES
-                     if isinstance(env.get(name), str))
+    rank_env = tuple(
+        (name, env[name][: proc_details.VALUE_CHARS])
+        for name in proc_details.RANK_VARIABLES
+        if isinstance(env.get(name), str)
+    )
     starttime = data.get("starttime")
     state = data.get("state")
     cwd = data.get("cwd")

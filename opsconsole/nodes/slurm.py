@@ -185,7 +185,9 @@ def _json_number(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def parse_squeue_json(text: str, now: float, job_id: Optional[str] = None, user: Optional[str] = None) -> List[SlurmJob]:
+def parse_squeue_json(
+    text: str, now: float, job_id: Optional[str] = None, user: Optional[str] = None
+) -> List[SlurmJob]:
     """Jobs from `squeue --json`, filtered here too (22.05's --json ignores --jobs and --user)."""
     try:
         data = json.loads(text)
@@ -231,8 +233,18 @@ def parse_squeue_text(text: str) -> List[SlurmJob]:
             raise SlurmUnavailable("squeue printed a line we cannot read: %r" % line[:80])
         job_id, name, state, elapsed, nodelist, user = (f.strip() for f in fields[:6])
         reason = fields[6].strip() if len(fields) > 6 else ""
-        jobs.append(SlurmJob(job_id=job_id, name=name, state=state, user=user, nodelist=nodelist,
-                             nodes=_expand(nodelist), elapsed_s=parse_elapsed(elapsed), reason=reason))
+        jobs.append(
+            SlurmJob(
+                job_id=job_id,
+                name=name,
+                state=state,
+                user=user,
+                nodelist=nodelist,
+                nodes=_expand(nodelist),
+                elapsed_s=parse_elapsed(elapsed),
+                reason=reason,
+            )
+        )
     return jobs
 
 
@@ -278,7 +290,9 @@ def _error_line(result: "subprocess.CompletedProcess[str]") -> Optional[str]:
 
 def _json_unsupported(result: "subprocess.CompletedProcess[str]") -> bool:
     text = (result.stderr or "") + (result.stdout or "")
-    return result.returncode != 0 and ("unrecognized option" in text or "invalid option" in text or "json" in text.lower())
+    return result.returncode != 0 and (
+        "unrecognized option" in text or "invalid option" in text or "json" in text.lower()
+    )
 
 
 def check_job_id(job_id: str) -> str:

@@ -106,10 +106,10 @@ class FallbackPoller:
     def __init__(self, node_name: str, disk_paths: Sequence[str] = ("/",)) -> None:
         self.node_name = node_name
         self.disk_paths = tuple(disk_paths)
-        self.gpu_fields = QUERY_GPU_FIELD_LIST  # type: Sequence[str]
+        self.gpu_fields: Sequence[str] = QUERY_GPU_FIELD_LIST
         self.seq = 0
-        self._prev = None  # type: Optional[HostSnapshot]
-        self._driver = None  # type: Optional[str]
+        self._prev: Optional[HostSnapshot] = None
+        self._driver: Optional[str] = None
 
     def command(self) -> str:
         """The exec command line for the next tick."""
@@ -162,7 +162,9 @@ class FallbackPoller:
             probe_ms=probe_ms,
         )
 
-    def _gpus(self, sections: Dict[str, str]) -> Tuple[Tuple[GpuSample, ...], Tuple[ProcessSample, ...], str, Optional[str], List[str]]:
+    def _gpus(
+        self, sections: Dict[str, str]
+    ) -> Tuple[Tuple[GpuSample, ...], Tuple[ProcessSample, ...], str, Optional[str], List[str]]:
         rc = _exit_code(sections, "smi_gpu_rc")
         text = sections.get("smi_gpu", "")
         if rc == EXIT_NOT_FOUND:

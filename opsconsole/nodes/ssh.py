@@ -86,7 +86,9 @@ STALE_SWEEP_S = 0.25
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com")
 
 # One limiter per event loop for links made without one (the fleet passes its own).
-_default_limiters: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
+_default_limiters: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _default_limiter(size: int) -> asyncio.Semaphore:
@@ -162,8 +164,9 @@ class LinkError(Exception):
         self.fingerprint = fingerprint
 
 
-def _ssh_config_values(host: str, user: Optional[str], port: Optional[int], names: Sequence[str],
-                       config_path: Optional[str] = None) -> Dict[str, Any]:
+def _ssh_config_values(
+    host: str, user: Optional[str], port: Optional[int], names: Sequence[str], config_path: Optional[str] = None
+) -> Dict[str, Any]:
     """What ~/.ssh/config sets for `host` among `names` (unset ones left out); {} without a readable file."""
     path = config_path or os.path.expanduser("~/.ssh/config")
     if not os.path.exists(path):
@@ -177,7 +180,9 @@ def _ssh_config_values(host: str, user: Optional[str], port: Optional[int], name
         return {}
 
 
-def keepalive_for(host: str, user: Optional[str], port: Optional[int], ssh: SshConfig, config_path: Optional[str] = None) -> Tuple[float, int]:
+def keepalive_for(
+    host: str, user: Optional[str], port: Optional[int], ssh: SshConfig, config_path: Optional[str] = None
+) -> Tuple[float, int]:
     """Keepalive settings for a host: ~/.ssh/config's ServerAlive* where it sets them, like ssh.
 
     asyncssh lets explicit arguments override the config file, so ask the file first;
@@ -206,7 +211,9 @@ def keepalive_beside_stream(interval: float, count_max: int, stream_interval: fl
     return floor, max(1, int(round(window / floor)) - 1)
 
 
-def ciphers_for(host: str, user: Optional[str], port: Optional[int], config_path: Optional[str] = None) -> Optional[List[str]]:
+def ciphers_for(
+    host: str, user: Optional[str], port: Optional[int], config_path: Optional[str] = None
+) -> Optional[List[str]]:
     """The cipher list to offer: None where ~/.ssh/config sets Ciphers (asyncssh applies it), else ours.
 
     AES-GCM first: the same security class as chacha20-poly1305 (both AEAD, both in
@@ -276,7 +283,10 @@ def unusable_python_reason(exit_status: Optional[int], lines: Sequence[str]) -> 
     last = meaningful[-1] if meaningful else "exit status %s" % exit_status
     for line in meaningful:
         if line.startswith(UNSUPPORTED_MARKER):
-            return "python %s is older than %s" % (line[len(UNSUPPORTED_MARKER) :].strip(), ".".join(map(str, MIN_PYTHON)))
+            return "python %s is older than %s" % (
+                line[len(UNSUPPORTED_MARKER) :].strip(),
+                ".".join(map(str, MIN_PYTHON)),
+            )
     if exit_status in (126, 127):
         return last
     if "SyntaxError" in text:
@@ -448,6 +458,7 @@ class SshLink(NodeLink):
                 if on_lost and link._conn is getattr(self, "_conn", None):
                     reason = getattr(exc, "reason", None) or (str(exc) if exc else "closed by the node")
                     link._lost = reason
+
         return _Client
 
     async def _connect_hop(
@@ -512,7 +523,7 @@ class SshLink(NodeLink):
             tunnel = None  # type: Optional[asyncssh.SSHClientConnection]
             jumps = []  # type: List[asyncssh.SSHClientConnection]
             try:
-                for hop in (self.node.jump.split(",") if self.node.jump else ()):
+                for hop in self.node.jump.split(",") if self.node.jump else ():
                     try:
                         user, host, port = parse_jump(hop.strip())
                     except ValueError as exc:
@@ -521,7 +532,9 @@ class SshLink(NodeLink):
                         # As `ssh -J`: the jump host's own settings come from ~/.ssh/config, not node.identity.
                         tunnel = await self._connect_hop(host, port, user, None, tunnel, target=False)
                     except LinkError as err:
-                        raise LinkError(err.state, "jump host %s: %s" % (hop.strip(), err.reason), err.fingerprint) from None
+                        raise LinkError(
+                            err.state, "jump host %s: %s" % (hop.strip(), err.reason), err.fingerprint
+                        ) from None
                     jumps.append(tunnel)
                 conn = await self._connect_hop(
                     self.node.host or "", self.node.port, self.node.user, client_keys, tunnel, target=True
@@ -611,7 +624,9 @@ class SshLink(NodeLink):
                     raise
                 await asyncio.sleep(delay)
 
-    async def _exec(self, command: str, timeout: float, input: Optional[str] = None, merge: bool = False) -> Tuple[Optional[int], str, str]:
+    async def _exec(
+        self, command: str, timeout: float, input: Optional[str] = None, merge: bool = False
+    ) -> Tuple[Optional[int], str, str]:
         conn = await self.connection()
         async with self.channel_slot():
             try:
@@ -635,7 +650,9 @@ class SshLink(NodeLink):
             status = -1
         return status, stdout or "", stderr or ""
 
-    async def run_command(self, argv: List[str], timeout: float = 30.0, input: Optional[str] = None) -> Tuple[Optional[int], str, str]:
+    async def run_command(
+        self, argv: List[str], timeout: float = 30.0, input: Optional[str] = None
+    ) -> Tuple[Optional[int], str, str]:
         """Run argv on the node (each word quoted with shlex.join): (exit status, stdout, stderr).
 
         The status is None when the node gave none (killed by a signal: -1). Raises
@@ -670,8 +687,9 @@ class SshLink(NodeLink):
         self._note_line(why)
         self._enter(self._state.state, why)
 
-    async def _open_probe_session(self, conn: asyncssh.SSHClientConnection, on_line: Callable[[str], None],
-                                  on_too_long: Callable[[int], None]) -> Tuple[Any, "ProbeSession"]:
+    async def _open_probe_session(
+        self, conn: asyncssh.SSHClientConnection, on_line: Callable[[str], None], on_too_long: Callable[[int], None]
+    ) -> Tuple[Any, "ProbeSession"]:
         """Open the probe's exec channel with a ProbeSession on it; a refused open is tried again (see _create_process)."""
         for delay in CHANNEL_RETRY_DELAYS + (None,):
             try:

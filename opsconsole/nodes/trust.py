@@ -23,6 +23,7 @@ from typing import Any, List, Optional, Tuple, Union
 
 from opsconsole.model import STATE_HOSTKEY, NodeState
 
+
 @dataclass(frozen=True)
 class KnownKeyLine:
     """A known_hosts line that holds another key for the host (the old key of a CHANGED host)."""
@@ -86,7 +87,9 @@ def ssh_link_of(link: Any) -> Optional[Any]:
     return link if isinstance(link, module.SshLink) else None
 
 
-def _known_key_lines(paths: List[str], host: str, port: Optional[int], presented: Any) -> Tuple[List[KnownKeyLine], bool]:
+def _known_key_lines(
+    paths: List[str], host: str, port: Optional[int], presented: Any
+) -> Tuple[List[KnownKeyLine], bool]:
     """(lines holding other keys for host:port, whether the presented key is there), as asyncssh matches them."""
     import asyncssh
 
@@ -138,13 +141,22 @@ def plan_trust(state: NodeState, link: Any) -> Union[TrustPlan, str]:
     if key is None or target is None:
         return "%s: no host key was presented (%s); nothing to trust" % (state.name, state.reason or "no reason")
 
-    from opsconsole.nodes.hostkeys import fingerprint, host_pattern, known_hosts_files, known_hosts_line, known_hosts_path
+    from opsconsole.nodes.hostkeys import (
+        fingerprint,
+        host_pattern,
+        known_hosts_files,
+        known_hosts_line,
+        known_hosts_path,
+    )
 
     host, port = target
     shown = fingerprint(key)
     if state.fingerprint and state.fingerprint != shown:
         return "%s: the presented key changed since it was shown (%s, now %s); try again" % (
-            state.name, state.fingerprint, shown)
+            state.name,
+            state.fingerprint,
+            shown,
+        )
     path = known_hosts_path(ssh_link.ssh)
     # Read now, not from the state's reason: the user may have removed the old line since.
     old, already = _known_key_lines(known_hosts_files(ssh_link.ssh), host, port, key)
@@ -187,7 +199,9 @@ def trust_planned_key(plan: TrustPlan) -> Optional[str]:
     """
     if plan.changed:
         return "host key of %s CHANGED: the console does not edit known_hosts for it; run %s" % (
-            plan.node, " and ".join(plan.remove_commands()))
+            plan.node,
+            " and ".join(plan.remove_commands()),
+        )
     if plan.already_trusted:
         return None
     from opsconsole.nodes.hostkeys import trust_host_key

@@ -219,20 +219,30 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The agent's command line."""
     parser = argparse.ArgumentParser(prog="opsconsole-probe", description="Print one JSON NodeFrame per line.")
-    parser.add_argument("--interval", type=_positive_float, default=2.0, metavar="SECONDS", help="seconds between polls")
+    parser.add_argument(
+        "--interval", type=_positive_float, default=2.0, metavar="SECONDS", help="seconds between polls"
+    )
     parser.add_argument("--once", action="store_true", help="print one frame (with rates) and exit")
     parser.add_argument("--disk", action="append", metavar="PATH", help="disk path to report (repeatable; default /)")
     parser.add_argument(
-        "--top", type=_non_negative_int, default=MAX_HOST_PROCESSES, metavar="N",
+        "--top",
+        type=_non_negative_int,
+        default=MAX_HOST_PROCESSES,
+        metavar="N",
         help="host processes sent, at most (all of them up to N; beyond, D state then busiest first; 0: none)",
     )
-    parser.add_argument("--slow-every", type=_positive_int, default=5, metavar="N", help="read slow GPU fields every N polls")
+    parser.add_argument(
+        "--slow-every", type=_positive_int, default=5, metavar="N", help="read slow GPU fields every N polls"
+    )
     parser.add_argument("--node-name", default=None, metavar="NAME", help="node name in frames (default: hostname)")
     parser.add_argument(
         "--delta", action="store_true", help="stream a keyframe, then only what changed (see probe/wire_delta.py)"
     )
     parser.add_argument(
-        "--keyframe-every", type=_positive_int, default=DEFAULT_KEYFRAME_EVERY, metavar="N",
+        "--keyframe-every",
+        type=_positive_int,
+        default=DEFAULT_KEYFRAME_EVERY,
+        metavar="N",
         help="with --delta: a full frame every N lines (default %d)" % DEFAULT_KEYFRAME_EVERY,
     )
     return parser
@@ -290,7 +300,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     except (_Stop, KeyboardInterrupt):
         return 0
-    except ValueError as exc:
+    except ValueError:
         if out.closed:  # "I/O operation on closed file": the reader went away
             return 0
         raise

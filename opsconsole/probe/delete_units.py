@@ -88,7 +88,9 @@ def why_differs(recorded, now):
 def split_member(rel):
     """The components of a unit member (a relative path inside the root); UnitProblem when it is not one."""
     if not isinstance(rel, str) or not rel or len(rel) > MAX_MEMBER_CHARS or "\0" in rel:
-        raise UnitProblem("not a usable relative path: %r" % (rel if isinstance(rel, str) else type(rel).__name__)[:200])
+        raise UnitProblem(
+            "not a usable relative path: %r" % (rel if isinstance(rel, str) else type(rel).__name__)[:200]
+        )
     parts = rel.split("/")
     if rel.startswith("/") or any(part in ("", ".", "..") for part in parts):
         raise UnitProblem("%r is not a plain path inside the directory" % rel[:200])
@@ -133,7 +135,7 @@ def open_parent(root_fd, parts):
         try:
             child = os.open(part, DIR_FLAGS, dir_fd=fd)
         except OSError as exc:
-            why = open_error("/".join(parts[:index + 1]), exc, part, fd)
+            why = open_error("/".join(parts[: index + 1]), exc, part, fd)
             os.close(fd)
             raise UnitProblem(why)
         os.close(fd)
@@ -385,7 +387,7 @@ def in_use_under(root, exclude_pid=None):
     finally:
         os.close(fd)
     named = root.rstrip("/") or "/"
-    shown = sorted(named + p[len(real_root.rstrip("/")):] if real_root.rstrip("/") != named else p for p in paths)
+    shown = sorted(named + p[len(real_root.rstrip("/")) :] if real_root.rstrip("/") != named else p for p in paths)
     return {"paths": shown, "denied": found.denied, "uid": os.geteuid(), "note": found.note()}
 
 
@@ -489,8 +491,10 @@ class PinnedRoot(object):
         now = root_identity(fd)
         if list(now) != list(root_id):
             os.close(fd)
-            self.refused = ("%s is not the directory the plan was made for (device %s inode %s, planned %s %s):"
-                            " replaced since the plan" % (root, now[0], now[1], root_id[0], root_id[1]))
+            self.refused = (
+                "%s is not the directory the plan was made for (device %s inode %s, planned %s %s):"
+                " replaced since the plan" % (root, now[0], now[1], root_id[0], root_id[1])
+            )
             return
         self.fd = fd
         self.real_root = real_path_of(fd, root)
@@ -579,7 +583,11 @@ class PinnedRoot(object):
     def _partial(went, members, why):
         if not went:
             return why
-        return "partly deleted (went: %s; kept: %s): %s" % (_names(went), _names(m for m in members if m not in went), why)
+        return "partly deleted (went: %s; kept: %s): %s" % (
+            _names(went),
+            _names(m for m in members if m not in went),
+            why,
+        )
 
     def _remove_member(self, rel, planned):
         parts = split_member(rel)

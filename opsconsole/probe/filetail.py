@@ -69,6 +69,7 @@ def last_page_start(fd, size, page=LAST_PAGE_BYTES, lines=LAST_PAGE_LINES):
         return size  # one giant last line: follow from the end
     return floor + newline
 
+
 def count_lines_before(fd, offset):
     """Newlines in the first `offset` bytes of an open file (the number of lines before it)."""
     count, position = 0, 0
@@ -273,7 +274,7 @@ class FileTail(object):
                 return
             self.skipping = False
             self.line_start = self.read_pos - len(chunk) + newline + 1
-            chunk = chunk[newline + 1:]
+            chunk = chunk[newline + 1 :]
         data = self.partial + chunk if self.partial else chunk
         parts = data.split(b"\n")
         self.partial = parts.pop()

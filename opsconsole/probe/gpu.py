@@ -65,7 +65,7 @@ def run_nvidia_smi(argv: List[str]) -> str:
         universal_newlines=True,
     )
     if proc.returncode != 0:
-        message = (proc.stderr.strip() or proc.stdout.strip() or "exit status %d" % proc.returncode)
+        message = proc.stderr.strip() or proc.stdout.strip() or "exit status %d" % proc.returncode
         raise SmiError(message.splitlines()[0] if message else "failed")
     return proc.stdout
 
@@ -358,7 +358,9 @@ class GpuReader(object):
         if pci is not None:
             bus_id = getattr(pci, "busId", None) or getattr(pci, "busIdLegacy", None)
         static["pci_bus_id"] = _as_text(bus_id) if bus_id else None
-        static["clock_sm_max_mhz"] = self._call(dev, "clock_sm_max", errors, "nvmlDeviceGetMaxClockInfo", nv.NVML_CLOCK_SM)
+        static["clock_sm_max_mhz"] = self._call(
+            dev, "clock_sm_max", errors, "nvmlDeviceGetMaxClockInfo", nv.NVML_CLOCK_SM
+        )
         static["clock_mem_max_mhz"] = self._call(
             dev, "clock_mem_max", errors, "nvmlDeviceGetMaxClockInfo", nv.NVML_CLOCK_MEM
         )
@@ -370,10 +372,22 @@ class GpuReader(object):
         call = self._call
         out: Dict[str, Any] = {}
         out["temperature_slowdown"] = _float(
-            call(dev, "temperature_slowdown", errors, "nvmlDeviceGetTemperatureThreshold", nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+            call(
+                dev,
+                "temperature_slowdown",
+                errors,
+                "nvmlDeviceGetTemperatureThreshold",
+                nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+            )
         )
         out["temperature_shutdown"] = _float(
-            call(dev, "temperature_shutdown", errors, "nvmlDeviceGetTemperatureThreshold", nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+            call(
+                dev,
+                "temperature_shutdown",
+                errors,
+                "nvmlDeviceGetTemperatureThreshold",
+                nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+            )
         )
         limit = call(dev, "power_limit", errors, "nvmlDeviceGetEnforcedPowerLimit")
         out["power_limit_w"] = limit / 1000.0 if limit is not None else None
@@ -464,7 +478,9 @@ class GpuReader(object):
             out["utilization_gpu"] = float(util.gpu)
             out["utilization_memory"] = float(util.memory)
         out.update(self._read_memory(dev, errors))
-        out["temperature"] = _float(call(dev, "temperature", errors, "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU))
+        out["temperature"] = _float(
+            call(dev, "temperature", errors, "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU)
+        )
         power = call(dev, "power_draw", errors, "nvmlDeviceGetPowerUsage")
         out["power_draw_w"] = power / 1000.0 if power is not None else None
         out["clock_sm_mhz"] = _int(call(dev, "clock_sm", errors, "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM))
@@ -500,7 +516,9 @@ class GpuReader(object):
             "memory_reserved": _int(getattr(mem, "reserved", None)),
         }
 
-    def _find_mig_devices(self, dev: _Device, errors: List[str]) -> List[Tuple[Any, int, Optional[int], Optional[str], Optional[str]]]:
+    def _find_mig_devices(
+        self, dev: _Device, errors: List[str]
+    ) -> List[Tuple[Any, int, Optional[int], Optional[str], Optional[str]]]:
         """The MIG devices under a GPU in MIG mode: their handles, instance ids, UUIDs and profiles."""
         nvml = self._nvml
         count = self._call(dev, "mig_devices", errors, "nvmlDeviceGetMaxMigDeviceCount")
@@ -541,15 +559,17 @@ class GpuReader(object):
             except Exception as exc:
                 errors.append("mig_devices: instance %d memory: %s" % (gpu_instance, _describe(exc)))
                 dev.mig_handles = None  # find them again next tick: the instance may be gone
-            out.append(MigDevice(
-                gpu_instance_id=gpu_instance,
-                compute_instance_id=compute_instance,
-                profile=profile,
-                uuid=uuid,
-                memory_total=_int(getattr(memory, "total", None)),
-                memory_used=_int(getattr(memory, "used", None)),
-                memory_free=_int(getattr(memory, "free", None)),
-            ))
+            out.append(
+                MigDevice(
+                    gpu_instance_id=gpu_instance,
+                    compute_instance_id=compute_instance,
+                    profile=profile,
+                    uuid=uuid,
+                    memory_total=_int(getattr(memory, "total", None)),
+                    memory_used=_int(getattr(memory, "used", None)),
+                    memory_free=_int(getattr(memory, "free", None)),
+                )
+            )
         return tuple(sorted(out, key=lambda m: m.gpu_instance_id))
 
     def _read_clock_event_reasons(self, dev: _Device, errors: List[str]) -> Optional[int]:

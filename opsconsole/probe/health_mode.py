@@ -49,8 +49,16 @@ REMEDY_NCCL = "check NVLink (nvidia-smi nvlink -s), the topology (nvidia-smi top
 REMEDY_BUSY = "the GPU runs a job: rerun when it is free, or pass --force to test it anyway (disturbs the job)"
 
 
-def result(check: str, node: str, status: str, message: str, gpu: Optional[int] = None,
-           evidence: Sequence[Tuple[str, str]] = (), remedy: str = "", duration_s: Optional[float] = None) -> Dict[str, Any]:
+def result(
+    check: str,
+    node: str,
+    status: str,
+    message: str,
+    gpu: Optional[int] = None,
+    evidence: Sequence[Tuple[str, str]] = (),
+    remedy: str = "",
+    duration_s: Optional[float] = None,
+) -> Dict[str, Any]:
     """One result in HealthResult's wire form."""
     return {
         "check": PREFIX + check,
@@ -149,8 +157,18 @@ def nvml_inventory() -> Tuple[Optional[List[Dict[str, Any]]], str]:
     if smi is None:
         return None, "NVML failed (%s) and nvidia-smi is missing" % nvml_error
     try:
-        gpus = subprocess.run([smi, "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=15)
-        apps = subprocess.run([smi, "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"], capture_output=True, text=True, timeout=15)
+        gpus = subprocess.run(
+            [smi, "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
+        apps = subprocess.run(
+            [smi, "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return None, "nvidia-smi failed: %s" % exc
     if gpus.returncode != 0 or apps.returncode != 0:
@@ -159,7 +177,7 @@ def nvml_inventory() -> Tuple[Optional[List[Dict[str, Any]]], str]:
     for line in gpus.stdout.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 3 and parts[0].isdigit():
-            used = int(float(parts[2]) * 2 ** 20) if parts[2].replace(".", "", 1).isdigit() else 0
+            used = int(float(parts[2]) * 2**20) if parts[2].replace(".", "", 1).isdigit() else 0
             out.append({"index": int(parts[0]), "uuid": parts[1], "pids": [], "used_bytes": used})
     by_uuid = {g["uuid"]: g for g in out}
     for line in apps.stdout.splitlines():
@@ -175,7 +193,7 @@ def nvidia_device_files(dev: str = "/dev") -> List[str]:
         names = os.listdir(dev)
     except OSError:
         return []
-    return sorted(name for name in names if name.startswith("nvidia") and name[len("nvidia"):].isdigit())
+    return sorted(name for name in names if name.startswith("nvidia") and name[len("nvidia") :].isdigit())
 
 
 def no_gpu_reason(inventory: Optional[List[Dict[str, Any]]], source: str, device_files: Sequence[str]) -> str:
@@ -190,8 +208,14 @@ def no_gpu_reason(inventory: Optional[List[Dict[str, Any]]], source: str, device
     return source if inventory is None else "%s lists no GPU" % source
 
 
-def refusals(inventory: Optional[List[Dict[str, Any]]], why: str, wanted: Optional[Sequence[int]], force: bool,
-             node: str, own_pid: int) -> Tuple[Optional[List[int]], List[Dict[str, Any]]]:
+def refusals(
+    inventory: Optional[List[Dict[str, Any]]],
+    why: str,
+    wanted: Optional[Sequence[int]],
+    force: bool,
+    node: str,
+    own_pid: int,
+) -> Tuple[Optional[List[int]], List[Dict[str, Any]]]:
     """(GPU indices to test, refusal results): a GPU running compute processes is refused unless forced.
 
     When the processes cannot be listed at all, every GPU is refused unless forced: the
@@ -199,8 +223,17 @@ def refusals(inventory: Optional[List[Dict[str, Any]]], why: str, wanted: Option
     """
     if inventory is None:
         if not force:
-            return [], [result("refused", node, ERROR, "cannot list compute processes (%s): not testing (--force to test)" % why,
-                               None, (("reason", why),), REMEDY_BUSY)]
+            return [], [
+                result(
+                    "refused",
+                    node,
+                    ERROR,
+                    "cannot list compute processes (%s): not testing (--force to test)" % why,
+                    None,
+                    (("reason", why),),
+                    REMEDY_BUSY,
+                )
+            ]
         return list(wanted) if wanted is not None else None, []  # None: every GPU torch sees
     indices = [g["index"] for g in inventory]
     chosen = [i for i in (wanted if wanted is not None else indices)]
@@ -210,24 +243,45 @@ def refusals(inventory: Optional[List[Dict[str, Any]]], why: str, wanted: Option
     for index in chosen:
         gpu = by_index.get(index)
         if gpu is None:
-            results.append(result("cuda_init", node, ERROR, "GPU %d does not exist (GPUs: %s)" % (index, ",".join(map(str, indices)) or "none"), index))
+            results.append(
+                result(
+                    "cuda_init",
+                    node,
+                    ERROR,
+                    "GPU %d does not exist (GPUs: %s)" % (index, ",".join(map(str, indices)) or "none"),
+                    index,
+                )
+            )
             continue
         others = [pid for pid in gpu["pids"] if pid != own_pid]
         used = gpu.get("used_bytes") or 0
         if not others and used > BUSY_MEMORY_BYTES and not force:
             # Processes of another container (PID namespace) are not listed, but their memory shows.
-            results.append(result(
-                "refused", node, ERROR,
-                "GPU %d has %.1f GiB in use by processes not visible here: not tested" % (index, used / 2 ** 30),
-                index, (("used_gib", "%.1f" % (used / 2 ** 30)),), REMEDY_BUSY,
-            ))
+            results.append(
+                result(
+                    "refused",
+                    node,
+                    ERROR,
+                    "GPU %d has %.1f GiB in use by processes not visible here: not tested" % (index, used / 2**30),
+                    index,
+                    (("used_gib", "%.1f" % (used / 2**30)),),
+                    REMEDY_BUSY,
+                )
+            )
             continue
         if others and not force:
-            results.append(result(
-                "refused", node, ERROR,
-                "GPU %d runs %d compute process(es) (pid %s): not tested" % (index, len(others), ",".join(map(str, others[:5]))),
-                index, (("pids", ",".join(map(str, others))),), REMEDY_BUSY,
-            ))
+            results.append(
+                result(
+                    "refused",
+                    node,
+                    ERROR,
+                    "GPU %d runs %d compute process(es) (pid %s): not tested"
+                    % (index, len(others), ",".join(map(str, others[:5]))),
+                    index,
+                    (("pids", ",".join(map(str, others))),),
+                    REMEDY_BUSY,
+                )
+            )
             continue
         testable.append(index)
     return testable, results
@@ -239,8 +293,15 @@ def refusals(inventory: Optional[List[Dict[str, Any]]], why: str, wanted: Option
 class GpuSuite:
     """The sanity tests of one GPU (torch device `device`, reported as NVML index `index`)."""
 
-    def __init__(self, node: str, index: int, device: int, sizes: Dict[str, int], memory_share: float,
-                 fp64_inputs: Tuple[Any, Any, Any]) -> None:
+    def __init__(
+        self,
+        node: str,
+        index: int,
+        device: int,
+        sizes: Dict[str, int],
+        memory_share: float,
+        fp64_inputs: Tuple[Any, Any, Any],
+    ) -> None:
         self.node = node
         self.index = index
         self.device = device
@@ -250,8 +311,12 @@ class GpuSuite:
         self.results: List[Dict[str, Any]] = []
         self.outputs: List[Any] = []  # tensors the NaN/Inf check reads
 
-    def add(self, check: str, status: str, message: str, evidence: Sequence[Tuple[str, str]], remedy: str, started: float) -> None:
-        self.results.append(result(check, self.node, status, message, self.index, evidence, remedy, time.perf_counter() - started))
+    def add(
+        self, check: str, status: str, message: str, evidence: Sequence[Tuple[str, str]], remedy: str, started: float
+    ) -> None:
+        self.results.append(
+            result(check, self.node, status, message, self.index, evidence, remedy, time.perf_counter() - started)
+        )
 
     def run(self) -> List[Dict[str, Any]]:
         import torch
@@ -269,8 +334,15 @@ class GpuSuite:
                 try:
                     test(started)
                 except Exception as exc:  # one test failing to run never stops the others
-                    self.add(name, ERROR, "GPU %d: %s: %s" % (self.index, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else ""),
-                             (), REMEDY_INIT, started)
+                    self.add(
+                        name,
+                        ERROR,
+                        "GPU %d: %s: %s"
+                        % (self.index, type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else ""),
+                        (),
+                        REMEDY_INIT,
+                        started,
+                    )
                     if name == "cuda_init":
                         break  # nothing else can run on this GPU
                 torch.cuda.empty_cache()
@@ -286,10 +358,19 @@ class GpuSuite:
         props = torch.cuda.get_device_properties(self.device)
         free, total_mem = torch.cuda.mem_get_info()
         status = PASS if total == 1024.0 else FAIL
-        self.add("cuda_init", status, "GPU %d: %s, CUDA context up" % (self.index, props.name),
-                 (("name", props.name), ("capability", "%d.%d" % (props.major, props.minor)),
-                  ("memory_free_gib", "%.1f" % (free / 2 ** 30)), ("memory_total_gib", "%.1f" % (total_mem / 2 ** 30))),
-                 REMEDY_INIT, started)
+        self.add(
+            "cuda_init",
+            status,
+            "GPU %d: %s, CUDA context up" % (self.index, props.name),
+            (
+                ("name", props.name),
+                ("capability", "%d.%d" % (props.major, props.minor)),
+                ("memory_free_gib", "%.1f" % (free / 2**30)),
+                ("memory_total_gib", "%.1f" % (total_mem / 2**30)),
+            ),
+            REMEDY_INIT,
+            started,
+        )
 
     def fp64_matmul(self, started: float) -> None:
         import torch
@@ -300,10 +381,15 @@ class GpuSuite:
         error = relative_error(product.cpu(), reference)
         self.outputs.append(product)
         status = PASS if error <= FP64_RELATIVE_BOUND else FAIL
-        self.add("fp64_matmul", status, "GPU %d: fp64 %dx%d matmul, relative error %.2e vs CPU (bound %.0e)" % (
-            self.index, a.shape[0], a.shape[0], error, FP64_RELATIVE_BOUND),
+        self.add(
+            "fp64_matmul",
+            status,
+            "GPU %d: fp64 %dx%d matmul, relative error %.2e vs CPU (bound %.0e)"
+            % (self.index, a.shape[0], a.shape[0], error, FP64_RELATIVE_BOUND),
             (("relative_error", "%.3e" % error), ("bound", "%.0e" % FP64_RELATIVE_BOUND), ("n", str(a.shape[0]))),
-            REMEDY_COMPUTE, started)
+            REMEDY_COMPUTE,
+            started,
+        )
 
     def bf16_gemm(self, started: float) -> None:
         import torch
@@ -325,14 +411,27 @@ class GpuSuite:
                 mismatched_runs += 1
                 worst = max(worst, diff)
         elapsed = time.perf_counter() - begin
-        tflops = 2.0 * n ** 3 * repeats / elapsed / 1e12 if elapsed > 0 else 0.0
+        tflops = 2.0 * n**3 * repeats / elapsed / 1e12 if elapsed > 0 else 0.0
         self.outputs.append(first)
         status = PASS if mismatched_runs == 0 else FAIL
-        message = "GPU %d: bf16 %dx%d GEMM x%d bit-identical" % (self.index, n, n, repeats) if status == PASS else \
-            "GPU %d: bf16 GEMM differed in %d of %d runs (up to %d elements)" % (self.index, mismatched_runs, repeats, worst)
-        self.add("bf16_gemm", status, message,
-                 (("repeats", str(repeats)), ("mismatched_runs", str(mismatched_runs)), ("tflops_with_compare", "%.1f" % tflops)),
-                 REMEDY_COMPUTE, started)
+        message = (
+            "GPU %d: bf16 %dx%d GEMM x%d bit-identical" % (self.index, n, n, repeats)
+            if status == PASS
+            else "GPU %d: bf16 GEMM differed in %d of %d runs (up to %d elements)"
+            % (self.index, mismatched_runs, repeats, worst)
+        )
+        self.add(
+            "bf16_gemm",
+            status,
+            message,
+            (
+                ("repeats", str(repeats)),
+                ("mismatched_runs", str(mismatched_runs)),
+                ("tflops_with_compare", "%.1f" % tflops),
+            ),
+            REMEDY_COMPUTE,
+            started,
+        )
 
     def memory_pattern(self, started: float) -> None:
         import torch
@@ -361,14 +460,30 @@ class GpuSuite:
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - started
         del chunks
-        gib = allocated / 2 ** 30
+        gib = allocated / 2**30
         status = PASS if bad == 0 and allocated > 0 else FAIL if bad else ERROR
-        message = "GPU %d: %.1f GiB written and verified with %d patterns" % (self.index, gib, len(PATTERNS)) if status == PASS else \
-            ("GPU %d: %d words differed from the pattern written" % (self.index, bad) if bad else "GPU %d: no memory could be allocated" % self.index)
-        self.add("memory_pattern", status, message,
-                 (("tested_gib", "%.2f" % gib), ("share_of_free", "%g" % self.memory_share), ("mismatched_words", str(bad)),
-                  ("gib_per_s", "%.0f" % (gib * len(PATTERNS) * 2 / elapsed if elapsed > 0 else 0.0))),
-                 REMEDY_MEMORY, started)
+        message = (
+            "GPU %d: %.1f GiB written and verified with %d patterns" % (self.index, gib, len(PATTERNS))
+            if status == PASS
+            else (
+                "GPU %d: %d words differed from the pattern written" % (self.index, bad)
+                if bad
+                else "GPU %d: no memory could be allocated" % self.index
+            )
+        )
+        self.add(
+            "memory_pattern",
+            status,
+            message,
+            (
+                ("tested_gib", "%.2f" % gib),
+                ("share_of_free", "%g" % self.memory_share),
+                ("mismatched_words", str(bad)),
+                ("gib_per_s", "%.0f" % (gib * len(PATTERNS) * 2 / elapsed if elapsed > 0 else 0.0)),
+            ),
+            REMEDY_MEMORY,
+            started,
+        )
 
     def d2d_copy(self, started: float) -> None:
         import torch
@@ -391,10 +506,20 @@ class GpuSuite:
         message = "GPU %d: device-to-device copy %.0f GB/s (read+write %.0f GB/s)" % (self.index, gbps, 2 * gbps)
         if not same:
             message = "GPU %d: the copy differs from its source" % self.index
-        self.add("d2d_copy", status, message,
-                 (("copy_gbps", "%.1f" % gbps), ("read_write_gbps", "%.1f" % (2 * gbps)), ("bytes", str(nbytes)),
-                  ("repeats", str(repeats)), ("identical", str(same))),
-                 REMEDY_COPY, started)
+        self.add(
+            "d2d_copy",
+            status,
+            message,
+            (
+                ("copy_gbps", "%.1f" % gbps),
+                ("read_write_gbps", "%.1f" % (2 * gbps)),
+                ("bytes", str(nbytes)),
+                ("repeats", str(repeats)),
+                ("identical", str(same)),
+            ),
+            REMEDY_COPY,
+            started,
+        )
 
     def nan_inf(self, started: float) -> None:
         import torch
@@ -405,9 +530,14 @@ class GpuSuite:
         bad = sum(non_finite_count(t.float()) for t in tensors)
         elements = sum(t.numel() for t in tensors)
         status = PASS if bad == 0 else FAIL
-        message = "GPU %d: no NaN/Inf in %d results" % (self.index, elements) if status == PASS else \
-            "GPU %d: %d NaN/Inf in results of finite inputs" % (self.index, bad)
-        self.add("nan_inf", status, message, (("elements", str(elements)), ("non_finite", str(bad))), REMEDY_COMPUTE, started)
+        message = (
+            "GPU %d: no NaN/Inf in %d results" % (self.index, elements)
+            if status == PASS
+            else "GPU %d: %d NaN/Inf in results of finite inputs" % (self.index, bad)
+        )
+        self.add(
+            "nan_inf", status, message, (("elements", str(elements)), ("non_finite", str(bad))), REMEDY_COMPUTE, started
+        )
 
 
 def nccl_allreduce(node: str, devices: Sequence[Tuple[int, int]], mib: int) -> Dict[str, Any]:
@@ -436,12 +566,28 @@ def nccl_allreduce(node: str, devices: Sequence[Tuple[int, int]], mib: int) -> D
     algbw, busbw = bus_bandwidth_gbps(count * 4, seconds, ranks)
     status = PASS if wrong == 0 else FAIL
     indices = ",".join(str(index) for index, _ in devices)
-    message = "GPUs %s: NCCL all-reduce of %d MiB correct, bus bandwidth %.0f GB/s" % (indices, mib, busbw) if status == PASS else \
-        "GPUs %s: NCCL all-reduce gave %d wrong elements" % (indices, wrong)
-    return result("nccl_allreduce", node, status, message, None,
-                  (("gpus", indices), ("bytes", str(count * 4)), ("algbw_gbps", "%.1f" % algbw), ("busbw_gbps", "%.1f" % busbw),
-                   ("wrong_elements", str(wrong)), ("nccl_version", str(getattr(torch.cuda.nccl, "version", lambda: "?")()))),
-                  REMEDY_NCCL, time.perf_counter() - started)
+    message = (
+        "GPUs %s: NCCL all-reduce of %d MiB correct, bus bandwidth %.0f GB/s" % (indices, mib, busbw)
+        if status == PASS
+        else "GPUs %s: NCCL all-reduce gave %d wrong elements" % (indices, wrong)
+    )
+    return result(
+        "nccl_allreduce",
+        node,
+        status,
+        message,
+        None,
+        (
+            ("gpus", indices),
+            ("bytes", str(count * 4)),
+            ("algbw_gbps", "%.1f" % algbw),
+            ("busbw_gbps", "%.1f" % busbw),
+            ("wrong_elements", str(wrong)),
+            ("nccl_version", str(getattr(torch.cuda.nccl, "version", lambda: "?")())),
+        ),
+        REMEDY_NCCL,
+        time.perf_counter() - started,
+    )
 
 
 # --- the whole suite -------------------------------------------------------------------
@@ -469,8 +615,14 @@ def torch_devices(indices: Sequence[int], inventory: Optional[List[Dict[str, Any
     return out
 
 
-def run_suite(node: str, level: int = 1, gpus: Optional[Sequence[int]] = None, force: bool = False,
-              memory_share: float = 0.25, emit: Any = None) -> List[Dict[str, Any]]:
+def run_suite(
+    node: str,
+    level: int = 1,
+    gpus: Optional[Sequence[int]] = None,
+    force: bool = False,
+    memory_share: float = 0.25,
+    emit: Any = None,
+) -> List[Dict[str, Any]]:
     """Run the suite on this machine; every result is also passed to emit(result) as it comes."""
     out: List[Dict[str, Any]] = []
     lock = threading.Lock()
@@ -492,52 +644,126 @@ def run_suite(node: str, level: int = 1, gpus: Optional[Sequence[int]] = None, f
         push(item)
     if testable is not None and not testable:
         if not refused:
-            push(result("cuda_init", node, ERROR, "no GPU to test (%s)" % (source if inventory is None else "no GPUs found"), None, (("source", source),), REMEDY_INIT))
+            push(
+                result(
+                    "cuda_init",
+                    node,
+                    ERROR,
+                    "no GPU to test (%s)" % (source if inventory is None else "no GPUs found"),
+                    None,
+                    (("source", source),),
+                    REMEDY_INIT,
+                )
+            )
         return out
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch numbering as NVML's
     try:
         import torch
     except Exception as exc:
-        push(result("cuda_init", node, ERROR, "torch is not available on this node (%s: %s)" % (type(exc).__name__, exc), None, (), REMEDY_INIT))
+        push(
+            result(
+                "cuda_init",
+                node,
+                ERROR,
+                "torch is not available on this node (%s: %s)" % (type(exc).__name__, exc),
+                None,
+                (),
+                REMEDY_INIT,
+            )
+        )
         return out
     import_s = time.perf_counter() - started
     if not torch.cuda.is_available():
-        push(result("cuda_init", node, ERROR, "CUDA is not available to torch %s (cuda %s)" % (torch.__version__, torch.version.cuda), None,
-                    (("torch", torch.__version__), ("torch_cuda", str(torch.version.cuda))), REMEDY_INIT))
+        push(
+            result(
+                "cuda_init",
+                node,
+                ERROR,
+                "CUDA is not available to torch %s (cuda %s)" % (torch.__version__, torch.version.cuda),
+                None,
+                (("torch", torch.__version__), ("torch_cuda", str(torch.version.cuda))),
+                REMEDY_INIT,
+            )
+        )
         return out
     if testable is None:  # forced without an inventory: whatever torch sees
         testable = list(range(torch.cuda.device_count()))
     devices = torch_devices(testable, inventory)
     for index in testable:
         if index not in devices:
-            push(result("cuda_init", node, ERROR, "GPU %d is not visible to CUDA (CUDA_VISIBLE_DEVICES=%r)" % (index, os.environ.get("CUDA_VISIBLE_DEVICES")), index, (), REMEDY_INIT))
+            push(
+                result(
+                    "cuda_init",
+                    node,
+                    ERROR,
+                    "GPU %d is not visible to CUDA (CUDA_VISIBLE_DEVICES=%r)"
+                    % (index, os.environ.get("CUDA_VISIBLE_DEVICES")),
+                    index,
+                    (),
+                    REMEDY_INIT,
+                )
+            )
     sizes = LEVELS[level]
     n = sizes["fp64_n"]
     generator = torch.Generator().manual_seed(42)
     a = torch.randn(n, n, dtype=torch.float64, generator=generator)
     b = torch.randn(n, n, dtype=torch.float64, generator=generator)
     reference = a @ b  # once on the CPU, shared by every GPU
-    suites = [GpuSuite(node, index, devices[index], sizes, memory_share, (a, b, reference)) for index in testable if index in devices]
+    suites = [
+        GpuSuite(node, index, devices[index], sizes, memory_share, (a, b, reference))
+        for index in testable
+        if index in devices
+    ]
 
     def work(suite: GpuSuite) -> None:
         for item in suite.run():
             push(item)
 
-    threads = [threading.Thread(target=work, args=(suite,), name="gpu%d" % suite.index, daemon=True) for suite in suites]
+    threads = [
+        threading.Thread(target=work, args=(suite,), name="gpu%d" % suite.index, daemon=True) for suite in suites
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    healthy = [(s.index, s.device) for s in suites if all(r["status"] != ERROR for r in s.results if r["check"] == PREFIX + "cuda_init")]
+    healthy = [
+        (s.index, s.device)
+        for s in suites
+        if all(r["status"] != ERROR for r in s.results if r["check"] == PREFIX + "cuda_init")
+    ]
     if len(healthy) >= 2:
         try:
             push(nccl_allreduce(node, healthy, sizes["nccl_mib"]))
         except Exception as exc:
-            push(result("nccl_allreduce", node, ERROR, "NCCL all-reduce could not run: %s: %s" % (type(exc).__name__, str(exc)[:200]), None, (), REMEDY_NCCL))
-    push(result("suite", node, worst(out), "level %d suite on GPU %s in %.1f s (torch import %.1f s)" % (
-        level, ",".join(str(s.index) for s in suites) or "-", time.perf_counter() - started, import_s), None,
-        (("level", str(level)), ("gpus", str(len(suites))), ("torch_import_s", "%.2f" % import_s), ("torch", torch.__version__)),
-        "", time.perf_counter() - started))
+            push(
+                result(
+                    "nccl_allreduce",
+                    node,
+                    ERROR,
+                    "NCCL all-reduce could not run: %s: %s" % (type(exc).__name__, str(exc)[:200]),
+                    None,
+                    (),
+                    REMEDY_NCCL,
+                )
+            )
+    push(
+        result(
+            "suite",
+            node,
+            worst(out),
+            "level %d suite on GPU %s in %.1f s (torch import %.1f s)"
+            % (level, ",".join(str(s.index) for s in suites) or "-", time.perf_counter() - started, import_s),
+            None,
+            (
+                ("level", str(level)),
+                ("gpus", str(len(suites))),
+                ("torch_import_s", "%.2f" % import_s),
+                ("torch", torch.__version__),
+            ),
+            "",
+            time.perf_counter() - started,
+        )
+    )
     return out
 
 
@@ -578,12 +804,18 @@ def _share(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="opsconsole-health", description="GPU sanity tests on this node (JSON lines with --json).")
+    parser = argparse.ArgumentParser(
+        prog="opsconsole-health", description="GPU sanity tests on this node (JSON lines with --json)."
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON result per line")
     parser.add_argument("--level", type=int, choices=sorted(LEVELS), default=1, help="1: quick (seconds), 2: longer")
-    parser.add_argument("--gpus", type=_gpu_list, default=None, metavar="LIST", help="NVML indices to test (default: all)")
+    parser.add_argument(
+        "--gpus", type=_gpu_list, default=None, metavar="LIST", help="NVML indices to test (default: all)"
+    )
     parser.add_argument("--force", action="store_true", help="also test GPUs that run compute processes")
-    parser.add_argument("--memory-share", type=_share, default=0.25, metavar="F", help="share of free memory the pattern test uses")
+    parser.add_argument(
+        "--memory-share", type=_share, default=0.25, metavar="F", help="share of free memory the pattern test uses"
+    )
     parser.add_argument("--node-name", default=None, metavar="NAME", help="node name in results (default: hostname)")
     return parser
 

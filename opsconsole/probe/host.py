@@ -154,7 +154,7 @@ def snapshot_from_proc_texts(
         net=parse_net_dev(net_dev) if net_dev else {},
         load_avg=parse_loadavg(loadavg) if loadavg else (),
         uptime_s=up,
-        **mem
+        **mem,
     )
 
 
@@ -178,9 +178,7 @@ def _core_names(cpu: Dict[str, Dict[str, int]]) -> List[str]:
     return sorted((name for name in cpu if name != "cpu"), key=lambda name: int(name[3:]))
 
 
-def net_rates(
-    prev: Dict[str, Tuple[int, int]], cur: Dict[str, Tuple[int, int]], seconds: float
-) -> Tuple[NetRate, ...]:
+def net_rates(prev: Dict[str, Tuple[int, int]], cur: Dict[str, Tuple[int, int]], seconds: float) -> Tuple[NetRate, ...]:
     """Bytes per second per interface between two counter readings, loopback left out."""
     if seconds <= 0:
         return ()
@@ -192,7 +190,9 @@ def net_rates(
         tx = cur[name][1] - prev[name][1]
         if rx < 0 or tx < 0:
             continue  # counters reset (driver reload, interface recreated): no honest rate this tick
-        rates.append(NetRate(interface=name, rx_bytes_per_s=round(rx / seconds, 1), tx_bytes_per_s=round(tx / seconds, 1)))
+        rates.append(
+            NetRate(interface=name, rx_bytes_per_s=round(rx / seconds, 1), tx_bytes_per_s=round(tx / seconds, 1))
+        )
     return tuple(rates)
 
 
@@ -258,11 +258,19 @@ def _read_text(path: str) -> str:
         return f.read()
 
 
-def read_proc_snapshot(proc_root: str = "/proc", clock: Callable[[], float] = time.monotonic) -> Tuple[HostSnapshot, List[str]]:
+def read_proc_snapshot(
+    proc_root: str = "/proc", clock: Callable[[], float] = time.monotonic
+) -> Tuple[HostSnapshot, List[str]]:
     """Read the /proc files into a snapshot; each unreadable file is one error, the rest still count."""
     texts: Dict[str, Optional[str]] = {}
     errors = []
-    files = (("stat", "stat"), ("meminfo", "meminfo"), ("loadavg", "loadavg"), ("uptime", "uptime"), ("net_dev", "net/dev"))
+    files = (
+        ("stat", "stat"),
+        ("meminfo", "meminfo"),
+        ("loadavg", "loadavg"),
+        ("uptime", "uptime"),
+        ("net_dev", "net/dev"),
+    )
     for key, name in files:
         try:
             texts[key] = _read_text(os.path.join(proc_root, name))
@@ -272,7 +280,7 @@ def read_proc_snapshot(proc_root: str = "/proc", clock: Callable[[], float] = ti
     taken_at = clock()
     try:
         return snapshot_from_proc_texts(taken_at=taken_at, **texts), errors
-    except (ValueError, IndexError) as exc:
+    except (ValueError, IndexError):
         # A malformed file: parse them one by one so only the broken one is lost.
         snapshot_parts = {}
         for key, text in texts.items():
@@ -344,7 +352,9 @@ class HostReader:
     are in `last_errors`; the parts that worked still report.
     """
 
-    def __init__(self, disk_paths: Sequence[str] = ("/",), use_psutil: Optional[bool] = None, proc_root: str = "/proc") -> None:
+    def __init__(
+        self, disk_paths: Sequence[str] = ("/",), use_psutil: Optional[bool] = None, proc_root: str = "/proc"
+    ) -> None:
         self.disk_paths = tuple(disk_paths)
         self.proc_root = proc_root
         self.hostname = socket.gethostname()
@@ -359,7 +369,7 @@ class HostReader:
 
     @property
     def source(self) -> str:
-        """"psutil" or "proc": where readings come from."""
+        """ "psutil" or "proc": where readings come from."""
         return "psutil" if self._psutil is not None else "proc"
 
     def _snapshot(self) -> Tuple[HostSnapshot, List[str]]:

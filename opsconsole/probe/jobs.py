@@ -36,7 +36,9 @@ _SLURM_V2 = re.compile(r"/job_([0-9]{1,20})(?:/step_([A-Za-z0-9_]{1,32}))?(?:/|$
 _HEX_ID = r"([0-9a-f]{12,64})"
 # containerd's systemd driver writes "...-pod<UID>.slice:cri-containerd:<ID>" (colons inside the path).
 _K8S_POD = re.compile(
-    r"kubepods.*?[/-]pod([0-9a-fA-F_-]{8,64})(?:\.slice)?[/:](?:(?:cri-containerd|crio|docker)[-:])?" + _HEX_ID + r"(?:\.scope)?(?:/|$)"
+    r"kubepods.*?[/-]pod([0-9a-fA-F_-]{8,64})(?:\.slice)?[/:](?:(?:cri-containerd|crio|docker)[-:])?"
+    + _HEX_ID
+    + r"(?:\.scope)?(?:/|$)"
 )
 _RUNTIMES = (
     ("docker", re.compile(r"/docker[-/]" + _HEX_ID + r"(?:\.scope)?(?:/|$)")),
@@ -55,8 +57,14 @@ class JobInfo(object):
 
     __slots__ = ("job_id", "job_step", "job_uid", "job_user", "container")
 
-    def __init__(self, job_id: Optional[str] = None, job_step: Optional[str] = None, job_uid: Optional[int] = None,
-                 job_user: Optional[str] = None, container: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        job_id: Optional[str] = None,
+        job_step: Optional[str] = None,
+        job_uid: Optional[int] = None,
+        job_user: Optional[str] = None,
+        container: Optional[str] = None,
+    ) -> None:
         self.job_id = job_id
         self.job_step = job_step
         self.job_uid = job_uid
@@ -126,8 +134,10 @@ def parse_slurm_environ(data: bytes) -> "JobInfo":
             continue
         name, sep, value = entry.partition(b"=")
         if sep and name in (b"SLURM_JOB_ID", b"SLURM_JOBID", b"SLURM_STEP_ID", b"SLURM_STEPID", b"SLURM_JOB_USER"):
-            found.setdefault(name.decode("ascii").replace("JOBID", "JOB_ID").replace("STEPID", "STEP_ID"),
-                             value[:128].decode("utf-8", "replace"))
+            found.setdefault(
+                name.decode("ascii").replace("JOBID", "JOB_ID").replace("STEPID", "STEP_ID"),
+                value[:128].decode("utf-8", "replace"),
+            )
     job_id = found.get("SLURM_JOB_ID")
     step = found.get("SLURM_STEP_ID")
     user = found.get("SLURM_JOB_USER")

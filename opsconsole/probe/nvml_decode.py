@@ -145,7 +145,7 @@ XID_MEANINGS: Dict[int, str] = {
 
 
 def describe_xid(code: int) -> str:
-    """"XID 79: GPU has fallen off the bus", or just "XID n" for an unlisted code."""
+    """ "XID 79: GPU has fallen off the bus", or just "XID n" for an unlisted code."""
     meaning = XID_MEANINGS.get(int(code))
     return "XID %d: %s" % (code, meaning) if meaning else "XID %d" % code
 

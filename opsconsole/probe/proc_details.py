@@ -23,9 +23,25 @@ MAX_CGROUP_LINES = 64
 CGROUP_LINE_CHARS = 512
 # The variables that place a process in a distributed job (torchrun, Slurm, MPI) and pick its GPUs.
 RANK_VARIABLES = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID",
-    "SLURM_JOB_USER", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "CUDA_VISIBLE_DEVICES",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_JOB_USER",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
 )
 
 
@@ -78,7 +94,7 @@ def read_details(pid, proc_root="/proc"):
     errors = out["errors"]
     try:
         stat = _read(base + "/stat", 4096)
-        fields = stat[stat.rindex(b")") + 2:].split()
+        fields = stat[stat.rindex(b")") + 2 :].split()
         out["starttime"] = int(fields[19])
         out["state"] = fields[0].decode("ascii", "replace")[:2]
     except (OSError, ValueError, IndexError) as exc:

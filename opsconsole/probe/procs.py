@@ -161,7 +161,9 @@ def _user_name(uid: int, cache: Dict[int, str]) -> str:
 _Counters = Dict[int, Tuple[int, int, float]]
 
 
-def _cpu_since(prev: Optional[Tuple[int, int, float]], starttime: int, ticks: int, now: float, elapsed: float, first: bool) -> Optional[float]:
+def _cpu_since(
+    prev: Optional[Tuple[int, int, float]], starttime: int, ticks: int, now: float, elapsed: float, first: bool
+) -> Optional[float]:
     """CPU % of one core since the previous reading; a process new since then: over its lifetime."""
     if prev is not None and prev[0] == starttime and now > prev[2]:
         return max(0.0, 100.0 * (ticks - prev[1]) / _CLOCK_TICKS / (now - prev[2]))
@@ -223,7 +225,7 @@ class ProcessTable:
 
     @property
     def source(self) -> str:
-        """"psutil" or "proc"."""
+        """ "psutil" or "proc"."""
         return "psutil" if self._psutil is not None else "proc"
 
     # -- public ---------------------------------------------------------------
@@ -279,7 +281,9 @@ class ProcessTable:
             try:
                 raw = rows.get(proc.pid)
                 # A held idle row is up to idle_every ticks old: read that process again.
-                row = self._build(proc.pid, raw, elapsed=True) if raw is not None and raw[3] else self._read_one(proc.pid)
+                row = (
+                    self._build(proc.pid, raw, elapsed=True) if raw is not None and raw[3] else self._read_one(proc.pid)
+                )
                 if row is None:
                     joined.append(dataclasses.replace(proc, state=None))
                     continue
@@ -335,8 +339,9 @@ class ProcessTable:
         self._envs[key] = env
         return env
 
-    def _build(self, pid: int, row: Tuple[Optional[float], int, Any, bool], elapsed: bool = False,
-               identity: bool = False) -> ProcessSample:
+    def _build(
+        self, pid: int, row: Tuple[Optional[float], int, Any, bool], elapsed: bool = False, identity: bool = False
+    ) -> ProcessSample:
         """The ProcessSample of a sampled row; with `elapsed`, elapsed_s too (GPU processes keep it);
         with `identity`, user and command line too (one object built, not two)."""
         cpu, rss, payload, _ = row
@@ -594,4 +599,3 @@ def top_processes(limit: int = MAX_HOST_PROCESSES) -> Tuple[ProcessSample, ...]:
     """The host's processes (see ProcessTable.sample) with CPU % since the previous call (first call: None)."""
     with _DEFAULT_LOCK:
         return _default_table().sample(limit)
-

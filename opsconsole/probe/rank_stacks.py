@@ -41,7 +41,7 @@ MAX_CMD_CHARS = 512
 MAX_DUMP_CHARS = 2 * 1024 * 1024  # py-spy's JSON for one process (deep stacks, many threads)
 MAX_STDERR_CHARS = 2000
 MAX_PIDS = 4096
-MAX_RANK = 10 ** 7
+MAX_RANK = 10**7
 MAX_PARALLEL_DUMPS = 16
 DEFAULT_TIMEOUT_S = 10.0
 MAX_TIMEOUT_S = 300.0
@@ -94,7 +94,7 @@ def stat_fields(pid):
     data = read_bounded("/proc/%d/stat" % pid, 4096)
     if not data:
         return []
-    return data[data.rfind(b")") + 2:].split()  # the name in (...) may hold spaces and parentheses
+    return data[data.rfind(b")") + 2 :].split()  # the name in (...) may hold spaces and parentheses
 
 
 def parent_of(pid):
@@ -183,7 +183,8 @@ def find_ranks():
     for pid, (env, _argv, _python, ancestors) in candidates.items():
         identity = rank_identity(env)
         inside_python_rank = any(
-            a in candidates and candidates[a][2] and rank_identity(candidates[a][0]) == identity for a in ancestors)
+            a in candidates and candidates[a][2] and rank_identity(candidates[a][0]) == identity for a in ancestors
+        )
         if not inside_python_rank:
             kept.append(pid)
     ranks = []
@@ -206,8 +207,12 @@ def gpu_compute_pids(timeout):
     if smi is None:
         return []
     try:
-        done = subprocess.run([smi, "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=timeout)
+        done = subprocess.run(
+            [smi, "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     pids = []
@@ -314,7 +319,7 @@ def checked_pids(value):
         return None
     pids = []
     for item in value[:MAX_PIDS]:
-        if isinstance(item, int) and not isinstance(item, bool) and 0 < item <= 2 ** 31 and item not in pids:
+        if isinstance(item, int) and not isinstance(item, bool) and 0 < item <= 2**31 and item not in pids:
             pids.append(item)
     return pids
 
@@ -343,12 +348,19 @@ def collect(request, emit):
             # The console's frame already lists the GPU compute processes (NVML); nvidia-smi without it.
             source = "gpu"
             gpu_pids = checked_pids(request.get("gpu_pids")) or gpu_compute_pids(timeout)
-            ranks = [describe(pid, environ_of(pid), cmdline_of(pid)) for pid in gpu_pids
-                     if os.path.exists("/proc/%d" % pid)]
+            ranks = [
+                describe(pid, environ_of(pid), cmdline_of(pid)) for pid in gpu_pids if os.path.exists("/proc/%d" % pid)
+            ]
     explicit = request.get("py_spy") if isinstance(request.get("py_spy"), str) else None
     py_spy, looked = find_py_spy(explicit, ranks, envs)
-    head = {"kind": "node", "source": source, "ranks": len(ranks), "py_spy": py_spy, "looked_in": looked[:20],
-            "python": sys.version.split()[0]}
+    head = {
+        "kind": "node",
+        "source": source,
+        "ranks": len(ranks),
+        "py_spy": py_spy,
+        "looked_in": looked[:20],
+        "python": sys.version.split()[0],
+    }
     head.update(ptrace_facts())
     emit(head)
     if py_spy is not None and ranks:
@@ -367,7 +379,10 @@ def collect(request, emit):
 
         # More dumps at once than the node has cores only queue behind each other (each one stops its rank).
         # Plain threads: concurrent.futures costs the helper's start 20 ms more.
-        workers = [threading.Thread(target=work) for _ in range(max(1, min(MAX_PARALLEL_DUMPS, os.cpu_count() or 1, len(ranks))))]
+        workers = [
+            threading.Thread(target=work)
+            for _ in range(max(1, min(MAX_PARALLEL_DUMPS, os.cpu_count() or 1, len(ranks))))
+        ]
         for worker in workers:
             worker.start()
         for worker in workers:

@@ -372,8 +372,6 @@ class BadDelta(DeltaError, FrameError):
     """A delta that is malformed in itself (a bad field, list or item), not merely on another base: a bad frame."""
 
 
-
-
 def _apply_host(old: Optional[HostSample], change: Any) -> Optional[HostSample]:
     if change is None:
         return None
@@ -408,8 +406,13 @@ def _apply_list(old: Tuple[Any, ...], items: Any, cls: type, name: str) -> Tuple
                     raise BadDelta("%s: no item %d in the last frame (it has %d)" % (name, item, count))
                 append(old[item])
             elif kind is list:
-                if (len(item) != 2 or type(item[0]) is not int or type(item[1]) is not int
-                        or item[1] < 1 or not 0 <= item[0] <= count - item[1]):
+                if (
+                    len(item) != 2
+                    or type(item[0]) is not int
+                    or type(item[1]) is not int
+                    or item[1] < 1
+                    or not 0 <= item[0] <= count - item[1]
+                ):
                     raise BadDelta("%s: bad run %s of the last frame's %d items" % (name, _short(item), count))
                 out.extend(old[item[0] : item[0] + item[1]])
             elif kind is dict:
@@ -585,8 +588,6 @@ class LazyListsFrame(NodeFrame):
     __eq__, __hash__, __repr__ = _compare_as(NodeFrame)
 
 
-
-
 class _LazyCores(_LazyList):
     """One host's per-core list, parsed from its line's list part when first read (no base: sent whole)."""
 
@@ -603,8 +604,6 @@ class _LazyCores(_LazyList):
 
 
 _LAZY_CORES_KEY = "_lazy_" + LAZY_CORES
-
-
 
 
 class LazyCoresHost(HostSample):

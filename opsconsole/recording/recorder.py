@@ -97,7 +97,9 @@ class Recorder:
     def _add(self, state: NodeState, now: float) -> None:
         record: Dict[str, Any] = {"t": now, "n": state.name, "s": state_fields(state)}
         frame = state.frame
-        if frame is not None and (state.name not in self._written_frame or self._written_frame[state.name] is not frame):
+        if frame is not None and (
+            state.name not in self._written_frame or self._written_frame[state.name] is not frame
+        ):
             record["f"] = self._frame_record(state.name, frame)
             self._written_frame[state.name] = frame
         elif frame is None:
@@ -139,7 +141,8 @@ class Recorder:
         while store.size_bytes(self._db) > self.max_bytes:
             span = store.time_range(self._db)
             second = self._db.execute(
-                "SELECT t0 FROM chunks WHERE keyframe = 1 ORDER BY id LIMIT 1 OFFSET 1").fetchone()
+                "SELECT t0 FROM chunks WHERE keyframe = 1 ORDER BY id LIMIT 1 OFFSET 1"
+            ).fetchone()
             if span is None or second is None:
                 break  # only one group left: keep it, whatever its size
             self.stats.dropped_chunks += store.drop_before_keyframe(self._db, second[0])

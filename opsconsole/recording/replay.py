@@ -181,7 +181,9 @@ class RecordingReader:
                     return frame  # a chain broken by retention: the frame waits for the next keyframe
             return from_wire(NodeFrame, wire)
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-            self._note("%s at %s: frame left out (%s)" % (name, _clock(record["t"]), str(exc)[:200] or type(exc).__name__))
+            self._note(
+                "%s at %s: frame left out (%s)" % (name, _clock(record["t"]), str(exc)[:200] or type(exc).__name__)
+            )
             return frame
 
     def states(self) -> Dict[str, NodeState]:

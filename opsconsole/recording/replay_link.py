@@ -24,8 +24,9 @@ class ReplayLink(NodeLink):
 
     is_replay = True
 
-    def __init__(self, name: str, path: str, source: Optional[str] = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, name: str, path: str, source: Optional[str] = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.name = name
         self.path = path
         self.source = source
@@ -42,7 +43,10 @@ class ReplayLink(NodeLink):
         if frame is not None:
             frame = replace(frame, node=self.name, time=frame.time + offset)
         return replace(
-            state, name=self.name, frame=frame, reason=state.reason,
+            state,
+            name=self.name,
+            frame=frame,
+            reason=state.reason,
             received_at=None if state.received_at is None else state.received_at + offset,
             since=None if state.since is None else state.since + offset,
             address="replay of " + self.path.rsplit("/", 1)[-1],

@@ -39,7 +39,9 @@ def offset_seconds(text: str) -> float:
         return colon
     match = _DURATION.match(text)
     if match is None or match.group(1):
-        raise SeekError("%r: expected seconds (90), a duration (2m, 1h) or m:ss / h:mm:ss as the replay bar shows" % text)
+        raise SeekError(
+            "%r: expected seconds (90), a duration (2m, 1h) or m:ss / h:mm:ss as the replay bar shows" % text
+        )
     seconds = float(match.group(2)) * _UNITS[match.group(3)]
     if not math.isfinite(seconds):
         raise SeekError("%r: too large" % text)

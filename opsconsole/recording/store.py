@@ -156,8 +156,12 @@ def _harden(db: sqlite3.Connection) -> None:
 
 def _check_schema(db: sqlite3.Connection, path: str) -> None:
     """Our three tables, as real tables (a view could run forever) with the columns we read."""
-    kinds = {name: (kind, sql) for name, kind, sql in db.execute(
-        "SELECT name, type, sql FROM sqlite_master WHERE name IN ('meta', 'chunks', 'events')")}
+    kinds = {
+        name: (kind, sql)
+        for name, kind, sql in db.execute(
+            "SELECT name, type, sql FROM sqlite_master WHERE name IN ('meta', 'chunks', 'events')"
+        )
+    }
     for name, columns in _TABLES.items():
         kind, sql = kinds.get(name, (None, None))
         if kind != "table" or type(sql) is not str or not sql.lstrip().upper().startswith("CREATE TABLE"):
@@ -165,11 +169,13 @@ def _check_schema(db: sqlite3.Connection, path: str) -> None:
         found = {row[1]: row[6] for row in db.execute("PRAGMA table_xinfo(%s)" % name)}
         for column in columns:
             if column not in found:
-                raise RecordingError("%s: not an opsconsole recording (%s has no column %s)"
-                                     % (_shown(path), name, column))
+                raise RecordingError(
+                    "%s: not an opsconsole recording (%s has no column %s)" % (_shown(path), name, column)
+                )
             if found[column] not in (0, 1):  # 2, 3: a generated column, computed from the crafted schema
-                raise RecordingError("%s: not an opsconsole recording (%s.%s is generated)"
-                                     % (_shown(path), name, column))
+                raise RecordingError(
+                    "%s: not an opsconsole recording (%s.%s is generated)" % (_shown(path), name, column)
+                )
 
 
 def _meta_value(db: sqlite3.Connection, key: str) -> Optional[str]:
@@ -184,15 +190,20 @@ def _check_meta(db: sqlite3.Connection, path: str, *, writing: bool) -> None:
         raise RecordingError("%s: not an opsconsole recording" % _shown(path))
     version = _meta_value(db, "version")
     if version is None or not version.isascii() or not version.isdigit() or len(version) > 6:
-        raise RecordingError("%s: not an opsconsole recording (format version %s)"
-                             % (_shown(path), "missing" if version is None else _shown(repr(version))))
+        raise RecordingError(
+            "%s: not an opsconsole recording (format version %s)"
+            % (_shown(path), "missing" if version is None else _shown(repr(version)))
+        )
     number = int(version)
     if number > FORMAT_VERSION:
-        raise RecordingError("%s: recording format %d is newer than this opsconsole reads (%d)"
-                             % (_shown(path), number, FORMAT_VERSION))
+        raise RecordingError(
+            "%s: recording format %d is newer than this opsconsole reads (%d)" % (_shown(path), number, FORMAT_VERSION)
+        )
     if number < 1 or (writing and number != FORMAT_VERSION):
-        raise RecordingError("%s: recording format %d is not one this opsconsole %s (%d)"
-                             % (_shown(path), number, "appends to" if writing else "reads", FORMAT_VERSION))
+        raise RecordingError(
+            "%s: recording format %d is not one this opsconsole %s (%d)"
+            % (_shown(path), number, "appends to" if writing else "reads", FORMAT_VERSION)
+        )
 
 
 def open_for_writing(path: str) -> sqlite3.Connection:
@@ -218,8 +229,9 @@ def open_for_writing(path: str) -> sqlite3.Connection:
                     _check_schema(db, path)
                     _check_meta(db, path, writing=True)
             except (RecordingError, sqlite3.Error):
-                raise RecordingError("%s: exists and is not an opsconsole recording (not overwritten)"
-                                     % _shown(path)) from None
+                raise RecordingError(
+                    "%s: exists and is not an opsconsole recording (not overwritten)" % _shown(path)
+                ) from None
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
@@ -337,8 +349,11 @@ def unpack_counting(blob: Any) -> Tuple[List[Dict[str, Any]], int, Optional[str]
         except (ValueError, RecursionError) as exc:  # ChunkError and JSONDecodeError are ValueErrors
             left_out += 1
             if first_reason is None:
-                first_reason = str(exc) if isinstance(exc, ChunkError) else (
-                    "a record is not JSON" if isinstance(exc, ValueError) else "a record is nested too deep")
+                first_reason = (
+                    str(exc)
+                    if isinstance(exc, ChunkError)
+                    else ("a record is not JSON" if isinstance(exc, ValueError) else "a record is nested too deep")
+                )
     return records, left_out, first_reason
 
 
@@ -359,9 +374,13 @@ def write_chunk(db: sqlite3.Connection, records: List[Dict[str, Any]], keyframe:
         (records[0]["t"], records[-1]["t"], int(keyframe), len(records), blob),
     )
     return len(blob)
+
+
 def write_event(db: sqlite3.Connection, t: float, kind: str, node: Optional[str], data: Dict[str, Any]) -> None:
-    db.execute("INSERT INTO events (t, kind, node, data) VALUES (?, ?, ?, ?)",
-               (t, kind, node, json.dumps(data, separators=(",", ":"))))
+    db.execute(
+        "INSERT INTO events (t, kind, node, data) VALUES (?, ?, ?, ?)",
+        (t, kind, node, json.dumps(data, separators=(",", ":"))),
+    )
 
 
 def set_meta(db: sqlite3.Connection, key: str, value: str) -> None:
@@ -370,8 +389,11 @@ def set_meta(db: sqlite3.Connection, key: str, value: str) -> None:
 
 def meta(db: sqlite3.Connection) -> Dict[str, str]:
     """The meta table's short text values (a crafted file may hold anything there)."""
-    return {key: value for key, value in db.execute("SELECT key, value FROM meta LIMIT ?", (MAX_META_ROWS,))
-            if type(key) is str and type(value) is str and len(key) <= 100 and len(value) <= 1000}
+    return {
+        key: value
+        for key, value in db.execute("SELECT key, value FROM meta LIMIT ?", (MAX_META_ROWS,))
+        if type(key) is str and type(value) is str and len(key) <= 100 and len(value) <= 1000
+    }
 
 
 def time_range(db: sqlite3.Connection) -> Optional[Tuple[float, float]]:
@@ -381,8 +403,9 @@ def time_range(db: sqlite3.Connection) -> Optional[Tuple[float, float]]:
         return None
     start, end = valid_time(row[0]), valid_time(row[1])
     if start is None or end is None or end < start:
-        raise ChunkError("its chunks' times are not plausible (%s to %s)"
-                         % (_shown(repr(row[0])[:40]), _shown(repr(row[1])[:40])))
+        raise ChunkError(
+            "its chunks' times are not plausible (%s to %s)" % (_shown(repr(row[0])[:40]), _shown(repr(row[1])[:40]))
+        )
     return start, end
 
 
@@ -404,7 +427,9 @@ def chunks_from_keyframe(db: sqlite3.Connection, t: float) -> Iterator[Chunk]:
         rows = db.execute(
             "SELECT id, t0, t1, keyframe, records, typeof(data), LENGTH(data),"
             " CASE WHEN typeof(data) = 'blob' AND LENGTH(data) <= ? THEN data END"
-            " FROM chunks WHERE id >= ? ORDER BY id", (MAX_CHUNK_STORED, start))
+            " FROM chunks WHERE id >= ? ORDER BY id",
+            (MAX_CHUNK_STORED, start),
+        )
     except sqlite3.Error as exc:
         yield Chunk(-1, 0.0, 0.0, False, [], "the chunks cannot be read (%s)" % exc)
         return
@@ -413,8 +438,9 @@ def chunks_from_keyframe(db: sqlite3.Connection, t: float) -> Iterator[Chunk]:
         try:
             found = rows.fetchone()
         except sqlite3.Error as exc:  # a corrupt page met mid-way
-            yield Chunk(-1, last_t1, last_t1, False, [], "the chunks after %s cannot be read (%s)"
-                        % (_clock(last_t1), exc))
+            yield Chunk(
+                -1, last_t1, last_t1, False, [], "the chunks after %s cannot be read (%s)" % (_clock(last_t1), exc)
+            )
             return
         if found is None:
             return
@@ -426,12 +452,14 @@ def chunks_from_keyframe(db: sqlite3.Connection, t: float) -> Iterator[Chunk]:
 def _chunk_of(cid: Any, t0: Any, t1: Any, keyframe: Any, count: Any, kind: Any, length: Any, blob: Any) -> Chunk:
     start, end = valid_time(t0), valid_time(t1)
     if start is None or end is None or end < start:
-        return Chunk(cid, start or 0.0, end or start or 0.0, False, [],
-                     "chunk %s: its times are not plausible" % cid)
+        return Chunk(cid, start or 0.0, end or start or 0.0, False, [], "chunk %s: its times are not plausible" % cid)
     where = "chunk %s (%s)" % (cid, _clock(start))
     if blob is None:
-        reason = ("its data is %d bytes, over the %d MiB cap" % (length, MAX_CHUNK_STORED // (1024 * 1024))
-                  if kind == "blob" else "its data is not a blob")
+        reason = (
+            "its data is %d bytes, over the %d MiB cap" % (length, MAX_CHUNK_STORED // (1024 * 1024))
+            if kind == "blob"
+            else "its data is not a blob"
+        )
         return Chunk(cid, start, end, False, [], "%s: %s" % (where, reason))
     try:
         records, left_out, reason = unpack_counting(blob)
@@ -447,13 +475,17 @@ def _clock(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def events_between(db: sqlite3.Connection, t0: float, t1: float) -> List[Tuple[float, str, Optional[str], Dict[str, Any]]]:
+def events_between(
+    db: sqlite3.Connection, t0: float, t1: float
+) -> List[Tuple[float, str, Optional[str], Dict[str, Any]]]:
     """Events in (t0, t1], at most MAX_EVENTS_READ; one that is not readable is left out."""
     events: List[Tuple[float, str, Optional[str], Dict[str, Any]]] = []
     try:
         rows = db.execute(
             "SELECT t, kind, node, CASE WHEN LENGTH(data) <= ? THEN data END FROM events"
-            " WHERE t > ? AND t <= ? ORDER BY t, id LIMIT ?", (MAX_EVENT_BYTES, t0, t1, MAX_EVENTS_READ)).fetchall()
+            " WHERE t > ? AND t <= ? ORDER BY t, id LIMIT ?",
+            (MAX_EVENT_BYTES, t0, t1, MAX_EVENTS_READ),
+        ).fetchall()
     except sqlite3.Error:
         return events
     for t, kind, node, data in rows:

@@ -61,7 +61,10 @@ def _state_row(state: NodeState, now: float) -> str:
     utils = [g.utilization_gpu for g in frame.gpus if g.utilization_gpu is not None] if frame else []
     age = state.age(now)
     return "| %s | %s | %s | %d | %s | %s | %s |" % (
-        _md_escape(state.name), state.state, _md_escape(state.reason or ""), gpus,
+        _md_escape(state.name),
+        state.state,
+        _md_escape(state.reason or ""),
+        gpus,
         "%.0f %%" % (sum(utils) / len(utils)) if utils else "-",
         "%.0f °C" % hottest if hottest is not None else "-",
         "%.1f s" % age if age is not None else "-",
@@ -74,9 +77,14 @@ def summary_markdown(inputs: ReportInputs) -> str:
     out: List[str] = []
     out.append("# opsconsole incident report")
     out.append("")
-    out.append("Created %s on %s; config: %s." % (
-        time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now)), os.uname().nodename,
-        inputs.config_source or "built-in default (the local node)"))
+    out.append(
+        "Created %s on %s; config: %s."
+        % (
+            time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now)),
+            os.uname().nodename,
+            inputs.config_source or "built-in default (the local node)",
+        )
+    )
     out.append("")
     out.append("## Nodes")
     out.append("")
@@ -115,8 +123,10 @@ def summary_markdown(inputs: ReportInputs) -> str:
                 continue
             shown.add(finding.category)
             count = sum(1 for f in findings if f.category == finding.category)
-            out.append("- **%s** (%s, %s; %d line%s, first at line %d)" % (
-                finding.title, finding.category, finding.severity, count, "" if count == 1 else "s", finding.line))
+            out.append(
+                "- **%s** (%s, %s; %d line%s, first at line %d)"
+                % (finding.title, finding.category, finding.severity, count, "" if count == 1 else "s", finding.line)
+            )
             out.append("  - cause: %s" % finding.cause)
             out.append("  - remedy: %s" % finding.remedy)
             out.append("")
@@ -134,8 +144,10 @@ def summary_markdown(inputs: ReportInputs) -> str:
         out.append("")
     out.append("## Contents")
     out.append("")
-    out.append("snapshot.json, health.json, findings.json, logs/ (last %d lines of each log), nvidia-smi/, "
-               "config.toml (secrets redacted), errors.txt." % LOG_TAIL_LINES)
+    out.append(
+        "snapshot.json, health.json, findings.json, logs/ (last %d lines of each log), nvidia-smi/, "
+        "config.toml (secrets redacted), errors.txt." % LOG_TAIL_LINES
+    )
     return "\n".join(out) + "\n"
 
 
@@ -166,11 +178,15 @@ def report_files(inputs: ReportInputs) -> Dict[str, bytes]:
     files["snapshot.json"] = _json_member(snapshot_document(list(inputs.states.values()), now=inputs.created))
     files["health.json"] = _json_member({"results": [to_wire(r) for r in inputs.health]})
     files["findings.json"] = _json_member(
-        [{"file": log, "root_cause": root, "findings": [to_wire(f) for f in findings]}
-         for log, (root, findings) in inputs.findings.items()])
+        [
+            {"file": log, "root_cause": root, "findings": [to_wire(f) for f in findings]}
+            for log, (root, findings) in inputs.findings.items()
+        ]
+    )
     for (node, path), lines in inputs.log_tails.items():
-        files["logs/%s/%s" % (_safe_name(node), _safe_name(path.strip("/").replace("/", "__")))] = \
-            _utf8(redact_text("\n".join(lines)) + "\n")
+        files["logs/%s/%s" % (_safe_name(node), _safe_name(path.strip("/").replace("/", "__")))] = _utf8(
+            redact_text("\n".join(lines)) + "\n"
+        )
     for node, text in inputs.smi.items():
         files["nvidia-smi/%s.txt" % _safe_name(node)] = _utf8(redact_text(text))
     if inputs.config_text is not None:
@@ -242,7 +258,8 @@ def report_destination(out: Optional[str]) -> Tuple[str, Optional[str]]:
         return out, None
     if not out.endswith((".tar.gz", ".tgz")):
         raise ReportDestinationError(
-            "--out %s: no such directory (it is not created; a file name ends in .tar.gz)" % out)
+            "--out %s: no such directory (it is not created; a file name ends in .tar.gz)" % out
+        )
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):
         raise ReportDestinationError("--out %s: directory %s does not exist (it is not created)" % (out, directory))
@@ -261,8 +278,13 @@ def write_report(inputs: ReportInputs, out: Optional[str] = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(inputs.created))
     base = "opsconsole-report-%s" % stamp
     directory, named = report_destination(out)
-    names = [named] if named else [  # our own name: the next free one, so two reports in one second both stay
-        os.path.join(directory, "%s%s.tar.gz" % (base, "" if n == 0 else "-%d" % (n + 1))) for n in range(100)]
+    names = (
+        [named]
+        if named
+        else [  # our own name: the next free one, so two reports in one second both stay
+            os.path.join(directory, "%s%s.tar.gz" % (base, "" if n == 0 else "-%d" % (n + 1))) for n in range(100)
+        ]
+    )
     descriptor, temporary = tempfile.mkstemp(prefix=".%s." % base, suffix=".partial", dir=directory)  # 0600 from birth
     try:
         with os.fdopen(descriptor, "wb") as f:

@@ -59,8 +59,9 @@ def local_log_tails(patterns: Sequence[str], problems: List[str]) -> Dict[str, L
 
 
 async def _local_command(argv: List[str], timeout: float) -> Tuple[Optional[int], str, str]:
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                stdin=asyncio.subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except asyncio.TimeoutError:
@@ -93,11 +94,13 @@ async def collect_smi(name: str, link, problems: List[str]) -> Optional[str]:
     return out
 
 
-async def remote_log_tails(name: str, link, python: str, patterns: Sequence[str],
-                           problems: List[str]) -> Dict[str, List[str]]:
+async def remote_log_tails(
+    name: str, link, python: str, patterns: Sequence[str], problems: List[str]
+) -> Dict[str, List[str]]:
     try:
-        code, out, err = await link.run_command([python, "-c", _REMOTE_TAIL, json.dumps(list(patterns))],
-                                                timeout=SMI_TIMEOUT_S)
+        code, out, err = await link.run_command(
+            [python, "-c", _REMOTE_TAIL, json.dumps(list(patterns))], timeout=SMI_TIMEOUT_S
+        )
         if code != 0:
             raise RuntimeError("exit %s: %s" % (code, err.strip()[:200]))
         return json.loads(out)
@@ -144,8 +147,9 @@ async def gather(config, fleet=None, timeout: float = 10.0, health: Optional[Seq
                 config_text = f.read(CONFIG_MAX_CHARS + 1)
             if len(config_text) > CONFIG_MAX_CHARS:
                 config_text = config_text[:CONFIG_MAX_CHARS]
-                problems.append("config: %s: longer than %d characters; the rest is left out" % (
-                    config.source, CONFIG_MAX_CHARS))
+                problems.append(
+                    "config: %s: longer than %d characters; the rest is left out" % (config.source, CONFIG_MAX_CHARS)
+                )
         except OSError as exc:
             problems.append("config: %s: %s" % (config.source, exc.strerror or exc))
     tails: Dict[Tuple[str, str], List[str]] = {}
@@ -171,8 +175,14 @@ async def gather(config, fleet=None, timeout: float = 10.0, health: Optional[Seq
         if own_fleet:
             await fleet.stop()
     return ReportInputs(
-        states=states, config_text=config_text, config_source=config.source, health=list(health),
-        findings=diagnose_tails(tails), log_tails=tails, smi=smi, problems=problems,
+        states=states,
+        config_text=config_text,
+        config_source=config.source,
+        health=list(health),
+        findings=diagnose_tails(tails),
+        log_tails=tails,
+        smi=smi,
+        problems=problems,
     )
 
 

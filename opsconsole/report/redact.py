@@ -51,11 +51,30 @@ _NOT_REDACTED = "(?!%s)" % re.escape(REDACTED)  # a value already redacted is le
 
 # --- names that say "secret" ----------------------------------------------------------------------
 
-_SECRET_LAST_WORDS = frozenset({
-    "key", "apikey", "token", "secret", "password", "passwd", "pass", "passphrase", "auth",
-    "credential", "credentials", "sig", "signature", "cookie", "webhook", "dsn",
-    "secretkey", "accesskey", "privatekey", "authkey",
-})
+_SECRET_LAST_WORDS = frozenset(
+    {
+        "key",
+        "apikey",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "pass",
+        "passphrase",
+        "auth",
+        "credential",
+        "credentials",
+        "sig",
+        "signature",
+        "cookie",
+        "webhook",
+        "dsn",
+        "secretkey",
+        "accesskey",
+        "privatekey",
+        "authkey",
+    }
+)
 _QUALIFIERS = frozenset({"api", "access", "auth", "secret", "private", "bearer", "refresh", "session"})
 _SECRET_ENDINGS = ("password", "passwd", "secret", "token", "apikey")
 _NAME_PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
@@ -109,7 +128,9 @@ _AUTHORIZATION = re.compile(
 )
 # A bearer token alone: it has a digit or a symbol, or is long (so "Bearer authentication" stays).
 _BEARER = re.compile(
-    r"(?i)(\bbearer\s+)" + _NOT_REDACTED + r"(?!-)"
+    r"(?i)(\bbearer\s+)"
+    + _NOT_REDACTED
+    + r"(?!-)"
     + r"((?=[A-Za-z]*[0-9._~+/-])[A-Za-z0-9._~+/-]{8,}=*|[A-Za-z]{20,}=*)"
 )
 # `name=value`, `name = "value"`, `"name": "value"`, `X-Api-Key: value`; the name must say secret.
@@ -142,6 +163,7 @@ def _secret_query_name(name: str) -> bool:
 
 def redact_url(url: str) -> str:
     """One URL with its password, secret query values and webhook path replaced; host and path stay."""
+
     def userinfo(match: "re.Match[str]") -> str:
         info = match.group(2)
         if info == REDACTED:
@@ -153,6 +175,7 @@ def redact_url(url: str) -> str:
 
     url = _URL_USERINFO.sub(userinfo, url, count=1)
     url = _WEBHOOK_PATH.sub(lambda m: m.group(1) + REDACTED, url)
+
     def parameter(match: "re.Match[str]") -> str:
         separator, name, value = match.groups()
         return separator + name + "=" + (REDACTED if value and _secret_query_name(name) else value)
@@ -167,8 +190,21 @@ _FLAG_WITH_VALUE = re.compile(r"^(--?[A-Za-z][\w.-]*)=(.*)$", re.DOTALL)
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
 _PORT_MAPPING = re.compile(r"^[\d.:\[\]]+(?:/(?:tcp|udp|sctp))?$")
 # Programs whose -p (attached or not) is a password, and the other short flags that are one.
-_DASH_P_PASSWORD_PROGRAMS = frozenset({"sshpass", "mysql", "mysqldump", "mysqladmin", "mysqlimport", "mysqlshow",
-                                       "mysqlcheck", "mysqlpump", "mariadb", "mariadb-dump", "mariadb-admin"})
+_DASH_P_PASSWORD_PROGRAMS = frozenset(
+    {
+        "sshpass",
+        "mysql",
+        "mysqldump",
+        "mysqladmin",
+        "mysqlimport",
+        "mysqlshow",
+        "mysqlcheck",
+        "mysqlpump",
+        "mariadb",
+        "mariadb-dump",
+        "mariadb-admin",
+    }
+)
 _OTHER_PASSWORD_FLAGS = {"redis-cli": "-a"}
 # Programs whose -p is no secret: a switch (mkdir -p DIR), a pid (ps -p 7) or a port (ssh -p 22).
 _DASH_P_PLAIN_PROGRAMS = frozenset({"mkdir", "cp", "mv", "install", "tar", "rsync", "scp", "ln", "ps", "xargs", "ssh"})
@@ -187,9 +223,14 @@ def _is_flag(word: str) -> bool:
 
 
 def _dash_p_value_is_harmless(value: str) -> bool:
-    return (_program_name(value) in _KNOWN_PROGRAMS or _NUMBER.match(value) is not None
-            or _PORT_MAPPING.match(value) is not None or "/" in value or value.startswith(("~", ".", "-"))
-            or value == REDACTED)
+    return (
+        _program_name(value) in _KNOWN_PROGRAMS
+        or _NUMBER.match(value) is not None
+        or _PORT_MAPPING.match(value) is not None
+        or "/" in value
+        or value.startswith(("~", ".", "-"))
+        or value == REDACTED
+    )
 
 
 # An action on word i: ("whole", i) the word is a secret; ("from", i, offset) the word is one from `offset`.
@@ -309,7 +350,7 @@ def _redact_named_values(line: str) -> str:
             position = value.end()
             continue
         wrapped = text[0] if text[0] in "\"'" and len(text) > 1 and text[-1] == text[0] else ""
-        out.append(line[copied:value.start()])
+        out.append(line[copied : value.start()])
         out.append(wrapped + REDACTED + wrapped)
         copied = position = value.end()
     out.append(line[copied:])
@@ -342,9 +383,17 @@ def redact_json(value: Any, depth: int = 0) -> Any:
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, dict):
-        return {key: (REDACTED if isinstance(key, str) and is_secret_name(key) and isinstance(item, (str, int, float))
-                      and not isinstance(item, bool) else redact_json(item, depth + 1))
-                for key, item in value.items()}
+        return {
+            key: (
+                REDACTED
+                if isinstance(key, str)
+                and is_secret_name(key)
+                and isinstance(item, (str, int, float))
+                and not isinstance(item, bool)
+                else redact_json(item, depth + 1)
+            )
+            for key, item in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [redact_json(item, depth + 1) for item in value]
     return value
@@ -394,7 +443,7 @@ def redact_config_line(line: str) -> str:
     """One TOML line: a secret-named key's value replaced, commented-out lines too, then the text rules."""
     commented = _COMMENT_MARKS.match(line).group(0)
     if "#" in commented:  # a commented-out line is a line too: `# password = "..."`
-        return commented + redact_config_line(line[len(commented):])
+        return commented + redact_config_line(line[len(commented) :])
     match = _KEY_LINE.match(line)
     if match:
         indent, key, equals, value = match.groups()

@@ -12,5 +12,7 @@ def build_sources(config: Any) -> List[Any]:
         if entry.kind == "prometheus":
             from opsconsole.sources.prometheus import PrometheusSource
 
-            sources.append(PrometheusSource(entry, interval=config.console.interval, disk_paths=config.health.disk_paths))
+            sources.append(
+                PrometheusSource(entry, interval=config.console.interval, disk_paths=config.health.disk_paths)
+            )
     return sources

@@ -65,11 +65,28 @@ GPU_METRICS: Tuple[Tuple[str, str, object], ...] = (
 )
 INTEGER_FIELDS = frozenset(
     (
-        "memory_used", "memory_free", "memory_reserved", "memory_total", "clock_sm_mhz", "clock_mem_mhz",
-        "clock_sm_max_mhz", "clock_mem_max_mhz", "ecc_volatile_corrected", "ecc_volatile_uncorrected",
-        "ecc_aggregate_corrected", "ecc_aggregate_uncorrected", "remapped_rows_corrected",
-        "remapped_rows_uncorrected", "pcie_gen", "pcie_width", "pcie_gen_max", "pcie_width_max",
-        "pcie_tx_kbs", "pcie_rx_kbs", "pcie_replay_count", "pstate",
+        "memory_used",
+        "memory_free",
+        "memory_reserved",
+        "memory_total",
+        "clock_sm_mhz",
+        "clock_mem_mhz",
+        "clock_sm_max_mhz",
+        "clock_mem_max_mhz",
+        "ecc_volatile_corrected",
+        "ecc_volatile_uncorrected",
+        "ecc_aggregate_corrected",
+        "ecc_aggregate_uncorrected",
+        "remapped_rows_corrected",
+        "remapped_rows_uncorrected",
+        "pcie_gen",
+        "pcie_width",
+        "pcie_gen_max",
+        "pcie_width_max",
+        "pcie_tx_kbs",
+        "pcie_rx_kbs",
+        "pcie_replay_count",
+        "pstate",
     )
 )
 GPU_METRIC_FIELDS: Dict[str, Tuple[str, object]] = {name: (attr, kind) for name, attr, kind in GPU_METRICS}
@@ -88,8 +105,12 @@ METRIC_COMPUTE_MODE = "opsconsole_gpu_compute_mode_info"
 METRIC_PROCESS_MEMORY = "opsconsole_gpu_process_memory_bytes"
 METRIC_PROCESS_SM = "opsconsole_gpu_process_sm_percent"
 # Whose job a GPU process is (read on the node: opsconsole/probe/jobs.py), as labels of the two above.
-PROCESS_JOB_LABELS = (("slurm_job_id", "job_id"), ("slurm_job_step", "job_step"), ("slurm_job_user", "job_user"),
-                      ("process_container", "container"))
+PROCESS_JOB_LABELS = (
+    ("slurm_job_id", "job_id"),
+    ("slurm_job_step", "job_step"),
+    ("slurm_job_user", "job_user"),
+    ("process_container", "container"),
+)
 
 # Host fields under opsconsole_ (the source prefers node-exporter's when both exist).
 HOST_CPU_PERCENT = "opsconsole_host_cpu_percent"
@@ -114,9 +135,26 @@ PROBE_SECONDS = "opsconsole_probe_duration_seconds"
 NODE_INFO = "opsconsole_node_info"  # labels driver_version, gpu_source
 
 HOST_METRICS = (
-    HOST_CPU_PERCENT, HOST_CPU_COUNT, HOST_IOWAIT, HOST_LOAD, HOST_MEM_TOTAL, HOST_MEM_USED,
-    HOST_MEM_AVAILABLE, HOST_SWAP_TOTAL, HOST_SWAP_USED, HOST_FS_SIZE, HOST_FS_USED, HOST_FS_FREE,
-    HOST_NET_RX, HOST_NET_TX, HOST_UPTIME, FRAME_SEQ, FRAME_TIME, FRAME_ERRORS, PROBE_SECONDS, NODE_INFO,
+    HOST_CPU_PERCENT,
+    HOST_CPU_COUNT,
+    HOST_IOWAIT,
+    HOST_LOAD,
+    HOST_MEM_TOTAL,
+    HOST_MEM_USED,
+    HOST_MEM_AVAILABLE,
+    HOST_SWAP_TOTAL,
+    HOST_SWAP_USED,
+    HOST_FS_SIZE,
+    HOST_FS_USED,
+    HOST_FS_FREE,
+    HOST_NET_RX,
+    HOST_NET_TX,
+    HOST_UPTIME,
+    FRAME_SEQ,
+    FRAME_TIME,
+    FRAME_ERRORS,
+    PROBE_SECONDS,
+    NODE_INFO,
 )
 
 # node-exporter's gauges the source reads (counters go through rate(), see sources/prometheus.py).

@@ -69,7 +69,9 @@ class NodeIdentity:
             facts = self._hosts[address] = _HostFacts()
         return facts
 
-    def saw(self, raw: str, instance: Optional[str], nodename: Optional[str] = None, hostname: Optional[str] = None) -> None:
+    def saw(
+        self, raw: str, instance: Optional[str], nodename: Optional[str] = None, hostname: Optional[str] = None
+    ) -> None:
         """A series named `raw` came from target `instance`; its node-exporter nodename or dcgm hostname, if it said one."""
         if not instance:
             return

@@ -12,7 +12,16 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from opsconsole.model import DiskUsage, GpuSample, HostSample, MigDevice, NetRate, NodeFrame, ProcessSample, replace_decoded
+from opsconsole.model import (
+    DiskUsage,
+    GpuSample,
+    HostSample,
+    MigDevice,
+    NetRate,
+    NodeFrame,
+    ProcessSample,
+    replace_decoded,
+)
 from opsconsole.probe.nvml_decode import decode_clock_event_reasons
 from opsconsole.sources import metric_names as names
 from opsconsole.sources.prometheus_http import Series
@@ -99,7 +108,9 @@ def take_fast(rows: List[Series], values: FastValues, node_of: NodeOf, gpu_label
             converter = convert.get(metric)
             if instance:  # a MIG instance's series: its memory is its own, the rest is its GPU's
                 gi = _index(instance)
-                if gi is not None and (metric == names.METRIC_GR_ENGINE_ACTIVE or (converter is not None and converter[0] in mig_fields)):
+                if gi is not None and (
+                    metric == names.METRIC_GR_ENGINE_ACTIVE or (converter is not None and converter[0] in mig_fields)
+                ):
                     fields = migs.setdefault(node, {}).setdefault((index, gi), {})
                     fields["profile"] = labels.get(names.LABEL_GPU_I_PROFILE) or None
                     if metric == names.METRIC_GR_ENGINE_ACTIVE:
@@ -171,8 +182,13 @@ def _text(labels: Dict[str, str], name: str) -> Optional[str]:
     return value[:256] if value else None
 
 
-def take_slow(rows: List[Series], slow: SlowValues, node_of: NodeOf, gpu_label: str,
-              saw_target: Callable[[str, Dict[str, str]], None]) -> None:
+def take_slow(
+    rows: List[Series],
+    slow: SlowValues,
+    node_of: NodeOf,
+    gpu_label: str,
+    saw_target: Callable[[str, Dict[str, str]], None],
+) -> None:
     """The slow answers into `slow` (merged into what earlier refreshes said); `saw_target(raw, labels)`
     is called for each series that names its scrape target (job and instance)."""
     fs_rows = []
@@ -232,7 +248,11 @@ def take_slow(rows: List[Series], slow: SlowValues, node_of: NodeOf, gpu_label: 
     for (node, index, gi), seen in gpu_jobs.items():
         fields = gpus.setdefault((node, index), {}) if gi < 0 else migs.setdefault((node, index, gi), {})
         fields["job_id"] = ",".join(sorted(seen[names.LABEL_HPC_JOB])) if names.LABEL_HPC_JOB in seen else None
-        for label, attr in ((names.LABEL_POD, "pod"), (names.LABEL_NAMESPACE, "namespace"), (names.LABEL_CONTAINER, "container")):
+        for label, attr in (
+            (names.LABEL_POD, "pod"),
+            (names.LABEL_NAMESPACE, "namespace"),
+            (names.LABEL_CONTAINER, "container"),
+        ):
             fields[attr] = ",".join(sorted(seen[label])) if label in seen else None
     disks: Dict[str, Dict[str, Dict[str, float]]] = {}
     for labels, value in fs_rows:
@@ -273,8 +293,9 @@ def mig_devices(instances: MigFields, slow: SlowValues, raws: Iterable[str], ind
     return tuple(out)
 
 
-def gpu_samples(gpus: GpuFields, migs: MigFields, slow: SlowValues, raws: List[str],
-                last_xid: Dict[Tuple[str, int], int], node: str) -> List[GpuSample]:
+def gpu_samples(
+    gpus: GpuFields, migs: MigFields, slow: SlowValues, raws: List[str], last_xid: Dict[Tuple[str, int], int], node: str
+) -> List[GpuSample]:
     """GpuSamples of one node from its fast fields (`gpus`, `migs`) and the slow ones of its raw names."""
     samples = []
     for index in sorted(gpus):
@@ -302,8 +323,14 @@ def gpu_samples(gpus: GpuFields, migs: MigFields, slow: SlowValues, raws: List[s
                 fields["utilization_gpu"] = round(sum(utils) / len(utils), 1) if utils else None
         elif fields.get("utilization_gpu") is None and engine is not None:
             fields["utilization_gpu"] = round(min(1.0, max(0.0, engine)) * 100.0, 1)
-        if fields.get("memory_total") is None and fields.get("memory_used") is not None and fields.get("memory_free") is not None:
-            fields["memory_total"] = fields["memory_used"] + fields["memory_free"] + (fields.get("memory_reserved") or 0)
+        if (
+            fields.get("memory_total") is None
+            and fields.get("memory_used") is not None
+            and fields.get("memory_free") is not None
+        ):
+            fields["memory_total"] = (
+                fields["memory_used"] + fields["memory_free"] + (fields.get("memory_reserved") or 0)
+            )
         fields["index"] = index
         fields["xid_events"] = xids
         samples.append(replace_decoded(_GPU_TEMPLATE, fields))
@@ -337,9 +364,17 @@ def process_samples(procs: ProcFields, samples: List[GpuSample]) -> List[Process
     return processes
 
 
-def build_frame(node: str, now: float, frame_time: float, seq: int, samples: List[GpuSample],
-                processes: List[ProcessSample], host: Dict[str, Any], slow_host: Dict[str, Any],
-                errors: List[str]) -> NodeFrame:
+def build_frame(
+    node: str,
+    now: float,
+    frame_time: float,
+    seq: int,
+    samples: List[GpuSample],
+    processes: List[ProcessSample],
+    host: Dict[str, Any],
+    slow_host: Dict[str, Any],
+    errors: List[str],
+) -> NodeFrame:
     """One node's NodeFrame from its decoded parts."""
     probe = host.get(names.PROBE_SECONDS)
     return NodeFrame(

@@ -46,6 +46,7 @@ Forget = Callable[[str, str], None]  # (old node name, the node it is now part o
 PARALLEL_QUERIES = 8  # HTTP requests in flight at once, per source (and connections kept)
 TARGET_ERROR_LIMIT = 300  # characters of a scrape error kept
 
+
 @dataclass(frozen=True)
 class SourceStatus:
     """How a source is doing: `state` is one of the node states (up, down, auth, connecting)."""
@@ -108,7 +109,10 @@ class PrometheusSource:
         self.name = config.name
         self.interval = config.interval or interval
         self.http = http or PrometheusHttp(
-            config.url, bearer_token_file=config.bearer_token_file, ca_file=config.ca_file, timeout=config.timeout,
+            config.url,
+            bearer_token_file=config.bearer_token_file,
+            ca_file=config.ca_file,
+            timeout=config.timeout,
             connections=PARALLEL_QUERIES,
         )
         self.clock = clock
@@ -214,8 +218,13 @@ class PrometheusSource:
         except PrometheusError as exc:
             return self._source_failed(exc, now, started, requests_before)
         self._refreshes += 1
-        decode.take_slow([row for answer in answers[fast_end + 1:] for row in answer], self._slow, node_of, gpu_label,
-                         self._saw_target)
+        decode.take_slow(
+            [row for answer in answers[fast_end + 1 :] for row in answer],
+            self._slow,
+            node_of,
+            gpu_label,
+            self._saw_target,
+        )
         decode.take_rates(answers[fast_end], values, node_of)
         self._take_up(answers[0])
         self._read_scrape_errors()
@@ -419,7 +428,9 @@ class PrometheusSource:
         errors = [_target_words(key, t) for key, t in failed]
         address = "%s via %s" % (node, self.config.url)
 
-        def move(state: str, reason: Optional[str], frame: Optional[NodeFrame] = None, received: Optional[float] = None) -> NodeState:
+        def move(
+            state: str, reason: Optional[str], frame: Optional[NodeFrame] = None, received: Optional[float] = None
+        ) -> NodeState:
             since = previous.since if previous.state == state and previous.since is not None else now
             return replace(
                 previous,
@@ -460,8 +471,15 @@ class PrometheusSource:
             frame_time = max(scraped_at) if scraped_at else now
         seq = host.get(names.FRAME_SEQ)
         frame = decode.build_frame(
-            node, now, frame_time, int(seq) if seq is not None else self._refreshes, samples,
-            decode.process_samples(procs, samples), host, slow_host, errors,
+            node,
+            now,
+            frame_time,
+            int(seq) if seq is not None else self._refreshes,
+            samples,
+            decode.process_samples(procs, samples),
+            host,
+            slow_host,
+            errors,
         )
         scraped = [t.scraped_at for t in targets if t.scraped_at is not None and t.up != 0]
         stale_after = self._stale_after(targets)
@@ -469,7 +487,12 @@ class PrometheusSource:
             return move(STATE_STALE, "last scrape %.0f s ago" % (now - max(scraped)), frame, now)
         probe_time = host.get(names.FRAME_TIME)
         if probe_time is not None and now - probe_time > stale_after:
-            return move(STATE_STALE, "exporter serves a frame %.0f s old (its probe is not polling)" % (now - probe_time), frame, now)
+            return move(
+                STATE_STALE,
+                "exporter serves a frame %.0f s old (its probe is not polling)" % (now - probe_time),
+                frame,
+                now,
+            )
         if targets and len(failed) == len(targets):
             return move(STATE_DOWN, "; ".join(errors), frame, now)
         if failed:
@@ -510,8 +533,12 @@ class PrometheusSource:
                 raise
             except Exception as exc:  # a bug must not end the source: say so and go on
                 log.exception("prometheus source %s: refresh failed", self.name)
-                states = self._source_failed(PrometheusError("refresh failed: %s: %s" % (type(exc).__name__, exc)),
-                                             self.clock(), time.perf_counter(), self.http.requests)
+                states = self._source_failed(
+                    PrometheusError("refresh failed: %s: %s" % (type(exc).__name__, exc)),
+                    self.clock(),
+                    time.perf_counter(),
+                    self.http.requests,
+                )
             for state in states:
                 publish(state)
             for old, new in self.take_renamed().items():
@@ -580,7 +607,6 @@ def _gc_paused() -> Iterator[None]:
             _gc_pauses -= 1
             if _gc_pauses == 0 and _gc_was_enabled:
                 gc.enable()
-
 
 
 __all__ = ["PrometheusSource", "SourceStatus", "strip_port", "FAST_GPU_METRICS", "SLOW_GPU_METRICS", "PARALLEL_QUERIES"]

@@ -115,8 +115,13 @@ class PrometheusHttp:
         self.requests += 1
         try:
             response = self._pool.request(
-                method, url, body=body, headers=headers, timeout=self._urllib3.Timeout(total=self.timeout),
-                preload_content=False, redirect=False,
+                method,
+                url,
+                body=body,
+                headers=headers,
+                timeout=self._urllib3.Timeout(total=self.timeout),
+                preload_content=False,
+                redirect=False,
             )
             try:
                 data = response.read(MAX_ANSWER_BYTES + 1)
@@ -135,7 +140,9 @@ class PrometheusHttp:
             text = getattr(cause, "strerror", None) or str(exc).rpartition(": ")[2] or type(exc).__name__
             raise PrometheusError(_one_line("unreachable: " + text), reachable=False) from None
         except (exceptions.TimeoutError, TimeoutError):  # after NewConnectionError: urllib3 derives it from a timeout
-            raise PrometheusError(_one_line("unreachable: timed out after %g s" % self.timeout), reachable=False) from None
+            raise PrometheusError(
+                _one_line("unreachable: timed out after %g s" % self.timeout), reachable=False
+            ) from None
         except (exceptions.HTTPError, OSError, ValueError) as exc:  # resets, protocol errors, a malformed URL
             text = str(exc) or type(exc).__name__
             raise PrometheusError(_one_line("unreachable: " + text), reachable=False) from None
@@ -151,7 +158,9 @@ class PrometheusHttp:
             message = "HTTP %d %s" % (response.status, response.reason or "") + (": " + str(detail) if detail else "")
             raise PrometheusError(_one_line(message), reachable=True, status=response.status)
         if 300 <= response.status < 400:
-            raise PrometheusError("HTTP %d: redirected (is the url the server's own?)" % response.status, status=response.status)
+            raise PrometheusError(
+                "HTTP %d: redirected (is the url the server's own?)" % response.status, status=response.status
+            )
         return data
 
     def call(self, path: str, params: Dict[str, str], method: str = "POST") -> Any:
@@ -186,7 +195,6 @@ class PrometheusHttp:
                     points.append(value)
             out.append((item.get("metric", {}), points))
         return out
-
 
     def targets(self) -> List[Dict[str, Any]]:
         """The active scrape targets (/api/v1/targets): labels, health, lastError, lastScrape of each."""

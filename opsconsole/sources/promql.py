@@ -62,12 +62,18 @@ FAST_HOST_METRICS = (
 # dcgm-exporter's default counters among the slow ones: listed first, so that _split deals them
 # out evenly and no slow query carries most of the series.
 _DCGM_DEFAULT_SLOW = (
-    "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
 )
-SLOW_GPU_METRICS = _DCGM_DEFAULT_SLOW + tuple(
-    m for m, _, _ in names.GPU_METRICS if m not in FAST_GPU_METRICS and m not in _DCGM_DEFAULT_SLOW
-) + (names.METRIC_COMPUTE_MODE,)
+SLOW_GPU_METRICS = (
+    _DCGM_DEFAULT_SLOW
+    + tuple(m for m, _, _ in names.GPU_METRICS if m not in FAST_GPU_METRICS and m not in _DCGM_DEFAULT_SLOW)
+    + (names.METRIC_COMPUTE_MODE,)
+)
 SLOW_HOST_METRICS = (
     names.HOST_CPU_COUNT,
     names.HOST_MEM_TOTAL,
@@ -81,11 +87,22 @@ SLOW_HOST_METRICS = (
 # Labels that tell a GPU apart from its siblings, read with the slow tier.
 # Names every GPU exporter has: one of them carries each GPU's labels (UUID, model...) to the slow tier.
 GPU_INFO_METRICS = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED")
-GPU_INFO_LABELS = (names.LABEL_UUID, names.LABEL_MODEL, names.LABEL_PCI_BUS_ID, names.LABEL_DRIVER, names.LABEL_HOSTNAME,
-                   names.LABEL_HOSTNAME_NEW, names.LABEL_GPU_I_ID, names.LABEL_GPU_I_PROFILE) + names.JOB_LABELS
+GPU_INFO_LABELS = (
+    names.LABEL_UUID,
+    names.LABEL_MODEL,
+    names.LABEL_PCI_BUS_ID,
+    names.LABEL_DRIVER,
+    names.LABEL_HOSTNAME,
+    names.LABEL_HOSTNAME_NEW,
+    names.LABEL_GPU_I_ID,
+    names.LABEL_GPU_I_PROFILE,
+) + names.JOB_LABELS
 # What tells a GPU's series apart in the fast answers: the process labels, and its MIG instance.
 FAST_GPU_LABELS = "pid, process_name, user, %s, %s, %s" % (
-    names.LABEL_GPU_I_ID, names.LABEL_GPU_I_PROFILE, ", ".join(label for label, _ in names.PROCESS_JOB_LABELS))
+    names.LABEL_GPU_I_ID,
+    names.LABEL_GPU_I_PROFILE,
+    ", ".join(label for label, _ in names.PROCESS_JOB_LABELS),
+)
 
 FAST_QUERIES = 8  # the per-refresh GPU names, split over this many queries
 SLOW_GPU_QUERIES = 2
@@ -96,8 +113,6 @@ _GPU_HISTORY = {
     "temperature": ("DCGM_FI_DEV_GPU_TEMP", 1.0),
     "power_w": ("DCGM_FI_DEV_POWER_USAGE", 1.0),
 }
-
-
 
 
 def _regex_alternatives(metric_names: Iterable[str]) -> str:
@@ -144,9 +159,13 @@ class Queries:
         # (label_replace on every series) doubled Prometheus's work per query at fleet scale.
         # Several queries over disjoint name sets, run at once: Prometheus evaluates them in parallel.
         self.queries_fast = [
-            self._by_node("max", "__name__, %s, %s" % (gpu, FAST_GPU_LABELS), '__name__=~"%s"' % _regex_alternatives(part))
+            self._by_node(
+                "max", "__name__, %s, %s" % (gpu, FAST_GPU_LABELS), '__name__=~"%s"' % _regex_alternatives(part)
+            )
             for part in _split(FAST_GPU_METRICS + FAST_GPU_EXTRA, FAST_QUERIES)
-        ] + [self._by_node("max", "__name__, period, device", '__name__=~"%s"' % _regex_alternatives(FAST_HOST_METRICS))]
+        ] + [
+            self._by_node("max", "__name__, period, device", '__name__=~"%s"' % _regex_alternatives(FAST_HOST_METRICS))
+        ]
         # The slow tier: GPU names and targets from one series per GPU (any of the names every
         # GPU exporter has), the slow GPU values without those long labels (they made the old
         # all-in-one slow answer 12 MB at 1,024 nodes), host values with their targets.
@@ -159,7 +178,11 @@ class Queries:
             self._by_node("max", "__name__, %s, mode" % gpu, '__name__=~"%s"' % _regex_alternatives(part))
             for part in _split(SLOW_GPU_METRICS, SLOW_GPU_QUERIES)
         ]
-        host_labels = ["__name__", "job", "instance"] + list(self.node_labels) + ["gpu_source", "driver_version", "hostname", "nodename"]
+        host_labels = (
+            ["__name__", "job", "instance"]
+            + list(self.node_labels)
+            + ["gpu_source", "driver_version", "hostname", "nodename"]
+        )
         self.query_slow_host = "max by (%s) (%s)" % (
             ", ".join(sorted(set(host_labels), key=host_labels.index)),
             self._selector('__name__=~"%s"' % _regex_alternatives(SLOW_HOST_METRICS)),
@@ -175,19 +198,24 @@ class Queries:
         rx = '__name__="node_network_receive_bytes_total",device!="lo"'
         tx = '__name__="node_network_transmit_bytes_total",device!="lo"'
         self.query_rates = " or ".join(
-            'label_replace(%s, "oc_kind", "%s", "", "")' % (self._by_node("sum", split, inner, "rate(%%s[%s])" % window), kind)
+            'label_replace(%s, "oc_kind", "%s", "", "")'
+            % (self._by_node("sum", split, inner, "rate(%%s[%s])" % window), kind)
             for kind, split, inner in (("cpu", "mode", cpu), ("rx", "device", rx), ("tx", "device", tx))
         )
         # How many cores: changes only with the hardware, so read with the slow tier.
         cpu_idle = '__name__="node_cpu_seconds_total",mode="idle"'
         self.query_cpus = 'label_replace(%s, "oc_kind", "cpus", "", "")' % self._by_node("count", "", cpu_idle)
-        self.slow_parts = [self.query_gpu_info] + self.queries_slow_gpu + [self.query_slow_host, self.query_fs, self.query_cpus]
+        self.slow_parts = (
+            [self.query_gpu_info] + self.queries_slow_gpu + [self.query_slow_host, self.query_fs, self.query_cpus]
+        )
         up = self._selector('__name__="up"')
         self.query_up = 'label_replace(timestamp(%s), "oc_kind", "ts", "", "") or %s' % (up, up)
 
     # --- history -------------------------------------------------------------------------------
 
-    def history_query(self, node: str, origins: Sequence[Tuple[str, str]], hosts: Sequence[str], gpu: Optional[int], metric: str) -> Tuple[str, float]:
+    def history_query(
+        self, node: str, origins: Sequence[Tuple[str, str]], hosts: Sequence[str], gpu: Optional[int], metric: str
+    ) -> Tuple[str, float]:
         """The PromQL for `metric` of `node` (GPU `gpu`, or the node when None) and the factor to our unit.
 
         `metric` is a GpuSample field, a name opsconsole/history.py uses, or a raw metric name.
@@ -223,14 +251,21 @@ class Queries:
             every = self._selector('__name__="node_cpu_seconds_total",' + host_matcher)
             ours = self._selector('__name__="%s",%s' % (names.HOST_CPU_PERCENT, matcher))
             window = self.config.rate_window
-            return "(100 * (1 - sum(rate(%s[%s])) / sum(rate(%s[%s])))) or max(%s)" % (idle, window, every, window, ours), 1.0
+            return "(100 * (1 - sum(rate(%s[%s])) / sum(rate(%s[%s])))) or max(%s)" % (
+                idle,
+                window,
+                every,
+                window,
+                ours,
+            ), 1.0
         if metric == "memory_percent":
             total = self._selector('__name__="node_memory_MemTotal_bytes",' + host_matcher)
             avail = self._selector('__name__="node_memory_MemAvailable_bytes",' + host_matcher)
             ours_total = self._selector('__name__="%s",%s' % (names.HOST_MEM_TOTAL, matcher))
             ours_avail = self._selector('__name__="%s",%s' % (names.HOST_MEM_AVAILABLE, matcher))
             return (
-                "(100 * (1 - max(%s) / max(%s))) or (100 * (1 - max(%s) / max(%s)))" % (avail, total, ours_avail, ours_total),
+                "(100 * (1 - max(%s) / max(%s))) or (100 * (1 - max(%s) / max(%s)))"
+                % (avail, total, ours_avail, ours_total),
                 1.0,
             )
         return "max(%s)" % self._selector('__name__="%s",%s' % (metric, matcher)), 1.0

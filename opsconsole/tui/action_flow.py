@@ -22,7 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
 from opsconsole.actions import drain
-from opsconsole.actions.audit import AuditLog, OUTCOME_CANCELLED, OUTCOME_REFUSED, audit_path
+from opsconsole.actions.audit import OUTCOME_CANCELLED, OUTCOME_REFUSED, AuditLog, audit_path
 from opsconsole.actions.gpu_reset import CHECK_FAIL, CHECK_PASS, CHECK_WARN
 from opsconsole.actions.registry import (
     ACTIONS_BY_ID,
@@ -52,10 +52,7 @@ CHECK_STYLES = {CHECK_PASS: "green", CHECK_WARN: "yellow", CHECK_FAIL: "bold red
 
 def action_bindings(target_kind: str) -> List[Binding]:
     """The pane bindings of the registered actions on `target_kind` (ids from the registry)."""
-    return [
-        Binding(a.key, "run_registered(%r)" % a.id, a.label, id=a.binding_id)
-        for a in actions_for(target_kind)
-    ]
+    return [Binding(a.key, "run_registered(%r)" % a.id, a.label, id=a.binding_id) for a in actions_for(target_kind)]
 
 
 def _rows(rows: Iterable[Tuple[str, str]]) -> Text:
@@ -68,11 +65,13 @@ def _rows(rows: Iterable[Tuple[str, str]]) -> Text:
 
 def plan_text(plan: Plan) -> Text:
     """The confirmation body: node, target, where, the exact command, pre-checks, notes, what to press."""
-    text = _rows([
-        ("Node", plan.target.node),
-        ("Target", plan.target.describe()),
-        ("Runs", plan.where),
-    ])
+    text = _rows(
+        [
+            ("Node", plan.target.node),
+            ("Target", plan.target.describe()),
+            ("Runs", plan.where),
+        ]
+    )
     text.append("%-10s" % "Command", style="bold")
     text.append(plan.command_line + "\n", style="bold reverse")
     if plan.param("reason"):
@@ -235,8 +234,9 @@ class ActionFlow:
         """Begin the flow for `action_id` on `target` in a worker (returns at once)."""
         key = (action_id, target)
         if key in self.running:
-            self.app.notify("%s on %s is already running" % (action(action_id).label, target.describe()),
-                            severity="warning")
+            self.app.notify(
+                "%s on %s is already running" % (action(action_id).label, target.describe()), severity="warning"
+            )
             return
         self.running[key] = True
         self.app.run_worker(self._flow(action_id, target, key), group="actions", exit_on_error=False)
@@ -319,8 +319,12 @@ class ActionFlow:
         body = Text(verdict.text + "\n\n")
         body.append("Send SIG%s now?" % signal_name, style="bold")
         body.append("\ny sends it · n / esc stops here (the process keeps running)", style="italic")
-        screen = ConfirmScreen("Still running: send SIG%s?" % signal_name, body, confirm_label="Send SIG" + signal_name,
-                               danger=signal_name == "KILL")
+        screen = ConfirmScreen(
+            "Still running: send SIG%s?" % signal_name,
+            body,
+            confirm_label="Send SIG" + signal_name,
+            danger=signal_name == "KILL",
+        )
         return await self._ask(screen)
 
     def _refused(self, ctx: ActionContext, action_id: str, target: Target, reason: str) -> None:

@@ -22,8 +22,14 @@ from opsconsole.tui.formatting import printable
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow, apply_rows
 
-COLUMNS = (("time", "time", 8), ("state", "state", 16), ("severity", "severity", 8), ("rule", "rule", 24),
-           ("where", "node / GPU", 18), ("message", "message", None))
+COLUMNS = (
+    ("time", "time", 8),
+    ("state", "state", 16),
+    ("severity", "severity", 8),
+    ("rule", "rule", 24),
+    ("where", "node / GPU", 18),
+    ("message", "message", None),
+)
 _SEVERITY_LEVEL = {"critical": bars.LEVEL_CRIT, "warning": bars.LEVEL_WARN, "info": bars.LEVEL_PLAIN}
 SILENCE_STEPS_S = (15 * 60, 60 * 60, 8 * 3600)  # `z` cycles these, then lifts the silence
 
@@ -88,8 +94,11 @@ class AlertsPane(LivePane):
             return
         palette = bars.palette_from_variables(self.app.theme_variables)
         engine = services.alerts
-        events = [e for e in reversed(engine.history) if (node is None or e.node == node)
-                  and event_matches(e, self.filter_text)]
+        events = [
+            e
+            for e in reversed(engine.history)
+            if (node is None or e.node == node) and event_matches(e, self.filter_text)
+        ]
         rows: List[TableRow] = []
         self._row_keys = {}
         for index, event in enumerate(events):
@@ -100,7 +109,9 @@ class AlertsPane(LivePane):
                 time.strftime("%H:%M:%S", time.localtime(event.time)),
                 Text(state, style=style if state == EVENT_FIRING else "dim"),
                 Text(event.severity, style=style),
-                event.rule, where, event.message,
+                event.rule,
+                where,
+                event.message,
             )
             row_key = "%d-%s-%s-%s-%s" % (len(engine.history) - index, event.time, event.rule, event.node, event.gpu)
             self._row_keys[row_key] = event.key
@@ -109,8 +120,11 @@ class AlertsPane(LivePane):
         counts = engine.counts()
         firing = sum(counts.values())
         parts = ["%d firing" % firing]
-        parts += ["%s %d" % (severity, counts[severity]) for severity in ("critical", "warning", "info")
-                  if counts.get(severity)]
+        parts += [
+            "%s %d" % (severity, counts[severity])
+            for severity in ("critical", "warning", "info")
+            if counts.get(severity)
+        ]
         quiet = [engine.quiet_reason(event.key, now) for event in engine.firing()]
         for reason in ("acknowledged", "silenced"):
             if quiet.count(reason):
@@ -155,8 +169,10 @@ class AlertsPane(LivePane):
             self.app.bell()
             return
         acked = self.app.services.alerts.acknowledge(key)
-        self.app.notify("%s on %s %s" % (key[0], _where(key), "acknowledged: not announced again" if acked
-                                         else "no longer acknowledged"))
+        self.app.notify(
+            "%s on %s %s"
+            % (key[0], _where(key), "acknowledged: not announced again" if acked else "no longer acknowledged")
+        )
         self._redraw_all()
 
     def action_silence(self) -> None:
@@ -173,8 +189,10 @@ class AlertsPane(LivePane):
         if length is None:
             self.app.notify("%s on %s: silence lifted" % (key[0], _where(key)))
         else:
-            self.app.notify("%s on %s silenced for %s (until %s)" % (
-                key[0], _where(key), duration_text(length), time.strftime("%H:%M", time.localtime(now + length))))
+            self.app.notify(
+                "%s on %s silenced for %s (until %s)"
+                % (key[0], _where(key), duration_text(length), time.strftime("%H:%M", time.localtime(now + length)))
+            )
         self._redraw_all()
 
     def _redraw_all(self) -> None:

@@ -14,8 +14,8 @@ from rich.text import Text
 from textual import events, on
 from textual.app import App, ComposeResult
 from textual.command import CommandPalette, DiscoveryHit, Hit, Hits, Matcher, Provider
-from textual.content import Content
 from textual.containers import Vertical
+from textual.content import Content
 from textual.notifications import SeverityLevel
 from textual.timer import Timer
 from textual.widget import Widget
@@ -26,8 +26,9 @@ from opsconsole.actions.registry import hidden_binding_ids
 from opsconsole.config import Config
 from opsconsole.health.monitor import HealthMonitor
 from opsconsole.model import NodeState
-from opsconsole.tui.header import ConsoleHeader, header_text
+from opsconsole.tui import bars
 from opsconsole.tui.formatting import printable
+from opsconsole.tui.header import ConsoleHeader, header_text
 from opsconsole.tui.help import HelpRow
 from opsconsole.tui.keys import (
     APP_KEYS,
@@ -41,7 +42,6 @@ from opsconsole.tui.keys import (
 )
 from opsconsole.tui.pane import Pane
 from opsconsole.tui.services import ConsoleServices
-from opsconsole.tui import bars
 from opsconsole.tui.tab_labels import fit_tab_labels
 from opsconsole.tui.themes import (
     DEFAULT_THEME,
@@ -51,6 +51,7 @@ from opsconsole.tui.themes import (
     load_console_themes,
     save_theme,
 )
+
 
 @dataclass(frozen=True)
 class PaneEntry:
@@ -92,6 +93,8 @@ SERVICE_KEYS: Tuple[KeySpec, ...] = (
     KeySpec("app.record", "ctrl+r", "record", "Start / stop recording to a file", footer="Record"),
     KeySpec("app.report", "ctrl+e", "report", "Write an incident report (tar.gz)", footer="Report"),
 )
+
+
 class Panes(dict):
     """The console's panes by id. `panes[id]` makes a pane not made yet (imports its module and
     mounts it in its tab); `get` and `in` see only the panes made so far, so a redraw or a focus
@@ -123,6 +126,7 @@ def __getattr__(name: str):
     if name == "KEY_SPECS":
         return all_key_specs()
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
 
 MIN_WIDTH = 80
 MIN_HEIGHT = 20
@@ -202,8 +206,7 @@ class ConsoleCommands(Provider):
         for text, command, help_text in self._commands():
             score = max(matcher.match(text), matcher.match(help_text))
             if score > 0:
-                yield Hit(score, plain_highlight(matcher, text), command, text=text,
-                          help=Content(printable(help_text)))
+                yield Hit(score, plain_highlight(matcher, text), command, text=text, help=Content(printable(help_text)))
 
 
 def plain_highlight(matcher: Matcher, text: str) -> Content:
@@ -235,8 +238,9 @@ class OpsConsole(App[int]):
         self.node: Optional[str] = None  # the node drilled into; None = all nodes
         self.panes: Dict[str, Pane] = Panes(self.ensure_pane)
         # Checking [console.keys] needs every pane's bindings; without it no pane is imported here.
-        self.keymap, self._key_problems = (keymap_from_config(config.console.keys, self.key_specs)
-                                           if config.console.keys else ({}, []))
+        self.keymap, self._key_problems = (
+            keymap_from_config(config.console.keys, self.key_specs) if config.console.keys else ({}, [])
+        )
         self._pane_filters: Dict[str, str] = {}
         self._redraw_timer: Optional[Timer] = None
         self._first_frame_file: Optional[str] = os.environ.get("OPSCONSOLE_FIRST_FRAME_FILE")
@@ -449,7 +453,7 @@ class OpsConsole(App[int]):
     @property
     def visible_pane_id(self) -> str:
         active = self.tabs.active if hasattr(self, "tabs") else ""
-        return active[len("tab-"):] if active.startswith("tab-") else self.first_pane_id()
+        return active[len("tab-") :] if active.startswith("tab-") else self.first_pane_id()
 
     @on(TabbedContent.TabActivated)
     def pane_became_visible(self, event: TabbedContent.TabActivated) -> None:
@@ -492,14 +496,22 @@ class OpsConsole(App[int]):
         from opsconsole.tui.confirm import ConfirmScreen
 
         try:
-            plan = plan_trust_action(name, self.fleet.states().get(name), self._link_of(name),
-                                     self.config.console.read_only, self.audit)
+            plan = plan_trust_action(
+                name, self.fleet.states().get(name), self._link_of(name), self.config.console.read_only, self.audit
+            )
         except Refused as refusal:
             self.notify(str(refusal), severity="warning")
             return
         if plan.changed:
-            self.push_screen(ConfirmScreen("HOST KEY CHANGED for %s: not trusted" % name, changed_key_text(plan),
-                                           confirm_label=None, cancel_label="Close", danger=True))
+            self.push_screen(
+                ConfirmScreen(
+                    "HOST KEY CHANGED for %s: not trusted" % name,
+                    changed_key_text(plan),
+                    confirm_label=None,
+                    cancel_label="Close",
+                    danger=True,
+                )
+            )
             return
         self.push_screen(
             ConfirmScreen("Trust the host key of %s?" % name, trust_text(plan), confirm_label="Trust and connect"),
@@ -555,8 +567,15 @@ class OpsConsole(App[int]):
 
     # --- actions -------------------------------------------------------------
 
-    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
-               timeout: Optional[float] = None, markup: bool = True) -> None:
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: Optional[float] = None,
+        markup: bool = True,
+    ) -> None:
         """A toast, always as plain text: ours carry data (log excerpts, paths, commands) whose
         brackets would be read as markup ("[/src/pair.cc:553]" is a closing tag) and crash the draw."""
         super().notify(printable(message), title=printable(title), severity=severity, timeout=timeout, markup=False)
@@ -566,8 +585,12 @@ class OpsConsole(App[int]):
         alerting = self.config.alerting
         if event.state == "firing":
             if alerting.toast:
-                self.notify(event.message, title="alert: " + event.rule,
-                            severity="error" if event.severity == "critical" else "warning", timeout=10)
+                self.notify(
+                    event.message,
+                    title="alert: " + event.rule,
+                    severity="error" if event.severity == "critical" else "warning",
+                    timeout=10,
+                )
             if alerting.bell:
                 self.bell()
         elif alerting.toast:
@@ -598,7 +621,9 @@ class OpsConsole(App[int]):
 
         try:
             inputs = await gather(self.config, fleet=self.fleet, health=self.health_results())
-            path = await asyncio.get_running_loop().run_in_executor(None, write_report, inputs)  # private: 0600 in the state dir's reports/
+            path = await asyncio.get_running_loop().run_in_executor(
+                None, write_report, inputs
+            )  # private: 0600 in the state dir's reports/
         except Exception as exc:
             self.notify("report failed: %s" % exc, severity="error", timeout=10)
             return
@@ -696,15 +721,19 @@ def _fields(rows: Sequence[Tuple[str, str]]) -> Text:
 def trust_text(plan) -> Text:
     """The body of the trust confirmation: node, host, key, and the exact line and file."""
     host = plan.pattern + ("  (a jump host of %s)" % plan.node if plan.via_jump else "")
-    text = _fields([
-        ("Node", plan.node),
-        ("Host", host),
-        ("Key type", plan.key_type),
-        ("Fingerprint", plan.fingerprint),
-        ("known_hosts", "no key for this host yet (unknown key)"),
-    ])
-    text.append("\nCompare the fingerprint with the node's own before trusting it "
-                "(on the node: ssh-keygen -lf /etc/ssh/ssh_host_%s_key.pub).\n" % plan.key_type.replace("ssh-", ""))
+    text = _fields(
+        [
+            ("Node", plan.node),
+            ("Host", host),
+            ("Key type", plan.key_type),
+            ("Fingerprint", plan.fingerprint),
+            ("known_hosts", "no key for this host yet (unknown key)"),
+        ]
+    )
+    text.append(
+        "\nCompare the fingerprint with the node's own before trusting it "
+        "(on the node: ssh-keygen -lf /etc/ssh/ssh_host_%s_key.pub).\n" % plan.key_type.replace("ssh-", "")
+    )
     text.append("\nThis line will be appended to ")
     text.append(plan.known_hosts, style="bold")
     text.append(":\n")
@@ -717,13 +746,19 @@ def changed_key_text(plan) -> Text:
     """The body shown for a CHANGED key: both fingerprints, and the command the user runs instead."""
     rows = [("Node", plan.node), ("Host", plan.pattern), ("Presented", "%s %s" % (plan.key_type, plan.fingerprint))]
     for entry in plan.old_keys:
-        rows.append(("Trusted", "%s %s  (%s line %d)" % (entry.key_type, entry.fingerprint, entry.path, entry.line_number)))
+        rows.append(
+            ("Trusted", "%s %s  (%s line %d)" % (entry.key_type, entry.fingerprint, entry.path, entry.line_number))
+        )
     text = _fields(rows)
     text.append("\nPOSSIBLE MAN-IN-THE-MIDDLE: ", style="bold red")
-    text.append("the host presented a key other than the one known_hosts holds. The console does not "
-                "edit known_hosts for a changed key: the old key stays there, and nothing was written.\n")
-    text.append("\nIf the change is expected (the node was reinstalled), check the new fingerprint with "
-                "its admin, remove the old key yourself:\n")
+    text.append(
+        "the host presented a key other than the one known_hosts holds. The console does not "
+        "edit known_hosts for a changed key: the old key stays there, and nothing was written.\n"
+    )
+    text.append(
+        "\nIf the change is expected (the node was reinstalled), check the new fingerprint with "
+        "its admin, remove the old key yourself:\n"
+    )
     for command in plan.remove_commands():
         text.append("  " + command + "\n", style="bold")
     text.append("then press T again to trust the new key.\n")
@@ -731,8 +766,13 @@ def changed_key_text(plan) -> Text:
     return text
 
 
-def run_console(config: Config, fleet: FleetLike, *, now: Callable[[], float] = time.time,
-                console: Optional[Callable[..., "OpsConsole"]] = None) -> int:
+def run_console(
+    config: Config,
+    fleet: FleetLike,
+    *,
+    now: Callable[[], float] = time.time,
+    console: Optional[Callable[..., "OpsConsole"]] = None,
+) -> int:
     """Run the console until the user quits; returns the exit status.
 
     `console` is the app class, OpsConsole by default: the replay command passes its ReplayConsole.

@@ -16,7 +16,15 @@ from textual import on
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
-from opsconsole.actions.audit import OUTCOME_ATTEMPT, OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_OK, OUTCOME_REFUSED, audit_path, read_recent_records
+from opsconsole.actions.audit import (
+    OUTCOME_ATTEMPT,
+    OUTCOME_CANCELLED,
+    OUTCOME_FAILED,
+    OUTCOME_OK,
+    OUTCOME_REFUSED,
+    audit_path,
+    read_recent_records,
+)
 from opsconsole.config import DEFAULT_CONFIG
 from opsconsole.model import NodeState
 from opsconsole.tui.formatting import printable
@@ -93,8 +101,11 @@ def record_detail(record: Mapping[str, Any]) -> Text:
             if result.get(key):
                 text.append("\n%s:\n" % key, style="bold")
                 text.append(str(result[key]).rstrip("\n") + "\n")
-    other = {k: v for k, v in record.items() if k not in (
-        "time", "user", "host", "node", "action", "target", "outcome", "id", "detail", "command", "result")}
+    other = {
+        k: v
+        for k, v in record.items()
+        if k not in ("time", "user", "host", "node", "action", "target", "outcome", "id", "detail", "command", "result")
+    }
     if other:
         text.append("\n" + json.dumps(other, ensure_ascii=False, indent=1) + "\n")
     return text
@@ -175,8 +186,13 @@ class AuditPane(Pane):
             table.clear()
             for index, (record, cells) in enumerate(rows):
                 style = OUTCOME_STYLES.get(cells["outcome"], "")
-                table.add_row(*[Text(printable(cells[key]), style=style if key == "outcome" else "", end="")
-                                for key, _, _ in COLUMNS], key=str(index))
+                table.add_row(
+                    *[
+                        Text(printable(cells[key]), style=style if key == "outcome" else "", end="")
+                        for key, _, _ in COLUMNS
+                    ],
+                    key=str(index),
+                )
         status = "%d records, newest first · %s" % (len(rows), self.path)
         if needle:
             status += " · filter: %s" % self.filter_text.strip()

@@ -37,6 +37,9 @@ from opsconsole.actions.registry import TARGET_CHECKPOINT_DIR, Target
 from opsconsole.checkpoints.access import LOCAL, FileSystem
 from opsconsole.checkpoints.records import (
     INTEGRITY_CORRUPT,
+    INTEGRITY_NO_CRC,
+    INTEGRITY_OK,
+    INTEGRITY_TRUNCATED,
     LAYOUT_ACCELERATE,
     LAYOUT_CHECKPOINT_MANAGER,
     LAYOUT_DCP,
@@ -50,9 +53,6 @@ from opsconsole.checkpoints.records import (
     LAYOUT_NUMBERED,
     LAYOUT_SHARDED,
     LAYOUT_TORCHTITAN,
-    INTEGRITY_NO_CRC,
-    INTEGRITY_OK,
-    INTEGRITY_TRUNCATED,
     CheckpointEntry,
     DirListing,
 )
@@ -99,7 +99,9 @@ CKPT_COLUMNS = (  # 170 columns: the note keeps about 30 cells
 )
 NARROW_DROPPED = ("format", "age", "epoch")  # the details screen still has them
 CKPT_COLUMNS_NARROW = tuple(  # 120 columns
-    replace(c, width={"name": 20, "series": 13, "step": 6, "loss": 7, "size": 8, "marks": 11}.get(c.key, c.width)) for c in CKPT_COLUMNS if c.key not in NARROW_DROPPED
+    replace(c, width={"name": 20, "series": 13, "step": 6, "loss": 7, "size": 8, "marks": 11}.get(c.key, c.width))
+    for c in CKPT_COLUMNS
+    if c.key not in NARROW_DROPPED
 )
 WIDE_FROM = 150  # pane width (cells) from which the wide column set is used
 NOTE_CHARS = 80
@@ -170,8 +172,13 @@ DIR_SORT_KEYS = {
 }
 CHECKPOINT_FILTER = FilterFields(
     free=lambda e: (e.name, e.format, layout_label(e), e.series or "not managed", e.integrity, note_text(e)),
-    text={"name": lambda e: (e.name,), "format": lambda e: (e.format,), "integrity": lambda e: (e.integrity,),
-          "layout": lambda e: (e.layout, layout_label(e)), "series": lambda e: (e.series or "not managed",)},
+    text={
+        "name": lambda e: (e.name,),
+        "format": lambda e: (e.format,),
+        "integrity": lambda e: (e.integrity,),
+        "layout": lambda e: (e.layout, layout_label(e)),
+        "series": lambda e: (e.series or "not managed",),
+    },
     numbers={
         "epoch": lambda e: e.meta.epoch,
         "step": lambda e: e.meta.step,
@@ -224,8 +231,11 @@ def note_text(entry: CheckpointEntry) -> str:
     if entry.problem:
         parts.append(entry.problem)
     if entry.unreadable and entry.unreadable != entry.problem:
-        parts.append(entry.unreadable if entry.unreadable.startswith(("unreadable", "could not read"))
-                     else "unreadable: " + entry.unreadable)
+        parts.append(
+            entry.unreadable
+            if entry.unreadable.startswith(("unreadable", "could not read"))
+            else "unreadable: " + entry.unreadable
+        )
     if entry.series is None and not entry.is_link:
         parts.append(entry.unmanaged or "no recognised series")  # the Series column says "not managed"
     return "; ".join(parts)
@@ -289,10 +299,18 @@ def dir_table_row(row: DirRow, now: float) -> TableRow:
         text = "%s%s" % ("rescanning… " if row.scanning else "", "%d broken" % broken if broken else "ok")
         state = Text(text, style="bold red" if broken else "green", end="")
     free = NA if listing.free_bytes is None else format_bytes(listing.free_bytes)
-    return TableRow(row.key, (
-        row.node, row.root, str(len(listing.entries)), format_bytes(listing.total_bytes), free,
-        format_age(now - listing.scanned_at), state,
-    ))
+    return TableRow(
+        row.key,
+        (
+            row.node,
+            row.root,
+            str(len(listing.entries)),
+            format_bytes(listing.total_bytes),
+            free,
+            format_age(now - listing.scanned_at),
+            state,
+        ),
+    )
 
 
 def detail_text(entry: CheckpointEntry, now: float) -> Text:
@@ -315,9 +333,15 @@ def detail_text(entry: CheckpointEntry, now: float) -> Text:
     if entry.is_link:
         row("Link target", entry.link_target or "?")
     row("Size", "%s (%d bytes)" % (format_bytes(entry.size_bytes), entry.size_bytes))
-    row("Modified", "%s  (%s ago)" % (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.mtime)), age_text(now - entry.mtime)))
-    row("Integrity", entry.integrity + ("  (full CRC check)" if entry.crc_checked else "  (quick check; v runs the CRC check)"),
-        INTEGRITY_STYLES.get(entry.integrity, ""))
+    row(
+        "Modified",
+        "%s  (%s ago)" % (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.mtime)), age_text(now - entry.mtime)),
+    )
+    row(
+        "Integrity",
+        entry.integrity + ("  (full CRC check)" if entry.crc_checked else "  (quick check; v runs the CRC check)"),
+        INTEGRITY_STYLES.get(entry.integrity, ""),
+    )
     if entry.problem:
         row("Problem", entry.problem, "yellow")
     if entry.unreadable:
@@ -345,7 +369,10 @@ def detail_text(entry: CheckpointEntry, now: float) -> Text:
     if meta.state_dict is not None:
         sd = meta.state_dict
         dtypes = ", ".join("%s ×%d" % (d, n) for d, n in sd.dtypes) or NA
-        row("State dict", "%d tensors, %s%s" % (sd.keys, format_bytes(sd.bytes), "  (under %r)" % sd.source if sd.source else ""))
+        row(
+            "State dict",
+            "%d tensors, %s%s" % (sd.keys, format_bytes(sd.bytes), "  (under %r)" % sd.source if sd.source else ""),
+        )
         row("  dtypes", dtypes)
     else:
         row("State dict", NA)
@@ -557,7 +584,11 @@ class CheckpointsPane(ActionKeys, TablePane):
         state = self.app.fleet.states().get(config.node)
         if state is None or state.state in (STATE_UP, STATE_STALE, STATE_FALLBACK):
             return None
-        return "node %s is %s%s: not scanned" % (config.node, state.state, " (%s)" % state.reason if state.reason else "")
+        return "node %s is %s%s: not scanned" % (
+            config.node,
+            state.state,
+            " (%s)" % state.reason if state.reason else "",
+        )
 
     @work(thread=True, exit_on_error=False, group="checkpoint-scan")
     def scan_worker(self, config: CheckpointDirConfig, key: str) -> None:
@@ -566,14 +597,24 @@ class CheckpointsPane(ActionKeys, TablePane):
         try:
             why_not = self.node_not_ready(config)
             if why_not:
-                self.post_message(self.Scanned(key, DirListing(root=config.path, node=config.node or "local",
-                                                               problem=why_not, scanned_at=self.now_value())))
+                self.post_message(
+                    self.Scanned(
+                        key,
+                        DirListing(
+                            root=config.path, node=config.node or "local", problem=why_not, scanned_at=self.now_value()
+                        ),
+                    )
+                )
                 return
             fs = self.filesystem_for(config)
             listing = scan_directory(self.root_of(config, fs), fs, now=self.now_value())
         except Exception as exc:  # a node missing from the fleet, a bug in a reader: shown, not raised
-            listing = DirListing(root=config.path, node=config.node or "local", problem="scan failed: %s" % exc,
-                                 scanned_at=self.now_value())
+            listing = DirListing(
+                root=config.path,
+                node=config.node or "local",
+                problem="scan failed: %s" % exc,
+                scanned_at=self.now_value(),
+            )
         self.post_message(self.Scanned(key, listing))
 
     @on(Scanned)
@@ -594,22 +635,37 @@ class CheckpointsPane(ActionKeys, TablePane):
         configured = self.configured
         if not configured:
             self.dir_table.show([], lambda r: dir_table_row(r, self.now))
-            self.checkpoint_table.show([], lambda e: checkpoint_table_row(e, self.now, tuple(self.checkpoint_table.columns)))
+            self.checkpoint_table.show(
+                [], lambda e: checkpoint_table_row(e, self.now, tuple(self.checkpoint_table.columns))
+            )
             return ["no [[checkpoints]] directories configured (see config.example.toml)"]
         visible = getattr(self.app, "visible_pane_id", self.pane_id) == self.pane_id
         if visible and (not self._last_scan or time.monotonic() - self._last_scan > RESCAN_S):
             self.start_scans()  # only while shown: a console that never opens the pane never scans
         now = self.now or self.now_value()
-        rows = [DirRow(dir_key(c), c.node or "local", c.path, self.listings.get(dir_key(c)), bool(self.scanning.get(dir_key(c))))
-                for c in configured]
-        self.dir_table.show(rows, lambda r: dir_table_row(r, now), signature=lambda r: (r, format_age(now - r.listing.scanned_at) if r.listing else None))
+        rows = [
+            DirRow(
+                dir_key(c),
+                c.node or "local",
+                c.path,
+                self.listings.get(dir_key(c)),
+                bool(self.scanning.get(dir_key(c))),
+            )
+            for c in configured
+        ]
+        self.dir_table.show(
+            rows,
+            lambda r: dir_table_row(r, now),
+            signature=lambda r: (r, format_age(now - r.listing.scanned_at) if r.listing else None),
+        )
         key = self.current_dir_key()
         listing = self.listings.get(key) if key else None
         entries = list(listing.entries) if listing else []
         shown = filter_rows(entries, self.filter, self.filter_fields)
         columns = tuple(self.checkpoint_table.columns)
-        self.checkpoint_table.show(shown, lambda e: checkpoint_table_row(e, now, columns),
-                                   signature=lambda e: (e, format_age(now - e.mtime)))
+        self.checkpoint_table.show(
+            shown, lambda e: checkpoint_table_row(e, now, columns), signature=lambda e: (e, format_age(now - e.mtime))
+        )
         parts = [self.count_part(self.checkpoint_table, "checkpoints")]
         if listing is not None and not listing.problem:
             free = NA if listing.free_bytes is None else format_bytes(listing.free_bytes)
@@ -737,15 +793,20 @@ class CheckpointsPane(ActionKeys, TablePane):
         listing = self.listings.get(key)
         if result.integrity != "unchecked" and listing is not None:
             entries = tuple(
-                replace(e, integrity=result.integrity, problem=result.problem, crc_checked=True) if e.path == entry.path else e
+                replace(e, integrity=result.integrity, problem=result.problem, crc_checked=True)
+                if e.path == entry.path
+                else e
                 for e in listing.entries
             )
             self.listings[key] = replace(listing, entries=entries)
         severity = "information" if result.integrity == INTEGRITY_OK else "warning"
         if result.integrity in (INTEGRITY_CORRUPT, INTEGRITY_TRUNCATED):
             severity = "error"
-        self.app.notify("%s: %s%s" % (entry.name, result.integrity, ": " + result.problem if result.problem else ""),
-                        severity=severity, timeout=10)
+        self.app.notify(
+            "%s: %s%s" % (entry.name, result.integrity, ": " + result.problem if result.problem else ""),
+            severity=severity,
+            timeout=10,
+        )
         self.redraw()
 
     # --- cleanup: the registered checkpoint_cleanup action (plan, typed word, runner, audit) ---------

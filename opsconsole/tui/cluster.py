@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Tuple
-
 from dataclasses import replace
+from typing import Any, List, Mapping, Optional, Tuple
 
 from rich.text import Text
 from textual.widgets import DataTable
@@ -142,12 +141,16 @@ class ClusterGpusPane(TablePane):
         )
         nodes = len({row.node for row in rows})
         marked = sum(1 for row in rows if row.marked and row.mig_instance is None)
-        return [
-            self.count_part(sorted_table, "GPUs"),
-            "%d nodes" % nodes,
-        ] + (["%d GPUs of job %s" % (marked, ",".join(jobs))] if jobs else []) + [
-            "sort: " + sorted_table.sort_label(),
-        ]
+        return (
+            [
+                self.count_part(sorted_table, "GPUs"),
+                "%d nodes" % nodes,
+            ]
+            + (["%d GPUs of job %s" % (marked, ",".join(jobs))] if jobs else [])
+            + [
+                "sort: " + sorted_table.sort_label(),
+            ]
+        )
 
     def selected_node(self) -> Optional[str]:
         """The node of the GPU under the cursor (for the app's drill-down), None if none."""

@@ -77,13 +77,19 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Static(Text(self.title_text), id="confirm-title")
             yield Static(self.body, id="confirm-body")
             if self.word is not None and self.confirm_label is not None:
-                yield Static(Text.assemble("Type ", (printable(self.word), "bold"), " and press enter to confirm:"),
-                             id="confirm-word-prompt")
+                yield Static(
+                    Text.assemble("Type ", (printable(self.word), "bold"), " and press enter to confirm:"),
+                    id="confirm-word-prompt",
+                )
                 yield Input(placeholder=printable(self.word), id="confirm-word")
             with Horizontal(id="confirm-buttons"):
                 if self.confirm_label is not None:
-                    yield Button(self.confirm_label, id="confirm-yes", variant="error" if self.word else "warning",
-                                 disabled=self.word is not None)
+                    yield Button(
+                        self.confirm_label,
+                        id="confirm-yes",
+                        variant="error" if self.word else "warning",
+                        disabled=self.word is not None,
+                    )
                 yield Button(self.cancel_label, id="confirm-no", variant="default")
 
     def on_mount(self) -> None:

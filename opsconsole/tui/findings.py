@@ -81,10 +81,15 @@ def root_category(root: Any) -> Optional[str]:
 
 def sorted_summaries(summaries: Sequence[Any], root: Optional[str]) -> List[Any]:
     """Root cause first, then by severity, then by when it was first seen."""
+
     def order(summary: Any):
         first = getattr(summary, "first_seen", None)
-        return (summary_category(summary) != root, SEVERITY_ORDER.get(getattr(summary, "severity", ""), 3),
-                first if first is not None else float("inf"))
+        return (
+            summary_category(summary) != root,
+            SEVERITY_ORDER.get(getattr(summary, "severity", ""), 3),
+            first if first is not None else float("inf"),
+        )
+
     return sorted(summaries, key=order)
 
 
@@ -179,11 +184,16 @@ class FindingsList(Vertical):
         """Show the current summaries (in place; the highlighted category stays highlighted)."""
         self.root = root_category(root)
         self.summaries = sorted_summaries(summaries, self.root)
-        signature = [(summary_category(s), getattr(s, "count", None), getattr(s, "last_seen", None))
-                     for s in self.summaries]
+        signature = [
+            (summary_category(s), getattr(s, "count", None), getattr(s, "last_seen", None)) for s in self.summaries
+        ]
         total = sum(int(getattr(s, "count", 0) or 0) for s in self.summaries)
         title = "Findings: %d categor%s, %d line%s" % (
-            len(self.summaries), "y" if len(self.summaries) == 1 else "ies", total, "" if total == 1 else "s")
+            len(self.summaries),
+            "y" if len(self.summaries) == 1 else "ies",
+            total,
+            "" if total == 1 else "s",
+        )
         if self.root:
             title += " · root cause %s %s" % (ROOT_MARK, self.root)
         title += " · enter: go to the line (again: the next one)"

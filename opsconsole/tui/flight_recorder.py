@@ -33,8 +33,9 @@ AUDIT_ACTION = "flight_recorder"
 CULPRIT_STYLE = "bold red"
 
 
-def open_flight_recorder(app: Any, nodes: Optional[Sequence[str]] = None,
-                         rank_pids: Optional[Dict[str, List[Tuple[int, int]]]] = None) -> None:
+def open_flight_recorder(
+    app: Any, nodes: Optional[Sequence[str]] = None, rank_pids: Optional[Dict[str, List[Tuple[int, int]]]] = None
+) -> None:
     """Open the screen for `nodes` (None: every node); `rank_pids` {node: [(pid, rank)]} when the ranks are known."""
     app.push_screen(FlightRecorderScreen(tuple(nodes) if nodes else None, rank_pids))
 
@@ -53,8 +54,9 @@ class FlightRecorderScreen(Screen[None]):
     FlightRecorderScreen DataTable { height: 1fr; }
     """
 
-    def __init__(self, nodes: Optional[Tuple[str, ...]] = None,
-                 rank_pids: Optional[Dict[str, List[Tuple[int, int]]]] = None) -> None:
+    def __init__(
+        self, nodes: Optional[Tuple[str, ...]] = None, rank_pids: Optional[Dict[str, List[Tuple[int, int]]]] = None
+    ) -> None:
         super().__init__()
         self.nodes = nodes
         self.rank_pids = rank_pids
@@ -63,12 +65,19 @@ class FlightRecorderScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static("Flight recorder: %s" % (", ".join(self.nodes) if self.nodes else "every node"), id="fr-title",
-                         markup=False)
+            yield Static(
+                "Flight recorder: %s" % (", ".join(self.nodes) if self.nodes else "every node"),
+                id="fr-title",
+                markup=False,
+            )
             yield Static("", id="fr-verdict")
             table: DataTable = DataTable(id="fr-dumps", cursor_type="row")
-            for key, label, width in (("rank", "Rank", 6), ("host", "Host", 16), ("entries", "Entries", 8),
-                                      ("dump", "Dump", None)):
+            for key, label, width in (
+                ("rank", "Rank", 6),
+                ("host", "Host", 16),
+                ("entries", "Entries", 8),
+                ("dump", "Dump", None),
+            ):
                 table.add_column(label, key=key, width=width)
             yield table
         yield Footer()
@@ -77,7 +86,9 @@ class FlightRecorderScreen(Screen[None]):
         self.action_collect()
 
     def action_collect(self) -> None:
-        self.query_one("#fr-verdict", Static).update(Text("collecting: asking every rank for its dump ...", style="italic"))
+        self.query_one("#fr-verdict", Static).update(
+            Text("collecting: asking every rank for its dump ...", style="italic")
+        )
         self.run_worker(self._collect(), exclusive=True, group="flight-recorder")
 
     async def _collect(self) -> None:
@@ -93,12 +104,15 @@ class FlightRecorderScreen(Screen[None]):
         async def execute() -> CommandResult:
             results = await collect_from_links(links, directory, trigger=ask, rank_pids=self.rank_pids)
             for node, collected in results.items():
-                problems.extend("%s%s: %s" % (node, " rank %d" % rank if rank >= 0 else "", why)
-                                for rank, why in collected.problems)
+                problems.extend(
+                    "%s%s: %s" % (node, " rank %d" % rank if rank >= 0 else "", why) for rank, why in collected.problems
+                )
             # The reading waits on worker processes: a thread, so the console's loop never does.
             analysis = await asyncio.to_thread(analyse_dir, directory)
             found["analysis"] = analysis
-            return CommandResult(0 if analysis.readable else 1, stdout=summary_text(analysis), stderr="\n".join(problems))
+            return CommandResult(
+                0 if analysis.readable else 1, stdout=summary_text(analysis), stderr="\n".join(problems)
+            )
 
         from opsconsole.tui.stacks import _runner
 
@@ -109,7 +123,8 @@ class FlightRecorderScreen(Screen[None]):
         outcome = await _runner(app).run(AUDIT_ACTION, node, "flight recorder of every rank", argv, execute)
         if not outcome.ran:
             self.query_one("#fr-verdict", Static).update(
-                Text("not run: %s" % (outcome.audit_problem or "the audit log could not be written"), style="bold red"))
+                Text("not run: %s" % (outcome.audit_problem or "the audit log could not be written"), style="bold red")
+            )
             return
         self.directory = directory
         self.analysis = found.get("analysis")
@@ -138,5 +153,10 @@ class FlightRecorderScreen(Screen[None]):
         for index, dump in enumerate(analysis.dumps if analysis is not None else ()):
             style = CULPRIT_STYLE if dump.rank in culprits else ""
             entries = dump.unreadable and "unreadable: %s" % dump.unreadable or str(len(dump.entries))
-            table.add_row(Text(str(dump.rank), style=style), Text(printable(dump.host or "-")),
-                          Text(printable(entries[:60])), Text(printable(dump.path)), key=str(index))
+            table.add_row(
+                Text(str(dump.rank), style=style),
+                Text(printable(dump.host or "-")),
+                Text(printable(entries[:60])),
+                Text(printable(dump.path)),
+                key=str(index),
+            )

@@ -60,10 +60,6 @@ def state_style(state: str) -> str:
     return STATE_STYLES.get(state, "")
 
 
-
-
-
-
 def format_percent(value: Optional[float]) -> str:
     """`100%`, `7%`; one decimal below 10 only when it is not whole (`0.5%`)."""
     if value is None:
@@ -85,9 +81,6 @@ def format_watts(value: Optional[float]) -> str:
     if value >= 10000:
         return "%.1f kW" % (value / 1000.0)
     return "%d W" % round(value)
-
-
-
 
 
 def format_ms(value: Optional[float]) -> str:

@@ -15,9 +15,9 @@ from opsconsole.health import xid
 from opsconsole.history import History, sparkline
 from opsconsole.model import GpuSample, NodeState
 from opsconsole.tui import bars
+from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_PLAIN, Palette
 from opsconsole.tui.formatting import NA, format_gib, printable
-from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.gpu_levels import gpu_status, memory_level, temperature_level, throttle_text
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import StyledCell, TableRow, styled_row
@@ -41,6 +41,8 @@ COLUMNS = (
 )
 UTIL_BAR = 6
 MEMORY_BAR = 6
+
+
 def _number(value: Optional[float], fmt: str = "%d") -> str:
     return NA if value is None else fmt % value
 
@@ -54,13 +56,21 @@ def util_cell(gpu: GpuSample, history: Optional[History], node: str) -> str:
 
 
 def gpu_cells(
-    gpu: GpuSample, state: NodeState, first_of_node: bool, health: HealthConfig, now: float,
+    gpu: GpuSample,
+    state: NodeState,
+    first_of_node: bool,
+    health: HealthConfig,
+    now: float,
     history: Optional[History] = None,
 ) -> List[StyledCell]:
     """The row of one GPU as (text, level) pairs, in COLUMNS order."""
     memory_pct = gpu.memory_percent
     if gpu.memory_total:
-        memory = "%s %s/%s" % (bars.bar(memory_pct, MEMORY_BAR), format_gib(gpu.memory_used), format_gib(gpu.memory_total))
+        memory = "%s %s/%s" % (
+            bars.bar(memory_pct, MEMORY_BAR),
+            format_gib(gpu.memory_used),
+            format_gib(gpu.memory_total),
+        )
     else:
         memory = NA
     temp = _number(gpu.temperature)
@@ -195,8 +205,9 @@ class GpusPane(ActionKeys, LivePane):
         health = getattr(self.app, "config", DEFAULT_CONFIG).health
         palette = bars.palette_from_variables(self.app.theme_variables)
         history = getattr(getattr(self.app, "services", None), "history", None)
-        self.sync_table(self.query_one(DataTable),
-                        gpu_rows(states, node, health, palette, now, self.filter_text, history))
+        self.sync_table(
+            self.query_one(DataTable), gpu_rows(states, node, health, palette, now, self.filter_text, history)
+        )
         text = gpus_hint(states, node, self.filter_text)
         if text != self._hint_text:
             self._hint_text = text

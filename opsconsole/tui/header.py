@@ -51,8 +51,10 @@ def header_text(
     text.append("   " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)))
     age = newest_age(states, now)
     stale = age is None or age > 3 * config.console.interval + 2.0
-    text.append("   newest frame " + (format_frame_age(age) + " ago" if age is not None else "none yet"),
-                style=palette.warn if stale else "")
+    text.append(
+        "   newest frame " + (format_frame_age(age) + " ago" if age is not None else "none yet"),
+        style=palette.warn if stale else "",
+    )
     job = getattr(totals, "job", None)  # a followed Slurm job (RunTotals, opsconsole/nodes/fleet_sources.py)
     if job:
         text.append("   " + job, style="bold " + palette.accent)

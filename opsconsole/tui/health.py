@@ -25,10 +25,19 @@ from opsconsole.tui.formatting import printable
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow
 
-COLUMNS = (("since", "since", 8), ("status", "status", 6), ("where", "node / GPU", 16), ("check", "check", 24),
-           ("message", "message", None))
-STATUS_LEVEL = {STATUS_FAIL: bars.LEVEL_CRIT, STATUS_ERROR: bars.LEVEL_WARN, STATUS_WARN: bars.LEVEL_WARN,
-                STATUS_PASS: bars.LEVEL_OK}
+COLUMNS = (
+    ("since", "since", 8),
+    ("status", "status", 6),
+    ("where", "node / GPU", 16),
+    ("check", "check", 24),
+    ("message", "message", None),
+)
+STATUS_LEVEL = {
+    STATUS_FAIL: bars.LEVEL_CRIT,
+    STATUS_ERROR: bars.LEVEL_WARN,
+    STATUS_WARN: bars.LEVEL_WARN,
+    STATUS_PASS: bars.LEVEL_OK,
+}
 RERUN_CONCURRENCY = 8  # GPU suites at once for `R`
 NOT_ALERTED = ("node_reachable",)  # node up/down has its own alerts
 
@@ -44,8 +53,9 @@ def entry_matches(entry: HealthEntry, text: str) -> bool:
     if not words:
         return True
     result = entry.result
-    haystack = " ".join((result.node, result.check, result.status, result.message,
-                         "" if result.gpu is None else "gpu%d" % result.gpu)).lower()
+    haystack = " ".join(
+        (result.node, result.check, result.status, result.message, "" if result.gpu is None else "gpu%d" % result.gpu)
+    ).lower()
     return all(word in haystack for word in words)
 
 
@@ -109,14 +119,20 @@ class HealthPane(LivePane):
             cells = (
                 time.strftime("%H:%M:%S", time.localtime(entry.since)),
                 Text(result.status, style=("bold " + style) if result.status == STATUS_FAIL else style),
-                where, result.check, Text(result.message, no_wrap=True, overflow="ellipsis"),
+                where,
+                result.check,
+                Text(result.message, no_wrap=True, overflow="ellipsis"),
             )
             rows.append(TableRow(row_key(entry), cells))
         self.sync_table(self.table, rows)
         self._shown = entries
         counts = monitor.counts(node)
-        parts = ["%d fail" % counts.get(STATUS_FAIL, 0), "%d error" % counts.get(STATUS_ERROR, 0),
-                 "%d warn" % counts.get(STATUS_WARN, 0), "%d pass" % counts.get(STATUS_PASS, 0)]
+        parts = [
+            "%d fail" % counts.get(STATUS_FAIL, 0),
+            "%d error" % counts.get(STATUS_ERROR, 0),
+            "%d warn" % counts.get(STATUS_WARN, 0),
+            "%d pass" % counts.get(STATUS_PASS, 0),
+        ]
         if monitor.running:
             parts.append("running on " + ", ".join(sorted(monitor.running)))
         if self.last_run_error:

@@ -53,7 +53,7 @@ class HelpScreen(ModalScreen[None]):
             yield table
             yield Static(
                 Text(
-                    "Remap a key in %s:\n[console.keys]\n\"pane.gpus\" = \"g\"\n"
+                    'Remap a key in %s:\n[console.keys]\n"pane.gpus" = "g"\n'
                     "ctrl+p: every key as a command, and themes. esc closes." % printable(self.config_source)
                 ),
                 id="help-note",

@@ -89,8 +89,11 @@ class HistoryScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             what = "%s GPU %d" % (self.node, self.gpu) if self.gpu is not None else "node %s" % self.node
-            yield Static(printable("History of %s: last %d samples (esc closes)" % (what, self.history.size)),
-                         classes="history-title", markup=False)
+            yield Static(
+                printable("History of %s: last %d samples (esc closes)" % (what, self.history.size)),
+                classes="history-title",
+                markup=False,
+            )
             with Grid():
                 yield from self.plots
 

@@ -12,7 +12,15 @@ from opsconsole.config import DEFAULT_CONFIG, HealthConfig
 from opsconsole.model import HostSample, NodeState, ProcessSample
 from opsconsole.tui import bars
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_PLAIN, LEVEL_WARN, Palette
-from opsconsole.tui.formatting import NA, format_bytes, format_duration, format_rate, format_frame_age, printable, printable_text
+from opsconsole.tui.formatting import (
+    NA,
+    format_bytes,
+    format_duration,
+    format_frame_age,
+    format_rate,
+    printable,
+    printable_text,
+)
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow, styled_row
 
@@ -58,7 +66,7 @@ def core_segments(per_core: Sequence[float], width: int) -> List[Segment]:
         per_line = max(8, width - 8)
         for start in range(0, len(per_core), per_line):
             out.append(("cores " if start == 0 else "      ", LEVEL_PLAIN))
-            for value in per_core[start:start + per_line]:
+            for value in per_core[start : start + per_line]:
                 out.append((bars.spark(value), bars.level_for(value, CPU_WARN, CPU_CRIT)))
             out.append(("\n", ""))
         return out
@@ -87,27 +95,44 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
         title += " (%s)" % host.hostname
     out: List[Segment] = [(title, LEVEL_PLAIN)]
     if not state.is_live:
-        out.append(("   %s, frame %s old%s" % (state.state, format_frame_age(state.age(now)),
-                                                ": " + state.reason if state.reason else ""), LEVEL_CRIT))
+        out.append(
+            (
+                "   %s, frame %s old%s"
+                % (state.state, format_frame_age(state.age(now)), ": " + state.reason if state.reason else ""),
+                LEVEL_CRIT,
+            )
+        )
     if host is None:
-        out += [("\n", ""), ("no host readings yet" if frame is None else "the probe sent no host readings",
-                             LEVEL_PLAIN), ("\n", "")]
+        out += [
+            ("\n", ""),
+            ("no host readings yet" if frame is None else "the probe sent no host readings", LEVEL_PLAIN),
+            ("\n", ""),
+        ]
         return out
     load = " ".join("%.2f" % value for value in host.load_avg) or NA
     iowait = NA if host.iowait_percent is None else "%.1f%%" % host.iowait_percent
-    out.append(("   uptime %s   load %s   iowait %s   via %s" % (format_duration(host.uptime_s), load, iowait,
-                                                                 host.source), LEVEL_PLAIN))
+    out.append(
+        (
+            "   uptime %s   load %s   iowait %s   via %s" % (format_duration(host.uptime_s), load, iowait, host.source),
+            LEVEL_PLAIN,
+        )
+    )
     out.append(("\n", ""))
     cpu = host.cpu_percent
-    out += _bar_segments("cpu   ", cpu, CPU_BAR, bars.level_for(cpu, CPU_WARN, CPU_CRIT),
-                         "   %d cores" % host.cpu_count)
+    out += _bar_segments(
+        "cpu   ", cpu, CPU_BAR, bars.level_for(cpu, CPU_WARN, CPU_CRIT), "   %d cores" % host.cpu_count
+    )
     out.append(("\n", ""))
     out += core_segments(host.cpu_per_core, width)
     mem = host.mem_percent
     used = None if host.mem_total is None or host.mem_available is None else host.mem_total - host.mem_available
-    out += _bar_segments("mem   ", mem, CPU_BAR,
-                         bars.level_for(mem, health.memory_percent - 10, health.memory_percent),
-                         "   %s of %s" % (format_bytes(used), format_bytes(host.mem_total)))
+    out += _bar_segments(
+        "mem   ",
+        mem,
+        CPU_BAR,
+        bars.level_for(mem, health.memory_percent - 10, health.memory_percent),
+        "   %s of %s" % (format_bytes(used), format_bytes(host.mem_total)),
+    )
     if host.swap_total:
         swap = 100.0 * (host.swap_used or 0) / host.swap_total
         out.append(("   swap ", LEVEL_PLAIN))
@@ -121,19 +146,26 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
         out.append(("  " + NA, LEVEL_PLAIN))
     for disk in host.disks:
         free = disk.free_percent
-        level = LEVEL_CRIT if free < health.disk_free_percent else (
-            LEVEL_WARN if free < 2 * health.disk_free_percent else LEVEL_PLAIN)
+        level = (
+            LEVEL_CRIT
+            if free < health.disk_free_percent
+            else (LEVEL_WARN if free < 2 * health.disk_free_percent else LEVEL_PLAIN)
+        )
         out.append(("  %s " % disk.path, LEVEL_PLAIN))
         out.append((bars.bar(100.0 - free, DISK_BAR), level))
-        out.append((" free %.0f%% (%s of %s)" % (free, format_bytes(disk.free), format_bytes(disk.total)),
-                    level))
+        out.append((" free %.0f%% (%s of %s)" % (free, format_bytes(disk.free), format_bytes(disk.total)), level))
     out.append(("\n", ""))
     out.append(("net  ", LEVEL_PLAIN))
     if not host.net:
         out.append(("  " + NA, LEVEL_PLAIN))
     for rate in host.net:
-        out.append(("  %s rx %s tx %s" % (rate.interface, format_rate(rate.rx_bytes_per_s),
-                                          format_rate(rate.tx_bytes_per_s)), LEVEL_PLAIN))
+        out.append(
+            (
+                "  %s rx %s tx %s"
+                % (rate.interface, format_rate(rate.rx_bytes_per_s), format_rate(rate.tx_bytes_per_s)),
+                LEVEL_PLAIN,
+            )
+        )
     out.append(("\n", ""))
     return out
 
@@ -149,13 +181,16 @@ def segments_text(segments: Sequence[Segment], palette: Palette, dim: bool) -> T
 HOST_PANE_PROCESSES = 30  # the summary's share; the Processes pane lists them all
 
 
-def process_rows(processes: Sequence[ProcessSample], palette: Palette, dim: bool, filter_text: str,
-                 frame_time: float = 0.0) -> List[TableRow]:
+def process_rows(
+    processes: Sequence[ProcessSample], palette: Palette, dim: bool, filter_text: str, frame_time: float = 0.0
+) -> List[TableRow]:
     """The top host processes: D and Z first (marked, not just coloured), then by CPU; kernel threads left out."""
     needle = filter_text.lower()
     rows: List[TableRow] = []
-    ordered = sorted((p for p in processes if not p.kernel_thread),
-                     key=lambda p: (p.state not in ("D", "Z"), -(p.cpu_percent or 0.0)))
+    ordered = sorted(
+        (p for p in processes if not p.kernel_thread),
+        key=lambda p: (p.state not in ("D", "Z"), -(p.cpu_percent or 0.0)),
+    )
     for proc in ordered:
         if len(rows) >= HOST_PANE_PROCESSES:
             break
@@ -163,8 +198,10 @@ def process_rows(processes: Sequence[ProcessSample], palette: Palette, dim: bool
             (str(proc.pid), LEVEL_PLAIN),
             (proc.user or NA, LEVEL_PLAIN),
             (proc.state or "?", LEVEL_CRIT if proc.state in ("D", "Z") else LEVEL_PLAIN),
-            (NA if proc.cpu_percent is None else "%.1f" % proc.cpu_percent,
-             bars.level_for(proc.cpu_percent, CPU_WARN, 10 * CPU_CRIT)),
+            (
+                NA if proc.cpu_percent is None else "%.1f" % proc.cpu_percent,
+                bars.level_for(proc.cpu_percent, CPU_WARN, 10 * CPU_CRIT),
+            ),
             (format_bytes(proc.rss_bytes), LEVEL_PLAIN),
             (NA if proc.threads is None else str(proc.threads), LEVEL_PLAIN),
             (format_duration(proc.elapsed_at(frame_time)), LEVEL_PLAIN),
@@ -173,7 +210,9 @@ def process_rows(processes: Sequence[ProcessSample], palette: Palette, dim: bool
         ]
         if needle and needle not in " ".join(text for text, _ in cells).lower():
             continue
-        rows.append(styled_row(str(proc.pid), [(text, palette.style(LEVEL_DIM if dim else level)) for text, level in cells]))
+        rows.append(
+            styled_row(str(proc.pid), [(text, palette.style(LEVEL_DIM if dim else level)) for text, level in cells])
+        )
     return rows
 
 

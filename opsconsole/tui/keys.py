@@ -58,9 +58,14 @@ def pane_binding_specs(panes: Sequence[type]) -> Tuple[KeySpec, ...]:
                     continue
                 seen.add((pane.pane_id, binding.id))
                 specs.append(
-                    KeySpec(binding.id, binding.key, binding.action,
-                            "%s: %s" % (pane.title, binding.description or binding.action),
-                            show=binding.show, scope=pane.pane_id)
+                    KeySpec(
+                        binding.id,
+                        binding.key,
+                        binding.action,
+                        "%s: %s" % (pane.title, binding.description or binding.action),
+                        show=binding.show,
+                        scope=pane.pane_id,
+                    )
                 )
     return tuple(specs)
 
@@ -70,16 +75,21 @@ def bindings_from_specs(specs: Iterable[KeySpec]) -> List[Binding]:
     return [
         # The footer shows the short word (a footer of whole sentences was cut at 160 columns); help, the
         # palette and the binding's tooltip keep the whole description.
-        Binding(spec.key, spec.action, spec.footer or spec.description, show=spec.show, priority=spec.priority,
-                id=spec.id, tooltip=spec.description if spec.footer else "")
+        Binding(
+            spec.key,
+            spec.action,
+            spec.footer or spec.description,
+            show=spec.show,
+            priority=spec.priority,
+            id=spec.id,
+            tooltip=spec.description if spec.footer else "",
+        )
         for spec in specs
         if not spec.scope
     ]
 
 
-def keymap_from_config(
-    pairs: Iterable[Tuple[str, str]], specs: Sequence[KeySpec]
-) -> Tuple[Dict[str, str], List[str]]:
+def keymap_from_config(pairs: Iterable[Tuple[str, str]], specs: Sequence[KeySpec]) -> Tuple[Dict[str, str], List[str]]:
     """Split `[console.keys]` pairs into a Textual keymap and problems worded for the user."""
     known = {spec.id for spec in specs}
     keymap: Dict[str, str] = {}

@@ -17,10 +17,10 @@ Scrolling to the top loads older lines (LogHub.older).
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 import logging
 import threading
 import time
+from functools import partial
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from rich.style import Style
@@ -39,12 +39,12 @@ from textual.widget import Widget
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
+from opsconsole.diagnosis.progress import PROGRESS_CATEGORIES, RunProgress
+from opsconsole.diagnosis.stalls import DEFAULT_STALL_AFTER, stall_after_from
 from opsconsole.logs.records import TRUNCATED_MARKER, LogLine
 from opsconsole.logs.view import COLOUR_COUNT, LogView, ViewEntry, colour_index
 from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY, NodeState, replace_decoded
-from opsconsole.diagnosis.stalls import DEFAULT_STALL_AFTER, stall_after_from
 from opsconsole.tui.findings import FindingsList, first_finding, summary_category
-from opsconsole.diagnosis.progress import PROGRESS_CATEGORIES, RunProgress
 from opsconsole.tui.formatting import printable, printable_text
 from opsconsole.tui.pane import Pane
 
@@ -61,8 +61,18 @@ DOWN_STATES = {STATE_DOWN: "node down", STATE_AUTH: "node refuses login", STATE_
 
 # Label colours: mid-tone, readable on the dark and the light themes; red is kept for errors.
 LABEL_COLOURS = (
-    "#3b8eea", "#c761c7", "#23a86b", "#c79a1a", "#2aa1b3", "#e07b39",
-    "#8a7cf0", "#5fa83a", "#d65c8a", "#3fa3a3", "#b0863a", "#7b8fd6",
+    "#3b8eea",
+    "#c761c7",
+    "#23a86b",
+    "#c79a1a",
+    "#2aa1b3",
+    "#e07b39",
+    "#8a7cf0",
+    "#5fa83a",
+    "#d65c8a",
+    "#3fa3a3",
+    "#b0863a",
+    "#7b8fd6",
 )
 assert len(LABEL_COLOURS) == COLOUR_COUNT
 MARK_STYLES = {"critical": "bold red", "error": "red", "warning": "yellow"}
@@ -72,6 +82,7 @@ BEFORE_START_SLACK_S = 5.0
 
 
 # --- the feed: LogHub + Diagnoser --------------------------------------------------------------
+
 
 def fleet_links(fleet: Any) -> Dict[str, Any]:
     """The fleet's links by node name (a replay has none, a fake may have none: local files only)."""
@@ -107,9 +118,14 @@ class LogFeed:
     """Runs the LogHub and the Diagnoser for the console: lines go to `deliver` as they come, then the
     findings the diagnosis found in them to `deliver_findings`."""
 
-    def __init__(self, hub: Any, diagnoser: Any, deliver: Callable[[Sequence[LogLine], List[Any]], None],
-                 deliver_findings: Callable[[Sequence[LogLine], List[Any]], None],
-                 stall_after: float = DEFAULT_STALL_AFTER) -> None:
+    def __init__(
+        self,
+        hub: Any,
+        diagnoser: Any,
+        deliver: Callable[[Sequence[LogLine], List[Any]], None],
+        deliver_findings: Callable[[Sequence[LogLine], List[Any]], None],
+        stall_after: float = DEFAULT_STALL_AFTER,
+    ) -> None:
         self.hub = hub
         self.diagnoser = diagnoser
         self.deliver = deliver
@@ -136,8 +152,13 @@ class LogFeed:
             from opsconsole.diagnosis.engine import Diagnoser
             from opsconsole.logs.hub import LogHub
 
-            feed = cls(LogHub(app.config, fleet_links(app.fleet)), Diagnoser(), partial(deliver_to, app, pane),
-                       partial(deliver_findings_to, app, pane), stall_after=stall_after_from(app.config))
+            feed = cls(
+                LogHub(app.config, fleet_links(app.fleet)),
+                Diagnoser(),
+                partial(deliver_to, app, pane),
+                partial(deliver_findings_to, app, pane),
+                stall_after=stall_after_from(app.config),
+            )
             pane.feed = feed
             await feed.start()
         except Exception as exc:  # logs that cannot be followed must not keep the console from starting
@@ -206,7 +227,9 @@ class LogFeed:
             if line.source is not source:  # LogSource.key builds its string on every call
                 source, key = line.source, line.source.key
             if line.time is None:
-                line = replace_decoded(line, {"time": self._last_time.get(key) or self.now()})  # replace() without __init__
+                line = replace_decoded(
+                    line, {"time": self._last_time.get(key) or self.now()}
+                )  # replace() without __init__
             self._last_time[key] = line.time  # type: ignore[assignment]
             timed.append(line)
         return timed
@@ -270,11 +293,16 @@ class StatusLine(Widget):
 
 # --- the line view -----------------------------------------------------------------------------
 
+
 class LogLines(ScrollView, can_focus=True):
     """The visible rows of a LogView; scrolling up stops following, the bottom resumes it."""
 
     COMPONENT_CLASSES = {
-        "loglines--cursor", "loglines--match", "loglines--error", "loglines--warning", "loglines--dim",
+        "loglines--cursor",
+        "loglines--match",
+        "loglines--error",
+        "loglines--warning",
+        "loglines--dim",
     }
     DEFAULT_CSS = """
     LogLines { height: 1fr; background: $surface; overflow: auto auto; }
@@ -390,8 +418,9 @@ class LogLines(ScrollView, can_focus=True):
         segments = list(text.render(self.app.console))
         strip = Strip(segments)
         if entry is self.cursor:
-            strip = strip.extend_cell_length(max(self._width, self.size.width),
-                                             base + self.style_of("loglines--cursor"))
+            strip = strip.extend_cell_length(
+                max(self._width, self.size.width), base + self.style_of("loglines--cursor")
+            )
         return strip
 
     # --- scrolling ---------------------------------------------------------------------------
@@ -473,6 +502,7 @@ class LogLines(ScrollView, can_focus=True):
 
 # --- choosing a source -------------------------------------------------------------------------
 
+
 class SourceScreen(ModalScreen[Optional[str]]):
     """Pick the merged view or one source; dismisses with the source key ("" for merged), None: cancel."""
 
@@ -495,8 +525,7 @@ class SourceScreen(ModalScreen[Optional[str]]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static("Show which log? (enter picks, esc cancels)", id="source-title", markup=False)
-            yield OptionList(*[Option(prompt, id=key or "-merged-") for key, prompt in self.choices],
-                             id="source-list")
+            yield OptionList(*[Option(prompt, id=key or "-merged-") for key, prompt in self.choices], id="source-list")
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)
@@ -515,6 +544,7 @@ class SourceScreen(ModalScreen[Optional[str]]):
 
 
 # --- the pane ------------------------------------------------------------------------------------
+
 
 class LogsPane(Pane):
     """The merged live log of every configured source, with the diagnosis's findings below it."""
@@ -617,8 +647,11 @@ class LogsPane(Pane):
         floors, self._reload_floors = self._reload_floors, {}
         for lines, findings in pending:
             if floors:
-                kept = [(line, finding) for line, finding in zip(lines, findings or [None] * len(lines))
-                        if line.offset > floors.get(line.source.key, -1)]
+                kept = [
+                    (line, finding)
+                    for line, finding in zip(lines, findings or [None] * len(lines))
+                    if line.offset > floors.get(line.source.key, -1)
+                ]
                 lines, findings = [line for line, _ in kept], [finding for _, finding in kept]
             self.remember_findings(lines, findings)
             self.view.add(lines, findings)
@@ -692,13 +725,18 @@ class LogsPane(Pane):
         view = self.view
         text = Text()
         if self.feed is None:
-            configured = bool(getattr(getattr(self.app, "config", None), "logs", None)
-                              and self.app.config.logs.paths)
+            configured = bool(getattr(getattr(self.app, "config", None), "logs", None) and self.app.config.logs.paths)
             if self.start_problem:
                 text.append("Logs: " + self.start_problem, style="bold red")
             else:
-                text.append("Logs: " + ("starting…" if configured else
-                                        "no [logs] paths in the config (paths = [\"/scratch/run/logs/*.log\"])"))
+                text.append(
+                    "Logs: "
+                    + (
+                        "starting…"
+                        if configured
+                        else 'no [logs] paths in the config (paths = ["/scratch/run/logs/*.log"])'
+                    )
+                )
             self.status.set(text)
             return
         count = self.source_count()
@@ -715,8 +753,9 @@ class LogsPane(Pane):
         else:
             text.append(" · paused", style="bold yellow")
             if view.new_lines:
-                text.append(" · %d new line%s" % (view.new_lines, "" if view.new_lines == 1 else "s"),
-                            style="bold yellow")
+                text.append(
+                    " · %d new line%s" % (view.new_lines, "" if view.new_lines == 1 else "s"), style="bold yellow"
+                )
             text.append(" (f: follow)")
         text.append(" · %d of %d lines" % (len(view), len(view.entries)))
         if view.min_level:
@@ -732,8 +771,9 @@ class LogsPane(Pane):
         cursor = self.lines.cursor
         if cursor is not None:
             # Where the cursor line is, so the user can open the file at it.
-            text.append(" · at %s line %d" % (cursor.line.source.path.rsplit("/", 1)[-1], cursor.line.number),
-                        style="dim")
+            text.append(
+                " · at %s line %d" % (cursor.line.source.path.rsplit("/", 1)[-1], cursor.line.number), style="dim"
+            )
         self.status.set(text)
 
     def problem_rows(self) -> List[str]:
@@ -757,7 +797,9 @@ class LogsPane(Pane):
     def redraw_problems(self) -> None:
         rows = self.problem_rows()
         if len(rows) > MAX_PROBLEM_ROWS:
-            rows = rows[: MAX_PROBLEM_ROWS - 1] + ["… and %d more (v lists every source)" % (len(rows) - MAX_PROBLEM_ROWS + 1)]
+            rows = rows[: MAX_PROBLEM_ROWS - 1] + [
+                "… and %d more (v lists every source)" % (len(rows) - MAX_PROBLEM_ROWS + 1)
+            ]
         text = "\n".join("⚠ " + row for row in rows)
         if text != self._problems_text:  # Static.update relayouts the screen: only on a change
             self._problems_text = text
@@ -926,7 +968,9 @@ class LogsPane(Pane):
             self.findings.table.focus()
 
     def source_choices(self) -> List[Tuple[str, Text]]:
-        choices: List[Tuple[str, Text]] = [("", Text("All sources, merged in time order (%d lines)" % len(self.view.entries)))]
+        choices: List[Tuple[str, Text]] = [
+            ("", Text("All sources, merged in time order (%d lines)" % len(self.view.entries)))
+        ]
         problems = self.feed.problems() if self.feed is not None else {}
         sources: Dict[str, Any] = dict(self.view.sources)
         if self.feed is not None:
@@ -975,9 +1019,12 @@ class LogsPane(Pane):
             self.set_source(source)
             self.resume_following()
             self.lines.focus()
-        self.app.notify(getattr(finding, "excerpt", "") + "\nS: stacks of every rank (which one is stuck, where)"
-                        "\nT: their flight-recorder dumps (the collective they disagree on)",
-                        title=getattr(finding, "title", ""), timeout=8)
+        self.app.notify(
+            getattr(finding, "excerpt", "") + "\nS: stacks of every rank (which one is stuck, where)"
+            "\nT: their flight-recorder dumps (the collective they disagree on)",
+            title=getattr(finding, "title", ""),
+            timeout=8,
+        )
 
     def action_stacks(self) -> None:
         """Every rank's stack on every node: a hang's odd rank and the line it waits in."""
@@ -1010,8 +1057,10 @@ class LogsPane(Pane):
             if first is not None:
                 target = self.view.find_line(getattr(first, "source", None), int(getattr(first, "line", 0)))
         if target is None:
-            self.app.notify("the line of %s is no longer in the buffer (scroll to the top to load older lines)"
-                            % category, severity="warning")
+            self.app.notify(
+                "the line of %s is no longer in the buffer (scroll to the top to load older lines)" % category,
+                severity="warning",
+            )
             return
         if self.view.index_of(target) is None:
             # Hidden by the view: show every source and level; a `/` filter stays (esc clears it).
@@ -1022,8 +1071,9 @@ class LogsPane(Pane):
             self.after_change(None)
         index = self.view.index_of(target)
         if index is None:
-            self.app.notify("the line is hidden by the filter /%s/ (esc clears it)" % self.view.pattern.text,
-                            severity="warning")
+            self.app.notify(
+                "the line is hidden by the filter /%s/ (esc clears it)" % self.view.pattern.text, severity="warning"
+            )
             return
         self.go_to(index)
         self.lines.focus()

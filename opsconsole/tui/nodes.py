@@ -13,8 +13,10 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable
 
+from opsconsole.actions.registry import TARGET_NODE, Target
 from opsconsole.fleet_view import NODE_FILTER, NODE_SORT_KEYS, TREND_POINTS, NodeRow, filter_rows, node_rows
 from opsconsole.history import sparkline
+from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.formatting import (
     NA,
     STALE_ROW_STYLE,
@@ -28,8 +30,6 @@ from opsconsole.tui.formatting import (
     shorten,
     state_style,
 )
-from opsconsole.actions.registry import TARGET_NODE, Target
-from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.table_diff import TableRow
 from opsconsole.tui.table_pane import Column, SortedTable, TablePane
 
@@ -160,8 +160,11 @@ class NodesPane(ActionKeys, TablePane):
         sorted_table = self.tables[0]
         rows = node_rows(self.states, self.now, self.node, self.history())
         # Cells, not characters: a wide (CJK, emoji) name takes two a character and must still show whole.
-        columns = node_columns(self.size.width - 2, max((cell_len(row.name) for row in rows), default=0),
-                               max((len(row.state) for row in rows), default=0))
+        columns = node_columns(
+            self.size.width - 2,
+            max((cell_len(row.name) for row in rows), default=0),
+            max((len(row.state) for row in rows), default=0),
+        )
         # A node going `connecting` widens State: widths change in place, so the cursor stays on its node;
         # only a column dropped or brought back by the width rebuilds the table.
         sorted_table.fit_columns(columns)

@@ -79,7 +79,7 @@ def _short_name(name: Optional[str]) -> str:
         return NA
     for prefix in ("NVIDIA ", "Tesla "):
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
     return name
 
 
@@ -121,8 +121,15 @@ def _health_segment(gpu: GpuSample, state: NodeState, now: float) -> Segment:
     return text, level
 
 
-def gpu_block(gpu: GpuSample, state: NodeState, health: HealthConfig, history: Optional[History],
-              now: float, width: int, detailed: bool = False) -> List[Line]:
+def gpu_block(
+    gpu: GpuSample,
+    state: NodeState,
+    health: HealthConfig,
+    history: Optional[History],
+    now: float,
+    width: int,
+    detailed: bool = False,
+) -> List[Line]:
     """Three lines for one GPU, `width` cells wide: identity and readings, utilisation, memory;
     `detailed` adds a fourth: PCIe link, ECC counts, fan, and the power history."""
     width = max(width, 20)
@@ -164,8 +171,12 @@ def gpu_block(gpu: GpuSample, state: NodeState, health: HealthConfig, history: O
     pcie = NA if gpu.pcie_gen is None else "gen%d x%s" % (gpu.pcie_gen, _reading(gpu.pcie_width, "%d"))
     ecc = gpu.ecc_volatile_uncorrected
     details = "     pcie %-8s  ecc %s/%s  fan %s  persist %s" % (
-        pcie, _reading(gpu.ecc_volatile_corrected, "%d"), _reading(ecc, "%d"),
-        _reading(gpu.fan_percent, "%d%%"), NA if gpu.persistence_mode is None else ("on" if gpu.persistence_mode else "off"))
+        pcie,
+        _reading(gpu.ecc_volatile_corrected, "%d"),
+        _reading(ecc, "%d"),
+        _reading(gpu.fan_percent, "%d%%"),
+        NA if gpu.persistence_mode is None else ("on" if gpu.persistence_mode else "off"),
+    )
     details = "%-*s" % (len("util ") + len(util_bar) + readings_width, details)
     power_line: Line = [(details, LEVEL_CRIT if ecc else LEVEL_PLAIN)]
     if spark_width >= 4:
@@ -174,8 +185,9 @@ def gpu_block(gpu: GpuSample, state: NodeState, health: HealthConfig, history: O
     return [head, util_line, mem_line, power_line]
 
 
-def gpu_line(gpu: GpuSample, state: NodeState, health: HealthConfig, history: Optional[History],
-             now: float, width: int) -> Line:
+def gpu_line(
+    gpu: GpuSample, state: NodeState, health: HealthConfig, history: Optional[History], now: float, width: int
+) -> Line:
     """One line for one GPU: index, utilisation and memory bars, temperature, power, clock, health, history."""
     throttle, throttle_level = throttle_text(gpu.clock_event_reasons)
     line: Line = [
@@ -194,8 +206,13 @@ def gpu_line(gpu: GpuSample, state: NodeState, health: HealthConfig, history: Op
     used = sum(len(text) for text, _ in line)
     spark_width = width - used - 1
     if spark_width >= 4:
-        line += [(" ", LEVEL_PLAIN), (sparkline(_history_values(history, state.name, gpu.index, "utilization"),
-                                                spark_width, 0.0, 100.0), "accent")]
+        line += [
+            (" ", LEVEL_PLAIN),
+            (
+                sparkline(_history_values(history, state.name, gpu.index, "utilization"), spark_width, 0.0, 100.0),
+                "accent",
+            ),
+        ]
     return line
 
 
@@ -217,8 +234,9 @@ def gpu_layout(gpu_count: int, width: int, height: int) -> Tuple[str, int]:
     return "lines", max(1, min(gpu_count, width // COMPACT_MIN_WIDTH))
 
 
-def gpu_lines(state: NodeState, health: HealthConfig, history: Optional[History], now: float,
-              width: int, height: int) -> List[Line]:
+def gpu_lines(
+    state: NodeState, health: HealthConfig, history: Optional[History], now: float, width: int, height: int
+) -> List[Line]:
     """The GPUs of `state` laid out to fit `width` x `height` (columns of blocks or of lines)."""
     frame = state.frame
     if frame is None:
@@ -277,7 +295,7 @@ def split_line(line: Line, column: int) -> Tuple[Line, Line]:
             right.append((text, level))
         else:
             left.append((text[: column - position], level))
-            right.append((text[column - position:], level))
+            right.append((text[column - position :], level))
         position += len(text)
     return left, right
 
@@ -314,19 +332,29 @@ def host_items(state: NodeState, health: HealthConfig, now: float) -> List[Line]
     items: List[Line] = [[(title, "bold")]]
     if not state.is_live:
         age = format_frame_age(state.age(now))
-        items.append([("%s, frame %s old%s" % (state.state, age, ": " + state.reason if state.reason else ""),
-                       LEVEL_CRIT)])
+        items.append(
+            [("%s, frame %s old%s" % (state.state, age, ": " + state.reason if state.reason else ""), LEVEL_CRIT)]
+        )
     if host is None:
         items.append([("no host readings yet" if frame is None else "no host readings", LEVEL_DIM)])
         return items
     cpu = host.cpu_percent
-    items.append([("cpu ", LEVEL_PLAIN), (bars.percent_bar(cpu, 10), bars.level_for(cpu, HOST_WARN, HOST_CRIT)),
-                  (" %d cores" % host.cpu_count if host.cpu_count else "", LEVEL_PLAIN)])
+    items.append(
+        [
+            ("cpu ", LEVEL_PLAIN),
+            (bars.percent_bar(cpu, 10), bars.level_for(cpu, HOST_WARN, HOST_CRIT)),
+            (" %d cores" % host.cpu_count if host.cpu_count else "", LEVEL_PLAIN),
+        ]
+    )
     mem = host.mem_percent
     used = None if host.mem_total is None or host.mem_available is None else host.mem_total - host.mem_available
-    items.append([("mem ", LEVEL_PLAIN),
-                  (bars.percent_bar(mem, 10), bars.level_for(mem, health.memory_percent - 10, health.memory_percent)),
-                  (" %s/%s" % (format_bytes(used), format_bytes(host.mem_total)), LEVEL_PLAIN)])
+    items.append(
+        [
+            ("mem ", LEVEL_PLAIN),
+            (bars.percent_bar(mem, 10), bars.level_for(mem, health.memory_percent - 10, health.memory_percent)),
+            (" %s/%s" % (format_bytes(used), format_bytes(host.mem_total)), LEVEL_PLAIN),
+        ]
+    )
     if host.swap_total:
         swap = 100.0 * (host.swap_used or 0) / host.swap_total
         items.append([("swap %d%%" % round(swap), bars.level_for(swap, 50.0, 90.0))])
@@ -334,13 +362,28 @@ def host_items(state: NodeState, health: HealthConfig, now: float) -> List[Line]
         items.append([("load %s" % " ".join("%.2f" % value for value in host.load_avg), LEVEL_PLAIN)])
     for disk in host.disks[:4]:
         free = disk.free_percent
-        level = LEVEL_CRIT if free < health.disk_free_percent else (
-            LEVEL_WARN if free < 2 * health.disk_free_percent else LEVEL_PLAIN)
-        items.append([("disk %s " % disk.path, LEVEL_PLAIN), (bars.bar(100.0 - free, 6), level),
-                      (" %s free" % format_bytes(disk.free), level)])
+        level = (
+            LEVEL_CRIT
+            if free < health.disk_free_percent
+            else (LEVEL_WARN if free < 2 * health.disk_free_percent else LEVEL_PLAIN)
+        )
+        items.append(
+            [
+                ("disk %s " % disk.path, LEVEL_PLAIN),
+                (bars.bar(100.0 - free, 6), level),
+                (" %s free" % format_bytes(disk.free), level),
+            ]
+        )
     for rate in host.net[:3]:
-        items.append([("net %s ↓%s ↑%s" % (rate.interface, format_rate(rate.rx_bytes_per_s),
-                                           format_rate(rate.tx_bytes_per_s)), LEVEL_PLAIN)])
+        items.append(
+            [
+                (
+                    "net %s ↓%s ↑%s"
+                    % (rate.interface, format_rate(rate.rx_bytes_per_s), format_rate(rate.tx_bytes_per_s)),
+                    LEVEL_PLAIN,
+                )
+            ]
+        )
     if host.uptime_s is not None:
         items.append([("up %s" % format_duration(host.uptime_s), LEVEL_PLAIN)])
     return items
@@ -385,8 +428,10 @@ def process_rows(state: NodeState, palette: Palette, filter_text: str, command_w
             (NA if proc.gpu_index is None else str(proc.gpu_index), LEVEL_PLAIN),
             (format_bytes(proc.gpu_memory_bytes), LEVEL_PLAIN),
             (NA if proc.gpu_sm_percent is None else "%d" % proc.gpu_sm_percent, LEVEL_PLAIN),
-            (NA if proc.cpu_percent is None else "%.1f" % proc.cpu_percent,
-             bars.level_for(proc.cpu_percent, HOST_WARN, 10 * HOST_CRIT)),
+            (
+                NA if proc.cpu_percent is None else "%.1f" % proc.cpu_percent,
+                bars.level_for(proc.cpu_percent, HOST_WARN, 10 * HOST_CRIT),
+            ),
             (format_bytes(proc.rss_bytes), LEVEL_PLAIN),
             (proc.state or "?", LEVEL_CRIT if proc.state in ("D", "Z") else LEVEL_PLAIN),
             (format_duration(proc.elapsed_at(frame.time) if frame is not None else None), LEVEL_PLAIN),

@@ -62,10 +62,16 @@ def frame_text(node: str, pid: int, frame: Optional[NodeFrame]) -> Text:
         _row(text, "Kind", "kernel thread")
     if gpu_procs:
         for gpu in gpu_procs:
-            _row(text, "GPU %s" % (NA if gpu.gpu_index is None else gpu.gpu_index),
-                 "%s GPU memory, SM %s%s" % (format_bytes(gpu.gpu_memory_bytes),
-                                             NA if gpu.gpu_sm_percent is None else "%.0f%%" % gpu.gpu_sm_percent,
-                                             ", " + gpu.gpu_uuid if gpu.gpu_uuid else ""))
+            _row(
+                text,
+                "GPU %s" % (NA if gpu.gpu_index is None else gpu.gpu_index),
+                "%s GPU memory, SM %s%s"
+                % (
+                    format_bytes(gpu.gpu_memory_bytes),
+                    NA if gpu.gpu_sm_percent is None else "%.0f%%" % gpu.gpu_sm_percent,
+                    ", " + gpu.gpu_uuid if gpu.gpu_uuid else "",
+                ),
+            )
     else:
         _row(text, "GPUs", "none (no GPU compute context)")
     for name, label in JOB_FIELDS:
@@ -128,8 +134,14 @@ class ProcessDetailsScreen(ModalScreen[None]):
     ProcessDetailsScreen #details-hint { color: $text-muted; height: 1; }
     """
 
-    def __init__(self, node: str, pid: int, frame: Optional[NodeFrame], link: Any,
-                 fetch: Callable[..., Any] = fetch_process_details) -> None:
+    def __init__(
+        self,
+        node: str,
+        pid: int,
+        frame: Optional[NodeFrame],
+        link: Any,
+        fetch: Callable[..., Any] = fetch_process_details,
+    ) -> None:
         super().__init__()
         self.node, self.pid, self.frame, self.link, self.fetch = node, pid, frame, link, fetch
         self.details: Optional[ProcessDetails] = None
@@ -159,4 +171,3 @@ class ProcessDetailsScreen(ModalScreen[None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
-

@@ -16,6 +16,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
+from opsconsole.actions.registry import TARGET_PROCESS, Target
+from opsconsole.actions.signals import reported_process
 from opsconsole.fleet_view import (
     GPU_PROCESSES,
     HOST_PROCESSES,
@@ -26,6 +28,7 @@ from opsconsole.fleet_view import (
     process_rows,
     process_tree,
 )
+from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.formatting import (
     NA,
     PROCESS_STATE_STYLES,
@@ -35,9 +38,6 @@ from opsconsole.tui.formatting import (
     format_percent,
     shorten,
 )
-from opsconsole.actions.registry import TARGET_PROCESS, Target
-from opsconsole.actions.signals import reported_process
-from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.table_diff import TableRow
 from opsconsole.tui.table_pane import Column, SortedTable, TablePane
 
@@ -103,8 +103,20 @@ def process_table_row(row: ProcessRow, columns: Sequence[Column], tree_prefix: s
 
 def row_signature(row: ProcessRow) -> tuple:
     """What a row's cells show: its elapsed time as drawn (the number moves every frame; `2h12m` once a minute)."""
-    return (row.cpu_percent, row.rss, row.proc_state, row.user, row.command, row.gpu_memory, row.sm_percent,
-            row.live, row.node_state, format_duration(row.elapsed), row.job_id, row.container)
+    return (
+        row.cpu_percent,
+        row.rss,
+        row.proc_state,
+        row.user,
+        row.command,
+        row.gpu_memory,
+        row.sm_percent,
+        row.live,
+        row.node_state,
+        format_duration(row.elapsed),
+        row.job_id,
+        row.container,
+    )
 
 
 class ProcessTable(DataTable):
@@ -216,7 +228,9 @@ class ProcessesPane(ActionKeys, TablePane):
         self._layout()
         parts: List[str] = []
         gpu_rows = filter_rows(process_rows(self.states, self.node, GPU_PROCESSES), self.filter, self.filter_fields)
-        self.gpu_table.show(gpu_rows, lambda row: process_table_row(row, self.gpu_table.columns), signature=row_signature)
+        self.gpu_table.show(
+            gpu_rows, lambda row: process_table_row(row, self.gpu_table.columns), signature=row_signature
+        )
         host_all = process_rows(self.states, self.node, HOST_PROCESSES)
         kernel = sum(1 for row in host_all if row.kernel_thread)
         shown = host_all if self.show_kernel_threads else [row for row in host_all if not row.kernel_thread]
@@ -254,8 +268,12 @@ class ProcessesPane(ActionKeys, TablePane):
         value_of = PROCESS_SORT_KEYS.get(table.sort.column) if table.sort.column else None
         placed = process_tree(rows, value_of, table.sort.reverse)
         prefixes = {row.key: prefix for row, prefix in placed}
-        table.show([row for row, _ in placed], lambda row: process_table_row(row, columns, prefixes[row.key]),
-                   signature=lambda row: (row_signature(row), prefixes[row.key]), presorted=True)
+        table.show(
+            [row for row, _ in placed],
+            lambda row: process_table_row(row, columns, prefixes[row.key]),
+            signature=lambda row: (row_signature(row), prefixes[row.key]),
+            presorted=True,
+        )
 
     def _keep_focus_selectable(self) -> None:
         """An empty table takes no focus (so the pane's focus lands where rows are) unless no shown

@@ -29,8 +29,16 @@ REPLAY_KEYS: Tuple[KeySpec, ...] = (
 
 _clock = offset_text  # the bar writes offsets as `g` and --at read them back
 
-def replay_text(start: float, end: float, position: float, speed: float, paused: bool, width: int = 30,
-                problem: Optional[str] = None) -> Text:
+
+def replay_text(
+    start: float,
+    end: float,
+    position: float,
+    speed: float,
+    paused: bool,
+    width: int = 30,
+    problem: Optional[str] = None,
+) -> Text:
     """One line: REPLAY, the recording's clock, a progress bar, offset / length, speed, paused, and
     the latest part of the file that could not be read (left out: nodes keep their last good frame)."""
     span = max(end - start, 1e-9)
@@ -72,8 +80,10 @@ class ReplayConsole(OpsConsole):
     async def on_mount(self) -> None:
         self.replay_bar = ReplayBar(id="replay-bar")
         await self.query_one("#main").mount(self.replay_bar, after=self.header)
-        self.seek_input = Input(placeholder="go to: +30s, -5m, 90, 2:25 (as the bar), 50%, 14:05:30 (enter goes, esc cancels)",
-                                id="replay-seek")
+        self.seek_input = Input(
+            placeholder="go to: +30s, -5m, 90, 2:25 (as the bar), 50%, 14:05:30 (enter goes, esc cancels)",
+            id="replay-seek",
+        )
         self.seek_input.display = False
         await self.query_one("#main").mount(self.seek_input, after=self.replay_bar)
         await super().on_mount()
@@ -84,8 +94,16 @@ class ReplayConsole(OpsConsole):
         reader = fleet.reader
         bar = getattr(self, "replay_bar", None)
         if bar is not None:
-            bar.update(replay_text(reader.start, reader.end, reader.position, fleet.speed, fleet.paused,
-                                   problem=getattr(fleet, "problem", None)))
+            bar.update(
+                replay_text(
+                    reader.start,
+                    reader.end,
+                    reader.position,
+                    fleet.speed,
+                    fleet.paused,
+                    problem=getattr(fleet, "problem", None),
+                )
+            )
 
     # --- keys ------------------------------------------------------------
 

@@ -117,8 +117,9 @@ class ConsoleServices:
             os.makedirs(directory, exist_ok=True)
             path = os.path.join(directory, time.strftime("opsconsole-%Y%m%d-%H%M%S.opsrec", time.localtime(self.now())))
         rec = self.config.record
-        self.recorder = Recorder(path, chunk_s=rec.chunk_s, max_bytes=int(rec.max_mb * 1024 * 1024),
-                                 max_age_s=rec.max_age_s)
+        self.recorder = Recorder(
+            path, chunk_s=rec.chunk_s, max_bytes=int(rec.max_mb * 1024 * 1024), max_age_s=rec.max_age_s
+        )
         self.recording_path = path
         for state in states.values():  # the recording opens with what the console shows now
             self.recorder.observe(state)

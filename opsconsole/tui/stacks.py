@@ -97,8 +97,9 @@ async def collect_audited(app: Any, scope: StacksScope) -> Tuple[Optional[Stacks
         report = await collect_stacks(links, pids, scope.native, DEFAULT_DUMP_TIMEOUT_S, gpu_pids)
         found["report"] = report
         errors = "\n".join("%s: %s" % (e.node, e.reason) for e in report.errors)
-        return CommandResult(0 if report.ranks else 1, stdout=report.verdict or report.summary, stderr=errors,
-                             duration_s=report.wall_s)
+        return CommandResult(
+            0 if report.ranks else 1, stdout=report.verdict or report.summary, stderr=errors, duration_s=report.wall_s
+        )
 
     node = names[0] if len(names) == 1 else "%d nodes" % len(names)
     outcome = await _runner(app).run(AUDIT_ACTION, node, scope.describe(), scope.argv(), execute)
@@ -155,7 +156,9 @@ class StacksScreen(Screen[None]):
 
     def collect(self) -> None:
         self.report, self.problem = None, None
-        self.query_one("#stacks-title", Static).update(Text("Stacks of every rank: %s" % printable(self.scope.describe())))
+        self.query_one("#stacks-title", Static).update(
+            Text("Stacks of every rank: %s" % printable(self.scope.describe()))
+        )
         self.query_one("#stacks-verdict", Static).update(Text("collecting: py-spy on each rank ...", style="italic"))
         self.run_worker(self._collect(), group="stacks", exclusive=True, exit_on_error=False)
 
@@ -262,9 +265,15 @@ def stack_text(stack: RankStack) -> Text:
     threads = stack.threads or ()
     for thread in threads:
         main = thread.frames == stack.frames
-        text.append("\nThread %s%s%s\n" % (
-            printable(thread.name or "?"), "" if thread.os_thread_id is None else " (%d)" % thread.os_thread_id,
-            "  ← main" if main else ""), style="bold")
+        text.append(
+            "\nThread %s%s%s\n"
+            % (
+                printable(thread.name or "?"),
+                "" if thread.os_thread_id is None else " (%d)" % thread.os_thread_id,
+                "  ← main" if main else "",
+            ),
+            style="bold",
+        )
         for frame in thread.frames:
             text.append("    " + printable(frame_line(frame)) + "\n")
         if thread.frames_cut:
@@ -301,8 +310,9 @@ class RankStackScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         rank = "rank %d" % self.stack.rank if self.stack.rank is not None else "no rank"
         with Vertical():
-            yield Static(Text("%s on %s, pid %d" % (rank, printable(self.stack.node), self.stack.pid)),
-                         id="rank-stack-title")
+            yield Static(
+                Text("%s on %s, pid %d" % (rank, printable(self.stack.node), self.stack.pid)), id="rank-stack-title"
+            )
             with VerticalScroll():
                 yield Static(stack_text(self.stack), id="rank-stack-body")
 

@@ -12,7 +12,11 @@ from typing import Dict, Sequence, Tuple
 # Short and tiny titles of the shipped panes; a pane may say its own (`short_title`, `tiny_title`).
 SHORT_TITLES = {"Overview": "Over", "Processes": "Procs", "Cluster GPUs": "Cluster", "Checkpoints": "Ckpts"}
 TINY_TITLES = {
-    "Overview": "Over", "Processes": "Proc", "Cluster GPUs": "Clus", "Checkpoints": "Ckpt", "Health": "Hlth",
+    "Overview": "Over",
+    "Processes": "Proc",
+    "Cluster GPUs": "Clus",
+    "Checkpoints": "Ckpt",
+    "Health": "Hlth",
     "Alerts": "Alrt",
 }
 TAB_PADDING = 2  # Textual's Tab: one cell each side
@@ -38,8 +42,13 @@ def label_forms(panes: Sequence) -> Sequence[Tuple[Dict[str, str], int]]:
     tiny = {p.pane_id: _label(p, tiny_title(p)) for p in panes}
     keys = {p.pane_id: p.key or tiny_title(p) for p in panes}
     return (
-        (full, TAB_PADDING), (short, TAB_PADDING), (short, COMPACT_PADDING), (tiny, TAB_PADDING),
-        (tiny, COMPACT_PADDING), (keys, TAB_PADDING), (keys, COMPACT_PADDING),
+        (full, TAB_PADDING),
+        (short, TAB_PADDING),
+        (short, COMPACT_PADDING),
+        (tiny, TAB_PADDING),
+        (tiny, COMPACT_PADDING),
+        (keys, TAB_PADDING),
+        (keys, COMPACT_PADDING),
     )
 
 

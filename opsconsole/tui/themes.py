@@ -61,8 +61,20 @@ def saved_theme_path(env=os.environ) -> Path:
     state_home = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(state_home) / "opsconsole" / "theme"
 
-_COLOURS = ("primary", "secondary", "accent", "foreground", "background", "surface", "panel", "boost",
-            "success", "warning", "error")
+
+_COLOURS = (
+    "primary",
+    "secondary",
+    "accent",
+    "foreground",
+    "background",
+    "surface",
+    "panel",
+    "boost",
+    "success",
+    "warning",
+    "error",
+)
 _NUMBERS = ("luminosity_spread", "text_alpha")
 # A theme's name becomes a CSS class (-theme-NAME) and a line of Textual's own theme picker, which
 # reads it as markup: a name holding "[/x]" crashed the picker. Names are one word.
@@ -153,7 +165,10 @@ def load_console_themes(env=os.environ) -> Tuple[List[Theme], List[str]]:
 
 def theme_names(env=os.environ) -> List[str]:
     """The names a console can use: the shipped ones first, then the user's."""
-    return sorted({theme.name for theme in load_console_themes(env)[0]}, key=lambda name: (not name.startswith("opsconsole-"), name))
+    return sorted(
+        {theme.name for theme in load_console_themes(env)[0]},
+        key=lambda name: (not name.startswith("opsconsole-"), name),
+    )
 
 
 def resolve_theme_name(wanted: str, names: Sequence[str]) -> Optional[str]:

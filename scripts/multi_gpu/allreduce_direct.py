@@ -38,7 +38,9 @@ def worker(rank, world, port, mib, iterations, result_path):
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "nccl", rank=rank, world_size=world, device_id=device, timeout=datetime.timedelta(seconds=120)
+    )
     count = (mib << 20) // 4
     tensor = torch.empty(count, dtype=torch.float32, device=device)
     for _ in range(2):  # warm-up: builds the communicator and its channels
@@ -64,10 +66,23 @@ def worker(rank, world, port, mib, iterations, result_path):
         algbw, busbw = bus_bandwidth_gbps(count * 4, median, world)
         best_algbw, best_busbw = bus_bandwidth_gbps(count * 4, min(per_iteration), world)
         with open(result_path, "w") as out:
-            json.dump({"ranks": world, "bytes": count * 4, "iterations": iterations, "seconds": per_iteration,
-                       "median_s": median, "algbw_gbps": round(algbw, 1), "busbw_gbps": round(busbw, 1),
-                       "best_busbw_gbps": round(best_busbw, 1), "wrong_elements": wrong,
-                       "torch": torch.__version__, "nccl": ".".join(str(p) for p in torch.cuda.nccl.version())}, out, indent=1)
+            json.dump(
+                {
+                    "ranks": world,
+                    "bytes": count * 4,
+                    "iterations": iterations,
+                    "seconds": per_iteration,
+                    "median_s": median,
+                    "algbw_gbps": round(algbw, 1),
+                    "busbw_gbps": round(busbw, 1),
+                    "best_busbw_gbps": round(best_busbw, 1),
+                    "wrong_elements": wrong,
+                    "torch": torch.__version__,
+                    "nccl": ".".join(str(p) for p in torch.cuda.nccl.version()),
+                },
+                out,
+                indent=1,
+            )
     dist.destroy_process_group()
 
 
@@ -78,7 +93,11 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, default=5)
     args = parser.parse_args(argv)
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # as the suite numbers GPUs
-    for name, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    for name, value in (
+        ("NCCL_NVLS_ENABLE", "0"),
+        ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+        ("NVSHMEM_DISABLE_NVLS", "1"),
+    ):
         os.environ[name] = value  # NVLink multicast stays off
     import torch
     import torch.multiprocessing as mp
@@ -93,8 +112,17 @@ def main(argv=None):
     mp.spawn(worker, args=(world, free_port(), args.mib, args.iterations, args.out), nprocs=world, join=True)
     with open(args.out) as handle:
         result = json.load(handle)
-    print("torch.distributed all-reduce, NCCL, %d processes, %d MiB: median %.2f ms, bus bandwidth %.0f GB/s (best %.0f), %d wrong" % (
-        world, args.mib, result["median_s"] * 1000, result["busbw_gbps"], result["best_busbw_gbps"], result["wrong_elements"]))
+    print(
+        "torch.distributed all-reduce, NCCL, %d processes, %d MiB: median %.2f ms, bus bandwidth %.0f GB/s (best %.0f), %d wrong"
+        % (
+            world,
+            args.mib,
+            result["median_s"] * 1000,
+            result["busbw_gbps"],
+            result["best_busbw_gbps"],
+            result["wrong_elements"],
+        )
+    )
     return 0 if result["wrong_elements"] == 0 else 1
 
 

@@ -25,7 +25,16 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-SMI_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "temperature.gpu", "power.draw", "clocks.sm")
+SMI_FIELDS = (
+    "index",
+    "name",
+    "utilization.gpu",
+    "memory.used",
+    "memory.total",
+    "temperature.gpu",
+    "power.draw",
+    "clocks.sm",
+)
 SMI_QUERY = ["nvidia-smi", "--query-gpu=" + ",".join(SMI_FIELDS), "--format=csv,noheader,nounits"]
 MIB = 1 << 20
 # nvidia-smi field -> (probe field, probe value -> smi unit, allowed difference: (absolute, relative)).
@@ -80,8 +89,12 @@ def compare(gpus, rows):
             else:
                 limit = max(tolerance[0], tolerance[1] * abs(theirs))
                 agree = abs(float(ours) - theirs) <= limit
-            fields[smi_name] = {"probe": None if ours is None else round(float(ours), 1), "smi": theirs,
-                                "allowed": limit, "agree": agree}
+            fields[smi_name] = {
+                "probe": None if ours is None else round(float(ours), 1),
+                "smi": theirs,
+                "allowed": limit,
+                "agree": agree,
+            }
         report.append({"gpu": gpu.get("index"), "fields": fields, "agree": all(f["agree"] for f in fields.values())})
     return report
 
@@ -101,28 +114,43 @@ class FieldRefusingNvml(object):
     def __getattr__(self, name):
         real = getattr(self._nvml, name)
         if name == "nvmlDeviceGetHandleByIndex":
+
             def opened(index, *args):
                 handle = real(index, *args)
                 self._index_of[id(handle)] = (handle, index)
                 return handle
+
             return opened
         if name == self._function:
+
             def refused(handle, *args, **kwargs):
                 if self._index_of.get(id(handle), (None, None))[1] == self._gpu:
                     self.refusals += 1
                     raise self._nvml.NVMLError(self._code)
                 return real(handle, *args, **kwargs)
+
             return refused
         return real
 
 
 def presence(sample):
     """Which of a reading's fast fields hold a value (a refused field must not take others with it)."""
-    names = ("utilization_gpu", "memory_used", "memory_total", "temperature", "power_draw_w", "clock_sm_mhz", "clock_mem_mhz", "pstate")
+    names = (
+        "utilization_gpu",
+        "memory_used",
+        "memory_total",
+        "temperature",
+        "power_draw_w",
+        "clock_sm_mhz",
+        "clock_mem_mhz",
+        "pstate",
+    )
     return {name: getattr(sample, name) is not None for name in names}
 
 
-def isolate_refused_field(nvml, gpu=None, function="nvmlDeviceGetPowerUsage", field="power_draw", attribute="power_draw_w"):
+def isolate_refused_field(
+    nvml, gpu=None, function="nvmlDeviceGetPowerUsage", field="power_draw", attribute="power_draw_w"
+):
     """Read every GPU cleanly, then with `function` refused (NVML_ERROR_NO_PERMISSION) on GPU `gpu`
     (default: the last); whether only that GPU's `attribute` went missing, with its error named."""
     from opsconsole.probe.gpu import GpuReader
@@ -148,12 +176,29 @@ def isolate_refused_field(nvml, gpu=None, function="nvmlDeviceGetPowerUsage", fi
         named = [error for error in after.errors if error.startswith(field + ":")]
         same_other_fields = presence(after) == expected
         isolated = same_other_fields and (bool(named) if after.index == gpu else not named)
-        per_gpu.append({"gpu": after.index, "refused_here": after.index == gpu, attribute: getattr(after, attribute),
-                        "clean_" + attribute: getattr(before, attribute), "errors": list(after.errors),
-                        "fields_present": presence(after), "as_expected": isolated})
-    return {"function": function, "code": "NVML_ERROR_NO_PERMISSION", "refused_gpu": gpu, "refusals": refusing.refusals,
-            "source": faulty.source, "gpus": per_gpu,
-            "ok": faulty.source == "nvml" and refusing.refusals > 0 and bool(per_gpu) and all(g["as_expected"] for g in per_gpu)}
+        per_gpu.append(
+            {
+                "gpu": after.index,
+                "refused_here": after.index == gpu,
+                attribute: getattr(after, attribute),
+                "clean_" + attribute: getattr(before, attribute),
+                "errors": list(after.errors),
+                "fields_present": presence(after),
+                "as_expected": isolated,
+            }
+        )
+    return {
+        "function": function,
+        "code": "NVML_ERROR_NO_PERMISSION",
+        "refused_gpu": gpu,
+        "refusals": refusing.refusals,
+        "source": faulty.source,
+        "gpus": per_gpu,
+        "ok": faulty.source == "nvml"
+        and refusing.refusals > 0
+        and bool(per_gpu)
+        and all(g["as_expected"] for g in per_gpu),
+    }
 
 
 def frame_beside_smi(python, out):
@@ -165,7 +210,9 @@ def frame_beside_smi(python, out):
         while not done.is_set():
             before = time.time()
             try:
-                text = subprocess.run(SMI_QUERY, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30).stdout.decode()
+                text = subprocess.run(
+                    SMI_QUERY, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30
+                ).stdout.decode()
             except (OSError, subprocess.SubprocessError):
                 return
             readings.append(((before + time.time()) / 2, text))
@@ -174,7 +221,9 @@ def frame_beside_smi(python, out):
     poller = threading.Thread(target=poll_smi, daemon=True)
     poller.start()
     try:
-        probe = subprocess.run([python, "-m", "opsconsole.probe", "--once"], cwd=ROOT, stdout=subprocess.PIPE, timeout=120)
+        probe = subprocess.run(
+            [python, "-m", "opsconsole.probe", "--once"], cwd=ROOT, stdout=subprocess.PIPE, timeout=120
+        )
         time.sleep(0.3)  # one more nvidia-smi reading after the frame
     finally:
         done.set()
@@ -200,28 +249,64 @@ def main(argv=None):
     gpus = frame.get("gpus") or []
     rows = smi_rows(text)
     fields = compare(gpus, rows)
-    compared = {"gpu_source": frame.get("gpu_source"), "gpus_probe": len(gpus), "gpus_smi": len(rows),
-                "seconds_apart": round(apart, 3), "tolerances": {k: v[2] for k, v in TOLERANCES.items()}, "per_gpu": fields}
-    compared["ok"] = (frame.get("gpu_source") == "nvml" and len(gpus) == len(rows) > 0 and abs(apart) <= SAME_SECOND_S
-                      and all(g["agree"] for g in fields))
+    compared = {
+        "gpu_source": frame.get("gpu_source"),
+        "gpus_probe": len(gpus),
+        "gpus_smi": len(rows),
+        "seconds_apart": round(apart, 3),
+        "tolerances": {k: v[2] for k, v in TOLERANCES.items()},
+        "per_gpu": fields,
+    }
+    compared["ok"] = (
+        frame.get("gpu_source") == "nvml"
+        and len(gpus) == len(rows) > 0
+        and abs(apart) <= SAME_SECOND_S
+        and all(g["agree"] for g in fields)
+    )
     with open(os.path.join(args.out, "compare.json"), "w") as handle:
         json.dump(compared, handle, indent=1)
-    print("probe frame vs nvidia-smi %+.2f s apart: %d GPU(s) by the probe, %d by nvidia-smi" % (apart, len(gpus), len(rows)))
+    print(
+        "probe frame vs nvidia-smi %+.2f s apart: %d GPU(s) by the probe, %d by nvidia-smi"
+        % (apart, len(gpus), len(rows))
+    )
     for gpu in fields:
-        print(" gpu %s: %s" % (gpu["gpu"], ", ".join("%s %s/%s%s" % (name, f["probe"], f["smi"], "" if f["agree"] else " DIFFERS")
-                                                    for name, f in gpu["fields"].items() if name not in ("index", "name"))))
+        print(
+            " gpu %s: %s"
+            % (
+                gpu["gpu"],
+                ", ".join(
+                    "%s %s/%s%s" % (name, f["probe"], f["smi"], "" if f["agree"] else " DIFFERS")
+                    for name, f in gpu["fields"].items()
+                    if name not in ("index", "name")
+                ),
+            )
+        )
     import pynvml
 
     refused = isolate_refused_field(pynvml)
     with open(os.path.join(args.out, "refused_field.json"), "w") as handle:
         json.dump(refused, handle, indent=1)
     for gpu in refused["gpus"]:
-        print(" refused %s on gpu %s: gpu %s power %s, errors %s -> %s" % (
-            refused["function"], refused["refused_gpu"], gpu["gpu"], gpu["power_draw_w"], gpu["errors"],
-            "as expected" if gpu["as_expected"] else "NOT as expected"))
+        print(
+            " refused %s on gpu %s: gpu %s power %s, errors %s -> %s"
+            % (
+                refused["function"],
+                refused["refused_gpu"],
+                gpu["gpu"],
+                gpu["power_draw_w"],
+                gpu["errors"],
+                "as expected" if gpu["as_expected"] else "NOT as expected",
+            )
+        )
     if len(refused["gpus"]) < 2:
-        print(" a failing field isolated to one GPU among several: skipped: needs 2 GPUs (found %d); the refused field was read on the one GPU" % len(refused["gpus"]))
-    print("step 2: fields %s, refused field %s" % ("agree" if compared["ok"] else "DIFFER", "isolated" if refused["ok"] else "NOT isolated"))
+        print(
+            " a failing field isolated to one GPU among several: skipped: needs 2 GPUs (found %d); the refused field was read on the one GPU"
+            % len(refused["gpus"])
+        )
+    print(
+        "step 2: fields %s, refused field %s"
+        % ("agree" if compared["ok"] else "DIFFER", "isolated" if refused["ok"] else "NOT isolated")
+    )
     return 0 if compared["ok"] and refused["ok"] else 1
 
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-RANK = r'''
+RANK = r"""
 import os, time, torch, torch.distributed as dist
 dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 x = torch.ones(256, 256, device="cuda", dtype=torch.bfloat16)
@@ -24,7 +24,7 @@ dist.broadcast(torch.zeros(16, device="cuda", dtype=torch.int64), src=0)
 torch.cuda.synchronize()
 open(os.environ["READY_FILE"], "w").close()
 time.sleep(120)
-'''
+"""
 
 
 async def main(outdir: str) -> None:
@@ -34,9 +34,15 @@ async def main(outdir: str) -> None:
     os.makedirs(outdir, exist_ok=True)
     scratch = "/tmp/fr_check"
     os.makedirs(scratch, exist_ok=True)
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", TORCH_FR_BUFFER_SIZE="2000",
-               TORCH_FR_DUMP_TEMP_FILE=scratch + "/nccl_trace_rank_", TORCH_NCCL_DEBUG_INFO_PIPE_FILE=scratch + "/pipe_",
-               READY_FILE=scratch + "/ready")
+    env = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="29533",
+        TORCH_FR_BUFFER_SIZE="2000",
+        TORCH_FR_DUMP_TEMP_FILE=scratch + "/nccl_trace_rank_",
+        TORCH_NCCL_DEBUG_INFO_PIPE_FILE=scratch + "/pipe_",
+        READY_FILE=scratch + "/ready",
+    )
     rank = subprocess.Popen([sys.executable, "-c", RANK], env=env)
     try:
         for _ in range(600):
@@ -46,11 +52,17 @@ async def main(outdir: str) -> None:
         started = time.monotonic()
         collected = await fr.collect_dumps(None, [], outdir, host="h200", wait_s=30, rank_pids=[(rank.pid, 0)])
         print("collected in %.2f s:" % (time.monotonic() - started), collected)
-        analysis = fr.match_dumps([fr.replace(fr.dump_from_bytes(open(p, "rb").read()), path=p, rank=0, host="h200")
-                                   for p in collected.saved])
+        analysis = fr.match_dumps(
+            [fr.replace(fr.dump_from_bytes(open(p, "rb").read()), path=p, rank=0, host="h200") for p in collected.saved]
+        )
         print(fr.summary_text(analysis))
         for dump in analysis.dumps:
-            print(dump.path, dump.version, dump.comm_lib_version, [(e.collective_seq_id, e.op, e.state) for e in dump.entries])
+            print(
+                dump.path,
+                dump.version,
+                dump.comm_lib_version,
+                [(e.collective_seq_id, e.op, e.state) for e in dump.entries],
+            )
     finally:
         rank.kill()
         rank.wait()

@@ -68,10 +68,16 @@ def main(outdir: str) -> None:
         with open(os.path.join(outdir, "direct_dump_nccl_trace_rank_0.json"), "wb") as out:
             out.write(c10d._dump_nccl_trace_json())
     trace = pickle.loads(direct)
-    summary = {"torch": torch.__version__, "nccl": list(torch.cuda.nccl.version()), "keys": sorted(trace),
-               "version": trace.get("version"), "pg_config": trace.get("pg_config"), "pg_status": trace.get("pg_status"),
-               "entries": [{k: v for k, v in e.items() if k != "frames"} for e in trace.get("entries", [])],
-               "first_frames": trace["entries"][0].get("frames", [])[:6] if trace.get("entries") else None}
+    summary = {
+        "torch": torch.__version__,
+        "nccl": list(torch.cuda.nccl.version()),
+        "keys": sorted(trace),
+        "version": trace.get("version"),
+        "pg_config": trace.get("pg_config"),
+        "pg_status": trace.get("pg_status"),
+        "entries": [{k: v for k, v in e.items() if k != "frames"} for e in trace.get("entries", [])],
+        "first_frames": trace["entries"][0].get("frames", [])[:6] if trace.get("entries") else None,
+    }
     print(json.dumps(summary, indent=1, default=str))
     with open(os.path.join(outdir, "summary.json"), "w") as out:
         json.dump(summary, out, indent=1, default=str)
