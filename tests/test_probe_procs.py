@@ -342,6 +342,11 @@ def test_sleeping_and_d_state_idle_processes_stay_listed_across_frames(tmp_path,
     """Every frame lists an idle process: no top-N by CPU that drops it while it sleeps (the
     issue saw a hung worker flicker `0111111111111111111111110000111100011111`)."""
     # A real sleeping process, through the live /proc with idle processes held between reads.
+    # A fresh interpreter runs (R) while it starts: the frames are read once it sleeps.
+    wait_for_sync(
+        lambda: Path("/proc/%d/stat" % sleeper.pid).read_text().rsplit(")", 1)[1].split()[0] == "S",
+        "the sleeper asleep",
+    )
     live = ProcessTable(use_psutil=False, idle_every=3)
     presence = []
     for _ in range(12):
