@@ -637,6 +637,12 @@ class OpsConsole(App[int]):
         # Not awaiting a first mount here: the app's loop runs the mount, and a key's action
         # that awaited it would hold that loop.
         if self.ensure_pane(pane_id) is not None:
+            if pane_id != self.visible_pane_id:
+                # Hiding the pane that holds the focus lets Textual move it to the next focusable
+                # widget, which may be in that same pane (Processes has two tables), and a focused
+                # widget's tab becomes active again: the key bounced back. Nothing holds focus while
+                # the tab changes; the shown pane takes it (focus_pane) once it is drawn.
+                self.tabs.screen.set_focus(None)
             self.tabs.active = tab_id(pane_id)
 
     def _step_pane(self, step: int) -> None:
