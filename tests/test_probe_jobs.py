@@ -96,6 +96,10 @@ def test_a_real_process_with_slurm_job_id_in_its_environment_is_joined_with_its_
     env = dict(os.environ, SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_JOB_USER="alice")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     try:
+        # Until the child has exec'd, /proc shows the environment it forked with (this test's, with
+        # no job), and the table reads a process's job once per (pid, start time). A real GPU process
+        # is listed only once it holds a CUDA context, long after its exec.
+        wait_for_sync(lambda: b"time.sleep" in Path("/proc/%d/cmdline" % child.pid).read_bytes(), "the child's exec")
         table = ProcessTable(use_psutil=False)
         (joined,) = table.join([ProcessSample(pid=child.pid, gpu_index=0, gpu_memory_bytes=1 << 30)])
         assert (joined.job_id, joined.job_step, joined.job_user, joined.container) == ("4242", "0", "alice", None)
