@@ -299,7 +299,12 @@ async def test_hf_trainer_output_shows_layout_series_marks_and_why_not_managed(t
     async with app.run_test(size=size) as pilot:
         pane = await open_units(pilot, app, 1 + len(hf_run.checkpoints))
         expected = CKPT_COLUMNS if size[0] == 170 else CKPT_COLUMNS_NARROW
-        assert [c.key for c in pane.checkpoint_table.columns] == [c.key for c in expected]
+        # A pane mounted on its first show learns its width from its first resize: wait for it.
+        await wait_for(
+            lambda: [c.key for c in pane.checkpoint_table.columns] == [c.key for c in expected],
+            "the columns for %d cells" % size[0],
+            pilot=pilot,
+        )
         final = cells(pane, "model.safetensors")
         assert (final["layout"], final["series"]) == ("final model", "not managed")
         assert final["note"].startswith("final model (save_model/save_pretrained output)")
