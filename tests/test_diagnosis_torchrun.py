@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.torchrun import torchrun_command, torchrun_env
 
 pytest.importorskip("torch")
 
@@ -62,42 +63,20 @@ WORKER = textwrap.dedent("""
 MODES = ("index", "embedding", "sigkill", "nan", "healthy")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every mode's run directory (and the demo's), run side by side; {mode: (dir, exit status)}."""
     base = tmp_path_factory.mktemp("torchrun")
     script = base / "worker.py"
     script.write_text(WORKER)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = torchrun_env(pythonpath=[ROOT])
     started = {}
     for mode in MODES:
         directory = base / mode
         directory.mkdir()
         launcher = open(directory / "launcher.log", "wb")
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            "--redirects",
-            "3",
-            "--log-dir",
-            str(directory / "torchrun"),
-            str(script),
-            mode,
-            str(directory),
-        ]
+        # Rank 0 must live long enough to write the lost connection it saw (see tests/torchrun.py).
+        command = torchrun_command(script, mode, str(directory), log_dir=directory / "torchrun", monitor_interval_s=5)
         started[mode] = (
             directory,
             subprocess.Popen(command, stdout=launcher, stderr=subprocess.STDOUT, env=env),

@@ -11,7 +11,6 @@ import json
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from opsconsole.hang.flight_recorder import (
     summary_text,
 )
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401  (pytest fixtures)
+from tests.torchrun import torchrun_command, torchrun_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "flight_recorder"
@@ -333,12 +333,6 @@ os._exit(0)
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def gloo_dumps(tmp_path_factory):
     """A real 2-rank torchrun job on gloo where rank 1 skips collective 5; its dumps' directory."""
@@ -347,25 +341,8 @@ def gloo_dumps(tmp_path_factory):
     script.write_text(GLOO_JOB)
     dumps = base / "dumps"
     dumps.mkdir()
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "OMP_NUM_THREADS": "1",
-        "TORCH_FR_BUFFER_SIZE": "2000",
-        "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "gloo_trace_rank_"),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        str(script),
-    ]
+    env = torchrun_env({"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "gloo_trace_rank_")})
+    command = torchrun_command(script)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
         out, _ = process.communicate(timeout=180)
@@ -541,26 +518,9 @@ def hung_gloo_job(tmp_path):
     script.write_text(HUNG_GLOO_JOB)
     dumps = tmp_path / "on_node"
     dumps.mkdir()
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "OMP_NUM_THREADS": "1",
-        "TORCH_FR_BUFFER_SIZE": "2000",
-        "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "gloo_trace_rank_"),
-    }
+    env = torchrun_env({"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "gloo_trace_rank_")})
     job = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            str(script),
-        ],
+        torchrun_command(script),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401
+from tests.torchrun import torchrun_command, torchrun_env
 from tests.waiting import wait_for
 
 pytest.importorskip("torch")
@@ -57,12 +57,6 @@ JOB = textwrap.dedent("""
 """)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def ranks_of(launcher_pid: int) -> dict:
     """{rank: pid} of the launcher's children that have RANK in their environment."""
     import psutil
@@ -89,22 +83,10 @@ def hung_job(tmp_path_factory):
         pytest.skip("py-spy is not installed: pip install py-spy (it is in the test extra)")
     base = tmp_path_factory.mktemp("hung_job")
     (base / "job.py").write_text(JOB)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
+    env = torchrun_env()
     log = open(base / "launcher.log", "wb")
     launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            str(base / "job.py"),
-            str(base),
-        ],
+        torchrun_command(base / "job.py", str(base)),
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
