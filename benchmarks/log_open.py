@@ -176,7 +176,9 @@ async def run_open(path: str) -> Tuple[Tuple[float, float, float], List[str], li
     """From LogHub(...) to the pane's model holding the last page, through the console's LogFeed
     (which hands the lines over, then diagnoses them and marks what it found); returns the started hub too."""
     from opsconsole.diagnosis.engine import Diagnoser
-    from opsconsole.tui.logs import LogFeed
+    from opsconsole.diagnosis.progress import RunProgress
+    from opsconsole.diagnosis.stalls import DEFAULT_STALL_AFTER
+    from opsconsole.logs.feed import LogFeed
 
     got: list = []
     view = LogView()
@@ -191,7 +193,7 @@ async def run_open(path: str) -> Tuple[Tuple[float, float, float], List[str], li
 
     began = time.perf_counter()
     hub = LogHub(Config(logs=LogsConfig(paths=(path,))))
-    feed = LogFeed(hub, Diagnoser(), deliver, view.mark)
+    feed = LogFeed(hub, Diagnoser(), deliver, view.mark, progress=RunProgress(DEFAULT_STALL_AFTER))
     take = feed.on_lines_in_loop
 
     def timed(lines) -> None:

@@ -384,11 +384,11 @@ class OpsConsole(App[int]):
         """Follow the [logs] paths into the Logs pane (nothing without them)."""
         if not (self.config.logs.paths or self.config.logs.node_paths) or getattr(self, "_exit", False):
             return
-        from opsconsole.tui.logs import LogFeed
+        from opsconsole.tui.logs import start_log_feed
 
         self.ensure_pane("logs")
         await asyncio.gather(*self._pane_mounts.values())
-        self.log_feed = await LogFeed.start_for(self)
+        self.log_feed = await start_log_feed(self)
         if self.log_feed is not None:
             self.set_interval(PROGRESS_CHECK_S, self.check_log_progress)
 

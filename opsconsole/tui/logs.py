@@ -1,8 +1,9 @@
 """The Logs pane: every rank's log merged in time order, followed live, searched, diagnosed.
 
 Three parts:
-- `LogFeed` (made by the app when `[logs]` has paths): runs the LogHub with the fleet's links
-  and feeds each line to the Diagnoser; lines and findings go to the pane.
+- `start_log_feed` (called by the app when `[logs]` has paths): a `LogFeed` (opsconsole/logs/feed.py)
+  runs the LogHub with the fleet's links and feeds each line to the Diagnoser; lines and findings
+  go to the pane.
 - `LogLines`: a virtual line view over `opsconsole.logs.view.LogView`: only the rows on screen
   are rendered (a ScrollView with render_line, as Textual's Log and toolong do), so the buffer
   may hold 100k lines.
@@ -16,12 +17,9 @@ Scrolling to the top loads older lines (LogHub.older).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
-import time
 from functools import partial
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from rich.style import Style
 from rich.text import Text
@@ -40,10 +38,11 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from opsconsole.diagnosis.progress import PROGRESS_CATEGORIES, RunProgress
-from opsconsole.diagnosis.stalls import DEFAULT_STALL_AFTER, stall_after_from
+from opsconsole.diagnosis.stalls import stall_after_from
+from opsconsole.logs.feed import LogFeed, fleet_links
 from opsconsole.logs.records import TRUNCATED_MARKER, LogLine
 from opsconsole.logs.view import COLOUR_COUNT, LogView, ViewEntry, colour_index
-from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY, NodeState, replace_decoded
+from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY, NodeState
 from opsconsole.tui.findings import FindingsList, first_finding, summary_category
 from opsconsole.tui.formatting import printable, printable_text
 from opsconsole.tui.pane import Pane
@@ -76,23 +75,9 @@ LABEL_COLOURS = (
 )
 assert len(LABEL_COLOURS) == COLOUR_COUNT
 MARK_STYLES = {"critical": "bold red", "error": "red", "warning": "yellow"}
-# A line stamped this much before the console started is from before it (clocks of nodes and the
-# console differ by a little; a line written during the start must not count as old).
-BEFORE_START_SLACK_S = 5.0
 
 
-# --- the feed: LogHub + Diagnoser --------------------------------------------------------------
-
-
-def fleet_links(fleet: Any) -> Dict[str, Any]:
-    """The fleet's links by node name (a replay has none, a fake may have none: local files only)."""
-    links = {}
-    for name in list(fleet.names):
-        try:
-            links[name] = fleet.link(name)
-        except KeyError:
-            continue
-    return links
+# --- the feed: LogHub + Diagnoser (opsconsole/logs/feed.py) into the pane ----------------------
 
 
 def deliver_to(app: Any, pane: "LogsPane", lines: Sequence[LogLine], findings: List[Any]) -> None:
@@ -114,162 +99,35 @@ def deliver_findings_to(app: Any, pane: "LogsPane", lines: Sequence[LogLine], fi
             services.observe_finding(finding, line.source.node, earlier=earlier)
 
 
-class LogFeed:
-    """Runs the LogHub and the Diagnoser for the console: lines go to `deliver` as they come, then the
-    findings the diagnosis found in them to `deliver_findings`."""
+async def start_log_feed(app: Any) -> Optional[LogFeed]:
+    """Start following `app.config.logs.paths` into the Logs pane (None when there are none, or it cannot start)."""
+    if not (app.config.logs.paths or app.config.logs.node_paths):
+        return None
+    pane = app.panes.get(LogsPane.pane_id)
+    if not isinstance(pane, LogsPane):
+        return None
+    try:
+        # Imported here: a console without [logs] never loads the followers or the knowledge base.
+        from opsconsole.diagnosis.engine import Diagnoser
+        from opsconsole.logs.hub import LogHub
 
-    def __init__(
-        self,
-        hub: Any,
-        diagnoser: Any,
-        deliver: Callable[[Sequence[LogLine], List[Any]], None],
-        deliver_findings: Callable[[Sequence[LogLine], List[Any]], None],
-        stall_after: float = DEFAULT_STALL_AFTER,
-    ) -> None:
-        self.hub = hub
-        self.diagnoser = diagnoser
-        self.deliver = deliver
-        self.deliver_findings = deliver_findings
-        self.findings_version = 0  # bumped when a line matched: the findings list redraws
-        self.diagnosis_problem: Optional[str] = None
-        self.now = time.time
-        self._last_time: Dict[str, float] = {}
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self.progress = RunProgress(stall_after)
-        self.started_at: Optional[float] = None  # when following began
-        self._reading_backlog = False  # while the hub delivers the files' last pages at start
-
-    @classmethod
-    async def start_for(cls, app: Any) -> Optional["LogFeed"]:
-        """Start following `app.config.logs.paths` (None when there are none, or it cannot start)."""
-        if not (app.config.logs.paths or app.config.logs.node_paths):
-            return None
-        pane = app.panes.get(LogsPane.pane_id)
-        if not isinstance(pane, LogsPane):
-            return None
-        try:
-            # Imported here: a console without [logs] never loads the followers or the knowledge base.
-            from opsconsole.diagnosis.engine import Diagnoser
-            from opsconsole.logs.hub import LogHub
-
-            feed = cls(
-                LogHub(app.config, fleet_links(app.fleet)),
-                Diagnoser(),
-                partial(deliver_to, app, pane),
-                partial(deliver_findings_to, app, pane),
-                stall_after=stall_after_from(app.config),
-            )
-            pane.feed = feed
-            await feed.start()
-        except Exception as exc:  # logs that cannot be followed must not keep the console from starting
-            log.exception("log hub failed to start")
-            pane.feed = None
-            pane.start_problem = "could not start following the logs: %s" % exc
-            pane.redraw_status()
-            app.notify("logs: " + pane.start_problem, severity="error", timeout=10)
-            return None
-        return feed
-
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.started_at = self.now()
-        self._reading_backlog = True  # local files' last pages arrive before hub.start returns
-        try:
-            await self.hub.start(self.on_lines)
-        finally:
-            self._reading_backlog = False
-
-    def before_start(self, line: LogLine) -> bool:
-        """Whether `line` was written before the console started: it was in a file's last page read at
-        the start, or its timestamp (its own, or the record above it) is older than the start. Its
-        findings are listed as earlier, not fired as new alerts."""
-        if self._reading_backlog:
-            return True
-        started = self.started_at
-        return started is not None and line.time is not None and line.time < started - BEFORE_START_SLACK_S
-
-    async def stop(self) -> None:
-        """Stop the followers; a failure is logged, so the console still closes the fleet after it."""
-        try:
-            await self.hub.stop()
-        except Exception:
-            log.exception("log hub failed to stop")
-
-    def on_lines(self, lines: Sequence[LogLine]) -> None:
-        """LogHub's callback: diagnose each line, then hand lines and findings on (in the app's loop)."""
-        if self._loop is not None and threading.current_thread() is not threading.main_thread():
-            self._loop.call_soon_threadsafe(self.on_lines_in_loop, list(lines))
-        else:
-            self.on_lines_in_loop(lines)
-
-    def on_lines_in_loop(self, lines: Sequence[LogLine]) -> None:
-        self.progress.observe(lines, self.now())
-        lines = self.with_times(lines)
-        # The lines first, then their diagnosis: a log's first page is on screen without waiting for it.
-        self.deliver(lines, [None] * len(lines))
-        findings = self.diagnose(lines)
-        if any(finding is not None for finding in findings):
-            self.deliver_findings(lines, findings)
-
-    def check_progress(self, states: Mapping[str, NodeState]) -> List[Tuple[Any, str]]:
-        """Hangs and stragglers as of now (RunProgress): the (finding, node) that are new."""
-        new, changed = self.progress.check(states, self.now())
-        if changed:
-            self.findings_version += 1
-        return new
-
-    def with_times(self, lines: Sequence[LogLine]) -> List[LogLine]:
-        """Give a line without a timestamp its predecessor's time in its source (a traceback's lines
-        take the time of the record above them), or its arrival time; findings then say when."""
-        timed: List[LogLine] = []
-        source = key = None
-        for line in lines:
-            if line.source is not source:  # LogSource.key builds its string on every call
-                source, key = line.source, line.source.key
-            if line.time is None:
-                line = replace_decoded(
-                    line, {"time": self._last_time.get(key) or self.now()}
-                )  # replace() without __init__
-            self._last_time[key] = line.time  # type: ignore[assignment]
-            timed.append(line)
-        return timed
-
-    def diagnose(self, lines: Sequence[LogLine]) -> List[Any]:
-        findings: List[Any] = []
-        for line in lines:
-            try:
-                finding = self.diagnoser.feed(line)
-            except Exception as exc:  # one bad line must not stop the rest being shown
-                if self.diagnosis_problem is None:
-                    log.exception("diagnosis failed on a line")
-                    self.diagnosis_problem = "diagnosis failed on a line: %s" % exc
-                finding = None
-            if finding is not None:
-                self.findings_version += 1
-            findings.append(finding)
-        return findings
-
-    def problems(self) -> Dict[str, str]:
-        try:
-            return dict(self.hub.problems())
-        except Exception as exc:
-            return {"logs": "problems unavailable: %s" % exc}
-
-    def sources(self) -> List[Any]:
-        try:
-            return list(self.hub.sources())
-        except Exception:
-            return []
-
-    def summary(self) -> Tuple[List[Any], Any]:
-        """The diagnosis's rows, then the hangs and stragglers the logs' progress shows now."""
-        return list(self.diagnoser.summary()) + self.progress.summaries(), self.diagnoser.root_cause()
-
-    async def older(self, source_key: str, before_offset: int, count: int) -> List[LogLine]:
-        return list(await self.hub.older(source_key, before_offset, count))
-
-    async def last_lines(self, source_key: str, count: int) -> List[LogLine]:
-        return list(await self.hub.last_lines(source_key, count))
+        feed = LogFeed(
+            LogHub(app.config, fleet_links(app.fleet)),
+            Diagnoser(),
+            partial(deliver_to, app, pane),
+            partial(deliver_findings_to, app, pane),
+            progress=RunProgress(stall_after_from(app.config)),
+        )
+        pane.feed = feed
+        await feed.start()
+    except Exception as exc:  # logs that cannot be followed must not keep the console from starting
+        log.exception("log hub failed to start")
+        pane.feed = None
+        pane.start_problem = "could not start following the logs: %s" % exc
+        pane.redraw_status()
+        app.notify("logs: " + pane.start_problem, severity="error", timeout=10)
+        return None
+    return feed
 
 
 class StatusLine(Widget):
@@ -579,7 +437,7 @@ class LogsPane(Pane):
     def __init__(self) -> None:
         super().__init__()
         self.view = LogView()
-        self.feed: Optional[LogFeed] = None  # set by LogFeed.start_for
+        self.feed: Optional[LogFeed] = None  # set by start_log_feed
         self.status = StatusLine(id="logs-status")
         self.problems_box = Static("", id="logs-problems", markup=False)
         self.lines = LogLines(self.view, id="log-lines")
