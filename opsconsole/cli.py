@@ -160,9 +160,9 @@ def command_modules() -> list:
 def command_console(args: argparse.Namespace) -> int:
     """Start the interactive console on the configured nodes."""
     config = console_theme(config_from_args(args), args)
-    from opsconsole.nodes.fleet import Fleet
+    from opsconsole.sources import fleet_with_sources
 
-    fleet = Fleet(config)
+    fleet = fleet_with_sources(config)
     follow_slurm(fleet, config, slurm_follower(args))
     # Imported only here: the headless commands must not load Textual.
     from opsconsole.tui.app import run_console
@@ -172,9 +172,9 @@ def command_console(args: argparse.Namespace) -> int:
 
 async def take_snapshot(config: Config, timeout: float, follower=None) -> List[NodeState]:
     """One poll of every node of `config` (sources limited to a Slurm job's nodes), links closed afterwards."""
-    from opsconsole.nodes.fleet import Fleet
+    from opsconsole.sources import fleet_with_sources
 
-    fleet = Fleet(config)
+    fleet = fleet_with_sources(config)
     if follower is not None:
         fleet.follow_slurm(follower)
     try:

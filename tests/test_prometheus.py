@@ -302,8 +302,8 @@ def test_a_stopped_exporter_is_a_scrape_failure(cluster):
 
 
 async def test_fleet_mixes_a_link_node_and_prometheus_nodes_into_one_node_each(cluster):
-    from opsconsole.nodes.fleet import Fleet
     from opsconsole.nodes.local import LocalLink
+    from opsconsole.sources import fleet_with_sources
 
     prometheus, exporters = cluster
     for telemetry in ("prometheus", "ssh"):
@@ -311,7 +311,7 @@ async def test_fleet_mixes_a_link_node_and_prometheus_nodes_into_one_node_each(c
             DEFAULT_CONFIG, sources=(SourceConfig(url=prometheus.url, telemetry=telemetry, stale_after=30.0, nodes=AB),)
         )
         link = LocalLink(NodeConfig(name="node-a", local=True), interval=0.5)  # the link of node-a
-        fleet = Fleet(config, links=[link])
+        fleet = fleet_with_sources(config, links=[link])  # the sources of its [[sources]], beside the link
         seen = []
         await fleet.start(seen.append)
         try:
@@ -345,7 +345,7 @@ async def test_console_shows_prometheus_gpus_then_prometheus_stopped_is_an_unrea
     """Last in the module: it stops the module's Prometheus."""
     from textual.widgets import DataTable
 
-    from opsconsole.nodes.fleet import Fleet
+    from opsconsole.sources import fleet_with_sources
     from opsconsole.tui.app import OpsConsole
 
     prometheus, _ = cluster
@@ -356,7 +356,7 @@ async def test_console_shows_prometheus_gpus_then_prometheus_stopped_is_an_unrea
     )
     assert config.nodes == ()  # sources and no [[nodes]]: no implicit local node
     assert config.sources[0].nodes == AB
-    fleet = Fleet(config)
+    fleet = fleet_with_sources(config)
     app = OpsConsole(config, fleet)
     async with app.run_test(size=(160, 45)) as pilot:
         deadline = time.monotonic() + STARTUP_S

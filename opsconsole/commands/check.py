@@ -73,10 +73,10 @@ async def gather_results(config, timeout: float, gpu_tests: bool, force: bool, f
     import asyncio
 
     from opsconsole.health.runner import run_all_checks
-    from opsconsole.nodes.fleet import Fleet
     from opsconsole.nodes.local import LocalLink
+    from opsconsole.sources import fleet_with_sources
 
-    fleet = Fleet(config)
+    fleet = fleet_with_sources(config)
     if follower is not None:
         fleet.follow_slurm(follower)
     try:

@@ -80,13 +80,13 @@ async def report_progress(recorder, reporter: "ProgressReporter") -> None:
 async def record(
     config, out: str, duration, stop_event: asyncio.Event, reporter: "ProgressReporter" = None
 ) -> "RecorderStats":
-    from opsconsole.nodes.fleet import Fleet
     from opsconsole.recording.recorder import Recorder
+    from opsconsole.sources import fleet_with_sources
 
     rec = config.record
     # The file first: a bad --out is refused before any node is reached.
     recorder = Recorder(out, chunk_s=rec.chunk_s, max_bytes=int(rec.max_mb * 1024 * 1024), max_age_s=rec.max_age_s)
-    fleet = Fleet(config)
+    fleet = fleet_with_sources(config)
     progress = None if reporter is None else asyncio.ensure_future(report_progress(recorder, reporter))
     try:
         await fleet.start(recorder.observe)

@@ -1,4 +1,9 @@
-"""The fleet supervisor: one link per configured node, their states, and one-shot snapshots."""
+"""The fleet supervisor: one link per configured node, their states, and one-shot snapshots.
+
+Beside the links (issue 8): the telemetry sources its caller gives it (FleetSources: what they report,
+merged with the links), nodes joining and leaving (add_node, remove_node), and Slurm following
+(follow_slurm: the nodes of a job, which join and leave with it; the header shows the job).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,13 @@ import gc
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from opsconsole.config import Config, NodeConfig
 from opsconsole.model import BAD_FRAME, STATE_DOWN, STATE_STALE, STATE_UP, NodeState
 from opsconsole.nodes.base import NodeLink
-from opsconsole.nodes.fleet_sources import FleetSources  # sources, add/remove nodes, Slurm (issue 8)
-from opsconsole.nodes.totals import FleetTotals, totals_of  # noqa: F401  (FleetTotals: imported from here too)
+from opsconsole.nodes.fleet_sources import FleetSources
+from opsconsole.nodes.totals import FleetTotals, RunTotals, totals_of
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +74,16 @@ def _describe(exc: BaseException) -> str:
     return "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
 
 
-class Fleet(FleetSources):
+class Fleet:
     """Runs one link per node, keeps each node's latest NodeState, and survives link crashes.
 
     Every node is present from the start (state `connecting`), in config order. A link
     whose `run` raises (or returns) is reported `down` with the error and restarted after
     a delay that doubles up to `ssh.backoff_max`. A node that stays `up` without a new
     frame for `stale_after` seconds is marked `stale` (its last frame is kept).
+
+    `sources`: telemetry sources built by the caller (opsconsole.sources.build_sources for the
+    config's [[sources]]; opsconsole.sources.fleet_with_sources does both); none by default.
     """
 
     def __init__(
@@ -101,7 +109,12 @@ class Fleet(FleetSources):
         self._states: Dict[str, NodeState] = {name: NodeState(name=name, since=now) for name in self._links}
         self._tasks: List[asyncio.Task] = []
         self._on_change: Optional[Callable[[NodeState], None]] = None
-        self._init_sources(config, sources)  # Prometheus sources and Slurm following (issue 8)
+        self._sources = FleetSources(sources or ())
+        self._supervised: Dict[str, asyncio.Task] = {}  # link tasks of nodes added after the start
+        self._slurm: Any = None
+        self._slurm_run: Any = None
+        self._slurm_nodes: Optional[Set[str]] = None
+        self._link_factory: Optional[Callable[[str], Any]] = None
 
     # --- reading ---------------------------------------------------------
 
@@ -117,9 +130,33 @@ class Fleet(FleetSources):
     def names(self) -> List[str]:
         return list(self._links)
 
+    @property
+    def sources(self) -> List[Any]:
+        """The telemetry sources this fleet was given."""
+        return self._sources.sources
+
     def totals(self, now: float) -> FleetTotals:
-        """Node and GPU counts over the current states; a live node gone quiet counts as down."""
-        return self._with_run(totals_of(self._states.values(), now, self.stale_after))
+        """Node and GPU counts over the current states; a live node gone quiet counts as down; with the
+        followed Slurm job and the sources' states when there are (RunTotals)."""
+        totals = totals_of(self._states.values(), now, self.stale_after)
+        if self._slurm_run is None and not self._sources.sources:
+            return totals
+        job = None
+        if self._slurm_run is not None:
+            job = self._slurm_run.label + ("  [slurm: %s]" % self._slurm_run.error if self._slurm_run.error else "")
+        fields = {f: getattr(totals, f) for f in totals.__dataclass_fields__}
+        return RunTotals(job=job, sources=self._sources.status_lines(), **fields)
+
+    def source_statuses(self) -> List[Any]:
+        """Each source's SourceStatus (state, reason, last refresh)."""
+        return self._sources.statuses()
+
+    async def history(self, node: str, gpu: Optional[int], metric: str, seconds: float) -> List[Tuple[float, float]]:
+        """(time, value) pairs of `metric` over the last `seconds`, from the source reporting `node`.
+
+        [] when no source reports it (the console's own rings hold what SSH delivered).
+        """
+        return await self._sources.history(node, gpu, metric, seconds)
 
     def _is_quiet(self, state: NodeState, now: float) -> bool:
         age = state.age(now)
@@ -130,8 +167,8 @@ class Fleet(FleetSources):
     def _publish(self, state: NodeState) -> None:
         if state.name not in self._states:
             return  # a link publishing under a name it was not given: ignore, don't grow the table
-        if self._source_states and state.name in self._source_states:
-            state = self._merge_link_state(state)  # a node a source reports too: one node
+        if self._sources.reports_any() and self._sources.reports(state.name):
+            state = self._sources.merge_link_state(state)  # a node a source reports too: one node
         self._states[state.name] = state
         if self._on_change is not None:
             try:
@@ -148,7 +185,29 @@ class Fleet(FleetSources):
         for link in self._links.values():
             self._tasks.append(asyncio.create_task(self._supervise(link), name="link:" + link.name))
         self._tasks.append(asyncio.create_task(self._watch_staleness(), name="fleet:staleness"))
-        self._start_sources()
+        for source in self._sources.sources:
+            run = self._sources.run(source, self._publish_source, self._forget_source_node)
+            self._tasks.append(asyncio.create_task(run, name="source:" + source.name))
+        if self._slurm is not None:
+            self._tasks.append(asyncio.create_task(self._slurm.follow(self.apply_slurm_run), name="slurm"))
+
+    def _publish_source(self, source: Any, state: NodeState) -> None:
+        name = state.name
+        if self._slurm_nodes is not None and name not in self._slurm_nodes:
+            return  # not (or no longer) a node of the followed job
+        state = self._sources.take(source, state, self._states[name] if name in self._links else None)
+        self._states[name] = state
+        if self._on_change is not None:
+            try:
+                self._on_change(state)
+            except Exception:  # a broken listener must not take the source down with it
+                log.exception("on_change failed for %s", name)
+
+    def _forget_source_node(self, old: str, new: str) -> None:
+        """A source now shows node `old` as part of `new` (the same host): drop `old` unless a link has it."""
+        if old in self._links or not self._sources.reports(old):
+            return
+        self._tasks.append(asyncio.ensure_future(self.remove_node(old, reason="now shown as %s (the same host)" % new)))
 
     async def _supervise(self, link: NodeLink) -> None:
         backoff = self.config.ssh
@@ -254,6 +313,94 @@ class Fleet(FleetSources):
         await from_sources
         return self._with_source_nodes(results)
 
+    async def _snapshot_sources(self, timeout: float) -> None:
+        for source, state in await self._sources.poll(timeout):
+            self._publish_source(source, state)
+
+    def _with_source_nodes(self, results: List[NodeState]) -> List[NodeState]:
+        """Snapshot results: merged states for the links' nodes, then the nodes only sources know."""
+        if not self._sources.reports_any():
+            return results
+        out = [self._states.get(state.name, state) for state in results]
+        known = set(self._links)
+        out.extend(state for name, state in self._states.items() if name not in known)
+        return out
+
+    # --- nodes joining and leaving ---------------------------------------------------------
+
+    def add_node(self, name: str, link: Optional[NodeLink] = None) -> bool:
+        """Add node `name` (with `link`, or source-fed when None); False when it is already there."""
+        if name in self._states and (link is None or name in self._links):
+            return False
+        if link is not None:
+            self._links[name] = link
+        self._states.setdefault(name, NodeState(name=name, since=time.time()))
+        if link is not None and self._on_change is not None:
+            task = asyncio.create_task(self._supervise(link), name="link:" + name)
+            self._tasks.append(task)
+            self._supervised[name] = task
+        if self._on_change is not None:
+            self._on_change(self._states[name])
+        return True
+
+    async def remove_node(self, name: str, reason: str = "removed") -> bool:
+        """Drop node `name`: stop its link, forget its states. False when there is no such node."""
+        if name not in self._states:
+            return False
+        link = self._links.pop(name, None)
+        task = self._supervised.pop(name, None)
+        if task is None:
+            task = next((t for t in self._tasks if t.get_name() == "link:" + name and not t.done()), None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if task in self._tasks:
+                self._tasks.remove(task)
+        if link is not None:
+            try:
+                await asyncio.wait_for(link.close(), 2.0)
+            except Exception:
+                log.warning("closing link %s failed", name, exc_info=True)
+        last = self._states.pop(name)
+        self._sources.forget(name)
+        if self._on_change is not None:
+            self._on_change(replace(last, state=STATE_DOWN, reason=reason, since=time.time()))
+        return True
+
+    # --- Slurm -----------------------------------------------------------------------------
+
+    def follow_slurm(self, follower: Any, link_factory: Optional[Callable[[str], Any]] = None) -> None:
+        """Follow a SlurmFollower (opsconsole/nodes/slurm.py) from start(); `link_factory(name)` links joiners."""
+        self._slurm = follower
+        self._link_factory = link_factory
+        if follower.current is not None:
+            self._slurm_run = follower.current
+            self._set_slurm_nodes(follower.current.nodes)
+
+    def _set_slurm_nodes(self, nodes: Iterable[str]) -> None:
+        self._slurm_nodes = set(nodes)
+        self._sources.set_node_filter(self._slurm_nodes)
+
+    def apply_slurm_run(self, run: Any) -> None:
+        """Take a new SlurmRun: add the nodes that joined, remove those that left (not on a failed query)."""
+        self._slurm_run = run
+        if run.error is not None:
+            return  # keep the nodes we have: Slurm not answering says nothing about the job
+        wanted = set(run.nodes)
+        self._set_slurm_nodes(wanted)
+        for name in run.nodes:
+            if name not in self._states:
+                link = self._link_factory(name) if self._link_factory is not None else None
+                self.add_node(name, link)
+        for name in [n for n in self._states if n not in wanted]:
+            task = asyncio.ensure_future(self.remove_node(name, reason="left the Slurm job"))
+            self._tasks.append(task)
+
+    @property
+    def slurm_run(self) -> Any:
+        """The latest SlurmRun (None when no job is followed)."""
+        return self._slurm_run
+
 
 def _discard_result(task: asyncio.Task) -> None:
     # Retrieve the outcome of a task we gave up on, so asyncio does not log it as never retrieved.
@@ -261,4 +408,4 @@ def _discard_result(task: asyncio.Task) -> None:
         task.exception()
 
 
-__all__ = ["Fleet", "FleetTotals", "build_link", "tune_gc"]
+__all__ = ["Fleet", "FleetTotals", "RunTotals", "build_link", "tune_gc"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Tuple
 
 from opsconsole.jobs_view import count_jobs
 from opsconsole.model import STATE_CONNECTING
@@ -21,6 +21,14 @@ class FleetTotals:
     alerts: int = 0
     nodes_connecting: int = 0  # nodes still making their first connection (no frame yet): not down
     jobs: int = 0  # distinct jobs running on the GPUs of the nodes that are up
+
+
+@dataclass(frozen=True)
+class RunTotals(FleetTotals):
+    """FleetTotals plus what the header shows of the run: the Slurm job and the sources' states."""
+
+    job: Optional[str] = None
+    sources: Tuple[Tuple[str, str, Optional[str]], ...] = ()  # (source name, state, reason)
 
 
 def totals_of(states: Iterable, now: float, stale_after: float) -> FleetTotals:

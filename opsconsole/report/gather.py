@@ -129,9 +129,9 @@ async def gather(config, fleet=None, timeout: float = 10.0, health: Optional[Seq
     problems: List[str] = []
     own_fleet = fleet is None
     if own_fleet:
-        from opsconsole.nodes.fleet import Fleet
+        from opsconsole.sources import fleet_with_sources
 
-        fleet = Fleet(config)
+        fleet = fleet_with_sources(config)
         states_list = await fleet.snapshot(timeout)
         states = {s.name: s for s in states_list}
     else:

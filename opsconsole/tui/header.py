@@ -55,7 +55,7 @@ def header_text(
         "   newest frame " + (format_frame_age(age) + " ago" if age is not None else "none yet"),
         style=palette.warn if stale else "",
     )
-    job = getattr(totals, "job", None)  # a followed Slurm job (RunTotals, opsconsole/nodes/fleet_sources.py)
+    job = getattr(totals, "job", None)  # a followed Slurm job (RunTotals, opsconsole/nodes/totals.py)
     if job:
         text.append("   " + job, style="bold " + palette.accent)
     text.append("\n")
