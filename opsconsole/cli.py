@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
-from typing import List, Optional, Sequence
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence
 
 from opsconsole import __version__
 from opsconsole.commands._arguments import (  # noqa: F401 (main and the tests use them from here)
@@ -106,8 +107,56 @@ def add_watch_options(parser: argparse.ArgumentParser) -> List[argparse.Action]:
     ]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser: console options at the top, one subparser per headless command."""
+# The headless subcommands under opsconsole/commands/, one module each, with the one-line help the
+# console's --help lists. A module is imported (and its register() adds its arguments) only when its
+# command is chosen: the console's launch and `opsconsole --help` load none of them.
+# tests/test_cli_lazy.py checks this table against the package's modules and their help.
+COMMAND_HELP: Dict[str, str] = {
+    "agent": "run the probe on this node: JSON lines, or a Prometheus exporter with --metrics-port",
+    "check": "run the health checks once (exit 0 pass/warn, 1 fail, 2 could not run)",
+    "checkpoints": "list a checkpoint directory: format, epoch/step, loss, size, integrity",
+    "cleanup": "delete old checkpoints by a retention plan (shown first)",
+    "demo": "start a small real training run that fails, and open the console on it",
+    "diagnose": "recognise failures (CUDA, NCCL, OOM, NaN, I/O, data) in log files and name the root cause",
+    "fr": "match PyTorch flight-recorder dumps across ranks and name the rank that never joined",
+    "record": "record every node's states to a file (replay it with `opsconsole replay`)",
+    "replay": "open the console on a recording (space pauses, +/- speed, [ ] seek)",
+    "report": "collect an incident report (tar.gz): states, failing checks, log findings, nvidia-smi -q",
+    "stacks": "dump every training rank's Python stack with py-spy, grouped; name the odd ones out",
+}
+
+
+class LazyCommands(argparse._SubParsersAction):
+    """argparse's subcommands, where a command of COMMAND_HELP is a placeholder (its name and help)
+    until it is chosen: then its module is imported and registers the real subparser in its place,
+    and parsing goes on as if it had been there all along."""
+
+    add_node_options: Callable[[argparse.ArgumentParser], None]
+    placeholders: FrozenSet[str] = frozenset()  # commands whose module is not imported yet
+
+    def add_placeholder(self, name: str, help_text: str) -> None:
+        self.add_parser(name, help=help_text)
+        self.placeholders = self.placeholders | {name}
+
+    def load(self, name: str) -> None:
+        """Import command `name`'s module and let it register its subparser (once)."""
+        if name not in self.placeholders:
+            return
+        self.placeholders = self.placeholders - {name}
+        del self._name_parser_map[name]
+        self._choices_actions = [action for action in self._choices_actions if action.dest != name]
+        importlib.import_module("opsconsole.commands." + name).register(self, self.add_node_options)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        self.load(values[0])
+        super().__call__(parser, namespace, values, option_string)
+
+
+def build_parser(import_commands: bool = False) -> argparse.ArgumentParser:
+    """The argument parser: console options at the top, one subparser per headless command.
+
+    `import_commands` registers every command's arguments now (what parsing a command does for
+    that one command): for tests that compare them, and tools that list every option."""
     parser = argparse.ArgumentParser(
         prog="opsconsole",
         description="A terminal operations console for GPU training clusters.",
@@ -120,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     watch_actions = add_watch_options(parser)
     parser.set_defaults(handler=command_console)
 
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", action=LazyCommands)
+    assert isinstance(commands, LazyCommands)
+    commands.add_node_options = lambda sub: _add_node_options(sub, in_subcommand=True)
     snapshot = commands.add_parser(
         "snapshot",
         help="poll every node once and print a table (or JSON)",
@@ -132,20 +183,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", metavar="S", type=_positive_float, default=10.0, help="give up on a node after S seconds (10)"
     )
     snapshot.set_defaults(handler=command_snapshot)
-    for module in command_modules():
-        module.register(commands, lambda sub: _add_node_options(sub, in_subcommand=True))
+    for name, help_text in COMMAND_HELP.items():
+        commands.add_placeholder(name, help_text)
+    if import_commands:
+        for name in COMMAND_HELP:
+            commands.load(name)
     for action in watch_actions:
         action.commands = tuple(commands.choices)
     return parser
 
 
 def command_modules() -> list:
-    """The headless subcommands under opsconsole/commands/, each with `register(commands, add_node_options)`.
-
-    Found by listing the package, so a new command is one new module. Each module keeps its
-    heavy imports inside its handler: parsing `opsconsole --help` must stay fast.
-    """
-    import importlib
+    """Every module under opsconsole/commands/ (each with `register(commands, add_node_options)`),
+    found by listing the package: what COMMAND_HELP must name. Imports them all (tests, tools)."""
     import pkgutil
 
     import opsconsole.commands as package
