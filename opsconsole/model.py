@@ -8,21 +8,27 @@ runtime `X | Y`, no dataclass slots; on 3.6 the bundle supplies the dataclasses 
 import dataclasses
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
+
+if TYPE_CHECKING:  # Literal and Final are Python 3.8+: for the type checker only (annotations below are text)
+    from typing import Final, Literal
+
+    NodeStateName = Literal["connecting", "up", "stale", "down", "auth", "hostkey", "fallback", "degraded"]
 
 # Bump when a field changes meaning or is removed; adding a field is compatible.
 FRAME_VERSION = 1
 
 # Node connection states, as shown in the console and in `snapshot --json`.
-STATE_CONNECTING = "connecting"
-STATE_UP = "up"
-STATE_STALE = "stale"
-STATE_DOWN = "down"
-STATE_AUTH = "auth"
-STATE_HOSTKEY = "hostkey"
-STATE_FALLBACK = "fallback"
+# (NodeStateName is their type: NodeState.state takes no other text.)
+STATE_CONNECTING: "Final" = "connecting"
+STATE_UP: "Final" = "up"
+STATE_STALE: "Final" = "stale"
+STATE_DOWN: "Final" = "down"
+STATE_AUTH: "Final" = "auth"
+STATE_HOSTKEY: "Final" = "hostkey"
+STATE_FALLBACK: "Final" = "fallback"
 # Live, but part of what it reports is missing: one of its exporters is down ("node_exporter down").
-STATE_DEGRADED = "degraded"
+STATE_DEGRADED: "Final" = "degraded"
 NODE_STATES = (
     STATE_CONNECTING,
     STATE_UP,
@@ -241,7 +247,7 @@ class NodeState:
     """What the console knows of one node: connection state and last good frame."""
 
     name: str
-    state: str = STATE_CONNECTING
+    state: "NodeStateName" = STATE_CONNECTING
     reason: Optional[str] = None  # why down/auth/hostkey/fallback
     address: Optional[str] = None  # host[:port] as connected
     frame: Optional[NodeFrame] = None  # last good frame, kept when the node goes away
@@ -345,6 +351,7 @@ _SCALAR_KINDS = {
     "int": ((int,), "an integer"),
     "float": ((float, int), "a number"),  # 55 is a temperature as much as 55.0
     "str": ((str,), "text"),
+    "NodeStateName": ((str,), "text"),  # a state this console does not know is shown as it came
     "bool": ((bool,), "true or false"),
 }
 _JSON_NAMES = {"NoneType": "null", "dict": "object", "list": "list", "str": "str"}

@@ -6,11 +6,14 @@ import asyncio
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 from opsconsole.config import NodeConfig
 from opsconsole.model import BAD_FRAME, STATE_DOWN, STATE_UP, FrameError, NodeState, checked
 from opsconsole.nodes.base import COMMANDS_HERE, NodeLink, Publish
+
+if TYPE_CHECKING:
+    from opsconsole.model import NodeStateName
 
 ProbeFactory = Callable[[], Any]  # returns an object with poll() -> NodeFrame
 
@@ -117,14 +120,14 @@ class LocalLink(NodeLink):
             return self._enter(STATE_DOWN, reason="probe failed: " + _describe(exc))
         if isinstance(problem, FrameError):
             # The last good frame stays; a node never up yet is down.
-            state = STATE_UP if self._state.state == STATE_UP else STATE_DOWN
+            state: NodeStateName = STATE_UP if self._state.state == STATE_UP else STATE_DOWN
             return self._enter(state, reason=BAD_FRAME + str(problem))
         if problem is not None:  # not even a frame
             return self._enter(STATE_DOWN, reason="%snot a frame: %s" % (BAD_FRAME, _describe(problem)))
         now = time.time()
         return self._enter(STATE_UP, reason=None, frame=frame, received_at=now)
 
-    def _enter(self, state: str, reason: Optional[str], **fields: Any) -> NodeState:
+    def _enter(self, state: NodeStateName, reason: Optional[str], **fields: Any) -> NodeState:
         now = time.time()
         since = self._state.since if self._state.state == state else now
         self._state = replace(self._state, state=state, reason=reason, since=since, rtt_ms=None, **fields)

@@ -21,7 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Collection, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from opsconsole.model import (
     STATE_AUTH,
@@ -39,6 +39,9 @@ from opsconsole.sources.node_identity import NodeIdentity, parse_node_names, str
 from opsconsole.sources.prometheus_http import PrometheusError, PrometheusHttp, Series
 from opsconsole.sources.promql import FAST_GPU_METRICS, SLOW_GPU_METRICS, Queries
 
+if TYPE_CHECKING:
+    from opsconsole.model import NodeStateName
+
 log = logging.getLogger(__name__)
 
 Publish = Callable[[NodeState], None]
@@ -53,7 +56,7 @@ class SourceStatus:
 
     name: str
     url: str
-    state: str = STATE_CONNECTING
+    state: NodeStateName = STATE_CONNECTING
     reason: Optional[str] = None
     since: Optional[float] = None
     refreshed_at: Optional[float] = None
@@ -272,7 +275,7 @@ class PrometheusSource:
         return answers
 
     def _source_failed(self, exc: PrometheusError, now: float, started: float, requests_before: int) -> List[NodeState]:
-        state = STATE_AUTH if exc.status in (401, 403) else STATE_DOWN
+        state: NodeStateName = STATE_AUTH if exc.status in (401, 403) else STATE_DOWN
         reason = "prometheus %s: %s" % (self.config.url, exc)
         self.status = replace(
             self.status,
@@ -429,7 +432,10 @@ class PrometheusSource:
         address = "%s via %s" % (node, self.config.url)
 
         def move(
-            state: str, reason: Optional[str], frame: Optional[NodeFrame] = None, received: Optional[float] = None
+            state: NodeStateName,
+            reason: Optional[str],
+            frame: Optional[NodeFrame] = None,
+            received: Optional[float] = None,
         ) -> NodeState:
             since = previous.since if previous.state == state and previous.since is not None else now
             return replace(
