@@ -104,6 +104,37 @@ _SPAWN_FAILED = re.compile(r"-- Process ([0-9]{1,7}) terminated with the followi
 # A Python traceback frame; the line after it (indented two more) quotes source code, not an error.
 _FRAME = re.compile(r'File "([^"]*)", line (\d+)(?:, in (\S+))?')
 _TRACEBACK_HEADER = "(most recent call last):"  # "Traceback ...", "Original Traceback ..." (DataLoader workers)
+_CALL_LAST = "(most recent call last)"  # also rich's boxed header, "╭──── Traceback (most recent call last) ────╮"
+# Frames that say a traceback was raised while the process group was being set up: a peer's connection lost
+# there is the network's story (no peer has run a step to crash in), not a remote rank's failure.
+_SETUP_FUNCTIONS = frozenset(
+    (
+        "init_process_group",
+        "_store_based_barrier",
+        "_new_process_group_helper",
+        "_verify_param_shape_across_processes",
+        "_sync_module_states",
+        "_sync_params_and_buffers",
+        "_configure_distributed_model",
+        "_broadcast_model",
+        "init_device_mesh",
+    )
+)
+# Frames of HTTP clients: a connection reset there is a download's (the Hub, an object store), I/O.
+_HTTP_PATHS = (
+    "/urllib3/",
+    "/requests/",
+    "/http/client.py",
+    "/ssl.py",
+    "/urllib/request.py",
+    "/huggingface_hub/",
+    "/botocore/",
+    "/aiohttp/",
+    "/gcsfs/",
+    "/s3fs/",
+)
+HINT_SETUP = "setup"
+HINT_HTTP = "http"
 _CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
 # The line that ends a traceback: "IndexError: ...", "torch.OutOfMemoryError: ...", "AssertionError".
 _EXCEPTION = re.compile(r"([A-Za-z_][\w.]{0,200}?)(?:: ?(.*)|)$")
@@ -232,6 +263,9 @@ class _SourceState:
     nccl_setup: bool = (
         False  # NCCL INFO said a communicator is being set up (Bootstrap, Init START) and not yet complete
     )
+    peer_gone_text: str = ""  # the line at peer_gone_line, for when later lines show it was the network's
+    traceback_hint: str = ""  # HINT_SETUP or HINT_HTTP when a frame of the current traceback says so
+    implicit_col: int = -1  # a traceback started by a frame without its header: that frame's column, else -1
 
 
 class Diagnoser:
@@ -308,6 +342,23 @@ class Diagnoser:
                     state.nccl_setup = False
                 elif "Bootstrap" in body or "Init START" in body or "Using network" in body:
                     state.nccl_setup = True
+                elif " -> " in body and ("bootstrap.c" in body or "init.c" in body):
+                    # An error code passed up through ncclCommInitRank / bootstrap ("init.cc:1079 -> 3"): the
+                    # failure happened while connecting, and a peer's connection closed just before was that.
+                    state.nccl_setup = True
+                    if 0 <= number - state.peer_gone_line <= PEER_GONE_WINDOW:
+                        self._record(
+                            self._finding(
+                                "nccl_network",
+                                False,
+                                state.peer_gone_line,
+                                state.peer_gone_text,
+                                key,
+                                rank,
+                                self._time(clock, time),
+                            )
+                        )
+                        state.peer_gone_line = -PEER_GONE_WINDOW - 1
             if "NCCL work" in body or "watchdog at work" in body or "WorkNCCL(" in body:
                 self._watchdog.feed(body, rank, number, key)  # every rank's progress, compared in verdict()
         # Times are the file's (interleaved ranks share its clock), parsed only when a line is a finding.
@@ -347,10 +398,17 @@ class Diagnoser:
                     exception is None and state.traceback_prefix
                 ):  # "ERROR 11-29 03:31:11 worker.py:574] ValueError: ..."
                     exception = _exception_of(body[state.traceback_prefix :])
-        if _TRACEBACK_HEADER in body:
+                if exception is None and state.implicit_col >= 0 and body.strip():
+                    # A headerless traceback (an excerpt that starts at its frames) ends at the first line that is
+                    # neither more indented than its frames (a wrapped call, carets) nor its exception.
+                    if len(body) - len(body.lstrip()) <= state.implicit_col:
+                        state.traceback_line = state.implicit_col = -1
+        if _CALL_LAST in body and (_TRACEBACK_HEADER in body or "─" in body):
             if not state.chained:
                 state.traceback_matched = False
+                state.traceback_hint = ""
             state.traceback_line, state.chained, state.frame, state.any_frame = number, False, None, None
+            state.implicit_col = -1
             column = body.find("Traceback")
             # A logger's prefix in front of every line of the traceback: the exception line is after it.
             state.traceback_prefix = column if column > 0 and body[:column].rstrip().endswith("]") else 0
@@ -362,8 +420,9 @@ class Diagnoser:
         ):  # the chain matters only when it carries a match
             state.chained = True
         matches = match_roles(body)
+        hint = state.traceback_hint if state.traceback_line >= 0 or exception is not None else ""
         if exception is not None:
-            state.traceback_line = -1  # the exception line ends the traceback
+            state.traceback_line = state.implicit_col = -1  # the exception line ends the traceback
         if not matches:
             if exception is None or state.traceback_matched or exception[0].rsplit(".", 1)[-1] in _CONSEQUENCES:
                 return None
@@ -378,16 +437,24 @@ class Diagnoser:
         if state.traceback_line >= 0 or exception is not None:
             state.traceback_matched = True
         if any(role == ROLE_PEER_GONE for _, _, role in matches):
-            if state.nccl_setup:
-                # Closed while the communicator was being set up (bootstrap, proxy connect), before any peer ran a
-                # step: peers that could not reach each other (an interface, a firewall), the network's story.
+            if hint == HINT_HTTP:
+                # A connection reset under an HTTP client's frames: a download cut off, not a rank.
+                matches = [
+                    ("io_error", False, "") if role == ROLE_PEER_GONE else (category, weak, role)
+                    for category, weak, role in matches
+                ]
+            elif state.nccl_setup or hint == HINT_SETUP:
+                # Closed while the communicator was being set up (bootstrap, proxy connect, the process group's or
+                # DDP's first collectives), before any peer ran a step: peers that could not reach each other (an
+                # interface, a firewall), the network's story.
                 matches = [
                     ("nccl_network", False, "") if role == ROLE_PEER_GONE else (category, weak, role)
                     for category, weak, role in matches
                 ]
             else:
                 state.peer_gone_line = number
-        elif 0 <= number - state.peer_gone_line <= PEER_GONE_WINDOW:
+                state.peer_gone_text = body
+        elif hint != HINT_SETUP and 0 <= number - state.peer_gone_line <= PEER_GONE_WINDOW:
             # "unhandled system error" / "ncclInternalError" just after a peer vanished: that peer is the story.
             matches = [
                 ("nccl_remote", True, ROLE_PEER_GONE) if role == ROLE_GENERIC else (category, weak, role)
@@ -437,6 +504,16 @@ class Diagnoser:
             frame = _FRAME.search(body)
             if frame:
                 state.frame_col = frame.start()
+                if state.traceback_line < 0 and frame.start() <= 40:
+                    # Frames without a "Traceback" header before them (an excerpt cut at the top): a traceback all
+                    # the same, whose exception line comes right after its frames.
+                    if not state.chained:
+                        state.traceback_matched = False
+                        state.traceback_hint = ""
+                    state.chained, state.frame, state.any_frame = False, None, None
+                    state.traceback_prefix = 0
+                    state.implicit_col = frame.start()
+                    state.traceback_line = number
                 if state.traceback_line >= 0:
                     state.traceback_line = max(state.traceback_line, number)
                     path, line, function = frame.groups()
@@ -444,6 +521,10 @@ class Diagnoser:
                     state.any_frame = where
                     if not path.startswith("<") and not any(part in path for part in _LIBRARY_PATHS):
                         state.frame = where
+                    if function in _SETUP_FUNCTIONS:
+                        state.traceback_hint = HINT_SETUP
+                    elif not state.traceback_hint and any(part in path for part in _HTTP_PATHS):
+                        state.traceback_hint = HINT_HTTP
                 # A frame with more after its function name is a pasted traceback whose line breaks were lost
                 # ("... in broadcast 10: work = ... 10: torch.distributed.DistBackendError: ..."): read the rest.
                 return not body[frame.end() :].strip()

@@ -96,15 +96,37 @@ SIGNATURES: Tuple[Signature, ...] = (
         "host_oom",
         r"Out of memory: Killed process|Killed process \d+ \(.*\) total-vm|invoked oom-killer"
         r"|Memory cgroup out of memory|oom-kill:constraint|Detected \d+ oom[_-]kill events?"
-        r"|task \d+: Out Of Memory",
-        ("out of memory", "killed process", "oom-killer", "oom-kill", "oom_kill"),
+        r"|task \d+: Out Of Memory|Out of memory: Kill process \d+|\bOOMKilled\b"
+        r"|killed by the cgroup out-of-memory handler",
+        ("out of memory", "killed process", "oom-killer", "oom-kill", "oom_kill", "oomkilled", "out-of-memory handler"),
     ),
     _sig(
         "host_oom",
         r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received|\bKilled\s+(?:python|torchrun|deepspeed|\S*\.py)"
         r"|terminated with signal SIGKILL|died with <Signals\.SIGKILL: 9>|(?:^|it/s\]|s/it\])\s*Killed\s*$"
-        r"|exits with return code = -9\b|exit code 137\b",
-        ("exitcode", "sigkill", "killed", "return code = -9", "exit code 137"),
+        r"|exits with return code = -9\b|exit code 137\b|(?:exit|error|return) (?:code|status):? ?-9\b|returncode=-9\b"
+        r"|exit status 137\b|^\[\d+\]\s+\d+ killed\s+\S"
+        # strerror-style "Killed" from a shell in another locale (zh_CN, de, ru, fr, ja)
+        r"|(?:^|it/s\]|s/it\])\s*(?:已杀死|已殺死|Getötet|Убито|Processus arrêté|強制終了)\s*$",
+        (
+            "exitcode",
+            "sigkill",
+            "killed",
+            "return code = -9",
+            "exit code 137",
+            "code -9",
+            "code: -9",
+            "status -9",
+            "status: -9",
+            "returncode=-9",
+            "exit status 137",
+            "已杀死",
+            "已殺死",
+            "getötet",
+            "убито",
+            "processus arrêté",
+            "強制終了",
+        ),
         weak=True,
     ),
     # Ray's memory monitor kills workers before the kernel does; a host allocation refused is the same story.
@@ -180,7 +202,15 @@ SIGNATURES: Tuple[Signature, ...] = (
         r"|CUDA initialization: |cudaErrorNoDevice|cudaErrorInsufficientDriver|Driver/library version mismatch"
         r"|no kernel image is available for execution|CUDA error: initialization error"
         r"|CUDA error: system not yet initialized|CUDA-capable device\(s\) is/are busy or unavailable"
-        r"|Failed to initialize NVML|^No devices were found",
+        r"|Failed to initialize NVML|^No devices were found"
+        r"|failed call to cuInit|[Cc]all to cuInit results in|CUDA_ERROR_UNKNOWN|cudaErrorUnknown|CUDA unknown error"
+        r"|CUDA error: unknown error|unknown error \(code 999|\berror 999\b|CUDA_ERROR_NO_DEVICE|CudaSupportError"
+        r"|forward compatibility was attempted on non supported HW|cudaErrorCompatNotSupportedOnDevice"
+        r"|CUDA_ERROR_COMPAT_NOT_SUPPORTED|unsupported display driver / cuda driver combination"
+        r"|cudaErrorSystemDriverMismatch|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH|couldn't communicate with the NVIDIA driver"
+        r"|CUDA driver initialization failed|PTX was compiled with an unsupported toolchain|cudaErrorUnsupportedPtxVersion"
+        r"|CUDA driver is a stub library|cudaErrorStubLibrary|torch\.cuda\.is_available\(\) is False"
+        r"|Torch not compiled with CUDA enabled",
         (
             "nvidia driver on your system",
             "driver version is insufficient",
@@ -196,6 +226,28 @@ SIGNATURES: Tuple[Signature, ...] = (
             "not yet initialized",
             "failed to initialize nvml",
             "no devices were found",
+            "cuinit",
+            "cuda_error_unknown",
+            "cudaerrorunknown",
+            "cuda unknown error",
+            "unknown error",
+            "error 999",
+            "cuda_error_no_device",
+            "cudasupporterror",
+            "forward compatibility",
+            "compatnotsupported",
+            "compat_not_supported",
+            "unsupported display driver",
+            "systemdrivermismatch",
+            "system_driver_mismatch",
+            "communicate with the nvidia driver",
+            "cuda driver initialization failed",
+            "unsupported toolchain",
+            "unsupportedptxversion",
+            "stub library",
+            "cudaerrorstublibrary",
+            "is_available() is false",
+            "not compiled with cuda",
         ),
     ),
     # cuDNN that cannot create its handle or list its algorithms: a cuDNN/CUDA/driver mismatch in the environment.
@@ -225,7 +277,11 @@ SIGNATURES: Tuple[Signature, ...] = (
         r"|NCCL WARN (?:[\w/]+ ?: ?)?(?:Connect to .* failed|Call to \w+ .*failed)(?!.*(?:reset by peer|Broken pipe|closed))"
         r"|NCCL WARN .*(?:Connection refused|No route to host|Network is unreachable|Connection timed out)"
         r"|\bsocket\w*: Connect to \S+ failed|network call failed|CANNOT RECV FROM PEER|Bootstrap : no socket interface found"
-        r"|The client socket has failed to connect to|DistNetworkError: (?!.*(?:reset by peer|closed))",
+        r"|The client socket has failed to connect to|DistNetworkError: (?!.*(?:reset by peer|closed))"
+        r"|NET/OFI .*(?:error|failed)|Transport retry count exceeded on|\(detected in ncclIb"
+        # A connection being set up that failed with anything but ncclRemoteError (6, the peer's side)
+        r"|Failed to execute operation Connect from rank \d+, retcode [0-57-9]"
+        r"|Error encountered progressing operation=Connect, res=[0-57-9]",
         (
             "net/ib",
             "net/socket",
@@ -240,6 +296,11 @@ SIGNATURES: Tuple[Signature, ...] = (
             "no socket interface",
             "client socket",
             "distnetworkerror",
+            "net/ofi",
+            "transport retry count exceeded",
+            "detected in ncclib",
+            "operation connect from rank",
+            "operation=connect",
         ),
     ),
     _sig(
@@ -379,11 +440,25 @@ SIGNATURES: Tuple[Signature, ...] = (
     # The HF Trainer's metrics when the weights went NaN: the loss reads 0.0 and the grad norm NaN, step after
     # step (a step an fp16 scaler skips still reports its real loss).
     _sig("nan_inf", r"'loss': 0\.0, 'grad_norm': nan\b", ("'grad_norm': nan",)),
+    # Megatron's metrics line with loss scale 1.0 (bf16/fp32: no dynamic scaler skips a step): a NaN/Inf grad
+    # norm there is the model's. InternEvo's own check says it in words.
+    _sig(
+        "nan_inf",
+        r"loss scale: 1\.0 \| grad norm: (?:nan|inf)\b|[Nn]a[Nn] grad norm occurs"
+        r"|\b(?:NaN|nan|Inf|inf)(?: or (?:Inf|inf|NaN|nan))? (?:detected|found|encountered) in (?:the )?"
+        r"(?:loss|grad|gradients?|outputs?|logits|parameters|weights)\b",
+        ("grad norm: nan", "grad norm: inf", "nan grad norm occurs", "nan", "inf"),
+    ),
     # --- storage -------------------------------------------------------------------------------------
     _sig(
         "disk_full",
         r"No space left on device|Errno 28\]|ENOSPC|Disk quota exceeded|Errno 122\]"
-        r"|PytorchStreamWriter failed writing|inline_container\.cc:\d+\] \. unexpected pos",
+        r"|PytorchStreamWriter failed writing|inline_container\.cc:\d+\] \. unexpected pos"
+        r"|kind: StorageFull|Not enough (?:free )?disk space|database or disk is full|No usable temporary directory found"
+        r"|[Oo]ut of disk space|\bEDQUOT\b|not enough space on the disk|WinError 112\]|ERROR_DISK_FULL"
+        r"|设备上没有空间|裝置上已無多餘空間|Auf dem Gerät ist kein Speicherplatz mehr verfügbar"
+        r"|Aucun espace disponible sur le périphérique|No queda espacio en el dispositivo|デバイスに空き領域がありません"
+        r"|На устройстве не осталось свободного места|超出磁盘限额",
         (
             "no space left",
             "errno 28]",
@@ -392,6 +467,22 @@ SIGNATURES: Tuple[Signature, ...] = (
             "errno 122]",
             "pytorchstreamwriter",
             "unexpected pos",
+            "storagefull",
+            "disk space",
+            "disk is full",
+            "no usable temporary directory",
+            "edquot",
+            "space on the disk",
+            "winerror 112]",
+            "error_disk_full",
+            "设备上没有空间",
+            "裝置上已無多餘空間",
+            "kein speicherplatz",
+            "aucun espace disponible",
+            "no queda espacio",
+            "デバイスに空き領域がありません",
+            "не осталось свободного места",
+            "超出磁盘限额",
         ),
     ),
     _sig(
@@ -436,6 +527,33 @@ SIGNATURES: Tuple[Signature, ...] = (
             "connection broken: ",
         ),
         overrides=("nccl_remote",),
+    ),
+    _sig(
+        "io_error",
+        r"^(?!.*(?:Retrying in|retry loop|[Rr]etrying))(?:.*(?:Connection aborted\.|ProtocolError\(|urlopen error"
+        r"|RemoteDisconnected|IncompleteRead\(|ConnectTimeoutError|NewConnectionError|NameResolutionError"
+        r"|The read operation timed out|SSLError\(|SSLEOFError|EndpointConnectionError|HTTPError: 5\d\d Server Error"
+        r"|HfHubHTTPError: 5\d\d|Consistency check failed: file should be of size"
+        r"|An existing connection was forcibly closed by the remote host))",
+        (
+            "connection aborted.",
+            "protocolerror(",
+            "urlopen error",
+            "remotedisconnected",
+            "incompleteread(",
+            "connecttimeouterror",
+            "newconnectionerror",
+            "nameresolutionerror",
+            "read operation timed out",
+            "sslerror(",
+            "ssleoferror",
+            "endpointconnectionerror",
+            "server error",
+            "hfhubhttperror: 5",
+            "consistency check failed",
+            "forcibly closed by the remote host",
+        ),
+        overrides=("nccl_remote", "nccl_network"),
     ),
     # torch>=2.6 refuses unknown globals with "Weights only load failed": a policy, not a damaged file.
     _sig(
@@ -536,6 +654,8 @@ SIGNATURES: Tuple[Signature, ...] = (
     ),
     # Sacred's traceback header, which the engine does not read as one ("most recent calls WITHOUT ...").
     _sig("app_error", r"Traceback \(most recent calls WITHOUT Sacred internals\)", ("without sacred internals",)),
+    # Hydra's line after an exception escaped the task (the traceback is shown only with HYDRA_FULL_ERROR=1).
+    _sig("app_error", r"HYDRA_FULL_ER+OR=1 for a complete stack trace", ("for a complete stack trace",)),
 )
 
 _WORD_NEEDLES = ("nan", "inf")  # whole words only in the prefilter
