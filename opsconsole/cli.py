@@ -209,10 +209,17 @@ def command_modules() -> list:
 
 def command_console(args: argparse.Namespace) -> int:
     """Start the interactive console on the configured nodes."""
-    config = console_theme(config_from_args(args), args)
+    config = config_from_args(args)
     from opsconsole.sources import fleet_with_sources
 
-    fleet = fleet_with_sources(config)
+    fleet = fleet_with_sources(config)  # the fleet reads no theme: the one picked below is the app's
+    # The local node's first poll (the probe's imports, NVML's start, every process) runs in its
+    # thread while Textual loads and lays out the first screen, which then waits less for data.
+    for name in fleet.names:
+        start_first_poll = getattr(fleet.link(name), "start_first_poll", None)
+        if start_first_poll is not None:
+            start_first_poll()
+    config = console_theme(config, args)  # loads Textual
     follow_slurm(fleet, config, slurm_follower(args))
     # Imported only here: the headless commands must not load Textual.
     from opsconsole.tui.app import run_console

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from dataclasses import replace
@@ -91,6 +92,27 @@ class LocalLink(NodeLink):
         # cancelled (its thread keeps running), a second poll waits for the first.
         self._probe_lock = threading.Lock()
         self._state = NodeState(name=node.name, address="local", since=time.time())
+        self._first_poll: Optional[concurrent.futures.Future] = None  # started before the loop (start_first_poll)
+
+    def start_first_poll(self) -> None:
+        """Take the first poll now, in a daemon thread, before any event loop runs: the console calls
+        this before it imports Textual, so loading the probe, NVML's start (C calls that release the
+        GIL) and the first process listing overlap the console's own start. The first `_poll` takes
+        its result, checked like any other."""
+        if self._first_poll is not None:
+            return
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return  # the first _poll was cancelled before the thread ran
+            try:
+                future.set_result(self._poll_in_thread())
+            except BaseException as exc:  # handed to the first _poll, which decides
+                future.set_exception(exc)
+
+        self._first_poll = future
+        threading.Thread(target=work, name="opsconsole-probe", daemon=True).start()
 
     @property
     def state(self) -> NodeState:
@@ -112,8 +134,12 @@ class LocalLink(NodeLink):
 
     async def _poll(self) -> NodeState:
         """One probe poll turned into a NodeState (never raises, except on cancellation)."""
+        first, self._first_poll = self._first_poll, None
         try:
-            frame, problem = await run_in_daemon_thread(self._poll_in_thread)
+            if first is not None:
+                frame, problem = await asyncio.wrap_future(first)
+            else:
+                frame, problem = await run_in_daemon_thread(self._poll_in_thread)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the probe's failure is the node's state, not a crash

@@ -8,7 +8,20 @@ import os
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
-from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterator,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Type,
+)
 
 from rich.text import Text
 from textual import events, on
@@ -21,8 +34,7 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 
-from opsconsole.actions.audit import OUTCOME_FAILED, OUTCOME_OK, AuditLog, audit_path
-from opsconsole.actions.registry import hidden_binding_ids
+from opsconsole.audit_outcomes import OUTCOME_FAILED, OUTCOME_OK
 from opsconsole.config import Config
 from opsconsole.health.monitor import HealthMonitor
 from opsconsole.model import NodeState
@@ -51,6 +63,9 @@ from opsconsole.tui.themes import (
     load_console_themes,
     save_theme,
 )
+
+if TYPE_CHECKING:
+    from opsconsole.actions.audit import AuditLog
 
 
 @dataclass(frozen=True)
@@ -158,6 +173,16 @@ class FleetLike(Protocol):
     async def retry(self, name: str) -> bool:
         """Ask node `name` to try connecting again now; False when it cannot."""
         ...
+
+
+def hidden_binding_ids(config: Config) -> FrozenSet[str]:
+    """The bindings of the actions this console does not offer. Only a read-only console hides any
+    (actions.registry.allowed), so the others start without importing every action's module."""
+    if not config.console.read_only:
+        return frozenset()
+    from opsconsole.actions.registry import hidden_binding_ids as hidden_actions
+
+    return hidden_actions(config)
 
 
 def tab_id(pane_id: str) -> str:
@@ -538,6 +563,8 @@ class OpsConsole(App[int]):
     def audit(self, action: str, node: str, detail: str, outcome: str) -> bool:
         """Write one audit record; a failure is shown, never raised. True when it was written."""
         if self._audit is None:
+            from opsconsole.actions.audit import AuditLog, audit_path
+
             self._audit = AuditLog(audit_path(self.config.actions))
         problem = self._audit.write(action, node, detail, outcome)
         if problem:

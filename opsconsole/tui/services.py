@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 from opsconsole.alerts.engine import EVENT_FIRING, AlertEngine, AlertEvent
-from opsconsole.alerts.hook import HookResult, deliver
 from opsconsole.alerts.rules import rules_from_config
-from opsconsole.checkpoints.filesystems import FileSystems
 from opsconsole.config import Config
 from opsconsole.history import History
 from opsconsole.model import NodeState
+
+if TYPE_CHECKING:
+    from opsconsole.alerts.hook import HookResult
+    from opsconsole.checkpoints.filesystems import FileSystems
 
 MAX_HOOKS_IN_FLIGHT = 4  # beyond this, alerts are still shown but the hook is skipped (and that is said)
 
@@ -37,13 +39,22 @@ class ConsoleServices:
         self.alerts = AlertEngine(rules_from_config(config))
         self.alerts.clock = now  # silences run out on the console's clock
         self.recorder = None  # opsconsole.recording.recorder.Recorder while recording
-        # One file system per node for the Checkpoints pane and the cleanup action.
-        self.filesystems = FileSystems(timeout=config.ssh.connect_timeout + 30.0)
+        self._filesystems: Optional[FileSystems] = None
         self.recording_path: Optional[str] = None
         self.hook_results: List[HookResult] = []  # newest last, bounded
         self.announce: Callable[[AlertEvent], None] = lambda event: None
         self.report_problem: Callable[[str], None] = lambda message: None
         self._hooks: set = set()
+
+    @property
+    def filesystems(self) -> FileSystems:
+        """One file system per node for the Checkpoints pane and the cleanup action (made when first
+        asked for: a console that never shows checkpoints does not load their modules)."""
+        if self._filesystems is None:
+            from opsconsole.checkpoints.filesystems import FileSystems
+
+            self._filesystems = FileSystems(timeout=self.config.ssh.connect_timeout + 30.0)
+        return self._filesystems
 
     # --- feeding -----------------------------------------------------------
 
@@ -91,6 +102,8 @@ class ConsoleServices:
             self.report_problem("alert hook skipped for %s: %d hooks still running" % (event.rule, len(self._hooks)))
             return
         try:
+            from opsconsole.alerts.hook import deliver
+
             task = asyncio.ensure_future(deliver(argv, event.to_json(), self.config.alerting.hook_timeout_s))
         except RuntimeError:  # no event loop (headless use): nothing to run it on
             return
