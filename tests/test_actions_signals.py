@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -93,11 +94,12 @@ def context(tmp_path, get_state, link=THIS_MACHINE, escalation_s=0.6, interval=0
     )
 
 
-def audit_outcomes(tmp_path):
-    import json
+def audit_records(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
 
-    path = tmp_path / "audit.log"
-    return [(r["action"], r["outcome"], r.get("command")) for r in map(json.loads, path.read_text().splitlines())]
+
+def audit_outcomes(tmp_path):
+    return [(r["action"], r["outcome"], r.get("command")) for r in audit_records(tmp_path)]
 
 
 def test_signal_argv_is_kill_with_a_name_and_double_dash():
@@ -140,8 +142,18 @@ async def test_a_pid_the_node_did_not_report_is_refused_and_not_signalled(tmp_pa
         renamed = replace(
             state, frame=replace(state.frame, top_processes=(replace(state.frame.top_processes[0], name="python3"),))
         )
-        assert "now 'sleep', not 'python3'" in refuse_signal(renamed, reported.pid, local=True)
-        assert refuse_signal(renamed, reported.pid, local=False) is None  # remote: /proc here is not the node's
+        assert "is now a different process (command 'sleep', not 'python3')" in refuse_signal(
+            renamed, reported.pid, local=True
+        )
+        assert refuse_signal(renamed, reported.pid, local=False) is None  # remote: checked on the node, when sent
+        # A frame without start times (a node read by nvidia-smi and /proc text): no PID can be checked.
+        no_start = replace(
+            state,
+            frame=replace(
+                state.frame, top_processes=(replace(state.frame.top_processes[0], start_time=None, elapsed_s=None),)
+            ),
+        )
+        assert "gives no start time for PID %d" % reported.pid in refuse_signal(no_start, reported.pid, local=False)
 
 
 @pytest.mark.sshd
@@ -157,12 +169,22 @@ async def test_sigint_over_real_ssh_reaches_a_real_sleep(sshd_factory, tmp_path)
             report = await run_plan(plan, ctx)
             assert report.ok, report.lines  # first: when the kill did not run over SSH, say why
             assert sleeper.wait(10) == -signal.SIGINT
-            # A PID that is gone: kill over SSH fails, and that is the result shown.
-            result = await deliver_signal("TERM", sleeper.pid, link, 10)
+            # A PID that is gone: the node's signal step says so, and that is the result shown.
+            result = await deliver_signal("TERM", sleeper.pid, link, 10, plan.payload)
             assert result.exit_status not in (0, None) and not result.ok
+            assert "pid %d has exited" % sleeper.pid in result.error
+            # A plan made elsewhere, without what the frame said of the process: nothing is sent.
+            unchecked = await deliver_signal("TERM", sleeper.pid, link, 10)
+            assert unchecked.refused and "no identity of PID" in unchecked.error
     finally:
         await link.close()
     assert [o[:2] for o in audit_outcomes(tmp_path)] == [("signal_int", "attempt"), ("signal_int", "ok")]
+    # The node's answer is in the audit record: it checked the process it was planned for, then signalled it.
+    answer = audit_records(tmp_path)[-1]["result"]["answer"]
+    assert answer["signalled"] is True and answer["via"] in ("pidfd", "kill")
+    assert answer["seen"]["name"] == "sleep" and answer["seen"]["start_time"] == pytest.approx(
+        plan.payload.start_time, abs=1.5
+    )
 
 
 # A training loop in the spirit of the seed's GracefulKiller: SIGINT sets a flag, the loop saves and exits.
@@ -262,3 +284,105 @@ async def test_watch_reports_unknown_when_no_new_frame_arrives():
     old = ProbedNode("n", [os.getpid()]).state()
     verdict = await watch_process(lambda: old, os.getpid(), after=time.time() + 60, timeout=0.2)
     assert not verdict.gone and not verdict.frame_seen and "state unknown" in verdict.text
+
+
+def start_on_pid(pid: int, argv: List[str], tries: int = 200) -> subprocess.Popen:
+    """A new process given `pid`, the PID of one that exited (the kernel's next PID set through
+    /proc/sys/kernel/ns_last_pid, which needs root); skips the test where it cannot be arranged."""
+    for _ in range(tries):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(pid - 1))
+        except OSError as exc:
+            pytest.skip("cannot choose the next PID here (%s): PID reuse not arranged" % exc.strerror)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if proc.pid == pid:
+            return proc
+        proc.kill()  # another process on the machine took the PID first: try again
+        proc.wait(10)
+    pytest.skip("PID %d was taken by other processes %d times" % (pid, tries))
+
+
+def after_the_slack(started_at: float) -> None:
+    """Wait until a process started now is later than `started_at` by more than checked_signal's slack."""
+    from opsconsole.probe.checked_signal import START_SLACK_S
+
+    while time.time() < started_at + START_SLACK_S + 0.3:
+        time.sleep(0.05)
+
+
+def refused_record(tmp_path, action_id: str):
+    records = [r for r in audit_records(tmp_path) if r["action"] == action_id]
+    assert [r["outcome"] for r in records] == ["attempt", "refused"], records
+    assert records[0]["id"] == records[1]["id"]
+    return records[1]
+
+
+async def test_a_pid_reused_by_another_process_after_the_plan_is_refused_and_audited(tmp_path):
+    """The planned `sleep` exits; another `sleep` of the same user gets its PID: only the start time differs."""
+    with started(["sleep", "30"]) as planned:
+        node = ProbedNode("local", [planned.pid])
+        ctx = context(tmp_path, node.state)
+        plan = await plan_action("signal_kill", Target(TARGET_PROCESS, "local", pid=planned.pid), ctx)
+        assert any("checked here right before each signal" in note for note in plan.notes)
+    after_the_slack(plan.payload.start_time)
+    successor = start_on_pid(plan.target.pid, ["sleep", "30"])
+    try:
+        report = await run_plan(plan, ctx)
+        assert successor.poll() is None  # not signalled
+    finally:
+        successor.kill()
+        successor.wait(10)
+    assert not report.ok
+    assert "REFUSED: pid %d is now a different process (started" % successor.pid in report.lines[0], report.lines
+    record = refused_record(tmp_path, "signal_kill")
+    assert "is now a different process" in record["detail"] and record["result"]["refused"] is True
+
+
+@pytest.mark.sshd
+async def test_over_real_ssh_a_reused_pid_is_refused_on_the_node_and_the_right_one_is_signalled(sshd_factory, tmp_path):
+    server = sshd_factory.start()
+    link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port), FAST, 0.3)
+    try:
+        with started(["sleep", "30"]) as planned:
+            node = ProbedNode("n1", [planned.pid])  # the sshd runs here, so /proc here is the node's
+            ctx = context(tmp_path, node.state, link=link)
+            plan = await plan_action("escalate", Target(TARGET_PROCESS, "n1", pid=planned.pid), ctx)
+            assert any("checked on the node right before each signal" in note for note in plan.notes)
+        after_the_slack(plan.payload.start_time)
+        successor = start_on_pid(plan.target.pid, ["sleep", "30"])
+        try:
+            report = await run_plan(plan, ctx)
+            assert successor.poll() is None  # the node refused: the successor lives
+            # Planned afresh from a frame that lists the successor: the right process, and only it, goes.
+            with started(["sleep", "30"]) as bystander:
+                node.pids = [successor.pid, bystander.pid]
+                fresh = await plan_action("signal_term", Target(TARGET_PROCESS, "n1", pid=successor.pid), ctx)
+                done = await run_plan(fresh, ctx)
+                assert successor.wait(10) == -signal.SIGTERM
+                assert bystander.poll() is None
+        finally:
+            if successor.poll() is None:
+                successor.kill()
+            successor.wait(10)
+    finally:
+        await link.close()
+    assert not report.ok and "REFUSED" in report.lines[0] and "is now a different process" in report.lines[0]
+    refused = refused_record(tmp_path, "escalate")
+    seen = refused["result"]["answer"]["seen"]
+    assert seen["start_time"] > plan.payload.start_time + 1.5  # the node read the successor's start time
+    assert done.ok, done.lines
+    assert [r["outcome"] for r in audit_records(tmp_path) if r["action"] == "signal_term"] == ["attempt", "ok"]
+
+
+def test_a_gpu_process_is_identified_by_its_elapsed_time_at_the_frame():
+    """GPU processes carry elapsed_s (at the frame's time), host processes their start time."""
+    from opsconsole.actions.signals import identity_in_frame
+
+    gpu = ProcessSample(pid=4242, name="python", user="alice", elapsed_s=100.0, gpu_index=0)
+    assert identity_in_frame(gpu, 1_000_000.0).start_time == 999_900.0
+    host = ProcessSample(pid=4242, name="python", start_time=5.0, elapsed_s=1.0)
+    assert identity_in_frame(host, 1_000_000.0).start_time == 5.0
+    assert identity_in_frame(ProcessSample(pid=4242, name="python"), 1_000_000.0) is None
+    request = identity_in_frame(gpu, 1_000_000.0).request("KILL")
+    assert request == {"pid": 4242, "signal": "KILL", "start_time": 999_900.0, "name": "python", "user": "alice"}

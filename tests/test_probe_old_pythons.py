@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 
@@ -18,7 +19,7 @@ from opsconsole.checkpoints.remote import helper_argv
 from opsconsole.health.remote import health_bundle
 from opsconsole.logs.remote import follower_source
 from opsconsole.model import NodeFrame, from_wire
-from opsconsole.nodes.bundle import probe_bundle
+from opsconsole.nodes.bundle import helper_bundle, probe_bundle
 from tests.waiting import wait_for_sync
 
 OLD_PYTHONS = ("3.6", "3.8")
@@ -175,6 +176,44 @@ def test_the_log_follower_follows_a_growing_file(python, tmp_path):
             follower.stdout.close()
             follower.stderr.close()
     assert follower.returncode == 0
+
+
+def test_the_signal_step_refuses_another_process_and_signals_the_planned_one(python, tmp_path):
+    """probe/checked_signal.py as the console ships it: check then kill where there is no pidfd (3.6, 3.8)."""
+    from opsconsole.probe.checked_signal import identity_of
+
+    sleeper = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
+    try:
+        seen = identity_of(sleeper.pid)
+
+        def run(**request):
+            request = dict({"pid": sleeper.pid, "signal": "TERM", "name": "sleep", "user": seen["user"]}, **request)
+            result = subprocess.run(
+                [python, "-I", "-", json.dumps(request)],
+                input=helper_bundle("checked_signal", "proc_read"),
+                capture_output=True,
+                text=True,
+                cwd="/tmp",
+                timeout=60,
+            )
+            return result.returncode, json.loads(result.stdout.splitlines()[-1]), result.stderr
+
+        status, answer, err = run(start_time=seen["start_time"] - 60)  # what a plan saw of an earlier owner
+        assert status == 3 and answer["signalled"] is False, (answer, err)
+        assert "pid %d is now a different process (started 6" % sleeper.pid in answer["refused"]
+        assert "s after the one the plan saw): not signalled" in answer["refused"]
+        status, answer, err = run(start_time=seen["start_time"], name="python3")
+        assert status == 3 and "command 'sleep', not 'python3'" in answer["refused"], (answer, err)
+        assert sleeper.poll() is None
+        status, answer, err = run(start_time=seen["start_time"])
+        assert status == 0 and answer["signalled"] is True and answer["via"] == "kill", (answer, err)
+        assert sleeper.wait(10) == -signal.SIGTERM
+        status, answer, err = run(start_time=seen["start_time"])
+        assert status == 4 and "has exited" in answer["error"], (answer, err)
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        sleeper.wait(10)
 
 
 def test_nothing_shipped_needs_python_3_7():

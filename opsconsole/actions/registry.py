@@ -77,6 +77,8 @@ def _status_line(outcome: ActionOutcome) -> str:
         return "NOT RUN: " + (outcome.audit_problem or "the audit log could not be written")
     assert outcome.result is not None
     result = outcome.result
+    if result.refused:
+        return "REFUSED: " + (result.error or "not done")
     if result.error:
         return "failed: " + result.error
     return "exit status %s (%.2f s)" % (result.exit_status, result.duration_s)
@@ -94,8 +96,13 @@ async def plan_signal(action: Action, target: Target, ctx: ActionContext, params
     refusal = signals.refuse_signal(state, target.pid, ctx.local)
     if refusal:
         raise Refused(refusal)
-    assert target.pid is not None
-    proc = signals.reported_process(state.frame, target.pid)
+    frame = state.frame
+    assert target.pid is not None and frame is not None  # refuse_signal refused both
+    proc = signals.reported_process(frame, target.pid)
+    # What every signal of this plan is checked against, where the process runs.
+    identity = signals.identity_in_frame(proc, frame.time) if proc is not None else None
+    if identity is None:  # refuse_signal refused it already
+        raise Refused("PID %d: the frame says nothing to tell it from a later process" % target.pid)
     name = target.name or (proc.name if proc else "")
     signal_name = SIGNAL_OF[action.id]
     notes = []
@@ -110,14 +117,17 @@ async def plan_signal(action: Action, target: Target, ctx: ActionContext, params
         notes.append("SIGINT lets a training script that catches it save a checkpoint before it exits")
     elif signal_name == "KILL":
         notes.append("SIGKILL cannot be caught: unsaved work is lost")
-    if ctx.local:
-        notes.append("sent with os.kill by the console (the same as this kill command)")
+    notes.append(
+        "checked %s right before each signal: %s; otherwise nothing is sent"
+        % ("here" if ctx.local else "on the node", identity.describe())
+    )
     return Plan(
         action,
         Target(TARGET_PROCESS, target.node, pid=target.pid, name=name),
         tuple(signals.signal_argv(signal_name, target.pid)),
         _where(ctx, target.node),
         notes=tuple(notes),
+        payload=identity,
     )
 
 
@@ -127,8 +137,11 @@ async def _send_one(plan: Plan, ctx: ActionContext, signal_name: str, action_id:
     argv = signals.signal_argv(signal_name, pid)
     sent_at = time.time()
 
+    # A plan made elsewhere holds no identity: deliver_signal refuses it (audited as refused).
+    identity = plan.payload if isinstance(plan.payload, signals.ProcessIdentity) else None
+
     async def execute() -> CommandResult:
-        return await signals.deliver_signal(signal_name, pid, ctx.link, ctx.config.actions.command_timeout_s)
+        return await signals.deliver_signal(signal_name, pid, ctx.link, ctx.config.actions.command_timeout_s, identity)
 
     outcome = await ctx.runner.run(action_id, plan.target.node, plan.target.describe(), argv, execute)
     return outcome, sent_at

@@ -20,6 +20,7 @@ from opsconsole.actions.audit import (
     OUTCOME_ATTEMPT,
     OUTCOME_FAILED,
     OUTCOME_OK,
+    OUTCOME_REFUSED,
     AuditLog,
     new_entry_id,
 )
@@ -38,6 +39,9 @@ class CommandResult:
     error: Optional[str] = None  # one line: not found, node unreachable, timed out ...
     duration_s: float = 0.0
     timed_out: bool = False
+    refused: bool = False  # not done on purpose: the target is no longer the one planned (audited as refused)
+    # What a node-side step answered besides its output (the signal step: what it checked and saw).
+    answer: Optional[Dict[str, Any]] = None
 
     @property
     def ok(self) -> bool:
@@ -57,9 +61,11 @@ class CommandResult:
             "exit_status": self.exit_status,
             "error": self.error,
             "timed_out": self.timed_out,
+            "refused": self.refused,
             "duration_s": round(self.duration_s, 3),
             "stdout": _tail(self.stdout),
             "stderr": _tail(self.stderr),
+            **({"answer": self.answer} if self.answer is not None else {}),
         }
 
 
@@ -131,13 +137,13 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-async def run_remote(link: Any, argv: Sequence[str], timeout: float) -> CommandResult:
-    """Run argv on the node over its SSH connection (`SshLink.run_command`, words shlex-quoted)."""
+async def run_remote(link: Any, argv: Sequence[str], timeout: float, input: Optional[str] = None) -> CommandResult:
+    """Run argv on the node over its SSH connection (`SshLink.run_command`, words shlex-quoted), `input` on stdin."""
     from opsconsole.nodes.ssh import LinkError  # an SshLink exists, so asyncssh is loaded already
 
     started = time.monotonic()
     try:
-        status, stdout, stderr = await link.run_command([str(word) for word in argv], timeout=timeout)
+        status, stdout, stderr = await link.run_command([str(word) for word in argv], timeout=timeout, input=input)
     except LinkError as err:
         timed_out = "timed out" in err.reason
         return CommandResult(
@@ -243,7 +249,7 @@ class ActionRunner:
             raise
         except Exception as exc:  # an executor bug is an outcome too, not a crash of the console
             result = CommandResult(None, error=_describe(exc))
-        outcome = OUTCOME_OK if result.ok else OUTCOME_FAILED
+        outcome = OUTCOME_OK if result.ok else OUTCOME_REFUSED if result.refused else OUTCOME_FAILED
         problem = self.audit.write(
             action,
             node,

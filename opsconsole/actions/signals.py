@@ -1,25 +1,34 @@
-"""Process signals: only to PIDs the node reported, delivered locally or by `kill` over SSH, verified by frames.
+"""Process signals: only to PIDs the node reported, and only while each is still the process reported.
 
 SIGINT first: a training script that catches it (the seed's GracefulKiller) saves a
 checkpoint and exits; SIGTERM and SIGKILL follow only when the user confirms, after
 `[actions] signal_escalation_s`. Whether the process went is read from the frames the
-node sends after the signal, never assumed from `kill`'s exit status.
+node sends after the signal, never assumed from the signal's exit status.
 
-Over SSH the signal is a `kill -s SIG -- PID` command: `process.send_signal()` does
-nothing for a root login (sshd: "session signalling requires privilege separation").
+A PID names a process only while it lives: the kernel hands it to another one after it exits.
+So the plan keeps what the frame said of the process (start time, command name, user:
+ProcessIdentity) and every signal is sent by probe/checked_signal.py where the process is,
+which compares that with /proc right before the signal (through a pidfd where the node has
+them) and refuses a PID that now belongs to another process. On this machine it runs in the
+console's process; on a remote node as `python3 -I - REQUEST` with a small bundle on stdin
+over the node's SSH connection (a plain `kill` would signal whatever holds the PID by then).
+`kill -s SIG -- PID` stays what the confirmation and the audit log show: what is sent, to what.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shlex
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from opsconsole.actions.runner import CommandResult, no_command_channel, remote_link, run_remote
 from opsconsole.model import NodeFrame, NodeState, ProcessSample
+from opsconsole.probe import checked_signal
 
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 ESCALATION = ("INT", "TERM", "KILL")
@@ -46,6 +55,43 @@ def reported_process(frame: Optional[NodeFrame], pid: int) -> Optional[ProcessSa
     return None
 
 
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """What a frame said of the process a plan signals: checked where it runs before every signal."""
+
+    pid: int
+    start_time: float  # epoch seconds on the node's clock, as the probe reported it
+    name: str = ""  # the command name (comm)
+    user: Optional[str] = None
+
+    def request(self, signal_name: str) -> Dict[str, Any]:
+        """probe/checked_signal.py's request for SIG`signal_name` to this process."""
+        return dict(self.expected(), pid=self.pid, signal=signal_name)
+
+    def expected(self) -> Dict[str, Any]:
+        """What checked_signal compares: start time, command name, user."""
+        return {"start_time": self.start_time, "name": self.name or None, "user": self.user}
+
+    def describe(self) -> str:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.start_time))
+        who = " of user %s" % self.user if self.user else ""
+        return "PID %d must still be %r%s, started %s" % (self.pid, self.name or "?", who, started)
+
+
+def identity_in_frame(proc: ProcessSample, frame_time: float) -> Optional[ProcessIdentity]:
+    """The identity to check before signalling `proc` of a frame made at `frame_time`; None without a start time.
+
+    Host processes carry their start time; GPU processes their elapsed time at the frame's time.
+    """
+    if proc.start_time is not None:
+        started = float(proc.start_time)
+    elif proc.elapsed_s is not None:
+        started = round(frame_time - proc.elapsed_s, 2)
+    else:
+        return None
+    return ProcessIdentity(proc.pid, started, proc.name or "", proc.user)
+
+
 def refuse_signal(state: Optional[NodeState], pid: Any, local: bool) -> Optional[str]:
     """Why `pid` on this node must not be signalled, None when it may (see the module docstring)."""
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
@@ -60,48 +106,103 @@ def refuse_signal(state: Optional[NodeState], pid: Any, local: bool) -> Optional
         return "PID %d is not a live process in %s's latest frame: not signalled" % (pid, state.name)
     if local and pid == os.getpid():
         return "PID %d is this console" % pid
+    identity = identity_in_frame(proc, state.frame.time)
+    if identity is None:
+        # A node read without the probe (nvidia-smi and /proc text) reports no start or elapsed times.
+        return "%s's frame gives no start time for PID %d: it cannot be told from a later process, not signalled" % (
+            state.name,
+            pid,
+        )
     if local:
-        moved = _local_identity_changed(proc)
-        if moved:
-            return moved
+        return local_identity_changed(identity)
     return None
 
 
-def _local_identity_changed(proc: ProcessSample) -> Optional[str]:
-    """On this machine: refuse when the PID now runs another program than the frame said (PID reuse)."""
-    if not proc.name:
-        return None
+def local_identity_changed(identity: ProcessIdentity) -> Optional[str]:
+    """On this machine: why the PID no longer names the process the frame reported, None while it does."""
     try:
-        with open("/proc/%d/stat" % proc.pid, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None  # gone already: kill will say so, and the next frame shows it
-    except OSError:
-        return None
-    comm = data[data.find(b"(") + 1 : data.rfind(b")")].decode("utf-8", "replace")
-    # /proc comm is cut at 15 characters; the probe reports the same field.
-    if comm and not proc.name.startswith(comm[:15]) and not comm.startswith(proc.name[:15]):
-        return "PID %d is now %r, not %r as reported: not signalled" % (proc.pid, comm, proc.name)
+        seen = checked_signal.identity_of(identity.pid)
+    except (OSError, ValueError, IndexError):
+        return "PID %d has exited since the frame: not signalled" % identity.pid
+    return checked_signal.why_different(identity.pid, identity.expected(), seen)
+
+
+def result_of_answer(answer: Dict[str, Any], duration_s: float) -> CommandResult:
+    """The CommandResult of checked_signal's answer: ok when signalled, `refused` when the PID moved on."""
+    if answer.get("signalled") is True:
+        return CommandResult(checked_signal.EXIT_SIGNALLED, duration_s=duration_s, answer=answer)
+    refused = answer.get("refused")
+    if isinstance(refused, str):
+        return CommandResult(
+            checked_signal.EXIT_REFUSED, error=refused[:500], duration_s=duration_s, refused=True, answer=answer
+        )
+    error = answer.get("error")
+    return CommandResult(
+        checked_signal.EXIT_NOT_SIGNALLED,
+        error=str(error)[:500] if error else "the signal step gave no outcome",
+        duration_s=duration_s,
+        answer=answer,
+    )
+
+
+def answer_in(stdout: str) -> Optional[Dict[str, Any]]:
+    """checked_signal's answer: the last output line that is a JSON object, None without one."""
+    for line in reversed(stdout.splitlines()[-20:]):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(answer, dict):
+                return answer
     return None
 
 
-async def deliver_signal(signal_name: str, pid: int, link: Any, timeout: float) -> CommandResult:
-    """Send the signal: os.kill here, `kill -s SIG -- PID` over the node's SSH connection there."""
-    argv = signal_argv(signal_name, pid)
+def checked_signal_argv(python: str, identity: ProcessIdentity, signal_name: str) -> List[str]:
+    """The command that runs the signal step on a node (its bundle goes on stdin)."""
+    return shlex.split(python) + ["-I", "-", json.dumps(identity.request(signal_name), separators=(",", ":"))]
+
+
+async def _deliver_remote(remote: Any, identity: ProcessIdentity, signal_name: str, timeout: float) -> CommandResult:
+    from opsconsole.nodes.bundle import helper_bundle
+
+    python = getattr(getattr(remote, "node", None), "python", None) or "python3"
+    argv = checked_signal_argv(python, identity, signal_name)
+    result = await run_remote(remote, argv, timeout, input=helper_bundle("checked_signal", "proc_read"))
+    if result.error is not None:
+        return result
+    answer = answer_in(result.stdout)
+    if answer is None or "signalled" not in answer:
+        last = (result.stderr.strip().splitlines() or result.stdout.strip().splitlines() or ["no output"])[-1]
+        return CommandResult(
+            result.exit_status,
+            result.stdout,
+            result.stderr,
+            error="the signal step on %s did not answer (exit %s): %s" % (remote.name, result.exit_status, last[:200]),
+            duration_s=result.duration_s,
+        )
+    return result_of_answer(answer, result.duration_s)
+
+
+async def deliver_signal(
+    signal_name: str, pid: int, link: Any, timeout: float, identity: Optional[ProcessIdentity] = None
+) -> CommandResult:
+    """Send the signal where the node is, if `pid` is still the process `identity` describes (see above)."""
+    signal_argv(signal_name, pid)  # the same checks of the name and the PID
     why = no_command_channel(link)
-    if why:  # the registry refuses first; this is the last guard before os.kill
+    if why:  # the registry refuses first; this is the last guard before the signal
         return CommandResult(None, error=why)
+    if identity is None or identity.pid != pid:
+        return CommandResult(
+            None, error="no identity of PID %d to check before the signal: not signalled" % pid, refused=True
+        )
     remote = remote_link(link)
     if remote is not None:
-        return await run_remote(remote, argv, timeout)
+        return await _deliver_remote(remote, identity, signal_name, timeout)
     started = time.monotonic()
-    try:
-        os.kill(pid, SIGNALS[signal_name])
-    except ProcessLookupError:
-        return CommandResult(1, error="no such process: %d" % pid)
-    except PermissionError:
-        return CommandResult(1, error="not permitted to signal PID %d" % pid)
-    return CommandResult(0, duration_s=time.monotonic() - started)
+    answer = checked_signal.signal_checked(pid, signal_name, identity.expected())
+    return result_of_answer(answer, time.monotonic() - started)
 
 
 @dataclass(frozen=True)

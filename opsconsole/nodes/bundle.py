@@ -17,7 +17,7 @@ import base64
 import functools
 import os
 import zlib
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 import opsconsole
 
@@ -79,6 +79,9 @@ for _name in list(sys.modules):
     if _name == "opsconsole" or _name.startswith("opsconsole."):
         del sys.modules[_name]  # never mix in modules of an installed opsconsole
 sys.meta_path.insert(0, _BundleImporter())
+'''
+
+_PROBE_ENTRY = """\
 if sys.version_info < (3, 7):  # dataclasses is 3.7+: a 3.6 node gets the backport the bundle carries
     import opsconsole.probe.dataclasses_py36
     sys.modules["dataclasses"] = opsconsole.probe.dataclasses_py36
@@ -86,7 +89,13 @@ if sys.version_info < (3, 7):  # dataclasses is 3.7+: a 3.6 node gets the backpo
 from opsconsole.probe.agent import main
 
 sys.exit(main(sys.argv[1:]))
-'''
+"""
+
+_HELPER_ENTRY = """\
+from %s import main
+
+sys.exit(main(sys.argv[1:]))
+"""
 
 
 def bundle_modules() -> List[Tuple[str, str, bool]]:
@@ -112,15 +121,20 @@ def _encoded(source: str) -> str:
     return base64.b64encode(zlib.compress(source.encode("utf-8"), 9)).decode("ascii")
 
 
-def build_probe_bundle() -> str:
-    """Build the bundle from the sources on disk now (probe_bundle() caches this)."""
+def _bundle(modules: Sequence[Tuple[str, str, bool]], entry: str) -> str:
+    """The wrapper around `modules` (name, source file, is package), ending with `entry`'s code."""
     entries = [("opsconsole", _PACKAGE_SOURCE, True)]
-    for name, path, is_package in bundle_modules():
+    for name, path, is_package in modules:
         with open(path, encoding="utf-8") as f:
             entries.append((name, f.read(), is_package))
     head = _WRAPPER_HEAD % {"min": MIN_PYTHON, "marker": UNSUPPORTED_MARKER, "exit": UNSUPPORTED_EXIT}
     body = "".join("    %r: (%r, %r),\n" % (name, is_package, _encoded(source)) for name, source, is_package in entries)
-    return head + body + _WRAPPER_TAIL
+    return head + body + _WRAPPER_TAIL + "\n" + entry
+
+
+def build_probe_bundle() -> str:
+    """Build the bundle from the sources on disk now (probe_bundle() caches this)."""
+    return _bundle(bundle_modules(), _PROBE_ENTRY)
 
 
 @functools.lru_cache(maxsize=1)
@@ -130,3 +144,13 @@ def probe_bundle() -> str:
     Built once per process: every node gets the same text.
     """
     return build_probe_bundle()
+
+
+@functools.lru_cache(maxsize=None)
+def helper_bundle(module: str, *needs: str) -> str:
+    """A bundle for `python3 -I - ARGS` that runs `main(ARGS)` of the probe module `module`
+    (e.g. "checked_signal"), carrying it and the probe modules it imports (`needs`) only:
+    a few KiB a run instead of the whole probe, with the same version check and import isolation."""
+    by_name = {name: (name, path, is_package) for name, path, is_package in bundle_modules()}
+    names = ["opsconsole.probe"] + ["opsconsole.probe." + name for name in needs + (module,)]
+    return _bundle([by_name[name] for name in names], _HELPER_ENTRY % ("opsconsole.probe." + module))

@@ -1,0 +1,199 @@
+"""Signal one process on its node, only while it is still the process the console's plan saw.
+
+A pid in a frame names a process for as long as that process lives; after it exits the kernel
+may hand the pid to another. So right before the signal, on the node itself, this step reads
+/proc/PID/stat and /proc/PID/status and compares what the plan saw:
+
+- the start time: field 22 of stat (clock ticks after boot) as epoch seconds with the node's
+  boot time, within START_SLACK_S of the frame's (the probe reckons the boot time once, as
+  `time.time() - uptime` or psutil's whole-second btime: the two differ by up to a second);
+- the command name (comm, which the kernel cuts at 15 characters) and the real uid's user.
+
+Anything different refuses the signal ("pid 1234 is now a different process ...: not
+signalled"). Where the interpreter and kernel have pidfds (Python 3.9+, Linux 5.3+) a pidfd is
+opened before the check and the signal goes through it: a process that exits after the check
+takes its pidfd with it, and the signal fails (ESRCH) instead of reaching the pid's next owner.
+Without pidfds it is check-then-kill, a window of microseconds instead of the seconds between
+a frame and a confirmation.
+
+Run in the console's process for its own machine, and as `python3 -I - REQUEST` with a small
+bundle on stdin (nodes/bundle.py: helper_bundle) on a remote node.
+Request (JSON): {"pid": P, "signal": "INT"|"TERM"|"KILL", "start_time": epoch s,
+                 "name": comm or null, "user": name or null}
+Answer (one JSON line): {"pid", "signal", "signalled", "via" ("pidfd"|"kill"|null),
+                         "refused" (why, or null), "error" (why, or null), "seen" (what /proc said)}
+Exit status: 0 signalled, 3 refused, 4 not signalled (gone, not permitted), 2 a bad request.
+
+Stdlib only, Python 3.6 syntax.
+"""
+
+import errno
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from opsconsole.probe.proc_read import STAT_LIMIT, read_prefix, split_stat
+
+SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+START_SLACK_S = 1.5
+COMM_CHARS = 15  # TASK_COMM_LEN - 1: what /proc/PID/stat keeps of a command name
+STATUS_LIMIT = 16384
+EXIT_SIGNALLED = 0
+EXIT_BAD_REQUEST = 2
+EXIT_REFUSED = 3
+EXIT_NOT_SIGNALLED = 4
+
+try:
+    _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+except (AttributeError, ValueError, OSError):
+    _CLOCK_TICKS = 100
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def identity_of(pid: int, proc_root: str = "/proc") -> Dict[str, Any]:
+    """What /proc says of `pid` now: start ticks and time, command name, real uid and user, state.
+
+    Raises OSError (ENOENT, ESRCH) when there is no such process.
+    """
+    base = "%s/%d" % (proc_root.rstrip("/"), pid)
+    name, fields = split_stat(read_prefix(base + "/stat", STAT_LIMIT))
+    ticks = int(fields[19])
+    uid = None
+    for line in read_prefix(base + "/status", STATUS_LIMIT).decode("utf-8", "replace").splitlines():
+        if line.startswith("Uid:"):
+            uid = int(line.split()[1])
+            break
+    with open("%s/uptime" % proc_root.rstrip("/"), "rb") as f:
+        uptime = float(f.read(200).split()[0])
+    booted = time.time() - uptime
+    return {
+        "start_ticks": ticks,
+        "start_time": round(booted + ticks / float(_CLOCK_TICKS), 2),
+        "name": name,
+        "uid": uid,
+        "user": _user_name(uid) if uid is not None else None,
+        "state": fields[0].decode("ascii", "replace")[:1],
+    }
+
+
+def why_different(pid: int, expected: Dict[str, Any], seen: Dict[str, Any]) -> Optional[str]:
+    """None when `seen` (identity_of) is the process `expected` describes, else the refusal line."""
+    reasons = []
+    start = expected.get("start_time")
+    if start is None:
+        reasons.append("no start time to compare")
+    elif abs(seen["start_time"] - float(start)) > START_SLACK_S:
+        reasons.append(
+            "started %.2f s %s the one the plan saw"
+            % (
+                abs(seen["start_time"] - float(start)),
+                "after" if seen["start_time"] > float(start) else "before",
+            )
+        )
+    name = expected.get("name")
+    if name:
+        comm = seen["name"]
+        if not (name.startswith(comm[:COMM_CHARS]) or comm.startswith(name[:COMM_CHARS])):
+            reasons.append("command %r, not %r" % (comm, name))
+    user = expected.get("user")
+    if user and user not in (seen["user"], str(seen["uid"])):
+        reasons.append("user %r, not %r" % (seen["user"], user))
+    if not reasons:
+        return None
+    return "pid %d is now a different process (%s): not signalled" % (pid, "; ".join(reasons))
+
+
+def _open_pidfd(pid: int) -> Optional[int]:
+    """A pidfd for `pid`, or None where this Python or kernel has none. OSError(ESRCH): no such process."""
+    if not (hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError as exc:
+        if exc.errno == errno.ESRCH:
+            raise
+        return None  # ENOSYS (a kernel before 5.3), EPERM (a seccomp filter): check then kill
+
+
+def signal_checked(pid: int, signal_name: str, expected: Dict[str, Any], proc_root: str = "/proc") -> Dict[str, Any]:
+    """Send SIG`signal_name` to `pid` if it is still the process `expected` describes; the answer (see above)."""
+    answer = {"pid": pid, "signal": signal_name, "signalled": False, "via": None, "refused": None, "error": None}
+    answer["seen"] = None
+    if signal_name not in SIGNALS:
+        answer["error"] = "unknown signal %r" % (signal_name,)
+        return answer
+    if pid <= 1 or pid == os.getpid():
+        answer["refused"] = "pid %d cannot be signalled" % pid
+        return answer
+    try:
+        pidfd = _open_pidfd(pid)
+    except OSError:
+        answer["error"] = "pid %d has exited: not signalled" % pid
+        return answer
+    try:
+        try:
+            seen = identity_of(pid, proc_root)
+        except (OSError, ValueError, IndexError):
+            answer["error"] = "pid %d has exited: not signalled" % pid
+            return answer
+        answer["seen"] = seen
+        why = why_different(pid, expected, seen)
+        if why is not None:
+            answer["refused"] = why
+            return answer
+        try:
+            if pidfd is not None:
+                answer["via"] = "pidfd"
+                signal.pidfd_send_signal(pidfd, SIGNALS[signal_name])
+            else:
+                answer["via"] = "kill"
+                os.kill(pid, SIGNALS[signal_name])
+        except ProcessLookupError:
+            answer["error"] = "pid %d exited before the signal: not signalled" % pid
+            return answer
+        except PermissionError:
+            answer["error"] = "not permitted to signal pid %d" % pid
+            return answer
+        answer["signalled"] = True
+        return answer
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def exit_status_of(answer: Dict[str, Any]) -> int:
+    if answer.get("signalled"):
+        return EXIT_SIGNALLED
+    return EXIT_REFUSED if answer.get("refused") else EXIT_NOT_SIGNALLED
+
+
+def main(args: List[str]) -> int:
+    try:
+        request = json.loads(args[0])
+        pid = request["pid"]
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            raise ValueError("pid")
+        expected = {key: request.get(key) for key in ("start_time", "name", "user")}
+        signal_name = str(request["signal"])
+    except (IndexError, ValueError, KeyError, TypeError) as exc:
+        sys.stdout.write(json.dumps({"error": "bad request: %s" % exc}) + "\n")
+        return EXIT_BAD_REQUEST
+    answer = signal_checked(pid, signal_name, expected)
+    sys.stdout.write(json.dumps(answer, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+    return exit_status_of(answer)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
