@@ -8,15 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List
@@ -27,13 +22,11 @@ from opsconsole.config import DEFAULT_CONFIG, NodeConfig, SourceConfig, parse_co
 from opsconsole.model import STATE_DOWN, STATE_UP, NodeFrame, from_wire
 from opsconsole.sources import metric_names as names
 from opsconsole.sources.prometheus import PrometheusSource
+from tests.prometheus_server import Prometheus, needs_prometheus, stop_process
 from tests.waiting import wait_for_sync
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(
-    not os.access(PROMETHEUS, os.X_OK), reason="prometheus not installed (apt-get install prometheus)"
-)
+pytestmark = needs_prometheus
 
 # Our exporter over the H200 NVML replay, run as its own process; it also writes the frame it
 # serves to FRAME_FILE after every poll, so the test knows exactly what it reported.
@@ -65,12 +58,6 @@ EXPORTER = textwrap.dedent(
 STARTUP_S = 20.0  # generous: only reached when something is broken
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Exporter:
     """One exporter process serving node `name` with `gpus` replayed H200s."""
 
@@ -94,59 +81,7 @@ class Exporter:
         return from_wire(NodeFrame, json.loads(self.frame_file.read_text()))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-
-
-class Prometheus:
-    """A real Prometheus on 127.0.0.1 with a temp config and data dir, scraping every second."""
-
-    def __init__(self, tmp: Path, targets: List[int]) -> None:
-        self.port = free_port()
-        self.url = "http://127.0.0.1:%d" % self.port
-        config = tmp / "prometheus.yml"
-        config.write_text(
-            "global: {scrape_interval: 500ms, evaluation_interval: 1s}\n"
-            "scrape_configs:\n"
-            "- job_name: opsconsole\n"
-            "  static_configs: [{targets: [%s]}]\n" % ", ".join("'127.0.0.1:%d'" % p for p in targets)
-        )
-        self.log = open(tmp / "prometheus.log", "w")
-        self.proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                "--config.file=%s" % config,
-                "--storage.tsdb.path=%s" % (tmp / "data"),
-                "--web.listen-address=127.0.0.1:%d" % self.port,
-                "--log.level=warn",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_for_sync(self._ready, what="prometheus /-/ready")
-
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as answer:
-                return answer.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        stop_process(self.proc, self.proc.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +94,7 @@ def cluster(tmp_path_factory):
     prometheus = None
     try:
         exporters = [Exporter(tmp, "node-a", 8), Exporter(tmp, "node-b", 2), Exporter(tmp, "node-c", 1)]
-        prometheus = Prometheus(tmp, [e.port for e in exporters])
+        prometheus = Prometheus(tmp, {"opsconsole": ["127.0.0.1:%d" % e.port for e in exporters]})
         yield prometheus, {e.name: e for e in exporters}
     finally:
         if prometheus is not None:

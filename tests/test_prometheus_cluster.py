@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import threading
-import urllib.request
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -34,16 +31,14 @@ from waiting import wait_for_sync
 from opsconsole.config import SourceConfig
 from opsconsole.model import STATE_DEGRADED, STATE_DOWN, STATE_UP, NodeState
 from opsconsole.sources.prometheus import PrometheusSource
+from tests.prometheus_server import Prometheus, answers, free_port, needs_prometheus, stop_process
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 MIB = 1024 * 1024
 
 pytestmark = [
-    pytest.mark.skipif(
-        not os.access(PROMETHEUS, os.X_OK), reason="prometheus not installed (apt-get install prometheus)"
-    ),
+    needs_prometheus,
     pytest.mark.skipif(
         not os.access(NODE_EXPORTER, os.X_OK),
         reason="node exporter not installed (apt-get install prometheus-node-exporter)",
@@ -68,12 +63,6 @@ MIG_GPU = Gpu(
         MigInstance(2, "3g.40gb", fb_used_mib=12000, fb_free_mib=30192, engine_active=0.25),
     ),
 )
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
 
 
 class DcgmPage:
@@ -127,62 +116,10 @@ class NodeExporter:
             stderr=subprocess.STDOUT,
         )
         url = "http://%s:%d/metrics" % (address, self.port)
-        wait_for_sync(lambda: _answers(url), what="node_exporter %s" % hostname)
+        wait_for_sync(lambda: answers(url), what="node_exporter %s" % hostname)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
-
-
-class Prometheus:
-    def __init__(self, tmp: Path, jobs: Dict[str, List[str]]) -> None:
-        self.port = free_port()
-        self.url = "http://127.0.0.1:%d" % self.port
-        config = tmp / "prometheus.yml"
-        lines = ["global: {scrape_interval: 500ms, scrape_timeout: 400ms, evaluation_interval: 1s}", "scrape_configs:"]
-        for job, targets in jobs.items():
-            lines += [
-                "- job_name: %s" % job,
-                "  static_configs: [{targets: [%s]}]" % ", ".join("'%s'" % t for t in targets),
-            ]
-        config.write_text("\n".join(lines) + "\n")
-        self.log = open(tmp / "prometheus.log", "w")
-        self.proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                "--config.file=%s" % config,
-                "--storage.tsdb.path=%s" % (tmp / "data"),
-                "--web.listen-address=127.0.0.1:%d" % self.port,
-                "--log.level=warn",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_for_sync(lambda: _answers(self.url + "/-/ready"), what="prometheus ready")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        stop_process(self.proc, self.log)
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +163,7 @@ def cluster(tmp_path_factory):
                     "127.0.0.5:%d" % dcgm_e.port,
                 ],
             },
+            scrape_timeout="400ms",
         )
         stoppable.append(prometheus)
         yield prometheus, {"node_a": node_a, "dead": dead, "tmp": tmp, "stoppable": stoppable}

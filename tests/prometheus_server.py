@@ -1,0 +1,78 @@
+"""A real Prometheus on 127.0.0.1 for the tests (Debian's /usr/bin/prometheus): a temp config and data
+dir, scraping every 500 ms; and the helpers its tests share (a free port, an HTTP page that answers,
+stopping a server process). Used by tests/test_prometheus.py and tests/test_prometheus_cluster.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import IO, Dict, List, Optional
+
+import pytest
+
+from tests.sshd import free_port
+from tests.waiting import wait_for_sync
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+needs_prometheus = pytest.mark.skipif(
+    not os.access(PROMETHEUS, os.X_OK), reason="prometheus not installed (apt-get install prometheus)"
+)
+
+
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 within a second."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+def stop_process(proc: subprocess.Popen, log: Optional[IO] = None, sig: int = signal.SIGTERM) -> None:
+    """Stop a server process this test started (`sig`, then SIGKILL after 10 s) and close its log."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if log is not None:
+        log.close()
+
+
+class Prometheus:
+    """Prometheus on 127.0.0.1:<free port> scraping `jobs` (job name -> its "host:port" targets)."""
+
+    def __init__(self, tmp: Path, jobs: Dict[str, List[str]], scrape_timeout: Optional[str] = None) -> None:
+        self.port = free_port("127.0.0.1")
+        self.url = "http://127.0.0.1:%d" % self.port
+        config = tmp / "prometheus.yml"
+        timeout = ", scrape_timeout: %s" % scrape_timeout if scrape_timeout else ""
+        lines = ["global: {scrape_interval: 500ms%s, evaluation_interval: 1s}" % timeout, "scrape_configs:"]
+        for job, targets in jobs.items():
+            lines += [
+                "- job_name: %s" % job,
+                "  static_configs: [{targets: [%s]}]" % ", ".join("'%s'" % t for t in targets),
+            ]
+        config.write_text("\n".join(lines) + "\n")
+        self.log = open(tmp / "prometheus.log", "w")
+        self.proc = subprocess.Popen(
+            [
+                PROMETHEUS,
+                "--config.file=%s" % config,
+                "--storage.tsdb.path=%s" % (tmp / "data"),
+                "--web.listen-address=127.0.0.1:%d" % self.port,
+                "--log.level=warn",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for_sync(lambda: answers(self.url + "/-/ready"), what="prometheus /-/ready")
+
+    def stop(self) -> None:
+        stop_process(self.proc, self.log)
