@@ -9,20 +9,11 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from test_tui_logs import OOM_TRACEBACK, console, needs_followers, pane_of, rank_file, record, write_lines  # noqa: E402
 
+from tests.snapshot_clock import utc_clock  # noqa: F401 (autouse fixture: the clock prints UTC)
+
 SIZE = (140, 40)
-
-
-@pytest.fixture(autouse=True)
-def utc_clock(monkeypatch):
-    """Clocks print local time: pin the zone so the snapshot is the same everywhere."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 @needs_followers

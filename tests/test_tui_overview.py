@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 from rich.text import Text
@@ -25,19 +24,10 @@ from opsconsole.tui.lines_view import LinesView, changed_runs
 from opsconsole.tui.overview import gpu_layout, pack
 from opsconsole.tui.replay import ReplayConsole
 from tests.recording_frames import fleet_ticks
+from tests.snapshot_clock import utc_clock  # noqa: F401 (autouse fixture: the clock prints UTC)
 
 TICKS = 90
 SHOWN_AT_TICK = 75  # where the replay is paused for the snapshots: 75 s of history behind it
-
-
-@pytest.fixture(autouse=True)
-def utc_clock(monkeypatch):
-    """The header clock prints local time: pin the zone so the snapshot is the same everywhere."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 @pytest.fixture(scope="module")

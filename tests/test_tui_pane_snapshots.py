@@ -11,28 +11,17 @@ and read the SVGs (tests/__snapshots__/test_tui_pane_snapshots/) before committi
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 from tui_fakes import FROZEN_NOW, FakeFleet, ThisMachineFleet, single_node_states  # noqa: E402
 
 from opsconsole.config import ActionsConfig, CheckpointDirConfig, Config, ConsoleConfig  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
+from tests.snapshot_clock import utc_clock  # noqa: F401 (autouse fixture: the clock prints UTC)
 from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (140, 40)
-
-
-@pytest.fixture(autouse=True)
-def utc_clock(monkeypatch):
-    """Clocks print local time: pin the zone so the snapshot is the same everywhere."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def hot(states, gpu_index: int = 1, temperature: float = 91.0):

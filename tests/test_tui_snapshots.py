@@ -7,25 +7,13 @@ and read the SVGs (tests/__snapshots__/) before committing them.
 
 from __future__ import annotations
 
-import time
-
-import pytest
 from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states  # noqa: E402
 
 from opsconsole.config import Config, ConsoleConfig  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
+from tests.snapshot_clock import utc_clock  # noqa: F401 (autouse fixture: the clock prints UTC)
 
 SIZE = (140, 40)
-
-
-@pytest.fixture(autouse=True)
-def utc_clock(monkeypatch):
-    """The header clock prints local time: pin the zone so the snapshot is the same everywhere."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def console(states=None, **console_options) -> OpsConsole:
