@@ -98,8 +98,11 @@ def test_every_precedence_level_has_an_example_that_matches_it():
     assert set(EXAMPLES) | {("app_error", False)} == set(ROOT_CAUSE_ORDER)
     for key, line in EXAMPLES.items():
         assert key in match_line(line.split("]:", 1)[-1] if line.startswith("[rank") else line), key
-    assert match_line(APP_ERROR_TRACEBACK[-1]) == []
+    # A builtin exception quoted alone is an app error too (excerpts that kept only that line); with its traceback
+    # the finding names the innermost frame outside site-packages.
+    assert match_line(APP_ERROR_TRACEBACK[-1]) == [("app_error", False)]
     assert diagnose_lines(APP_ERROR_TRACEBACK).root_cause == "app_error"
+    assert diagnose_lines(APP_ERROR_TRACEBACK).findings[0].frame == "/work/train.py:41 in <module>"
     assert {category for category, _ in ROOT_CAUSE_ORDER} == set(CATEGORIES)
 
 

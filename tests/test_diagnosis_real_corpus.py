@@ -81,6 +81,21 @@ def test_both_splits_hold_excerpts_and_healthy_logs():
     assert healthy >= 0.2 * len(LABELS), "healthy share %d/%d" % (healthy, len(LABELS))
 
 
+# The test split as frozen on 2026-12-03: 193 excerpts, the SHA-256 of their sorted names. Excerpts added later come
+# from repositories whose hash puts them in the tune split, so this never changes; a new repository that falls in the
+# test split would silently grow the frozen part with excerpts chosen after its figure was known.
+FROZEN_TEST_COUNT = 193
+FROZEN_TEST_DIGEST = "a7d9d486891a7eed59cd91d4e34edc407e20c5c1ee9827658e7898e06f55dca2"
+
+
+def test_the_frozen_test_split_is_unchanged():
+    names = sorted(name for name, label in LABELS.items() if split_of(label["repo"]) == "test")
+    assert len(names) == FROZEN_TEST_COUNT, (
+        "the test split changed size: add excerpts from tune-split repositories only"
+    )
+    assert hashlib.sha256("\n".join(names).encode()).hexdigest() == FROZEN_TEST_DIGEST
+
+
 @pytest.fixture(scope="module")
 def tune_results():
     return diagnose_tune()

@@ -50,7 +50,7 @@ from opsconsole.diagnosis.launcher import (
     FailureTable,
     LauncherFailure,
 )
-from opsconsole.diagnosis.signatures import ROLE_GENERIC, ROLE_PEER_GONE, match_roles
+from opsconsole.diagnosis.signatures import ROLE_BARE_EXCEPTION, ROLE_GENERIC, ROLE_PEER_GONE, match_roles
 from opsconsole.diagnosis.timestamps import line_time, may_carry_time
 from opsconsole.diagnosis.watchdog import WatchdogLines, WatchdogVerdict
 from opsconsole.health import xid
@@ -420,7 +420,14 @@ class Diagnoser:
         ):  # the chain matters only when it carries a match
             state.chained = True
         matches = match_roles(body)
-        hint = state.traceback_hint if state.traceback_line >= 0 or exception is not None else ""
+        in_traceback = state.traceback_line >= 0 or exception is not None
+        if matches and any(role == ROLE_BARE_EXCEPTION for _, _, role in matches):
+            # An exception quoted alone is the app's only when nothing else reads the line (a peer's closed
+            # connection in a RuntimeError is that), and outside a traceback, whose own reading (chained matches,
+            # its frame) decides at its exception line.
+            if in_traceback or any(role != ROLE_BARE_EXCEPTION for _, _, role in matches):
+                matches = [match for match in matches if match[2] != ROLE_BARE_EXCEPTION]
+        hint = state.traceback_hint if in_traceback else ""
         if exception is not None:
             state.traceback_line = state.implicit_col = -1  # the exception line ends the traceback
         if not matches:

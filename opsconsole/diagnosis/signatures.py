@@ -34,6 +34,7 @@ class Signature:
 
 ROLE_GENERIC = "generic"  # a generic NCCL result code (unhandled system / internal error)
 ROLE_PEER_GONE = "peer_gone"  # a peer closed or reset its connection, or its process exited
+ROLE_BARE_EXCEPTION = "bare_exception"  # an exception line quoted alone; inside a traceback the engine reads it
 
 
 def _sig(
@@ -624,6 +625,7 @@ SIGNATURES: Tuple[Signature, ...] = (
         r"Caught \w+ in DataLoader worker process \d+",
         ("in dataloader worker process",),
         weak=True,
+        overrides=("app_error",),  # "RuntimeError: Caught ..." is the worker's report, not an app error of its own
     ),
     # The training script's own bugs in the words PyTorch and Lightning use for them, for the logs that keep
     # only the exception line (a notebook's traceback, a report that quotes the last line).
@@ -652,10 +654,42 @@ SIGNATURES: Tuple[Signature, ...] = (
         r"^\s*(?!BrokenPipe|ConnectionReset)\w+(?:Error|Exception)\s{2,}Traceback \(most recent call last\)\s*$",
         ("traceback (most recent call last)",),
     ),
+    # The same IPython header naming an HTTP client's exception: a download that failed (I/O), not the app.
+    _sig(
+        "io_error",
+        r"^\s*(?:ProtocolError|MaxRetryError|SSLError|ConnectTimeoutError|ReadTimeoutError|ReadTimeout|ConnectTimeout"
+        r"|RemoteDisconnected|IncompleteRead|ChunkedEncodingError|NewConnectionError)\s{2,}Traceback \(most recent call last\)",
+        ("traceback (most recent call last)",),
+        overrides=("app_error",),
+    ),
     # Sacred's traceback header, which the engine does not read as one ("most recent calls WITHOUT ...").
     _sig("app_error", r"Traceback \(most recent calls WITHOUT Sacred internals\)", ("without sacred internals",)),
+    # A builtin exception quoted alone, at the start of its line (an excerpt that kept only the last line of the
+    # traceback, in backticks or not); more specific categories win on precedence.
+    _sig(
+        "app_error",
+        r"^[`'\"]?(?:[a-z_][\w.]*\.)?(?:RuntimeError|ValueError|TypeError|IndexError|KeyError|AttributeError"
+        r"|NotImplementedError|ZeroDivisionError|ModuleNotFoundError|ImportError|NameError|UnboundLocalError"
+        r"|RecursionError): \S(?!.*(?:[Rr]etry|[Rr]etrying|[Ss]kipping|[Ii]gnor))",
+        (
+            "runtimeerror: ",
+            "valueerror: ",
+            "typeerror: ",
+            "indexerror: ",
+            "keyerror: ",
+            "attributeerror: ",
+            "notimplementederror: ",
+            "zerodivisionerror: ",
+            "modulenotfounderror: ",
+            "importerror: ",
+            "nameerror: ",
+            "unboundlocalerror: ",
+            "recursionerror: ",
+        ),
+        role=ROLE_BARE_EXCEPTION,
+    ),
     # Hydra's line after an exception escaped the task (the traceback is shown only with HYDRA_FULL_ERROR=1).
-    _sig("app_error", r"HYDRA_FULL_ER+OR=1 for a complete stack trace", ("for a complete stack trace",)),
+    _sig("app_error", r"HYDRA_FULL_ER+O+R=1 for a complete stack trace", ("for a complete stack trace",)),
 )
 
 _WORD_NEEDLES = ("nan", "inf")  # whole words only in the prefilter
