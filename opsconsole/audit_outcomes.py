@@ -4,13 +4,24 @@ Apart from actions/audit.py (the writer) so that the packages below actions in t
 (checkpoints' deletion, which audits each unit it deletes) name outcomes without importing actions.
 """
 
-OUTCOME_CONFIRMED = "confirmed"
-OUTCOME_CANCELLED = "cancelled"
-OUTCOME_REFUSED = "refused"
-OUTCOME_FAILED = "failed"  # confirmed, but carrying it out did not work
+from typing import Final, Literal
+
+Outcome = Literal["confirmed", "cancelled", "refused", "failed", "attempt", "ok"]
+
+OUTCOME_CONFIRMED: Final = "confirmed"
+OUTCOME_CANCELLED: Final = "cancelled"
+OUTCOME_REFUSED: Final = "refused"
+OUTCOME_FAILED: Final = "failed"  # confirmed, but carrying it out did not work
 # Actions run by the action runner write two records: the attempt (fsynced before the
 # command starts) and its result, linked by "id". An attempt without a result is a crash.
-OUTCOME_ATTEMPT = "attempt"
-OUTCOME_OK = "ok"  # the command ran and exited 0 (or the signal was delivered)
+OUTCOME_ATTEMPT: Final = "attempt"
+OUTCOME_OK: Final = "ok"  # the command ran and exited 0 (or the signal was delivered)
 
-OUTCOMES = (OUTCOME_CONFIRMED, OUTCOME_CANCELLED, OUTCOME_REFUSED, OUTCOME_FAILED, OUTCOME_ATTEMPT, OUTCOME_OK)
+OUTCOMES: tuple[Outcome, ...] = (
+    OUTCOME_CONFIRMED,
+    OUTCOME_CANCELLED,
+    OUTCOME_REFUSED,
+    OUTCOME_FAILED,
+    OUTCOME_ATTEMPT,
+    OUTCOME_OK,
+)

@@ -33,6 +33,7 @@ from opsconsole.audit_outcomes import (  # noqa: F401 (the writer's vocabulary, 
     OUTCOME_FAILED,
     OUTCOME_OK,
     OUTCOME_REFUSED,
+    Outcome,
 )
 from opsconsole.config import ActionsConfig
 from opsconsole.sanitize import printable_json
@@ -74,7 +75,7 @@ class AuditLog:
         action: str,
         node: str,
         detail: str,
-        outcome: str,
+        outcome: Outcome,
         *,
         target: str = "",
         command: Sequence[str] = (),
@@ -107,7 +108,7 @@ class AuditLog:
             record["result"] = result
         return printable_json(record) + "\n"
 
-    def write(self, action: str, node: str, detail: str, outcome: str, **fields: Any) -> Optional[str]:
+    def write(self, action: str, node: str, detail: str, outcome: Outcome, **fields: Any) -> Optional[str]:
         """Append one record (see record_line), on disk before it returns; None when written, else why not."""
         try:
             data = self.record_line(action, node, detail, outcome, **fields).encode("utf-8")

@@ -24,6 +24,7 @@ from opsconsole.actions.audit import (
     AuditLog,
     new_entry_id,
 )
+from opsconsole.audit_outcomes import Outcome
 
 OUTPUT_KEPT_CHARS = 4000  # of stdout and of stderr, in the result and its audit record
 KILL_WAIT_S = 2.0  # after SIGKILL of a timed-out local command's process group
@@ -249,7 +250,7 @@ class ActionRunner:
             raise
         except Exception as exc:  # an executor bug is an outcome too, not a crash of the console
             result = CommandResult(None, error=_describe(exc))
-        outcome = OUTCOME_OK if result.ok else OUTCOME_REFUSED if result.refused else OUTCOME_FAILED
+        outcome: Outcome = OUTCOME_OK if result.ok else OUTCOME_REFUSED if result.refused else OUTCOME_FAILED
         problem = self.audit.write(
             action,
             node,
@@ -263,7 +264,7 @@ class ActionRunner:
         return ActionOutcome(True, result, entry_id, problem)
 
     def note(
-        self, action: str, node: str, target: str, command: Sequence[str], outcome: str, detail: str
+        self, action: str, node: str, target: str, command: Sequence[str], outcome: Outcome, detail: str
     ) -> Optional[str]:
         """Record an action that did not run (cancelled, refused); None when written, else why not."""
         return self.audit.write(
