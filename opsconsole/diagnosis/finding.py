@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Final, Literal, Optional
 
-SEVERITY_CRITICAL = "critical"  # the run is dead or will die
-SEVERITY_ERROR = "error"
-SEVERITY_WARNING = "warning"
+Severity = Literal["critical", "error", "warning"]
+SEVERITY_CRITICAL: Final = "critical"  # the run is dead or will die
+SEVERITY_ERROR: Final = "error"
+SEVERITY_WARNING: Final = "warning"
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,7 @@ class Category:
 
     id: str
     title: str
-    severity: str
+    severity: Severity
     cause: str
     remedy: str
 
@@ -27,7 +28,7 @@ class Finding:
 
     line: int  # 1-based line number in the input
     category: str  # Category.id
-    severity: str
+    severity: Severity
     title: str
     cause: str
     remedy: str

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Dict
 
-from opsconsole.diagnosis.finding import SEVERITY_CRITICAL, SEVERITY_ERROR, SEVERITY_WARNING, Category
+from opsconsole.diagnosis.finding import SEVERITY_CRITICAL, SEVERITY_ERROR, SEVERITY_WARNING, Category, Severity
 
 
-def _category(id: str, title: str, severity: str, cause: str, remedy: str) -> Category:
+def _category(id: str, title: str, severity: Severity, cause: str, remedy: str) -> Category:
     return Category(id=id, title=title, severity=severity, cause=cause, remedy=remedy)
 
 

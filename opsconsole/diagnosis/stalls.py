@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Dict, Hashable, List, Mapping, Optional
 
+from opsconsole.diagnosis.finding import Severity
 from opsconsole.diagnosis.knowledge import STALL_CATEGORY, STRAGGLER_CATEGORY
 from opsconsole.units import format_duration
 
@@ -25,7 +26,7 @@ class StallFinding:
 
     category: str  # "stall" or "straggler"
     title: str
-    severity: str
+    severity: Severity
     cause: str
     remedy: str
     excerpt: str  # one line saying what was measured
