@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
-from typing import Optional, Tuple
+from typing import Final, Literal, Optional, Tuple
 
-STATUS_PASS = "pass"
-STATUS_WARN = "warn"
-STATUS_FAIL = "fail"
-STATUS_ERROR = "error"  # the check could not run
-STATUS_SKIP = "skip"  # nothing to check (the GPU suite on a node without a GPU)
-STATUSES = (STATUS_PASS, STATUS_WARN, STATUS_FAIL, STATUS_ERROR, STATUS_SKIP)
+HealthStatus = Literal["pass", "warn", "fail", "error", "skip"]
+STATUS_PASS: Final = "pass"
+STATUS_WARN: Final = "warn"
+STATUS_FAIL: Final = "fail"
+STATUS_ERROR: Final = "error"  # the check could not run
+STATUS_SKIP: Final = "skip"  # nothing to check (the GPU suite on a node without a GPU)
+STATUSES: Tuple[HealthStatus, ...] = (STATUS_PASS, STATUS_WARN, STATUS_FAIL, STATUS_ERROR, STATUS_SKIP)
 
 
 @dataclass(frozen=True)
 class HealthResult:
     check: str  # check id, e.g. "gpu_temperature", "disk_free", "gpu_sanity.fp64_matmul"
     node: str
-    status: str  # one of STATUSES
+    status: HealthStatus
     message: str
     gpu: Optional[int] = None  # GPU index where the check is per GPU
     evidence: Tuple[Tuple[str, str], ...] = ()  # (name, value read) pairs
@@ -34,7 +35,7 @@ _EXTRA = {f.name: f.default for f in fields(HealthResult) if f.name not in _FIEL
 def make_result(
     check: str,
     node: str,
-    status: str,
+    status: HealthStatus,
     message: str,
     gpu: Optional[int] = None,
     evidence: Tuple[Tuple[str, str], ...] = (),
