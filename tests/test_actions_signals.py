@@ -35,6 +35,7 @@ from opsconsole.model import STATE_DOWN, STATE_UP, NodeFrame, NodeState, Process
 from opsconsole.nodes.local import LocalLink
 from opsconsole.nodes.ssh import SshLink
 from opsconsole.probe.procs import ProcessTable
+from tests.pid_reuse import after_the_slack, start_on_pid
 from tests.sshd import StateLog, ssh_client, sshd_factory  # noqa: F401
 
 # The node is this machine, as the console's embedded default is: its PIDs are ours to signal.
@@ -284,31 +285,6 @@ async def test_watch_reports_unknown_when_no_new_frame_arrives():
     old = ProbedNode("n", [os.getpid()]).state()
     verdict = await watch_process(lambda: old, os.getpid(), after=time.time() + 60, timeout=0.2)
     assert not verdict.gone and not verdict.frame_seen and "state unknown" in verdict.text
-
-
-def start_on_pid(pid: int, argv: List[str], tries: int = 200) -> subprocess.Popen:
-    """A new process given `pid`, the PID of one that exited (the kernel's next PID set through
-    /proc/sys/kernel/ns_last_pid, which needs root); skips the test where it cannot be arranged."""
-    for _ in range(tries):
-        try:
-            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
-                f.write(str(pid - 1))
-        except OSError as exc:
-            pytest.skip("cannot choose the next PID here (%s): PID reuse not arranged" % exc.strerror)
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if proc.pid == pid:
-            return proc
-        proc.kill()  # another process on the machine took the PID first: try again
-        proc.wait(10)
-    pytest.skip("PID %d was taken by other processes %d times" % (pid, tries))
-
-
-def after_the_slack(started_at: float) -> None:
-    """Wait until a process started now is later than `started_at` by more than checked_signal's slack."""
-    from opsconsole.probe.checked_signal import START_SLACK_S
-
-    while time.time() < started_at + START_SLACK_S + 0.3:
-        time.sleep(0.05)
 
 
 def refused_record(tmp_path, action_id: str):

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -200,7 +201,7 @@ def test_the_signal_step_refuses_another_process_and_signals_the_planned_one(pyt
 
         status, answer, err = run(start_time=seen["start_time"] - 60)  # what a plan saw of an earlier owner
         assert status == 3 and answer["signalled"] is False, (answer, err)
-        assert "pid %d is now a different process (started 6" % sleeper.pid in answer["refused"]
+        assert answer["refused"].startswith("pid %d is now a different process (started " % sleeper.pid)
         assert "s after the one the plan saw): not signalled" in answer["refused"]
         status, answer, err = run(start_time=seen["start_time"], name="python3")
         assert status == 3 and "command 'sleep', not 'python3'" in answer["refused"], (answer, err)
@@ -213,6 +214,31 @@ def test_the_signal_step_refuses_another_process_and_signals_the_planned_one(pyt
     finally:
         if sleeper.poll() is None:
             sleeper.kill()
+        sleeper.wait(10)
+
+
+def test_the_details_reader_reads_the_listed_process_and_not_a_later_one(python):
+    from opsconsole.nodes.process_details import MOVED, details_from_answer, reader_argv, reader_bundle
+
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)", "opsconsole-old-reader"], stdin=subprocess.DEVNULL
+    )
+    try:
+        cmdline = "/proc/%d/cmdline" % sleeper.pid
+        wait_for_sync(lambda: b"opsconsole-old-reader" in open(cmdline, "rb").read(), "the child to exec")
+
+        def read(expected_start):
+            argv = reader_argv(python, sleeper.pid, expected_start)
+            result = subprocess.run(argv, input=reader_bundle(), capture_output=True, text=True, cwd="/tmp", timeout=60)
+            assert result.returncode == 0, result.stderr
+            return details_from_answer(sleeper.pid, result.stdout, expected_start)
+
+        first = read(None)
+        assert first.problem is None and first.args[-1] == "opsconsole-old-reader", first
+        assert read(first.start_time).args == first.args
+        assert read(first.start_time - 60).problem == MOVED
+    finally:
+        sleeper.kill()
         sleeper.wait(10)
 
 

@@ -27,6 +27,7 @@ from opsconsole.probe.agent import Probe
 from opsconsole.tui.process_details import ProcessDetailsScreen
 from opsconsole.tui.processes import ProcessesPane
 from opsconsole.tui.table_diff import row_keys_in_order
+from tests.pid_reuse import after_the_slack, start_on_pid
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401
 
 SIZE = (200, 50)
@@ -232,6 +233,38 @@ async def test_details_of_a_process_that_exited_say_so(rank_child):
         assert app.screen.details.problem == "gone: /proc has no such process"
 
 
+async def test_details_of_a_pid_now_held_by_another_process_say_the_listed_one_exited(rank_child):
+    """The listed process exits and another gets its PID before enter: the screen says so and shows
+    nothing of the successor (its command line, environment)."""
+    from opsconsole.nodes.process_details import MOVED
+
+    child, marker = rank_child
+    pane = ProcessesPane()
+    app = ConsoleLikeApp(pane)
+    async with app.run_test(size=SIZE) as pilot:
+        pane.show(local_states(), None, NOW)
+        pane.apply_filter(marker)
+        await pilot.pause()
+        listed = next(p for p in pane.states[NODE].frame.top_processes if p.pid == child.pid)
+        child.kill()
+        child.wait()
+        after_the_slack(listed.start_time)
+        successor_marker = "opsconsole-successor-%s" % uuid.uuid4().hex[:8]
+        successor = start_on_pid(child.pid, [sys.executable, "-c", "import time; time.sleep(60)", successor_marker])
+        try:
+            pane.host_table.table.focus()
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ProcessDetailsScreen) and app.screen.details is not None)
+            details = app.screen.details
+            text = str(app.screen.query_one("#details-node").render())
+        finally:
+            successor.kill()
+            successor.wait()
+    assert details.problem == MOVED == "this process has exited (pid now belongs to another)"
+    assert MOVED in text and successor_marker not in text and not details.args and not details.rank_env
+    assert details.start_time > listed.start_time + 1.5  # the node's reading of the successor
+
+
 async def test_selection_after_a_filter_runs_across_both_tables():
     """In the default view (both tables), the keyboard reaches host processes: down from the last
     GPU row enters the host table; a filter that empties the GPU table leaves it out of the focus."""
@@ -331,10 +364,10 @@ def test_process_tree_orders_siblings_and_survives_loops():
 
 
 async def test_details_are_read_over_the_nodes_real_ssh_connection(rank_child, sshd_factory):
-    """A remote node: the reader runs there as `python3 -I -c SOURCE PID` over the node's own connection
+    """A remote node: the reader runs there as `python3 -I - PID [START]` over the node's own connection
     (the sshd runs here, so the node's /proc is this machine's)."""
     from opsconsole.config import SshConfig
-    from opsconsole.nodes.process_details import fetch_process_details
+    from opsconsole.nodes.process_details import MOVED, fetch_process_details
     from opsconsole.nodes.ssh import SshLink
 
     child, marker = rank_child
@@ -350,6 +383,13 @@ async def test_details_are_read_over_the_nodes_real_ssh_connection(rank_child, s
         assert marker in details.args and details.cgroup
         gone = await fetch_process_details(link, int(Path("/proc/sys/kernel/pid_max").read_text()) + 1)
         assert gone.problem == "gone: /proc has no such process"
+        # The start time the frame said: the same process is read; a later owner is not.
+        started = details.start_time
+        assert started is not None
+        same = await fetch_process_details(link, child.pid, expected_start=started + 1.0)
+        assert same.problem is None and marker in same.args
+        moved = await fetch_process_details(link, child.pid, expected_start=started - 60)
+        assert moved.problem == MOVED and not moved.args and not moved.rank_env and not moved.cgroup
     finally:
         await link.close()
 
@@ -368,6 +408,23 @@ def test_a_bad_answer_from_the_node_is_a_problem_not_a_crash(answer, problem):
     from opsconsole.nodes.process_details import details_from_answer
 
     assert details_from_answer(42, answer).problem == problem
+
+
+@pytest.mark.parametrize(
+    "start_time",
+    ["1000.0", "null", '"1000"', "NaN", "Infinity", "1e308", "true"],
+)
+def test_an_answer_whose_start_time_is_not_the_listed_ones_shows_nothing_of_the_process(start_time):
+    """The console compares the start time again (a reader that ignored it, or a hostile one): only an
+    answer for a process started within the slack of the listed one is shown."""
+    from opsconsole.nodes.process_details import MOVED, details_from_answer
+
+    answer = '{"pid": 42, "start_time": %s, "args": ["secret"], "rank_env": {"RANK": "1"}, "errors": {}}' % start_time
+    details = details_from_answer(42, answer, expected_start=5000.0)
+    assert details.problem == MOVED and details.args == () and details.rank_env == ()
+    assert details_from_answer(42, answer.replace(start_time, "5000.5"), expected_start=5000.0).args == ("secret",)
+    moved = details_from_answer(42, '{"pid": 42, "moved": true, "args": ["secret"], "errors": {}}')
+    assert moved.problem == MOVED and moved.args == ()
 
 
 def test_odd_fields_in_an_answer_are_left_out():

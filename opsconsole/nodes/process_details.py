@@ -1,25 +1,32 @@
 """Ask a node for one process's details (probe/proc_details.py) and check what comes back.
 
-The reader runs where the node is: in a thread for the local node, as `python3 -I -c SOURCE
-PID` over the node's own SSH connection for a remote one; never for a replayed node (its
-pids are not this machine's). The answer is hostile input: bounded and type-checked field
-by field; the start time it reports lets a caller tell a reused pid.
+The reader runs where the node is: in a thread for the local node, as `python3 -I - PID
+START_TIME` (a small bundle on stdin) over the node's own SSH connection for a remote one;
+never for a replayed node (its pids are not this machine's). The answer is hostile input:
+bounded and type-checked field by field.
+
+A PID names the listed process only while it lives. Given the start time the frame said, the
+reader compares it with the node's own (on the node, before reading anything else) and a later
+owner of the PID is reported as MOVED, without its command line or environment; the console
+compares again what comes back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import shlex
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from opsconsole.nodes.base import COMMANDS_HERE, command_channel, is_replayed
+from opsconsole.nodes.bundle import helper_bundle
 from opsconsole.probe import proc_details
+from opsconsole.probe.proc_read import START_SLACK_S
 
 MAX_ANSWER_CHARS = 1 << 20  # the reader prints well under this (64 KiB of arguments, a few variables)
 DETAILS_TIMEOUT_S = 10.0
+MOVED = "this process has exited (pid now belongs to another)"
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,7 @@ class ProcessDetails:
     cwd: Optional[str] = None
     state: Optional[str] = None
     starttime: Optional[int] = None  # clock ticks after boot, as /proc/PID/stat says
+    start_time: Optional[float] = None  # the same as epoch seconds on the node's clock
     errors: Tuple[Tuple[str, str], ...] = ()  # (part, why) for the parts that could not be read
     problem: Optional[str] = None
 
@@ -44,8 +52,15 @@ def _strings(value: Any, limit: int, chars: int) -> Tuple[str, ...]:
     return tuple(item[:chars] for item in value[:limit] if isinstance(item, str))
 
 
-def details_from_answer(pid: int, text: str) -> ProcessDetails:
-    """Check the reader's JSON line; anything malformed is a `problem`, never an exception."""
+def _moved(start_time: Optional[float], expected_start: Optional[float]) -> bool:
+    return expected_start is not None and (start_time is None or abs(start_time - expected_start) > START_SLACK_S)
+
+
+def details_from_answer(pid: int, text: str, expected_start: Optional[float] = None) -> ProcessDetails:
+    """Check the reader's JSON line; anything malformed is a `problem`, never an exception.
+
+    With `expected_start`, an answer for a process that started at another time is MOVED (nothing of it kept).
+    """
     if len(text) > MAX_ANSWER_CHARS:
         return ProcessDetails(pid, problem="answer of %d characters, over the %d limit" % (len(text), MAX_ANSWER_CHARS))
     try:
@@ -58,13 +73,22 @@ def details_from_answer(pid: int, text: str) -> ProcessDetails:
     errors = tuple((str(part)[:40], str(why)[:200]) for part, why in list(raw_errors.items())[:10])
     if data.get("pid") != pid:
         return ProcessDetails(pid, errors=errors, problem="the node answered for another pid")
+    starttime = data.get("starttime")
+    starttime = starttime if type(starttime) is int and starttime >= 0 else None
+    raw_start = data.get("start_time")
+    start_time = float(raw_start) if isinstance(raw_start, (int, float)) and not isinstance(raw_start, bool) else None
+    if start_time is not None and start_time != start_time:  # NaN
+        start_time = None
+    if "stat" in raw_errors:
+        return ProcessDetails(pid, errors=errors, problem="gone: /proc has no such process")
+    if data.get("moved") is True or _moved(start_time, expected_start):
+        return ProcessDetails(pid, starttime=starttime, start_time=start_time, problem=MOVED)
     env = data.get("rank_env") if isinstance(data.get("rank_env"), dict) else {}
     rank_env = tuple(
         (name, env[name][: proc_details.VALUE_CHARS])
         for name in proc_details.RANK_VARIABLES
         if isinstance(env.get(name), str)
     )
-    starttime = data.get("starttime")
     state = data.get("state")
     cwd = data.get("cwd")
     return ProcessDetails(
@@ -75,19 +99,29 @@ def details_from_answer(pid: int, text: str) -> ProcessDetails:
         cgroup=_strings(data.get("cgroup"), proc_details.MAX_CGROUP_LINES, proc_details.CGROUP_LINE_CHARS),
         cwd=cwd[: proc_details.ARG_CHARS] if isinstance(cwd, str) else None,
         state=state[:2] if isinstance(state, str) else None,
-        starttime=starttime if type(starttime) is int and starttime >= 0 else None,
+        starttime=starttime,
+        start_time=start_time,
         errors=errors,
-        problem="gone: /proc has no such process" if "stat" in raw_errors else None,
     )
 
 
-def reader_argv(python: str, pid: int) -> list:
-    """The command that runs the reader on a node with `python` (its config's interpreter)."""
-    return shlex.split(python) + ["-I", "-c", inspect.getsource(proc_details), str(int(pid))]
+def reader_argv(python: str, pid: int, expected_start: Optional[float] = None) -> List[str]:
+    """The command that runs the reader on a node with `python` (its config's interpreter); its bundle goes on stdin."""
+    argv = shlex.split(python) + ["-I", "-", str(int(pid))]
+    return argv + (["%.2f" % expected_start] if expected_start is not None else [])
 
 
-async def fetch_process_details(link: Any, pid: int, timeout: float = DETAILS_TIMEOUT_S) -> ProcessDetails:
-    """The details of `pid` on the node of `link`, read there; a node that cannot be asked gives a `problem`."""
+def reader_bundle() -> str:
+    return helper_bundle("proc_details", "proc_read")
+
+
+async def fetch_process_details(
+    link: Any, pid: int, timeout: float = DETAILS_TIMEOUT_S, expected_start: Optional[float] = None
+) -> ProcessDetails:
+    """The details of `pid` on the node of `link`, read there; a node that cannot be asked gives a `problem`.
+
+    `expected_start`: the start time (epoch s) the frame said; a process that started at another time is MOVED.
+    """
     if link is None:
         return ProcessDetails(pid, problem="no connection to the node")
     if is_replayed(link):
@@ -95,10 +129,12 @@ async def fetch_process_details(link: Any, pid: int, timeout: float = DETAILS_TI
     channel = command_channel(link)
     if channel == COMMANDS_HERE:
         try:
-            data = await asyncio.wait_for(asyncio.to_thread(proc_details.read_details, int(pid)), timeout)
+            data = await asyncio.wait_for(
+                asyncio.to_thread(proc_details.read_details, int(pid), "/proc", expected_start), timeout
+            )
         except asyncio.TimeoutError:
             return ProcessDetails(pid, problem="reading /proc took over %g s" % timeout)
-        return details_from_answer(pid, json.dumps(data))
+        return details_from_answer(pid, json.dumps(data), expected_start)
     from opsconsole.nodes.trust import ssh_link_of
 
     remote = ssh_link_of(link)
@@ -108,7 +144,9 @@ async def fetch_process_details(link: Any, pid: int, timeout: float = DETAILS_TI
 
     python = getattr(getattr(remote, "node", None), "python", None) or "python3"
     try:
-        status, stdout, stderr = await remote.run_command(reader_argv(python, pid), timeout=timeout)
+        status, stdout, stderr = await remote.run_command(
+            reader_argv(python, pid, expected_start), timeout=timeout, input=reader_bundle()
+        )
     except LinkError as err:
         return ProcessDetails(pid, problem=err.reason)
     except ValueError as exc:
@@ -116,4 +154,4 @@ async def fetch_process_details(link: Any, pid: int, timeout: float = DETAILS_TI
     if status != 0 and not stdout.strip():
         last = (stderr.strip().splitlines() or ["exit status %s" % status])[-1]
         return ProcessDetails(pid, problem="the reader failed: %s" % last[:200])
-    return details_from_answer(pid, stdout)
+    return details_from_answer(pid, stdout, expected_start)

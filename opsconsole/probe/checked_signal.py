@@ -5,8 +5,7 @@ may hand the pid to another. So right before the signal, on the node itself, thi
 /proc/PID/stat and /proc/PID/status and compares what the plan saw:
 
 - the start time: field 22 of stat (clock ticks after boot) as epoch seconds with the node's
-  boot time, within START_SLACK_S of the frame's (the probe reckons the boot time once, as
-  `time.time() - uptime` or psutil's whole-second btime: the two differ by up to a second);
+  boot time, within proc_read.START_SLACK_S of the frame's;
 - the command name (comm, which the kernel cuts at 15 characters) and the real uid's user.
 
 Anything different refuses the signal ("pid 1234 is now a different process ...: not
@@ -32,24 +31,17 @@ import json
 import os
 import signal
 import sys
-import time
 from typing import Any, Dict, List, Optional
 
-from opsconsole.probe.proc_read import STAT_LIMIT, read_prefix, split_stat
+from opsconsole.probe.proc_read import START_SLACK_S, STAT_LIMIT, boot_time, read_prefix, split_stat, start_time_of
 
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
-START_SLACK_S = 1.5
 COMM_CHARS = 15  # TASK_COMM_LEN - 1: what /proc/PID/stat keeps of a command name
 STATUS_LIMIT = 16384
 EXIT_SIGNALLED = 0
 EXIT_BAD_REQUEST = 2
 EXIT_REFUSED = 3
 EXIT_NOT_SIGNALLED = 4
-
-try:
-    _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-except (AttributeError, ValueError, OSError):
-    _CLOCK_TICKS = 100
 
 
 def _user_name(uid: int) -> str:
@@ -74,12 +66,9 @@ def identity_of(pid: int, proc_root: str = "/proc") -> Dict[str, Any]:
         if line.startswith("Uid:"):
             uid = int(line.split()[1])
             break
-    with open("%s/uptime" % proc_root.rstrip("/"), "rb") as f:
-        uptime = float(f.read(200).split()[0])
-    booted = time.time() - uptime
     return {
         "start_ticks": ticks,
-        "start_time": round(booted + ticks / float(_CLOCK_TICKS), 2),
+        "start_time": start_time_of(ticks, boot_time(proc_root)),
         "name": name,
         "uid": uid,
         "user": _user_name(uid) if uid is not None else None,

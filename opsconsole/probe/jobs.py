@@ -21,9 +21,10 @@ root may read. Everything read is bounded and checked: a job id is digits (an ar
 Stdlib only, Python 3.6 syntax: shipped to nodes with the probe.
 """
 
-import os
 import re
 from typing import Dict, List, Optional, Tuple
+
+from opsconsole.probe.proc_read import read_prefix
 
 # /proc/PID/cgroup is a line per hierarchy (13 on a cgroup v1 node): 64 KiB is far beyond it.
 CGROUP_READ_LIMIT = 65536
@@ -150,33 +151,16 @@ def parse_slurm_environ(data: bytes) -> "JobInfo":
     )
 
 
-def _read_prefix(path: str, limit: int) -> bytes:
-    """At most `limit` bytes of a file (a /proc file may be huge or endless: never read it whole)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks: List[bytes] = []
-        size = 0
-        while size < limit:
-            chunk = os.read(fd, min(65536, limit - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def read_job(pid: int, proc_prefix: str = "/proc/") -> "JobInfo":
     """The job of process `pid`: its cgroup, then its environment for a Slurm job the cgroup does not name."""
     base = "%s%d/" % (proc_prefix, pid)
     try:
-        info = parse_cgroup(_read_prefix(base + "cgroup", CGROUP_READ_LIMIT).decode("utf-8", "replace"))
+        info = parse_cgroup(read_prefix(base + "cgroup", CGROUP_READ_LIMIT).decode("utf-8", "replace"))
     except OSError:
         info = JobInfo()
     if info.job_id is None or info.job_user is None:
         try:
-            env = parse_slurm_environ(_read_prefix(base + "environ", ENVIRON_READ_LIMIT))
+            env = parse_slurm_environ(read_prefix(base + "environ", ENVIRON_READ_LIMIT))
         except OSError:  # another user's process, or gone
             env = JobInfo()
         if info.job_id is None and env.job_id is not None:

@@ -2,9 +2,13 @@
 
 What a frame does not carry, because it costs a read per process or is private: the whole
 command line, the rank variables of its environment (RANK, LOCAL_RANK, WORLD_SIZE,
-MASTER_ADDR ... only those), its cgroup and working directory. Shipped as source and run as
-`python3 -I -c SOURCE PID`; prints one JSON object. Every read is bounded and a part that
-cannot be read (gone, another user's environment) is an error string, not a failure.
+MASTER_ADDR ... only those), its cgroup and working directory. Shipped in a small bundle
+(nodes/bundle.py: helper_bundle) and run as `python3 -I - PID [START_TIME]`; prints one JSON
+object. Every read is bounded and a part that cannot be read (gone, another user's environment)
+is an error string, not a failure.
+
+With START_TIME (epoch seconds, what the console's frame said), a process that started at
+another time is a later owner of the PID: `moved` is set and nothing of it is read.
 
 Stdlib only, Python 3.6 syntax.
 """
@@ -12,6 +16,9 @@ Stdlib only, Python 3.6 syntax.
 import json
 import os
 import sys
+from typing import Any, Dict, List, Optional
+
+from opsconsole.probe.proc_read import START_SLACK_S, STAT_LIMIT, boot_time, read_prefix, split_stat, start_time_of
 
 CMDLINE_LIMIT = 65536  # bytes of /proc/PID/cmdline read (the kernel's own page-sized cap is far above a real one)
 ENVIRON_LIMIT = 1 << 20  # bytes of /proc/PID/environ read
@@ -45,23 +52,6 @@ RANK_VARIABLES = (
 )
 
 
-def _read(path, limit):
-    # type: (str, int) -> bytes
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks = []
-        size = 0
-        while size < limit:
-            chunk = os.read(fd, min(65536, limit - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def _why(exc):
     # type: (BaseException) -> str
     return getattr(exc, "strerror", None) or type(exc).__name__
@@ -86,33 +76,38 @@ def rank_variables(environ):
     return found
 
 
-def read_details(pid, proc_root="/proc"):
-    # type: (int, str) -> dict
-    """What /proc says of `pid`: {"pid", "starttime", "args", "args_cut", "rank_env", "cgroup", "cwd", "errors"}."""
+def read_details(pid: int, proc_root: str = "/proc", expected_start: Optional[float] = None) -> Dict[str, Any]:
+    """What /proc says of `pid`: {"pid", "starttime", "start_time", "state", "args", "args_cut", "rank_env",
+    "cgroup", "cwd", "errors"}; with `expected_start`, only {"pid", "starttime", "start_time", "moved"} when
+    the process started at another time (a later owner of the PID: none of its details are read)."""
     base = "%s/%d" % (proc_root.rstrip("/"), pid)
-    out: dict = {"pid": pid, "errors": {}}
+    out = {"pid": pid, "errors": {}}  # type: Dict[str, Any]
     errors = out["errors"]
     try:
-        stat = _read(base + "/stat", 4096)
-        fields = stat[stat.rindex(b")") + 2 :].split()
+        _, fields = split_stat(read_prefix(base + "/stat", STAT_LIMIT))
         out["starttime"] = int(fields[19])
+        out["start_time"] = start_time_of(out["starttime"], boot_time(proc_root))
         out["state"] = fields[0].decode("ascii", "replace")[:2]
     except (OSError, ValueError, IndexError) as exc:
         errors["stat"] = _why(exc)
         return out  # gone (or never there): nothing else is this process's
+    if expected_start is not None and abs(out["start_time"] - expected_start) > START_SLACK_S:
+        out["moved"] = True
+        del out["state"]
+        return out
     try:
-        raw = _read(base + "/cmdline", CMDLINE_LIMIT + 1)
+        raw = read_prefix(base + "/cmdline", CMDLINE_LIMIT + 1)
         args = raw[:CMDLINE_LIMIT].rstrip(b"\0").split(b"\0") if raw else []
         out["args"] = [_text(arg, ARG_CHARS) for arg in args[:MAX_ARGS]]
         out["args_cut"] = len(raw) > CMDLINE_LIMIT or len(args) > MAX_ARGS
     except OSError as exc:
         errors["cmdline"] = _why(exc)
     try:
-        out["rank_env"] = rank_variables(_read(base + "/environ", ENVIRON_LIMIT))
+        out["rank_env"] = rank_variables(read_prefix(base + "/environ", ENVIRON_LIMIT))
     except OSError as exc:
         errors["environ"] = _why(exc)  # another user's process: only its owner and root may read it
     try:
-        lines = _read(base + "/cgroup", CGROUP_LIMIT).decode("utf-8", "replace").splitlines()
+        lines = read_prefix(base + "/cgroup", CGROUP_LIMIT).decode("utf-8", "replace").splitlines()
         out["cgroup"] = [line[:CGROUP_LINE_CHARS] for line in lines[:MAX_CGROUP_LINES]]
     except OSError as exc:
         errors["cgroup"] = _why(exc)
@@ -123,16 +118,17 @@ def read_details(pid, proc_root="/proc"):
     return out
 
 
-def main(argv):
-    # type: (list) -> int
+def main(args: List[str]) -> int:
+    """`PID [START_TIME]` (what follows `python3 -I -`): one JSON line on stdout."""
     try:
-        pid = int(argv[1])
+        pid = int(args[0])
+        expected = float(args[1]) if len(args) > 1 else None
     except (IndexError, ValueError):
-        sys.stdout.write(json.dumps({"errors": {"pid": "usage: PID"}}) + "\n")
+        sys.stdout.write(json.dumps({"errors": {"pid": "usage: PID [START_TIME]"}}) + "\n")
         return 2
-    sys.stdout.write(json.dumps(read_details(pid), separators=(",", ":")) + "\n")
+    sys.stdout.write(json.dumps(read_details(pid, expected_start=expected), separators=(",", ":")) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(sys.argv[1:]))

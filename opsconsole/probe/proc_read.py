@@ -8,10 +8,20 @@ Stdlib only, Python 3.6 syntax: shipped to nodes with the probe and with the hel
 """
 
 import os
+import time
 from typing import List, Tuple
 
 READ_CHUNK = 65536
 STAT_LIMIT = 4096  # /proc/PID/stat: 52 numbers and a command name of at most 64 bytes
+# How far two reckonings of one process's start time (epoch seconds) may differ and still name
+# the same process: the probe reckons the boot time once, as `time.time() - uptime` or as
+# psutil's whole-second btime, which differ by up to a second.
+START_SLACK_S = 1.5
+
+try:
+    CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+except (AttributeError, ValueError, OSError):
+    CLOCK_TICKS = 100
 
 
 def read_prefix(path: str, limit: int) -> bytes:
@@ -43,3 +53,14 @@ def split_stat(data: bytes) -> Tuple[str, List[bytes]]:
     if end < start:
         raise ValueError("not a /proc/PID/stat line")
     return data[start + 1 : end].decode("utf-8", "replace"), data[end + 2 :].split()
+
+
+def boot_time(proc_root: str = "/proc") -> float:
+    """Epoch seconds of the boot, as the probe reckons it: now less /proc/uptime."""
+    uptime = float(read_prefix(proc_root.rstrip("/") + "/uptime", 200).split()[0])
+    return time.time() - uptime
+
+
+def start_time_of(start_ticks: int, booted: float) -> float:
+    """Epoch seconds at which a process started, from stat's field 22 (clock ticks after boot)."""
+    return round(booted + start_ticks / float(CLOCK_TICKS), 2)

@@ -35,6 +35,24 @@ def _row(text: Text, label: str, value: str, style: str = "") -> None:
     text.append(printable_line(value) + "\n", style=style)
 
 
+def listed_process(pid: int, frame: Optional[NodeFrame]) -> Optional[ProcessSample]:
+    """`pid` as the frame lists it: its host row, else its (first) GPU row."""
+    if frame is None:
+        return None
+    return next((p for p in frame.top_processes + frame.processes if p.pid == pid), None)
+
+
+def listed_start(pid: int, frame: Optional[NodeFrame]) -> Optional[float]:
+    """When the listed process started (epoch s on the node's clock): its start time, else the frame's time less its age."""
+    proc = listed_process(pid, frame)
+    if proc is None or frame is None:
+        return None
+    if proc.start_time is not None:
+        return proc.start_time
+    elapsed = proc.elapsed_at(frame.time)
+    return None if elapsed is None else frame.time - elapsed
+
+
 def frame_text(node: str, pid: int, frame: Optional[NodeFrame]) -> Text:
     """What the last frame says of `pid`: the host sample, then one line per GPU it uses."""
     text = Text()
@@ -55,7 +73,7 @@ def frame_text(node: str, pid: int, frame: Optional[NodeFrame]) -> Text:
     _row(text, "RSS", format_bytes(proc.rss_bytes))
     _row(text, "Threads", NA if proc.threads is None else str(proc.threads))
     elapsed = proc.elapsed_at(frame.time)
-    started = proc.start_time if proc.start_time is not None else (None if elapsed is None else frame.time - elapsed)
+    started = listed_start(pid, frame)
     when = NA if started is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
     _row(text, "Started", "%s (%s ago)" % (when, format_duration(elapsed)))
     if proc.kernel_thread:
@@ -162,7 +180,8 @@ class ProcessDetailsScreen(ModalScreen[None]):
     @work(exclusive=True, exit_on_error=False, group="process-details")
     async def ask_node(self) -> None:
         try:
-            details = await self.fetch(self.link, self.pid)
+            # With the listed process's start time: a later owner of the PID is not described as this one.
+            details = await self.fetch(self.link, self.pid, expected_start=listed_start(self.pid, self.frame))
         except Exception as exc:  # a bug in the fetch must not take the console down
             details = ProcessDetails(self.pid, problem="%s: %s" % (type(exc).__name__, exc))
         self.details = details
