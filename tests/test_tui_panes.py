@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Dict, List
+from typing import AsyncIterator, Dict, List, Optional
 
 import pytest
 from h200_fleet import NOW, connecting_node, hung_worker, idle_gpu, load_process, loaded_gpu, three_nodes
 from rich.text import Text
 from textual.app import App, ComposeResult
+from textual.pilot import Pilot
 from textual.widgets import DataTable
 
 from opsconsole.model import STATE_STALE
@@ -34,6 +36,17 @@ class PaneApp(App):
 
     def on_nodes_pane_drill(self, message: NodesPane.Drill) -> None:
         self.drills.append(message.node)
+
+
+@asynccontextmanager
+async def showing(pane, filter_text: Optional[str] = None) -> AsyncIterator[Pilot]:
+    """`pane` alone in an app, showing the three nodes (through the `/` filter `filter_text` when given)."""
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        if filter_text is not None:
+            pane.apply_filter(filter_text)
+        await pilot.pause()
+        yield pilot
 
 
 def keys(table: DataTable) -> List[str]:
@@ -219,19 +232,13 @@ async def test_nodes_pane_state_colours():
 )
 async def test_nodes_pane_filter(text, expected):
     pane = NodesPane()
-    async with PaneApp(pane).run_test(size=SIZE) as pilot:
-        pane.show(three_nodes(), None, NOW)
-        pane.apply_filter(text)
-        await pilot.pause()
+    async with showing(pane, text):
         assert keys(pane.tables[0].table) == expected
 
 
 async def test_nodes_pane_bad_filter_term_is_shown_not_raised():
     pane = NodesPane()
-    async with PaneApp(pane).run_test(size=SIZE) as pilot:
-        pane.show(three_nodes(), None, NOW)
-        pane.apply_filter("util<abc state:up")
-        await pilot.pause()
+    async with showing(pane, "util<abc state:up") as pilot:
         assert keys(pane.tables[0].table) == ["gpu01", "gpu02"]
         assert "'abc' is not a number" in status_text(pane)
         pane.apply_filter("")
@@ -242,9 +249,7 @@ async def test_nodes_pane_bad_filter_term_is_shown_not_raised():
 
 async def test_nodes_pane_sort_cycle_reverse_and_header_click():
     pane = NodesPane()
-    async with PaneApp(pane).run_test(size=SIZE) as pilot:
-        pane.show(three_nodes(), None, NOW)
-        await pilot.pause()
+    async with showing(pane) as pilot:
         table = pane.tables[0].table
         await pilot.press("s")  # by name
         assert pane.tables[0].sort.column == "name"
@@ -269,9 +274,7 @@ async def test_nodes_pane_sort_cycle_reverse_and_header_click():
 
 async def test_nodes_pane_sort_cycles_back_to_config_order():
     pane = NodesPane()
-    async with PaneApp(pane).run_test(size=SIZE) as pilot:
-        pane.show(three_nodes(), None, NOW)
-        await pilot.pause()
+    async with showing(pane) as pilot:
         seen = []
         for _ in range(sum(1 for c in pane.tables[0].columns if c.sortable) + 1):
             await pilot.press("s")
@@ -345,9 +348,7 @@ async def test_nodes_pane_node_added_and_removed(monkeypatch):
 
 async def test_cluster_pane_rows_and_cells():
     pane = ClusterGpusPane()
-    async with PaneApp(pane).run_test(size=SIZE) as pilot:
-        pane.show(three_nodes(), None, NOW)
-        await pilot.pause()
+    async with showing(pane):
         table = pane.tables[0].table
         assert keys(table) == ["gpu01/0", "gpu01/1", "gpu02/0", "gpu03/0"]
         loaded = cells(table, "gpu01/0")
@@ -395,20 +396,14 @@ async def test_cluster_pane_drill_down_shows_one_node():
 )
 async def test_cluster_pane_filter(text, expected):
     pane = ClusterGpusPane()
-    async with PaneApp(pane).run_test(size=SIZE) as pilot:
-        pane.show(three_nodes(), None, NOW)
-        pane.apply_filter(text)
-        await pilot.pause()
+    async with showing(pane, text):
         assert keys(pane.tables[0].table) == expected
         assert text in status_text(pane)
 
 
 async def test_cluster_pane_bad_term_message():
     pane = ClusterGpusPane()
-    async with PaneApp(pane).run_test(size=SIZE) as pilot:
-        pane.show(three_nodes(), None, NOW)
-        pane.apply_filter("util<abc")
-        await pilot.pause()
+    async with showing(pane, "util<abc"):
         assert "util<abc: 'abc' is not a number" in status_text(pane)
         assert len(keys(pane.tables[0].table)) == 4
 
@@ -471,9 +466,7 @@ async def test_cluster_pane_updates_in_place_and_follows_nodes(monkeypatch):
 
 async def test_processes_pane_gpu_and_host_rows():
     pane = ProcessesPane()
-    async with PaneApp(pane).run_test(size=SIZE) as pilot:
-        pane.show(three_nodes(), None, NOW)
-        await pilot.pause()
+    async with showing(pane):
         gpu, host = pane.gpu_table.table, pane.host_table.table
         assert keys(gpu) == ["gpu01/421@0"]
         assert cells(gpu, "gpu01/421@0") == {
@@ -543,19 +536,14 @@ async def test_processes_pane_node_column_only_for_several_nodes():
 )
 async def test_processes_pane_filter(text, gpu_keys, host_keys):
     pane = ProcessesPane()
-    async with PaneApp(pane).run_test(size=SIZE) as pilot:
-        pane.show(three_nodes(), None, NOW)
-        pane.apply_filter(text)
-        await pilot.pause()
+    async with showing(pane, text):
         assert keys(pane.gpu_table.table) == gpu_keys
         assert keys(pane.host_table.table) == host_keys
 
 
 async def test_processes_pane_toggle_and_sort_the_focused_table():
     pane = ProcessesPane()
-    async with PaneApp(pane).run_test(size=SIZE) as pilot:
-        pane.show(three_nodes(), None, NOW)
-        await pilot.pause()
+    async with showing(pane) as pilot:
         gpu, host = pane.gpu_table.table, pane.host_table.table
         assert gpu.display and host.display
         await pilot.press("v")
