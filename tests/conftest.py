@@ -26,18 +26,20 @@ REFERENCE_H200 = FIXTURES / "h200"  # copied from shared/reference/h200: real ca
 
 @pytest.fixture(autouse=True, scope="session")
 def private_state_home():
-    """Audit logs and recordings that tests cause land in a temp dir, never in the user's ~/.local/state.
+    """Audit logs, recordings and caches that tests cause land in a temp dir, never in the user's home.
 
     Set in the environment so subprocesses of the tests (the CLI, the console under tmux) inherit it.
     """
-    previous = os.environ.get("XDG_STATE_HOME")
+    previous = {name: os.environ.get(name) for name in ("XDG_STATE_HOME", "XDG_CACHE_HOME")}
     with tempfile.TemporaryDirectory(prefix="opsconsole-test-state-") as state:
         os.environ["XDG_STATE_HOME"] = state
+        os.environ["XDG_CACHE_HOME"] = os.path.join(state, "cache")  # kept checkpoint proofs (proofs.py)
         yield Path(state)
-    if previous is None:
-        os.environ.pop("XDG_STATE_HOME", None)
-    else:
-        os.environ["XDG_STATE_HOME"] = previous
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture

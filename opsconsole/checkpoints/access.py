@@ -31,6 +31,14 @@ class FileStat(NamedTuple):
     is_dir: bool
     is_link: bool
     is_file: bool
+    # The whole lstat where the file system gives one (local): its device, inode, size, mtime
+    # and ctime are the file's identity, what a kept proof of it is keyed by (proofs.py).
+    raw: Optional[os.stat_result] = None
+
+    @property
+    def identity(self) -> Optional[Tuple[int, int, int, int, int]]:
+        raw = self.raw
+        return None if raw is None else (raw.st_dev, raw.st_ino, raw.st_size, raw.st_mtime_ns, raw.st_ctime_ns)
 
 
 class DirItem(NamedTuple):
@@ -70,6 +78,10 @@ class FileSystem:
     def read_file(self, path: str, limit: int) -> bytes:
         """The first `limit` bytes of a file."""
         raise NotImplementedError
+
+    def run_reader_identified(self, path: str, make_reader) -> Tuple[object, Optional[Tuple[int, int, int, int, int]]]:
+        """run_reader's result and the identity of the file it read (None where there is none)."""
+        return self.run_reader(path, make_reader), None
 
     def statvfs(self, path: str) -> Tuple[Optional[int], Optional[int]]:
         """(free bytes for an unprivileged user, file system size)."""
@@ -117,6 +129,12 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEX
 
 def open_regular_sized(path: str) -> Tuple[int, int]:
     """(descriptor, size) of a regular file, as open_regular opens it."""
+    fd, st = open_regular_stat(path)
+    return fd, st.st_size
+
+
+def open_regular_stat(path: str) -> Tuple[int, os.stat_result]:
+    """(descriptor, fstat) of a regular file, as open_regular opens it."""
     mode = os.lstat(path).st_mode
     if not stat_module.S_ISREG(mode):
         raise not_regular(path, mode)
@@ -130,7 +148,7 @@ def open_regular_sized(path: str) -> Tuple[int, int]:
     except BaseException:
         os.close(fd)
         raise
-    return fd, st.st_size
+    return fd, st
 
 
 def _file_stat(st: os.stat_result) -> FileStat:
@@ -141,6 +159,7 @@ def _file_stat(st: os.stat_result) -> FileStat:
         is_dir=stat_module.S_ISDIR(mode),
         is_link=stat_module.S_ISLNK(mode),
         is_file=stat_module.S_ISREG(mode),
+        raw=st,
     )
 
 
@@ -149,17 +168,18 @@ class LocalFileSystem(FileSystem):
 
     def listdir(self, path: str) -> List[DirItem]:
         items = []
-        is_dir, is_link, is_file = stat_module.S_ISDIR, stat_module.S_ISLNK, stat_module.S_ISREG
+        # The named tuples built without their Python-level __new__, the file type from the mode's
+        # top bits: a listing makes one per file, and this loop was most of a rescan's time.
+        new = tuple.__new__
         with os.scandir(path) as it:
             for entry in it:
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # deleted between readdir and stat
-                mode = st.st_mode
-                items.append(
-                    DirItem(entry.name, FileStat(st.st_size, st.st_mtime, is_dir(mode), is_link(mode), is_file(mode)))
-                )
+                kind = st.st_mode >> 12  # S_IFMT: 0o04 directory, 0o10 regular file, 0o12 symlink
+                file_stat = new(FileStat, (st.st_size, st.st_mtime, kind == 0o04, kind == 0o12, kind == 0o10, st))
+                items.append(new(DirItem, (entry.name, file_stat)))
         return items
 
     def stat(self, path: str) -> FileStat:
@@ -182,6 +202,16 @@ class LocalFileSystem(FileSystem):
             return drive_local(make_reader(size), fd)
         finally:
             os.close(fd)
+
+    def run_reader_identified(self, path: str, make_reader) -> Tuple[object, Optional[Tuple[int, int, int, int, int]]]:
+        from opsconsole.checkpoints.zipmeta import drive_local
+
+        fd, st = open_regular_stat(path)
+        try:
+            result = drive_local(make_reader(st.st_size), fd)
+        finally:
+            os.close(fd)
+        return result, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
     def read_file(self, path: str, limit: int) -> bytes:
         fd = open_regular(path)

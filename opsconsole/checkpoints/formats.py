@@ -450,7 +450,11 @@ def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
 
 def safetensors_state(results: Sequence[ReadResult]) -> Optional[StateDictSummary]:
     """One summary over the shards of a sharded model (model-00001-of-00002.safetensors ...)."""
-    summaries = [r.meta.state_dict for r in results if r.meta.state_dict is not None]
+    return summaries_total([r.meta.state_dict for r in results if r.meta.state_dict is not None])
+
+
+def summaries_total(summaries: Sequence[StateDictSummary]) -> Optional[StateDictSummary]:
+    """One summary of several (a sharded model's shards); None for none."""
     if not summaries:
         return None
     dtypes: Dict[str, int] = {}

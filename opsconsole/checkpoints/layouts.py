@@ -19,9 +19,10 @@ Only members of a numbered series (the names above with N in them) are retention
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from opsconsole.checkpoints.records import (
     FORMAT_ACCELERATE,
@@ -146,7 +147,12 @@ def content_format(names: Iterable[str]) -> Optional[str]:
 
 def dir_kind(name: str, names: Iterable[str]) -> Optional[DirKind]:
     """The unit a directory named `name` holding `names` is, or None when it is no checkpoint."""
-    names = set(names)
+    names = frozenset(names)
+    # A rescan asks again of every directory with the same names: small ones are remembered.
+    return _remembered_dir_kind(name, names) if len(names) <= 64 else _dir_kind(name, names)
+
+
+def _dir_kind(name: str, names: FrozenSet[str]) -> Optional[DirKind]:
     fmt = content_format(names)
     for pattern, series, layout in NAMED_DIRS:
         match = pattern.match(name)
@@ -172,6 +178,9 @@ def dir_kind(name: str, names: Iterable[str]) -> Optional[DirKind]:
     if numbered:
         return DirKind(fmt, layout, dir_series(name), int(numbered.group(2)), unit)
     return DirKind(fmt, layout, None, None, unit)
+
+
+_remembered_dir_kind = functools.lru_cache(maxsize=4096)(_dir_kind)
 
 
 def group_top_files(

@@ -7,16 +7,18 @@ one listdir and a stat per name. Names that are not checkpoints are counted, nev
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, cast
 
-from opsconsole.checkpoints import formats, layouts
+from opsconsole.checkpoints import formats, layouts, zipmeta
 from opsconsole.checkpoints.access import LOCAL, DirItem, FileStat, FileSystem
 from opsconsole.checkpoints.cache import CRC_CACHE, METADATA_CACHE, ResultCache
+from opsconsole.checkpoints.proofs import Proof, ProofStore, unit_key
 from opsconsole.checkpoints.records import (
     BROKEN,
     FORMAT_DCP,
@@ -39,6 +41,7 @@ from opsconsole.checkpoints.records import (
     CheckpointMeta,
     DirListing,
     ModelCheckpointState,
+    StateDictSummary,
 )
 from opsconsole.checkpoints.worker import read_checkpoint_file, read_dcp_metadata
 
@@ -114,7 +117,7 @@ def _walk_unit(
                 children = fs.listdir(folder)
             except OSError:
                 continue
-        for child in sorted(children, key=lambda c: c.name):
+        for child in sorted(children):  # by name: a DirItem is (name, stat) and names in one directory differ
             rel = prefix + child.name
             if child.stat.is_file:
                 out.append((rel, child.stat))
@@ -126,46 +129,73 @@ def _walk_unit(
 
 
 def _check_files(
-    fs: FileSystem, path: str, names: Sequence[str], problems: List[str]
-) -> Tuple[List[str], List[formats.ReadResult]]:
-    """Quick integrity of a unit's weight and state files: safetensors headers, torch zip directories."""
-    integrities: List[str] = []
-    safetensors: List[formats.ReadResult] = []
-    for rel in list(names)[:MAX_CHECKED_FILES]:
-        is_safetensors = rel.lower().endswith(".safetensors")
-        make = (lambda size: formats.safetensors_reader(size)) if is_safetensors else formats.zip_check_reader
-        try:
-            result = fs.run_reader(join(fs, path, rel), make)
-        except OSError as exc:
-            problems.append("%s: %s" % (rel, exc.strerror or exc))
-            continue
-        integrities.append(result.integrity)
-        if result.problem:
-            problems.append("%s: %s" % (rel, result.problem))
-        if is_safetensors:
-            safetensors.append(result)
-    return integrities, safetensors
+    fs: FileSystem,
+    path: str,
+    files: Sequence[Tuple[str, Optional[FileStat]]],
+    problems: List[str],
+    proofs: Optional[ProofStore] = None,
+) -> Tuple[List[str], List[StateDictSummary], bool]:
+    """Integrity of a unit's weight and state files: safetensors headers, torch zip ends and directories.
 
-
-def _is_checked_weight(rel: str, fmt: str) -> bool:
-    """Whether the listing checks this member's header or zip directory.
-
-    A HF checkpoint-N/ is judged by trainer_state.json and its weights (model*.safetensors,
-    pytorch_model*.bin ...): optimizer.pt, scheduler.pt, rng_state.pth and training_args.bin
-    are what a resume reads, not what the listing needs, and their zip directory checks made
-    a unit cost ~50x its trainer_state.json (benchmarks/checkpoint_hf_units.py).
+    Each file's proof comes from `proofs` when kept there for this very file (same device,
+    inode, size, mtime and ctime: proofs.py), else from reading it, and is kept for the next
+    listing when the file was not changed between the listing's stat and the read. The last
+    value is True when a file could not be read (an OSError: maybe passing, so nothing is kept).
     """
-    base = rel.rsplit("/", 1)[-1]
-    if fmt == FORMAT_HF:
-        return layouts.WEIGHT_FILE.match(base) is not None
-    lower = base.lower()
-    if lower.endswith(".safetensors"):
-        return True
-    return lower.endswith((".bin", ".pt", ".pth")) and base != "training_args.bin"
+    integrities: List[str] = []
+    summaries: List[StateDictSummary] = []
+    read_failed = False
+    for rel, st in list(files)[:MAX_CHECKED_FILES]:
+        is_safetensors = rel.lower().endswith(".safetensors")
+        kind = "safetensors" if is_safetensors else "zip"
+        full = join(fs, path, rel)
+        identity = st.identity if st is not None else None
+        proof = proofs.lookup(full, kind, identity) if proofs is not None else None
+        if proof is None:
+            started = time.time()
+            try:
+                if is_safetensors:
+                    read, read_identity = fs.run_reader_identified(full, formats.safetensors_reader)
+                    result = cast(formats.ReadResult, read)
+                    proof = Proof(result.integrity, result.problem, result.meta.state_dict)
+                else:
+                    read, read_identity = fs.run_reader_identified(full, zipmeta.directory_check_reader)
+                    integrity, problem = cast(Tuple[str, Optional[str]], read)
+                    proof = Proof(integrity, problem)
+            except OSError as exc:
+                problems.append("%s: %s" % (rel, exc.strerror or exc))
+                read_failed = True
+                continue
+            if proofs is not None and read_identity is not None and read_identity == identity:
+                proofs.store(full, kind, read_identity, proof, started)
+        integrities.append(proof.integrity)
+        if proof.problem:
+            problems.append("%s: %s" % (rel, proof.problem))
+        if proof.summary is not None:
+            summaries.append(proof.summary)
+    return integrities, summaries, read_failed
+
+
+def _is_checked_member(rel: str) -> bool:
+    """Whether the listing proves this member sound: every weight and state file of a unit.
+
+    The safetensors header and the size it implies; a torch file's zip end, directory and the
+    extent of its members (optimizer.pt, scheduler.pt, rng_state.pth, training_args.bin too:
+    a resume reads them, so a unit with one cut short is no good one). A kept proof makes a
+    later listing cost a stat per file (proofs.py).
+    """
+    lower = rel.lower()
+    return lower.endswith((".safetensors", ".bin", ".pt", ".pth"))
 
 
 def read_unit_dir(
-    fs: FileSystem, path: str, name: str, kind: layouts.DirKind, children: List[DirItem], cache: ResultCache
+    fs: FileSystem,
+    path: str,
+    name: str,
+    kind: layouts.DirKind,
+    children: List[DirItem],
+    cache: ResultCache,
+    proofs: Optional[ProofStore] = None,
 ) -> Tuple[formats.ReadResult, int, float, Tuple[str, ...]]:
     """(result, total bytes, newest mtime, member files) of one checkpoint directory.
 
@@ -183,10 +213,21 @@ def read_unit_dir(
         if st.mtime > mtime:
             mtime = st.mtime
     members = tuple(files)
-    signature = (kind, cut, tuple((rel, st.size, st.mtime) for rel, st in walked))
+    # Each file's name and stat: size, mtime and, where the file system gives them, its identity
+    # (device, inode, ctime), so a file rewritten to the same size and mtime is a change too.
+    signature = (kind, cut, tuple(walked))
     cached = cache.get(fs.node, path, signature)
     if cached is not None:
         return cached, size, mtime, members
+    # What an earlier listing (maybe another process) read of exactly these files (proofs.py).
+    key = unit_key(kind, cut, walked) if proofs is not None else None
+    if key is not None and proofs is not None:
+        kept = proofs.lookup_unit(path, key)
+        if kept is not None and kept[0] == kind.format:
+            result = formats.ReadResult(kept[0], kept[3], kept[1], kept[2])
+            cache.put(fs.node, path, signature, result)
+            return result, size, mtime, members
+    started = time.time()
     problems: List[str] = []
     integrities: List[str] = []
     unreadable: Optional[str] = None
@@ -236,11 +277,13 @@ def read_unit_dir(
             integrities.append(INTEGRITY_TRUNCATED)
             problems.append("no trainer_state.json: an incomplete save (the Trainer writes it last)")
     if fmt != FORMAT_DCP:
-        checked, safetensors = _check_files(
-            fs, path, [rel for rel in members if _is_checked_weight(rel, fmt)], problems
+        checked, summaries, read_failed = _check_files(
+            fs, path, [(rel, st) for rel, st in walked if _is_checked_member(rel)], problems, proofs
         )
+        if read_failed:
+            key = None  # a file that could not be read this time: nothing kept of the unit
         integrities.extend(checked)
-        summary = formats.safetensors_state(safetensors)
+        summary = formats.summaries_total(summaries)
         if summary is not None:
             fields.update(state_dict=summary, tensor_count=summary.keys, tensor_bytes=summary.bytes)
     if fmt == FORMAT_DEEPSPEED and not any(
@@ -253,6 +296,8 @@ def read_unit_dir(
         fmt, CheckpointMeta(**fields), integrity, "; ".join(problems) or None, unreadable=unreadable
     )
     cache.put(fs.node, path, signature, result)
+    if key is not None and proofs is not None:
+        proofs.store_unit(path, key, result, started)
     return result, size, mtime, members
 
 
@@ -340,10 +385,18 @@ class _Unit:
         self.kind, self.children, self.group, self.item, self.nested = kind, children, group, item, nested
 
 
-def _read_unit(fs: FileSystem, root: str, unit: _Unit, cache: ResultCache, now: float) -> CheckpointEntry:
+def _read_unit(
+    fs: FileSystem, root: str, unit: _Unit, cache: ResultCache, now: float, proofs: Optional[ProofStore]
+) -> CheckpointEntry:
     if unit.kind is not None:
         result, size, mtime, members = read_unit_dir(
-            fs, unit.path, posixpath.basename(unit.path.rstrip("/")) or unit.name, unit.kind, unit.children or [], cache
+            fs,
+            unit.path,
+            posixpath.basename(unit.path.rstrip("/")) or unit.name,
+            unit.kind,
+            unit.children or [],
+            cache,
+            proofs,
         )
         # A directory is one member: it goes whole, with whatever it holds.
         return _entry(
@@ -374,7 +427,7 @@ def _read_unit(fs: FileSystem, root: str, unit: _Unit, cache: ResultCache, now: 
         )
     # A final model or a sharded model: several files at the top, one unit.
     problems: List[str] = []
-    integrities, safetensors = _check_files(fs, root, group.weights, problems)
+    integrities, summaries, _ = _check_files(fs, root, [(name, None) for name in group.weights], problems)
     if group.missing:
         integrities.append(INTEGRITY_CORRUPT)
         problems.insert(
@@ -388,7 +441,7 @@ def _read_unit(fs: FileSystem, root: str, unit: _Unit, cache: ResultCache, now: 
             stats[name] = fs.lstat(join(fs, root, name))
         except OSError:
             continue
-    summary = formats.safetensors_state(safetensors)
+    summary = formats.summaries_total(summaries)
     meta = CheckpointMeta(
         details=tuple(("file " + n, "%d bytes" % st.size) for n, st in sorted(stats.items())[:50]),
         state_dict=summary,
@@ -478,12 +531,33 @@ def scan_directory(
     cache: ResultCache = METADATA_CACHE,
     crc_cache: ResultCache = CRC_CACHE,
     now: Optional[float] = None,
+    proofs: Optional[ProofStore] = None,
+    keep_proofs: bool = True,
 ) -> DirListing:
     """List the checkpoint units of `root` with their metadata, markers, series, totals and free space.
 
     `root` may itself be one checkpoint (a checkpoint-N/, a save_state directory, a DCP
-    directory): it is then listed as that one unit, never as its files.
+    directory): it is then listed as that one unit, never as its files. What each unit's
+    files were proved to be is kept on disk for the next listing (proofs.py; local files
+    only): `proofs` names the store, `keep_proofs=False` keeps none.
     """
+    if proofs is None and keep_proofs and not fs.remote:
+        proofs = ProofStore.for_listing(fs.node, root)
+    try:
+        return _scan_directory(root, fs, cache, crc_cache, now, proofs)
+    finally:
+        if proofs is not None:
+            proofs.flush()
+
+
+def _scan_directory(
+    root: str,
+    fs: FileSystem,
+    cache: ResultCache,
+    crc_cache: ResultCache,
+    now: Optional[float],
+    proofs: Optional[ProofStore],
+) -> DirListing:
     started = time.perf_counter()
     now = time.time() if now is None else now
     try:
@@ -499,7 +573,7 @@ def scan_directory(
     root_name = (posixpath.basename(root.rstrip("/")) if fs.remote else os.path.basename(root.rstrip(os.sep))) or root
     own_kind = layouts.dir_kind(root_name, (item.name for item in items))
     if own_kind is not None:
-        result, size, mtime, members = read_unit_dir(fs, root, root_name, own_kind, items, cache)
+        result, size, mtime, members = read_unit_dir(fs, root, root_name, own_kind, items, cache, proofs)
         entry = _entry(
             root,
             root_name,
@@ -517,7 +591,7 @@ def scan_directory(
     units, other = _find_units(fs, root, items)
 
     def read(unit: _Unit) -> CheckpointEntry:
-        return _apply_crc_cache(fs, _read_unit(fs, root, unit, cache, now), crc_cache)
+        return _apply_crc_cache(fs, _read_unit(fs, root, unit, cache, now, proofs), crc_cache)
 
     if fs.remote and len(units) > 1:
         with ThreadPoolExecutor(max_workers=REMOTE_WORKERS) as pool:
@@ -655,19 +729,26 @@ def scan_directory(
     for name in sorted(entries, key=natural_key):
         entry = entries[name]
         layout, series, unmanaged = placed[name]
-        listed.append(
-            replace(
-                entry,
-                latest=name in latest,
-                best=name in best,
-                lowest_loss=name in lowest,
-                layout=layout,
-                series=series,
-                unmanaged=unmanaged,
-                protections=tuple(protections.get(name, ())),
-            )
+        # Every entry was built by this scan and is seen by no one yet: finished in place rather
+        # than copied (dataclasses.replace of each record was a fifth of a rescan).
+        _finish(
+            entry,
+            latest=name in latest,
+            best=name in best,
+            lowest_loss=name in lowest,
+            layout=layout,
+            series=series,
+            unmanaged=unmanaged,
+            protections=tuple(protections.get(name, ())),
         )
+        listed.append(entry)
     return _listing(fs, root, tuple(listed), other, now, started)
+
+
+def _finish(entry: CheckpointEntry, **fields) -> None:
+    """Set the markers of an entry this scan built and has not handed out (a frozen dataclass)."""
+    for key, value in fields.items():
+        object.__setattr__(entry, key, value)
 
 
 def _files_text(unit: str, members: Sequence[str]) -> str:
@@ -780,6 +861,7 @@ def _newest_hf_best(entries) -> Optional[str]:
     return posixpath.basename(newest.meta.best_checkpoint.rstrip("/"))
 
 
+@functools.lru_cache(maxsize=8192)  # the same names sort again at every rescan
 def natural_key(name: str) -> Tuple:
     """checkpoint_epoch_9 before checkpoint_epoch_10 (the seed's sorted(glob) gets this wrong)."""
     import re

@@ -18,7 +18,13 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Generator, List, Optional, Tuple
 
-from opsconsole.checkpoints.records import INTEGRITY_CORRUPT, INTEGRITY_NO_CRC, INTEGRITY_OK, INTEGRITY_TRUNCATED
+from opsconsole.checkpoints.records import (
+    INTEGRITY_CORRUPT,
+    INTEGRITY_NO_CRC,
+    INTEGRITY_OK,
+    INTEGRITY_TRUNCATED,
+    INTEGRITY_UNCHECKED,
+)
 
 ReadRequest = Tuple[int, int]  # (offset, length)
 Reader = Generator[ReadRequest, bytes, object]
@@ -190,6 +196,94 @@ def directory_reader(size: int, tail_bytes: int = TAIL_BYTES) -> Generator[ReadR
                 % (entry.name, entry.compressed_size, entry.offset, cd_offset),
             )
     return ZipDirectory(tuple(entries), cd_offset, cd_size, size, zip64)
+
+
+CHECK_TAIL_BYTES = 8 * 1024  # the end record and a checkpoint's small directory, usually in one read
+NOT_A_ZIP = "not a zip archive (a legacy torch.save, or another format): its end is not checked"
+
+
+def directory_check_reader(size: int) -> Generator[ReadRequest, bytes, Tuple[str, Optional[str]]]:
+    """(integrity, problem) of a zip's end: what directory_reader proves, without building its entries.
+
+    A listing proves every torch file of a unit this way (optimizer.pt, scheduler.pt ...): the
+    end record is at the very end, the directory it points to is whole, and every member's
+    data lies before it, so a file cut short anywhere reads as truncated. One read of the last
+    8 KiB usually holds all of it; a long directory or comment costs one more. A file that is
+    no zip at all (no local header at its start either) is not called truncated: it is
+    unchecked, as a legacy pickle is. Zip64 ends go through directory_reader.
+    """
+    if size < EOCD.size:
+        return INTEGRITY_TRUNCATED, "only %d bytes: no zip directory" % size
+    tail_start = max(0, size - CHECK_TAIL_BYTES)
+    tail = yield (tail_start, size - tail_start)
+    eocd_at = _find_eocd(tail, size - tail_start)
+    if eocd_at is None and tail_start > 0:
+        tail_start = max(0, size - TAIL_BYTES)  # a zip comment of up to 64 KiB
+        tail = yield (tail_start, size - tail_start)
+        eocd_at = _find_eocd(tail, size - tail_start)
+    if eocd_at is None:
+        head = tail[:4] if tail_start == 0 else (yield (0, 4))
+        if head != SIG_LOCAL:
+            return INTEGRITY_UNCHECKED, NOT_A_ZIP
+        return INTEGRITY_TRUNCATED, "no zip end record: the file is cut short"
+    _, disk, _, _, count, cd_size, cd_offset, _ = EOCD.unpack_from(tail, eocd_at)
+    if count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF or disk != 0:
+        try:
+            directory = yield from directory_reader(size)
+        except ZipProblem as problem:
+            return problem.integrity, problem.reason
+        return quick_integrity(directory), None
+    record_end = tail_start + eocd_at
+    if cd_offset + cd_size > record_end:
+        return (
+            INTEGRITY_TRUNCATED,
+            "zip directory at %d+%d runs past its end record at %d" % (cd_offset, cd_size, record_end),
+        )
+    if cd_size > MAX_DIRECTORY_BYTES:
+        return INTEGRITY_CORRUPT, "zip directory of %d bytes is implausibly large" % cd_size
+    if cd_offset >= tail_start:
+        data = tail[cd_offset - tail_start : cd_offset - tail_start + cd_size]
+    else:
+        data = yield (cd_offset, cd_size)
+    if len(data) != cd_size:
+        return INTEGRITY_TRUNCATED, "zip directory cut short"
+    return _check_directory(data, count, cd_offset)
+
+
+def _check_directory(data: bytes, count: int, cd_offset: int) -> Tuple[str, Optional[str]]:
+    """_parse_directory's and directory_reader's checks over the raw directory, without the entries."""
+    unpack = CENTRAL_HEADER.unpack_from
+    header_size = CENTRAL_HEADER.size
+    pos = 0
+    seen = 0
+    any_crc = False
+    end = len(data)
+    while pos < end:
+        if pos + header_size > end or data[pos : pos + 4] != SIG_CENTRAL:
+            return INTEGRITY_CORRUPT, "zip directory entry %d is damaged" % seen
+        f = unpack(data, pos)
+        crc, csize, usize, name_len, extra_len, comment_len, offset = f[7], f[8], f[9], f[10], f[11], f[12], f[16]
+        if usize == 0xFFFFFFFF or csize == 0xFFFFFFFF or offset == 0xFFFFFFFF:
+            start = pos + header_size
+            try:
+                usize, csize, offset = _zip64_extra(
+                    data[start + name_len : start + name_len + extra_len], usize, csize, offset
+                )
+            except ZipProblem as problem:
+                return problem.integrity, problem.reason
+        if offset + LOCAL_HEADER.size + name_len + csize > cd_offset:
+            name = data[pos + header_size : pos + header_size + name_len].decode("utf-8", "replace")
+            return (
+                INTEGRITY_TRUNCATED,
+                "%s: %d bytes at %d run past the data area (%d bytes)" % (name, csize, offset, cd_offset),
+            )
+        if crc != 0 and usize > 0:
+            any_crc = True
+        seen += 1
+        pos += header_size + name_len + extra_len + comment_len
+    if seen != count:
+        return INTEGRITY_CORRUPT, "zip directory lists %d entries, its end record says %d" % (seen, count)
+    return (INTEGRITY_OK if any_crc else INTEGRITY_NO_CRC), None
 
 
 def _find_eocd(tail: bytes, tail_len: int) -> Optional[int]:

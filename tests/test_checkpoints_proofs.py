@@ -1,0 +1,240 @@
+"""What a listing proves of each unit's files, and the proofs it keeps on disk for the next listing.
+
+A HF checkpoint-N/ is a good one only when every weight and state file in it is whole: the
+safetensors header and the size it implies, each torch file's zip end and directory
+(optimizer.pt, scheduler.pt, rng_state.pth, training_args.bin). A unit with one of them cut
+short is never the newest good one. The proofs are kept by each file's identity (device, inode,
+size, mtime, ctime: opsconsole/checkpoints/proofs.py); a file changed after its proof was kept is
+read again and found as it now is. Files are real (torch.save, safetensors written by spec).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from opsconsole.checkpoints import zipmeta
+from opsconsole.checkpoints.access import LOCAL
+from opsconsole.checkpoints.cache import ResultCache
+from opsconsole.checkpoints.proofs import ProofStore, cache_home
+from opsconsole.checkpoints.retention import plan_retention
+from opsconsole.checkpoints.scan import scan_directory
+from tests.checkpoint_writers import write_hf_layout
+from tests.waiting import wait_for_sync
+
+HOUR = 3600.0
+RACY_S = 0.05  # the tests' files are seconds old; a user's are minutes old and meet the default 3 s
+
+
+def age_tree(root: Path, hours: float = 2.0) -> None:
+    """Every mtime under root moved back `hours` (older than cleanup's min_age); ctimes are now."""
+    for path in sorted(root.rglob("*"), key=lambda p: p.lstat().st_mtime):
+        st = path.lstat()
+        os.utime(path, (st.st_atime - hours * HOUR, st.st_mtime - hours * HOUR), follow_symlinks=False)
+
+
+def ctimes_older_than(root: Path, seconds: float) -> bool:
+    """Every file's ctime (which no one can set) at least `seconds` old."""
+    now = time.time_ns()
+    return all(now - p.lstat().st_ctime_ns > seconds * 1e9 for p in root.rglob("*"))
+
+
+def scan(root: Path, proofs=None):
+    return scan_directory(str(root), cache=ResultCache(), crc_cache=ResultCache(), proofs=proofs, keep_proofs=False)
+
+
+def by_name(listing):
+    return {e.name: e for e in listing.entries}
+
+
+def doomed(listing, keep: int):
+    plan = plan_retention(listing.entries, keep=keep, min_age=600, now=time.time(), root=listing.root)
+    return sorted(item.name for item in plan.items if item.delete)
+
+
+def cut_in_half(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+# --- what a listing proves ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("member", ["optimizer.pt", "scheduler.pt", "rng_state.pth", "model.safetensors"])
+def test_a_unit_with_any_member_cut_short_is_truncated_and_never_the_newest_good_one(tmp_path, member):
+    write_hf_layout(tmp_path, steps=(500, 1000), best=500)
+    for folder in ("checkpoint-500", "checkpoint-1000"):
+        torch.save({"cpu_rng_state": torch.get_rng_state()}, tmp_path / folder / "rng_state.pth")
+    cut_in_half(tmp_path / "checkpoint-1000" / member)
+    age_tree(tmp_path)
+    listing = scan(tmp_path)
+    entries = by_name(listing)
+    assert entries["checkpoint-1000"].integrity == "truncated", entries["checkpoint-1000"]
+    assert member in entries["checkpoint-1000"].problem
+    assert entries["checkpoint-500"].integrity == "ok" and entries["checkpoint-500"].latest
+    assert not entries["checkpoint-1000"].latest
+    # Broken takes no keep place: 500 keeps the one place, the damaged newest goes.
+    assert doomed(listing, keep=1) == ["checkpoint-1000"]
+
+
+def test_a_member_that_is_no_zip_at_all_is_unchecked_not_truncated(tmp_path):
+    """A legacy (pre-zip) torch.save or a plain pickle named training_args.bin is no damage."""
+    write_hf_layout(tmp_path, steps=(500,), best=500)
+    (tmp_path / "checkpoint-500" / "training_args.bin").write_bytes(pickle.dumps({"output_dir": "x"}))
+    entry = by_name(scan(tmp_path))["checkpoint-500"]
+    assert entry.integrity == "ok"
+    assert "training_args.bin: not a zip archive" in entry.problem
+
+
+def test_the_lean_zip_check_agrees_with_the_directory_reader_at_every_cut(tmp_path):
+    buffer = io.BytesIO()
+    torch.save({"w": torch.arange(64.0), "step": 3}, buffer)
+    data = buffer.getvalue()
+
+    def drive(reader, blob):
+        try:
+            request = next(reader)
+            while True:
+                request = reader.send(blob[request[0] : request[0] + request[1]])
+        except StopIteration as stop:
+            return stop.value
+
+    for cut in list(range(0, len(data), 7)) + [len(data)]:
+        blob = data[:cut]
+        lean = drive(zipmeta.directory_check_reader(len(blob)), blob)
+        try:
+            full = zipmeta.quick_integrity(drive(zipmeta.directory_reader(len(blob)), blob))
+        except zipmeta.ZipProblem as problem:
+            full = problem.integrity
+        assert lean[0] == full, (cut, lean, full)  # every prefix of a zip starts as one: cut short, not "no zip"
+
+
+# --- the proofs kept on disk -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def kept_units(tmp_path):
+    """Two HF units whose files are old enough (by ctime) for their proofs to be kept, and a store."""
+    root = tmp_path / "run"
+    write_hf_layout(root, steps=(500, 1000), best=500)
+    age_tree(root)
+    wait_for_sync(lambda: ctimes_older_than(root, RACY_S), "the files' ctimes past the racy margin", timeout=10)
+    store_dir = tmp_path / "proofs"
+    first = ProofStore("local", str(root), str(store_dir), racy_s=RACY_S)
+    listing = scan(root, first)
+    first.flush()
+    assert first.stored == 6  # model.safetensors, optimizer.pt, scheduler.pt of each unit
+    assert first.units_stored == 2  # and what each unit read: trainer_state.json's fields with the proofs
+    assert all(e.integrity == "ok" for e in listing.entries)
+    return root, store_dir
+
+
+def fresh_store(root: Path, store_dir: Path) -> ProofStore:
+    """What a new process opens: the proofs on disk, nothing in memory."""
+    return ProofStore("local", str(root), str(store_dir), racy_s=RACY_S)
+
+
+def test_a_later_listing_uses_the_kept_proofs_and_lists_the_same(kept_units):
+    root, store_dir = kept_units
+    before = by_name(scan(root))
+    store = fresh_store(root, store_dir)
+    after = by_name(scan(root, store))
+    assert store.unit_hits == 2 and store.hits == 0 and store.stored == store.units_stored == 0
+    for name, entry in before.items():
+        assert (after[name].integrity, after[name].problem, after[name].meta) == (
+            entry.integrity,
+            entry.problem,
+            entry.meta,
+        )
+
+
+def test_a_file_truncated_after_its_proof_was_kept_is_read_again_and_found_truncated(kept_units):
+    root, store_dir = kept_units
+    cut_in_half(root / "checkpoint-1000" / "optimizer.pt")
+    store = fresh_store(root, store_dir)
+    entries = by_name(scan(root, store))
+    assert entries["checkpoint-1000"].integrity == "truncated" and "optimizer.pt" in entries["checkpoint-1000"].problem
+    assert store.unit_hits == 1  # checkpoint-500 as kept; in checkpoint-1000 only the changed file is read
+    assert store.hits == 2
+    assert entries["checkpoint-500"].latest and not entries["checkpoint-1000"].latest
+
+
+def test_a_file_rewritten_to_the_same_size_and_mtime_is_read_again_and_found_corrupt(kept_units):
+    """The mtime can be set back and the size kept; the ctime cannot be, so the identity differs."""
+    root, store_dir = kept_units
+    weights = root / "checkpoint-1000" / "model.safetensors"
+    st = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[8:16] = b"not json"  # the header's first bytes: no JSON object any more
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    store = fresh_store(root, store_dir)
+    entry = by_name(scan(root, store))["checkpoint-1000"]
+    assert entry.integrity == "corrupt" and "model.safetensors" in entry.problem
+    assert store.unit_hits == 1 and store.hits == 2
+
+
+def test_a_file_changed_moments_ago_gets_no_kept_proof(tmp_path):
+    """git's racy-clean rule: a second change within one timestamp tick would not show."""
+    write_hf_layout(tmp_path / "run", steps=(500,), best=500)
+    store = ProofStore("local", str(tmp_path / "run"), str(tmp_path / "proofs"), racy_s=3600)
+    scan(tmp_path / "run", store)
+    store.flush()
+    assert store.stored == 0 and not (tmp_path / "proofs").exists()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["garbage", "not-an-object", "other-format", "wrong-types", "group-writable", "symlink"],
+)
+def test_a_damaged_or_foreign_store_is_ignored_and_the_files_are_read(kept_units, damage):
+    root, store_dir = kept_units
+    (path,) = list(store_dir.glob("*.json"))
+    text = path.read_text()
+    if damage == "garbage":
+        path.write_bytes(b"\x00\xff{[" * 100)
+    elif damage == "not-an-object":
+        path.write_text("[1, 2, 3]")
+    elif damage == "other-format":
+        path.write_text(text.replace('"format":1', '"format":999'))
+    elif damage == "wrong-types":
+        # Every record's integrity a number, its problem a list: each one a miss, never a result.
+        import json
+
+        document = json.loads(text)
+        for record in document["files"].values():
+            record[6], record[7] = 1, ["x"]
+        for record in document["units"].values():
+            record[4]["details"] = [["a", 1]]
+        path.write_text(json.dumps(document))
+    elif damage == "group-writable":
+        path.chmod(0o664)
+    else:
+        elsewhere = store_dir / "elsewhere.data"
+        path.rename(elsewhere)
+        path.symlink_to(elsewhere)
+    cut_in_half(root / "checkpoint-1000" / "scheduler.pt")  # a change only a read finds
+    store = fresh_store(root, store_dir)
+    entries = by_name(scan(root, store))
+    assert store.hits == store.unit_hits == 0
+    assert entries["checkpoint-1000"].integrity == "truncated" and entries["checkpoint-500"].integrity == "ok"
+
+
+def test_listings_keep_proofs_under_xdg_cache_home_by_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert cache_home() == str(tmp_path / "cache" / "opsconsole" / "proofs")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_home() == str(tmp_path / "home" / ".cache" / "opsconsole" / "proofs")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = tmp_path / "run"
+    write_hf_layout(root, steps=(500,), best=500)
+    listing = scan_directory(str(root), LOCAL, cache=ResultCache(), crc_cache=ResultCache())
+    assert listing.entries[0].integrity == "ok"  # files seconds old: nothing kept yet, nothing broken either
