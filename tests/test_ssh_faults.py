@@ -268,3 +268,74 @@ def test_keepalive_honours_ssh_config_server_alive(tmp_path, config_text, host, 
     path.write_text(config_text)
     ssh = SshConfig(keepalive_interval=1.0, keepalive_count_max=3)
     assert keepalive_for(host, None, None, ssh, config_path=str(path)) == expected
+
+
+# Node-side scripts standing in for the probe (run as `sh SCRIPT - --once ...`, the bundle on stdin).
+ENDLESS_LINE = "cat >/dev/null; yes a | tr -d '\\n'\n"  # one line that never ends
+ENDLESS_TEXT = "cat >/dev/null; yes 'no frame here'\n"  # gigabytes of short lines, none a frame
+LONG_LINE = "cat >/dev/null; head -c 4500000 /dev/zero | tr '\\0' a; echo; echo '{\"after\": 1}'\n"
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize(
+    "script, reason",
+    [
+        (ENDLESS_LINE, "characters of output and no frame, over the limit of"),
+        (ENDLESS_TEXT, "characters of output and no frame, over the limit of"),
+        (LONG_LINE, "a line of 4500001 characters, over the limit of 4194304"),
+    ],
+)
+async def test_poll_once_reads_a_flooding_node_bounded_and_calls_it_a_bad_frame(sshd_factory, tmp_path, script, reason):
+    """A node whose 'probe' floods the channel: poll_once stops reading at its limit and says why,
+    holding a few MiB at most (tracemalloc's peak), never the gigabytes the node would send."""
+    import tracemalloc
+
+    from opsconsole.model import BAD_FRAME
+    from opsconsole.nodes.ssh import ONCE_OUTPUT_LIMIT
+
+    hostile = tmp_path / "probe.sh"
+    hostile.write_text(script)
+    server = sshd_factory.start()
+    link = SshLink(node_for(server, python="/bin/sh %s" % hostile), FAST, INTERVAL)
+    tracemalloc.start()
+    try:
+        state = await link.poll_once(60)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await link.close()
+    assert state.state == STATE_DOWN and state.frame is None
+    assert state.reason.startswith(BAD_FRAME) and reason in state.reason, state.reason
+    assert peak < 4 * ONCE_OUTPUT_LIMIT, peak
+
+
+@pytest.mark.sshd
+async def test_a_fallback_node_flooding_its_nvidia_smi_output_is_a_bad_frame(sshd_factory, tmp_path):
+    """No python3 on the node, and an nvidia-smi that never stops talking: the fallback's read
+    stops at its limit and the node shows a bad frame instead of the console holding it all."""
+    import tracemalloc
+
+    from opsconsole.model import BAD_FRAME
+    from opsconsole.nodes.ssh import FALLBACK_OUTPUT_LIMIT
+
+    bin_dir, home = tmp_path / "bin", tmp_path / "node_home"
+    bin_dir.mkdir()
+    home.mkdir()
+    (bin_dir / "sh").symlink_to("/bin/sh")
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nexec yes 'flood, flood, flood'\n")
+    smi.chmod(0o755)
+    server = sshd_factory.start(SetEnv="PATH=%s HOME=%s" % (bin_dir, home))
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    tracemalloc.start()
+    try:
+        state = await link.poll_once(60)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await link.close()
+    assert state.state == STATE_DOWN and state.frame is None
+    assert state.reason == BAD_FRAME + "the command's over %d characters of output: stopped reading" % (
+        FALLBACK_OUTPUT_LIMIT
+    )
+    assert peak < 3 * FALLBACK_OUTPUT_LIMIT, peak

@@ -72,6 +72,14 @@ RTT_REFRESH_S = 15.0
 ERROR_LINES_KEPT = 20
 PROBE_EXIT_WAIT_S = 2.0
 ONCE_SETTLE_S = 0.25  # between the two fallback reads of poll_once, for CPU % and rates
+ONCE_READ_CHARS = 65536
+# poll_once reads at most this much of the probe's output (a keyframe line is at most MAX_LINE_CHARS).
+ONCE_OUTPUT_LIMIT = MAX_LINE_CHARS + (1 << 20)
+# Any command's stdout and stderr are each read up to this (the checkpoint helper's answers list
+# every file of the units it pinned: tens of MB at the most); a fallback tick's /proc files and
+# nvidia-smi tables are well under a MiB.
+EXEC_OUTPUT_LIMIT = 256 * 1024 * 1024
+FALLBACK_OUTPUT_LIMIT = 16 * 1024 * 1024
 _RTT_REQUEST = b"keepalive@openssh.com"
 CHANNEL_RETRY_DELAYS = (0.02, 0.05, 0.1, 0.2)
 # The stream sends a full frame this often (and first): a delta that cannot be applied
@@ -162,6 +170,10 @@ class LinkError(Exception):
         self.state = state
         self.reason = reason
         self.fingerprint = fingerprint
+
+
+class OutputOverLimit(LinkError):
+    """A command sent more output than it may: stopped, and nothing of it used."""
 
 
 def _ssh_config_values(
@@ -344,6 +356,39 @@ class ProbeSession(asyncssh.SSHClientSession):
         self._flush()
         if not self.closed.done():
             self.closed.set_result(exc)
+
+
+class OutputTooLong(Exception):
+    """A command's output went over its limit (see _communicate_bounded)."""
+
+
+async def _communicate_bounded(process: Any, input: Optional[str], merge: bool, limit: int) -> Tuple[str, str]:
+    """process.communicate(input), but neither stream is held past `limit` characters: OutputTooLong."""
+    if input is not None:
+        process.stdin.write(input)
+    process.stdin.write_eof()
+
+    async def drain(stream: Any) -> str:
+        parts = []  # type: List[str]
+        size = 0
+        while True:
+            chunk = await stream.read(ONCE_READ_CHARS)
+            if not chunk:
+                return "".join(parts)
+            size += len(chunk)
+            if size > limit:
+                raise OutputTooLong("over %d characters of output: stopped reading" % limit)
+            parts.append(chunk)
+
+    readers = [asyncio.ensure_future(drain(process.stdout))]
+    if not merge:
+        readers.append(asyncio.ensure_future(drain(process.stderr)))
+    try:
+        texts = await asyncio.gather(*readers)
+    finally:
+        for reader in readers:
+            reader.cancel()
+    return texts[0], texts[1] if len(texts) > 1 else ""
 
 
 class SshLink(NodeLink):
@@ -625,8 +670,15 @@ class SshLink(NodeLink):
                 await asyncio.sleep(delay)
 
     async def _exec(
-        self, command: str, timeout: float, input: Optional[str] = None, merge: bool = False
+        self,
+        command: str,
+        timeout: float,
+        input: Optional[str] = None,
+        merge: bool = False,
+        output_limit: int = EXEC_OUTPUT_LIMIT,
     ) -> Tuple[Optional[int], str, str]:
+        """Run `command` with `input` on stdin: (exit status, stdout, stderr), each stream read up to
+        `output_limit` characters (past that the command is stopped: LinkError saying so)."""
         conn = await self.connection()
         async with self.channel_slot():
             try:
@@ -636,11 +688,15 @@ class SshLink(NodeLink):
             except (asyncssh.Error, OSError) as exc:
                 raise LinkError(*describe_connect_error(exc, timeout)) from None
             try:
-                stdout, stderr = await asyncio.wait_for(process.communicate(input), timeout)
+                stdout, stderr = await asyncio.wait_for(
+                    _communicate_bounded(process, input, merge, output_limit), timeout
+                )
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(process.wait_closed(), PROBE_EXIT_WAIT_S)
             except asyncio.TimeoutError:
                 raise LinkError(STATE_DOWN, "command timed out after %g s" % timeout) from None
+            except OutputTooLong as exc:
+                raise OutputOverLimit(STATE_DOWN, "the command's %s" % exc) from None
             except (asyncssh.Error, OSError) as exc:
                 raise LinkError(STATE_DOWN, "connection lost: %s" % (getattr(exc, "reason", None) or exc)) from None
             finally:
@@ -807,7 +863,7 @@ class SshLink(NodeLink):
 
     async def _fallback_tick(self, poller: FallbackPoller, timeout: float) -> NodeFrame:
         started = time.perf_counter()
-        status, out, _ = await self._exec(poller.command(), timeout, merge=True)
+        status, out, _ = await self._exec(poller.command(), timeout, merge=True, output_limit=FALLBACK_OUTPUT_LIMIT)
         ms = round((time.perf_counter() - started) * 1000.0, 2)
         return poller.frame_from_output(out, probe_ms=ms)
 
@@ -826,6 +882,10 @@ class SshLink(NodeLink):
                 if not done:
                     self._enter(STATE_STALE, "no frame for %.1f s (fallback)" % stale_after)
                 frame = await tick
+            except OutputOverLimit as err:  # a bad frame: the last good one stays, the next tick tries again
+                self._enter(STATE_FALLBACK, BAD_FRAME + err.reason)
+                await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
+                continue
             except LinkError as err:
                 if self._lost is not None:
                     return "connection lost: %s" % self._lost
@@ -878,25 +938,87 @@ class SshLink(NodeLink):
             return await asyncio.wait_for(self._poll_once(timeout), timeout)
         except asyncio.TimeoutError:
             return self._enter(STATE_DOWN, "no frame within %g s" % timeout, publish=False)
+        except OutputOverLimit as err:
+            return self._enter(STATE_DOWN, BAD_FRAME + err.reason, publish=False)
         except LinkError as err:
             return self._enter(err.state, err.reason, publish=False, fingerprint=err.fingerprint)
 
-    async def _poll_once(self, timeout: float) -> NodeState:
-        await self._connected()
-        status, out, _ = await self._exec(self.probe_command(once=True), timeout, input=probe_bundle(), merge=True)
-        lines = out.splitlines()
+    async def _probe_once_output(
+        self, conn: asyncssh.SSHClientConnection
+    ) -> Tuple[Optional[int], List[str], Optional[str], Optional[NodeFrame]]:
+        """Run the probe once and read its output as it comes, bounded: (exit status, the lines before a
+        frame (each cut to 500 characters, at most ERROR_LINES_KEPT), why no frame came (a bad frame), the frame).
+
+        Reading stops at the first frame and after ONCE_OUTPUT_LIMIT characters: a node that sends an
+        endless line or gigabytes is a bad frame, never memory held by the console (a line over
+        MAX_LINE_CHARS is let go as it comes, see LineSplitter).
+        """
         decoder = StreamDecoder()
-        bad = None  # type: Optional[str]
-        for line in lines:
-            if len(line) > MAX_LINE_CHARS:
-                bad = "%sa line of %d characters, over the limit of %d" % (BAD_FRAME, len(line), MAX_LINE_CHARS)
-                continue
+        lines = []  # type: List[str]
+        found = {"frame": None, "bad": None}  # type: Dict[str, Any]
+
+        def on_line(line: str) -> None:
+            if found["frame"] is not None:
+                return
             frame, problem = decoder.decode_line(line)
             if frame is not None:
-                return self._enter(STATE_UP, None, publish=False, frame=frame, received_at=time.time())
+                found["frame"] = frame
+                return
             if problem is not None:
-                bad = bad or problem
+                found["bad"] = found["bad"] or problem
             self._note_line(problem or line)
+            if len(lines) < ERROR_LINES_KEPT:
+                lines.append(line.rstrip("\n")[:500])
+
+        def on_too_long(length: int) -> None:
+            if found["bad"] is None:
+                found["bad"] = "%sa line of %d characters, over the limit of %d" % (BAD_FRAME, length, MAX_LINE_CHARS)
+
+        splitter = LineSplitter(on_line, on_too_long, MAX_LINE_CHARS)
+        read = 0
+        async with self.channel_slot():
+            try:
+                process = await self._create_process(conn, self.probe_command(once=True), merge=True)
+            except asyncssh.ChannelOpenError as exc:
+                raise LinkError(STATE_DOWN, "cannot open a channel: %s" % exc.reason) from None
+            except (asyncssh.Error, OSError) as exc:
+                raise LinkError(*describe_connect_error(exc, self.ssh.connect_timeout)) from None
+            try:
+                process.stdin.write(probe_bundle())
+                process.stdin.write_eof()
+                while found["frame"] is None:
+                    chunk = await process.stdout.read(ONCE_READ_CHARS)
+                    if not chunk:
+                        splitter.flush()
+                        break
+                    read += len(chunk)
+                    splitter.feed(chunk)
+                    if read > ONCE_OUTPUT_LIMIT and found["frame"] is None:
+                        found["bad"] = found[
+                            "bad"
+                        ] or "%s%d characters of output and no frame, over the limit of %d" % (
+                            BAD_FRAME,
+                            read,
+                            ONCE_OUTPUT_LIMIT,
+                        )
+                        break
+                if found["frame"] is None and found["bad"] is None:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(process.wait_closed(), PROBE_EXIT_WAIT_S)
+            except (asyncssh.Error, OSError) as exc:
+                raise LinkError(STATE_DOWN, "connection lost: %s" % (getattr(exc, "reason", None) or exc)) from None
+            finally:
+                process.close()
+        status = process.exit_status
+        if status is None and process.exit_signal:
+            status = -1
+        return status, lines, found["bad"], found["frame"]
+
+    async def _poll_once(self, timeout: float) -> NodeState:
+        conn = await self._connected()
+        status, lines, bad, frame = await self._probe_once_output(conn)
+        if frame is not None:
+            return self._enter(STATE_UP, None, publish=False, frame=frame, received_at=time.time())
         if bad is not None:
             return self._enter(STATE_DOWN, bad, publish=False)
         why = unusable_python_reason(status, lines)
