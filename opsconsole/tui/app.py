@@ -148,6 +148,8 @@ MIN_HEIGHT = 20
 REDRAW_DELAY_S = 0.1  # fleet changes within this window make one redraw
 PROGRESS_CHECK_S = 5.0  # how often the logs' progress is judged (hangs take minutes, stragglers a minute)
 TICK_S = 1.0  # clock and frame ages move even when no frame arrives
+MAX_HELD_KEYS = 64  # keys kept for a pane being shown (hold_keys_for)
+HOLD_KEYS_S = 2.0  # a pane that takes longer to be shown gets the keys typed meanwhile no longer
 
 
 class FleetLike(Protocol):
@@ -276,6 +278,8 @@ class OpsConsole(App[int]):
         self.health = HealthMonitor(config, now)  # rules on each fleet change; the Health pane and header read it
         self._action_flow = None  # made on first use (it imports every action)
         self._pane_mounts: Dict[str, asyncio.Future] = {}  # panes being mounted on first show (ensure_pane)
+        self._keys_held_for: Optional[str] = None  # a pane being shown: keys wait until it has the focus
+        self._held_keys: List[events.Key] = []  # typed meanwhile (on_event)
         self._first_pane: Optional[str] = None
         self._last_redraw = 0.0  # time.monotonic() of the last redraw
         self._drew_data = False  # a redraw has had a frame to draw
@@ -371,9 +375,41 @@ class OpsConsole(App[int]):
     async def _draw_when_mounted(self, mounted, pane_id: str) -> None:
         await mounted
         self._pane_mounts.pop(pane_id, None)
-        if pane_id == self.visible_pane_id and not getattr(self, "_exit", False):
+        if getattr(self, "_exit", False):
+            return
+        if pane_id == self.visible_pane_id:
             self.redraw()
             self.focus_pane(pane_id)
+
+    async def on_event(self, event: events.Event) -> None:
+        # Between a key that shows another pane and that pane taking the focus (at once when it is
+        # mounted, after its mount on a first show) nothing holds the focus, so a key typed in the
+        # same burst (`v` right after `2`) would find no pane to take it: it waits (release_keys).
+        # Caught as it comes in, and as it comes back unhandled from the widget that had the focus
+        # when it was typed: a burst is handed to that widget before the first key's binding runs.
+        if (
+            isinstance(event, events.Key)
+            and self._keys_held_for is not None
+            and self.screen is getattr(getattr(self, "filter_input", None), "screen", None)  # not a modal one
+            and len(self._held_keys) < MAX_HELD_KEYS
+        ):
+            self._held_keys.append(events.Key(event.key, event.character))
+            return
+        await super().on_event(event)
+
+    def hold_keys_for(self, pane_id: str) -> None:
+        """Keep the keys typed from now until pane `pane_id` has the focus (or HOLD_KEYS_S at most)."""
+        self._keys_held_for = pane_id
+        self.set_timer(HOLD_KEYS_S, partial(self.release_keys, pane_id))
+
+    def release_keys(self, pane_id: str) -> None:
+        """Pane `pane_id` can take keys now: the ones typed meanwhile go again, in their order."""
+        if self._keys_held_for != pane_id:
+            return
+        self._keys_held_for = None
+        keys, self._held_keys = self._held_keys, []
+        for key in keys:
+            self.post_message(key)
 
     @property
     def key_specs(self) -> Tuple[KeySpec, ...]:
@@ -494,11 +530,14 @@ class OpsConsole(App[int]):
         # The first widget of the pane that can take the focus and is shown (the focus chain skips
         # hidden ones: the Processes pane's other table, say). At once, not after the queued events
         # (Widget.focus waits): the keys typed right after closing the filter are the pane's.
+        if pane_id in self._pane_mounts:
+            return  # not in place yet: focused once mounted (_draw_when_mounted)
         screen = pane.screen
         for widget in screen.focus_chain:
             if pane in widget.ancestors:
                 screen.set_focus(widget)
-                return
+                break
+        self.release_keys(pane_id)
 
     # Named for NodesPane.Drill and NodesPane.TrustHostKey (Textual's handler names), so the
     # Nodes pane is imported only when it is shown.
@@ -670,6 +709,7 @@ class OpsConsole(App[int]):
                 # widget's tab becomes active again: the key bounced back. Nothing holds focus while
                 # the tab changes; the shown pane takes it (focus_pane) once it is drawn.
                 self.tabs.screen.set_focus(None)
+                self.hold_keys_for(pane_id)
             self.tabs.active = tab_id(pane_id)
 
     def _step_pane(self, step: int) -> None:
