@@ -27,7 +27,6 @@ import hashlib
 import math
 import os
 import stat as stat_module
-import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import orjson
@@ -156,6 +155,8 @@ class ProofStore:
         if not self._dirty or self.path is None or self.directory is None:
             return
         self._dirty = False
+        import tempfile  # only a listing that proved something new writes: not imported by the others
+
         if self._records is None:
             self._records, self._units = self._load()
         # What this listing used or made first, then what the store held (units this listing found

@@ -156,11 +156,11 @@ def _check_files(
             try:
                 if is_safetensors:
                     read, read_identity = fs.run_reader_identified(full, formats.safetensors_reader)
-                    result = cast(formats.ReadResult, read)
+                    result = cast("formats.ReadResult", read)
                     proof = Proof(result.integrity, result.problem, result.meta.state_dict)
                 else:
                     read, read_identity = fs.run_reader_identified(full, zipmeta.directory_check_reader)
-                    integrity, problem = cast(Tuple[str, Optional[str]], read)
+                    integrity, problem = cast("Tuple[str, Optional[str]]", read)
                     proof = Proof(integrity, problem)
             except OSError as exc:
                 problems.append("%s: %s" % (rel, exc.strerror or exc))
