@@ -50,7 +50,17 @@ from opsconsole.diagnosis.launcher import (
     FailureTable,
     LauncherFailure,
 )
-from opsconsole.diagnosis.signatures import ROLE_BARE_EXCEPTION, ROLE_GENERIC, ROLE_PEER_GONE, match_roles
+from opsconsole.diagnosis.signatures import (
+    INF_WORD,
+    NAN_WORD,
+    ROLE_BARE_EXCEPTION,
+    ROLE_GENERIC,
+    ROLE_PEER_GONE,
+    SURROGATE,
+    find_needles,
+    match_positions,
+    positions_of,
+)
 from opsconsole.diagnosis.timestamps import line_time, may_carry_time
 from opsconsole.diagnosis.watchdog import WatchdogLines, WatchdogVerdict
 from opsconsole.health import xid
@@ -159,7 +169,8 @@ _INDEX_ERROR = re.compile(
 TRACEBACK_SPAN = 500  # lines after a traceback's last frame in which its exception line may still come
 MAX_TABLES = 64  # launcher failure tables kept (one per source that printed one)
 _TABLE_STARTS = frozenset("RF")
-_STAMP_FIRST = frozenset("[IWEF(")  # what a time prefix other than a bare ISO date starts with
+_GLOG_FIRST = frozenset("IWEF")
+_STAMP_FIRST = frozenset("IWEF(")  # what a time prefix other than a bare ISO date starts with
 _TABLE_HEADERS = frozenset((ROOT_CAUSE_HEADER, OTHER_FAILURES_HEADER))
 _LAST_ERROR = "Last error:"  # NCCL's detail follows on the next line
 PEER_GONE_WINDOW = 50  # lines after a peer's connection went away in which NCCL's generic errors mean that
@@ -276,7 +287,7 @@ class Diagnoser:
         self._findings: List[Finding] = []
         self.dropped = 0  # findings not kept because max_findings was reached
         self._aggregates: Dict[str, _Aggregate] = {}
-        self._sources: Dict[str, _SourceState] = {}
+        self._sources: Dict[object, _SourceState] = {}  # a source's name, or (name, rank) for an interleaved rank
         self._best: Optional[Tuple[int, float, int, str]] = None
         self._best_finding: Optional[Finding] = None
         self._seen = 0
@@ -318,7 +329,11 @@ class Diagnoser:
             text = text[:MAX_SCAN_CHARS]
         body = text
         line_rank = None
-        prefix = _RANK_PREFIX.match(text) if text.find("]:", 0, 80) >= 0 else None
+        # A rank prefix ends in a digit before its "]:" ("[rank3]:"); other "]:" ("[engine.py:12:step]:") are skipped.
+        colon = text.find("]:", 0, 80)
+        while colon > 0 and not ("0" <= text[colon - 1] <= "9"):
+            colon = text.find("]:", colon + 2, 80)
+        prefix = _RANK_PREFIX.match(text) if colon > 0 else None
         if prefix is None and text[:1] in " 0123456789" and text.find(": ", 1, 12) > 0:  # "2026-..." has none there
             prefix = _SRUN_LABEL.match(text)
         if prefix:
@@ -330,12 +345,25 @@ class Diagnoser:
         if line_rank is None:
             state = clock = self._sources.get(key or "") or self._state(key or "")
         else:
-            state = self._state("%s\0%d" % (key or "", line_rank))
+            state = self._sources.get((key, line_rank)) or self._state((key, line_rank))
             clock = state.clock
             if clock is None:
                 clock = state.clock = self._state(key or "")
         previous = state.last_text
         state.last_text = body
+        # One automaton pass over the line finds every signature's needle and every substring the structure below
+        # is read by (signatures.scan, inlined: a call a line is worth avoiding).
+        lowered = body.lower()
+        try:
+            hits = find_needles(lowered, overlapping=True)
+        except UnicodeEncodeError:  # a lone surrogate (bytes decoded with surrogateescape): no needle holds one
+            hits = find_needles(SURROGATE.sub("\ufffd", lowered), overlapping=True)
+        inf = (
+            "inf" in lowered and lowered.count("inf") != lowered.count("info") and INF_WORD.search(lowered) is not None
+        )
+        nan = (
+            "nan" in lowered and lowered.count("nan") != lowered.count("nano") and NAN_WORD.search(lowered) is not None
+        )
         if "NCCL" in body:
             if "NCCL INFO" in body:  # whether this source's communicators are still being set up
                 if "Init COMPLETE" in body:
@@ -365,12 +393,27 @@ class Diagnoser:
         first = text[:1]
         if "0" <= first <= "9" and text[4:5] == "-":  # the common cases, inlined: "2026-12-03 ..."
             clock.stamp_text = text
-        elif first == "[" and "0" <= text[1:2] <= "9" and text[5:6] == "-":  # "[2026-12-03 ..."
-            clock.stamp_text = text
+        elif first == "[":
+            if "0" <= text[1:2] <= "9" and text[5:6] == "-":  # "[2026-12-03 ..."
+                clock.stamp_text = text
+            elif text[1:2] in _GLOG_FIRST and text[2:6].isdigit():  # torch's C++ "[E1203 10:10:09.123 ...]"
+                clock.stamp_text = text
+            elif line_rank is not None and may_carry_time(body):
+                clock.stamp_text = body
         elif first in _STAMP_FIRST and may_carry_time(text):
             clock.stamp_text = text
         elif line_rank is not None and may_carry_time(body):
             clock.stamp_text = body
+        table = state.table
+        if (
+            not hits
+            and not inf
+            and not nan
+            and state.traceback_line < 0
+            and state.frame_col < 0
+            and (table is None or not table.reading)
+        ):
+            return None  # the healthy majority: no needle, no structure, no traceback or table being read
         # (_is_code's test inlined for the common line: no frame before it and none in it)
         if (state.frame_col >= 0 or 'File "' in body) and self._is_code(state, body, number):
             return None
@@ -380,7 +423,6 @@ class Diagnoser:
             if spawned:
                 state.spawned_rank = int(spawned.group(1))
         entry: Optional[LauncherFailure] = None
-        table = state.table
         if (table is not None and table.reading) or (head in _TABLE_STARTS and body.rstrip() in _TABLE_HEADERS):
             if table is None:
                 table = state.table = FailureTable()
@@ -419,7 +461,8 @@ class Diagnoser:
             and body.lstrip().startswith(_CHAINED)
         ):  # the chain matters only when it carries a match
             state.chained = True
-        matches = match_roles(body)
+        positions = positions_of(hits, inf, nan) if hits or inf or nan else ()
+        matches = match_positions(body, positions) if positions else []
         in_traceback = state.traceback_line >= 0 or exception is not None
         if matches and any(role == ROLE_BARE_EXCEPTION for _, _, role in matches):
             # An exception quoted alone is the app's only when nothing else reads the line (a peer's closed
@@ -537,7 +580,7 @@ class Diagnoser:
                 return not body[frame.end() :].strip()
         return column >= 0 and body[column : column + 2] == "  " and bool(body[column + 2 :].strip())
 
-    def _state(self, key: str) -> _SourceState:
+    def _state(self, key: object) -> _SourceState:
         state = self._sources.get(key)
         if state is None:
             if len(self._sources) >= MAX_SOURCES:

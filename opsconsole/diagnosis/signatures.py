@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, List, Match, Optional, Pattern, Tuple
+from typing import Callable, List, Match, Optional, Pattern, Sequence, Tuple
 
 import ahocorasick_rs
 
@@ -445,10 +445,16 @@ SIGNATURES: Tuple[Signature, ...] = (
     # norm there is the model's. InternEvo's own check says it in words.
     _sig(
         "nan_inf",
-        r"loss scale: 1\.0 \| grad norm: (?:nan|inf)\b|[Nn]a[Nn] grad norm occurs"
-        r"|\b(?:NaN|nan|Inf|inf)(?: or (?:Inf|inf|NaN|nan))? (?:detected|found|encountered) in (?:the )?"
+        r"loss scale: 1\.0 \| grad norm: (?:nan|inf)\b|[Nn]a[Nn] grad norm occurs",
+        ("grad norm: nan", "grad norm: inf", "nan grad norm occurs"),
+    ),
+    # "NaN detected in loss", "Inf found in the gradients": needles on the verb, not on every whole-word "nan" (each
+    # Megatron metrics line says "number of nan iterations").
+    _sig(
+        "nan_inf",
+        r"(?<![A-Za-z])(?:NaN|nan|Inf|inf)(?: or (?:Inf|inf|NaN|nan))? (?:detected|found|encountered) in (?:the )?"
         r"(?:loss|grad|gradients?|outputs?|logits|parameters|weights)\b",
-        ("grad norm: nan", "grad norm: inf", "nan grad norm occurs", "nan", "inf"),
+        ("detected in", "found in", "encountered in"),
     ),
     # --- storage -------------------------------------------------------------------------------------
     _sig(
@@ -701,33 +707,49 @@ _WORD_NEEDLES = ("nan", "inf")  # whole words only in the prefilter
 # benchmarks/diagnosis_throughput.py). "nan" and "inf" stay out of it: "inf" is in every "INFO" and
 # "inference". They are found as whole words by a regex each, behind a substring test (both in C).
 _NEEDLES = sorted({needle for sig in SIGNATURES for needle in sig.needles if needle not in _WORD_NEEDLES})
-# needle index -> the positions in SIGNATURES of the signatures that name it
+# Substrings (lower case) by which the engine reads a line's structure: traceback frames, headers and chains,
+# torch.multiprocessing's and torchelastic's reports. In the same automaton, so that a line holding none of them and
+# no signature's needle is done with after this one pass (engine.Diagnoser; NCCL's lines it tests for itself).
+STRUCTURE_NEEDLES = (
+    'file "',
+    "(most recent call last)",
+    "-- process ",
+    "root cause (first observed failure):",
+    "failures:",
+    "above exception",
+)
+_NEEDLES += [needle for needle in STRUCTURE_NEEDLES if needle not in _NEEDLES]
+# needle index -> the positions in SIGNATURES of the signatures that name it (none for a structure needle)
 _SIGNATURES_OF = tuple(tuple(i for i, sig in enumerate(SIGNATURES) if needle in sig.needles) for needle in _NEEDLES)
-_find_needles = ahocorasick_rs.AhoCorasick(
+find_needles = ahocorasick_rs.AhoCorasick(
     _NEEDLES, implementation=ahocorasick_rs.Implementation.DFA
 ).find_matches_as_indexes
-_SURROGATE = re.compile("[\ud800-\udfff]")
+SURROGATE = re.compile("[\ud800-\udfff]")
 # The word, its whole-word regex (the literal first: sre scans for it in C), the signatures naming it.
-_NAN_WORD = re.compile(r"nan(?<![a-z]nan)(?![a-z])")
-_INF_WORD = re.compile(r"inf(?<![a-z]inf)(?![a-z])")
+NAN_WORD = re.compile(r"nan(?<![a-z]nan)(?![a-z])")
+INF_WORD = re.compile(r"inf(?<![a-z]inf)(?![a-z])")
 _NAN_AT = tuple(i for i, sig in enumerate(SIGNATURES) if "nan" in sig.needles)
 _INF_AT = tuple(i for i, sig in enumerate(SIGNATURES) if "inf" in sig.needles)
 
 
-def candidates(lowered: str) -> List[int]:
-    """The positions in SIGNATURES of the signatures whose needles the lower-cased line holds, in order;
-    [] when it holds none ("nan" and "inf" count as whole words only): the one pass of the automaton
-    replaces a needle test per signature."""
+def scan(lowered: str) -> Tuple[list, bool, bool]:
+    """The automaton's hits in the lower-cased line (needle index, start, end), and whether it holds "inf" and
+    "nan" as whole words. The engine runs the same steps inline (a call a line is worth avoiding there)."""
     try:
-        hits = _find_needles(lowered, overlapping=True)
+        hits = find_needles(lowered, overlapping=True)
     except UnicodeEncodeError:  # a lone surrogate (bytes decoded with surrogateescape): no needle holds one
-        hits = _find_needles(_SURROGATE.sub("\ufffd", lowered), overlapping=True)
+        hits = find_needles(SURROGATE.sub("\ufffd", lowered), overlapping=True)
     # "info" and "nano..." hold the word but never as a whole one: only more of it than of them is worth a
     # search (each "info" holds one "inf"; a counted "nan" that overlaps a "nano" is followed by a letter).
-    inf = "inf" in lowered and lowered.count("inf") != lowered.count("info") and _INF_WORD.search(lowered) is not None
-    nan = "nan" in lowered and lowered.count("nan") != lowered.count("nano") and _NAN_WORD.search(lowered) is not None
-    if not hits and not inf and not nan:
-        return []  # the healthy majority: no set built
+    inf = "inf" in lowered and lowered.count("inf") != lowered.count("info") and INF_WORD.search(lowered) is not None
+    nan = "nan" in lowered and lowered.count("nan") != lowered.count("nano") and NAN_WORD.search(lowered) is not None
+    return hits, inf, nan
+
+
+def positions_of(hits: list, inf: bool, nan: bool) -> Sequence[int]:
+    """The positions in SIGNATURES of the signatures that scan's result makes candidates, in order."""
+    if len(hits) == 1 and not inf and not nan:
+        return _SIGNATURES_OF[hits[0][0]]  # already in order (a structure needle's: none)
     found: set = set()
     for needle, _, _ in hits:
         found.update(_SIGNATURES_OF[needle])
@@ -736,6 +758,16 @@ def candidates(lowered: str) -> List[int]:
     if nan:
         found.update(_NAN_AT)
     return sorted(found)
+
+
+def candidates(lowered: str) -> List[int]:
+    """The positions in SIGNATURES of the signatures whose needles the lower-cased line holds, in order;
+    [] when it holds none ("nan" and "inf" count as whole words only): the one pass of the automaton
+    replaces a needle test per signature."""
+    hits, inf, nan = scan(lowered)
+    if not hits and not inf and not nan:
+        return []  # the healthy majority: no set built
+    return list(positions_of(hits, inf, nan))
 
 
 # Lines that contain a needle but are known to be healthy: apex/fairseq loss scaling, NCCL's INFO
@@ -768,7 +800,11 @@ def match_line(line: str) -> List[Tuple[str, bool]]:
 
 def match_roles(line: str) -> List[Tuple[str, bool, str]]:
     """Like match_line, with each match's role (ROLE_GENERIC, ROLE_PEER_GONE or "")."""
-    positions = candidates(line.lower())
+    return match_positions(line, candidates(line.lower()))
+
+
+def match_positions(line: str, positions: Sequence[int]) -> List[Tuple[str, bool, str]]:
+    """match_roles for the candidate signatures at `positions` (candidates' or positions_of's result)."""
     if not positions:
         return []
     if "NCCL INFO" in line and all(SIGNATURES[position].category in _SOFT for position in positions):
