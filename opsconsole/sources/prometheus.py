@@ -24,14 +24,17 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from opsconsole.model import (
+    BAD_FRAME,
     STATE_AUTH,
     STATE_CONNECTING,
     STATE_DEGRADED,
     STATE_DOWN,
     STATE_STALE,
     STATE_UP,
+    FrameError,
     NodeFrame,
     NodeState,
+    checked,
 )
 from opsconsole.sources import metric_names as names
 from opsconsole.sources import prom_decode as decode
@@ -487,6 +490,12 @@ class PrometheusSource:
             slow_host,
             errors,
         )
+        try:
+            # The checks a node's own frame gets: an exporter's labels and values are as hostile as a node's
+            # (text over the wire bounds, numbers out of range). A bad one keeps the last good frame.
+            checked(frame)
+        except FrameError as exc:
+            return move(previous.state if previous.frame is not None else STATE_DOWN, BAD_FRAME + str(exc))
         scraped = [t.scraped_at for t in targets if t.scraped_at is not None and t.up != 0]
         stale_after = self._stale_after(targets)
         if scraped and now - max(scraped) > stale_after:
