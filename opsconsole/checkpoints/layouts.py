@@ -304,6 +304,7 @@ def basename_of_recorded(path: Optional[str]) -> Optional[str]:
     return base or None
 
 
+@functools.lru_cache(maxsize=8192)  # asked of every unit at every rescan
 def dir_series(name: str) -> Optional[str]:
     """The series a checkpoint directory's name makes it a member of (checkpoint-N/, global_stepN/ ...), or None."""
     for pattern, series, _ in NAMED_DIRS:

@@ -24,6 +24,7 @@ of records in one are bounded, the oldest store files going first.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import os
 import stat as stat_module
@@ -248,6 +249,7 @@ def unit_key(kind: Any, cut: bool, walked: Sequence[Tuple[str, Any]]) -> Optiona
 _INT_FIELDS = ("epoch", "step", "tensor_count", "tensor_bytes")
 _FLOAT_FIELDS = ("loss", "best_loss", "epoch_float")
 _BOOL_FIELDS = ("has_optimizer", "has_scheduler")
+_RECORD_FIELDS = 14  # the 9 above, best_checkpoint, metrics, top_keys, details, state_dict
 _UNKEPT_DEFAULTS = (("timestamp", None), ("unsafe_globals", ()), ("callbacks", ()), ("crc_recorded", None))
 INT_BOUND = 2**63
 
@@ -308,63 +310,73 @@ def _texts(value: Any) -> bool:
     return type(value) is list and set(map(type, value)) <= _STR
 
 
-def _pairs(value: Any, second: set) -> bool:
-    """A list of [str, x] pairs, x's type in `second`."""
+_TWO = {2}
+_NONE_OR_INT = {int, type(None)}
+_NONE_OR_FLOAT = {float, type(None)}
+_NONE_OR_BOOL = {bool, type(None)}
+_chain = itertools.chain.from_iterable
+
+
+def _pairs(value: Any, first: set, second: set) -> Optional[tuple]:
+    """A list of [x, y] pairs (x's type in `first`, y's in `second`) as a tuple of tuples, else None."""
     if type(value) is not list:
-        return False
+        return None
     if not value:
-        return True
-    if not set(map(type, value)) <= _LIST or set(map(len, value)) != {2}:
-        return False
-    firsts, seconds = zip(*value)
-    return set(map(type, firsts)) <= _STR and set(map(type, seconds)) <= second
+        return ()
+    if not set(map(type, value)) <= _LIST or set(map(len, value)) != _TWO:
+        return None
+    flat = list(_chain(value))
+    if not set(map(type, flat[0::2])) <= first or not set(map(type, flat[1::2])) <= second:
+        return None
+    return tuple(map(tuple, value))
 
 
 def meta_from_record(fields: Any) -> Optional[CheckpointMeta]:
     """The CheckpointMeta a record keeps, every value type-checked; None when any is off."""
-    if type(fields) is not dict:
+    if type(fields) is not dict or len(fields) != _RECORD_FIELDS:
         return None
     try:
-        ints = [fields[name] for name in _INT_FIELDS]
-        floats = [fields[name] for name in _FLOAT_FIELDS]
-        bools = [fields[name] for name in _BOOL_FIELDS]
-        best, metrics, top_keys, details, summary = (
-            fields["best_checkpoint"],
-            fields["metrics"],
-            fields["top_keys"],
-            fields["details"],
-            fields["state_dict"],
-        )
+        epoch, step, tensor_count, tensor_bytes = (fields[name] for name in _INT_FIELDS)
+        loss, best_loss, epoch_float = (fields[name] for name in _FLOAT_FIELDS)
+        has_optimizer, has_scheduler = (fields[name] for name in _BOOL_FIELDS)
+        best, top_keys, summary = fields["best_checkpoint"], fields["top_keys"], fields["state_dict"]
+        details = _pairs(fields["details"], _STR, _STR)
+        metrics = _pairs(fields["metrics"], _STR, _NUMBER)
     except KeyError:
         return None
-    if not set(map(type, ints)) <= {int, type(None)} or not set(map(type, floats)) <= {float, type(None)}:
-        return None
-    if not set(map(type, bools)) <= {bool, type(None)} or not (best is None or type(best) is str):
-        return None
-    if not _texts(top_keys) or not _pairs(details, _STR) or not _pairs(metrics, _NUMBER):
+    if (
+        details is None
+        or metrics is None
+        or not _texts(top_keys)
+        or not {type(epoch), type(step), type(tensor_count), type(tensor_bytes)} <= _NONE_OR_INT
+        or not {type(loss), type(best_loss), type(epoch_float)} <= _NONE_OR_FLOAT
+        or not {type(has_optimizer), type(has_scheduler)} <= _NONE_OR_BOOL
+        or not (best is None or type(best) is str)
+    ):
         return None
     state_dict = None
     if summary is not None:
         if type(summary) is not list or len(summary) != 4:
             return None
         keys, dtypes, total, source = summary
-        if not (type(keys) is int and type(total) is int and type(source) is str and _pairs(dtypes, {int})):
+        dtype_pairs = _pairs(dtypes, _STR, {int})
+        if not (type(keys) is int and type(total) is int and type(source) is str and dtype_pairs is not None):
             return None
-        state_dict = StateDictSummary(keys=keys, dtypes=tuple(map(tuple, dtypes)), bytes=total, source=source)
+        state_dict = StateDictSummary(keys=keys, dtypes=dtype_pairs, bytes=total, source=source)
     return CheckpointMeta(
-        epoch=ints[0],
-        step=ints[1],
-        tensor_count=ints[2],
-        tensor_bytes=ints[3],
-        loss=floats[0],
-        best_loss=floats[1],
-        epoch_float=floats[2],
-        has_optimizer=bools[0],
-        has_scheduler=bools[1],
+        epoch=epoch,
+        step=step,
+        tensor_count=tensor_count,
+        tensor_bytes=tensor_bytes,
+        loss=loss,
+        best_loss=best_loss,
+        epoch_float=epoch_float,
+        has_optimizer=has_optimizer,
+        has_scheduler=has_scheduler,
         best_checkpoint=best,
-        metrics=tuple(map(tuple, metrics)),
+        metrics=metrics,
         top_keys=tuple(top_keys),
-        details=tuple(map(tuple, details)),
+        details=details,
         state_dict=state_dict,
     )
 

@@ -108,6 +108,10 @@ def _walk_unit(
     fs: FileSystem, path: str, first: Optional[List[DirItem]] = None
 ) -> Tuple[List[Tuple[str, FileStat]], bool]:
     """(relative path, stat) of the regular files below `path` (never through a link), bounded; True when cut short."""
+    if first is not None and len(first) <= MAX_UNIT_FILES and not any(child.stat.is_dir for child in first):
+        # One flat directory (a checkpoint-N/, a save_state): its files as they are, a DirItem
+        # being (name, stat) already. A rescan walks every unit; this is most of them.
+        return [child for child in sorted(first) if child.stat.is_file], False
     out: List[Tuple[str, FileStat]] = []
     stack: List[Tuple[str, str, int, Optional[List[DirItem]]]] = [(path, "", 0, first)]
     while stack:
@@ -204,14 +208,9 @@ def read_unit_dir(
     not by reading their files (benchmarks/checkpoint_hf_units.py).
     """
     walked, cut = _walk_unit(fs, path, children)
-    files: Dict[str, int] = {}
-    size = 0
-    mtime = 0.0
-    for rel, st in walked:
-        files[rel] = st.size
-        size += st.size
-        if st.mtime > mtime:
-            mtime = st.mtime
+    files: Dict[str, int] = {rel: st.size for rel, st in walked}
+    size = sum(files.values())
+    mtime = max([st.mtime for _, st in walked], default=0.0)
     members = tuple(files)
     # Each file's name and stat: size, mtime and, where the file system gives them, its identity
     # (device, inode, ctime), so a file rewritten to the same size and mtime is a change too.
