@@ -5,7 +5,10 @@ layers) checks a rule's words without importing the evaluation; rules.py checks 
 tables name exactly these.
 """
 
-GPU_METRIC_NAMES = (
+from typing import Literal, Tuple, get_args
+
+# Declared once as types (the config schema's enums); the tuples are what code iterates.
+GpuMetricName = Literal[
     "gpu.utilization",
     "gpu.memory_percent",
     "gpu.temperature",
@@ -14,15 +17,21 @@ GPU_METRIC_NAMES = (
     "gpu.ecc_uncorrected",
     "gpu.xid",
     "gpu.lost",
-)
-NODE_METRIC_NAMES = (
+]
+NodeMetricName = Literal[
     "node.memory_percent",
     "node.swap_percent",
     "node.disk_free_percent",
     "node.cpu_percent",
     "node.iowait_percent",
     "node.unreachable",
-)
+]
+MetricName = Literal[GpuMetricName, NodeMetricName]
+Comparison = Literal[">", ">=", "<", "<=", "==", "!="]
+Severity = Literal["info", "warning", "critical"]
+
+GPU_METRIC_NAMES: Tuple[str, ...] = get_args(GpuMetricName)
+NODE_METRIC_NAMES: Tuple[str, ...] = get_args(NodeMetricName)
 METRICS = GPU_METRIC_NAMES + NODE_METRIC_NAMES
-COMPARISONS = (">", ">=", "<", "<=", "==", "!=")
-SEVERITIES = ("info", "warning", "critical")
+COMPARISONS: Tuple[str, ...] = get_args(Comparison)
+SEVERITIES: Tuple[str, ...] = get_args(Severity)

@@ -191,7 +191,7 @@ async def test_a_failing_or_missing_hook_is_reported(tmp_path):
         ),
         (
             '[[alerts]]\nmetric = "gpu.temperature"\ncomparison = "=>"\nthreshold = 80\n',
-            'x.toml:3: alerts[0].comparison: expected one of > >= < <= == !=, got "=>"',
+            'x.toml:3: alerts[0].comparison: expected one of ">", ">=", "<", "<=", "==", "!=", got "=>"',
         ),
         (
             '[[alerts]]\nmetric = "gpu.temperature"\ncomparison = ">"\n',
@@ -203,7 +203,7 @@ async def test_a_failing_or_missing_hook_is_reported(tmp_path):
         ),
         (
             '[[alerts]]\nmetric = "gpu.temperature"\ncomparison = ">"\nthreshold = 80\nseverity = "urgent"\n',
-            'x.toml:5: alerts[0].severity: expected info, warning, critical, got "urgent"; expected one of: info, warning, critical',
+            'x.toml:5: alerts[0].severity: expected one of "info", "warning", "critical", got "urgent"',
         ),
         (
             '[alerting]\nhook = "/bin/pager"\n',

@@ -13,11 +13,11 @@ from opsconsole.config import (
     Config,
     ConfigError,
     NodeConfig,
-    _KeyLines,
-    _locate_config,
     load_config,
     parse_config,
 )
+from opsconsole.config.files import locate_config
+from opsconsole.config.locator import KeyLines
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "config.example.toml"
@@ -288,17 +288,17 @@ def test_locator_finds_line(path, line):
     import tomllib
 
     tomllib.loads(LOCATOR_TEXT)  # the fixture is valid TOML, like everything the locator sees
-    assert _KeyLines(LOCATOR_TEXT).line_of(path) == line
+    assert KeyLines(LOCATOR_TEXT).line_of(path) == line
 
 
 def test_locator_handles_crlf_and_no_trailing_newline():
-    lines = _KeyLines("[a]\r\nx = 1\r\n\r\n[[b]]\r\ny = 2")
+    lines = KeyLines("[a]\r\nx = 1\r\n\r\n[[b]]\r\ny = 2")
     assert lines.line_of(("a", "x")) == 2
     assert lines.line_of(("b", 0, "y")) == 5
 
 
 def test_locator_keeps_what_it_found_when_text_surprises_it():
-    lines = _KeyLines("[a]\nx = 1\n= broken\n[b]\n")
+    lines = KeyLines("[a]\nx = 1\n= broken\n[b]\n")
     assert lines.line_of(("a", "x")) == 2
     assert lines.line_of(("b",)) == 1  # after the surprise: falls back
 
@@ -487,7 +487,7 @@ def three_files(tmp_path):
 
 def located(cli_path, env):
     """The file load_config would read (through its own lookup), None when there is none."""
-    found = _locate_config(cli_path, env)
+    found = locate_config(cli_path, env)
     return None if found is None else found[1]
 
 
@@ -630,4 +630,4 @@ def test_locator_follows_tricky_toml(path, line):
     import tomllib
 
     tomllib.loads(TRICKY_TOML)
-    assert _KeyLines(TRICKY_TOML).line_of(path) == line
+    assert KeyLines(TRICKY_TOML).line_of(path) == line
