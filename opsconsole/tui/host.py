@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import List, Mapping, Optional, Sequence, Tuple
 
+from rich.cells import cell_len, get_character_cell_size
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
 from opsconsole.config import DEFAULT_CONFIG, HealthConfig
-from opsconsole.model import HostSample, NodeState, ProcessSample
+from opsconsole.model import DiskUsage, HostSample, NodeState, ProcessSample
 from opsconsole.tui import bars
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_PLAIN, LEVEL_WARN, Palette
 from opsconsole.tui.formatting import (
@@ -141,20 +142,7 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
     else:
         out.append(("   swap none", LEVEL_PLAIN))
     out.append(("\n", ""))
-    out.append(("disks", LEVEL_PLAIN))
-    if not host.disks:
-        out.append(("  " + NA, LEVEL_PLAIN))
-    for disk in host.disks:
-        free = disk.free_percent
-        level = (
-            LEVEL_CRIT
-            if free < health.disk_free_percent
-            else (LEVEL_WARN if free < 2 * health.disk_free_percent else LEVEL_PLAIN)
-        )
-        out.append(("  %s " % disk.path, LEVEL_PLAIN))
-        out.append((bars.bar(100.0 - free, DISK_BAR), level))
-        out.append((" free %.0f%% (%s of %s)" % (free, format_bytes(disk.free), format_bytes(disk.total)), level))
-    out.append(("\n", ""))
+    out += disk_segments(host.disks, health, width)
     out.append(("net  ", LEVEL_PLAIN))
     if not host.net:
         out.append(("  " + NA, LEVEL_PLAIN))
@@ -168,6 +156,67 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
         )
     out.append(("\n", ""))
     return out
+
+
+def disk_segments(disks: Sequence[DiskUsage], health: HealthConfig, width: int) -> List[Segment]:
+    """The disks on one line when they fit `width` cells, else one a line. A path too long for its
+    line is cut in the middle, so the free space, which the line is for, never falls behind the
+    ellipsis that cuts the summary at the width."""
+    label = "disks"
+    if not disks:
+        return [(label, LEVEL_PLAIN), ("  " + NA, LEVEL_PLAIN), ("\n", "")]
+    items = []
+    for disk in disks:
+        free = disk.free_percent
+        level = (
+            LEVEL_CRIT
+            if free < health.disk_free_percent
+            else (LEVEL_WARN if free < 2 * health.disk_free_percent else LEVEL_PLAIN)
+        )
+        reading = " free %.0f%% (%s of %s)" % (free, format_bytes(disk.free), format_bytes(disk.total))
+        # Measured as drawn: a control character is one visible picture (printable), not zero cells.
+        items.append((printable(disk.path), bars.bar(100.0 - free, DISK_BAR), level, reading))
+
+    def cells(path: str, bar: str, reading: str) -> int:
+        return 2 + cell_len(path) + 1 + len(bar) + len(reading)
+
+    fits = len(label) + sum(cells(path, bar, reading) for path, bar, _, reading in items) <= width
+    lines = [items] if fits else [[item] for item in items]
+    out: List[Segment] = []
+    for index, line in enumerate(lines):
+        out.append((label if index == 0 else " " * len(label), LEVEL_PLAIN))
+        for path, bar, level, reading in line:
+            room = width - len(label) - cells("", bar, reading)
+            out.append(("  %s " % cut_middle(path, room), LEVEL_PLAIN))
+            out.append((bar, level))
+            out.append((reading, level))
+        out.append(("\n", ""))
+    return out
+
+
+def cut_middle(text: str, width: int) -> str:
+    """`text` in at most `width` terminal cells: its start and end kept, "…" between them."""
+    if cell_len(text) <= width:
+        return text
+    if width <= 1:
+        return "…" if width == 1 else ""
+    head_room = width // 2
+    head, used = [], 0
+    for char in text:
+        size = get_character_cell_size(char)
+        if used + size > head_room:
+            break
+        head.append(char)
+        used += size
+    tail: List[str] = []
+    tail_room, used = width - 1 - used, 0
+    for char in reversed(text):
+        size = get_character_cell_size(char)
+        if used + size > tail_room:
+            break
+        tail.append(char)
+        used += size
+    return "".join(head) + "…" + "".join(reversed(tail))
 
 
 def segments_text(segments: Sequence[Segment], palette: Palette, dim: bool) -> Text:
