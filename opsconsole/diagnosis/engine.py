@@ -162,6 +162,8 @@ _CONSEQUENCES = frozenset(
     )
 )
 _LIBRARY_PATHS = ("site-packages", "dist-packages", "/lib/python")
+# What a script's own NaN check raises (assert, raise ValueError/RuntimeError/FloatingPointError).
+_NAN_CHECK_ERRORS = frozenset(("AssertionError", "ValueError", "RuntimeError", "FloatingPointError", "Exception"))
 _INDEX_ERROR = re.compile(
     r"IndexError|index .{0,40}out of (?:range|bounds)|out of bounds for dimension"
     r"|[Tt]arget -?\d+ is out of bounds"
@@ -277,6 +279,7 @@ class _SourceState:
     peer_gone_text: str = ""  # the line at peer_gone_line, for when later lines show it was the network's
     traceback_hint: str = ""  # HINT_SETUP or HINT_HTTP when a frame of the current traceback says so
     implicit_col: int = -1  # a traceback started by a frame without its header: that frame's column, else -1
+    code_checks_nan: bool = False  # the source line quoted under the latest frame tests for NaN/Inf (an assert)
 
 
 class Diagnoser:
@@ -432,6 +435,12 @@ class Diagnoser:
                 entry = table.current
         exception = None
         if state.traceback_line >= 0:
+            if (
+                not state.traceback_hint
+                and body.lstrip().startswith(("File ", "~/", "/"))
+                and any(part in body for part in _HTTP_PATHS)
+            ):  # IPython's frames, which the 'File "..."' reading above does not take
+                state.traceback_hint = HINT_HTTP
             if number - state.traceback_line > TRACEBACK_SPAN:
                 state.traceback_line = -1
             else:
@@ -445,12 +454,13 @@ class Diagnoser:
                     # neither more indented than its frames (a wrapped call, carets) nor its exception.
                     if len(body) - len(body.lstrip()) <= state.implicit_col:
                         state.traceback_line = state.implicit_col = -1
-        if _CALL_LAST in body and (_TRACEBACK_HEADER in body or "─" in body):
+        if _CALL_LAST in body and (_TRACEBACK_HEADER in body or "─" in body or body.rstrip().endswith(_CALL_LAST)):
             if not state.chained:
                 state.traceback_matched = False
                 state.traceback_hint = ""
             state.traceback_line, state.chained, state.frame, state.any_frame = number, False, None, None
             state.implicit_col = -1
+            state.code_checks_nan = False
             column = body.find("Traceback")
             # A logger's prefix in front of every line of the traceback: the exception line is after it.
             state.traceback_prefix = column if column > 0 and body[:column].rstrip().endswith("]") else 0
@@ -479,9 +489,20 @@ class Diagnoser:
             if rank is None:
                 rank = state.spawned_rank
             state.traceback_matched = True
-            finding = self._app_error(
-                _exception_text(exception), state.frame or state.any_frame, number, key, rank, self._time(clock, time)
-            )
+            if state.code_checks_nan and exception[0].rsplit(".", 1)[-1] in _NAN_CHECK_ERRORS:
+                # The script's own NaN check raised ("assert not torch.isnan(loss)"): the numbers, not the code.
+                where = state.frame or state.any_frame
+                text = _exception_text(exception) + (" (at %s)" % where if where else "")
+                finding = self._finding("nan_inf", False, number, text, key, rank, self._time(clock, time))
+            else:
+                finding = self._app_error(
+                    _exception_text(exception),
+                    state.frame or state.any_frame,
+                    number,
+                    key,
+                    rank,
+                    self._time(clock, time),
+                )
             self._record(finding)
             return finding
         if state.traceback_line >= 0 or exception is not None:
@@ -578,7 +599,11 @@ class Diagnoser:
                 # A frame with more after its function name is a pasted traceback whose line breaks were lost
                 # ("... in broadcast 10: work = ... 10: torch.distributed.DistBackendError: ..."): read the rest.
                 return not body[frame.end() :].strip()
-        return column >= 0 and body[column : column + 2] == "  " and bool(body[column + 2 :].strip())
+        if column >= 0 and body[column : column + 2] == "  " and body[column + 2 :].strip():
+            # The raising line itself: "assert not torch.isnan(loss).any()" makes the error that follows a NaN's.
+            state.code_checks_nan = "isnan" in body or "isinf" in body or "isfinite" in body
+            return True
+        return False
 
     def _state(self, key: object) -> _SourceState:
         state = self._sources.get(key)

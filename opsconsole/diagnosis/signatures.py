@@ -138,6 +138,30 @@ SIGNATURES: Tuple[Signature, ...] = (
         ("running low on memory", "memory pressure (oom)", "system memory low", "can't allocate memory"),
         overrides=("cuda_oom",),
     ),
+    # The host's memory refused in the words of Python, NumPy and the C++ runtime, and by Slurm's and Colab's limits.
+    _sig(
+        "host_oom",
+        r"^\s*(?:[\w.]+\.)?_?(?:Array)?MemoryError\b(?!.*(?:CUDA|GPU|device))|Unable to allocate [\d.]+ [KMGTP]i?B for an array"
+        r"|std::bad_alloc|[Ee]xceeded (?:job |step )?memory limit|session crashed after using all available RAM",
+        (
+            "memoryerror",
+            "unable to allocate",
+            "std::bad_alloc",
+            "exceeded memory limit",
+            "exceeded job memory limit",
+            "exceeded step memory limit",
+            "all available ram",
+        ),
+        overrides=("app_error",),
+    ),
+    # More ways of saying SIGKILL (macOS's and zsh's, signal 9 in words, exit code 137 with a colon).
+    _sig(
+        "host_oom",
+        r"^Killed: 9\s*$|^zsh: killed\s+\S|(?:killed|terminated|died) (?:by|with) signal:? ?(?:9\b|SIGKILL)"
+        r"|exit (?:code|status)[:=] ?137\b",
+        ("killed: 9", "zsh: killed", "by signal", "with signal", "code: 137", "code=137", "status: 137", "status=137"),
+        weak=True,
+    ),
     # --- CUDA --------------------------------------------------------------------------------------
     _sig(
         "cuda_oom",
@@ -249,6 +273,30 @@ SIGNATURES: Tuple[Signature, ...] = (
             "cudaerrorstublibrary",
             "is_available() is false",
             "not compiled with cuda",
+        ),
+    ),
+    # The same, further out: a numeric 999, ROCm with no device, CUDA libraries missing at import (not TensorFlow's
+    # dlerror warnings on a CPU-only machine, which it survives), cuDNN/NVML version mismatches, the container runtime.
+    _sig(
+        "cuda_driver",
+        r"(?:error|Error)[= :(]{1,3}999\b|No HIP GPUs are available|hipErrorNoDevice|CUDA_ERROR_NOT_INITIALIZED"
+        r"|(?:ImportError|OSError): lib(?:cuda|cudart|cublas|cudnn|nvrtc|nvidia-ml)\S*\.so[.\d]*: cannot open shared object"
+        r"|Could not load library libcudnn\w*\.so|cuDNN version incompatibility|NVML library version mismatch"
+        r"|nvml error: driver not loaded|could not select device driver .* with capabilities: \[\[gpu\]\]"
+        r"|Unable to initialize backend 'cuda'|No visible GPU devices",
+        (
+            "999",
+            "no hip gpus",
+            "hiperrornodevice",
+            "cuda_error_not_initialized",
+            "cannot open shared object",
+            "could not load library libcudnn",
+            "cudnn version incompatibility",
+            "nvml library version mismatch",
+            "driver not loaded",
+            "could not select device driver",
+            "unable to initialize backend 'cuda'",
+            "no visible gpu devices",
         ),
     ),
     # cuDNN that cannot create its handle or list its algorithms: a cuDNN/CUDA/driver mismatch in the environment.
@@ -383,6 +431,38 @@ SIGNATURES: Tuple[Signature, ...] = (
         ("nan", "inf"),
     ),
     _sig("nan_inf", r"number of nan iterations:\s*[1-9]", ("nan iterations",)),
+    # The loss in words ("loss became NaN") or as a printed tensor ("loss: tensor(nan, device='cuda:0')"); a
+    # distribution whose parameters went NaN (torch.distributions' validation); NaN "detected"/"encountered".
+    _sig(
+        "nan_inf",
+        r"oss(?:es)? (?:becomes?|became|goes to|went to|turns? (?:in)?to|is going to|explodes? to) (?:nan|NaN|NAN|inf|Inf)\b"
+        r"|oss\w{0,20}['\"]?\s*[:=]?\s*tensor\(\[*(?:nan|inf|-inf)\b"
+        # torch.distributions' Real() constraint fails only on NaN/Inf (a scale that went negative fails Positive())
+        r"|(?:to satisfy the constraint |to be within the support \()(?:IndependentConstraint\()?Real\(\).*but found invalid values"
+        r"|(?<![A-Za-z])(?:NaN|nan|NAN) (?:detected|encountered)\b(?!.*[Ss]kip)"
+        r"|\b(?:[Ee]ncountered|[Dd]etected) (?:a |an )?(?:NaN|nan|NAN|non-finite)\b(?!.*[Ss]kip)",
+        (
+            "oss become",
+            "oss became",
+            "oss goes to",
+            "oss went to",
+            "oss turn",
+            "oss is going to",
+            "oss explode",
+            "tensor(nan",
+            "tensor(inf",
+            "tensor(-inf",
+            "but found invalid values",
+            "nan detected",
+            "nan encountered",
+            "encountered nan",
+            "encountered a nan",
+            "detected nan",
+            "detected a nan",
+            "encountered non-finite",
+            "detected non-finite",
+        ),
+    ),
     # Dynamic loss scaling that never recovers: the scale driven to its floor (apex prints Python's
     # repr, so below 1e-4 it is in e- notation; fairseq's default floor is 1e-4; DeepSpeed's is 1).
     # A scale halved all the way to zero (DeepSpeed's "Attempted loss scale: 0.0, reducing to 0.0") is the same story.
@@ -459,7 +539,9 @@ SIGNATURES: Tuple[Signature, ...] = (
     # --- storage -------------------------------------------------------------------------------------
     _sig(
         "disk_full",
-        r"No space left on device|Errno 28\]|ENOSPC|Disk quota exceeded|Errno 122\]"
+        r"[Nn]o space left on device|Errno 28\]|ENOSPC|[Dd]isk quota exceeded|Errno 122\]"
+        r"|\d+ requested and \d+ written|Wrote only \d+ of \d+ bytes|장치에 남은 공간이 없음"
+        r"|Não há espaço disponível no dispositivo|Spazio esaurito sul device|Brak miejsca na urządzeniu"
         r"|PytorchStreamWriter failed writing|inline_container\.cc:\d+\] \. unexpected pos"
         r"|kind: StorageFull|Not enough (?:free )?disk space|database or disk is full|No usable temporary directory found"
         r"|[Oo]ut of disk space|\bEDQUOT\b|not enough space on the disk|WinError 112\]|ERROR_DISK_FULL"
@@ -490,6 +572,12 @@ SIGNATURES: Tuple[Signature, ...] = (
             "デバイスに空き領域がありません",
             "не осталось свободного места",
             "超出磁盘限额",
+            "requested and",
+            "wrote only",
+            "장치에 남은 공간이 없음",
+            "não há espaço disponível",
+            "spazio esaurito",
+            "brak miejsca na urządzeniu",
         ),
     ),
     _sig(
@@ -541,7 +629,9 @@ SIGNATURES: Tuple[Signature, ...] = (
         r"|RemoteDisconnected|IncompleteRead\(|ConnectTimeoutError|NewConnectionError|NameResolutionError"
         r"|The read operation timed out|SSLError\(|SSLEOFError|EndpointConnectionError|HTTPError: 5\d\d Server Error"
         r"|HfHubHTTPError: 5\d\d|Consistency check failed: file should be of size"
-        r"|An existing connection was forcibly closed by the remote host))",
+        r"|An existing connection was forcibly closed by the remote host|aiohttp\.client_exceptions\.\w+|ClientOSError"
+        r"|ServerDisconnectedError|ClientPayloadError|ClientConnectorError|ConnectionClosedError"
+        r"|Connection was closed before we received a valid response|ServiceUnavailable: 503|DeadlineExceeded: 504))",
         (
             "connection aborted.",
             "protocolerror(",
@@ -559,6 +649,15 @@ SIGNATURES: Tuple[Signature, ...] = (
             "hfhubhttperror: 5",
             "consistency check failed",
             "forcibly closed by the remote host",
+            "aiohttp.client_exceptions.",
+            "clientoserror",
+            "serverdisconnectederror",
+            "clientpayloaderror",
+            "clientconnectorerror",
+            "connectionclosederror",
+            "closed before we received a valid response",
+            "serviceunavailable: 503",
+            "deadlineexceeded: 504",
         ),
         overrides=("nccl_remote", "nccl_network"),
     ),
