@@ -140,7 +140,7 @@ def _kill_group(pid: int) -> None:
 
 async def run_remote(link: Any, argv: Sequence[str], timeout: float, input: Optional[str] = None) -> CommandResult:
     """Run argv on the node over its SSH connection (`SshLink.run_command`, words shlex-quoted), `input` on stdin."""
-    from opsconsole.nodes.ssh import LinkError  # an SshLink exists, so asyncssh is loaded already
+    from opsconsole.nodes.ssh_connection import LinkError  # an SshLink exists, so asyncssh is loaded already
 
     started = time.monotonic()
     try:

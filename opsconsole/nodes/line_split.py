@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, List
 
 # A real 8-GPU node with 2,000 GPU processes sends keyframe lines of about 1.5 MB (a process with
 # its 512-character command line is under 700 bytes); 4 MiB leaves room and bounds the memory and
@@ -24,7 +24,7 @@ class LineSplitter:
         self._on_line = on_line
         self._on_too_long = on_too_long
         self.limit = limit
-        self._parts = []  # type: List[str]
+        self._parts: List[str] = []
         self._size = 0
         self._dropped = -1  # characters skipped of the line being dropped; -1 while not dropping
 

@@ -140,7 +140,7 @@ async def fetch_process_details(
     remote = ssh_link_of(link)
     if remote is None:
         return ProcessDetails(pid, problem="no command channel to the node")
-    from opsconsole.nodes.ssh import LinkError
+    from opsconsole.nodes.ssh_connection import LinkError
 
     python = getattr(getattr(remote, "node", None), "python", None) or "python3"
     try:
