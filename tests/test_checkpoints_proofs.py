@@ -238,3 +238,35 @@ def test_listings_keep_proofs_under_xdg_cache_home_by_default(tmp_path, monkeypa
     write_hf_layout(root, steps=(500,), best=500)
     listing = scan_directory(str(root), LOCAL, cache=ResultCache(), crc_cache=ResultCache())
     assert listing.entries[0].integrity == "ok"  # files seconds old: nothing kept yet, nothing broken either
+
+
+# --- rescans with the caches kept (the console's refresh) ----------------------------------------
+
+
+def test_a_rescan_with_the_caches_kept_sees_every_change(tmp_path):
+    """The rescan of an unchanged directory reuses its last listing; any change in a stat it depends on is seen."""
+    write_hf_layout(tmp_path, steps=(500, 1000), best=500)
+    age_tree(tmp_path)
+    cache, crc_cache = ResultCache(), ResultCache()
+
+    def rescan():
+        return by_name(scan_directory(str(tmp_path), cache=cache, crc_cache=crc_cache, keep_proofs=False))
+
+    rescan()  # (the first read of a file may set its access time, which is part of its stat)
+    first = rescan()
+    again = rescan()
+    assert again["checkpoint-1000"] is first["checkpoint-1000"]  # nothing changed: the same records
+    cut_in_half(tmp_path / "checkpoint-1000" / "scheduler.pt")
+    entries = rescan()
+    assert entries["checkpoint-1000"].integrity == "truncated" and entries["checkpoint-500"].latest
+    (tmp_path / "checkpoint-1500").mkdir()
+    (tmp_path / "checkpoint-1500" / "trainer_state.json").write_text('{"global_step": 1500}')
+    assert "checkpoint-1500" in rescan()
+    (tmp_path / "latest").symlink_to(tmp_path / "checkpoint-500")
+    assert any("latest links to it" in why for why in rescan()["checkpoint-500"].protections)
+    # A full CRC check recorded after the listing shows in the next one.
+    entry = rescan()["checkpoint-500"]
+    crc_cache.put(
+        "local", entry.path, (entry.size_bytes, entry.mtime), zipmeta.CrcResult("corrupt", "CRC mismatch", 0, 0)
+    )
+    assert rescan()["checkpoint-500"].integrity == "corrupt"

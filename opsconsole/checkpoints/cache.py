@@ -23,6 +23,7 @@ class ResultCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.version = 0  # changes with every put and forget: what was derived from the cache may be stale
 
     def get(self, node: str, path: str, signature: Hashable) -> Optional[Any]:
         """The value stored for this exact signature, else None."""
@@ -39,6 +40,7 @@ class ResultCache:
     def put(self, node: str, path: str, signature: Hashable, value: Any) -> None:
         key = (node, path)
         with self._lock:
+            self.version += 1
             self._items[key] = (signature, value)
             self._items.move_to_end(key)
             while len(self._items) > self.max_entries:
@@ -46,6 +48,7 @@ class ResultCache:
 
     def forget(self, node: str, path: str) -> None:
         with self._lock:
+            self.version += 1
             self._items.pop((node, path), None)
 
     def __len__(self) -> int:

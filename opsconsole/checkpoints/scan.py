@@ -13,7 +13,7 @@ import posixpath
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, cast
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, cast
 
 from opsconsole.checkpoints import formats, layouts, zipmeta
 from opsconsole.checkpoints.access import LOCAL, DirItem, FileStat, FileSystem
@@ -588,6 +588,17 @@ def _scan_directory(
         return _listing(fs, root, (_apply_crc_cache(fs, entry, crc_cache),), 0, now, started)
 
     units, other = _find_units(fs, root, items)
+    # A rescan of a directory where nothing changed: every name and stat the listing depends on is
+    # the same as last time (the root's, each unit's), so its entries are too. Kept beside the
+    # results in `cache` (a fresh cache, a fresh listing); not for a root holding symlinks (what
+    # they point to is outside these stats) or units with subdirectories (their files are listed
+    # only when read).
+    memo_path = "\0listing\0" + root
+    memo_signature = _unchanged_signature(items, units, crc_cache)
+    if memo_signature is not None:
+        remembered = cache.get(fs.node, memo_path, memo_signature)
+        if remembered is not None:
+            return _listing(fs, root, remembered[0], remembered[1], now, started)
 
     def read(unit: _Unit) -> CheckpointEntry:
         return _apply_crc_cache(fs, _read_unit(fs, root, unit, cache, now, proofs), crc_cache)
@@ -741,7 +752,24 @@ def _scan_directory(
             protections=tuple(protections.get(name, ())),
         )
         listed.append(entry)
+    if memo_signature is not None and not any(e.integrity == INTEGRITY_TRUNCATED and not e.is_dir for e in listed):
+        # (A truncated file's entry says how long ago it was written: not kept, it changes with the time.)
+        cache.put(fs.node, memo_path, memo_signature, (tuple(listed), other))
     return _listing(fs, root, tuple(listed), other, now, started)
+
+
+def _unchanged_signature(items: List[DirItem], units: List["_Unit"], crc_cache: ResultCache) -> Optional[Tuple]:
+    """What a whole listing depends on, to compare with the last one; None when it cannot be told so."""
+    parts: List[Any] = []
+    for unit in units:
+        children = unit.children
+        if children is not None:
+            if any(child.stat.is_dir for child in children):
+                return None
+            parts.append((unit.name, unit.kind, tuple(children)))
+    if any(item.stat.is_link for item in items):
+        return None
+    return (tuple(items), tuple(parts), id(crc_cache), crc_cache.version)
 
 
 def _finish(entry: CheckpointEntry, **fields) -> None:
