@@ -134,8 +134,14 @@ SIGNATURES: Tuple[Signature, ...] = (
     _sig(
         "host_oom",
         r"Task was killed due to the node running low on memory|killed due to memory pressure \(OOM\)"
-        r"|System memory low at node|DefaultCPUAllocator: can't allocate memory",
-        ("running low on memory", "memory pressure (oom)", "system memory low", "can't allocate memory"),
+        r"|System memory low at node|DefaultCPUAllocator: (?:can't allocate memory|not enough memory)",
+        (
+            "running low on memory",
+            "memory pressure (oom)",
+            "system memory low",
+            "can't allocate memory",
+            "not enough memory",
+        ),
         overrides=("cuda_oom",),
     ),
     # The host's memory refused in the words of Python, NumPy and the C++ runtime, and by Slurm's and Colab's limits.
@@ -227,6 +233,8 @@ SIGNATURES: Tuple[Signature, ...] = (
         r"|CUDA initialization: |cudaErrorNoDevice|cudaErrorInsufficientDriver|Driver/library version mismatch"
         r"|no kernel image is available for execution|CUDA error: initialization error"
         r"|CUDA error: system not yet initialized|CUDA-capable device\(s\) is/are busy or unavailable"
+        r"|all CUDA-capable devices are busy or unavailable|cudaErrorDevicesUnavailable|cudaErrorInitializationError"
+        r"|is not compatible with the current PyTorch installation|invalid device function|hipErrorNoBinaryForGpu"
         r"|Failed to initialize NVML|^No devices were found"
         r"|failed call to cuInit|[Cc]all to cuInit results in|CUDA_ERROR_UNKNOWN|cudaErrorUnknown|CUDA unknown error"
         r"|CUDA error: unknown error|unknown error \(code 999|\berror 999\b|CUDA_ERROR_NO_DEVICE|CudaSupportError"
@@ -251,6 +259,11 @@ SIGNATURES: Tuple[Signature, ...] = (
             "not yet initialized",
             "failed to initialize nvml",
             "no devices were found",
+            "devicesunavailable",
+            "initializationerror",
+            "not compatible with the current pytorch installation",
+            "invalid device function",
+            "nobinaryforgpu",
             "cuinit",
             "cuda_error_unknown",
             "cudaerrorunknown",
@@ -431,6 +444,17 @@ SIGNATURES: Tuple[Signature, ...] = (
         ("nan", "inf"),
     ),
     _sig("nan_inf", r"number of nan iterations:\s*[1-9]", ("nan iterations",)),
+    # A loss named with a suffix (mmdet's "loss_cls: nan") or printed in a list or by C ("loss: [nan]", "loss = -nan").
+    _sig(
+        "nan_inf",
+        r"oss(?<![A-Za-z][Ll]oss)(?<=[Ll]oss)(?:_(?!scale)\w{1,20})?['\"]?\s*[:=]\s*[\[(]?-?(?:nan|NaN|NAN)\b",
+        ("nan",),
+    ),
+    _sig(
+        "nan_inf",
+        r"Nan in summary histogram|\b(?:NaN|nan) loss(?:es)? (?:at|in|on|during|after|for|from)\b",
+        ("nan in summary histogram", "nan loss"),
+    ),
     # The loss in words ("loss became NaN") or as a printed tensor ("loss: tensor(nan, device='cuda:0')"); a
     # distribution whose parameters went NaN (torch.distributions' validation); NaN "detected"/"encountered".
     _sig(
@@ -631,7 +655,8 @@ SIGNATURES: Tuple[Signature, ...] = (
         r"|HfHubHTTPError: 5\d\d|Consistency check failed: file should be of size"
         r"|An existing connection was forcibly closed by the remote host|aiohttp\.client_exceptions\.\w+|ClientOSError"
         r"|ServerDisconnectedError|ClientPayloadError|ClientConnectorError|ConnectionClosedError"
-        r"|Connection was closed before we received a valid response|ServiceUnavailable: 503|DeadlineExceeded: 504))",
+        r"|Connection was closed before we received a valid response|ServiceUnavailable: 503|DeadlineExceeded: 504"
+        r"|^\s*(?:[\w.]+\.)?ConnectionResetError: \[(?:Errno|WinError) \d+\]|ConnectionResetError\((?:104|54|10054),))",
         (
             "connection aborted.",
             "protocolerror(",
@@ -658,6 +683,8 @@ SIGNATURES: Tuple[Signature, ...] = (
             "closed before we received a valid response",
             "serviceunavailable: 503",
             "deadlineexceeded: 504",
+            "connectionreseterror: [",
+            "connectionreseterror(",
         ),
         overrides=("nccl_remote", "nccl_network"),
     ),
