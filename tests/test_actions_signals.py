@@ -37,6 +37,7 @@ from opsconsole.nodes.ssh import SshLink
 from opsconsole.probe.procs import ProcessTable
 from tests.pid_reuse import after_the_slack, start_on_pid
 from tests.sshd import StateLog, ssh_client, sshd_factory  # noqa: F401
+from tests.waiting import wait_for_sync
 
 # The node is this machine, as the console's embedded default is: its PIDs are ours to signal.
 THIS_MACHINE = LocalLink(NodeConfig(name="local", local=True), 1.0)
@@ -351,14 +352,46 @@ async def test_over_real_ssh_a_reused_pid_is_refused_on_the_node_and_the_right_o
     assert [r["outcome"] for r in audit_records(tmp_path) if r["action"] == "signal_term"] == ["attempt", "ok"]
 
 
-def test_a_gpu_process_is_identified_by_its_elapsed_time_at_the_frame():
-    """GPU processes carry elapsed_s (at the frame's time), host processes their start time."""
+def test_a_gpu_process_is_identified_by_its_host_row_else_its_elapsed_time_within_the_poll():
+    """A host row's start time is exact; a GPU row has run elapsed_s when the probe sampled it, some time
+    in the poll (probe_ms) after the frame's time: the start is taken mid-poll, the slack widened to match."""
     from opsconsole.actions.signals import identity_in_frame
 
     gpu = ProcessSample(pid=4242, name="python", user="alice", elapsed_s=100.0, gpu_index=0)
-    assert identity_in_frame(gpu, 1_000_000.0).start_time == 999_900.0
-    host = ProcessSample(pid=4242, name="python", start_time=5.0, elapsed_s=1.0)
-    assert identity_in_frame(host, 1_000_000.0).start_time == 5.0
-    assert identity_in_frame(ProcessSample(pid=4242, name="python"), 1_000_000.0) is None
-    request = identity_in_frame(gpu, 1_000_000.0).request("KILL")
-    assert request == {"pid": 4242, "signal": "KILL", "start_time": 999_900.0, "name": "python", "user": "alice"}
+    frame = NodeFrame(node="n", time=1_000_000.0, seq=1, processes=(gpu,), probe_ms=400.0)
+    only_gpu = identity_in_frame(frame, 4242)
+    assert only_gpu.start_time == 999_900.2 and only_gpu.slack_s == pytest.approx(1.5 + 0.2 + 0.05)
+    assert only_gpu.request("KILL") == {
+        "pid": 4242,
+        "signal": "KILL",
+        "start_time": 999_900.2,
+        "slack": only_gpu.slack_s,
+        "name": "python",
+        "user": "alice",
+    }
+    host = ProcessSample(pid=4242, name="python", start_time=999_899.87)
+    both = identity_in_frame(replace(frame, top_processes=(host,)), 4242)
+    assert (both.start_time, both.slack_s, both.user) == (999_899.87, 1.5, "alice")
+    assert identity_in_frame(replace(frame, processes=(replace(gpu, elapsed_s=None),)), 4242) is None
+    assert identity_in_frame(frame, 999) is None
+
+
+def test_the_signal_step_refuses_what_it_cannot_check_and_bad_requests(capsys):
+    """probe/checked_signal.py in this process: odd requests are answered, never a traceback; a start
+    time or slack that is not a number matches nothing."""
+    from opsconsole.probe import checked_signal
+
+    with started(["sleep", "30"]) as sleeper:
+        wait_for_sync(lambda: open("/proc/%d/stat" % sleeper.pid).read().split("(")[1].startswith("sleep)"))
+        seen = checked_signal.identity_of(sleeper.pid)
+        for odd in ({"start_time": float("nan")}, {"start_time": seen["start_time"], "slack": float("nan")}):
+            answer = checked_signal.signal_checked(sleeper.pid, "KILL", dict({"name": "sleep"}, **odd))
+            assert answer["refused"] and not answer["signalled"], answer
+        wide = {"start_time": seen["start_time"] - 60, "slack": 1e9, "name": "sleep"}  # capped at MAX_SLACK_S
+        assert checked_signal.signal_checked(sleeper.pid, "KILL", wide)["refused"]
+        assert checked_signal.signal_checked(1, "KILL", {"start_time": 0})["refused"] == "pid 1 cannot be signalled"
+        assert checked_signal.signal_checked(sleeper.pid, "HUP", {})["error"] == "unknown signal 'HUP'"
+        for bad in ([], ["not json"], ['{"pid": true, "signal": "KILL"}'], ['{"pid": 5}'], ["[1]"]):
+            assert checked_signal.main(bad) == checked_signal.EXIT_BAD_REQUEST
+            assert json.loads(capsys.readouterr().out)["error"].startswith("bad request")
+        assert sleeper.poll() is None

@@ -100,7 +100,7 @@ async def plan_signal(action: Action, target: Target, ctx: ActionContext, params
     assert target.pid is not None and frame is not None  # refuse_signal refused both
     proc = signals.reported_process(frame, target.pid)
     # What every signal of this plan is checked against, where the process runs.
-    identity = signals.identity_in_frame(proc, frame.time) if proc is not None else None
+    identity = signals.identity_in_frame(frame, target.pid)
     if identity is None:  # refuse_signal refused it already
         raise Refused("PID %d: the frame says nothing to tell it from a later process" % target.pid)
     name = target.name or (proc.name if proc else "")

@@ -29,10 +29,12 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 from opsconsole.actions.runner import CommandResult, no_command_channel, remote_link, run_remote
 from opsconsole.model import NodeFrame, NodeState, ProcessSample
 from opsconsole.probe import checked_signal
+from opsconsole.probe.proc_read import START_SLACK_S
 
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 ESCALATION = ("INT", "TERM", "KILL")
 FRAME_POLL_S = 0.1
+MAX_POLL_MS = 10000.0  # a frame claiming a longer poll widens the start-time slack no further
 GONE_STATES = ("Z", "X")  # exited (a zombie waits for its parent) or dead
 
 
@@ -63,14 +65,15 @@ class ProcessIdentity:
     start_time: float  # epoch seconds on the node's clock, as the probe reported it
     name: str = ""  # the command name (comm)
     user: Optional[str] = None
+    slack_s: float = START_SLACK_S  # how far the node's reading of the start time may be from start_time
 
     def request(self, signal_name: str) -> Dict[str, Any]:
         """probe/checked_signal.py's request for SIG`signal_name` to this process."""
         return dict(self.expected(), pid=self.pid, signal=signal_name)
 
     def expected(self) -> Dict[str, Any]:
-        """What checked_signal compares: start time, command name, user."""
-        return {"start_time": self.start_time, "name": self.name or None, "user": self.user}
+        """What checked_signal compares: start time (within the slack), command name, user."""
+        return {"start_time": self.start_time, "slack": self.slack_s, "name": self.name or None, "user": self.user}
 
     def describe(self) -> str:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.start_time))
@@ -78,18 +81,25 @@ class ProcessIdentity:
         return "PID %d must still be %r%s, started %s" % (self.pid, self.name or "?", who, started)
 
 
-def identity_in_frame(proc: ProcessSample, frame_time: float) -> Optional[ProcessIdentity]:
-    """The identity to check before signalling `proc` of a frame made at `frame_time`; None without a start time.
+def identity_in_frame(frame: NodeFrame, pid: int) -> Optional[ProcessIdentity]:
+    """The identity to check before signalling `pid` of `frame`; None when the frame says nothing of its start.
 
-    Host processes carry their start time; GPU processes their elapsed time at the frame's time.
+    A host row carries the start time the probe read. A GPU row carries the time it had run when the
+    probe sampled it, some time within the poll (probe_ms) after the frame's time: the start is taken
+    mid-poll and the slack widened by half the poll (and the 0.1 s the elapsed time is rounded to).
     """
-    if proc.start_time is not None:
-        started = float(proc.start_time)
-    elif proc.elapsed_s is not None:
-        started = round(frame_time - proc.elapsed_s, 2)
-    else:
+    rows = [p for p in frame.top_processes + frame.processes if p.pid == pid]
+    name = next((p.name for p in rows if p.name), "")
+    user = next((p.user for p in rows if p.user), None)
+    exact = next((p.start_time for p in rows if p.start_time is not None), None)
+    if exact is not None:
+        return ProcessIdentity(pid, float(exact), name, user)
+    elapsed = next((p.elapsed_s for p in rows if p.elapsed_s is not None), None)
+    if elapsed is None:
         return None
-    return ProcessIdentity(proc.pid, started, proc.name or "", proc.user)
+    half_poll = max(0.0, min(frame.probe_ms or 0.0, MAX_POLL_MS)) / 2000.0
+    started = round(frame.time + half_poll - elapsed, 2)
+    return ProcessIdentity(pid, started, name, user, round(START_SLACK_S + half_poll + 0.05, 3))
 
 
 def refuse_signal(state: Optional[NodeState], pid: Any, local: bool) -> Optional[str]:
@@ -106,7 +116,7 @@ def refuse_signal(state: Optional[NodeState], pid: Any, local: bool) -> Optional
         return "PID %d is not a live process in %s's latest frame: not signalled" % (pid, state.name)
     if local and pid == os.getpid():
         return "PID %d is this console" % pid
-    identity = identity_in_frame(proc, state.frame.time)
+    identity = identity_in_frame(state.frame, pid)
     if identity is None:
         # A node read without the probe (nvidia-smi and /proc text) reports no start or elapsed times.
         return "%s's frame gives no start time for PID %d: it cannot be told from a later process, not signalled" % (

@@ -5,7 +5,8 @@ may hand the pid to another. So right before the signal, on the node itself, thi
 /proc/PID/stat and /proc/PID/status and compares what the plan saw:
 
 - the start time: field 22 of stat (clock ticks after boot) as epoch seconds with the node's
-  boot time, within proc_read.START_SLACK_S of the frame's;
+  boot time, within proc_read.START_SLACK_S of the frame's (wider, up to MAX_SLACK_S, where
+  the request says the frame knew it less exactly);
 - the command name (comm, which the kernel cuts at 15 characters) and the real uid's user.
 
 Anything different refuses the signal ("pid 1234 is now a different process ...: not
@@ -18,7 +19,7 @@ a frame and a confirmation.
 Run in the console's process for its own machine, and as `python3 -I - REQUEST` with a small
 bundle on stdin (nodes/bundle.py: helper_bundle) on a remote node.
 Request (JSON): {"pid": P, "signal": "INT"|"TERM"|"KILL", "start_time": epoch s,
-                 "name": comm or null, "user": name or null}
+                 "slack": s (START_SLACK_S to MAX_SLACK_S), "name": comm or null, "user": name or null}
 Answer (one JSON line): {"pid", "signal", "signalled", "via" ("pidfd"|"kill"|null),
                          "refused" (why, or null), "error" (why, or null), "seen" (what /proc said)}
 Exit status: 0 signalled, 3 refused, 4 not signalled (gone, not permitted), 2 a bad request.
@@ -36,6 +37,7 @@ from typing import Any, Dict, List, Optional
 from opsconsole.probe.proc_read import START_SLACK_S, STAT_LIMIT, boot_time, read_prefix, split_stat, start_time_of
 
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+MAX_SLACK_S = 10.0  # the most a request may widen START_SLACK_S (a GPU row's start is known to a poll)
 COMM_CHARS = 15  # TASK_COMM_LEN - 1: what /proc/PID/stat keeps of a command name
 STATUS_LIMIT = 16384
 EXIT_SIGNALLED = 0
@@ -80,9 +82,13 @@ def why_different(pid: int, expected: Dict[str, Any], seen: Dict[str, Any]) -> O
     """None when `seen` (identity_of) is the process `expected` describes, else the refusal line."""
     reasons = []
     start = expected.get("start_time")
+    try:
+        slack = min(max(float(expected.get("slack") or START_SLACK_S), START_SLACK_S), MAX_SLACK_S)
+    except (TypeError, ValueError):
+        slack = START_SLACK_S
     if start is None:
         reasons.append("no start time to compare")
-    elif abs(seen["start_time"] - float(start)) > START_SLACK_S:
+    elif not abs(seen["start_time"] - float(start)) <= slack:  # NaN is no match either
         reasons.append(
             "started %.2f s %s the one the plan saw"
             % (
@@ -173,7 +179,7 @@ def main(args: List[str]) -> int:
         pid = request["pid"]
         if not isinstance(pid, int) or isinstance(pid, bool):
             raise ValueError("pid")
-        expected = {key: request.get(key) for key in ("start_time", "name", "user")}
+        expected = {key: request.get(key) for key in ("start_time", "slack", "name", "user")}
         signal_name = str(request["signal"])
     except (IndexError, ValueError, KeyError, TypeError) as exc:
         sys.stdout.write(json.dumps({"error": "bad request: %s" % exc}) + "\n")
