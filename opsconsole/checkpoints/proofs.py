@@ -231,11 +231,14 @@ def _merged(first: Dict[str, list], then: Dict[str, list]) -> Dict[str, list]:
 # format, layout, series, number, unit, cut; then (name, dev, ino, size, ctime_ns) a file. No mtime:
 # any change of it (a write, or utime setting it back) sets the ctime to the time of the change.
 UNIT_KEY_HEAD = 6
+MAX_KEYED_FILES = 1024
 MAX_UNIT_PROBLEM = 4096
 
 
 def unit_key(kind: Any, cut: bool, walked: Sequence[Tuple[str, Any]]) -> Optional[list]:
     """What a kept unit result is for: the unit's kind and each member's name and identity (None: no identity)."""
+    if cut or len(walked) > MAX_KEYED_FILES:
+        return None  # a unit of thousands of files (a big DCP save) would make the store too big to keep
     key = [kind.format, kind.layout, kind.series, kind.number, kind.unit, cut]
     extend = key.extend
     for rel, st in walked:
