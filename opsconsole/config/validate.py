@@ -39,23 +39,9 @@ from opsconsole.config.locator import KeyLines
 from opsconsole.config.schema import ARRAYS_OF_TABLES, REFUSED_KEYS, SECTIONS, TABLES, Config
 
 # Values people try in order to switch host key checking off; they get a pointed answer.
-CHECKING_OFF_WORDS = {
-    "off",
-    "no",
-    "none",
-    "false",
-    "0",
-    "disable",
-    "disabled",
-    "ignore",
-    "insecure",
-    "skip",
-    "accept",
-    "accept-any",
-    "accept-all",
-    "auto-add",
-    "autoadd",
-}
+CHECKING_OFF_WORDS = frozenset(
+    "off no none false 0 disable disabled ignore insecure skip accept accept-any accept-all auto-add autoadd".split()
+)
 
 
 class Problems:
