@@ -365,7 +365,9 @@ class Diagnoser:
             "inf" in lowered and lowered.count("inf") != lowered.count("info") and INF_WORD.search(lowered) is not None
         )
         nan = (
-            "nan" in lowered and lowered.count("nan") != lowered.count("nano") and NAN_WORD.search(lowered) is not None
+            "nan" in lowered
+            and lowered.count("nan") != lowered.count("nano") + lowered.count("nan iter")
+            and NAN_WORD.search(lowered) is not None
         )
         if "NCCL" in body:
             if "NCCL INFO" in body:  # whether this source's communicators are still being set up

@@ -298,7 +298,11 @@ SIGNATURES: Tuple[Signature, ...] = (
         r"|nvml error: driver not loaded|could not select device driver .* with capabilities: \[\[gpu\]\]"
         r"|Unable to initialize backend 'cuda'|No visible GPU devices",
         (
-            "999",
+            "error 999",
+            "error=999",
+            "error: 999",
+            "error(999",
+            "error (999",
             "no hip gpus",
             "hiperrornodevice",
             "cuda_error_not_initialized",
@@ -440,16 +444,11 @@ SIGNATURES: Tuple[Signature, ...] = (
     # "oss" first, "[Ll]" and the letter before it checked behind: 1.7 us a Megatron metrics line, 8 us with "[Ll]" first.
     _sig(
         "nan_inf",
-        r"oss(?<![A-Za-z][Ll]oss)(?<=[Ll]oss)['\"]?\s*(?:is\s+|[:=]\s*|\s+)(?:total[:=]\s*)?['\"]?(?:nan|NaN|NAN|[-+]?(?:inf|Inf|INF))\b",
+        r"oss(?<![A-Za-z][Ll]oss)(?<=[Ll]oss)(?:_(?!scale)\w{1,20})?['\"]?\s*(?:is\s+|[:=]\s*|\s+)(?:total[:=]\s*)?['\"]?"
+        r"[\[(]?(?:-?(?:nan|NaN|NAN)|[-+]?(?:inf|Inf|INF))\b",
         ("nan", "inf"),
     ),
     _sig("nan_inf", r"number of nan iterations:\s*[1-9]", ("nan iterations",)),
-    # A loss named with a suffix (mmdet's "loss_cls: nan") or printed in a list or by C ("loss: [nan]", "loss = -nan").
-    _sig(
-        "nan_inf",
-        r"oss(?<![A-Za-z][Ll]oss)(?<=[Ll]oss)(?:_(?!scale)\w{1,20})?['\"]?\s*[:=]\s*[\[(]?-?(?:nan|NaN|NAN)\b",
-        ("nan",),
-    ),
     _sig(
         "nan_inf",
         r"Nan in summary histogram|\b(?:NaN|nan) loss(?:es)? (?:at|in|on|during|after|for|from)\b",
@@ -867,8 +866,13 @@ def scan(lowered: str) -> Tuple[list, bool, bool]:
         hits = find_needles(SURROGATE.sub("\ufffd", lowered), overlapping=True)
     # "info" and "nano..." hold the word but never as a whole one: only more of it than of them is worth a
     # search (each "info" holds one "inf"; a counted "nan" that overlaps a "nano" is followed by a letter).
+    # Megatron's "number of nan iterations: 0" names the counter, not a value: its own needle reads it.
     inf = "inf" in lowered and lowered.count("inf") != lowered.count("info") and INF_WORD.search(lowered) is not None
-    nan = "nan" in lowered and lowered.count("nan") != lowered.count("nano") and NAN_WORD.search(lowered) is not None
+    nan = (
+        "nan" in lowered
+        and lowered.count("nan") != lowered.count("nano") + lowered.count("nan iter")
+        and NAN_WORD.search(lowered) is not None
+    )
     return hits, inf, nan
 
 
