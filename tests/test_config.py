@@ -166,6 +166,55 @@ ERROR_CASES = [
         '[[checkpoints]]\npath = "/ck"\nnode = "elsewhere"\n',
         'x.toml:3: checkpoints[0].node: no node is named "elsewhere"; expected one of: local',
     ),
+    # sources: the schema's patterns, a refused key, a required key's example (each a form of msgspec's error text)
+    ('[[sources]]\nurl = "ftp://p"\n', 'x.toml:2: sources[0].url: expected an http:// or https:// URL, got "ftp://p"'),
+    (
+        '[[sources]]\nurl = "http://p:9090"\nrate_window = "1 minute"\n',
+        'x.toml:3: sources[0].rate_window: expected a Prometheus duration like "1m" or "30s", got "1 minute"',
+    ),
+    (
+        '[[sources]]\nurl = "http://p:9090"\ngpu_label = "gpu-index"\n',
+        'x.toml:3: sources[0].gpu_label: expected a Prometheus label name, got "gpu-index"',
+    ),
+    (
+        '[[sources]]\nurl = "http://p:9090"\nnode_labels = ["ok", "bad label"]\n',
+        'x.toml:3: sources[0].node_labels[1]: expected a Prometheus label name, got "bad label"',
+    ),
+    (
+        '[[sources]]\nurl = "http://p:9090"\ninsecure_skip_verify = true\n',
+        'x.toml:3: sources[0].insecure_skip_verify: TLS verification cannot be turned off; trust a private CA with "ca_file"',
+    ),
+    ('[[sources]]\nname = "p"\n', 'x.toml:1: sources[0]: missing required key "url" (e.g. "http://prometheus:9090")'),
+    (
+        '[[sources]]\nurl = "http://p:9090"\ntelemetry = "prom"\n',
+        'x.toml:3: sources[0].telemetry: expected "ssh" or "prometheus", got "prom"',
+    ),
+    (
+        '[[sources]]\nurl = "http://p:9090"\nca_file = "/ca.pem"\n',
+        "x.toml:3: sources[0].ca_file: a CA file is only used with an https:// url",
+    ),
+    # tables of free names, enums given another type, optional bounds, nan where no bound catches it
+    (
+        '[logs.node_paths]\ngpu01 = ["/a", ""]\n',
+        "x.toml:2: logs.node_paths.gpu01[1]: expected an array of strings, got an empty string in it",
+    ),
+    (
+        '[logs]\nnode_paths = ["x"]\n',
+        "x.toml:2: logs.node_paths: expected a table of node name = [globs], got an array",
+    ),
+    (
+        '[[alerts]]\nmetric = 3\ncomparison = ">"\nthreshold = 1\n',
+        "x.toml:2: alerts[0].metric: expected a metric name, got 3",
+    ),
+    ("[record]\nmax_age_s = 0\n", "x.toml:2: record.max_age_s: must be greater than 0, got 0"),
+    (
+        '[[alerts]]\nmetric = "gpu.xid"\ncomparison = ">"\nthreshold = nan\n',
+        "x.toml:4: alerts[0].threshold: expected a finite number, got nan",
+    ),
+    (
+        '[actions]\ndrain_command = "scontrol \'open"\n',
+        "x.toml:2: actions.drain_command: cannot split the command: No closing quotation",
+    ),
     # syntax errors keep tomllib's line
     ("[console]\ninterval = 2\ntheme = \n", "x.toml:3: syntax: invalid value (column 9)"),
     ("[console]\n[console]\n", "x.toml:2: syntax: cannot declare [console] twice (column 9)"),

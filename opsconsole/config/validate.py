@@ -196,8 +196,6 @@ def describe(cls: type, table: Dict[str, Any], error: str) -> Tuple[KeyPath, str
     if f.name == "hosts":
         return loc[:1], "expected %s, got %s" % (expects, show(value_at(table, loc[:1])))
     if meta.get("table"):
-        if len(rest) == 1 and rest[0] == 0 or len(rest) == 2 and rest[1] == 0:
-            return loc[:2], "expected a name, got %s" % blank_or_shown(value)  # the pair's name: "" = ...
         rest = rest[2:]  # (pair index, 1): the value, said at its name
         if not rest and expects:
             return loc, "expected %s, got %s" % (expects, blank_or_shown(value))
@@ -222,7 +220,7 @@ def describe(cls: type, table: Dict[str, Any], error: str) -> Tuple[KeyPath, str
         if number_type(cls, f.name) is float and not bound:
             return loc, "expected a finite number, got %s" % show(value)
         constraint = meta_of(cls, f.name)
-        op = bound.group(2) if bound else (">=" if value < 0 else "<=")
+        op = bound.group(2) if bound else (">=" if isinstance(value, (int, float)) and value < 0 else "<=")
         if constraint.extra and constraint.extra.get("between"):
             return loc, "must be between %s and %s, got %s" % (show(constraint.ge), show(constraint.le), show(value))
         if op == ">":
@@ -283,7 +281,7 @@ def number_type(cls: type, name: str) -> Any:
 
 
 def meta_of(cls: type, name: str) -> msgspec.Meta:
-    return next(m for m in unwrapped(cls, name)[1] if isinstance(m, msgspec.Meta))
+    return next((m for m in unwrapped(cls, name)[1] if isinstance(m, msgspec.Meta)), msgspec.Meta())
 
 
 def choices_of(cls: type, name: str) -> Tuple[str, ...]:
