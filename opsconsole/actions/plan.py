@@ -85,7 +85,7 @@ class ActionContext:
 
     @property
     def local(self) -> bool:
-        """Whether the node is this machine (commands run here, signals with os.kill)."""
+        """Whether the node is this machine (commands run here, signals checked and sent by this process)."""
         return command_channel(self.link) == COMMANDS_HERE
 
     @property
