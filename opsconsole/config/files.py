@@ -9,7 +9,7 @@ from typing import Mapping, Optional, Tuple
 
 from opsconsole.config.errors import ConfigError
 from opsconsole.config.parse import parse_config
-from opsconsole.config.schema import DEFAULT_CONFIG, Config
+from opsconsole.config.schema import DEFAULT_CONFIG, Config, expand_home
 from opsconsole.file_kinds import file_kind
 
 ENV_CONFIG = "OPSCONSOLE_CONFIG"
@@ -88,9 +88,3 @@ def locate_config(cli_path: Optional[str], env: Mapping[str, str]) -> Optional[T
     if path.exists():
         return str(path), path
     return None
-
-
-def expand_home(path: str, home: Optional[str]) -> str:
-    if home and (path == "~" or path.startswith("~/")):
-        return home + path[1:]
-    return os.path.expanduser(path)

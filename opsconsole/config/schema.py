@@ -8,6 +8,7 @@ sections.py need for the messages (`expects`, `example`) and for paths under ~ (
 """
 
 # No `from __future__ import annotations`: msgspec reads these types as objects instead of compiling each string.
+import os
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, Dict, Literal, Optional, Tuple, get_args
 
@@ -37,6 +38,13 @@ Words = Tuple[Text, ...]
 def local_path(default: Any = None) -> Any:
     """A path on the console's machine, ~ for the user's home (sections.py); of a command, its program."""
     return field(default=default, metadata={"path": True})
+
+
+def expand_home(path: str, home: Optional[str]) -> str:
+    """A path as the user wrote it, ~ and ~/... under `home` (the environment's HOME, as given)."""
+    if home and (path == "~" or path.startswith("~/")):
+        return home + path[1:]
+    return os.path.expanduser(path)
 
 
 def argv(default: Tuple[str, ...]) -> Any:

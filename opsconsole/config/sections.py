@@ -6,7 +6,6 @@ read only to tell a key written from a default. Each check fails at the key that
 
 from __future__ import annotations
 
-import os
 import re
 import string
 from dataclasses import fields, is_dataclass, replace
@@ -26,6 +25,7 @@ from opsconsole.config.schema import (
     NodeEntry,
     SourceConfig,
     SshConfig,
+    expand_home,
 )
 from opsconsole.hostlist import expand_hostlist
 
@@ -55,12 +55,6 @@ def finish(validated: Dict[str, Any], raw: Dict[str, Any], filename: str, home: 
     check_checkpoint_nodes(parts.get("checkpoints", ()), parts.get("nodes", DEFAULT_CONFIG.nodes), fail)
     # Each section becomes its Config field (same name); absent sections keep the default.
     return replace(DEFAULT_CONFIG, source=filename, **parts)
-
-
-def expand_home(path: str, home: Optional[str]) -> str:
-    if home and (path == "~" or path.startswith("~/")):
-        return home + path[1:]
-    return os.path.expanduser(path)
 
 
 def with_home(table: Any, home: Optional[str]) -> Any:
