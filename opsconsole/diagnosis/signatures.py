@@ -563,7 +563,8 @@ SIGNATURES: Tuple[Signature, ...] = (
     _sig(
         "disk_full",
         r"[Nn]o space left on device|Errno 28\]|ENOSPC|[Dd]isk quota exceeded|Errno 122\]"
-        r"|\d+ requested and \d+ written|Wrote only \d+ of \d+ bytes|장치에 남은 공간이 없음"
+        r"|\d+ requested and \d+ written|Wrote only \d+ of \d+ bytes|write error: wrote \d+ blocks instead of \d+"
+        r"|장치에 남은 공간이 없음"
         r"|Não há espaço disponível no dispositivo|Spazio esaurito sul device|Brak miejsca na urządzeniu"
         r"|PytorchStreamWriter failed writing|inline_container\.cc:\d+\] \. unexpected pos"
         r"|kind: StorageFull|Not enough (?:free )?disk space|database or disk is full|No usable temporary directory found"
@@ -597,6 +598,7 @@ SIGNATURES: Tuple[Signature, ...] = (
             "超出磁盘限额",
             "requested and",
             "wrote only",
+            "blocks instead of",
             "장치에 남은 공간이 없음",
             "não há espaço disponível",
             "spazio esaurito",
