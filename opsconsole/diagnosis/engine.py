@@ -577,6 +577,7 @@ class Diagnoser:
             frame = _FRAME.search(body)
             if frame:
                 state.frame_col = frame.start()
+                state.code_checks_nan = False  # the source line under this frame, if quoted, decides
                 if state.traceback_line < 0 and frame.start() <= 40:
                     # Frames without a "Traceback" header before them (an excerpt cut at the top): a traceback all
                     # the same, whose exception line comes right after its frames.
