@@ -866,10 +866,11 @@ def scan(lowered: str) -> Tuple[list, bool, bool]:
         hits = find_needles(lowered, overlapping=True)
     except UnicodeEncodeError:  # a lone surrogate (bytes decoded with surrogateescape): no needle holds one
         hits = find_needles(SURROGATE.sub("\ufffd", lowered), overlapping=True)
-    # "info" and "nano..." hold the word but never as a whole one: only more of it than of them is worth a
-    # search (each "info" holds one "inf"; a counted "nan" that overlaps a "nano" is followed by a letter).
-    # Megatron's "number of nan iterations: 0" names the counter, not a value: its own needle reads it.
-    inf = "inf" in lowered and lowered.count("inf") != lowered.count("info") and INF_WORD.search(lowered) is not None
+    # "info" and "nano..." hold the word but never as a whole one. For "inf" the whole-word regex alone is cheaper
+    # than counting "inf" against "info" first (0.18 against 0.23 us a line: every INFO line holds one); for "nan"
+    # only more of it than of "nano" (and of Megatron's "number of nan iterations", a counter's name with a needle
+    # of its own) is worth a search.
+    inf = "inf" in lowered and INF_WORD.search(lowered) is not None
     nan = (
         "nan" in lowered
         and lowered.count("nan") != lowered.count("nano") + lowered.count("nan iter")
