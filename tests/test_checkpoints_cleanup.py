@@ -103,7 +103,7 @@ def test_partial_failure_is_reported_per_file(seed, tmp_path):
     errors = {r.path: r.error for r in result.failed}
     assert errors == {
         gone.path: "already gone",
-        changed.path: "%s changed since the plan (size or mtime)" % changed.name,
+        changed.path: "%s changed since it was judged (size or mtime)" % changed.name,
     }
     assert len(result.deleted) == len(plan.to_delete) - 2
     assert os.path.exists(changed.path)

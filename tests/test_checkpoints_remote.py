@@ -204,8 +204,24 @@ def _unit_plan(root: Path, *names):
     items = []
     for name in names:
         st = (root / name).stat()
+        # What a listing over SFTP judges by: no device or inode, the mtime in whole seconds.
+        files = [root / name] if not (root / name).is_dir() else sorted((root / name).rglob("*"))
+        judged = tuple(
+            (str(f.relative_to(root)), -1, -1, f.lstat().st_size, int(f.lstat().st_mtime) * 10**9)
+            for f in files
+            if f.is_file() and not f.is_symlink()
+        )
         items.append(
-            PlanItem(str(root / name), name, st.st_size, st.st_mtime, True, ("older",), (root / name).is_dir())
+            PlanItem(
+                str(root / name),
+                name,
+                st.st_size,
+                st.st_mtime,
+                True,
+                ("older",),
+                (root / name).is_dir(),
+                judged=judged,
+            )
         )
     return RetentionPlan(str(root), "n1", 0, 0.0, tuple(items))
 

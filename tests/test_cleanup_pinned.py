@@ -38,10 +38,27 @@ def write(path: Path, data: bytes, age: float = 2 * HOUR) -> Path:
     return path
 
 
+def judged_now(root: Path, members) -> tuple:
+    """Each regular file of the members as a local listing records it when judging (CheckpointEntry.judged)."""
+    judged = []
+    for member in members:
+        path = root / member
+        files = (
+            [path] if not path.is_dir() else sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+        )
+        for file in files:
+            if file.is_symlink() or not file.is_file():
+                continue
+            st = file.lstat()
+            judged.append((str(file.relative_to(root)), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(judged)
+
+
 def item_for(root: Path, name: str, members=None) -> PlanItem:
-    """A doomed unit named `name` (a file or directory of root), with the size and mtime a listing would show."""
+    """A doomed unit named `name` (a file or directory of root), with what a listing would show and judge by."""
     path = root / name
     st = path.stat()
+    members = tuple(members or (name,))
     return PlanItem(
         str(path),
         name,
@@ -50,7 +67,8 @@ def item_for(root: Path, name: str, members=None) -> PlanItem:
         True,
         ("older than the newest 0",),
         path.is_dir(),
-        members=tuple(members or (name,)),
+        members=members,
+        judged=judged_now(root, members),
     )
 
 
@@ -147,8 +165,8 @@ def test_a_unit_goes_whole_and_a_changed_member_keeps_all_of_it(tmp_path):
     log = tmp_path / "audit.log"
     result = run_audited(plan, root, log)
     errors = {r.path: r.error for r in result.failed}
-    assert errors[top.path] == "config.json changed since the plan (size or mtime)"
-    assert "checkpoint-7/optimizer.pt appeared since the plan" in errors[step.path]
+    assert errors[top.path] == "config.json changed since it was judged (size or mtime)"
+    assert "checkpoint-7/optimizer.pt appeared since it was judged" in errors[step.path]
     assert sorted(p.name for p in root.iterdir()) == [
         "checkpoint-7",
         "config.json",

@@ -2,8 +2,12 @@
 
 When the plan is made (`plan_directory`, `pin_plan`) the directory is opened with
 O_DIRECTORY|O_NOFOLLOW and its identity (st_dev, st_ino) recorded, with every doomed unit's
-members: each file's device, inode, size and mtime, each directory's exact entries. A unit that
-cannot be pinned (gone, a symlink, changed since the listing) is kept, with the reason.
+members: each directory's exact entries and each file's device, inode, size and mtime AS THE
+LISTING SAW THEM when it judged the unit (PlanItem.judged), not as they are when the plan is
+pinned: a file rewritten between the listing and the pin keeps the old identity in the plan,
+so the deleter finds it changed and keeps the unit. A file the listing did not judge (one that
+appeared since) is left out of the records, so its presence keeps the unit too. A unit that
+cannot be pinned (gone, a symlink) or whose files were not all judged is kept, with the reason.
 
 At execution the directory is opened again the same way and must be the same one: a root
 swapped for a symlink or another directory while the confirmation waited is refused whole,
@@ -29,7 +33,7 @@ from opsconsole.units import format_bytes
 
 ACTION_DELETE = "checkpoint.delete"
 ACTION_CLEANUP = "checkpoint.cleanup"
-LISTING_MTIME_SLACK_S = 1.0  # SFTP v3 gives whole seconds; the pin has nanoseconds
+NS_PER_S = 1_000_000_000
 SHOWN_MEMBERS = 8
 
 
@@ -181,14 +185,35 @@ def _kept(item: PlanItem, why: str) -> PlanItem:
     return replace(item, delete=False, reasons=tuple(item.reasons) + ("not deleted: %s" % why,))
 
 
-def _listing_mismatch(item: PlanItem, records: List[list]) -> Optional[str]:
-    """Why a one-file unit is not the file the listing showed (the plan is judged by the listing)."""
-    if len(records) != 1 or records[0][1] != "f":
-        return None
-    _, _, _, _, size, mtime_ns = records[0]
-    if size != item.size_bytes or abs(mtime_ns / 1e9 - item.mtime) > LISTING_MTIME_SLACK_S:
-        return "%s changed between the listing and the plan" % records[0][0]
-    return None
+def _as_judged(
+    records: Tuple[Tuple[Any, ...], ...], judged: Tuple[Tuple[Any, ...], ...]
+) -> Tuple[Tuple[Any, ...], ...]:
+    """The pinned records with every file's identity the one the listing judged (module docstring).
+
+    A judged file is recorded as judged: (rel, "f", dev, ino, size, mtime_ns); one the pin did
+    not find is recorded all the same (gone since it was judged, the deleter says). A file the
+    pin found that the listing did not judge is left out (appeared since it was judged). Where
+    the listing had no device and inode (SFTP: dev -1) the pin's record stands when its size and
+    its mtime to the second are the judged ones, else the judged size and mtime are recorded,
+    which the deleter then finds changed.
+    """
+    wanted = {file[0]: file for file in judged}
+    out: List[Tuple[Any, ...]] = []
+    for record in records:
+        file = wanted.pop(record[0], None)
+        if file is None:
+            if record[1] != "f":
+                out.append(record)  # a directory, a link or a FIFO inside the unit: as pinned
+            continue
+        rel, dev, ino, size, mtime_ns = file
+        if dev != -1:
+            out.append((rel, "f", dev, ino, size, mtime_ns))
+        elif record[1] == "f" and record[4] == size and record[5] // NS_PER_S == mtime_ns // NS_PER_S:
+            out.append(record)
+        else:
+            out.append((rel, "f", record[2], record[3], size, mtime_ns))
+    out.extend((rel, "f", dev, ino, size, mtime_ns) for rel, dev, ino, size, mtime_ns in wanted.values())
+    return tuple(out)
 
 
 def _valid_records(value: Any) -> Optional[Tuple[Tuple[Any, ...], ...]]:
@@ -246,11 +271,11 @@ def pin_plan(plan: RetentionPlan, fs: FileSystem = LOCAL) -> PinnedPlan:
             problem = unit.get("problem") if isinstance(unit, dict) else None
             verdicts[id(item)] = str(problem or "could not be pinned")[:500]
             continue
-        mismatch = _listing_mismatch(item, [list(r) for r in records])
-        if mismatch:
-            verdicts[id(item)] = mismatch
+        judged = tuple(getattr(item, "judged", ()) or ())
+        if not judged:
+            verdicts[id(item)] = "the listing did not judge all of its files: never deleted"
             continue
-        pins.append(UnitPin(item.path, unit_members(item), records))
+        pins.append(UnitPin(item.path, unit_members(item), _as_judged(records, judged)))
     items = tuple(_kept(item, verdicts[id(item)]) if id(item) in verdicts else item for item in plan.items)
     base.update(items=items, warnings=tuple(warnings))
     return PinnedPlan(**base, pin=RootPin(plan.root, root_id[0], root_id[1], tuple(pins)))

@@ -120,6 +120,11 @@ class CheckpointEntry:
     ] = ()  # the unit's top-level paths relative to the listed root (a directory with all it holds); whole or not at all
     protections: Tuple[str, ...] = ()  # what the library recorded that keeps it: best, top-k, current tag ...
     unreadable: Optional[str] = None  # its metadata could not be read (not damage): kept, never judged
+    # The files this entry's verdict was made from, as the listing stat'ed them: (path relative to
+    # the listed root, st_dev, st_ino, size, mtime_ns); device and inode -1 where the file system
+    # gives none (SFTP v3, whose mtime is whole seconds). Cleanup deletes a unit only while its
+    # files are still these (cleanup.py); () for a unit whose files were not all judged.
+    judged: Tuple[Tuple[str, int, int, int, int], ...] = ()
 
     @property
     def key(self) -> str:

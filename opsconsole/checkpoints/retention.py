@@ -45,6 +45,7 @@ class PlanItem:
     unit: str = ""
     series: Optional[str] = None  # None: not managed (never deleted)
     members: Tuple[str, ...] = ()  # the unit's files/dirs relative to the plan's root; default: path's name
+    judged: Tuple[Tuple[str, int, int, int, int], ...] = ()  # CheckpointEntry.judged: what the verdict was made from
 
     def __post_init__(self) -> None:
         if not self.members:
@@ -217,6 +218,7 @@ def plan_retention(
                 layout=entry.layout,
                 unit=entry.unit,
                 series=entry.series,
+                judged=entry.judged,
             )
         )
     return RetentionPlan(root=root, node=node, keep=keep, min_age=min_age, items=tuple(items), warnings=tuple(warnings))

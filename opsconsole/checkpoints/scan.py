@@ -77,9 +77,25 @@ def _with_growth_note(result: formats.ReadResult, mtime: float, now: float) -> f
     return result
 
 
+def judged_identity(rel: str, st: FileStat) -> Tuple[str, int, int, int, int]:
+    """(rel, st_dev, st_ino, size, mtime_ns) of a file as the listing saw it (CheckpointEntry.judged).
+
+    Over SFTP there is no device or inode (-1) and the mtime is what the server gives (whole
+    seconds in SFTP v3): cleanup compares such a file at that precision.
+    """
+    raw = st.raw
+    if raw is not None:
+        return (rel, raw.st_dev, raw.st_ino, raw.st_size, raw.st_mtime_ns)
+    return (rel, -1, -1, st.size, int(round(st.mtime * 1e9)))
+
+
 def read_file_entry(fs: FileSystem, path: str, item: DirItem, cache: ResultCache) -> formats.ReadResult:
-    """The read result of one checkpoint file, from the cache when its size and mtime are unchanged."""
-    signature = (item.stat.size, item.stat.mtime)
+    """The read result of one checkpoint file, from the cache when it is the same file, unchanged.
+
+    Keyed by its identity where the file system gives one (device, inode, size, mtime, ctime: a
+    file rewritten to the same size and mtime is read again), else by size and mtime.
+    """
+    signature = item.stat.identity or (item.stat.size, item.stat.mtime)
     cached = cache.get(fs.node, path, signature)
     if cached is not None:
         return cached
@@ -200,8 +216,11 @@ def read_unit_dir(
     children: List[DirItem],
     cache: ResultCache,
     proofs: Optional[ProofStore] = None,
-) -> Tuple[formats.ReadResult, int, float, Tuple[str, ...]]:
-    """(result, total bytes, newest mtime, member files) of one checkpoint directory.
+) -> Tuple[formats.ReadResult, int, float, Tuple[str, ...], Tuple[Tuple[str, int, int, int, int], ...]]:
+    """(result, total bytes, newest mtime, member files, judged files) of one checkpoint directory.
+
+    The judged files are judged_identity of every file the result was made from, relative to
+    `path`; () when the walk was cut short (files unseen: the unit is never deleted).
 
     The record is built once from what each file says (one dict of fields, one CheckpointMeta):
     a listing of many HF units was dominated by copies of the records (dataclasses.replace),
@@ -212,12 +231,13 @@ def read_unit_dir(
     size = sum(files.values())
     mtime = max([st.mtime for _, st in walked], default=0.0)
     members = tuple(files)
+    judged = () if cut else tuple(judged_identity(rel, st) for rel, st in walked)
     # Each file's name and stat: size, mtime and, where the file system gives them, its identity
     # (device, inode, ctime), so a file rewritten to the same size and mtime is a change too.
     signature = (kind, cut, tuple(walked))
     cached = cache.get(fs.node, path, signature)
     if cached is not None:
-        return cached, size, mtime, members
+        return cached, size, mtime, members, judged
     # What an earlier listing (maybe another process) read of exactly these files (proofs.py).
     key = unit_key(kind, cut, walked) if proofs is not None else None
     if key is not None and proofs is not None:
@@ -225,7 +245,7 @@ def read_unit_dir(
         if kept is not None and kept[0] == kind.format:
             result = formats.ReadResult(kept[0], kept[3], kept[1], kept[2])
             cache.put(fs.node, path, signature, result)
-            return result, size, mtime, members
+            return result, size, mtime, members, judged
     started = time.time()
     problems: List[str] = []
     integrities: List[str] = []
@@ -297,22 +317,7 @@ def read_unit_dir(
     cache.put(fs.node, path, signature, result)
     if key is not None and proofs is not None:
         proofs.store_unit(path, key, result, started)
-    return result, size, mtime, members
-
-
-def read_dir_entry(
-    fs: FileSystem, path: str, name: str, cache: ResultCache
-) -> Optional[Tuple[formats.ReadResult, int, float]]:
-    """(result, total bytes, newest mtime) of a checkpoint directory; None when it is none."""
-    try:
-        children = fs.listdir(path)
-    except OSError:
-        return None
-    kind = layouts.dir_kind(name, (c.name for c in children))
-    if kind is None:
-        return None
-    result, size, mtime, _ = read_unit_dir(fs, path, name, kind, children, cache)
-    return result, size, mtime
+    return result, size, mtime, members, judged
 
 
 def _entry(
@@ -388,7 +393,7 @@ def _read_unit(
     fs: FileSystem, root: str, unit: _Unit, cache: ResultCache, now: float, proofs: Optional[ProofStore]
 ) -> CheckpointEntry:
     if unit.kind is not None:
-        result, size, mtime, members = read_unit_dir(
+        result, size, mtime, members, judged = read_unit_dir(
             fs,
             unit.path,
             posixpath.basename(unit.path.rstrip("/")) or unit.name,
@@ -408,6 +413,7 @@ def _read_unit(
             layout=unit.kind.layout,
             unit=_files_text(unit.kind.unit, members),
             members=(unit.rel,),
+            judged=tuple((unit.rel + "/" + file[0],) + file[1:] for file in judged),
         )
     group = unit.group
     assert group is not None
@@ -423,6 +429,7 @@ def _read_unit(
             layout=LAYOUT_FILE,
             unit="file",
             members=group.members,
+            judged=(judged_identity(unit.item.name, unit.item.stat),),
         )
     # A final model or a sharded model: several files at the top, one unit.
     problems: List[str] = []
@@ -572,7 +579,7 @@ def _scan_directory(
     root_name = (posixpath.basename(root.rstrip("/")) if fs.remote else os.path.basename(root.rstrip(os.sep))) or root
     own_kind = layouts.dir_kind(root_name, (item.name for item in items))
     if own_kind is not None:
-        result, size, mtime, members = read_unit_dir(fs, root, root_name, own_kind, items, cache, proofs)
+        result, size, mtime, members, _ = read_unit_dir(fs, root, root_name, own_kind, items, cache, proofs)
         entry = _entry(
             root,
             root_name,

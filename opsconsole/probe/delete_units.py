@@ -9,8 +9,9 @@ deletions keep the same guarantees, in the same code:
 - every name is reached relative to that descriptor, each step O_NOFOLLOW: a symlink inside a
   unit is unlinked, never followed;
 - a unit (one checkpoint: its files and directories, `members`) is checked whole before any of
-  it goes: each file's device, inode, size and mtime and each directory's exact entries, as
-  recorded when the plan was made; a unit that changed, or that a process holds open or has
+  it goes: each file's device, inode, size and mtime as the console's listing saw them when it
+  judged the unit (the console puts those in the tree it sends: checkpoints/cleanup.py), each
+  directory's exact entries as pinned; a unit that changed, or that a process holds open or has
   mapped (/proc/PID/fd, /proc/PID/maps: `torch.load(mmap=True)` maps the file), is kept;
 - only recorded entries are deleted: a file that appeared inside a directory since the check
   makes its rmdir fail, and the unit is reported as partly deleted, with what went.
@@ -72,16 +73,20 @@ def record_of(rel, st):
 
 
 def why_differs(recorded, now):
-    """None when `now` (a record) is the entry the plan recorded, else why not."""
+    """None when `now` (a record) is the entry the plan recorded, else why not.
+
+    A file's recorded identity is the one its unit was judged by (see the module docstring).
+    """
     rel = recorded[0]
+    since = "since it was judged" if recorded[1] == "f" else "since the plan"
     if now[1] != recorded[1]:
         if now[1] == "l":
             return "%s is a symlink now: never followed" % rel
-        return "%s changed kind since the plan" % rel
+        return "%s changed kind %s" % (rel, since)
     if now[2:4] != recorded[2:4]:
-        return "%s was replaced since the plan (another file has its name)" % rel
+        return "%s was replaced %s (another file has its name)" % (rel, since)
     if now[4:6] != recorded[4:6]:
-        return "%s changed since the plan (size or mtime)" % rel
+        return "%s changed %s (size or mtime)" % (rel, since)
     return None
 
 
@@ -543,10 +548,10 @@ class PinnedRoot(object):
         found = dict((r[0], r) for r in now)
         gone = [rel for rel in planned if rel not in found]
         if gone:
-            return "%s gone since the plan: the unit is not whole" % _names(gone)
+            return "%s gone since it was judged: the unit is not whole" % _names(gone)
         new = [rel for rel in found if rel not in planned]
         if new:
-            return "%s appeared since the plan: not deleted" % _names(new)
+            return "%s appeared since it was judged: not deleted" % _names(new)
         for rel in planned:
             why = why_differs(planned[rel], found[rel])
             if why:
