@@ -7,9 +7,14 @@ alike, as dict keys: quadratic) or allocate gigabytes (bytearray of one memo-sha
 200 MB bytes, again and again). In here each ends as one file's "unreadable: <reason>"
 and the console, the command and the neighbouring files go on.
 
-The worker is a small dedicated interpreter (`python -m opsconsole.checkpoints.worker`),
-started with subprocess (an exec, so nothing of the console's threads, asyncio loop or
-Textual is forked), reused for every read and restarted after it dies. It sets its own
+The worker is a small dedicated interpreter (this module run as __main__), started with
+subprocess (an exec, so nothing of the console's threads, asyncio loop or Textual is forked),
+reused for every read and restarted after it dies. It runs `python -E -s`: no PYTHON*
+variable of the environment (PYTHONINSPECT, PYTHONSTARTUP, PYTHONMALLOC, PYTHONWARNINGS ...)
+and no user site changes how the interpreter that parses hostile files behaves; its import
+path is instead the parent's own sys.path, given on its command line (worker_command), so an
+install that the console finds through PYTHONPATH (`pip install --target`) or the user site
+finds its dependencies (orjson) in the worker too. It sets its own
 limits: RLIMIT_AS (memory), RLIMIT_CORE 0, and an RLIMIT_CPU soft limit moved to "CPU used
 so far + budget" before each request, so a request that spins in C dies by SIGXCPU. The
 parent adds a wall-clock timeout per answer and caps the size of every reply. Messages
@@ -418,6 +423,48 @@ def _death_text(returncode: Optional[int], limits: WorkerLimits) -> str:
     return "worker exited with status %d" % returncode
 
 
+# Run by `python -E -s -c`: the parent's import path (argv[1], JSON) in the parent's order, the
+# interpreter's own entries after it, then this module as __main__ with the rest of argv.
+_BOOTSTRAP = (
+    "import json, runpy, sys\n"
+    "parent = [p for p in json.loads(sys.argv.pop(1)) if isinstance(p, str)]\n"
+    "sys.path[:] = sys.path[:1] + parent + [p for p in sys.path[1:] if p not in parent]\n"
+    "runpy.run_module('opsconsole.checkpoints.worker', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def parent_import_path() -> List[str]:
+    """This process's sys.path as absolute directories, in order (what the worker imports from too)."""
+    seen: List[str] = []
+    for entry in sys.path:
+        if not isinstance(entry, str):
+            continue
+        path = os.path.abspath(entry or os.curdir)
+        if path not in seen:
+            seen.append(path)
+    return seen
+
+
+def worker_command(limits: WorkerLimits) -> List[str]:
+    """The worker's argv: -E -s against the environment, the parent's import path given explicitly."""
+    return [
+        sys.executable,
+        "-E",
+        "-s",
+        "-c",
+        _BOOTSTRAP,
+        json.dumps(parent_import_path()),
+        "--memory-bytes",
+        str(limits.memory_bytes),
+        "--cpu-seconds",
+        str(limits.cpu_seconds),
+        "--max-reply-bytes",
+        str(limits.max_reply_bytes),
+        "--first-try-cpu-seconds",
+        str(limits.first_try_cpu_seconds),
+    ]
+
+
 class WorkerProcess:
     """One worker process, used by one thread at a time; started on first use and after it dies."""
 
@@ -434,21 +481,7 @@ class WorkerProcess:
         if self._process is not None and self._process.poll() is None:
             return self._process
         self.discard()
-        command = [
-            sys.executable,
-            "-E",
-            "-s",
-            "-m",
-            "opsconsole.checkpoints.worker",
-            "--memory-bytes",
-            str(self.limits.memory_bytes),
-            "--cpu-seconds",
-            str(self.limits.cpu_seconds),
-            "--max-reply-bytes",
-            str(self.limits.max_reply_bytes),
-            "--first-try-cpu-seconds",
-            str(self.limits.first_try_cpu_seconds),
-        ]
+        command = worker_command(self.limits)
         try:
             # An exec, not a fork of this (threaded) process; its own session: a terminal's
             # Ctrl-C goes to the console, which closes the worker itself.
