@@ -26,6 +26,7 @@ from tui_fakes import FROZEN_NOW, FakeFleet, loaded_gpu, node_frame  # noqa: E40
 
 from opsconsole.config import (
     NodeConfig,  # noqa: E402
+    SshConfig,  # noqa: E402
     parse_config,  # noqa: E402
 )
 from opsconsole.model import (  # noqa: E402
@@ -37,7 +38,7 @@ from opsconsole.model import (  # noqa: E402
     NodeState,
     ProcessSample,
 )
-from opsconsole.nodes.local import LocalLink  # noqa: E402
+from opsconsole.nodes.ssh import SshLink  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
 from opsconsole.tui.formatting import printable  # noqa: E402
 from opsconsole.tui.help import HelpScreen  # noqa: E402
@@ -214,10 +215,14 @@ def write_world(tmp_path: Path) -> str:
 
 
 class HostileFleet(FakeFleet):
-    """The hostile node is this machine (its confirmations are drawn; nothing is confirmed here)."""
+    """The hostile node is an SSH node, never connected: its confirmations are drawn, nothing is confirmed.
 
-    def link(self, name: str) -> LocalLink:
-        return LocalLink(NodeConfig(name=name, local=True), 1.0)
+    Not this machine: a local node's PIDs are checked against this machine's processes when the plan is
+    made, and the made-up PIDs of the hostile frame are no process here (the plan would be refused).
+    """
+
+    def link(self, name: str) -> SshLink:
+        return SshLink(NodeConfig(name=name, host="127.0.0.1", port=9), SshConfig(), 1.0)
 
 
 def console(tmp_path: Path, extra_config: str = "") -> OpsConsole:
