@@ -99,7 +99,7 @@ def _target_words(key: Tuple[str, str], target: _Target) -> str:
 class PrometheusSource:
     """Reads every node Prometheus knows into NodeStates; publishes them like a NodeLink does.
 
-    `config` is a SourceConfig (opsconsole/config.py). `http` may be injected (tests, the
+    `config` is a SourceConfig (opsconsole/config/schema.py). `http` may be injected (tests, the
     benchmark); by default one PrometheusHttp is made from the config.
     """
 
