@@ -395,3 +395,57 @@ def test_the_signal_step_refuses_what_it_cannot_check_and_bad_requests(capsys):
             assert checked_signal.main(bad) == checked_signal.EXIT_BAD_REQUEST
             assert json.loads(capsys.readouterr().out)["error"].startswith("bad request")
         assert sleeper.poll() is None
+
+
+def test_the_signal_step_matches_the_command_name_exactly_not_by_any_prefix(tmp_path):
+    """The frame's name is /proc's comm (or a longer name the kernel cut to 15 bytes): a process whose
+    comm is a prefix of it ('sleep' for a frame's 'sleeper'), longer than it ('sleep' for 'sl') or empty
+    is another command, refused; a 15-byte comm matches the full name it was cut from."""
+    from opsconsole.probe import checked_signal
+
+    def comm_of(pid: int) -> str:
+        return open("/proc/%d/stat" % pid).read().split("(", 1)[1].rsplit(")", 1)[0]
+
+    with started(["sleep", "30"]) as sleeper:
+        wait_for_sync(lambda: comm_of(sleeper.pid) == "sleep", "the child to be sleep")
+        seen = checked_signal.identity_of(sleeper.pid)
+        for frame_name in ("sleeper", "sl", "s"):
+            expected = {"start_time": seen["start_time"], "name": frame_name, "user": seen["user"]}
+            answer = checked_signal.signal_checked(sleeper.pid, "KILL", expected)
+            assert answer["refused"] and not answer["signalled"], (frame_name, answer)
+        assert sleeper.poll() is None
+    # A process that set its comm to nothing (prctl PR_SET_NAME "") is not every command.
+    blank = (
+        "import ctypes, sys; ctypes.CDLL(None).prctl(15, b'', 0, 0, 0); print('ready', flush=True); sys.stdin.read()"
+    )
+    with started([sys.executable, "-c", blank], wait_ready=True) as nameless:
+        assert comm_of(nameless.pid) == ""
+        seen = checked_signal.identity_of(nameless.pid)
+        answer = checked_signal.signal_checked(
+            nameless.pid, "KILL", {"start_time": seen["start_time"], "name": "python3"}
+        )
+        assert answer["refused"] and not answer["signalled"], answer
+        assert nameless.poll() is None
+    # The kernel keeps 15 bytes of a longer executable's name; the frame may hold the whole one.
+    long_name = tmp_path / "sleep_for_a_long_while"
+    long_name.symlink_to(subprocess.check_output(["sh", "-c", "command -v sleep"]).decode().strip())
+    with started([str(long_name), "30"]) as long_sleeper:
+        wait_for_sync(lambda: comm_of(long_sleeper.pid) == "sleep_for_a_lon", "the child's cut comm")
+        seen = checked_signal.identity_of(long_sleeper.pid)
+        expected = {"start_time": seen["start_time"], "name": "sleep_for_a_long_while", "user": str(seen["uid"])}
+        answer = checked_signal.signal_checked(long_sleeper.pid, "KILL", expected)
+        assert answer["signalled"], answer
+        assert long_sleeper.wait(10) == -signal.SIGKILL
+
+
+def test_the_signal_step_answers_a_request_of_wrong_types_without_a_traceback(capsys):
+    """A request whose name, user, start time or slack is of another type is a bad request (exit 2, one JSON
+    line), never a traceback: the console reads a missing answer as not signalled, but says why."""
+    from opsconsole.probe import checked_signal
+
+    with started(["sleep", "30"]) as sleeper:
+        for odd in ({"start_time": "soon"}, {"name": 7}, {"user": ["root"]}, {"slack": "wide"}, {"start_time": True}):
+            request = dict({"pid": sleeper.pid, "signal": "KILL", "start_time": time.time(), "name": "sleep"}, **odd)
+            assert checked_signal.main([json.dumps(request)]) == checked_signal.EXIT_BAD_REQUEST, odd
+            assert json.loads(capsys.readouterr().out)["error"].startswith("bad request"), odd
+        assert sleeper.poll() is None

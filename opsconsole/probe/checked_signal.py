@@ -78,6 +78,14 @@ def identity_of(pid: int, proc_root: str = "/proc") -> Dict[str, Any]:
     }
 
 
+def same_command(name: str, comm: str) -> bool:
+    """Whether a frame's command `name` is /proc's `comm`: the same, or comm is the kernel's 15-byte cut of it.
+
+    Not any prefix either way: 'python' is not 'python3', and an empty comm (prctl can set one) no command.
+    """
+    return name == comm or (len(comm.encode("utf-8", "surrogateescape")) >= COMM_CHARS and name.startswith(comm))
+
+
 def why_different(pid: int, expected: Dict[str, Any], seen: Dict[str, Any]) -> Optional[str]:
     """None when `seen` (identity_of) is the process `expected` describes, else the refusal line."""
     reasons = []
@@ -97,10 +105,8 @@ def why_different(pid: int, expected: Dict[str, Any], seen: Dict[str, Any]) -> O
             )
         )
     name = expected.get("name")
-    if name:
-        comm = seen["name"]
-        if not (name.startswith(comm[:COMM_CHARS]) or comm.startswith(name[:COMM_CHARS])):
-            reasons.append("command %r, not %r" % (comm, name))
+    if name and not same_command(name, seen["name"]):
+        reasons.append("command %r, not %r" % (seen["name"], name))
     user = expected.get("user")
     if user and user not in (seen["user"], str(seen["uid"])):
         reasons.append("user %r, not %r" % (seen["user"], user))
@@ -180,6 +186,10 @@ def main(args: List[str]) -> int:
         if not isinstance(pid, int) or isinstance(pid, bool):
             raise ValueError("pid")
         expected = {key: request.get(key) for key in ("start_time", "slack", "name", "user")}
+        for key, types in (("start_time", (int, float)), ("slack", (int, float)), ("name", str), ("user", str)):
+            value = expected[key]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+                raise TypeError("%s is a %s" % (key, type(value).__name__))
         signal_name = str(request["signal"])
     except (IndexError, ValueError, KeyError, TypeError) as exc:
         sys.stdout.write(json.dumps({"error": "bad request: %s" % exc}) + "\n")
