@@ -270,3 +270,42 @@ def test_a_rescan_with_the_caches_kept_sees_every_change(tmp_path):
         "local", entry.path, (entry.size_bytes, entry.mtime), zipmeta.CrcResult("corrupt", "CRC mismatch", 0, 0)
     )
     assert rescan()["checkpoint-500"].integrity == "corrupt"
+
+
+def test_a_rescan_sees_a_member_rewritten_to_the_same_size_and_mtime_within_the_same_second(tmp_path):
+    """A member damaged in place, its size kept and its mtime set back, in the same second as its last
+    change: only its ctime in nanoseconds differs (an os.stat_result compares its times in whole
+    seconds), and that must be enough for the rescan with the caches kept to read it again."""
+    write_hf_layout(tmp_path, steps=(500, 1000), best=500)
+    age_tree(tmp_path)
+    cache, crc_cache = ResultCache(), ResultCache()
+
+    def rescan():
+        return by_name(scan_directory(str(tmp_path), cache=cache, crc_cache=crc_cache, keep_proofs=False))
+
+    weights = tmp_path / "checkpoint-1000" / "model.safetensors"
+    sound = weights.read_bytes()
+    rescan()  # (the first read of a file may set its access time, which is part of its stat)
+    for _ in range(50):  # until the listing and the damage fall in one second (a loaded machine may need tries)
+        wait_for_sync(lambda: time.time() % 1.0 < 0.3, "the start of a second", timeout=5)
+        st = weights.stat()
+        os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))  # the ctime now: the listing below reads it
+        changed = weights.stat().st_ctime_ns
+        assert rescan()["checkpoint-1000"].integrity == "ok"
+        data = bytearray(sound)
+        data[8:16] = b"not json"  # the header's first bytes: no JSON object any more
+        with open(weights, "r+b") as out:  # in place: the same inode
+            out.write(bytes(data))
+        os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+        damaged = weights.stat()
+        assert (damaged.st_size, damaged.st_mtime_ns, damaged.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+        if damaged.st_ctime_ns // 10**9 == changed // 10**9:
+            break
+        with open(weights, "r+b") as out:  # the second turned: sound again, and another try
+            out.write(sound)
+    else:
+        pytest.fail("no listing and damage within one second in 50 tries")
+    entries = rescan()
+    entry = entries["checkpoint-1000"]
+    assert entry.integrity == "corrupt" and "model.safetensors" in entry.problem
+    assert entries["checkpoint-500"].latest and not entry.latest  # never the newest good one

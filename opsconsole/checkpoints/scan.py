@@ -89,6 +89,16 @@ def judged_identity(rel: str, st: FileStat) -> Tuple[str, int, int, int, int]:
     return (rel, -1, -1, st.size, int(round(st.mtime * 1e9)))
 
 
+def exact_times(files: Sequence[Tuple[str, FileStat]]) -> Tuple[Optional[Tuple[int, int]], ...]:
+    """Each file's (mtime, ctime) in nanoseconds, for a signature that holds its stat.
+
+    An os.stat_result compares as its first ten fields only, with the times in whole seconds: a
+    file rewritten in place and its mtime set back within the second of its last change would
+    compare equal. (None where the file system gives no lstat: SFTP's size and mtime are all.)
+    """
+    return tuple([None if st.raw is None else (st.raw.st_mtime_ns, st.raw.st_ctime_ns) for _, st in files])
+
+
 def read_file_entry(fs: FileSystem, path: str, item: DirItem, cache: ResultCache) -> formats.ReadResult:
     """The read result of one checkpoint file, from the cache when it is the same file, unchanged.
 
@@ -234,7 +244,7 @@ def read_unit_dir(
     judged = () if cut else tuple(judged_identity(rel, st) for rel, st in walked)
     # Each file's name and stat: size, mtime and, where the file system gives them, its identity
     # (device, inode, ctime), so a file rewritten to the same size and mtime is a change too.
-    signature = (kind, cut, tuple(walked))
+    signature = (kind, cut, tuple(walked), exact_times(walked))
     cached = cache.get(fs.node, path, signature)
     if cached is not None:
         return cached, size, mtime, members, judged
@@ -773,10 +783,10 @@ def _unchanged_signature(items: List[DirItem], units: List["_Unit"], crc_cache: 
         if children is not None:
             if any(child.stat.is_dir for child in children):
                 return None
-            parts.append((unit.name, unit.kind, tuple(children)))
+            parts.append((unit.name, unit.kind, tuple(children), exact_times(children)))
     if any(item.stat.is_link for item in items):
         return None
-    return (tuple(items), tuple(parts), id(crc_cache), crc_cache.version)
+    return (tuple(items), exact_times(items), tuple(parts), id(crc_cache), crc_cache.version)
 
 
 def _finish(entry: CheckpointEntry, **fields) -> None:
