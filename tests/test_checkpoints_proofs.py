@@ -309,3 +309,46 @@ def test_a_rescan_sees_a_member_rewritten_to_the_same_size_and_mtime_within_the_
     entry = entries["checkpoint-1000"]
     assert entry.integrity == "corrupt" and "model.safetensors" in entry.problem
     assert entries["checkpoint-500"].latest and not entry.latest  # never the newest good one
+
+
+@pytest.mark.parametrize("place", ["symlink", "others-writable"])
+def test_proofs_are_written_only_to_a_directory_of_ones_own_and_never_prune_other_files(kept_units, tmp_path, place):
+    """The proofs directory a symlink (planted in a shared cache directory, say) or writable by others:
+    nothing is written there, and no file that is not a store (a hex name) is ever pruned from it."""
+    root, _ = kept_units
+    data = tmp_path / "data"
+    data.mkdir()
+    for number in range(300):  # more than MAX_STORES: the prune would go for the oldest of them
+        record = data / ("record-%03d.json" % number)
+        record.write_text("{}")
+        os.utime(record, (1e9 + number, 1e9 + number))
+    if place == "symlink":
+        store_dir = tmp_path / "cache" / "proofs"
+        store_dir.parent.mkdir()
+        store_dir.symlink_to(data)
+    else:
+        store_dir = data
+        data.chmod(0o777)
+    store = ProofStore("local", str(root), str(store_dir), racy_s=RACY_S)
+    scan(root, store)
+    store.flush()
+    assert store.stored == 6  # proved and meant to be kept, but not in that directory
+    assert sorted(p.name for p in data.iterdir()) == ["record-%03d.json" % n for n in range(300)]
+
+
+def test_the_store_files_are_bounded_the_oldest_going_first(kept_units, monkeypatch):
+    from opsconsole.checkpoints import proofs
+
+    root, store_dir = kept_units
+    (first,) = store_dir.glob("*.json")
+    os.utime(first, (1e9, 1e9))
+    (store_dir / "notes.json").write_text("{}")  # not a store's name: never pruned
+    os.utime(store_dir / "notes.json", (1e9, 1e9))
+    monkeypatch.setattr(proofs, "MAX_STORES", 2)
+    written = []
+    for node in ("node-a", "node-b"):
+        store = ProofStore(node, str(root), str(store_dir), racy_s=RACY_S)
+        scan(root, store)
+        store.flush()
+        written.append(Path(store.path).name)
+    assert sorted(p.name for p in store_dir.iterdir()) == sorted(written + ["notes.json"])

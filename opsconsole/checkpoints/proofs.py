@@ -17,8 +17,10 @@ Trust is bounded by that identity only:
   the user's own (or writable by others) is ignored, and each record is type-checked at lookup;
   a record that fails is a miss, never a result;
 - only the local node has identities (SFTP gives none): remote files are always read.
-Writes are atomic (a temporary file renamed over the old one); the number of store files and
-of records in one are bounded, the oldest store files going first.
+Writes are atomic (a temporary file renamed over the old one) and go only to a real directory of
+the user's own that nobody else may write (a symlink planted there, or a shared one, gets nothing);
+the number of store files and of records in one are bounded, the oldest store files (only names
+this module gives) going first.
 """
 
 from __future__ import annotations
@@ -156,8 +158,6 @@ class ProofStore:
         if not self._dirty or self.path is None or self.directory is None:
             return
         self._dirty = False
-        import tempfile  # only a listing that proved something new writes: not imported by the others
-
         if self._records is None:
             self._records, self._units = self._load()
         # What this listing used or made first, then what the store held (units this listing found
@@ -166,20 +166,35 @@ class ProofStore:
         units = _merged(self._used_units, self._units)
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(prefix=".proofs-", dir=self.directory)
+            # Written and pruned through a descriptor of the directory, and only when it is a real
+            # directory of ours that nobody else may write: a symlink planted in a shared cache
+            # directory would otherwise take the writes, and the prune, elsewhere.
+            dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return
+        try:
+            st = os.fstat(dir_fd)
+            if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return
+            document = orjson.dumps({"format": FORMAT, "files": records, "units": units})
+            name = os.path.basename(self.path)
+            temporary = ".proofs-%s.tmp" % os.urandom(8).hex()
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
             try:
                 with os.fdopen(fd, "wb") as out:
-                    out.write(orjson.dumps({"format": FORMAT, "files": records, "units": units}))
-                os.replace(temporary, self.path)
+                    out.write(document)
+                os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except BaseException:
                 try:
-                    os.unlink(temporary)
+                    os.unlink(temporary, dir_fd=dir_fd)
                 except OSError:
                     pass
                 raise
-            _prune(self.directory, keep=self.path)
+            _prune(dir_fd, keep=name)
         except (OSError, TypeError):  # TypeError: orjson refused a value (each record is checked before)
             pass
+        finally:
+            os.close(dir_fd)
 
     # --- whole units ---------------------------------------------------------------------------
 
@@ -410,16 +425,29 @@ def _proof_from(record: Any, kind: str, identity: Identity) -> Optional[Proof]:
     return Proof(integrity, problem, StateDictSummary(keys=keys, dtypes=tuple(pairs), bytes=total))
 
 
-def _prune(directory: str, keep: str) -> None:
-    """At most MAX_STORES store files: the least recently written go first."""
+def _prune(dir_fd: int, keep: str) -> None:
+    """At most MAX_STORES store files (a hex name and .json, our own): the least recently written go first."""
     try:
-        with os.scandir(directory) as it:
-            stores = [e for e in it if e.name.endswith(".json") and e.is_file(follow_symlinks=False)]
+        uid = os.getuid()
+        with os.scandir(dir_fd) as it:
+            stores = [
+                (st.st_mtime, entry.name)
+                for entry in it
+                if _is_store_name(entry.name)
+                for st in (entry.stat(follow_symlinks=False),)
+                if stat_module.S_ISREG(st.st_mode) and st.st_uid == uid
+            ]
         if len(stores) <= MAX_STORES:
             return
-        stores.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime)
-        for entry in stores[: len(stores) - MAX_STORES]:
-            if entry.path != keep:
-                os.unlink(entry.path)
+        stores.sort()
+        for _, name in stores[: len(stores) - MAX_STORES]:
+            if name != keep:
+                os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass
+
+
+def _is_store_name(name: str) -> bool:
+    """A name ProofStore gives: 32 lowercase hex digits and .json."""
+    digits = name[:-5]
+    return len(name) == 37 and name.endswith(".json") and all(c in "0123456789abcdef" for c in digits)
