@@ -14,10 +14,12 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from opsconsole.checkpoints.worker import MetadataWorkers
 from opsconsole.hang import flight_recorder as fr
 from opsconsole.hang.flight_recorder import (
     KIND_DTYPE,
@@ -213,8 +215,16 @@ def test_hostile_dumps_end_as_unreadable_and_the_rest_is_matched(tmp_path):
     bad_entry = real_trace()
     bad_entry["entries"][3]["input_sizes"] = "not sizes"
     (tmp_path / "nccl_trace_rank_30").write_bytes(pickle.dumps(bad_entry, protocol=2))
+    # The product's dump limits, but a 1 s optimistic first try (15 s in the product): the memo bomb
+    # ends its first try at that CPU limit, then the careful read's opcode walk refuses it, as it would
+    # after 15 s. The limits' mechanism is what is tested, not the product's 15 s.
+    limits = replace(fr.dump_workers().limits, first_try_cpu_seconds=1)
+    workers = MetadataWorkers(size=2, limits=limits)
     started = time.monotonic()
-    analysis = analyse_dir(str(tmp_path))
+    try:
+        analysis = analyse_dir(str(tmp_path), workers=workers)
+    finally:
+        workers.close()
     assert time.monotonic() - started < 120  # bounded, not a timing claim: the worker's limits end each bad file
     unreadable = {d.rank: d.unreadable for d in analysis.dumps if d.unreadable}
     assert set(unreadable) == set(range(10, 10 + len(HOSTILE))), unreadable
@@ -227,6 +237,8 @@ def test_hostile_dumps_end_as_unreadable_and_the_rest_is_matched(tmp_path):
         "names posix.system, which no flight-recorder dump holds"
         in unreadable[[r for r, n in names.items() if n == "code"][0]]
     )
+    memo_bomb = unreadable[[r for r, n in names.items() if n == "memo_bomb"][0]]
+    assert "steps to hash or compare" in memo_bomb, memo_bomb  # the careful read's walk, after the first try
     partly = next(d for d in analysis.dumps if d.rank == 30)
     assert partly.unreadable is None and partly.dropped == 1 and len(partly.entries) == 9
     found = analysis.mismatch
