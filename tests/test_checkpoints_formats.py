@@ -363,7 +363,9 @@ def test_symlinks_out_of_the_root_and_dangling_are_listed_as_links(tmp_path):
     assert entries["checkpoint_epoch_1.pt"].latest
 
 
-def test_unchanged_files_come_from_the_cache(tmp_path):
+def test_unchanged_files_come_from_the_cache(tmp_path, monkeypatch):
+    # Files seconds old are read again until SETTLE_S has passed (scan.settled): not what this test is about.
+    monkeypatch.setattr("opsconsole.checkpoints.scan.SETTLE_S", 0.0)
     write_seed_layout(tmp_path, losses=(0.5, 0.4))
     cache = ResultCache()
     first = scan_directory(str(tmp_path), cache=cache, crc_cache=ResultCache())

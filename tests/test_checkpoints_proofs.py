@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from opsconsole.checkpoints import scan as scan_module
 from opsconsole.checkpoints import zipmeta
-from opsconsole.checkpoints.access import LOCAL
+from opsconsole.checkpoints.access import LOCAL, LocalFileSystem
 from opsconsole.checkpoints.cache import ResultCache
 from opsconsole.checkpoints.proofs import ProofStore, cache_home
 from opsconsole.checkpoints.retention import plan_retention
@@ -243,10 +244,12 @@ def test_listings_keep_proofs_under_xdg_cache_home_by_default(tmp_path, monkeypa
 # --- rescans with the caches kept (the console's refresh) ----------------------------------------
 
 
-def test_a_rescan_with_the_caches_kept_sees_every_change(tmp_path):
+def test_a_rescan_with_the_caches_kept_sees_every_change(tmp_path, monkeypatch):
     """The rescan of an unchanged directory reuses its last listing; any change in a stat it depends on is seen."""
+    monkeypatch.setattr(scan_module, "SETTLE_S", RACY_S)
     write_hf_layout(tmp_path, steps=(500, 1000), best=500)
     age_tree(tmp_path)
+    wait_for_sync(lambda: ctimes_older_than(tmp_path, RACY_S), "the files' ctimes past the racy margin", timeout=10)
     cache, crc_cache = ResultCache(), ResultCache()
 
     def rescan():
@@ -272,10 +275,11 @@ def test_a_rescan_with_the_caches_kept_sees_every_change(tmp_path):
     assert rescan()["checkpoint-500"].integrity == "corrupt"
 
 
-def test_a_rescan_sees_a_member_rewritten_to_the_same_size_and_mtime_within_the_same_second(tmp_path):
+def test_a_rescan_sees_a_member_rewritten_to_the_same_size_and_mtime_within_the_same_second(tmp_path, monkeypatch):
     """A member damaged in place, its size kept and its mtime set back, in the same second as its last
     change: only its ctime in nanoseconds differs (an os.stat_result compares its times in whole
     seconds), and that must be enough for the rescan with the caches kept to read it again."""
+    monkeypatch.setattr(scan_module, "SETTLE_S", 0.0)  # results kept however recent: the nanoseconds alone
     write_hf_layout(tmp_path, steps=(500, 1000), best=500)
     age_tree(tmp_path)
     cache, crc_cache = ResultCache(), ResultCache()
@@ -352,3 +356,41 @@ def test_the_store_files_are_bounded_the_oldest_going_first(kept_units, monkeypa
         store.flush()
         written.append(Path(store.path).name)
     assert sorted(p.name for p in store_dir.iterdir()) == sorted(written + ["notes.json"])
+
+
+class CountingFileSystem(LocalFileSystem):
+    """This machine, counting the files opened for a read."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def run_reader_identified(self, path, make_reader):
+        self.reads += 1
+        return super().run_reader_identified(path, make_reader)
+
+    def read_file(self, path, limit):
+        self.reads += 1
+        return super().read_file(path, limit)
+
+
+def test_what_was_read_of_files_changed_moments_ago_is_read_again_at_the_next_rescan(tmp_path, monkeypatch):
+    """git's racy-clean rule for the caches in memory too: a second change within the timestamp tick of
+    the first (1 s on some file systems) would leave every stat the same, so a file changed within
+    SETTLE_S of a read is read again by the next rescan; once settled, the rescan reads nothing."""
+    write_hf_layout(tmp_path, steps=(500, 1000), best=500)
+    cache, crc_cache = ResultCache(), ResultCache()
+    fs = CountingFileSystem()
+
+    def rescan():
+        return by_name(scan_directory(str(tmp_path), fs, cache=cache, crc_cache=crc_cache, keep_proofs=False))
+
+    monkeypatch.setattr(scan_module, "SETTLE_S", 3600.0)  # every file "changed moments ago"
+    rescan()
+    first_reads = fs.reads
+    assert first_reads > 0 and rescan()["checkpoint-1000"].integrity == "ok"
+    assert fs.reads == 2 * first_reads  # every file read again
+    monkeypatch.setattr(scan_module, "SETTLE_S", 0.0)
+    rescan()
+    settled_reads = fs.reads
+    rescan()
+    assert fs.reads == settled_reads  # settled: nothing read again

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, ca
 from opsconsole.checkpoints import formats, layouts, zipmeta
 from opsconsole.checkpoints.access import LOCAL, DirItem, FileStat, FileSystem
 from opsconsole.checkpoints.cache import CRC_CACHE, METADATA_CACHE, ResultCache
-from opsconsole.checkpoints.proofs import Proof, ProofStore, unit_key
+from opsconsole.checkpoints.proofs import RACY_S, Proof, ProofStore, unit_key
 from opsconsole.checkpoints.records import (
     BROKEN,
     FORMAT_DCP,
@@ -46,6 +46,10 @@ from opsconsole.checkpoints.records import (
 from opsconsole.checkpoints.worker import read_checkpoint_file, read_dcp_metadata
 
 GROWING_S = 600.0  # a truncated file modified this recently is probably still being written
+# What is read of files changed this recently is not kept in memory either (proofs.RACY_S, git's
+# racy-clean rule): a second change within the same timestamp tick (1 s on some file systems,
+# SFTP's mtime) would leave every stat as it was, and the first read's verdict would stand.
+SETTLE_S = RACY_S
 LATEST_WORDS = ("latest", "last")
 BEST_WORDS = ("best",)
 REMOTE_WORKERS = 8  # files read at once over SFTP (latency-bound; one channel carries them all)
@@ -99,6 +103,17 @@ def exact_times(files: Sequence[Tuple[str, FileStat]]) -> Tuple[Optional[Tuple[i
     return tuple([None if st.raw is None else (st.raw.st_mtime_ns, st.raw.st_ctime_ns) for _, st in files])
 
 
+def settled(files: Iterable[Tuple[str, FileStat]], started: float) -> bool:
+    """Whether each file's last change (its ctime, else its mtime) is SETTLE_S older than `started`
+    (epoch s, taken before the files were read): only then is what was read kept for a rescan."""
+    limit_ns = (started - SETTLE_S) * 1e9
+    for _, st in files:
+        raw = st.raw
+        if (raw.st_ctime_ns if raw is not None else st.mtime * 1e9) > limit_ns:
+            return False
+    return True
+
+
 def read_file_entry(fs: FileSystem, path: str, item: DirItem, cache: ResultCache) -> formats.ReadResult:
     """The read result of one checkpoint file, from the cache when it is the same file, unchanged.
 
@@ -109,6 +124,7 @@ def read_file_entry(fs: FileSystem, path: str, item: DirItem, cache: ResultCache
     cached = cache.get(fs.node, path, signature)
     if cached is not None:
         return cached
+    started = time.time()
     try:
         # Parsed in the limited, reused metadata worker process (worker.py), never in this one:
         # a crafted file that crashes, hangs or bloats the parse becomes this entry's
@@ -121,7 +137,8 @@ def read_file_entry(fs: FileSystem, path: str, item: DirItem, cache: ResultCache
             INTEGRITY_UNCHECKED,
             "cannot read: %s" % (exc.strerror or exc),
         )
-    cache.put(fs.node, path, signature, result)
+    if settled([(item.name, item.stat)], started):
+        cache.put(fs.node, path, signature, result)
     return result
 
 
@@ -324,7 +341,8 @@ def read_unit_dir(
     result = formats.ReadResult(
         fmt, CheckpointMeta(**fields), integrity, "; ".join(problems) or None, unreadable=unreadable
     )
-    cache.put(fs.node, path, signature, result)
+    if settled(walked, started):
+        cache.put(fs.node, path, signature, result)
     if key is not None and proofs is not None:
         proofs.store_unit(path, key, result, started)
     return result, size, mtime, members, judged
@@ -575,7 +593,8 @@ def _scan_directory(
     proofs: Optional[ProofStore],
 ) -> DirListing:
     started = time.perf_counter()
-    now = time.time() if now is None else now
+    listed_at = time.time()
+    now = listed_at if now is None else now
     try:
         items = fs.listdir(root)
     except OSError as exc:
@@ -611,7 +630,7 @@ def _scan_directory(
     # they point to is outside these stats) or units with subdirectories (their files are listed
     # only when read).
     memo_path = "\0listing\0" + root
-    memo_signature = _unchanged_signature(items, units, crc_cache)
+    memo_signature = _unchanged_signature(items, units, crc_cache, listed_at)
     if memo_signature is not None:
         remembered = cache.get(fs.node, memo_path, memo_signature)
         if remembered is not None:
@@ -775,16 +794,19 @@ def _scan_directory(
     return _listing(fs, root, tuple(listed), other, now, started)
 
 
-def _unchanged_signature(items: List[DirItem], units: List["_Unit"], crc_cache: ResultCache) -> Optional[Tuple]:
-    """What a whole listing depends on, to compare with the last one; None when it cannot be told so."""
+def _unchanged_signature(
+    items: List[DirItem], units: List["_Unit"], crc_cache: ResultCache, listed_at: float
+) -> Optional[Tuple]:
+    """What a whole listing depends on, to compare with the last one; None when it cannot be told so
+    (links, units with subdirectories, a file changed within SETTLE_S of the listing)."""
     parts: List[Any] = []
     for unit in units:
         children = unit.children
         if children is not None:
-            if any(child.stat.is_dir for child in children):
+            if any(child.stat.is_dir for child in children) or not settled(children, listed_at):
                 return None
             parts.append((unit.name, unit.kind, tuple(children), exact_times(children)))
-    if any(item.stat.is_link for item in items):
+    if any(item.stat.is_link for item in items) or not settled(items, listed_at):
         return None
     return (tuple(items), exact_times(items), tuple(parts), id(crc_cache), crc_cache.version)
 
