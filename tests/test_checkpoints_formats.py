@@ -415,3 +415,22 @@ def test_a_pickle_of_shared_lists_does_not_explode():
 
     meta = metadata_from_tree(result.value)
     assert meta.epoch == 1 and dict(meta.details)["tree"] == "list: 2 items"
+
+
+def test_a_kept_crc_result_never_makes_what_a_listing_reads_now_better(tmp_path):
+    """A full CRC check's result is kept by size and mtime. A file damaged in place since, with both
+    kept (its mtime set back), must be listed as what its read finds now, not as the kept 'ok'."""
+    path = tmp_path / "model.pt"
+    torch.save({"epoch": 1, "w": torch.ones(64)}, path)
+    crc_cache = ResultCache()
+    entry = by_name(scan_directory(str(tmp_path), cache=ResultCache(), crc_cache=crc_cache))["model.pt"]
+    assert verify_checkpoint(entry, cache=crc_cache).integrity == "ok"
+    st = path.stat()
+    with open(path, "r+b") as out:  # the end of central directory record's signature: no zip end any more
+        out.seek(st.st_size - 22)
+        out.write(b"XXXX")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fresh = by_name(scan(tmp_path))["model.pt"]
+    assert fresh.integrity in ("corrupt", "truncated")
+    listed = by_name(scan_directory(str(tmp_path), cache=ResultCache(), crc_cache=crc_cache))["model.pt"]
+    assert listed.integrity == fresh.integrity, (listed.integrity, listed.problem)

@@ -370,6 +370,9 @@ def _apply_crc_cache(fs: FileSystem, entry: CheckpointEntry, crc_cache: ResultCa
     found = crc_cache.get(fs.node, entry.path, (entry.size_bytes, entry.mtime))
     if found is None:
         return entry
+    if entry.integrity in BROKEN and found.integrity not in BROKEN:
+        # Read broken now: the check kept for this size and mtime (which can be set back) is of another content.
+        return entry
     return replace(entry, integrity=found.integrity, problem=found.problem or entry.problem, crc_checked=True)
 
 
