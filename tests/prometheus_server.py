@@ -1,6 +1,7 @@
 """A real Prometheus on 127.0.0.1 for the tests (Debian's /usr/bin/prometheus): a temp config and data
 dir, scraping every 500 ms; and the helpers its tests share (a free port, an HTTP page that answers,
-stopping a server process). Used by tests/test_prometheus.py and tests/test_prometheus_cluster.py."""
+stopping a server process, a /metrics page served by a thread). Used by tests/test_prometheus.py,
+tests/test_prometheus_cluster.py and tests/test_prometheus_hostile.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Dict, List, Optional
 
@@ -21,6 +24,34 @@ PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 needs_prometheus = pytest.mark.skipif(
     not os.access(PROMETHEUS, os.X_OK), reason="prometheus not installed (apt-get install prometheus)"
 )
+
+
+class MetricsPage:
+    """One /metrics page (`text`, Prometheus' text format) served on (address, a free port) by a thread here."""
+
+    def __init__(self, address: str, text: str) -> None:
+        body = text.encode("utf-8")
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.address = address
+        self.server = ThreadingHTTPServer((address, 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def answers(url: str) -> bool:

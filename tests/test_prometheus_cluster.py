@@ -18,9 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import threading
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Dict, List
 
@@ -31,7 +29,7 @@ from waiting import wait_for_sync
 from opsconsole.config import SourceConfig
 from opsconsole.model import STATE_DEGRADED, STATE_DOWN, STATE_UP, NodeState
 from opsconsole.sources.prometheus import PrometheusSource
-from tests.prometheus_server import Prometheus, answers, free_port, needs_prometheus, stop_process
+from tests.prometheus_server import MetricsPage, Prometheus, answers, free_port, needs_prometheus, stop_process
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
@@ -65,31 +63,11 @@ MIG_GPU = Gpu(
 )
 
 
-class DcgmPage:
+class DcgmPage(MetricsPage):
     """A dcgm-exporter-format /metrics page served on (address, port) by a thread of this process."""
 
     def __init__(self, address: str, gpus: List[Gpu], hostname: str, hostname_label: str) -> None:
-        body = render_page(gpus, hostname, hostname_label).encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer((address, 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(address, render_page(gpus, hostname, hostname_label))
 
 
 class NodeExporter:

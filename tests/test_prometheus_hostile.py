@@ -9,9 +9,7 @@ frame bad, as it would a node's, while keeping the other node up.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict
 
 import pytest
@@ -21,40 +19,13 @@ from opsconsole.model import BAD_FRAME, STATE_DOWN, STATE_UP, NodeState
 from opsconsole.sanitize import printable_line
 from opsconsole.sources.prometheus import PrometheusSource
 from tests.dcgm_pages import Gpu, render_page
-from tests.prometheus_server import Prometheus, needs_prometheus
+from tests.prometheus_server import MetricsPage, Prometheus, needs_prometheus
 from tests.waiting import wait_for_sync
 
 pytestmark = needs_prometheus
 
 ESCAPES = "\x1b]52;c;aGk=\x07\x1b[31mH200"  # an OSC 52 clipboard write and a colour, in a label
 TOO_LONG = "A" * 5000  # the wire's text limit is 4,096 characters
-
-
-class Page:
-    """One /metrics page served on `address` by a thread of this process."""
-
-    def __init__(self, address: str, text: str) -> None:
-        body = text.encode("utf-8")
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.address = address
-        self.server = ThreadingHTTPServer((address, 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def hostile_page(hostname: str, model: str, nan_temperature: bool = False) -> str:
@@ -71,8 +42,8 @@ def hostile_page(hostname: str, model: str, nan_temperature: bool = False) -> st
 def test_a_hostile_exporters_frame_is_checked_like_a_nodes(tmp_path):
     # Two addresses: targets on one address are taken for one host's exporters.
     pages = [
-        Page("127.0.0.2", hostile_page("gpu-h1", ESCAPES, nan_temperature=True)),
-        Page("127.0.0.3", hostile_page("gpu-h2", TOO_LONG)),
+        MetricsPage("127.0.0.2", hostile_page("gpu-h1", ESCAPES, nan_temperature=True)),
+        MetricsPage("127.0.0.3", hostile_page("gpu-h2", TOO_LONG)),
     ]
     prometheus = None
     try:
