@@ -394,3 +394,25 @@ def test_what_was_read_of_files_changed_moments_ago_is_read_again_at_the_next_re
     settled_reads = fs.reads
     rescan()
     assert fs.reads == settled_reads  # settled: nothing read again
+
+
+def test_every_member_of_a_unit_of_many_shards_is_proved_before_it_counts_as_good(tmp_path):
+    """A checkpoint-N/ of 70 weight shards besides optimizer.pt and scheduler.pt: the member cut short
+    is found wherever it sorts (only the first 64 of the unit's weight and state files were checked)."""
+    import torch as torch_module
+
+    from tests.checkpoint_writers import safetensors_bytes
+
+    for folder in write_hf_layout(tmp_path, steps=(500, 1000), best=500):
+        for number in range(1, 71):
+            shard = {"layer%d.weight" % number: torch_module.full((4,), float(number))}
+            (folder / ("model-%05d-of-00070.safetensors" % number)).write_bytes(
+                safetensors_bytes(shard, {"format": "pt"})
+            )
+    cut_in_half(tmp_path / "checkpoint-1000" / "optimizer.pt")
+    age_tree(tmp_path)
+    entries = by_name(scan(tmp_path))
+    assert entries["checkpoint-1000"].integrity == "truncated" and "optimizer.pt" in entries["checkpoint-1000"].problem
+    assert entries["checkpoint-500"].latest and not entries["checkpoint-1000"].latest
+    # checkpoint-500 is the newest good one: it stays, and the broken one goes (not the other way round).
+    assert doomed(scan(tmp_path), keep=1) == ["checkpoint-1000"]

@@ -144,7 +144,10 @@ def read_file_entry(fs: FileSystem, path: str, item: DirItem, cache: ResultCache
 
 MAX_UNIT_FILES = 10_000  # files listed in one checkpoint directory (members and size)
 MAX_UNIT_DEPTH = 4  # Megatron: iter_N/mp_rank_00/model_optim_rng.pt; FSDP: pytorch_model_fsdp_0/__0_0.distcp
-MAX_CHECKED_FILES = 64  # weight and state files of one unit whose zip directory or header is checked
+# Every weight and state file of a unit is checked (its zip end and directory, or its header): one
+# left unchecked could be the member cut short, and the unit would count as a good one. The walk's
+# bound (MAX_UNIT_FILES) is the bound here too; kept proofs make later listings a stat per file.
+MAX_CHECKED_FILES = MAX_UNIT_FILES
 
 
 def _walk_unit(
