@@ -20,6 +20,7 @@ from typing import List, Optional
 
 from h200_fleet import idle_gpu  # noqa: E402
 from rich.text import Text  # noqa: E402
+from textual.command import CommandPalette
 from textual.widgets import DataTable, Static  # noqa: E402
 from textual.widgets._toast import Toast  # noqa: E402
 from tui_fakes import FROZEN_NOW, FakeFleet, loaded_gpu, node_frame  # noqa: E402
@@ -256,14 +257,16 @@ def cell_texts(table: DataTable) -> List[str]:
 
 
 async def settled(pilot, app) -> None:
-    """Let the first frames and alerts arrive, then clear their toasts (tests that are not about them)."""
-    await pilot.pause(0.2)
+    """Let the first frames and alerts arrive (the hot GPU's alert toast), then clear their toasts
+    (tests that are not about them)."""
+    await wait_for(lambda: list(app.screen.query(Toast)), "the alerts' toasts", pilot=pilot)
     app.clear_notifications()
 
 
 async def press_and_draw(pilot, *keys: str) -> None:
+    """The keys, each handled (Pilot waits for the app to go idle after each), then the screen redrawn."""
     await pilot.press(*keys)
-    await pilot.pause(0.1)
+    await pilot.pause()
 
 
 # --- the plain-text helpers ------------------------------------------------------------------------
@@ -425,13 +428,13 @@ async def test_the_command_palette_takes_keys_from_the_config_as_they_are(tmp_pa
     # A key from [console.keys] is config text; the palette read its help line as markup.
     app = console(tmp_path, '[console.keys]\n"pane.gpus" = "g[/x]"\n"node.trends" = "[bold]"\n')
     async with app.run_test(size=SIZE, notifications=True, tooltips=True) as pilot:
-        await pilot.pause(0.2)
-        app.clear_notifications()
+        await settled(pilot, app)
         await press_and_draw(pilot, "ctrl+p")
-        await pilot.pause(0.3)
+        await wait_for(lambda: isinstance(app.screen, CommandPalette), "the command palette", pilot=pilot)
         assert_drawn(app)
         await press_and_draw(pilot, *"show gpus")
-        await pilot.pause(0.5)
+        # The palette searches in a worker: wait for its hit, then check the whole screen.
+        await wait_for(lambda: "pane.gpus  (g[/x])" in screen_text(app), "the palette's hit", pilot=pilot)
         assert_drawn(app, "pane.gpus  (g[/x])")
         await press_and_draw(pilot, "escape", "question_mark")
         assert_drawn(app, "g[/x]")
