@@ -6,6 +6,7 @@ H200 captures, processes read by the probe's /proc reader at each frame, real ch
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -238,6 +239,20 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
     assert [r["outcome"] for r in audit_records(tmp_path)] == ["cancelled", "attempt", "ok"]
 
 
+def waiting_in(function_name: str) -> bool:
+    """Whether a task of this event loop is suspended inside the coroutine function of that name."""
+    for task in asyncio.all_tasks():
+        coroutine = task.get_coro()
+        while coroutine is not None:
+            code = getattr(coroutine, "cr_code", None) or getattr(coroutine, "gi_code", None)
+            if code is None:
+                break
+            if code.co_name == function_name:
+                return True
+            coroutine = getattr(coroutine, "cr_await", None) or getattr(coroutine, "gi_yieldfrom", None)
+    return False
+
+
 STUBBORN = (
     "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
 )
@@ -263,11 +278,21 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
             await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the SIGINT", pilot=pilot)
             await pilot.press("slash")
             await wait_for(lambda: isinstance(app.focused, Input), "the filter", pilot=pilot)
-            for _ in range(40):  # the escalation's wait passes while the user types
+            # The escalation's wait passes while the user types: type until its question is due and held
+            # back (the flow waits in wait_until_not_typing), then on for 0.5 s of that wait's polls.
+            typed = 0
+            while not waiting_in("wait_until_not_typing"):
+                assert typed < 400, "the escalation's question never came due"
+                await pilot.press("y")
+                await pilot.pause()
+                typed += 1
+                assert not isinstance(app.screen, ConfirmScreen)
+            for _ in range(5):
                 await pilot.press("y")
                 await pilot.pause(0.1)
+                typed += 1
                 assert not isinstance(app.screen, ConfirmScreen)
-            assert app.filter_input.value == "y" * 40
+            assert app.filter_input.value == "y" * typed
             await pilot.press("escape")  # the input closes: now the question may open
             await wait_for(
                 lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the SIGTERM question", pilot=pilot
