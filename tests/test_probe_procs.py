@@ -376,3 +376,34 @@ def test_an_unchanged_idle_process_is_the_same_sample_object(tmp_path):
     samples = [table.sample()[0] for _ in range(5)]
     assert len({(s.start_time, s.cpu_percent, s.state, s.rss_bytes) for s in samples[1:]}) == 1
     assert any(a is b for a, b in zip(samples[1:], samples[2:]))
+
+
+def test_start_times_follow_a_stepped_wall_clock_as_the_signal_check_reckons_them(tmp_path):
+    """A signal is sent only while /proc's start time, reckoned on the node at that moment (now less
+    the uptime), is within 1.5 s of the frame's. The probe reckoned its boot time once: after the node's
+    clock was stepped (NTP at boot, a VM resumed) every start time it reported was off by the step,
+    and every signal to that node was refused. Here the step is the uptime file moving against the
+    clock, which is what the reckoning sees."""
+    from opsconsole.probe.checked_signal import identity_of
+    from opsconsole.probe.proc_read import START_SLACK_S
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    root = fake_proc_root(tmp_path, 1000.0)
+    write_proc_pid(root, 300, "S", starttime=500 * ticks, ticks=10, command=b"python\0train.py\0", uid=os.getuid())
+    began = time.monotonic()
+    table = ProcessTable(use_psutil=False, proc_root=str(root))
+
+    def reported_start() -> float:
+        return next(r for r in table.sample(5) if r.pid == 300).start_time
+
+    def uptime_now(step: float) -> None:  # the node's uptime as time passes; `step`: the clock moved that far
+        (root / "uptime").write_text("%.2f 0.00\n" % (1000.0 + time.monotonic() - began - step))
+
+    before = reported_start()
+    uptime_now(0.0)
+    assert reported_start() == before  # no step: start times stay put between ticks
+    assert abs(before - identity_of(300, str(root))["start_time"]) <= START_SLACK_S
+    uptime_now(30.0)
+    after = reported_start()
+    assert abs(after - identity_of(300, str(root))["start_time"]) <= START_SLACK_S
+    assert after == pytest.approx(before + 30.0, abs=0.5)

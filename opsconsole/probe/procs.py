@@ -37,6 +37,7 @@ MAX_COMMAND_CHARS = 512
 # sends its D-state processes and then the busiest.
 MAX_HOST_PROCESSES = 5000
 PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
+BOOT_STEP_S = 1.0  # a change in (now - uptime) past this is the wall clock stepped, not jitter
 
 
 # --- pure parsers --------------------------------------------------------------
@@ -368,7 +369,7 @@ class ProcessTable:
         )
 
     def _boot_time(self, uptime: float) -> float:
-        """Epoch seconds of the node's boot, taken once: start times computed from it stay put between ticks."""
+        """Epoch seconds of the node's boot, kept between ticks: start times computed from it stay put."""
         if self._booted_at is None:
             self._booted_at = round(time.time() - uptime, 2)
         return self._booted_at
@@ -376,7 +377,14 @@ class ProcessTable:
     # -- /proc path ---------------------------------------------------------------
 
     def _uptime(self) -> float:
-        return float(_read_bytes(self._prefix + "uptime").split()[0])
+        uptime = float(_read_bytes(self._prefix + "uptime").split()[0])
+        # Reckoned again when the wall clock was stepped (NTP at boot, a VM resumed): the signal check
+        # (checked_signal.py) reckons start times with the clock of the moment and refuses a frame's
+        # that are off by more than START_SLACK_S. Jitter (well under BOOT_STEP_S) keeps the old one.
+        reckoned = time.time() - uptime
+        if self._booted_at is None or abs(reckoned - self._booted_at) > BOOT_STEP_S:
+            self._booted_at = round(reckoned, 2)
+        return uptime
 
     def _sample_proc(self) -> Dict[int, Tuple[Optional[float], int, Any, bool]]:
         # The hot loop of the probe (every process, every tick): one open and one read per
