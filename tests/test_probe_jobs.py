@@ -246,9 +246,10 @@ def test_a_job_of_a_real_slurmd_under_proctrack_cgroup_is_attributed(tmp_path):
         subprocess.run(["scancel", job], env=env, timeout=30)
         wait_for_sync(lambda: not Path("/proc/%d" % pid).exists(), "the job to end")
     finally:
+        # One at a time, slurmd first: slurmd's shutdown sends the job's epilog-complete message,
+        # retried for 9 s when slurmctld is stopped alongside it.
         for proc in reversed(procs):
             proc.terminate()
-        for proc in reversed(procs):
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
