@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from opsconsole.checkpoints import proofs as proofs_module
 from opsconsole.checkpoints import scan as scan_module
 from opsconsole.checkpoints import zipmeta
 from opsconsole.checkpoints.access import LOCAL, LocalFileSystem
@@ -204,7 +205,7 @@ def test_a_damaged_or_foreign_store_is_ignored_and_the_files_are_read(kept_units
     elif damage == "not-an-object":
         path.write_text("[1, 2, 3]")
     elif damage == "other-format":
-        path.write_text(text.replace('"format":1', '"format":999'))
+        path.write_text(text.replace('"format":%d' % proofs_module.FORMAT, '"format":999'))
     elif damage == "wrong-types":
         # Every record's integrity a number, its problem a list: each one a miss, never a result.
         import json
@@ -416,3 +417,15 @@ def test_every_member_of_a_unit_of_many_shards_is_proved_before_it_counts_as_goo
     assert entries["checkpoint-500"].latest and not entries["checkpoint-1000"].latest
     # checkpoint-500 is the newest good one: it stays, and the broken one goes (not the other way round).
     assert doomed(scan(tmp_path), keep=1) == ["checkpoint-1000"]
+
+
+@pytest.mark.parametrize("member", ["optimizer.pt", "scheduler.pt"])
+def test_a_member_of_zero_bytes_only_is_corrupt_not_unchecked(tmp_path, member):
+    """What a crash leaves of a file whose data never reached the disk: its size, all zeros. That is
+    no legacy torch.save (a pickle: b'\\x80' first) and no zip; the unit is never the newest good one."""
+    write_hf_layout(tmp_path, steps=(500, 1000), best=500)
+    path = tmp_path / "checkpoint-1000" / member
+    path.write_bytes(bytes(path.stat().st_size))
+    entries = by_name(scan(tmp_path))
+    assert entries["checkpoint-1000"].integrity == "corrupt" and member in entries["checkpoint-1000"].problem
+    assert entries["checkpoint-500"].latest and not entries["checkpoint-1000"].latest

@@ -36,7 +36,9 @@ import orjson
 
 from opsconsole.checkpoints.records import INTEGRITIES, INTEGRITY_UNCHECKED, CheckpointMeta, StateDictSummary
 
-FORMAT = 1  # bumped whenever what a check proves changes: older stores are then ignored whole
+# Bumped whenever what a check proves changes: older stores are then ignored whole.
+# 2: every weight and state file of a unit checked (not the first 64); a zip-less file of zeros corrupt.
+FORMAT = 2
 RACY_S = 3.0  # a file's ctime must be this much older than its proof (coarse timestamps: FAT 2 s, ext3 1 s)
 MAX_STORE_BYTES = 16 * 1024 * 1024
 MAX_RECORDS = 50_000  # files in one store (one listed directory)

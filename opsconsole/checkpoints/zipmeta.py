@@ -199,6 +199,7 @@ def directory_reader(size: int, tail_bytes: int = TAIL_BYTES) -> Generator[ReadR
 
 
 CHECK_TAIL_BYTES = 8 * 1024  # the end record and a checkpoint's small directory, usually in one read
+ZEROS_HEAD = 512  # a file not a zip whose first bytes (up to this many) are all zero is corrupt
 NOT_A_ZIP = "not a zip archive (a legacy torch.save, or another format): its end is not checked"
 
 
@@ -222,10 +223,14 @@ def directory_check_reader(size: int) -> Generator[ReadRequest, bytes, Tuple[str
         tail = yield (tail_start, size - tail_start)
         eocd_at = _find_eocd(tail, size - tail_start)
     if eocd_at is None:
-        head = tail[:4] if tail_start == 0 else (yield (0, 4))
-        if head != SIG_LOCAL:
-            return INTEGRITY_UNCHECKED, NOT_A_ZIP
-        return INTEGRITY_TRUNCATED, "no zip end record: the file is cut short"
+        head = tail[:ZEROS_HEAD] if tail_start == 0 else (yield (0, min(size, ZEROS_HEAD)))
+        if head[:4] == SIG_LOCAL:
+            return INTEGRITY_TRUNCATED, "no zip end record: the file is cut short"
+        if not head.strip(b"\0"):
+            # What a crash leaves of a file whose data never reached the disk: its size, zeros.
+            # No legacy torch.save (a pickle, b"\x80" first) or other format starts so.
+            return INTEGRITY_CORRUPT, "no zip, and its first %d bytes are all zero (data lost in a crash?)" % len(head)
+        return INTEGRITY_UNCHECKED, NOT_A_ZIP
     _, disk, _, _, count, cd_size, cd_offset, _ = EOCD.unpack_from(tail, eocd_at)
     if count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF or disk != 0:
         try:
