@@ -49,7 +49,16 @@ def fixtures_dir() -> Path:
 
 # Tests that train or launch with the real training libraries (Lightning, Hugging Face, accelerate, DCP,
 # torchrun): marked `libraries`, so scripts/test runs and times them apart from the rest of the suite.
-LIBRARY_FIXTURES = {"lightning_run", "hf_run", "accelerate_run", "dcp_run", "demo_run", "hung_job", "gloo_dumps"}
+LIBRARY_FIXTURES = {
+    "lightning_run",
+    "hf_run",
+    "accelerate_run",
+    "dcp_run",
+    "demo_run",
+    "hung_job",
+    "gloo_dumps",
+    "hung_gloo_job",  # test_flight_recorder's live 2-rank torchrun job
+}
 LIBRARY_FILES = {"test_checkpoints_libraries.py", "test_diagnosis_torchrun.py"}
 
 

@@ -64,6 +64,7 @@ async def test_the_console_on_the_demo_shows_the_nan_finding_checkpoints_and_the
         assert app.fleet.states()[replay].frame.gpus[0].name == "NVIDIA H200"
 
 
+@pytest.mark.libraries  # the demo's real torch training run, as demo_run's (tests/conftest.py)
 def test_demo_without_the_console_runs_to_its_failure_and_says_where_the_files_are(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "opsconsole", "demo", "--dir", str(tmp_path), "--no-console", "--fail-at-epoch", "2"],

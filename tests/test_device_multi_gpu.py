@@ -31,6 +31,7 @@ RUNS = ROOT / "tests" / "data" / "device_runs"
 PY_SPY = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
 
 
+@pytest.mark.libraries  # a real 2-rank torchrun job on gloo, as hung_job's (tests/conftest.py)
 def test_the_hang_on_gloo_is_named_by_stacks_and_fr(tmp_path):
     pytest.importorskip("torch")
     if not os.path.exists(PY_SPY):
