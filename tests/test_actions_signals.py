@@ -449,3 +449,37 @@ def test_the_signal_step_answers_a_request_of_wrong_types_without_a_traceback(ca
             assert checked_signal.main([json.dumps(request)]) == checked_signal.EXIT_BAD_REQUEST, odd
             assert json.loads(capsys.readouterr().out)["error"].startswith("bad request"), odd
         assert sleeper.poll() is None
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "",  # nothing at all
+        "signalled\n",  # not JSON
+        '{"signalled": "yes", "pid": PID}\n',  # truthy, not true
+        '{"signalled": 1, "pid": PID}\n',
+        '{"pid": PID, "refused": null, "error": null}\n',  # no outcome
+        '{"signalled": true, "pid": PID\n',  # cut short
+        "[true]\n",
+    ],
+)
+async def test_a_missing_or_garbled_answer_from_the_node_is_never_a_signal_sent(sshd_factory, tmp_path, answer):
+    """A node whose signal step answers nothing usable (here its configured python is a script that
+    prints the answer under test and exits 0): the result is not ok, whatever the exit status."""
+    from opsconsole.actions.signals import ProcessIdentity
+
+    with started(["sleep", "30"]) as sleeper:
+        step = tmp_path / "step.sh"
+        step.write_text("cat >/dev/null\nprintf '%s' '" + answer.replace("PID", str(sleeper.pid)) + "'\nexit 0\n")
+        server = sshd_factory.start()
+        link = SshLink(
+            NodeConfig(name="n1", host=server.address, port=server.port, python="/bin/sh %s" % step), FAST, 0.3
+        )
+        try:
+            identity = ProcessIdentity(sleeper.pid, time.time(), "sleep")
+            result = await deliver_signal("KILL", sleeper.pid, link, 10, identity)
+        finally:
+            await link.close()
+        assert not result.ok and ("did not answer" in result.error or "gave no outcome" in result.error), result
+        assert sleeper.poll() is None
