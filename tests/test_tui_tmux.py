@@ -22,6 +22,7 @@ pytestmark = [
 REPO = Path(__file__).resolve().parent.parent
 WIDTH, HEIGHT = 140, 45
 WAIT_S = 15.0
+POLL_S = 0.05  # how often a wait reads the screen again (capture-pane takes a few ms)
 
 
 class Tmux:
@@ -53,7 +54,7 @@ class Tmux:
             screen = self.screen()
             if all(needle in screen for needle in needles):
                 return screen
-            time.sleep(0.2)
+            time.sleep(POLL_S)
         raise AssertionError("never saw %r on the screen; last screen:\n%s" % (needles, screen))
 
     def wait_gone(self, timeout: float = WAIT_S) -> bool:
@@ -61,7 +62,7 @@ class Tmux:
         while time.monotonic() < deadline:
             if not self.alive():
                 return True
-            time.sleep(0.2)
+            time.sleep(POLL_S)
         return False
 
     def kill(self) -> None:
@@ -153,7 +154,7 @@ def wait_for_filter(tmux: Tmux, wanted: str) -> str:
         screen = tmux.screen()
         if filter_text(screen) == wanted:
             return screen
-        time.sleep(0.2)
+        time.sleep(POLL_S)
     raise AssertionError("the filter never held %r; last screen:\n%s" % (wanted, tmux.screen()))
 
 
@@ -172,7 +173,7 @@ def show_host_processes_only(tmux: Tmux) -> None:
         tmux.keys("v")
         deadline = time.monotonic() + WAIT_S
         while view() == shown and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(POLL_S)
     raise AssertionError("the host view never showed; last screen:\n%s" % tmux.screen())
 
 
@@ -196,14 +197,14 @@ def test_keys_typed_in_a_burst_never_signal_a_process(tmux, tmp_path):
             The filter opens with its text selected: what is typed replaces it."""
             deadline = time.monotonic() + WAIT_S
             while not filter_closed(tmux.screen()) and time.monotonic() < deadline:
-                time.sleep(0.2)  # keys typed before the filter closed are the filter's: wait
+                time.sleep(POLL_S)  # keys typed before the filter closed are the filter's: wait
             tmux.keys("/")
             while filter_closed(tmux.screen()) and time.monotonic() < deadline + WAIT_S:
-                time.sleep(0.2)
+                time.sleep(POLL_S)
             tmux.keys(marker, "Enter")
             deadline = time.monotonic() + WAIT_S
             while "1 host processes" not in tmux.screen() and time.monotonic() < deadline:
-                time.sleep(0.2)
+                time.sleep(POLL_S)
             assert "1 host processes" in tmux.screen() and pid in tmux.screen(), tmux.screen()
 
         only_ours()
@@ -255,12 +256,12 @@ def test_pick_a_sleeping_host_process_by_keyboard_after_a_filter(tmux, tmp_path)
         tmux.keys("/")
         deadline = time.monotonic() + WAIT_S
         while filter_closed(tmux.screen()) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(POLL_S)
         tmux.keys(marker, "Enter")
         tmux.wait_for("1 host processes", str(sleeper.pid))  # the filter applies as it is typed
         deadline = time.monotonic() + WAIT_S
         while not filter_closed(tmux.screen()) and time.monotonic() < deadline:
-            time.sleep(0.2)  # enter closes it: the keys are the pane's again
+            time.sleep(POLL_S)  # enter closes it: the keys are the pane's again
         assert filter_closed(tmux.screen()), tmux.screen()
         for _ in range(10):  # a few frames: the sleeping process stays listed
             time.sleep(0.3)
@@ -271,14 +272,14 @@ def test_pick_a_sleeping_host_process_by_keyboard_after_a_filter(tmux, tmp_path)
         tmux.keys("Escape")
         deadline = time.monotonic() + WAIT_S
         while "RANK=5" in tmux.screen() and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(POLL_S)
         tmux.keys("x")  # SIGTERM's question names the highlighted pid: ours
         tmux.wait_for(CONFIRMATION, "kill -s TERM -- %d" % sleeper.pid)
         time.sleep(1.0)  # keys in the question's first 0.5 s are dropped (ConfirmScreen.ARM_DELAY_S)
         tmux.keys("Escape")
         deadline = time.monotonic() + WAIT_S
         while CONFIRMATION in tmux.screen() and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(POLL_S)
         assert sleeper.poll() is None and CONFIRMATION not in tmux.screen()
         tmux.keys("q")
         assert tmux.wait_gone()
