@@ -123,7 +123,7 @@ async def open_logs(pilot, pane: LogsPane, count: int) -> None:
     await pilot.press("6")
     await wait_for(lambda: pane.app.visible_pane_id == "logs", "itself (key 6)", pilot=pilot)
     await wait_for(lambda: len(pane.view.entries) >= count, "%d lines" % count, pilot=pilot)
-    await pilot.pause(0.1)
+    await pilot.pause()
 
 
 # --- following ----------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ async def test_lines_written_by_another_process_appear_labelled(tmp_path):
         write_lines(rank1, [record(3, "INFO", "step 1 loss 2.31")])
         write_lines(rank0, [record(4, "INFO", "step 1 loss 2.30")])
         await wait_for(lambda: len(pane.view.entries) == 4, "the two new lines", pilot=pilot)
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert [t.split(" - ")[-1] for t in shown_texts(pane)] == [
             "Training started on gpu01",
             "Training started on gpu02",
@@ -165,16 +165,16 @@ async def test_scrolling_up_stops_following_and_counts_new_lines(tmp_path):
         assert "step 119 " in screen_rows(pane)[-1]  # following: the last line is at the bottom
         pane.lines.focus()
         await pilot.press("pageup")
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert not pane.view.following
         top_before = pane.lines.top_entry()
         write_lines(rank0, [record(200 + n, "INFO", "late %d" % n) for n in range(5)])
         await wait_for(lambda: pane.view.new_lines == 5, "5 new lines counted", pilot=pilot)
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert "5 new lines" in status_text(pane) and "paused" in status_text(pane)
         assert pane.lines.top_entry() is top_before  # the user's place stays put
         await pilot.press("end")
-        await pilot.pause(0.2)
+        await pilot.pause()
         assert pane.view.following and pane.view.new_lines == 0
         assert "late 4" in screen_rows(pane)[-1]
         write_lines(rank0, [record(300, "INFO", "after resume")])
@@ -193,15 +193,15 @@ async def test_search_filters_and_a_bad_regex_is_a_message(tmp_path):
         pane = pane_of(app)
         await open_logs(pilot, pane, 30)
         await pilot.press("slash", *"3\\.5", "enter")
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert len(shown_texts(pane)) == 10 and all("loss 3.5" in t for t in shown_texts(pane))
         assert all("loss 3.5" in row for row in screen_rows(pane) if row.strip())
         assert "10 of 30 lines" in status_text(pane)
         await pilot.press("slash", "ctrl+u", "[", "enter")
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert "invalid regex" in status_text(pane) and shown_texts(pane) == []
         await pilot.press("slash", "escape")
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert len(shown_texts(pane)) == 30
 
 
@@ -221,20 +221,20 @@ async def test_n_and_N_go_to_errors_and_l_filters_levels(tmp_path):
         await open_logs(pilot, pane, 60)
         pane.lines.focus()
         await pilot.press("N")  # from the bottom of the screen: the latest error first
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert pane.lines.cursor is not None and pane.lines.cursor.text.endswith("second failure")
         assert not pane.view.following
         await pilot.press("N")
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert pane.lines.cursor.text.endswith("first failure")
         await pilot.press("n")
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert pane.lines.cursor.text.endswith("second failure")
         await pilot.press("l")  # >= WARNING
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert [t.split(" - ")[-1] for t in shown_texts(pane)] == ["first failure", "slow step", "second failure"]
         await pilot.press("l")  # >= ERROR
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert [t.split(" - ")[-1] for t in shown_texts(pane)] == ["first failure", "second failure"]
         assert "level ≥ ERROR" in status_text(pane)
 
@@ -254,7 +254,7 @@ async def test_a_finding_is_listed_and_enter_jumps_to_its_line(tmp_path):
         write_lines(rank1, [record(201, "ERROR", "step 201 failed")] + OOM_TRACEBACK)
         write_lines(rank1, [record(202 + n, "INFO", "cleanup %d" % n) for n in range(60)])
         await wait_for(lambda: pane.findings.table.row_count > 0, "a finding", pilot=pilot)
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert "cuda_oom" in [summary.category for summary in pane.findings.summaries]
         row = {key: cell.plain for (key, _, _), cell in zip(COLUMNS, pane.findings.table.get_row("cuda_oom"))}
         assert row["category"] == "cuda_oom" and row["severity"] == "critical"
@@ -265,12 +265,12 @@ async def test_a_finding_is_listed_and_enter_jumps_to_its_line(tmp_path):
         assert marked and any("CUDA out of memory" in e.text for e in marked)
         pane.lines.focus()
         await pilot.press("F")
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert pane.findings.table.has_focus
         cursor_row = pane.findings.table.get_row_index("cuda_oom")
         pane.findings.table.move_cursor(row=cursor_row)
         await pilot.press("enter")
-        await pilot.pause(0.2)
+        await pilot.pause()
         cursor = pane.lines.cursor
         assert cursor is not None and cursor.finding is not None and cursor.finding.category == "cuda_oom"
         assert pane.lines.has_focus and not pane.view.following
@@ -294,7 +294,7 @@ async def test_binary_bytes_show_as_replacement_characters_and_a_10_mb_line_is_c
             + b"\n",
         )
         await wait_for(lambda: len(pane.view.entries) == 4, "the binary line, the long one and the next", pilot=pilot)
-        await pilot.pause(0.1)
+        await pilot.pause()
         rows = [row for row in screen_rows(pane) if row.strip()]
         assert len(rows) == 4 and rows[-1].rstrip().endswith("after the long one")
         binary = rows[1]
@@ -306,7 +306,7 @@ async def test_binary_bytes_show_as_replacement_characters_and_a_10_mb_line_is_c
         assert rows[2].split()[0] == "gpu01:rank0" and "xxxxxxxx" in rows[2]
         pane.lines.focus()
         await pilot.press("up", "end")  # the view scrolls over it, and back to following
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert pane.view.following
 
 
@@ -324,7 +324,7 @@ async def test_v_shows_one_source_and_back_to_the_merge(tmp_path):
         await open_logs(pilot, pane, 20)
         pane.lines.focus()
         await pilot.press("v")
-        await pilot.pause(0.1)
+        await pilot.pause()
         from opsconsole.tui.logs import SourceScreen
 
         assert isinstance(app.screen, SourceScreen)
@@ -332,7 +332,7 @@ async def test_v_shows_one_source_and_back_to_the_merge(tmp_path):
         assert keys[0] == "" and len(keys) == 3
         wanted = next(key for key in keys[1:] if key.endswith(rank1.name))
         await pilot.press(*["down"] * keys.index(wanted), "enter")
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert not isinstance(app.screen, SourceScreen)
         assert {t.split(" - ")[-1].split()[0] for t in shown_texts(pane)} == {"rank1"}
         assert "only gpu02:rank1" in status_text(pane)
@@ -341,13 +341,13 @@ async def test_v_shows_one_source_and_back_to_the_merge(tmp_path):
         await wait_for(lambda: len(pane.view.entries) == 22, "both late lines", pilot=pilot)
         assert shown_texts(pane)[-1].endswith("rank1 late") and len(shown_texts(pane)) == 11
         await pilot.press("v", "home", "enter")
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert len(shown_texts(pane)) == 22 and "merged" in status_text(pane)
         await pilot.press("right_square_bracket")  # ] steps to the first source alone
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert len(shown_texts(pane)) == 11 and pane.view.source == keys[1]
         await pilot.press("left_square_bracket")  # [ steps back to the merge
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert pane.view.source is None and len(shown_texts(pane)) == 22
 
 
@@ -365,7 +365,7 @@ async def test_pane_keys_are_in_the_registry_and_can_be_remapped(tmp_path):
             assert binding_id in rows
         pane.lines.focus()
         await pilot.press("home", "j")
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert pane.lines.cursor is not None and pane.lines.cursor.text.endswith("broken")
 
 
@@ -374,11 +374,11 @@ async def test_without_log_paths_the_pane_says_how_to_add_them():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("6")
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert app.log_feed is None
         assert "no [logs] paths" in status_text(pane_of(app))
         await pilot.press("n", "N", "l", "f")  # keys on an empty pane do nothing harmful
-        await pilot.pause(0.1)
+        await pilot.pause()
         assert len(pane_of(app).view) == 0
 
 
@@ -397,7 +397,7 @@ async def test_sources_of_a_node_that_is_down_are_shown_as_such():
         pane.add_lines([LogLine(source, 1, 0, record(1, "INFO", "step 1"), time=1.0, level="INFO", rank=8)], [None])
         await wait_for(lambda: len(pane.view.entries) == 1, "the remote line", pilot=pilot)
         app.redraw()
-        await pilot.pause(0.1)
+        await pilot.pause()
         problems = str(pane.problems_box.render())
         assert "gpu-a03: node down: connection refused (127.0.0.1:2222)" in problems
         assert pane.problems_box.display
@@ -418,7 +418,7 @@ async def test_scrolling_to_the_top_loads_older_lines_and_following_reloads_a_dr
         pane.lines.focus()
         await pilot.press("home")  # loads older lines and shows the first of them
         await wait_for(lambda: pane.view.entries[0].line.number < first, "older lines", pilot=pilot)
-        await pilot.pause(0.1)
+        await pilot.pause()
         numbers = [entry.line.number for entry in pane.view.entries]
         assert numbers == list(range(numbers[0], TOTAL + 1))  # contiguous: nothing lost, nothing twice
         assert not pane.view.following and "paused" in status_text(pane)
@@ -427,7 +427,7 @@ async def test_scrolling_to_the_top_loads_older_lines_and_following_reloads_a_dr
         if second > 1:
             await pilot.press("up")  # up at the top: more older lines, above the user's place
             await wait_for(lambda: pane.view.entries[0].line.number < second, "more older lines", pilot=pilot)
-            await pilot.pause(0.1)
+            await pilot.pause()
             assert pane.lines.top_entry().line.number == second
             numbers = [entry.line.number for entry in pane.view.entries]
             assert numbers == list(range(numbers[0], TOTAL + 1))
@@ -442,7 +442,7 @@ async def test_scrolling_to_the_top_loads_older_lines_and_following_reloads_a_dr
         await wait_for(lambda: pane.view.new_lines == 3, "3 new lines counted", pilot=pilot)
         await pilot.press("end")
         await wait_for(lambda: not pane.view.tail_dropped and pane.view.following, "the tail reloaded", pilot=pilot)
-        await pilot.pause(0.1)
+        await pilot.pause()
         offsets = [entry.line.offset for entry in pane.view.entries]
         assert offsets == sorted(set(offsets))  # in file order, none twice
         texts = [entry.text.split(" - ")[-1] for entry in pane.view.entries]
