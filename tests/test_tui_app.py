@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 from textual.command import CommandPalette
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable, Input, OptionList
 from tui_fakes import (  # noqa: E402
     FROZEN_NOW,
     FakeFleet,
@@ -249,6 +249,16 @@ async def test_drill_down_from_nodes_and_escape_back():
         assert app.visible_pane_id == "nodes"
 
 
+def palette_top_hit(app: OpsConsole) -> str:
+    """The command palette's highlighted hit (its first line), "" while there is none."""
+    if not CommandPalette.is_open(app):
+        return ""
+    options = app.screen.query(OptionList)
+    if not options or options.first().highlighted is None:
+        return ""
+    return str(options.first().get_option_at_index(options.first().highlighted).prompt).split("\n")[0]
+
+
 async def test_command_palette_runs_a_binding_and_lists_themes():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
@@ -257,13 +267,14 @@ async def test_command_palette_runs_a_binding_and_lists_themes():
         await pilot.pause()
         assert CommandPalette.is_open(app)
         await pilot.press(*"Show Host")
-        await pilot.pause(0.5)
+        # The palette searches as it is typed: enter once the Host pane's command is the highlighted hit.
+        await wait_for(lambda: "Host" in palette_top_hit(app), "the Host command on top", pilot=pilot)
         await pilot.press("enter")
         await wait_for(lambda: app.visible_pane_id == "host", "the palette to show the Host pane", pilot=pilot)
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*"Theme: opsconsole-high")
-        await pilot.pause(0.5)
+        await wait_for(lambda: "opsconsole-high-contrast" in palette_top_hit(app), "the theme on top", pilot=pilot)
         await pilot.press("enter")
         await wait_for(lambda: app.theme == "opsconsole-high-contrast", "the palette to switch the theme", pilot=pilot)
 

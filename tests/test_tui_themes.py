@@ -43,17 +43,29 @@ def palette_names(app: OpsConsole):
     return sorted(str(options.get_option_at_index(i).prompt).split("\n")[0] for i in range(options.option_count))
 
 
+def top_hit(app: OpsConsole):
+    """The palette's highlighted hit (its first line), None while there is none."""
+    if not CommandPalette.is_open(app):
+        return None
+    options = app.screen.query(OptionList)
+    if not options or options.first().highlighted is None:
+        return None
+    option = options.first().get_option_at_index(options.first().highlighted)
+    return str(option.prompt).split("\n")[0]
+
+
 async def test_ctrl_t_lists_our_themes_only_and_the_pick_is_kept_for_the_next_start(homes):
     app = console()
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.pause()
         assert sorted(app.available_themes) == SHIPPED and not set(BUILTIN_THEMES) & set(app.available_themes)
         await pilot.press("ctrl+t")
-        await pilot.pause(0.5)
+        await wait_for(lambda: top_hit(app) and palette_names(app) == SHIPPED, "the palette's whole list", pilot=pilot)
         assert CommandPalette.is_open(app)
         assert palette_names(app) == SHIPPED  # Textual's 24 themes listed here before
         await pilot.press(*"light")
-        await pilot.pause(0.5)
+        # The palette searches as it is typed: enter once the typed name is the highlighted hit.
+        await wait_for(lambda: top_hit(app) == "opsconsole-light", "the light theme on top", pilot=pilot)
         await pilot.press("enter")
         await wait_for(lambda: app.theme == "opsconsole-light", "the picked theme", pilot=pilot)
     assert saved_theme_path().read_text() == "opsconsole-light\n"
