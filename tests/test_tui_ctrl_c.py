@@ -6,6 +6,7 @@ from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states
 
 from opsconsole.config import Config, ConsoleConfig
 from opsconsole.tui.app import OpsConsole
+from tests.waiting import wait_for
 
 
 def screen_text(app: OpsConsole) -> str:
@@ -26,7 +27,7 @@ async def test_ctrl_c_names_the_quit_keys_without_markup_tags():
     app = OpsConsole(Config(), FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
     async with app.run_test(size=(140, 40), notifications=True) as pilot:
         await pilot.press("ctrl+c")
-        await pilot.pause(0.3)
+        await wait_for(lambda: list(app._notifications), "the notification", pilot=pilot)
         [toast] = list(app._notifications)
         assert toast.message == "press q or ctrl+q to quit"
         text = await drawn(pilot, app, "press q or ctrl+q to quit")
@@ -39,5 +40,5 @@ async def test_ctrl_c_follows_a_remapped_quit_key():
     app = OpsConsole(config, FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
     async with app.run_test(size=(140, 40), notifications=True) as pilot:
         await pilot.press("ctrl+c")
-        await pilot.pause(0.3)
+        await wait_for(lambda: list(app._notifications), "the notification", pilot=pilot)
         assert [n.message for n in app._notifications] == ["press x or ctrl+q to quit"]

@@ -7,6 +7,7 @@ from tui_fakes import FROZEN_NOW, FakeFleet, down_state, idle_gpu, up_state
 from opsconsole.config import Config
 from opsconsole.model import NodeState
 from opsconsole.tui.app import OpsConsole
+from tests.waiting import wait_for
 
 
 def header_lines(app: OpsConsole):
@@ -21,11 +22,11 @@ async def test_a_node_without_a_first_frame_is_connecting_then_up_then_down():
         totals = header_lines(app)[1]
         assert "up 0  connecting 1  down 0" in totals, totals
         fleet.publish(up_state("gpu01", [idle_gpu(0)]))
-        await pilot.pause(0.2)
+        await wait_for(lambda: "up 1" in header_lines(app)[1], "the header to count the frame", pilot=pilot)
         totals = header_lines(app)[1]
         assert "up 1  down 0" in totals and "connecting" not in totals, totals
         # Gone after a frame: down, not connecting (its reconnection is a down node's).
         fleet.publish(down_state("gpu01", [idle_gpu(0)]))
-        await pilot.pause(0.2)
+        await wait_for(lambda: "down 1" in header_lines(app)[1], "the header to count the node down", pilot=pilot)
         totals = header_lines(app)[1]
         assert "up 0  down 1" in totals and "connecting" not in totals, totals
