@@ -76,7 +76,7 @@ async def test_acknowledged_and_silenced_alerts_are_listed_but_not_announced_aga
         await pilot.pause()
         assert "alerts 1" in str(app.header.render())
         await pilot.press("a")
-        await pilot.pause(0.2)
+        await pilot.pause()
         assert "alerts 0" in str(app.header.render())
         assert "firing · ack" in row_texts(app)[0]
         assert "1 acknowledged" in str(app.panes["alerts"].status.render())
@@ -86,16 +86,16 @@ async def test_acknowledged_and_silenced_alerts_are_listed_but_not_announced_aga
         assert [r.split(" | ")[1] for r in row_texts(app)[:3]] == ["firing · ack", "resolved · ack", "firing · ack"]
 
         await pilot.press("a")  # taken back
-        await pilot.pause(0.2)
+        await pilot.pause()
         assert "alerts 1" in str(app.header.render())
         await pilot.press("z")  # silenced 15 minutes
-        await pilot.pause(0.2)
+        await pilot.pause()
         assert "silenced 15m" in row_texts(app)[0] and "alerts 0" in str(app.header.render())
         assert any("silenced for 15m" in n.message for n in app._notifications)
         await flap()
         assert len(alert_toasts(app)) == 1
         await pilot.press("z")  # longer: 1 h
-        await pilot.pause(0.2)
+        await pilot.pause()
         assert "silenced 1h" in row_texts(app)[0]
 
         clock[0] += 3601  # the silence runs out: the next firing is announced
