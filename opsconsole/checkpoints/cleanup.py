@@ -156,16 +156,22 @@ class UnitPin:
     path: str
     members: Tuple[str, ...]
     records: Tuple[Tuple[Any, ...], ...]
+    label: str = ""  # on a kept unit that vouches for the deletions: what it is, in words
 
 
 @dataclass(frozen=True)
 class RootPin:
-    """The directory the plan was made for (st_dev, st_ino of its O_NOFOLLOW descriptor) and its pinned units."""
+    """The directory the plan was made for (st_dev, st_ino of its O_NOFOLLOW descriptor) and its pinned units.
+
+    `kept`: the kept units that justify the deletions (PlanItem.vouches), as judged: if one of
+    them changed or is gone when the plan runs, nothing is deleted.
+    """
 
     root: str
     dev: int
     ino: int
     units: Tuple[UnitPin, ...] = ()
+    kept: Tuple[UnitPin, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -241,8 +247,12 @@ def pin_plan(plan: RetentionPlan, fs: FileSystem = LOCAL) -> PinnedPlan:
     warnings = list(plan.warnings)
     if not doomed:
         return PinnedPlan(**base)
+    doomed_series = {item.series for item in doomed}
+    vouchers = [
+        item for item in plan.items if not item.delete and item.vouches and item.judged and item.series in doomed_series
+    ]
     try:
-        answer = fs.pin_units(plan.root, [list(unit_members(item)) for item in doomed])
+        answer = fs.pin_units(plan.root, [list(unit_members(item)) for item in doomed + vouchers])
     except OSError as exc:
         answer = {"problem": "cannot pin the directory: %s" % (exc.strerror or exc)}
     root_id = answer.get("root_id") if isinstance(answer, dict) else None
@@ -252,7 +262,7 @@ def pin_plan(plan: RetentionPlan, fs: FileSystem = LOCAL) -> PinnedPlan:
         or len(root_id) != 2
         or not all(isinstance(n, int) for n in root_id)
         or not isinstance(units, list)
-        or len(units) != len(doomed)
+        or len(units) != len(doomed) + len(vouchers)
     ):
         why = str(
             answer.get("problem")
@@ -263,6 +273,21 @@ def pin_plan(plan: RetentionPlan, fs: FileSystem = LOCAL) -> PinnedPlan:
         items = tuple(_kept(item, why) if item.delete else item for item in plan.items)
         base.update(items=items, warnings=tuple(warnings))
         return PinnedPlan(**base)
+    kept: List[UnitPin] = []
+    for item, unit in zip(vouchers, units[len(doomed) :]):
+        records = _valid_records(unit.get("tree")) if isinstance(unit, dict) else None
+        if records is None:
+            problem = unit.get("problem") if isinstance(unit, dict) else None
+            why = "%s %s could not be pinned (%s): nothing deleted" % (
+                item.vouches,
+                item.name,
+                str(problem or "no answer")[:300],
+            )
+            warnings.append(why)
+            items = tuple(_kept(entry, why) if entry.delete else entry for entry in plan.items)
+            base.update(items=items, warnings=tuple(warnings))
+            return PinnedPlan(**base)
+        kept.append(UnitPin(item.path, unit_members(item), _as_judged(records, item.judged), item.vouches))
     pins: List[UnitPin] = []
     verdicts: Dict[int, str] = {}
     for item, unit in zip(doomed, units):
@@ -278,7 +303,7 @@ def pin_plan(plan: RetentionPlan, fs: FileSystem = LOCAL) -> PinnedPlan:
         pins.append(UnitPin(item.path, unit_members(item), _as_judged(records, judged)))
     items = tuple(_kept(item, verdicts[id(item)]) if id(item) in verdicts else item for item in plan.items)
     base.update(items=items, warnings=tuple(warnings))
-    return PinnedPlan(**base, pin=RootPin(plan.root, root_id[0], root_id[1], tuple(pins)))
+    return PinnedPlan(**base, pin=RootPin(plan.root, root_id[0], root_id[1], tuple(pins), tuple(kept)))
 
 
 # --- execution ----------------------------------------------------------------------------------------
@@ -350,7 +375,11 @@ def execute_plan(
         session = fs.open_pinned(
             root,
             [pin.dev, pin.ino],
-            [{"members": list(u.members), "tree": [list(r) for r in u.records]} for u in pinned_units],
+            [{"members": list(u.members), "tree": [list(r) for r in u.records]} for u in pinned_units]
+            + [
+                {"members": list(u.members), "tree": [list(r) for r in u.records], "kept": u.label or "a kept unit"}
+                for u in getattr(pin, "kept", ())
+            ],
         )
     except OSError as exc:
         return refuse(

@@ -124,7 +124,7 @@ class CheckpointEntry:
     # the listed root, st_dev, st_ino, size, mtime_ns); device and inode -1 where the file system
     # gives none (SFTP v3, whose mtime is whole seconds). Cleanup deletes a unit only while its
     # files are still these (cleanup.py); () for a unit whose files were not all judged.
-    judged: Tuple[Tuple[str, int, int, int, int], ...] = ()
+    judged: Tuple[Tuple[Any, ...], ...] = ()
 
     @property
     def key(self) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import Collection, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from opsconsole.checkpoints.records import BROKEN, FORMAT_LINK, CheckpointEntry
 from opsconsole.checkpoints.scan import natural_key
@@ -45,7 +45,11 @@ class PlanItem:
     unit: str = ""
     series: Optional[str] = None  # None: not managed (never deleted)
     members: Tuple[str, ...] = ()  # the unit's files/dirs relative to the plan's root; default: path's name
-    judged: Tuple[Tuple[str, int, int, int, int], ...] = ()  # CheckpointEntry.judged: what the verdict was made from
+    judged: Tuple[Tuple[Any, ...], ...] = ()  # CheckpointEntry.judged: what the verdict was made from
+    # Non-empty on a kept unit that justifies deleting older ones of its series (one of the newest
+    # `keep` good ones, or what the library recorded: best, top-k, latest), in words ("the newest
+    # kept checkpoint"): the deleter re-checks it is still as judged before anything goes.
+    vouches: str = ""
 
     def __post_init__(self) -> None:
         if not self.members:
@@ -205,6 +209,12 @@ def plan_retention(
                 reasons = ["older than the newest %d of %s" % (keep, entry.series)]
         elif entry.path in broken:
             reasons.append(broken[entry.path])
+        vouches = ""
+        if not delete and _candidate(entry) and entry.judged and entry.path not in broken and not entry.unreadable:
+            if entry.path in newest:
+                vouches = "the newest kept checkpoint"
+            elif _recorded(entry):
+                vouches = "the kept %s checkpoint" % "/".join(_recorded(entry))
         items.append(
             PlanItem(
                 entry.path,
@@ -219,6 +229,7 @@ def plan_retention(
                 unit=entry.unit,
                 series=entry.series,
                 judged=entry.judged,
+                vouches=vouches,
             )
         )
     return RetentionPlan(root=root, node=node, keep=keep, min_age=min_age, items=tuple(items), warnings=tuple(warnings))

@@ -483,7 +483,11 @@ class PinnedRoot(object):
 
     def __init__(self, root, root_id, units, exclude_pid=None, check_in_use=True):
         self.root = root
-        self.units = units  # [{"members": [...], "tree": [...]}]
+        # [{"members": [...], "tree": [...]}]; those marked "kept" (what they are, in words) are the
+        # kept units that justify the deletions: never deleted, and while one of them is not as
+        # judged nothing is (the doomed units keep their indexes: kept ones come after them).
+        self.units = [u for u in units if not (isinstance(u, dict) and u.get("kept"))]
+        self.kept = [u for u in units if isinstance(u, dict) and u.get("kept")]
         self.fd = None
         self.refused = None
         self.in_use = InUse()
@@ -503,8 +507,33 @@ class PinnedRoot(object):
             return
         self.fd = fd
         self.real_root = real_path_of(fd, root)
+        why = self._kept_changed()
+        if why:
+            self.close()
+            self.refused = why
+            return
         if check_in_use:
             self.in_use = scan_in_use(self.real_root, exclude_pid)
+
+    def _kept_changed(self, outcome="nothing deleted"):
+        """None while every kept unit that vouches for the deletions is as judged, else why nothing (more) may go."""
+        for unit in self.kept:
+            members = [str(m) for m in unit.get("members") or []]
+            recorded = [list(r) for r in unit.get("tree") or []]
+            try:
+                why = self._differs(members, recorded)
+            except UnitProblem as exc:
+                why = str(exc)
+            except OSError as exc:
+                why = str(exc.strerror or exc)
+            if why:
+                return "%s %s changed since it was judged: %s (%s)" % (
+                    unit["kept"],
+                    ", ".join(members)[:300],
+                    outcome,
+                    why,
+                )
+        return None
 
     @property
     def note(self):
@@ -544,6 +573,22 @@ class PinnedRoot(object):
             if len(members) == 1 and text == "%s is gone" % members[0]:
                 return "already gone"
             return text
+        why = self._compare(recorded, now) or self._kept_changed("not deleted")
+        if why:
+            return why
+        held = [r[0] for r in now if self.in_use.holds(r, self.real_root)]
+        if held:
+            return "in use: %s open or mapped by a process" % _names(held)
+        return None
+
+    def _differs(self, members, recorded):
+        """None when the unit's files are all as recorded (not asking whether a process holds them)."""
+        if not recorded:
+            return "nothing recorded for this unit"
+        return self._compare(recorded, unit_tree(self.fd, members))
+
+    @staticmethod
+    def _compare(recorded, now):
         planned = dict((r[0], r) for r in recorded)
         found = dict((r[0], r) for r in now)
         gone = [rel for rel in planned if rel not in found]
@@ -556,9 +601,6 @@ class PinnedRoot(object):
             why = why_differs(planned[rel], found[rel])
             if why:
                 return why
-        held = [r[0] for r in now if self.in_use.holds(r, self.real_root)]
-        if held:
-            return "in use: %s open or mapped by a process" % _names(held)
         return None
 
     def delete(self, index):

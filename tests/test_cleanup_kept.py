@@ -1,0 +1,127 @@
+"""Cleanup deletes older checkpoints only while the kept ones that justify it are still as judged.
+
+The plan deletes step_1..3 because step_4 and step_5 are the newest good ones. If step_5 is
+truncated (or replaced, or removed) while the confirmation waits, deleting the older sound ones
+could leave no sound checkpoint: the plan carries the kept units' judged identities too, and the
+deleter (in-process here; on a node the same probe/delete_units.py over SSH) re-checks them before
+anything goes. A rewrite in place with the size and mtime put back is caught by the ctime.
+
+Every test deletes only inside its own tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from opsconsole.actions.audit import AuditLog  # noqa: E402
+from opsconsole.checkpoints.cache import ResultCache  # noqa: E402
+from opsconsole.checkpoints.cleanup import execute_plan, plan_directory  # noqa: E402
+from opsconsole.checkpoints.scan import scan_directory  # noqa: E402
+from tests.checkpoint_writers import set_mtime  # noqa: E402
+
+OLD = time.time() - 7200  # past min_age
+
+
+def listing_of(root: Path):
+    return scan_directory(str(root), cache=ResultCache(), crc_cache=ResultCache(), keep_proofs=False)
+
+
+def step_files(root: Path, steps) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        torch.save({"step": step, "model": {"w": torch.full((4,), float(step))}}, root / ("step_%d.pt" % step))
+        set_mtime(root / ("step_%d.pt" % step), OLD + step)
+
+
+def planned(root: Path, keep: int = 2):
+    plan = plan_directory(listing_of(root), keep=keep, min_age=600, now=time.time())
+    assert sorted(item.name for item in plan.to_delete) == ["step_1.pt", "step_2.pt", "step_3.pt"]
+    vouching = {item.name: item.vouches for item in plan.items if item.vouches}
+    assert vouching == {"step_5.pt": "the newest kept checkpoint", "step_4.pt": "the newest kept checkpoint"}
+    return plan
+
+
+def refusals(log: Path):
+    return [json.loads(line) for line in log.read_text().splitlines() if json.loads(line)["outcome"] == "refused"]
+
+
+def truncate(path: Path) -> None:
+    size = path.stat().st_size
+    with open(path, "r+b") as handle:
+        handle.truncate(size // 2)
+
+
+def remove(path: Path) -> None:
+    path.unlink()
+
+
+def replace_same_size(path: Path) -> None:
+    before = path.stat()
+    other = path.with_name("other.tmp")
+    other.write_bytes(b"\0" * before.st_size)
+    os.rename(other, path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (truncate, "step_5.pt changed since it was judged (size or mtime)"),
+        (remove, "step_5.pt is gone"),
+        (replace_same_size, "step_5.pt was replaced since it was judged (another file has its name)"),
+    ],
+)
+def test_the_newest_kept_checkpoint_changed_while_waiting_nothing_is_deleted(tmp_path, change, why):
+    root = tmp_path / "run"
+    step_files(root, (1, 2, 3, 4, 5))
+    plan = planned(root)
+    change(root / "step_5.pt")  # while the confirmation waits
+    log = tmp_path / "audit.log"
+    result = execute_plan(plan, str(root), AuditLog(str(log)))
+    assert result.refused == (
+        "the newest kept checkpoint step_5.pt changed since it was judged: nothing deleted (%s)" % why
+    )
+    assert not result.deleted
+    for step in (1, 2, 3, 4):
+        assert (root / ("step_%d.pt" % step)).exists()
+    (record,) = refusals(log)
+    assert "the newest kept checkpoint step_5.pt changed since it was judged: nothing deleted" in record["detail"]
+
+
+def test_a_kept_checkpoint_changed_midway_stops_the_rest(tmp_path, monkeypatch):
+    from opsconsole.probe import delete_units
+
+    root = tmp_path / "run"
+    step_files(root, (1, 2, 3, 4, 5))
+    plan = planned(root)
+    real_unlink = delete_units.unlink_at
+
+    def unlink_then_truncate_newest(name, dir_fd):
+        real_unlink(name, dir_fd)
+        if (root / "step_5.pt").stat().st_size > 100:
+            truncate(root / "step_5.pt")  # the training run crashes mid-save after the first unit went
+
+    monkeypatch.setattr(delete_units, "unlink_at", unlink_then_truncate_newest)
+    result = execute_plan(plan, str(root), AuditLog(str(tmp_path / "audit.log")))
+    assert len(result.deleted) == 1
+    assert all(
+        r.error.startswith("the newest kept checkpoint step_5.pt changed since it was judged: not deleted")
+        for r in result.failed
+    )
+    assert len(result.failed) == 2
+    assert (root / "step_4.pt").exists()
+
+
+def test_unchanged_kept_checkpoints_let_the_plan_run(tmp_path):
+    root = tmp_path / "run"
+    step_files(root, (1, 2, 3, 4, 5))
+    result = execute_plan(planned(root), str(root), AuditLog(str(tmp_path / "audit.log")))
+    assert result.ok, result.summary()
+    assert sorted(p.name for p in root.iterdir()) == ["step_4.pt", "step_5.pt"]
