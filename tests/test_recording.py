@@ -13,6 +13,7 @@ from opsconsole.recording import store
 from opsconsole.recording.recorder import Recorder
 from opsconsole.recording.replay import RecordingReader, ReplayFleet
 from tests.recording_frames import fleet_ticks
+from tests.waiting import wait_for
 
 
 def record(path, ticks, **kw):
@@ -311,7 +312,7 @@ async def test_replay_link_plays_the_recording_as_a_live_looking_node():
     link = ReplayLink("h200-replay", str(SHIPPED))
     seen = []
     task = asyncio.create_task(link.run(seen.append))
-    await asyncio.sleep(1.2)
+    await wait_for(lambda: seen, "a state played")
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await link.close()
