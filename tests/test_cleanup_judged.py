@@ -67,7 +67,7 @@ def test_a_unit_rewritten_between_the_listing_and_the_pin_is_kept_and_audited(tm
     age_everything(root)
     listing = listing_of(root)
     judged = {entry.name: entry for entry in listing.entries}
-    assert all(len(f) == 5 and f[1] != -1 for f in judged["step_2.pt"].judged)
+    assert all(len(f) == 6 and f[1] != -1 and f[5] != -1 for f in judged["step_2.pt"].judged)
     assert {f[0] for f in judged["checkpoint-200"].judged} == {
         "checkpoint-200/" + name
         for name in ("config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json")

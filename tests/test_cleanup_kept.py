@@ -125,3 +125,42 @@ def test_unchanged_kept_checkpoints_let_the_plan_run(tmp_path):
     result = execute_plan(planned(root), str(root), AuditLog(str(tmp_path / "audit.log")))
     assert result.ok, result.summary()
     assert sorted(p.name for p in root.iterdir()) == ["step_4.pt", "step_5.pt"]
+
+
+def rewrite_keeping_size_and_mtime(path: Path) -> None:
+    """Other bytes over the same inode, same size, the mtime put back to the nanosecond: only the ctime moved."""
+    before = path.stat()
+    data = path.read_bytes()
+    with open(path, "r+b") as handle:
+        handle.write(bytes(reversed(data)))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+
+
+def test_a_candidate_rewritten_in_place_with_size_and_mtime_restored_is_refused(tmp_path):
+    root = tmp_path / "run"
+    step_files(root, (1, 2, 3, 4, 5))
+    plan = planned(root)
+    rewrite_keeping_size_and_mtime(root / "step_2.pt")
+    log = tmp_path / "audit.log"
+    result = execute_plan(plan, str(root), AuditLog(str(log)))
+    assert {Path(r.path).name: r.error for r in result.failed} == {
+        "step_2.pt": "step_2.pt changed since it was judged (rewritten in place: its ctime moved)"
+    }
+    assert sorted(p.name for p in root.iterdir()) == ["step_2.pt", "step_4.pt", "step_5.pt"]
+    (record,) = refusals(log)
+    assert "skipped: step_2.pt changed since it was judged (rewritten in place" in record["detail"]
+
+
+def test_the_newest_kept_rewritten_in_place_with_size_and_mtime_restored_stops_everything(tmp_path):
+    root = tmp_path / "run"
+    step_files(root, (1, 2, 3, 4, 5))
+    plan = planned(root)
+    rewrite_keeping_size_and_mtime(root / "step_5.pt")
+    result = execute_plan(plan, str(root), AuditLog(str(tmp_path / "audit.log")))
+    assert result.refused == (
+        "the newest kept checkpoint step_5.pt changed since it was judged: nothing deleted"
+        " (step_5.pt changed since it was judged (rewritten in place: its ctime moved))"
+    )
+    assert len(list(root.iterdir())) == 5

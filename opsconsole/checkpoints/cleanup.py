@@ -150,7 +150,8 @@ def audit_writer(audit: Any) -> AuditWriter:
 class UnitPin:
     """One doomed unit as it was when the plan was made: its members and the records of everything in them.
 
-    A record is (path relative to the root, kind d/f/l/o, st_dev, st_ino, size, mtime_ns).
+    A record is (path relative to the root, kind d/f/l/o, st_dev, st_ino, size, mtime_ns), a
+    file's with its ctime_ns after them (-1: not known, not compared).
     """
 
     path: str
@@ -211,26 +212,35 @@ def _as_judged(
             if record[1] != "f":
                 out.append(record)  # a directory, a link or a FIFO inside the unit: as pinned
             continue
-        rel, dev, ino, size, mtime_ns = file
+        rel, dev, ino, size, mtime_ns, ctime_ns = _judged_fields(file)
         if dev != -1:
-            out.append((rel, "f", dev, ino, size, mtime_ns))
+            out.append((rel, "f", dev, ino, size, mtime_ns, ctime_ns))
         elif record[1] == "f" and record[4] == size and record[5] // NS_PER_S == mtime_ns // NS_PER_S:
-            out.append(record)
+            out.append(record)  # with the ctime the node gave at the pin, where it gave one
         else:
-            out.append((rel, "f", record[2], record[3], size, mtime_ns))
-    out.extend((rel, "f", dev, ino, size, mtime_ns) for rel, dev, ino, size, mtime_ns in wanted.values())
+            out.append((rel, "f", record[2], record[3], size, mtime_ns, -1))
+    out.extend(
+        (rel, "f", dev, ino, size, mtime_ns, ctime_ns)
+        for rel, dev, ino, size, mtime_ns, ctime_ns in map(_judged_fields, wanted.values())
+    )
     return tuple(out)
 
 
+def _judged_fields(file: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """(rel, dev, ino, size, mtime_ns, ctime_ns) of a judged file; ctime -1 where the listing had none."""
+    return tuple(file[:5]) + ((file[5] if len(file) > 5 else -1),)
+
+
 def _valid_records(value: Any) -> Optional[Tuple[Tuple[Any, ...], ...]]:
-    """The records of a pin answer when each is [str, kind, int, int, int, int]; None otherwise (it may come from a node)."""
+    """The records of a pin answer when each is [str, kind, int, int, int, int] (a file's with its ctime_ns
+    after them); None otherwise (it may come from a node)."""
     if not isinstance(value, list) or not value:
         return None
     records = []
     for record in value:
         if (
             not isinstance(record, list)
-            or len(record) != 6
+            or len(record) not in (6, 7)
             or not isinstance(record[0], str)
             or record[1] not in ("d", "f", "l", "o")
             or not all(isinstance(n, int) and not isinstance(n, bool) for n in record[2:])

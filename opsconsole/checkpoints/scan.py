@@ -81,16 +81,17 @@ def _with_growth_note(result: formats.ReadResult, mtime: float, now: float) -> f
     return result
 
 
-def judged_identity(rel: str, st: FileStat) -> Tuple[str, int, int, int, int]:
-    """(rel, st_dev, st_ino, size, mtime_ns) of a file as the listing saw it (CheckpointEntry.judged).
+def judged_identity(rel: str, st: FileStat) -> Tuple[str, int, int, int, int, int]:
+    """(rel, st_dev, st_ino, size, mtime_ns, ctime_ns) of a file as the listing saw it (CheckpointEntry.judged).
 
-    Over SFTP there is no device or inode (-1) and the mtime is what the server gives (whole
-    seconds in SFTP v3): cleanup compares such a file at that precision.
+    The ctime catches a file rewritten in place with its size kept and its mtime set back (no
+    call can set a ctime). Over SFTP there is no device, inode or ctime (-1) and the mtime is
+    what the server gives (whole seconds in SFTP v3): cleanup compares such a file at that precision.
     """
     raw = st.raw
     if raw is not None:
-        return (rel, raw.st_dev, raw.st_ino, raw.st_size, raw.st_mtime_ns)
-    return (rel, -1, -1, st.size, int(round(st.mtime * 1e9)))
+        return (rel, raw.st_dev, raw.st_ino, raw.st_size, raw.st_mtime_ns, raw.st_ctime_ns)
+    return (rel, -1, -1, st.size, int(round(st.mtime * 1e9)), -1)
 
 
 def exact_times(files: Sequence[Tuple[str, FileStat]]) -> Tuple[Optional[Tuple[int, int]], ...]:
@@ -246,7 +247,7 @@ def read_unit_dir(
     children: List[DirItem],
     cache: ResultCache,
     proofs: Optional[ProofStore] = None,
-) -> Tuple[formats.ReadResult, int, float, Tuple[str, ...], Tuple[Tuple[str, int, int, int, int], ...]]:
+) -> Tuple[formats.ReadResult, int, float, Tuple[str, ...], Tuple[Tuple[Any, ...], ...]]:
     """(result, total bytes, newest mtime, member files, judged files) of one checkpoint directory.
 
     The judged files are judged_identity of every file the result was made from, relative to
