@@ -164,3 +164,32 @@ def test_the_newest_kept_rewritten_in_place_with_size_and_mtime_restored_stops_e
         " (step_5.pt changed since it was judged (rewritten in place: its ctime moved))"
     )
     assert len(list(root.iterdir())) == 5
+
+
+def test_a_unit_whose_walk_was_cut_short_takes_no_keep_place(tmp_path, monkeypatch):
+    from opsconsole.checkpoints import scan
+    from tests.checkpoint_writers import write_hf_layout
+
+    # The walk's bound lowered so that a test-sized unit passes it: checkpoint-400 holds 8 files
+    # (its own five first by name, then three more), the bound is 6: the walk stops short of the
+    # last ones, which were never seen, let alone checked.
+    monkeypatch.setattr(scan, "MAX_UNIT_FILES", 6)
+    root = tmp_path / "run"
+    write_hf_layout(root, steps=(100, 200, 300, 400), best=100)
+    for index in range(3):
+        (root / "checkpoint-400" / ("zz_%d.json" % index)).write_text("{}")
+    for path in sorted(root.rglob("*")):
+        set_mtime(path, OLD)
+    listing = listing_of(root)
+    entries = {entry.name: entry for entry in listing.entries}
+    assert entries["checkpoint-400"].integrity == "unchecked"
+    assert entries["checkpoint-400"].unreadable == "over 6 files: not all of them checked"
+    assert entries["checkpoint-300"].integrity == "ok"
+    plan = plan_directory(listing, keep=1, min_age=600, now=time.time())
+    reasons = {item.name: item.reason for item in plan.items}
+    assert sorted(item.name for item in plan.to_delete) == ["checkpoint-200"]
+    assert reasons["checkpoint-300"].startswith("newest 1 of")
+    assert "could not read: over 6 files" in reasons["checkpoint-400"]
+    result = execute_plan(plan, str(root), AuditLog(str(tmp_path / "audit.log")))
+    assert result.ok, result.summary()
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-100", "checkpoint-300", "checkpoint-400"]

@@ -342,6 +342,11 @@ def read_unit_dir(
         integrities.append(INTEGRITY_TRUNCATED)
         problems.append("no *_model_states.pt: an incomplete save")
     integrity = formats.combine_integrity(integrities)
+    if cut and integrity not in BROKEN:
+        # Files past the walk's bound were never seen, let alone checked: such a unit vouches for
+        # nothing, so it never takes a keep place (and, not all judged, it is never deleted).
+        integrity = INTEGRITY_UNCHECKED
+        unreadable = unreadable or "over %d files: not all of them checked" % MAX_UNIT_FILES
     result = formats.ReadResult(
         fmt, CheckpointMeta(**fields), integrity, "; ".join(problems) or None, unreadable=unreadable
     )
