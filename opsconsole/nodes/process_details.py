@@ -52,11 +52,13 @@ def _strings(value: Any, limit: int, chars: int) -> Tuple[str, ...]:
     return tuple(item[:chars] for item in value[:limit] if isinstance(item, str))
 
 
-def _moved(start_time: Optional[float], expected_start: Optional[float]) -> bool:
-    return expected_start is not None and (start_time is None or abs(start_time - expected_start) > START_SLACK_S)
+def _moved(start_time: Optional[float], expected_start: Optional[float], slack_s: float) -> bool:
+    return expected_start is not None and (start_time is None or abs(start_time - expected_start) > slack_s)
 
 
-def details_from_answer(pid: int, text: str, expected_start: Optional[float] = None) -> ProcessDetails:
+def details_from_answer(
+    pid: int, text: str, expected_start: Optional[float] = None, start_slack: float = START_SLACK_S
+) -> ProcessDetails:
     """Check the reader's JSON line; anything malformed is a `problem`, never an exception.
 
     With `expected_start`, an answer for a process that started at another time is MOVED (nothing of it kept).
@@ -81,7 +83,7 @@ def details_from_answer(pid: int, text: str, expected_start: Optional[float] = N
         start_time = None
     if "stat" in raw_errors:
         return ProcessDetails(pid, errors=errors, problem="gone: /proc has no such process")
-    if data.get("moved") is True or _moved(start_time, expected_start):
+    if data.get("moved") is True or _moved(start_time, expected_start, start_slack):
         return ProcessDetails(pid, starttime=starttime, start_time=start_time, problem=MOVED)
     env = data.get("rank_env") if isinstance(data.get("rank_env"), dict) else {}
     rank_env = tuple(
@@ -105,10 +107,12 @@ def details_from_answer(pid: int, text: str, expected_start: Optional[float] = N
     )
 
 
-def reader_argv(python: str, pid: int, expected_start: Optional[float] = None) -> List[str]:
+def reader_argv(
+    python: str, pid: int, expected_start: Optional[float] = None, start_slack: float = START_SLACK_S
+) -> List[str]:
     """The command that runs the reader on a node with `python` (its config's interpreter); its bundle goes on stdin."""
     argv = shlex.split(python) + ["-I", "-", str(int(pid))]
-    return argv + (["%.2f" % expected_start] if expected_start is not None else [])
+    return argv + (["%.2f" % expected_start, "%.3f" % start_slack] if expected_start is not None else [])
 
 
 def reader_bundle() -> str:
@@ -116,11 +120,16 @@ def reader_bundle() -> str:
 
 
 async def fetch_process_details(
-    link: Any, pid: int, timeout: float = DETAILS_TIMEOUT_S, expected_start: Optional[float] = None
+    link: Any,
+    pid: int,
+    timeout: float = DETAILS_TIMEOUT_S,
+    expected_start: Optional[float] = None,
+    start_slack: float = START_SLACK_S,
 ) -> ProcessDetails:
     """The details of `pid` on the node of `link`, read there; a node that cannot be asked gives a `problem`.
 
-    `expected_start`: the start time (epoch s) the frame said; a process that started at another time is MOVED.
+    `expected_start`: the start time (epoch s) the frame said; a process that started more than
+    `start_slack` s away from it is MOVED (a GPU row's start is an estimate: actions.signals.identity_in_frame).
     """
     if link is None:
         return ProcessDetails(pid, problem="no connection to the node")
@@ -130,11 +139,11 @@ async def fetch_process_details(
     if channel == COMMANDS_HERE:
         try:
             data = await asyncio.wait_for(
-                asyncio.to_thread(proc_details.read_details, int(pid), "/proc", expected_start), timeout
+                asyncio.to_thread(proc_details.read_details, int(pid), "/proc", expected_start, start_slack), timeout
             )
         except asyncio.TimeoutError:
             return ProcessDetails(pid, problem="reading /proc took over %g s" % timeout)
-        return details_from_answer(pid, json.dumps(data), expected_start)
+        return details_from_answer(pid, json.dumps(data), expected_start, start_slack)
     from opsconsole.nodes.trust import ssh_link_of
 
     remote = ssh_link_of(link)
@@ -145,7 +154,7 @@ async def fetch_process_details(
     python = getattr(getattr(remote, "node", None), "python", None) or "python3"
     try:
         status, stdout, stderr = await remote.run_command(
-            reader_argv(python, pid, expected_start), timeout=timeout, input=reader_bundle()
+            reader_argv(python, pid, expected_start, start_slack), timeout=timeout, input=reader_bundle()
         )
     except LinkError as err:
         return ProcessDetails(pid, problem=err.reason)
@@ -154,4 +163,4 @@ async def fetch_process_details(
     if status != 0 and not stdout.strip():
         last = (stderr.strip().splitlines() or ["exit status %s" % status])[-1]
         return ProcessDetails(pid, problem="the reader failed: %s" % last[:200])
-    return details_from_answer(pid, stdout, expected_start)
+    return details_from_answer(pid, stdout, expected_start, start_slack)

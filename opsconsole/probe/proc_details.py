@@ -76,10 +76,13 @@ def rank_variables(environ):
     return found
 
 
-def read_details(pid: int, proc_root: str = "/proc", expected_start: Optional[float] = None) -> Dict[str, Any]:
+def read_details(
+    pid: int, proc_root: str = "/proc", expected_start: Optional[float] = None, slack_s: float = START_SLACK_S
+) -> Dict[str, Any]:
     """What /proc says of `pid`: {"pid", "starttime", "start_time", "state", "args", "args_cut", "rank_env",
     "cgroup", "cwd", "errors"}; with `expected_start`, only {"pid", "starttime", "start_time", "moved"} when
-    the process started at another time (a later owner of the PID: none of its details are read)."""
+    the process started at another time, more than `slack_s` away (a later owner of the PID: none of its
+    details are read)."""
     base = "%s/%d" % (proc_root.rstrip("/"), pid)
     out = {"pid": pid, "errors": {}}  # type: Dict[str, Any]
     errors = out["errors"]
@@ -91,7 +94,7 @@ def read_details(pid: int, proc_root: str = "/proc", expected_start: Optional[fl
     except (OSError, ValueError, IndexError) as exc:
         errors["stat"] = _why(exc)
         return out  # gone (or never there): nothing else is this process's
-    if expected_start is not None and abs(out["start_time"] - expected_start) > START_SLACK_S:
+    if expected_start is not None and abs(out["start_time"] - expected_start) > slack_s:
         out["moved"] = True
         del out["state"]
         return out
@@ -119,14 +122,16 @@ def read_details(pid: int, proc_root: str = "/proc", expected_start: Optional[fl
 
 
 def main(args: List[str]) -> int:
-    """`PID [START_TIME]` (what follows `python3 -I -`): one JSON line on stdout."""
+    """`PID [START_TIME [SLACK_S]]` (what follows `python3 -I -`): one JSON line on stdout."""
     try:
         pid = int(args[0])
         expected = float(args[1]) if len(args) > 1 else None
+        slack = float(args[2]) if len(args) > 2 else START_SLACK_S
     except (IndexError, ValueError):
-        sys.stdout.write(json.dumps({"errors": {"pid": "usage: PID [START_TIME]"}}) + "\n")
+        sys.stdout.write(json.dumps({"errors": {"pid": "usage: PID [START_TIME [SLACK_S]]"}}) + "\n")
         return 2
-    sys.stdout.write(json.dumps(read_details(pid, expected_start=expected), separators=(",", ":")) + "\n")
+    answer = read_details(pid, expected_start=expected, slack_s=slack)
+    sys.stdout.write(json.dumps(answer, separators=(",", ":")) + "\n")
     return 0
 
 

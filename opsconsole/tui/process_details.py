@@ -20,8 +20,10 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from opsconsole.actions.signals import identity_in_frame
 from opsconsole.model import NodeFrame, ProcessSample
 from opsconsole.nodes.process_details import ProcessDetails, fetch_process_details
+from opsconsole.probe.proc_read import START_SLACK_S
 from opsconsole.sanitize import printable_line
 from opsconsole.units import NA, format_bytes, format_duration
 
@@ -43,14 +45,16 @@ def listed_process(pid: int, frame: Optional[NodeFrame]) -> Optional[ProcessSamp
 
 
 def listed_start(pid: int, frame: Optional[NodeFrame]) -> Optional[float]:
-    """When the listed process started (epoch s on the node's clock): its start time, else the frame's time less its age."""
-    proc = listed_process(pid, frame)
-    if proc is None or frame is None:
-        return None
-    if proc.start_time is not None:
-        return proc.start_time
-    elapsed = proc.elapsed_at(frame.time)
-    return None if elapsed is None else frame.time - elapsed
+    """When the listed process started (epoch s on the node's clock): its start time, else estimated from its age."""
+    identity = None if frame is None else identity_in_frame(frame, pid)
+    return None if identity is None else identity.start_time
+
+
+def listed_start_slack(pid: int, frame: Optional[NodeFrame]) -> float:
+    """How far the node's reading of the start may be from listed_start: a GPU row's age was sampled
+    somewhere within the poll, so it widens with the poll (the signal actions' identity_in_frame)."""
+    identity = None if frame is None else identity_in_frame(frame, pid)
+    return START_SLACK_S if identity is None else identity.slack_s
 
 
 def frame_text(node: str, pid: int, frame: Optional[NodeFrame]) -> Text:
@@ -181,7 +185,12 @@ class ProcessDetailsScreen(ModalScreen[None]):
     async def ask_node(self) -> None:
         try:
             # With the listed process's start time: a later owner of the PID is not described as this one.
-            details = await self.fetch(self.link, self.pid, expected_start=listed_start(self.pid, self.frame))
+            details = await self.fetch(
+                self.link,
+                self.pid,
+                expected_start=listed_start(self.pid, self.frame),
+                start_slack=listed_start_slack(self.pid, self.frame),
+            )
         except Exception as exc:  # a bug in the fetch must not take the console down
             details = ProcessDetails(self.pid, problem="%s: %s" % (type(exc).__name__, exc))
         self.details = details
