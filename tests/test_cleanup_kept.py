@@ -25,6 +25,7 @@ from opsconsole.checkpoints.cache import ResultCache  # noqa: E402
 from opsconsole.checkpoints.cleanup import execute_plan, plan_directory  # noqa: E402
 from opsconsole.checkpoints.scan import scan_directory  # noqa: E402
 from tests.checkpoint_writers import set_mtime  # noqa: E402
+from tests.sshd import ssh_client, sshd_factory  # noqa: E402,F401,F811 (pytest fixtures)
 
 OLD = time.time() - 7200  # past min_age
 
@@ -193,3 +194,72 @@ def test_a_unit_whose_walk_was_cut_short_takes_no_keep_place(tmp_path, monkeypat
     result = execute_plan(plan, str(root), AuditLog(str(tmp_path / "audit.log")))
     assert result.ok, result.summary()
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint-100", "checkpoint-300", "checkpoint-400"]
+
+
+# --- on a node, over real SSH to 127.0.0.1: the helper there re-checks the kept units too ---
+
+
+@pytest.mark.sshd
+async def test_remote_newest_kept_changed_while_waiting_nothing_is_deleted_on_the_node(sshd_factory, tmp_path):
+    import asyncio
+
+    from opsconsole.checkpoints.remote import SftpFileSystem
+    from opsconsole.config import NodeConfig, SshConfig
+    from opsconsole.nodes.ssh import SshLink
+
+    root = tmp_path / "run"
+    step_files(root, (1, 2, 3, 4, 5))
+    server = sshd_factory.start()
+    link = SshLink(
+        NodeConfig(name="n1", host=server.address, port=server.port),
+        SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2),
+        1.0,
+    )
+    fs = SftpFileSystem(link, asyncio.get_running_loop())
+    log = tmp_path / "audit.log"
+    try:
+        listing = await asyncio.to_thread(
+            scan_directory, str(root), cache=ResultCache(), crc_cache=ResultCache(), keep_proofs=False, fs=fs
+        )
+        plan = await asyncio.to_thread(plan_directory, listing, fs, keep=2, min_age=600, now=time.time())
+        assert sorted(item.name for item in plan.to_delete) == ["step_1.pt", "step_2.pt", "step_3.pt"]
+        truncate(root / "step_4.pt")  # the other kept one, while the confirmation waits
+        result = await asyncio.to_thread(execute_plan, plan, str(root), AuditLog(str(log)), fs=fs)
+    finally:
+        await fs.aclose()
+        await link.close()
+    assert result.refused is not None
+    assert result.refused.startswith(
+        "the newest kept checkpoint step_4.pt changed since it was judged: nothing deleted"
+    )
+    assert len(list(root.iterdir())) == 5
+    (record,) = refusals(log)
+    assert record["node"] == "n1" and "nothing deleted" in record["detail"]
+
+
+def test_the_kept_best_checkpoint_changed_while_waiting_nothing_is_deleted(tmp_path):
+    """What the library recorded (here the Trainer's best_model_checkpoint) vouches for the deletions too."""
+    from tests.checkpoint_writers import write_hf_layout
+
+    root = tmp_path / "run"
+    write_hf_layout(root, steps=(100, 200, 300, 400), best=200)
+    for path in sorted(root.rglob("*")):
+        set_mtime(path, OLD)
+    plan = plan_directory(listing_of(root), keep=1, min_age=600, now=time.time())
+    assert sorted(item.name for item in plan.to_delete) == ["checkpoint-100", "checkpoint-300"]
+    assert {item.name: item.vouches for item in plan.items if item.vouches} == {
+        "checkpoint-400": "the newest kept checkpoint",
+        "checkpoint-200": "the kept best checkpoint",
+    }
+    (root / "checkpoint-200" / "model.safetensors").unlink()
+    result = execute_plan(plan, str(root), AuditLog(str(tmp_path / "audit.log")))
+    assert result.refused == (
+        "the kept best checkpoint checkpoint-200 changed since it was judged: nothing deleted"
+        " (checkpoint-200/model.safetensors gone since it was judged: the unit is not whole)"
+    )
+    assert sorted(p.name for p in root.iterdir()) == [
+        "checkpoint-100",
+        "checkpoint-200",
+        "checkpoint-300",
+        "checkpoint-400",
+    ]

@@ -214,7 +214,8 @@ def plan_retention(
             if entry.path in newest:
                 vouches = "the newest kept checkpoint"
             elif _recorded(entry):
-                vouches = "the kept %s checkpoint" % "/".join(_recorded(entry))
+                words = [reason.split()[0].rstrip(":;,") for reason in _recorded(entry) if reason.split()]
+                vouches = "the kept %s checkpoint" % "/".join(dict.fromkeys(words))
         items.append(
             PlanItem(
                 entry.path,
