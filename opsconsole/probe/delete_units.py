@@ -13,6 +13,9 @@ deletions keep the same guarantees, in the same code:
   judged the unit (the console puts those in the tree it sends: checkpoints/cleanup.py), each
   directory's exact entries as pinned; a unit that changed, or that a process holds open or has
   mapped (/proc/PID/fd, /proc/PID/maps: `torch.load(mmap=True)` maps the file), is kept;
+- the kept units that justify the deletions (the newest good ones, the recorded best/latest)
+  come with the open request too, marked "kept": while one of them is not as judged (changed,
+  gone) nothing is deleted;
 - only recorded entries are deleted: a file that appeared inside a directory since the check
   makes its rmdir fail, and the unit is reported as partly deleted, with what went.
 Nothing here opens a file that is not a directory: FIFOs and devices are lstat'ed, never read.
@@ -22,7 +25,8 @@ Protocol (remote): one JSON request per line on stdin, one JSON answer per line 
         -> {"root_id": [dev, ino], "real_root": P, "units": [{"tree": [...]} or {"problem": why}]}
         or {"problem": why} when the directory itself cannot be pinned
     {"op": "in_use", "root": R}  -> {"paths": [...], "denied": n, "uid": u}
-    {"op": "open", "root": R, "root_id": [dev, ino], "units": [{"members": [...], "tree": [...]}]}
+    {"op": "open", "root": R, "root_id": [dev, ino], "units": [{"members": [...], "tree": [...]}, ...]}
+        (kept units last, each with "kept": what it is, in words; `unit` indexes count the others)
         -> {"ok": true} or {"ok": false, "why": why}
     {"op": "check", "unit": i}   -> {"unit": i, "why": None or why}
     {"op": "delete", "unit": i}  -> {"unit": i, "went": [member, ...], "why": None or why}
