@@ -415,9 +415,7 @@ def test_the_signal_step_matches_the_command_name_exactly_not_by_any_prefix(tmp_
             assert answer["refused"] and not answer["signalled"], (frame_name, answer)
         assert sleeper.poll() is None
     # A process that set its comm to nothing (prctl PR_SET_NAME "") is not every command.
-    blank = (
-        "import ctypes, sys; ctypes.CDLL(None).prctl(15, b'', 0, 0, 0); print('ready', flush=True); sys.stdin.read()"
-    )
+    blank = "import ctypes, time; ctypes.CDLL(None).prctl(15, b'', 0, 0, 0); print('ready', flush=True); time.sleep(60)"
     with started([sys.executable, "-c", blank], wait_ready=True) as nameless:
         assert comm_of(nameless.pid) == ""
         seen = checked_signal.identity_of(nameless.pid)
