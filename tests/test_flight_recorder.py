@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from opsconsole.checkpoints.worker import MetadataWorkers
@@ -545,8 +546,17 @@ def hung_gloo_job(tmp_path):
             time.sleep(0.2)
         yield dumps
     finally:
-        os.killpg(job.pid, 9)  # torchrun and its two ranks: the session the test started
+        # torchrun starts each rank in a session of its own: killing torchrun's session alone left both
+        # ranks running (hung, for up to 300 s) after the test. Its children are the ranks we started.
+        ranks = psutil.Process(job.pid).children(recursive=True) if job.poll() is None else []
+        os.killpg(job.pid, 9)  # torchrun, in the session the test started
+        for rank in ranks:
+            try:
+                rank.kill()
+            except psutil.NoSuchProcess:
+                pass
         job.wait()
+        psutil.wait_procs(ranks, timeout=10)
 
 
 def test_fr_collect_over_ssh_from_a_live_hung_job(hung_gloo_job, sshd_factory, tmp_path):
