@@ -151,3 +151,17 @@ async def test_the_header_never_wraps_onto_the_tab_bar_at_80_columns():
         lines = screen_lines(app)
         assert lines[0].startswith(" opsconsole ") and lines[1].startswith(" nodes 1")
         assert lines[2].startswith(" o Over 1 GPUs")  # the tab bar, not the header's last word
+
+
+@pytest.mark.parametrize("pane_key", ["2", "6"])
+async def test_footer_at_80_columns_ends_with_the_palette_key(pane_key):
+    """A busy pane's keys overflow under the docked palette key; none shows past it in the last column."""
+    app = console(cluster_states())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press(pane_key)
+        footer = await wait_for(
+            lambda: (lambda line: line if "Command palette" in line else None)(screen_lines(app)[-1]),
+            "the footer with the palette key",
+            pilot=pilot,
+        )
+        assert footer.rstrip().endswith("^p Command palette"), footer
