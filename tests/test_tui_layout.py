@@ -165,3 +165,16 @@ async def test_footer_at_80_columns_ends_with_the_palette_key(pane_key):
             pilot=pilot,
         )
         assert footer.rstrip().endswith("^p Command palette"), footer
+
+
+async def test_host_process_rss_is_whole_at_80_columns():
+    """A resident size reads whole in the Host pane ("270 MiB", "1023 KiB"), not cut to "270 M…"."""
+    state = single_node_states()[0]
+    first, second = state.frame.top_processes[:2]
+    sizes = {first.pid: 270 * 2**20, second.pid: 1023 * 2**10}
+    processes = tuple(replace(p, rss_bytes=sizes.get(p.pid, p.rss_bytes)) for p in state.frame.top_processes)
+    app = console([replace(state, frame=replace(state.frame, top_processes=processes))])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3")
+        for shown in ("270 MiB", "1023 KiB"):
+            await wait_for(lambda: shown in "\n".join(screen_lines(app)), "rss %s whole" % shown, pilot=pilot)

@@ -32,7 +32,7 @@ PROCESS_COLUMNS = (
     ("user", "user", 8),
     ("state", "S", 1),
     ("cpu", "cpu%", 5),
-    ("rss", "rss", 6),
+    ("rss", "rss", 8),  # "1023 KiB", the widest format_bytes spells below a GiB
     ("threads", "thr", 4),
     ("elapsed", "elapsed", 7),
     ("name", "name", 15),
