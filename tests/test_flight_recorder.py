@@ -434,6 +434,19 @@ async def test_a_pipe_with_no_reader_is_said_so(tmp_path):
     assert any("no reader on the pipe" in why for why in whys) and any("No such file" in why for why in whys)
 
 
+async def test_a_node_with_no_training_ranks_says_so(tmp_path):
+    """`fr --collect` where no rank runs: the reason and where to look, not only an empty directory."""
+    from opsconsole.probe.rank_stacks import find_ranks
+
+    if find_ranks():
+        pytest.skip("training ranks of another test run on this machine: the node is not rank-free")
+    collected = await fr.collect_dumps(None, [], str(tmp_path), host="n", trigger=False, wait_s=0, discover=True)
+    if collected.saved or any(rank >= 0 for rank, _ in collected.problems):
+        pytest.skip("a training rank started on this machine meanwhile")
+    assert collected.saved == () and collected.problems == ((-1, fr.NO_RANKS_FOUND),)
+    assert "no training ranks found" in fr.NO_RANKS_FOUND and "--nodes" in fr.NO_RANKS_FOUND
+
+
 async def test_collect_by_rank_pids_reads_each_ranks_own_environment(tmp_path, sshd_factory):
     from opsconsole.config import NodeConfig, SshConfig
     from opsconsole.nodes.ssh import SshLink

@@ -51,6 +51,10 @@ DEFAULT_DUMP_PREFIX = "/tmp/nccl_trace_rank_"
 BUFFER_SIZE_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 PIPE_FILE_VARS = ("TORCH_FR_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+NO_RANKS_FOUND = (
+    "no training ranks found (no process with RANK or LOCAL_RANK in its environment): "
+    "the job runs on other nodes (--nodes, --config), or has ended"
+)
 
 MAX_DUMP_FILES = 100_000
 MAX_REPLY_BYTES = 96 * 1024 * 1024  # one dump's records as the worker sends them
@@ -844,6 +848,9 @@ async def collect_dumps(
         saved.append(path)
     if status not in (0, None) and not saved:
         problems.append((-1, "collector exited %s: %s" % (status, (err or "").strip()[-200:])))
+    elif discover and not ranks and not saved and not problems:
+        # Said, or `fr --collect` would only report an empty directory with no reason.
+        problems.append((-1, NO_RANKS_FOUND))
     return Collected(tuple(saved), tuple(problems))
 
 
