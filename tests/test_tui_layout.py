@@ -178,3 +178,31 @@ async def test_host_process_rss_is_whole_at_80_columns():
         await pilot.press("3")
         for shown in ("270 MiB", "1023 KiB"):
             await wait_for(lambda: shown in "\n".join(screen_lines(app)), "rss %s whole" % shown, pilot=pilot)
+
+
+@pytest.mark.parametrize("width", [80, 160])
+async def test_help_box_fits_the_terminal_and_cuts_no_binding(width):
+    """`?` at 80 columns: the box's right edge on screen (it was 84 wide), every binding id whole, long
+    descriptions wrapped within it; at 160 each description whole on its line."""
+    app = console(cluster_states())
+    async with app.run_test(size=(width, 40)) as pilot:
+        await pilot.press("question_mark")
+        lines = await wait_for(
+            lambda: (lambda drawn: drawn if any("╮" in line for line in drawn) else None)(screen_lines(app)),
+            "the help box with its right corner",
+            pilot=pilot,
+        )
+        top = next(line for line in lines if "╮" in line)
+        assert top.index("╮") < width
+        rows = app.help_rows()
+        table = app.screen.query_one("#help-table")
+        longest = max(rows, key=lambda row: len(row[2]))
+        for binding_id, _, description in rows:
+            assert table.get_cell(binding_id, "id").plain == binding_id
+        column = table.columns[next(key for key in table.columns if key.value == "description")]
+        assert column.width + table.columns[next(k for k in table.columns if k.value == "id")].width < width
+        if width >= 160:
+            assert column.width >= len(longest[2])
+        else:
+            assert column.width < len(longest[2])
+            assert table.rows[next(k for k in table.rows if k.value == longest[0])].height >= 2  # wrapped, not cut
