@@ -10,6 +10,7 @@ from opsconsole.recording.recorder import Recorder
 from opsconsole.recording.replay import ReplayFleet
 from opsconsole.tui.replay import ReplayConsole, replay_text
 from tests.recording_frames import fleet_ticks
+from tests.waiting import wait_for
 
 SIZE = (140, 40)
 
@@ -107,3 +108,27 @@ def test_replay_text_says_what_part_of_the_file_was_left_out():
     text = replay_text(0.0, 60.0, 30.0, 1.0, paused=False, problem="chunk at 10.0: inflates past 64 MiB\x1b[2J").plain
     assert "unreadable part left out: chunk at 10.0: inflates past 64 MiB␛[2J" in text
     assert "left out" not in replay_text(0.0, 60.0, 30.0, 1.0, paused=False).plain
+
+
+async def test_process_details_on_a_replay_say_it_is_a_replay(recording):
+    """`enter` on a replayed process: the node part says nothing is read on a replay, not "no connection"."""
+    path, _ = recording
+    app, _ = make_console(path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("space", "2")
+        pane = app.panes["processes"]
+        table = await wait_for(
+            lambda: next((t for t in (pane.gpu_table.table, pane.host_table.table) if t.row_count), None),
+            "a recorded process row",
+            pilot=pilot,
+        )
+        table.focus()
+        await pilot.press("enter")
+        node_part = await wait_for(
+            lambda: (lambda part: part if "replayed node" in str(part.render()) else None)(
+                app.screen.query_one("#details-node")
+            ),
+            "the replay's reason in the details",
+            pilot=pilot,
+        )
+        assert "no connection" not in str(node_part.render())

@@ -28,6 +28,7 @@ from opsconsole.fleet_view import (
     process_rows,
     process_tree,
 )
+from opsconsole.nodes.base import is_replayed
 from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.formatting import (
     NA,
@@ -339,6 +340,9 @@ class ProcessesPane(ActionKeys, TablePane):
         state = self.states.get(node)
         link_of = getattr(self.app, "_link_of", None)
         link = link_of(node) if link_of is not None else None
+        fleet = getattr(self.app, "fleet", None)
+        if link is None and is_replayed(fleet):
+            link = fleet  # a replay: the reader says so and asks nothing (it said "no connection to the node")
         self.app.push_screen(ProcessDetailsScreen(node, pid, state.frame if state is not None else None, link))
 
     def highlighted_process(self) -> Optional[Tuple[str, int]]:
