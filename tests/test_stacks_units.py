@@ -487,3 +487,24 @@ def test_without_ranks_the_gpu_processes_the_console_saw_are_dumped(traceable_sl
     assert answer.head["source"] == "gpu", done.stdout + done.stderr
     assert answer.errors == [] and answer.ranks[0].frames[0].function == "on_the_gpu"
     assert answer.ranks[0].rank is None and answer.ranks[0].rank_id == "gpu1:%d" % answer.ranks[0].pid
+
+
+def test_the_local_helper_is_reaped_by_asyncio_alone():
+    """Its output ended, the helper is let exit: killed at once, Popen.kill's poll could reap it
+    before asyncio's child watcher did, which printed "Unknown child process pid N, will report
+    returncode 255" after about a third of the `opsconsole stacks --pid P` runs here."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that names no process now: the helper answers at once and exits
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "opsconsole", "stacks", "--pid", str(gone.pid)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(12)
+    ]
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 1 and "the process exited before its stack was read" in out + err
+        assert "Unknown child process" not in err, err

@@ -35,6 +35,7 @@ MAX_NODE_ANSWER_CHARS = 64 * 1024 * 1024
 MAX_RANKS_PER_NODE = 4096
 MAX_NOTE_CHARS = 300
 READ_CHUNK = 256 * 1024
+EXIT_GRACE_S = 5.0  # a local helper whose output ended, to exit before it is killed
 RANK_STATUSES = ("ok", "failed", "timeout", "gone", "no-py-spy")
 
 PY_SPY_FIX = "pip install py-spy on the node (into the training environment, or ~/.local/bin)"
@@ -386,6 +387,13 @@ async def _run_here(argv: List[str], request: str, answer: NodeAnswer) -> None:
         await stdin.drain()
         stdin.close()
         await _pump(lambda: stdout.read(READ_CHUNK), answer, decoder.decode)
+        if stdout.at_eof():
+            # Its output ended: it is exiting. Killed now, Popen.kill's poll could reap it before
+            # asyncio's child watcher does, which then logs "Unknown child process ... 255".
+            try:
+                await asyncio.wait_for(process.wait(), EXIT_GRACE_S)
+            except asyncio.TimeoutError:
+                pass  # killed below
     finally:
         if process.returncode is None:
             try:
