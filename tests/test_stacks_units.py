@@ -506,5 +506,8 @@ def test_the_local_helper_is_reaped_by_asyncio_alone():
     ]
     for run in runs:
         out, err = run.communicate(timeout=120)
-        assert run.returncode == 1 and "the process exited before its stack was read" in out + err
+        assert run.returncode == 1, out + err
+        assert (
+            out == "error local pid %d: the process exited before its stack was read\n" % gone.pid
+        )  # no blank line first
         assert "Unknown child process" not in err, err

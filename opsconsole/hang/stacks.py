@@ -496,7 +496,8 @@ def report_text(report: StacksReport) -> str:
         if len(group.frames) > 12:
             lines.append("       ... %d more frame(s)" % (len(group.frames) - 12))
     if report.errors:
-        lines.append("")
+        if lines:  # a blank line between the groups and the errors, none above errors alone
+            lines.append("")
         for error in report.errors:
             who = (
                 error.node
