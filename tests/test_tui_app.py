@@ -454,3 +454,22 @@ def test_keymap_from_config_splits_known_and_unknown_ids():
 def test_display_key():
     assert display_key("question_mark") == "?"
     assert display_key("slash,f") == "/ / f"
+
+
+async def test_palette_lists_quit_once():
+    """ctrl+p: one "Quit" (the console's app.quit with its key); Textual's own system Quit doubled it."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+p")
+
+        def drawn_lines():
+            return ["".join(s.text for s in strip).strip() for strip in app.screen._compositor.render_strips()]
+
+        lines = await wait_for(
+            lambda: (lambda drawn: drawn if any("app.quit" in line for line in drawn) else None)(drawn_lines()),
+            "the palette's commands",
+            pilot=pilot,
+        )
+        assert [line for line in lines if line == "Quit"] == ["Quit"], lines
+        titles = [command.title for command in app.get_system_commands(app.screen)]
+        assert "Quit" not in titles and "Theme" in titles  # Textual's other commands stay

@@ -25,11 +25,12 @@ from typing import (
 
 from rich.text import Text
 from textual import events, on
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.command import CommandPalette, DiscoveryHit, Hit, Hits, Matcher, Provider
 from textual.containers import Vertical
 from textual.content import Content
 from textual.notifications import SeverityLevel
+from textual.screen import Screen
 from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer, Input, TabbedContent, TabPane
@@ -306,6 +307,10 @@ class OpsConsole(App[int]):
         problem = save_theme(name)
         if problem:
             self.notify(problem, severity="warning", timeout=8)
+
+    def get_system_commands(self, screen: Screen) -> Iterator[SystemCommand]:
+        """Textual's palette commands less its "Quit", which doubled the console's (app.quit, listed with its key)."""
+        return (command for command in super().get_system_commands(screen) if command.title != "Quit")
 
     def action_change_theme(self) -> None:
         """ctrl+t: the console's themes only (Textual's picker listed its own 20-odd)."""
