@@ -5,6 +5,7 @@ import math
 import os
 import shutil
 import sqlite3
+import sys
 import tracemalloc
 import zlib
 
@@ -518,3 +519,38 @@ def test_fuzz_overwritten_bytes_in_the_file_replay_or_are_a_clean_error(base_rec
     offset %= len(content)
     content[offset : offset + len(junk)] = junk
     open_and_play(fresh(scratch, bytes(content)))
+
+
+def test_a_recording_without_its_shm_in_a_directory_nobody_may_write_still_opens():
+    """A WAL recording copied alone (no -shm) where the reader may not write: SQLite cannot make the
+    -shm and said "attempt to write a readonly database"; it is read as immutable instead. Root may
+    write anywhere, so as root the reader runs as nobody (the system python3: store.py is stdlib)."""
+    import subprocess
+    import tempfile
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    as_nobody = []
+    if os.geteuid() == 0:
+        if not (shutil.which("setpriv") and os.path.exists("/usr/bin/python3")):
+            pytest.skip("needs setpriv and /usr/bin/python3 to read as another user than root")
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    python = "/usr/bin/python3" if as_nobody else sys.executable
+    folder = tempfile.mkdtemp(prefix="opsconsole-ro-")  # not pytest's tmp_path: its parent is 0700
+    try:
+        recording = os.path.join(folder, "h200.opsrec")
+        shutil.copyfile(os.path.join(repo, "examples", "h200-training.opsrec"), recording)
+        os.chmod(recording, 0o444)
+        os.chmod(folder, 0o555)
+        code = (
+            "import sys; sys.path.insert(0, %r)\n"
+            "from opsconsole.recording.store import open_for_reading\n"
+            "db = open_for_reading(%r)\n"
+            "print(db.execute('SELECT COUNT(*) FROM chunks').fetchone()[0])\n" % (repo, recording)
+        )
+        done = subprocess.run(as_nobody + [python, "-c", code], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert int(done.stdout) > 0
+        assert sorted(os.listdir(folder)) == ["h200.opsrec"]  # nothing written beside it
+    finally:
+        os.chmod(folder, 0o700)
+        shutil.rmtree(folder)

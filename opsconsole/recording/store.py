@@ -252,7 +252,25 @@ def open_for_reading(path: str) -> sqlite3.Connection:
     if head != SQLITE_MAGIC:
         raise RecordingError("%s: not an opsconsole recording" % _shown(path))
     try:
-        db = sqlite3.connect(_uri(path, "ro"), uri=True, check_same_thread=False)
+        return _checked_for_reading(path, _uri(path, "ro"))
+    except sqlite3.OperationalError as exc:
+        if "readonly" not in str(exc):
+            raise RecordingError("%s: not an opsconsole recording (%s)" % (_shown(path), exc)) from None
+    # A recording in WAL mode whose -shm file is missing, in a directory we may not write (someone
+    # else's run, a read-only copy): SQLite cannot make the -shm. Nobody can be writing it there,
+    # so it is read as immutable: the main file alone, no locks.
+    try:
+        return _checked_for_reading(path, _uri(path, "ro") + "&immutable=1")
+    except sqlite3.Error as exc:
+        raise RecordingError("%s: not an opsconsole recording (%s)" % (_shown(path), exc)) from None
+
+
+def _checked_for_reading(path: str, uri: str) -> sqlite3.Connection:
+    """The connection, its schema and format checked; sqlite3.OperationalError left to the caller."""
+    try:
+        db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    except sqlite3.OperationalError:
+        raise
     except sqlite3.Error as exc:
         raise RecordingError("%s: not an opsconsole recording (%s)" % (_shown(path), exc)) from None
     try:
@@ -260,6 +278,9 @@ def open_for_reading(path: str) -> sqlite3.Connection:
         db.execute("PRAGMA query_only=ON")
         _check_schema(db, path)
         _check_meta(db, path, writing=False)
+    except sqlite3.OperationalError:
+        db.close()
+        raise
     except sqlite3.Error as exc:
         db.close()
         raise RecordingError("%s: not an opsconsole recording (%s)" % (_shown(path), exc)) from None
