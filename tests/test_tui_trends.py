@@ -8,7 +8,7 @@ from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states 
 
 from opsconsole.config import parse_config  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
-from opsconsole.tui.history_view import HistoryScreen  # noqa: E402
+from opsconsole.tui.history_view import HistoryScreen, plot_points  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (140, 40)
@@ -46,6 +46,9 @@ async def test_gpu_rows_draw_the_recent_utilisation_and_t_plots_it():
         screen = app.screen
         assert isinstance(screen, HistoryScreen) and (screen.node, screen.gpu) == ("local", 1)
         assert screen.ring("utilization") is ring
+        # Seconds ago on the console's clock (FROZEN_NOW here, a recording's time in a replay), not the wall clock's.
+        seconds_ago, _ = plot_points(ring, screen.clock())
+        assert seconds_ago and all(abs(x) < 60 for x in seconds_ago), seconds_ago  # the wall clock: -1e5 and more
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, HistoryScreen)

@@ -76,7 +76,7 @@ class HistoryScreen(ModalScreen[None]):
     """
     BINDINGS = [Binding("escape,q,h", "dismiss", "Close", id="history.close")]
 
-    def __init__(self, history: History, node: str, gpu: Optional[int], now=time.time) -> None:
+    def __init__(self, history: History, node: str, gpu: Optional[int], now=None) -> None:
         super().__init__()
         self.history = history
         self.node = node
@@ -106,8 +106,13 @@ class HistoryScreen(ModalScreen[None]):
             return self.history.gpu(self.node, self.gpu, metric)
         return self.history.node(self.node, metric)
 
+    def clock(self) -> float:
+        """Now as the console sees it: a replay's is the recording's (the wall clock put its samples
+        "-104574 seconds ago")."""
+        return (self.now or getattr(self.app, "now", time.time))()
+
     def redraw(self) -> None:
-        now = self.now()
+        now = self.clock()
         for (metric, _, _, _), plot in zip(self.specs, self.plots):
             plot.draw(*plot_points(self.ring(metric), now))
 
