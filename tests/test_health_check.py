@@ -113,6 +113,17 @@ def test_node_selection_and_unknown_names(tmp_path, clean_home):
     assert bad.stderr.strip() == "opsconsole: check: no node is named bx (did you mean box?); nodes: box, other"
 
 
+def test_level_and_force_without_gpu_tests_are_refused_not_ignored(tmp_path, clean_home):
+    """`check --level 2` used to pass on the telemetry alone, no GPU tested and nothing said."""
+    _, env = clean_home
+    for option in (["--level", "2"], ["--level", "1"], ["--force"]):
+        done = check(tmp_path, env, LOCAL + RELAXED, *option)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.strip() == (
+            "opsconsole: check: --level and --force go with --gpu-tests, e.g. check --gpu-tests --level 2"
+        )
+
+
 def test_gpu_tests_on_a_node_without_a_gpu_are_skipped_not_an_error(tmp_path, clean_home):
     if nvidia_device_files():
         return  # on a GPU machine the suite runs for real (tests/test_health_gpu.py)

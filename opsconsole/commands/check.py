@@ -39,8 +39,7 @@ def register(commands, add_node_options) -> None:
         "--level",
         type=int,
         choices=(1, 2),
-        default=1,
-        help="with --gpu-tests: 1 quick (seconds), 2 longer (as dcgmi diag -r 1/2)",
+        help="with --gpu-tests: 1 quick (seconds, the default), 2 longer (as dcgmi diag -r 1/2)",
     )
     parser.add_argument("--json", action="store_true", help='print {"results": [...]} as JSON')
     parser.add_argument("--all", action="store_true", help="list passing checks too (the table shows problems only)")
@@ -128,8 +127,13 @@ def command_check(args: argparse.Namespace) -> int:
         from opsconsole.commands._arguments import UsageError
 
         raise UsageError("check: no nodes configured")
+    if not args.gpu_tests and (args.force or args.level is not None):
+        from opsconsole.commands._arguments import UsageError
+
+        # Ignored, `check --level 2` would pass on the telemetry alone, no GPU tested.
+        raise UsageError("check: --level and --force go with --gpu-tests, e.g. check --gpu-tests --level 2")
     results = run_without_joining_threads(
-        gather_results(config, args.timeout, args.gpu_tests, args.force, slurm_follower(args), args.level)
+        gather_results(config, args.timeout, args.gpu_tests, args.force, slurm_follower(args), args.level or 1)
     )
     if args.json:
         text = printable_json({"results": [result_to_json(r) for r in results]}, indent=2) + "\n"
