@@ -6,7 +6,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Callable, Dict, FrozenSet, List, Optional, Sequence
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from opsconsole import __version__
 from opsconsole.commands._arguments import (  # noqa: F401 (main and the tests use them from here)
@@ -75,15 +75,21 @@ class PathsAction(argparse.Action):
     `opsconsole --logs a.log report` would follow a file named report and start the console."""
 
     commands: Sequence[str] = ()
+    # The commands that take the flag themselves: for the others, the advice is not to name one.
+    TAKEN_BY: Dict[str, Tuple[str, ...]] = {"--logs": ("report",)}
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         for value in values:
             if value in self.commands:
-                raise argparse.ArgumentError(
-                    self,
-                    "%r is a command: give %s after it (opsconsole %s %s ...)"
-                    % (value, option_string, value, option_string),
-                )
+                if value in self.TAKEN_BY.get(str(option_string), ()):
+                    advice = "give %s after it (opsconsole %s %s ...)" % (option_string, value, option_string)
+                else:
+                    advice = "it takes no %s; %s is for the console (opsconsole %s PATH ..., no command)" % (
+                        option_string,
+                        option_string,
+                        option_string,
+                    )
+                raise argparse.ArgumentError(self, "%r is a command: %s" % (value, advice))
         setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or []) + list(values))
 
 

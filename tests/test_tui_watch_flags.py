@@ -51,6 +51,23 @@ def test_report_takes_logs_after_its_name_and_a_command_is_never_read_as_a_path(
     assert "'report' is a command: give --logs after it (opsconsole report --logs ...)" in err
 
 
+def test_the_advice_names_a_command_only_where_it_takes_the_flag(capsys):
+    """`opsconsole --logs x snapshot` was told to give `snapshot --logs`, which snapshot refuses."""
+    import argparse
+
+    from opsconsole.cli import COMMAND_HELP, PathsAction
+
+    parser = build_parser(import_commands=True)
+    (commands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    for command in COMMAND_HELP:
+        for flag in ("--logs", "--checkpoints"):
+            takes = flag in commands.choices[command]._option_string_actions
+            assert takes == (command in PathsAction.TAKEN_BY.get(flag, ())), (command, flag)
+    assert main(["--logs", "a.log", "snapshot"]) == 2
+    err = capsys.readouterr().err
+    assert "'snapshot' is a command: it takes no --logs; --logs is for the console (opsconsole --logs PATH" in err
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [
