@@ -434,6 +434,17 @@ async def test_a_pipe_with_no_reader_is_said_so(tmp_path):
     assert any("no reader on the pipe" in why for why in whys) and any("No such file" in why for why in whys)
 
 
+def test_collect_options_without_collect_are_refused_not_ignored(capsys):
+    from opsconsole.cli import main
+
+    fixtures = os.path.join(ROOT, "tests", "data", "flight_recorder")
+    for option in (["--no-ask"], ["--wait", "3"], ["--node", "gpu07"]):
+        assert main(["fr", fixtures] + option) == 2
+        assert capsys.readouterr().err.strip() == (
+            "opsconsole: fr: --node, --no-ask and --wait go with --collect, e.g. fr --collect --node gpu07"
+        )
+
+
 async def test_a_node_with_no_training_ranks_says_so(tmp_path):
     """`fr --collect` where no rank runs: the reason and where to look, not only an empty directory."""
     from opsconsole.probe.rank_stacks import find_ranks

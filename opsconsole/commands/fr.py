@@ -60,7 +60,6 @@ def register(commands: Any, add_node_options: Callable[[argparse.ArgumentParser]
         "--wait",
         metavar="S",
         type=float,
-        default=10.0,
         help="with --collect: seconds to wait for the ranks to write their dumps (10)",
     )
     parser.set_defaults(handler=command_fr)
@@ -70,6 +69,9 @@ def command_fr(args: argparse.Namespace) -> int:
     from opsconsole.commands._arguments import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE, UsageError
     from opsconsole.hang.flight_recorder import analyse_dir, analysis_json
 
+    if not args.collect and (args.node or args.no_ask or args.wait is not None):
+        # Ignored, they would read as if they had chosen what was collected.
+        raise UsageError("fr: --node, --no-ask and --wait go with --collect, e.g. fr --collect --node gpu07")
     if args.collect:
         args.directory = _collect(args)
     elif args.directory is None:
@@ -107,6 +109,8 @@ def _collect(args: argparse.Namespace) -> str:
     config = chosen_nodes(config_from_args(args), args.node)
     if not config.nodes:
         raise UsageError("fr --collect: no nodes configured")
+    if args.wait is None:
+        args.wait = 10.0
     if not 0 <= args.wait <= 600:
         raise UsageError("fr --collect: --wait must be between 0 and 600 seconds")
     directory = args.directory or tempfile.mkdtemp(prefix="opsconsole-fr-", dir=".")
