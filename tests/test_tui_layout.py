@@ -206,3 +206,19 @@ async def test_help_box_fits_the_terminal_and_cuts_no_binding(width):
         else:
             assert column.width < len(longest[2])
             assert table.rows[next(k for k in table.rows if k.value == longest[0])].height >= 2  # wrapped, not cut
+
+
+async def test_overview_process_row_shows_at_80_columns():
+    """The overview's process table at 80x24 scrolls sideways; its scrollbar gets a line of its own
+    instead of covering the only process row."""
+    (state,) = single_node_states()
+    pids = [str(p.pid) for p in state.frame.processes]
+    assert pids
+    app = console([state])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("o")
+        await wait_for(
+            lambda: any(line.split()[:1] == [pids[0]] for line in screen_lines(app) if line.strip()),
+            "the first process row on the overview",
+            pilot=pilot,
+        )

@@ -512,10 +512,12 @@ class OverviewPane(LivePane):
         self._shown[widget_id] = key
         self.query_one("#" + widget_id, Static).update(text, layout=False)
 
-    def _fit_table_height(self, rows: int, room: int) -> None:
+    def _fit_table_height(self, rows: int, room: int, scrollbar: bool = False) -> None:
         """The process table as tall as its rows (a DataTable repaints all of itself on any cell
-        change, so empty rows below the processes would be sent to the terminal every second)."""
-        height = max(2, min(rows + 1, max(room, PROCESS_MIN_ROWS + 1)))
+        change, so empty rows below the processes would be sent to the terminal every second), and a
+        line more for its horizontal scrollbar when the columns are wider than the pane (at 80
+        columns the scrollbar took the only process row's line)."""
+        height = max(2, min(rows + 1, max(room, PROCESS_MIN_ROWS + 1))) + (1 if scrollbar else 0)
         if height != self._table_height:
             self._table_height = height
             self.query_one("#overview-procs", DataTable).styles.height = height
@@ -574,5 +576,7 @@ class OverviewPane(LivePane):
         if self.filter_text:
             title += "   filter: %s" % self.filter_text
         self._update("overview-procs-title", Text(printable(title)))
-        self._fit_table_height(len(rows), height - len(gpu_texts) - len(host_lines) - 1)
+        others = sum(column_width + 2 for _, _, column_width in PROCESS_COLUMNS[:-1])
+        scrolls = others + command_width + 2 > self.size.width
+        self._fit_table_height(len(rows), height - len(gpu_texts) - len(host_lines) - 1, scrollbar=scrolls)
         self.sync_table(self.query_one("#overview-procs", DataTable), rows)
