@@ -12,6 +12,7 @@ from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states  # noqa: E402
 from opsconsole.config import parse_config  # noqa: E402
 from opsconsole.recording.replay import RecordingReader  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (140, 40)
 
@@ -142,3 +143,15 @@ async def test_report_key_writes_an_incident_report(tmp_path, monkeypatch):
     with tarfile.open(reports[0]) as tar:
         names = [m.name.split("/", 1)[1] for m in tar.getmembers()]
     assert "summary.md" in names and "snapshot.json" in names
+
+
+async def test_acknowledge_and_silence_with_no_alert_say_so():
+    """a / z on an empty Alerts pane: a toast that says what they act on (a bell alone was silent in tmux)."""
+    app, _ = console("")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("9")
+        for key, words in (("a", "a acknowledges"), ("z", "z silences")):
+            await pilot.press(key)
+            await wait_for(
+                lambda: any(words in str(n.message) for n in app._notifications), "the %s toast" % key, pilot=pilot
+            )

@@ -165,8 +165,8 @@ class AlertsPane(LivePane):
     def action_acknowledge(self) -> None:
         """Acknowledge the highlighted alert (not announced again), or take the acknowledgement back."""
         key = self.highlighted_alert()
-        if key is None:
-            self.app.bell()
+        if key is None:  # a bell alone said nothing in most terminals
+            self.app.notify("no alert selected: a acknowledges the highlighted alert", severity="warning")
             return
         acked = self.app.services.alerts.acknowledge(key)
         self.app.notify(
@@ -179,7 +179,7 @@ class AlertsPane(LivePane):
         """Silence the highlighted alert for 15 min, then 1 h, 8 h, then lift the silence."""
         key = self.highlighted_alert()
         if key is None:
-            self.app.bell()
+            self.app.notify("no alert selected: z silences the highlighted alert", severity="warning")
             return
         engine = self.app.services.alerts
         now = self.app.now()
