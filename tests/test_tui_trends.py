@@ -79,3 +79,13 @@ async def test_node_rows_draw_the_mean_utilisation_trend_and_t_plots_the_node():
         await pilot.press("t")
         await pilot.pause()
         assert isinstance(app.screen, HistoryScreen) and (app.screen.node, app.screen.gpu) == ("gpu-a01", None)
+
+
+async def test_t_with_no_row_highlighted_says_so():
+    """`t` on a GPUs or Nodes table that the filter emptied: a toast says what it plots (a bell was silent)."""
+    app = OpsConsole(parse_config("", "test.toml"), FakeFleet(cluster_states()), now=lambda: FROZEN_NOW)
+    async with app.run_test(size=NODES_SIZE) as pilot:
+        for pane_key, words in (("1", "no GPU selected"), ("4", "no node selected")):
+            await pilot.press(pane_key, "slash", *"nosuchthing", "enter", "t")
+            await wait_for(lambda: any(words in str(n.message) for n in app._notifications), repr(words), pilot=pilot)
+            await pilot.press("escape")

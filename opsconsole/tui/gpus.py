@@ -233,8 +233,8 @@ class GpusPane(ActionKeys, LivePane):
     def action_trends(self) -> None:
         found = self.highlighted_gpu()
         history = getattr(getattr(self.app, "services", None), "history", None)
-        if found is None or history is None:
-            self.app.bell()
+        if found is None or history is None:  # a bell alone said nothing in most terminals
+            self.app.notify("no GPU selected: t plots the highlighted GPU's last minutes", severity="warning")
             return
         from opsconsole.tui.history_view import HistoryScreen  # plotext loads only when asked for
 

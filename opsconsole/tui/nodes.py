@@ -189,7 +189,7 @@ class NodesPane(ActionKeys, TablePane):
         node = self.highlighted_node()
         history = self.history()
         if node is None or history is None:
-            self.app.bell()
+            self.app.notify("no node selected: t plots the highlighted node's last minutes", severity="warning")
             return
         from opsconsole.tui.history_view import HistoryScreen  # plotext loads only when asked for
 
