@@ -194,6 +194,7 @@ async def test_help_box_fits_the_terminal_and_cuts_no_binding(width):
         )
         top = next(line for line in lines if "╮" in line)
         assert top.index("╮") < width
+        assert any("esc closes" in line for line in lines)  # the note under the table, with how to remap a key
         rows = app.help_rows()
         table = app.screen.query_one("#help-table")
         longest = max(rows, key=lambda row: len(row[2]))

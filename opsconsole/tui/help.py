@@ -32,12 +32,12 @@ class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > Vertical {
-        width: auto; max-width: 100%; height: auto; max-height: 90%;
+        width: auto; max-width: 100%; height: 90%;
         border: round $primary; background: $surface; padding: 0 1;
     }
     HelpScreen #help-title { text-style: bold; height: 1; }
     HelpScreen #help-note { color: $text-muted; height: auto; }
-    HelpScreen DataTable { height: auto; max-height: 30; }
+    HelpScreen DataTable { height: 1fr; }  /* the rest is the note's: at 80x24 a table of auto height pushed it off */
     """
 
     def __init__(self, rows: Sequence[HelpRow], config_source: str) -> None:
