@@ -58,7 +58,9 @@ from opsconsole.nodes.ssh_connection import (  # noqa: F401 (names importers of 
     OutputOverLimit,
     SshConnection,
     ciphers_for,
+    connection_lost,
     describe_connect_error,
+    exit_status_of,
     keepalive_beside_stream,
     keepalive_for,
     parse_jump,
@@ -581,13 +583,10 @@ class SshLink(SshConnection, NodeLink):
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(process.wait_closed(), PROBE_EXIT_WAIT_S)
             except (asyncssh.Error, OSError) as exc:
-                raise LinkError(STATE_DOWN, "connection lost: %s" % (getattr(exc, "reason", None) or exc)) from None
+                raise connection_lost(exc) from None
             finally:
                 process.close()
-        status = process.exit_status
-        if status is None and process.exit_signal:
-            status = -1
-        return status, lines, found["bad"], found["frame"]
+        return exit_status_of(process), lines, found["bad"], found["frame"]
 
     async def _poll_once(self, timeout: float) -> NodeState:
         conn = await self._connected()

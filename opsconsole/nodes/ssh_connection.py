@@ -189,6 +189,19 @@ def describe_connect_error(exc: BaseException, timeout: float) -> Tuple["NodeSta
     return STATE_DOWN, "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
 
 
+def connection_lost(exc: BaseException) -> LinkError:
+    """The LinkError of a channel that broke while a command or the probe ran."""
+    return LinkError(STATE_DOWN, "connection lost: %s" % (getattr(exc, "reason", None) or exc))
+
+
+def exit_status_of(process: Any) -> Optional[int]:
+    """A finished SSH process's exit status; -1 when a signal ended it (asyncssh gives no status then)."""
+    status = process.exit_status
+    if status is None and process.exit_signal:
+        return -1
+    return status
+
+
 class OutputTooLong(Exception):
     """A command's output went over its limit (see _communicate_bounded)."""
 
@@ -479,13 +492,10 @@ class SshConnection:
             except OutputTooLong as exc:
                 raise OutputOverLimit(STATE_DOWN, "the command's %s" % exc) from None
             except (asyncssh.Error, OSError) as exc:
-                raise LinkError(STATE_DOWN, "connection lost: %s" % (getattr(exc, "reason", None) or exc)) from None
+                raise connection_lost(exc) from None
             finally:
                 process.close()
-        status = process.exit_status
-        if status is None and process.exit_signal:
-            status = -1
-        return status, stdout or "", stderr or ""
+        return exit_status_of(process), stdout or "", stderr or ""
 
     async def run_command(
         self, argv: List[str], timeout: float = 30.0, input: Optional[str] = None
