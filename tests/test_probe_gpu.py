@@ -48,7 +48,6 @@ FAST_CALLS = (
     "nvmlEventSetWait_v2",
 )
 SLOW_CALLS = (
-    "nvmlDeviceGetTotalEnergyConsumption",
     "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetEccMode",
     "nvmlDeviceGetRemappedRows",
@@ -275,12 +274,24 @@ def test_slow_fields_are_read_every_n_ticks_and_static_ones_once():
             assert replay.count(name, index) == 3, name  # ticks 1, 6, 11
         for name in STATIC_CALLS:
             assert replay.count(name, index) == 1, name
-        assert replay.count("nvmlDeviceGetTemperatureThreshold", index) == 2 * 3
+        assert replay.count("nvmlDeviceGetTemperatureThreshold", index) == 2  # slowdown, shutdown: once
+        assert replay.count("nvmlDeviceGetTotalEnergyConsumption", index) == 1  # every 6th slow tick
     assert replay.count("nvmlEventSetWait_v2") == 22  # one drain per GPU per tick
     assert replay.count("nvmlInit") == 1
     # Between slow ticks the last slow values are reported again.
     assert all(r.gpus[0].pcie_gen == RECORDED["pcie_gen"] for r in readings)
     assert all(r.gpus[1].energy_j == readings[0].gpus[1].energy_j for r in readings)
+
+
+def test_the_energy_counter_is_read_on_every_sixth_slow_tick_and_kept_between():
+    replay = ReplayNvml()
+    reader = make_reader(replay, slow_every=2)
+    first = reader.read().gpus[0]
+    replay.device["energy_mj"] = replay.device["energy_mj"] + 5000
+    readings = [reader.read().gpus[0] for _ in range(12)]  # ticks 2..13: slow on 3, 5, 7, 9, 11, 13
+    assert replay.count("nvmlDeviceGetTotalEnergyConsumption", 0) == 2  # slow reads 0 and 6 (tick 13)
+    assert all(r.energy_j == first.energy_j for r in readings[:-1])  # kept, not None, in between
+    assert readings[-1].energy_j == first.energy_j + 5.0
 
 
 def test_slow_values_refresh_only_on_slow_ticks():
