@@ -8,7 +8,15 @@ from typing import List
 from opsconsole.model import STATE_STALE, STATE_UP, NodeFrame, NodeState, from_wire
 from tests.conftest import FIXTURES
 
-_BASE = from_wire(NodeFrame, json.loads((FIXTURES / "h200_frame.json").read_text()))
+_CAPTURED = from_wire(NodeFrame, json.loads((FIXTURES / "h200_frame.json").read_text()))
+# The capture predates the kernel-thread flag; flagged as the probe flags them now (a kernel thread
+# is what has no command line there), so a replay gives back exactly what was recorded.
+_BASE = replace(
+    _CAPTURED,
+    top_processes=tuple(
+        replace(row, kernel_thread=row.command == "[%s]" % row.name) for row in _CAPTURED.top_processes
+    ),
+)
 
 
 def node_state(node: int, tick: int, t0: float = 1_800_000_000.0, gpus: int = 8) -> NodeState:

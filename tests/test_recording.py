@@ -320,3 +320,36 @@ async def test_replay_link_plays_the_recording_as_a_live_looking_node():
     assert seen[-1].frame.node == "h200-replay"
     assert seen[-1].age(__import__("time").time()) < 5  # shifted to the present
     assert "replay of h200-training.opsrec" == seen[-1].address
+
+
+def test_the_shipped_recording_marks_its_kernel_threads_though_its_probe_did_not():
+    """examples/h200-training.opsrec was recorded before the probe flagged kernel threads (and sent
+    ppid): replayed, its kworkers and kthreadd are marked, every process with a command line is not."""
+    reader = RecordingReader(str(SHIPPED))
+    t = reader.first_full_time()
+    while t <= reader.end:
+        rows = reader.seek(t)["local"].frame.top_processes
+        kernel = {row.pid for row in rows if row.kernel_thread}
+        by_pid = {row.pid: row for row in rows}
+        assert 2 in kernel and all(by_pid[pid].command == "[%s]" % by_pid[pid].name for pid in kernel)
+        assert {1, 421, 430} <= set(by_pid) - kernel  # init, the job's shell and the training process
+        t += 10.0
+    reader.close()
+
+
+def test_kernel_threads_of_an_old_probe_are_told_from_user_processes_by_what_it_sent():
+    """The rule a replay uses on samples without the flag, on the shapes old probes sent."""
+    from opsconsole.model import ProcessSample
+    from opsconsole.probe.procs import looks_like_kernel_thread
+
+    def sample(pid, ppid, command, rss=0, state="S", name="kworker/0:1"):
+        return ProcessSample(pid=pid, name=name, command=command, ppid=ppid, rss_bytes=rss, state=state)
+
+    assert looks_like_kernel_thread(sample(2, 0, "[kworker/0:1]"))  # kthreadd itself
+    assert looks_like_kernel_thread(sample(77, 2, ""))  # kthreadd's child, no command line
+    assert looks_like_kernel_thread(sample(77, None, "[kworker/0:1]"))  # no ppid sent: no memory, not a zombie
+    assert not looks_like_kernel_thread(sample(2, 1, "sleep 60", rss=900))  # pid 2 in a container
+    assert not looks_like_kernel_thread(sample(77, 2, "python train.py"))  # has a command line
+    assert not looks_like_kernel_thread(sample(77, 1, "[kworker/0:1]"))  # its parent is not kthreadd
+    assert not looks_like_kernel_thread(sample(77, None, "[python]", state="Z"))  # a zombie
+    assert not looks_like_kernel_thread(sample(77, None, "[python]", rss=4096))  # memory of its own

@@ -521,10 +521,12 @@ def test_fuzz_overwritten_bytes_in_the_file_replay_or_are_a_clean_error(base_rec
     open_and_play(fresh(scratch, bytes(content)))
 
 
-def test_a_recording_without_its_shm_in_a_directory_nobody_may_write_still_opens():
+@pytest.mark.parametrize("wal", [False, True], ids=["as shipped", "in WAL mode"])
+def test_a_recording_without_its_shm_in_a_directory_nobody_may_write_still_opens(wal):
     """A WAL recording copied alone (no -shm) where the reader may not write: SQLite cannot make the
     -shm and said "attempt to write a readonly database"; it is read as immutable instead. Root may
-    write anywhere, so as root the reader runs as nobody (the system python3: store.py is stdlib)."""
+    write anywhere, so as root the reader runs as nobody (the system python3: store.py is stdlib).
+    The shipped example is one file (rollback journal, no side files in git) and opens so too."""
     import subprocess
     import tempfile
 
@@ -539,6 +541,13 @@ def test_a_recording_without_its_shm_in_a_directory_nobody_may_write_still_opens
     try:
         recording = os.path.join(folder, "h200.opsrec")
         shutil.copyfile(os.path.join(repo, "examples", "h200-training.opsrec"), recording)
+        if wal:  # WAL mode stays in the header; closing the last connection removes -wal and -shm
+            db = sqlite3.connect(recording)
+            db.execute("PRAGMA journal_mode=WAL").fetchone()
+            db.close()
+        with open(recording, "rb") as header:
+            assert header.read(20)[18:] == (b"\x02\x02" if wal else b"\x01\x01")  # read and write versions
+        assert sorted(os.listdir(folder)) == ["h200.opsrec"]
         os.chmod(recording, 0o444)
         os.chmod(folder, 0o555)
         code = (

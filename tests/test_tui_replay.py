@@ -9,6 +9,7 @@ from opsconsole.config import Config, ConsoleConfig
 from opsconsole.recording.recorder import Recorder
 from opsconsole.recording.replay import ReplayFleet
 from opsconsole.tui.replay import ReplayConsole, replay_text
+from opsconsole.tui.table_diff import row_keys_in_order
 from tests.recording_frames import fleet_ticks
 from tests.waiting import wait_for
 
@@ -132,3 +133,24 @@ async def test_process_details_on_a_replay_say_it_is_a_replay(recording):
             pilot=pilot,
         )
         assert "no connection" not in str(node_part.render())
+
+
+async def test_processes_hide_the_kernel_threads_of_a_recording_from_before_the_flag():
+    """The shipped H200 recording's probe sent no kernel-thread flag: replayed, Processes hides its
+    kernel threads and says how many, as on a live node."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / "examples" / "h200-training.opsrec"
+    app, fleet = make_console(str(shipped))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("space", "2")
+        pane = app.panes["processes"]
+        host = await wait_for(
+            lambda: pane.host_table.table if pane.host_table.table.row_count else None, "host processes", pilot=pilot
+        )
+        listed = {int(key.rpartition("/")[2]) for key in row_keys_in_order(host)}
+        rows = fleet.states()["local"].frame.top_processes
+        kernel = {row.pid for row in rows if row.kernel_thread}
+        assert 2 in kernel and not listed & kernel
+        assert {1, 430} <= listed
+        assert "%d kernel threads hidden: T" % len(kernel) in str(pane.status.render())

@@ -107,6 +107,23 @@ def is_kernel_thread(flags: int) -> bool:
     return bool(flags & PF_KTHREAD)
 
 
+def looks_like_kernel_thread(sample: ProcessSample) -> bool:
+    """Whether a sample sent without the kernel-thread flag (a probe from before 2026-12-03) is one.
+
+    The /proc reader reads PF_KTHREAD; the psutil reader takes kthreadd (pid 2) and its children.
+    Here a kernel thread must also have no command line ("" or ps's "[name]"), so pid 2 in a
+    container's pid namespace, a user process, is not one. Probes older still sent no ppid: then
+    no command line, no memory of its own (RSS 0) and not a zombie (which has neither either).
+    """
+    if sample.command not in ("", "[%s]" % sample.name):
+        return False
+    if sample.pid == 2 or sample.ppid == 2:
+        return True
+    if sample.ppid is not None:
+        return False
+    return sample.rss_bytes == 0 and sample.state not in ("Z", "X")
+
+
 def top_by_cpu(rows: Sequence[ProcessSample], limit: int) -> Tuple[ProcessSample, ...]:
     """The `limit` rows with the most CPU %, ties broken by RSS then pid (None counts as 0)."""
     ranked = sorted(rows, key=lambda r: (-(r.cpu_percent or 0.0), -(r.rss_bytes or 0), r.pid))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sqlite3
 import time
@@ -10,6 +11,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from opsconsole.model import NODE_STATES, NodeFrame, NodeState, from_wire
 from opsconsole.nodes.totals import FleetTotals, totals_of
+from opsconsole.probe.procs import looks_like_kernel_thread
 from opsconsole.probe.wire_delta import DeltaError, apply_delta
 from opsconsole.recording import store
 from opsconsole.sanitize import printable_line
@@ -176,10 +178,10 @@ class RecordingReader:
                 raise ValueError("not an object")
             if "delta" in wire:
                 try:
-                    return apply_delta(frame, wire)
+                    return with_kernel_threads_marked(apply_delta(frame, wire))
                 except DeltaError:
                     return frame  # a chain broken by retention: the frame waits for the next keyframe
-            return from_wire(NodeFrame, wire)
+            return with_kernel_threads_marked(from_wire(NodeFrame, wire))
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             self._note(
                 "%s at %s: frame left out (%s)" % (name, _clock(record["t"]), str(exc)[:200] or type(exc).__name__)
@@ -194,6 +196,25 @@ class RecordingReader:
 
     def close(self) -> None:
         self._db.close()
+
+
+def with_kernel_threads_marked(frame: NodeFrame) -> NodeFrame:
+    """`frame` with its kernel threads marked where its probe predates the flag (kernel_thread None).
+
+    Recordings made before 2026-12-03 (examples/h200-training.opsrec among them) carry no flag,
+    and the console would list their kernel threads and say none is hidden. Only the rows found
+    to be kernel threads are replaced: the rest stay the objects (and the values) recorded.
+    """
+    rows = frame.top_processes
+    if not any(row.kernel_thread is None and looks_like_kernel_thread(row) for row in rows):
+        return frame
+    marked = tuple(
+        dataclasses.replace(row, kernel_thread=True)
+        if row.kernel_thread is None and looks_like_kernel_thread(row)
+        else row
+        for row in rows
+    )
+    return dataclasses.replace(frame, top_processes=marked)
 
 
 def _clock(t: float) -> str:
