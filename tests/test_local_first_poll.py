@@ -5,6 +5,7 @@ the node's state as usual."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 from opsconsole.config import NodeConfig
@@ -23,9 +24,13 @@ class CountingProbe:
         self.inner = Probe(node_name="local", disk_paths=("/",))
         self.threads = []
 
-    def poll(self):
+    def poll(self, **options):
         self.threads.append(threading.current_thread().name)
-        return self.inner.poll()
+        return self.inner.poll(**options)
+
+    def prime_processes(self):
+        self.threads.append("prime:" + threading.current_thread().name)
+        self.inner.prime_processes()
 
 
 class BrokenProbe:
@@ -51,10 +56,34 @@ def test_the_first_poll_started_before_the_loop_is_the_first_state():
 
     first, second = asyncio.run(two_polls())
     assert len(probes) == 1
-    assert probes[0].threads == ["opsconsole-probe", "opsconsole-probe"]  # never the loop's thread
+    # never the loop's thread; the process list's baseline taken after the first frame, before the second
+    assert probes[0].threads == ["opsconsole-probe", "prime:opsconsole-probe", "opsconsole-probe"]
     assert first.state == STATE_UP and first.frame is not None and first.frame.seq == 1
     assert second.frame is not None and second.frame.seq == 2
-    assert first.frame.host is not None and first.frame.top_processes
+    # The first frame: host and GPUs, not the host's process list (no CPU % yet, a user and command
+    # line read per process); the next one has the list, with CPU % from the baseline taken between.
+    assert first.frame.host is not None and first.frame.top_processes == ()
+    assert second.frame.top_processes
+    assert any(p.cpu_percent is not None for p in second.frame.top_processes)
+    assert any(p.pid == os.getpid() and p.command for p in second.frame.top_processes)
+
+
+def test_a_probe_without_a_quick_first_poll_gives_its_whole_frame_first():
+    class PlainProbe:
+        def __init__(self):
+            from opsconsole.probe.agent import Probe
+
+            self.inner = Probe(node_name="local", disk_paths=("/",))
+
+        def poll(self):
+            return self.inner.poll()
+
+    link = LocalLink(
+        NodeConfig(name="local", host="localhost", local=True), interval=1.0, probe_factory=lambda: PlainProbe()
+    )
+    link.start_first_poll()
+    state = asyncio.run(asyncio.wait_for(link._poll(), GUARD_S))
+    assert state.state == STATE_UP and state.frame is not None and state.frame.top_processes
 
 
 def test_a_first_poll_that_fails_makes_the_node_down_with_the_reason():

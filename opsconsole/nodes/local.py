@@ -107,9 +107,15 @@ class LocalLink(NodeLink):
             if not future.set_running_or_notify_cancel():
                 return  # the first _poll was cancelled before the thread ran
             try:
-                future.set_result(self._poll_in_thread())
+                future.set_result(self._poll_in_thread(first=True))
             except BaseException as exc:  # handed to the first _poll, which decides
                 future.set_exception(exc)
+                return
+            # Off the first screen's path: the process list's CPU baseline, so the next poll has CPU %.
+            with self._probe_lock:
+                prime = getattr(self._probe, "prime_processes", None)
+                if prime is not None:
+                    prime()
 
         self._first_poll = future
         threading.Thread(target=work, name="opsconsole-probe", daemon=True).start()
@@ -119,13 +125,20 @@ class LocalLink(NodeLink):
         """The last state this link produced."""
         return self._state
 
-    def _poll_in_thread(self) -> Tuple[Any, Optional[BaseException]]:
+    def _poll_in_thread(self, first: bool = False) -> Tuple[Any, Optional[BaseException]]:
         """A poll and the wire's checks of its frame, both in the probe's thread: checking a few
-        hundred processes costs milliseconds the console's loop would otherwise spend."""
+        hundred processes costs milliseconds the console's loop would otherwise spend.
+
+        `first`: the console's first frame, taken while Textual loads (same GIL): GPUs, host and
+        GPU processes only. The host's process list (no CPU % on a first sample anyway; a user and
+        command line read per process) comes with the next poll."""
         with self._probe_lock:
             if self._probe is None:
                 self._probe = self._make_probe()
-            frame = self._probe.poll()
+            if first and hasattr(self._probe, "prime_processes"):
+                frame = self._probe.poll(host_processes=False)
+            else:
+                frame = self._probe.poll()
         try:
             checked(frame)  # the frame checks the wire gets: what the panes and snapshot read must hold its types
         except Exception as exc:

@@ -86,8 +86,21 @@ class Probe:
                 pass  # the poll will report the same failure as an error
         time.sleep(settle_s)
 
-    def poll(self) -> NodeFrame:
-        """One frame; never raises for a failing part (seq counts frames from 1)."""
+    def prime_processes(self) -> None:
+        """Take the host process list's CPU baseline (no users, no command lines read), so the next
+        poll's list has CPU %: after a poll without host processes."""
+        try:
+            self._process_table.prime()
+        except Exception:
+            pass  # the next poll reports the same failure as an error
+
+    def poll(self, host_processes: bool = True) -> NodeFrame:
+        """One frame; never raises for a failing part (seq counts frames from 1).
+
+        host_processes=False leaves the host's process list out (GPU processes are still joined):
+        the console's first frame, whose list would have no CPU % yet and whose users and command
+        lines (a few hundred reads) would delay the first screen; prime_processes() follows it.
+        """
         started = time.perf_counter()
         now = time.time()
         errors: List[str] = []
@@ -116,7 +129,7 @@ class Probe:
             errors.append("host: " + describe_error(exc))
 
         top: Tuple[ProcessSample, ...] = ()
-        if self.top:
+        if self.top and host_processes:
             try:
                 top = self._process_table.sample(self.top)
                 errors.extend(self._process_table.last_errors)
