@@ -35,6 +35,7 @@ from opsconsole.model import (
     ProcessSample,
     _annotation_text,  # the annotations as text, on any Python
     checked,
+    checked_after,
     from_wire,
 )
 from opsconsole.nodes.fleet import Fleet
@@ -278,6 +279,35 @@ async def test_a_hostile_frame_from_the_local_link_leaves_its_node_bad_and_the_o
     assert bad.reason == BAD_FRAME + "gpus[0].temperature: expected a number or null, got str"
     assert bad.state == STATE_UP and bad.frame is good  # the last good frame, kept
     assert states["fine"].reason is None and states["fine"].frame is good
+
+
+def _host_rows(count: int) -> tuple:
+    return tuple(
+        ProcessSample(pid=100 + i, name="worker", command="python train.py", cpu_percent=1.0) for i in range(count)
+    )
+
+
+def test_rows_held_over_from_the_last_checked_frame_pass_and_new_rows_are_checked_in_place():
+    good = from_wire(NodeFrame, real_wire())
+    rows = _host_rows(5)
+    first = checked(replace(good, top_processes=rows))
+    # The probe hands back idle rows as the same objects: kept, and a new row beside them is checked.
+    fresh = replace(rows[3], cpu_percent=float("nan"))
+    second = replace(good, seq=good.seq + 1, top_processes=rows[:3] + (fresh,) + rows[4:])
+    with pytest.raises(FrameError) as caught:
+        checked_after(second, first)
+    assert str(caught.value) == "top_processes[3].cpu_percent: not a finite number"  # its place in the frame
+    third = replace(good, seq=good.seq + 1, top_processes=rows[:3] + (replace(rows[3], cpu_percent=2.5),) + rows[4:])
+    assert checked_after(third, first) is third
+    # An equal row that is another object is checked like any other (only identity vouches for a row).
+    forged = replace(
+        good, top_processes=tuple(replace(r, name=r.name) for r in rows[:4]) + (replace(rows[4], pid=-(2**64)),)
+    )
+    with pytest.raises(FrameError, match=r"top_processes\[4\]\.pid: integer out of range"):
+        checked_after(forged, first)
+    # Not a frame at all: the full check's answer.
+    with pytest.raises(Exception):
+        checked_after(object(), first)
 
 
 async def test_a_node_whose_first_frame_is_bad_is_down_with_the_reason():
