@@ -51,6 +51,8 @@ MAX_IN_USE_IDS = 2000000
 MAX_IN_USE_PATHS = 20000
 MAX_ROOT_WALK = 200000  # entries looked at to name the in-use files found by identity
 SHOWN_NAMES = 8
+NAMED_UNREADABLE = 3  # processes an incomplete open-file check names
+PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread, which holds no files
 
 
 class UnitProblem(Exception):
@@ -260,26 +262,74 @@ class InUse(object):
     def __init__(self):
         self.ids = set()
         self.paths = set()  # under the prefix given to scan_in_use
-        self.denied = 0
+        self.unreadable = {}  # pid -> (real uid, comm): alive, no kernel thread, its fds or maps not readable
+        self.cannot_list = False  # /proc itself could not be listed: nothing was looked at
         self.processes = 0
         self.truncated = False
+
+    @property
+    def denied(self):
+        return len(self.unreadable) + (1 if self.cannot_list else 0)
 
     def holds(self, record, real_root):
         if (record[2], record[3]) in self.ids:
             return True
         return (real_root.rstrip("/") + "/" + record[0]) in self.paths
 
-    def note(self):
-        """None, or why the check may have missed a process."""
+    def note(self, owner_uid=None):
+        """None, or which processes the check could not look at and what that means for a deletion.
+
+        The directory owner's processes are named first (a job writing checkpoints there is most
+        likely its owner's), then the newest."""
         notes = []
-        if self.denied:
-            text = "open-file check could not look at %d processes" % self.denied
+        if self.cannot_list:
+            notes.append("open-file check could not list /proc: a checkpoint any process holds open could be deleted")
+        if self.unreadable:
+            ranked = sorted(self.unreadable.items(), key=lambda item: (item[1][0] != owner_uid, -int(item[0])))
+            named = ", ".join("pid %s %s" % (pid, comm) for pid, (_, comm) in ranked[:NAMED_UNREADABLE])
+            if len(ranked) > NAMED_UNREADABLE:
+                named += " and %d more" % (len(ranked) - NAMED_UNREADABLE)
+            count = len(ranked)
+            text = "open-file check could not read %d process%s (%s)" % (count, "" if count == 1 else "es", named)
+            text += ": a checkpoint %s open or mapped would not be seen, and could be deleted" % (
+                "it holds" if count == 1 else "they hold"
+            )
             if os.geteuid() != 0:
-                text += " of other users (run as root to see them)"
+                text += " (run as root to see other users' processes)"
             notes.append(text)
         if self.truncated:
             notes.append("open-file check stopped at its limits: it may be incomplete")
         return "; ".join(notes) or None
+
+
+def _process_of(pid):
+    """(start time, comm, kernel thread) of a live process, from /proc/PID/stat; None when it is gone or a zombie."""
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as handle:
+            data = handle.read(4096)
+    except OSError:
+        return None
+    head, _, tail = data.rpartition(b")")
+    fields = tail.split()
+    try:
+        state, flags, started = fields[0], int(fields[6]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+    if state in (b"Z", b"X"):
+        return None  # a zombie holds no files any more
+    return started, head.partition(b"(")[2].decode("utf-8", "replace"), bool(flags & PF_KTHREAD)
+
+
+def _real_uid(pid):
+    """The real uid in /proc/PID/status (/proc/PID itself is root's when the process is not dumpable); None if unknown."""
+    try:
+        with open("/proc/%s/status" % pid, "rb") as handle:
+            for line in handle.read(65536).splitlines():
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
 
 
 def _under(path, prefix):
@@ -303,20 +353,22 @@ def _add_id(found, dev, ino):
 
 
 def _read_fds(found, pid, prefix):
+    """Open files of `pid`; False when the kernel refused to show them (another user's, or not ptrace-readable)."""
     fd_dir = "/proc/%s/fd" % pid
     try:
         names = os.listdir(fd_dir)
     except PermissionError:
-        found.denied += 1
-        return
+        return False
     except OSError:
-        return  # the process ended
+        return True  # the process ended
     for name in names:
         link = fd_dir + "/" + name
         try:
             target = os.readlink(link)
+        except PermissionError:
+            return False  # listing is allowed where reading the links is not (a process root may not ptrace)
         except OSError:
-            continue
+            continue  # closed since the listing
         if not target.startswith("/"):
             continue  # socket:[..], pipe:[..], anon_inode:..
         try:
@@ -326,31 +378,33 @@ def _read_fds(found, pid, prefix):
         if st is not None:
             _add_id(found, st.st_dev, st.st_ino)
         _add_path(found, target, prefix)
+    return True
 
 
 def _read_maps(found, pid, prefix):
-    """File-backed mappings: `addr perms offset MAJ:MIN inode path`."""
+    """File-backed mappings (`addr perms offset MAJ:MIN inode path`); False when the kernel refused them."""
     try:
         handle = open("/proc/%s/maps" % pid, "rb")
     except PermissionError:
-        found.denied += 1
-        return
+        return False
     except OSError:
-        return
+        return True  # the process ended
     with handle:
         read = 0
         last = None
         while True:
             try:
                 line = handle.readline(65536)
+            except PermissionError:
+                return False  # EACCES on read: the ptrace check
             except OSError:
-                return  # EACCES on read (ptrace check) or the process ended
+                return True  # the process ended
             if not line:
-                return
+                return True
             read += len(line)
             if read > MAX_MAPS_BYTES:
                 found.truncated = True
-                return
+                return True
             fields = line.split(None, 5)
             if len(fields) < 6 or not fields[5].startswith(b"/"):
                 continue
@@ -371,19 +425,35 @@ def _read_maps(found, pid, prefix):
 def scan_in_use(prefix, exclude_pid=None):
     """Every file open or mapped by a process we may look at (our own excluded: the deleter's own descriptors)."""
     found = InUse()
-    exclude = str(os.getpid() if exclude_pid is None else exclude_pid)
     try:
         pids = [name for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
-        found.denied += 1
+        found.cannot_list = True
         return found
+    scan_pids(found, pids, prefix, str(os.getpid() if exclude_pid is None else exclude_pid))
+    return found
+
+
+def scan_pids(found, pids, prefix, exclude=None):
+    """Look at the files of each of `pids` (as /proc named them) into `found`.
+
+    Kernel threads hold no files and are passed over; a process that ended during the scan is
+    not counted, not even as unreadable (its refusal was the kernel's for a process being torn
+    down, or its pid is gone); one that stays unreadable is kept with its user and name.
+    """
     for pid in pids:
         if pid == exclude:
             continue
+        before = _process_of(pid)
+        if before is None or before[2]:
+            continue  # gone, a zombie, or a kernel thread
         found.processes += 1
-        _read_fds(found, pid, prefix)
-        _read_maps(found, pid, prefix)
-    return found
+        readable = _read_fds(found, pid, prefix)
+        readable = _read_maps(found, pid, prefix) and readable
+        if not readable:
+            after = _process_of(pid)
+            if after is not None and after[0] == before[0]:  # the same process, still there
+                found.unreadable[pid] = (_real_uid(pid), after[1])
 
 
 def in_use_under(root, exclude_pid=None):
@@ -394,6 +464,7 @@ def in_use_under(root, exclude_pid=None):
         return {"paths": [], "denied": 0, "uid": os.geteuid(), "note": "open-file check: %s" % exc}
     try:
         real_root = real_path_of(fd, root)
+        owner = os.fstat(fd).st_uid
         found = scan_in_use(real_root, exclude_pid)
         paths = set(found.paths)
         if found.ids:
@@ -402,7 +473,7 @@ def in_use_under(root, exclude_pid=None):
         os.close(fd)
     named = root.rstrip("/") or "/"
     shown = sorted(named + p[len(real_root.rstrip("/")) :] if real_root.rstrip("/") != named else p for p in paths)
-    return {"paths": shown, "denied": found.denied, "uid": os.geteuid(), "note": found.note()}
+    return {"paths": shown, "denied": found.denied, "uid": os.geteuid(), "note": found.note(owner)}
 
 
 def _paths_with_ids(root_fd, real_root, found):
@@ -500,6 +571,7 @@ class PinnedRoot(object):
         self.fd = None
         self.refused = None
         self.in_use = InUse()
+        self.owner = None  # uid of the directory: its processes are named first when unreadable
         self.real_root = root
         try:
             fd = open_root(root)
@@ -515,6 +587,7 @@ class PinnedRoot(object):
             )
             return
         self.fd = fd
+        self.owner = os.fstat(fd).st_uid
         self.real_root = real_path_of(fd, root)
         why = self._kept_changed()
         if why:
@@ -547,7 +620,7 @@ class PinnedRoot(object):
     @property
     def note(self):
         """None, or why the in-use check may have missed a process."""
-        return self.in_use.note()
+        return self.in_use.note(self.owner)
 
     def close(self):
         if self.fd is not None:
@@ -699,7 +772,7 @@ def answer(request, state):
         state["pinned"] = pinned
         if pinned.refused:
             return {"ok": False, "why": pinned.refused}
-        return {"ok": True, "real_root": pinned.real_root, "note": pinned.in_use.note()}
+        return {"ok": True, "real_root": pinned.real_root, "note": pinned.note}
     if op in ("check", "delete"):
         pinned = state.get("pinned")
         if pinned is None:

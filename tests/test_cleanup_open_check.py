@@ -1,0 +1,136 @@
+"""The open-file check before a cleanup: what it could not look at, named, and nothing else counted.
+
+A process whose /proc/PID/fd and maps the check cannot read could hold a checkpoint that is then
+deleted: the note names it and says so. Made here with a real child that is not dumpable
+(prctl PR_SET_DUMPABLE 0: its /proc entries need CAP_SYS_PTRACE), read by a scanner without
+that capability (this test's own user, or nobody when the test runs as root). Processes that
+ended during the scan and kernel threads cannot hold files and are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from opsconsole.probe import delete_units
+
+REPO = Path(__file__).resolve().parents[1]
+NOBODY = 65534
+
+# A child that holds its argv[1] open, then makes itself not dumpable, says so and waits.
+HOLD_UNDUMPABLE = """import ctypes, sys
+held = open(sys.argv[1], 'rb')
+assert ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE, 0
+print('ready', flush=True)
+sys.stdin.readline()
+"""
+
+
+def as_scanner():
+    """(argv prefix, python) that runs a scan without CAP_SYS_PTRACE: nobody when we are root."""
+    if os.geteuid() != 0:
+        return [], sys.executable
+    if not (shutil.which("setpriv") and os.path.exists("/usr/bin/python3")):
+        pytest.skip("needs setpriv and /usr/bin/python3 to scan as another user than root")
+    return ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups"], "/usr/bin/python3"
+
+
+@pytest.fixture
+def shared_dir():
+    """A checkpoint directory the scanner's user owns, under a parent both may enter (not pytest's 0700 tmp)."""
+    folder = tempfile.mkdtemp(prefix="opsconsole-open-check-")
+    os.chmod(folder, 0o755)
+    root = Path(folder) / "ckpts"
+    root.mkdir()
+    (root / "checkpoint_epoch_1.pt").write_bytes(b"x" * 4096)
+    if os.geteuid() == 0:
+        for path in (root, root / "checkpoint_epoch_1.pt"):
+            os.chown(path, NOBODY, NOBODY)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_process_the_check_cannot_read_is_named_and_its_risk_said(shared_dir):
+    prefix, python = as_scanner()
+    held = shared_dir / "checkpoint_epoch_1.pt"
+    child = subprocess.Popen(
+        prefix + [python, "-c", HOLD_UNDUMPABLE, str(held)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout.readline().strip() == b"ready"
+        code = (
+            "import json, sys; sys.path.insert(0, %r)\n"
+            "from opsconsole.probe.delete_units import in_use_under\n"
+            "print(json.dumps(in_use_under(%r)))" % (str(REPO), str(shared_dir))
+        )
+        done = subprocess.run(prefix + [python, "-c", code], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+    finally:
+        child.stdin.close()
+        child.wait(30)
+    assert str(held) not in answer["paths"]  # the hold is invisible: that is the risk
+    note = answer["note"]
+    assert note.startswith("open-file check could not read %d process" % answer["denied"])
+    # The directory owner's process first (it may be the job writing there), by pid and name.
+    assert "(pid %d python" % child.pid in note
+    assert "would not be seen, and could be deleted" in note
+
+
+def test_a_process_that_ended_during_the_scan_is_not_counted():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(30)  # listed by /proc before, reaped now: its pid is gone when it is read
+    found = delete_units.InUse()
+    delete_units.scan_pids(found, [str(child.pid)], "/nonexistent")
+    assert (found.processes, found.denied, found.note()) == (0, 0, None)
+
+
+def kernel_thread_pids():
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path("/proc/%s/stat" % entry).read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2 :].split()[6]) & delete_units.PF_KTHREAD:
+                pids.append(entry)
+    return pids
+
+
+def test_kernel_threads_are_not_looked_at_or_counted():
+    kernel = kernel_thread_pids()
+    if not kernel:
+        pytest.skip("no kernel threads visible here (a container without the host's /proc)")
+    found = delete_units.InUse()
+    delete_units.scan_pids(found, kernel, "/nonexistent")
+    assert (found.processes, found.denied) == (0, 0)
+
+
+def test_a_readable_process_is_counted_and_not_named(tmp_path):
+    held = tmp_path / "weights.bin"
+    held.write_bytes(b"w")
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; f = open(sys.argv[1]); print('ready', flush=True); sys.stdin.readline()",
+         str(held)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout.readline().strip() == b"ready"
+        found = delete_units.InUse()
+        delete_units.scan_pids(found, [str(child.pid)], str(tmp_path))
+    finally:
+        child.stdin.close()
+        child.wait(30)
+    assert found.processes == 1 and found.denied == 0 and found.note() is None
+    assert str(held) in found.paths
