@@ -7,7 +7,8 @@ may hand the pid to another. So right before the signal, on the node itself, thi
 - the start time: field 22 of stat (clock ticks after boot) as epoch seconds with the node's
   boot time, within proc_read.START_SLACK_S of the frame's (wider, up to MAX_SLACK_S, where
   the request says the frame knew it less exactly);
-- the command name (comm, which the kernel cuts at 15 characters) and the real uid's user.
+- the command name (comm, which the kernel cuts at 15 characters) and the real uid's user: by
+  name, or by uid where the frame gave a number that is nobody's name (same_user).
 
 Anything different refuses the signal ("pid 1234 is now a different process ...: not
 signalled"). Where the interpreter and kernel have pidfds (Python 3.9+, Linux 5.3+) a pidfd is
@@ -46,18 +47,35 @@ EXIT_REFUSED = 3
 EXIT_NOT_SIGNALLED = 4
 
 
-def _user_name(uid: int) -> str:
-    try:
-        import pwd
+class PasswdUsers(object):
+    """User names and uids as this node's passwd database has them (pwd: NSS, LDAP); tests give a table."""
 
-        return pwd.getpwuid(uid).pw_name
-    except (ImportError, KeyError):
-        return str(uid)
+    def name_of(self, uid: int) -> Optional[str]:
+        """The name of `uid`, None when it has none."""
+        try:
+            import pwd
+
+            return pwd.getpwuid(uid).pw_name
+        except (ImportError, KeyError, OverflowError):
+            return None
+
+    def uid_of(self, name: str) -> Optional[int]:
+        """The uid of the user called `name`, None when there is none."""
+        try:
+            import pwd
+
+            return pwd.getpwnam(name).pw_uid
+        except (ImportError, KeyError, ValueError):  # ValueError: a NUL in the name
+            return None
 
 
-def identity_of(pid: int, proc_root: str = "/proc") -> Dict[str, Any]:
+PASSWD = PasswdUsers()
+
+
+def identity_of(pid: int, proc_root: str = "/proc", users: PasswdUsers = PASSWD) -> Dict[str, Any]:
     """What /proc says of `pid` now: start ticks and time, command name, real uid and user, state.
 
+    `user` is the uid's name, or the uid as a number where it has none (as the probe's frames say it).
     Raises OSError (ENOENT, ESRCH) when there is no such process.
     """
     base = "%s/%d" % (proc_root.rstrip("/"), pid)
@@ -73,7 +91,7 @@ def identity_of(pid: int, proc_root: str = "/proc") -> Dict[str, Any]:
         "start_time": start_time_of(ticks, boot_time(proc_root)),
         "name": name,
         "uid": uid,
-        "user": _user_name(uid) if uid is not None else None,
+        "user": (users.name_of(uid) or str(uid)) if uid is not None else None,
         "state": fields[0].decode("ascii", "replace")[:1],
     }
 
@@ -86,7 +104,24 @@ def same_command(name: str, comm: str) -> bool:
     return name == comm or (len(comm.encode("utf-8", "surrogateescape")) >= COMM_CHARS and name.startswith(comm))
 
 
-def why_different(pid: int, expected: Dict[str, Any], seen: Dict[str, Any]) -> Optional[str]:
+def same_user(user: str, uid: Optional[int], users: PasswdUsers = PASSWD) -> bool:
+    """Whether a frame's `user` is real uid `uid`: names compared with names, uids with uids.
+
+    The probe writes a user's name, or the uid as a number where the uid has no name
+    (probe/procs.py _user_name). So a number that is nobody's name stands for a uid; any other
+    text, a user called "1001" included, is a name, and matches only the uid of that name:
+    never another user whose uid is 1001.
+    """
+    if uid is None:
+        return False
+    if user and all(c in "0123456789" for c in user) and users.uid_of(user) is None:
+        return uid == int(user)
+    return users.name_of(uid) == user
+
+
+def why_different(
+    pid: int, expected: Dict[str, Any], seen: Dict[str, Any], users: PasswdUsers = PASSWD
+) -> Optional[str]:
     """None when `seen` (identity_of) is the process `expected` describes, else the refusal line."""
     reasons = []
     start = expected.get("start_time")
@@ -108,7 +143,7 @@ def why_different(pid: int, expected: Dict[str, Any], seen: Dict[str, Any]) -> O
     if name and not same_command(name, seen["name"]):
         reasons.append("command %r, not %r" % (seen["name"], name))
     user = expected.get("user")
-    if user and user not in (seen["user"], str(seen["uid"])):
+    if user and not same_user(user, seen["uid"], users):
         reasons.append("user %r, not %r" % (seen["user"], user))
     if not reasons:
         return None
@@ -127,7 +162,9 @@ def _open_pidfd(pid: int) -> Optional[int]:
         return None  # ENOSYS (a kernel before 5.3), EPERM (a seccomp filter): check then kill
 
 
-def signal_checked(pid: int, signal_name: str, expected: Dict[str, Any], proc_root: str = "/proc") -> Dict[str, Any]:
+def signal_checked(
+    pid: int, signal_name: str, expected: Dict[str, Any], proc_root: str = "/proc", users: PasswdUsers = PASSWD
+) -> Dict[str, Any]:
     """Send SIG`signal_name` to `pid` if it is still the process `expected` describes; the answer (see above)."""
     answer = {"pid": pid, "signal": signal_name, "signalled": False, "via": None, "refused": None, "error": None}
     answer["seen"] = None
@@ -144,12 +181,12 @@ def signal_checked(pid: int, signal_name: str, expected: Dict[str, Any], proc_ro
         return answer
     try:
         try:
-            seen = identity_of(pid, proc_root)
+            seen = identity_of(pid, proc_root, users)
         except (OSError, ValueError, IndexError):
             answer["error"] = "pid %d has exited: not signalled" % pid
             return answer
         answer["seen"] = seen
-        why = why_different(pid, expected, seen)
+        why = why_different(pid, expected, seen, users)
         if why is not None:
             answer["refused"] = why
             return answer
