@@ -142,18 +142,25 @@ def fresh_store(root: Path, store_dir: Path) -> ProofStore:
     return ProofStore("local", str(root), str(store_dir), racy_s=RACY_S)
 
 
-def test_a_later_listing_uses_the_kept_proofs_and_lists_the_same(kept_units):
+def test_a_later_listing_uses_the_kept_listing_and_lists_the_same(kept_units):
+    """Nothing changed: a new process takes the whole listing kept for exactly these files, entry for entry."""
     root, store_dir = kept_units
     before = by_name(scan(root))
     store = fresh_store(root, store_dir)
     after = by_name(scan(root, store))
-    assert store.unit_hits == 2 and store.hits == 0 and store.stored == store.units_stored == 0
-    for name, entry in before.items():
-        assert (after[name].integrity, after[name].problem, after[name].meta) == (
-            entry.integrity,
-            entry.problem,
-            entry.meta,
-        )
+    assert store.listing_hits == 1 and store.unit_hits == store.hits == 0
+    assert store.stored == store.units_stored == store.listings_stored == 0
+    assert after == before  # every field, the judged identities (taken from the stats just made) too
+
+
+def test_a_new_name_beside_the_units_misses_the_kept_listing_and_each_units_result_is_used(kept_units):
+    root, store_dir = kept_units
+    (root / "notes.txt").write_text("a name the kept listing was not made with")
+    before = by_name(scan(root))
+    store = fresh_store(root, store_dir)
+    after = by_name(scan(root, store))
+    assert store.listing_hits == 0 and store.unit_hits == 2 and store.hits == 0
+    assert after == before
 
 
 def test_a_file_truncated_after_its_proof_was_kept_is_read_again_and_found_truncated(kept_units):
@@ -210,12 +217,14 @@ def test_a_damaged_or_foreign_store_is_ignored_and_the_files_are_read(kept_units
         # Every record's integrity a number, its problem a list: each one a miss, never a result.
         import json
 
-        document = json.loads(text)
-        for record in document["files"].values():
+        head, units, files = (json.loads(line) for line in text.splitlines())
+        for record in files["files"].values():
             record[6], record[7] = 1, ["x"]
-        for record in document["units"].values():
-            record[4]["details"] = [["a", 1]]
-        path.write_text(json.dumps(document))
+        for record in units["units"].values():
+            record[4][12] = ["a", 1]  # the details, flattened: a number where a text goes
+        for record in head["listing"][2]:
+            record[17][12] = ["a", 1]
+        path.write_text("\n".join(json.dumps(part) for part in (head, units, files)))
     elif damage == "group-writable":
         path.chmod(0o664)
     else:
@@ -225,7 +234,7 @@ def test_a_damaged_or_foreign_store_is_ignored_and_the_files_are_read(kept_units
     cut_in_half(root / "checkpoint-1000" / "scheduler.pt")  # a change only a read finds
     store = fresh_store(root, store_dir)
     entries = by_name(scan(root, store))
-    assert store.hits == store.unit_hits == 0
+    assert store.hits == store.unit_hits == store.listing_hits == 0
     assert entries["checkpoint-1000"].integrity == "truncated" and entries["checkpoint-500"].integrity == "ok"
 
 

@@ -25,20 +25,29 @@ this module gives) going first.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import math
+import operator
 import os
 import stat as stat_module
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import orjson
 
-from opsconsole.checkpoints.records import INTEGRITIES, INTEGRITY_UNCHECKED, CheckpointMeta, StateDictSummary
+from opsconsole.checkpoints.records import (
+    INTEGRITIES,
+    INTEGRITY_UNCHECKED,
+    CheckpointEntry,
+    CheckpointMeta,
+    StateDictSummary,
+)
 
 # Bumped whenever what a check proves changes: older stores are then ignored whole.
 # 2: every weight and state file of a unit checked (not the first 64); a zip-less file of zeros corrupt.
-FORMAT = 2
+# 3: three lines (format and whole listing, units, files); unit metadata one flat list.
+FORMAT = 3
 RACY_S = 3.0  # a file's ctime must be this much older than its proof (coarse timestamps: FAT 2 s, ext3 1 s)
 MAX_STORE_BYTES = 16 * 1024 * 1024
 MAX_RECORDS = 50_000  # files in one store (one listed directory)
@@ -70,22 +79,34 @@ def cache_home(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
 
 
 class ProofStore:
-    """The proofs kept for one listed directory; loaded at the first lookup, written by flush()."""
+    """The proofs kept for one listed directory; loaded at the first lookup, written by flush().
+
+    The store file is three JSON lines, each parsed only when asked for: the format and the
+    kept listing (what a later listing of unchanged files asks first), the unit results, the
+    file proofs (what a listing with a change asks next).
+    """
 
     def __init__(self, node: str, root: str, directory: Optional[str], racy_s: float = RACY_S) -> None:
         self.directory = directory
         self.racy_s = racy_s
         key = hashlib.sha256(("%s\0%s" % (node, os.path.abspath(root))).encode("utf-8", "surrogateescape"))
         self.path = os.path.join(directory, key.hexdigest()[:32] + ".json") if directory else None
-        self._records: Optional[Dict[str, list]] = None
-        self._units: Dict[str, list] = {}
+        self._loaded = False
+        self._listing: Any = None  # [digest, other, entry records] as read, unchecked
+        self._raw_units: Optional[bytes] = None
+        self._raw_files: Optional[bytes] = None
+        self._records_read: Optional[Dict[str, list]] = None
+        self._units_read: Optional[Dict[str, list]] = None
         self._used: Dict[str, list] = {}
         self._used_units: Dict[str, list] = {}
+        self._new_listing: Optional[list] = None
         self._dirty = False
         self.hits = 0  # files whose kept proof was used
         self.stored = 0  # files whose proof was kept
         self.unit_hits = 0  # units whose kept result was used
         self.units_stored = 0
+        self.listing_hits = 0  # listings kept whole and used
+        self.listings_stored = 0
 
     @classmethod
     def for_listing(cls, node: str, root: str) -> "ProofStore":
@@ -97,9 +118,7 @@ class ProofStore:
         """The proof of `kind` kept for this very file (same identity), else None."""
         if identity is None or self.path is None:
             return None
-        if self._records is None:
-            self._records, self._units = self._load()
-        record = self._records.get(path)
+        record = self._records().get(path)
         proof = _proof_from(record, kind, identity)
         if proof is not None:
             self._used[path] = record  # type: ignore[assignment]
@@ -124,13 +143,28 @@ class ProofStore:
 
     # --- the file ------------------------------------------------------------------------------
 
-    def _load(self) -> Tuple[Dict[str, list], Dict[str, list]]:
+    def _records(self) -> Dict[str, list]:
+        if self._records_read is None:
+            self._load()
+            self._records_read = _section(self._raw_files, b"files")
+        return self._records_read
+
+    def _units(self) -> Dict[str, list]:
+        if self._units_read is None:
+            self._load()
+            self._units_read = _section(self._raw_units, b"units")
+        return self._units_read
+
+    def _load(self) -> None:
+        """Read the store file once: its first line parsed (format, listing), the others kept as bytes."""
+        if self._loaded:
+            return
+        self._loaded = True
         assert self.path is not None
-        nothing: Tuple[Dict[str, list], Dict[str, list]] = ({}, {})
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except OSError:
-            return nothing
+            return
         try:
             st = os.fstat(fd)
             # Only a regular file of our own that nobody else may write is read at all.
@@ -140,32 +174,34 @@ class ProofStore:
                 or st.st_mode & 0o022
                 or st.st_size > MAX_STORE_BYTES
             ):
-                return nothing
+                return
             data = os.read(fd, MAX_STORE_BYTES + 1)
         except OSError:
-            return nothing
+            return
         finally:
             os.close(fd)
+        lines = data.split(b"\n")  # orjson writes no newline inside a document
+        if len(lines) != 3:
+            return
         try:
-            document = orjson.loads(data)
+            head = orjson.loads(lines[0])
         except orjson.JSONDecodeError:
-            return nothing
-        if type(document) is not dict or document.get("format") != FORMAT:
-            return nothing
-        files, units = document.get("files"), document.get("units")
-        return (files if type(files) is dict else {}), (units if type(units) is dict else {})
+            return
+        if type(head) is not dict or head.get("format") != FORMAT:
+            return
+        self._listing = head.get("listing")
+        self._raw_units, self._raw_files = lines[1], lines[2]
 
     def flush(self) -> None:
         """Write the proofs this listing made, with those kept before (bounded); errors are ignored."""
         if not self._dirty or self.path is None or self.directory is None:
             return
         self._dirty = False
-        if self._records is None:
-            self._records, self._units = self._load()
         # What this listing used or made first, then what the store held (units this listing found
         # in memory, or that are gone: a gone file's identity never comes back), up to the bound.
-        records = _merged(self._used, self._records)
-        units = _merged(self._used_units, self._units)
+        records = _merged(self._used, self._records())
+        units = _merged(self._used_units, self._units())
+        listing = self._new_listing if self._new_listing is not None else (self._listing if self.listing_hits else None)
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             # Written and pruned through a descriptor of the directory, and only when it is a real
@@ -178,7 +214,15 @@ class ProofStore:
             st = os.fstat(dir_fd)
             if st.st_uid != os.getuid() or st.st_mode & 0o022:
                 return
-            document = orjson.dumps({"format": FORMAT, "files": records, "units": units})
+            document = b"\n".join(
+                (
+                    orjson.dumps({"format": FORMAT, "listing": listing}),
+                    orjson.dumps({"units": units}),
+                    orjson.dumps({"files": records}),
+                )
+            )
+            if len(document) > MAX_STORE_BYTES:
+                return  # it would be ignored when read
             name = os.path.basename(self.path)
             temporary = ".proofs-%s.tmp" % os.urandom(8).hex()
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
@@ -204,9 +248,7 @@ class ProofStore:
         """(format, integrity, problem, CheckpointMeta) kept for this unit with exactly these members."""
         if key is None or self.path is None:
             return None
-        if self._records is None:
-            self._records, self._units = self._load()
-        record = self._units.get(path)
+        record = self._units().get(path)
         if type(record) is not list or len(record) != 5 or record[0] != key:
             return None
         fmt, integrity, problem, fields = record[1], record[2], record[3], record[4]
@@ -234,6 +276,58 @@ class ProofStore:
         self._used_units[path] = [key, result.format, result.integrity, result.problem, fields]
         self._dirty = True
         self.units_stored += 1
+
+    # --- a whole listing -----------------------------------------------------------------------
+
+    def lookup_listing(self, digest: Optional[str]) -> Optional[Tuple[int, list]]:
+        """(other files, entry records) kept for the listing of exactly these files (`digest`), unchecked:
+        scan.py rebuilds each entry through entry_from_record and drops the whole on any refusal."""
+        if digest is None or self.path is None:
+            return None
+        self._load()
+        kept = self._listing
+        if type(kept) is not list or len(kept) != 3 or kept[0] != digest:
+            return None
+        other, records = kept[1], kept[2]
+        if type(other) is not int or type(records) is not list or len(records) > MAX_LISTED_ENTRIES:
+            return None
+        return other, records
+
+    def used_listing(self) -> None:
+        self.listing_hits += 1
+
+    def store_listing(self, digest: Optional[str], newest_ctime_ns: int, other: int, entries: Sequence[Any], started: float) -> None:
+        """Keep a whole listing for exactly these files, when each is RACY_S old and each entry has a record."""
+        if digest is None or self.path is None or newest_ctime_ns > (started - self.racy_s) * 1e9:
+            return
+        if len(entries) > MAX_LISTED_ENTRIES or any(
+            e.integrity == INTEGRITY_UNCHECKED or e.unreadable or (e.problem is not None and len(e.problem) > MAX_UNIT_PROBLEM)
+            for e in entries
+        ):
+            return  # unchecked or unreadable may pass (a busy worker, a file being written): read again next time
+        records = []
+        for entry in entries:
+            record = record_of_entry(entry)
+            if record is None:
+                return
+            records.append(record)
+        self._new_listing = [digest, other, records]
+        self._dirty = True
+        self.listings_stored += 1
+
+
+def _section(raw: Optional[bytes], name: bytes) -> Dict[str, list]:
+    """One of the store's later lines ({"units": {...}} or {"files": {...}}); {} when it is anything else."""
+    if not raw:
+        return {}
+    try:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    if type(document) is not dict or len(document) != 1:
+        return {}
+    value = document.get(name.decode())
+    return value if type(value) is dict else {}
 
 
 def _merged(first: Dict[str, list], then: Dict[str, list]) -> Dict[str, list]:
@@ -266,12 +360,52 @@ def unit_key(kind: Any, cut: bool, walked: Sequence[Tuple[str, Any]]) -> Optiona
     return key
 
 
-_INT_FIELDS = ("epoch", "step", "tensor_count", "tensor_bytes")
-_FLOAT_FIELDS = ("loss", "best_loss", "epoch_float")
-_BOOL_FIELDS = ("has_optimizer", "has_scheduler")
-_RECORD_FIELDS = 14  # the 9 above, best_checkpoint, metrics, top_keys, details, state_dict
-_UNKEPT_DEFAULTS = (("timestamp", None), ("unsafe_globals", ()), ("callbacks", ()), ("crc_recorded", None))
+# A unit's CheckpointMeta as one flat list: the scalars below in this order, then metrics and
+# details flattened ([k1, v1, k2, v2, ...]), top_keys, and the state dict summary (None, or
+# [keys, dtypes flattened, bytes, source]). Flat lists decode with C-level passes only
+# (map(type, ...) against the allowed types, zip to pairs): a later listing decodes one record per
+# unit, and per-value Python checks (the dict of named fields before) cost more than the listing's stats.
+_META_SCALARS = (
+    "epoch",
+    "step",
+    "tensor_count",
+    "tensor_bytes",
+    "loss",
+    "best_loss",
+    "epoch_float",
+    "has_optimizer",
+    "has_scheduler",
+    "best_checkpoint",
+)
+_NONE = type(None)
+_META_SCALAR_TYPES = (
+    (int, _NONE),
+    (int, _NONE),
+    (int, _NONE),
+    (int, _NONE),
+    (float, _NONE),
+    (float, _NONE),
+    (float, _NONE),
+    (bool, _NONE),
+    (bool, _NONE),
+    (str, _NONE),
+)
+_META_RECORD_LENGTH = len(_META_SCALARS) + 4  # metrics, top_keys, details, state_dict
+# Never kept: a unit holding any of them other than its default is not kept at all.
+_META_UNKEPT = {"timestamp": None, "unsafe_globals": (), "callbacks": (), "crc_recorded": None}
 INT_BOUND = 2**63
+
+
+def _check_covers(cls: type, kept: Sequence[str], fixed: Sequence[str]) -> None:
+    """Records are decoded without the dataclass's __init__: every field must be kept or fixed, or import fails."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    if names != set(kept) | set(fixed) or set(kept) & set(fixed):
+        raise RuntimeError("proofs.py: the record of %s does not cover its fields: %s" % (cls.__name__, sorted(names)))
+
+
+_check_covers(CheckpointMeta, _META_SCALARS + ("metrics", "top_keys", "details", "state_dict"), tuple(_META_UNKEPT))
+_new = object.__new__
+_contains = operator.contains
 
 
 def _int_ok(value: Any) -> bool:
@@ -283,122 +417,165 @@ def _float_ok(value: Any) -> bool:
     return value is None or (type(value) is float and math.isfinite(value))
 
 
-def record_of_meta(meta: CheckpointMeta) -> Optional[Dict[str, Any]]:
-    """A unit's CheckpointMeta as JSON values; None when it holds what a record does not keep."""
-    for name, default in _UNKEPT_DEFAULTS:
+def _flat(pairs: Sequence[Tuple[Any, Any]]) -> list:
+    return list(_chain(pairs))
+
+
+def record_of_meta(meta: CheckpointMeta) -> Optional[list]:
+    """A unit's CheckpointMeta as one flat JSON list; None when it holds what a record does not keep."""
+    for name, default in _META_UNKEPT.items():
         if getattr(meta, name) != default:
             return None
-    fields: Dict[str, Any] = {}
-    for name in _INT_FIELDS:
-        value = getattr(meta, name)
-        if not _int_ok(value):
-            return None
-        fields[name] = value
-    for name in _FLOAT_FIELDS:
-        value = getattr(meta, name)
-        if not _float_ok(value):
-            return None
-        fields[name] = value
-    for name in _BOOL_FIELDS:
-        fields[name] = getattr(meta, name)
-    fields["best_checkpoint"] = meta.best_checkpoint
+    scalars = [getattr(meta, name) for name in _META_SCALARS]
+    if not all(map(_int_ok, scalars[:4])) or not all(map(_float_ok, scalars[4:7])):
+        return None
     if not all(type(v) is float and math.isfinite(v) or type(v) is int and _int_ok(v) for _, v in meta.metrics):
         return None
-    fields["metrics"] = meta.metrics
-    fields["top_keys"] = meta.top_keys
-    fields["details"] = meta.details
     summary = meta.state_dict
-    if summary is not None:
-        if not (_int_ok(summary.keys) and _int_ok(summary.bytes) and all(_int_ok(n) for _, n in summary.dtypes)):
-            return None
-        fields["state_dict"] = [summary.keys, summary.dtypes, summary.bytes, summary.source]
+    if summary is None:
+        kept_summary = None
+    elif not (_int_ok(summary.keys) and _int_ok(summary.bytes) and all(_int_ok(n) for _, n in summary.dtypes)):
+        return None
     else:
-        fields["state_dict"] = None
-    return fields
+        kept_summary = [summary.keys, _flat(summary.dtypes), summary.bytes, summary.source]
+    return scalars + [_flat(meta.metrics), list(meta.top_keys), _flat(meta.details), kept_summary]
 
 
-# Decoding is checked in bulk, with C-level passes (set(map(type, ...))): a later listing decodes a
-# record per unit, and a per-value Python check cost more than reading the unit's files again.
 # orjson yields no NaN or infinity (JSON has none) and no int past 64 bits; the store file is
 # bounded in size as a whole, so values need no bound of their own beyond their types.
 _STR = {str}
 _NUMBER = {int, float}
-_LIST = {list}
-
-
-def _texts(value: Any) -> bool:
-    return type(value) is list and set(map(type, value)) <= _STR
-
-
-_TWO = {2}
-_NONE_OR_INT = {int, type(None)}
-_NONE_OR_FLOAT = {float, type(None)}
-_NONE_OR_BOOL = {bool, type(None)}
+_INT = {int}
 _chain = itertools.chain.from_iterable
 
 
-def _pairs(value: Any, first: set, second: set) -> Optional[tuple]:
-    """A list of [x, y] pairs (x's type in `first`, y's in `second`) as a tuple of tuples, else None."""
-    if type(value) is not list:
+def _pairs(flat: Any, first: set, second: set) -> Optional[tuple]:
+    """[x1, y1, x2, y2 ...] (each x's type in `first`, y's in `second`) as ((x1, y1), ...), else None."""
+    if type(flat) is not list or len(flat) & 1:
         return None
-    if not value:
-        return ()
-    if not set(map(type, value)) <= _LIST or set(map(len, value)) != _TWO:
-        return None
-    flat = list(_chain(value))
     if not set(map(type, flat[0::2])) <= first or not set(map(type, flat[1::2])) <= second:
         return None
-    return tuple(map(tuple, value))
+    pairs = iter(flat)
+    return tuple(zip(pairs, pairs))
 
 
-def meta_from_record(fields: Any) -> Optional[CheckpointMeta]:
+def meta_from_record(record: Any) -> Optional[CheckpointMeta]:
     """The CheckpointMeta a record keeps, every value type-checked; None when any is off."""
-    if type(fields) is not dict or len(fields) != _RECORD_FIELDS:
+    if type(record) is not list or len(record) != _META_RECORD_LENGTH:
         return None
-    try:
-        epoch, step, tensor_count, tensor_bytes = (fields[name] for name in _INT_FIELDS)
-        loss, best_loss, epoch_float = (fields[name] for name in _FLOAT_FIELDS)
-        has_optimizer, has_scheduler = (fields[name] for name in _BOOL_FIELDS)
-        best, top_keys, summary = fields["best_checkpoint"], fields["top_keys"], fields["state_dict"]
-        details = _pairs(fields["details"], _STR, _STR)
-        metrics = _pairs(fields["metrics"], _STR, _NUMBER)
-    except KeyError:
+    scalars = record[:10]
+    if not all(map(_contains, _META_SCALAR_TYPES, map(type, scalars))):
         return None
-    if (
-        details is None
-        or metrics is None
-        or not _texts(top_keys)
-        or not {type(epoch), type(step), type(tensor_count), type(tensor_bytes)} <= _NONE_OR_INT
-        or not {type(loss), type(best_loss), type(epoch_float)} <= _NONE_OR_FLOAT
-        or not {type(has_optimizer), type(has_scheduler)} <= _NONE_OR_BOOL
-        or not (best is None or type(best) is str)
-    ):
+    metrics = _pairs(record[10], _STR, _NUMBER)
+    details = _pairs(record[12], _STR, _STR)
+    top_keys = record[11]
+    if metrics is None or details is None or type(top_keys) is not list or not set(map(type, top_keys)) <= _STR:
         return None
+    summary = record[13]
     state_dict = None
     if summary is not None:
         if type(summary) is not list or len(summary) != 4:
             return None
         keys, dtypes, total, source = summary
-        dtype_pairs = _pairs(dtypes, _STR, {int})
+        dtype_pairs = _pairs(dtypes, _STR, _INT)
         if not (type(keys) is int and type(total) is int and type(source) is str and dtype_pairs is not None):
             return None
         state_dict = StateDictSummary(keys=keys, dtypes=dtype_pairs, bytes=total, source=source)
-    return CheckpointMeta(
-        epoch=epoch,
-        step=step,
-        tensor_count=tensor_count,
-        tensor_bytes=tensor_bytes,
-        loss=loss,
-        best_loss=best_loss,
-        epoch_float=epoch_float,
-        has_optimizer=has_optimizer,
-        has_scheduler=has_scheduler,
-        best_checkpoint=best,
-        metrics=metrics,
-        top_keys=tuple(top_keys),
-        details=details,
-        state_dict=state_dict,
+    # Built without the frozen dataclass's __init__ (a field-by-field object.__setattr__), each
+    # field set here from a checked value: _check_covers makes sure at import that none is left out.
+    meta = _new(CheckpointMeta)
+    fields = meta.__dict__
+    fields.update(_META_UNKEPT)
+    fields.update(zip(_META_SCALARS, scalars))
+    fields["metrics"], fields["top_keys"], fields["details"], fields["state_dict"] = (
+        metrics,
+        tuple(top_keys),
+        details,
+        state_dict,
     )
+    return meta
+
+
+# --- a whole listing -----------------------------------------------------------------------------
+# What every later `opsconsole checkpoints DIR` process asks first: the listing an earlier one made
+# of exactly the same files. Keyed by a digest of every name and identity (mode, device, inode,
+# size, mtime, ctime) of every directory the listing listed, so any change to a file, a name or a
+# directory is a miss; kept only when all of them are RACY_S old. One entry is one flat list:
+_ENTRY_SCALARS = (
+    "name",
+    "format",
+    "size_bytes",
+    "mtime",
+    "is_dir",
+    "integrity",
+    "problem",
+    "latest",
+    "best",
+    "lowest_loss",
+    "layout",
+    "unit",
+    "series",
+    "unmanaged",
+    "unreadable",
+)
+_ENTRY_SCALAR_TYPES = (
+    (str,),
+    (str,),
+    (int,),
+    (float,),
+    (bool,),
+    (str,),
+    (str, _NONE),
+    (bool,),
+    (bool,),
+    (bool,),
+    (str,),
+    (str,),
+    (str, _NONE),
+    (str, _NONE),
+    (str, _NONE),
+)
+_ENTRY_LISTS = ("members", "protections")
+# Rebuilt, never read from the record: the path from the listed root, judged from the live stats.
+_ENTRY_FIXED = {"is_link": False, "link_target": None, "crc_checked": False}
+_ENTRY_REBUILT = ("path", "judged", "meta")
+_check_covers(CheckpointEntry, _ENTRY_SCALARS + _ENTRY_LISTS, tuple(_ENTRY_FIXED) + _ENTRY_REBUILT)
+_ENTRY_RECORD_LENGTH = len(_ENTRY_SCALARS) + 3  # members, protections, meta
+MAX_LISTED_ENTRIES = 10_000
+
+
+def record_of_entry(entry: CheckpointEntry) -> Optional[list]:
+    """One listed entry as a flat JSON list; None when the listing cannot be kept with it."""
+    if entry.is_link or entry.link_target is not None or entry.crc_checked:
+        return None
+    meta = record_of_meta(entry.meta)
+    if meta is None or not _float_ok(entry.mtime) or entry.mtime is None or not _int_ok(entry.size_bytes):
+        return None
+    return [getattr(entry, name) for name in _ENTRY_SCALARS] + [list(entry.members), list(entry.protections), meta]
+
+
+def entry_from_record(record: Any, path: str, judged: Tuple[Tuple[Any, ...], ...]) -> Optional[CheckpointEntry]:
+    """The CheckpointEntry a record keeps at `path` with `judged` (from the live stats); None when any value is off."""
+    if type(record) is not list or len(record) != _ENTRY_RECORD_LENGTH:
+        return None
+    scalars = record[:15]
+    if not all(map(_contains, _ENTRY_SCALAR_TYPES, map(type, scalars))) or scalars[5] not in INTEGRITIES:
+        return None
+    members, protections = record[15], record[16]
+    if type(members) is not list or type(protections) is not list:
+        return None
+    if not set(map(type, members)) <= _STR or not set(map(type, protections)) <= _STR:
+        return None
+    meta = meta_from_record(record[17])
+    if meta is None:
+        return None
+    entry = _new(CheckpointEntry)
+    fields = entry.__dict__
+    fields.update(_ENTRY_FIXED)
+    fields.update(zip(_ENTRY_SCALARS, scalars))
+    fields["members"], fields["protections"] = tuple(members), tuple(protections)
+    fields["path"], fields["judged"], fields["meta"] = path, judged, meta
+    return entry
 
 
 def _proof_from(record: Any, kind: str, identity: Identity) -> Optional[Proof]:

@@ -8,6 +8,9 @@ one listdir and a stat per name. Names that are not checkpoints are counted, nev
 from __future__ import annotations
 
 import functools
+import hashlib
+import itertools
+import operator
 import os
 import posixpath
 import time
@@ -15,7 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, cast
 
+import orjson
+
 from opsconsole.checkpoints import formats, layouts, zipmeta
+from opsconsole.checkpoints import proofs as proofs_module
 from opsconsole.checkpoints.access import LOCAL, DirItem, FileStat, FileSystem
 from opsconsole.checkpoints.cache import CRC_CACHE, METADATA_CACHE, ResultCache
 from opsconsole.checkpoints.proofs import RACY_S, Proof, ProofStore, unit_key
@@ -247,6 +253,7 @@ def read_unit_dir(
     children: List[DirItem],
     cache: ResultCache,
     proofs: Optional[ProofStore] = None,
+    failures: Optional[List[str]] = None,
 ) -> Tuple[formats.ReadResult, int, float, Tuple[str, ...], Tuple[Tuple[Any, ...], ...]]:
     """(result, total bytes, newest mtime, member files, judged files) of one checkpoint directory.
 
@@ -281,6 +288,7 @@ def read_unit_dir(
     problems: List[str] = []
     integrities: List[str] = []
     unreadable: Optional[str] = None
+    read_any_failed = False
     top = {rel: files[rel] for rel in files if "/" not in rel}
     fmt = kind.format
     fields = formats.dir_meta_fields(fmt if fmt in (FORMAT_DCP, FORMAT_HF) else FORMAT_HF, name, top)
@@ -332,6 +340,9 @@ def read_unit_dir(
         )
         if read_failed:
             key = None  # a file that could not be read this time: nothing kept of the unit
+            read_any_failed = True
+            if failures is not None:
+                failures.append(name)
         integrities.extend(checked)
         summary = formats.summaries_total(summaries)
         if summary is not None:
@@ -350,7 +361,7 @@ def read_unit_dir(
     result = formats.ReadResult(
         fmt, CheckpointMeta(**fields), integrity, "; ".join(problems) or None, unreadable=unreadable
     )
-    if settled(walked, started):
+    if settled(walked, started) and not read_any_failed:  # (a failed read may pass: read again next time)
         cache.put(fs.node, path, signature, result)
     if key is not None and proofs is not None:
         proofs.store_unit(path, key, result, started)
@@ -385,22 +396,30 @@ def _apply_crc_cache(fs: FileSystem, entry: CheckpointEntry, crc_cache: ResultCa
     return replace(entry, integrity=found.integrity, problem=found.problem or entry.problem, crc_checked=True)
 
 
-def _read_small(fs: FileSystem, root: str, item: DirItem, limit: int = 1024) -> bytes:
+def _read_small(
+    fs: FileSystem, root: str, item: DirItem, limit: int = 1024, failures: Optional[List[str]] = None
+) -> bytes:
     if not item.stat.is_file or item.stat.size > limit:
         return b""
     try:
         return fs.read_file(join(fs, root, item.name), limit)
     except OSError:
+        if failures is not None:
+            failures.append(item.name)  # maybe passing: the listing made without it is not kept on disk
         return b""
 
 
-def _index_shards(fs: FileSystem, root: str, item: DirItem) -> List[str]:
+def _index_shards(fs: FileSystem, root: str, item: DirItem, failures: Optional[List[str]] = None) -> List[str]:
     """The shard names a *.safetensors.index.json maps its tensors to (bounded JSON)."""
     if item.stat.size > formats.MAX_JSON_BYTES:
         return []
     try:
         index = formats._json(fs.read_file(join(fs, root, item.name), formats.MAX_JSON_BYTES))
-    except (OSError, ValueError):
+    except OSError:
+        if failures is not None:
+            failures.append(item.name)
+        return []
+    except ValueError:
         return []
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
@@ -430,7 +449,13 @@ class _Unit:
 
 
 def _read_unit(
-    fs: FileSystem, root: str, unit: _Unit, cache: ResultCache, now: float, proofs: Optional[ProofStore]
+    fs: FileSystem,
+    root: str,
+    unit: _Unit,
+    cache: ResultCache,
+    now: float,
+    proofs: Optional[ProofStore],
+    failures: Optional[List[str]] = None,
 ) -> CheckpointEntry:
     if unit.kind is not None:
         result, size, mtime, members, judged = read_unit_dir(
@@ -441,6 +466,7 @@ def _read_unit(
             unit.children or [],
             cache,
             proofs,
+            failures,
         )
         # A directory is one member: it goes whole, with whatever it holds.
         return _entry(
@@ -473,7 +499,9 @@ def _read_unit(
         )
     # A final model or a sharded model: several files at the top, one unit.
     problems: List[str] = []
-    integrities, summaries, _ = _check_files(fs, root, [(name, None) for name in group.weights], problems)
+    integrities, summaries, read_failed = _check_files(fs, root, [(name, None) for name in group.weights], problems)
+    if read_failed and failures is not None:
+        failures.append(unit.name)
     if group.missing:
         integrities.append(INTEGRITY_CORRUPT)
         problems.insert(
@@ -486,6 +514,8 @@ def _read_unit(
         try:
             stats[name] = fs.lstat(join(fs, root, name))
         except OSError:
+            if failures is not None:
+                failures.append(name)
             continue
     summary = formats.summaries_total(summaries)
     meta = CheckpointMeta(
@@ -512,13 +542,19 @@ def _read_unit(
     )
 
 
-def _find_units(fs: FileSystem, root: str, items: List[DirItem]) -> Tuple[List[_Unit], int]:
-    """The units among `root`'s entries (links aside), and how many names are no checkpoint."""
+def _find_units(
+    fs: FileSystem, root: str, items: List[DirItem], failures: Optional[List[str]] = None
+) -> Tuple[List[_Unit], int, List[Tuple[str, List[DirItem]]]]:
+    """The units among `root`'s entries (links aside), how many names are no checkpoint, and every
+    directory listed to tell them (path relative to root, its items): what the listing depends on."""
     units: List[_Unit] = []
+    listed: List[Tuple[str, List[DirItem]]] = []
     other = 0
     files = [item for item in items if item.stat.is_file and not item.stat.is_link]
     by_name = {item.name: item for item in files}
-    index_maps = {item.name: _index_shards(fs, root, item) for item in files if item.name.endswith(".index.json")}
+    index_maps = {
+        item.name: _index_shards(fs, root, item, failures) for item in files if item.name.endswith(".index.json")
+    }
     groups, others = layouts.group_top_files([item.name for item in files], index_maps)
     other += len(others)
     for group in groups:
@@ -536,7 +572,10 @@ def _find_units(fs: FileSystem, root: str, items: List[DirItem]) -> Tuple[List[_
             children = fs.listdir(path)
         except OSError:
             other += 1
+            if failures is not None:
+                failures.append(item.name)
             continue
+        listed.append((item.name, children))
         kind = layouts.dir_kind(item.name, (c.name for c in children))
         if kind is not None:
             units.append(_Unit(item.name, path, item.name, kind=kind, children=children))
@@ -551,7 +590,10 @@ def _find_units(fs: FileSystem, root: str, items: List[DirItem]) -> Tuple[List[_
                 try:
                     grandchildren = fs.listdir(child_path)
                 except OSError:
+                    if failures is not None:
+                        failures.append(item.name + "/" + child.name)
                     continue
+                listed.append((item.name + "/" + child.name, grandchildren))
                 child_kind = layouts.dir_kind(child.name, (g.name for g in grandchildren))
                 if child_kind is not None:
                     found = True
@@ -567,7 +609,7 @@ def _find_units(fs: FileSystem, root: str, items: List[DirItem]) -> Tuple[List[_
                     )
         if not found:
             other += 1
-    return units, other
+    return units, other, listed
 
 
 def scan_directory(
@@ -635,21 +677,40 @@ def _scan_directory(
         )
         return _listing(fs, root, (_apply_crc_cache(fs, entry, crc_cache),), 0, now, started)
 
-    units, other = _find_units(fs, root, items)
+    failures: List[str] = []  # reads that failed (maybe passing): such a listing is not kept on disk
+    units, other, listed_dirs = _find_units(fs, root, items, failures)
     # A rescan of a directory where nothing changed: every name and stat the listing depends on is
-    # the same as last time (the root's, each unit's), so its entries are too. Kept beside the
-    # results in `cache` (a fresh cache, a fresh listing); not for a root holding symlinks (what
-    # they point to is outside these stats) or units with subdirectories (their files are listed
-    # only when read).
+    # the same as last time (the root's, each directory's it listed), so its entries are too. Kept
+    # beside the results in `cache` (a fresh cache, a fresh listing); not for a root holding
+    # symlinks (what they point to is outside these stats) or units with subdirectories (their
+    # files are listed only when read).
     memo_path = "\0listing\0" + root
-    memo_signature = _unchanged_signature(items, units, crc_cache, listed_at)
+    memo_able = _memo_able(items, units)
+    # Where the file system gives identities (local), one digest of every name and identity stands
+    # for them all, here and in the listing kept on disk; else (SFTP) the names and stats themselves.
+    kept_key = _listing_digest(root, items, listed_dirs) if memo_able else None
+    memo_signature: Optional[Tuple] = None
+    if kept_key is not None:
+        if kept_key[1] <= (listed_at - SETTLE_S) * 1e9:
+            memo_signature = (kept_key[0], id(crc_cache), crc_cache.version)
+    elif memo_able:
+        memo_signature = _unchanged_signature(items, units, listed_dirs, crc_cache, listed_at)
     if memo_signature is not None:
         remembered = cache.get(fs.node, memo_path, memo_signature)
         if remembered is not None:
             return _listing(fs, root, remembered[0], remembered[1], now, started)
+    # What a new process asks next: the listing an earlier one kept on disk of exactly these files
+    # (every name and identity the listing depends on, proofs.py), when no CRC result of this
+    # process would change an entry.
+    if proofs is not None and len(crc_cache) == 0 and kept_key is not None:
+        kept = _kept_listing(root, units, other, proofs, kept_key)
+        if kept is not None:
+            if memo_signature is not None:
+                cache.put(fs.node, memo_path, memo_signature, (kept, other))
+            return _listing(fs, root, kept, other, now, started)
 
     def read(unit: _Unit) -> CheckpointEntry:
-        return _apply_crc_cache(fs, _read_unit(fs, root, unit, cache, now, proofs), crc_cache)
+        return _apply_crc_cache(fs, _read_unit(fs, root, unit, cache, now, proofs, failures), crc_cache)
 
     if fs.remote and len(units) > 1:
         with ThreadPoolExecutor(max_workers=REMOTE_WORKERS) as pool:
@@ -669,12 +730,12 @@ def _scan_directory(
     # The current tag, as DeepSpeed's `latest` and Megatron's latest_checkpointed_iteration.txt name it.
     for item in items:
         if item.name == layouts.DEEPSPEED_LATEST and item.stat.is_file:
-            tag = layouts.deepspeed_latest_tag(_read_small(fs, root, item))
+            tag = layouts.deepspeed_latest_tag(_read_small(fs, root, item, failures=failures))
             if tag in entries:
                 latest.add(tag)
                 protect(tag, "current tag (DeepSpeed's `latest` names it)")
         elif item.name == layouts.MEGATRON_LATEST and item.stat.is_file:
-            tag = layouts.megatron_latest_dir(_read_small(fs, root, item))
+            tag = layouts.megatron_latest_dir(_read_small(fs, root, item, failures=failures))
             if tag in entries:
                 latest.add(tag)
                 protect(tag, "current (latest_checkpointed_iteration.txt names it)")
@@ -800,27 +861,131 @@ def _scan_directory(
             protections=tuple(protections.get(name, ())),
         )
         listed.append(entry)
-    if memo_signature is not None and not any(e.integrity == INTEGRITY_TRUNCATED and not e.is_dir for e in listed):
+    timeless = not any(e.integrity == INTEGRITY_TRUNCATED and not e.is_dir for e in listed)
+    if memo_signature is not None and timeless:
         # (A truncated file's entry says how long ago it was written: not kept, it changes with the time.)
         cache.put(fs.node, memo_path, memo_signature, (tuple(listed), other))
+    if kept_key is not None and proofs is not None and timeless and not failures and len(crc_cache) == 0:
+        proofs.store_listing(kept_key[0], kept_key[1], other, listed, listed_at)
     return _listing(fs, root, tuple(listed), other, now, started)
 
 
+def _memo_able(items: List[DirItem], units: List["_Unit"]) -> bool:
+    """Whether a listing is all in its directories' stats: no symlink at the top (what it points to is
+    outside them), no unit with subdirectories (their files are listed only when read)."""
+    if any(item.stat.is_link for item in items):
+        return False
+    return not any(unit.children is not None and any(c.stat.is_dir for c in unit.children) for unit in units)
+
+
 def _unchanged_signature(
-    items: List[DirItem], units: List["_Unit"], crc_cache: ResultCache, listed_at: float
+    items: List[DirItem],
+    units: List["_Unit"],
+    listed_dirs: List[Tuple[str, List[DirItem]]],
+    crc_cache: ResultCache,
+    listed_at: float,
 ) -> Optional[Tuple]:
     """What a whole listing depends on, to compare with the last one; None when it cannot be told so
-    (links, units with subdirectories, a file changed within SETTLE_S of the listing)."""
+    (links, units with subdirectories, a file changed within SETTLE_S of the listing).
+
+    Every directory the listing listed counts, not only the units': a directory inside
+    checkpoints/ that was no unit yet (accelerate makes checkpoint_N/ before it writes into it)
+    becomes one without a change in any stat of the root's or a unit's."""
+    if not _memo_able(items, units):
+        return None
     parts: List[Any] = []
-    for unit in units:
-        children = unit.children
-        if children is not None:
-            if any(child.stat.is_dir for child in children) or not settled(children, listed_at):
-                return None
-            parts.append((unit.name, unit.kind, tuple(children), exact_times(children)))
-    if any(item.stat.is_link for item in items) or not settled(items, listed_at):
+    for rel, children in listed_dirs:
+        if not settled(children, listed_at):
+            return None
+        parts.append((rel, tuple(children), exact_times(children)))
+    if not settled(items, listed_at):
         return None
     return (tuple(items), exact_times(items), tuple(parts), id(crc_cache), crc_cache.version)
+
+
+_IDENTITY = operator.attrgetter("st_mode", "st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
+_CTIME = operator.attrgetter("st_ctime_ns")
+_NAME = operator.itemgetter(0)
+_STAT = operator.itemgetter(1)
+_RAW = operator.itemgetter(5)
+_IS_FILE = operator.itemgetter(4)
+_JUDGED = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
+
+
+@functools.lru_cache(maxsize=1)
+def _code_stamp() -> str:
+    """The checkpoint code as installed (each module's name, size and mtime): a listing kept by other
+    code (an upgrade that lists differently) is not this code's. Read once per process."""
+    folder = os.path.dirname(os.path.abspath(__file__))
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
+        return repr([(n,) + tuple(_IDENTITY(os.stat(os.path.join(folder, n)))[3:5]) for n in names])
+    except OSError:
+        return ""
+
+
+def _listing_digest(
+    root: str, items: List[DirItem], listed_dirs: List[Tuple[str, List[DirItem]]]
+) -> Optional[Tuple[str, int]]:
+    """(digest, newest ctime in ns) of every name and identity (mode, device, inode, size, mtime,
+    ctime) of every directory the listing listed; None where a file system gives no identity (SFTP)."""
+    parts: List[Any] = [proofs_module.FORMAT, _code_stamp(), root]
+    newest = 0
+    for rel, children in [("", items)] + listed_dirs:
+        raws = list(map(_RAW, map(_STAT, children)))
+        if not all(raws):
+            return None
+        if raws:
+            newest = max(newest, max(map(_CTIME, raws)))
+        parts.extend((rel, list(map(_NAME, children)), list(map(_IDENTITY, raws))))
+    try:
+        data = orjson.dumps(parts)
+    except TypeError:  # a name that is no valid UTF-8 (surrogate escapes): nothing kept
+        return None
+    return hashlib.blake2b(data, digest_size=20).hexdigest(), newest
+
+
+def _kept_listing(
+    root: str, units: List["_Unit"], other: int, proofs: ProofStore, key: Optional[Tuple[str, int]]
+) -> Optional[Tuple[CheckpointEntry, ...]]:
+    """The entries kept for exactly this listing, each checked (proofs.entry_from_record) and its
+    judged files taken from the stats just made; None when any is missing or off."""
+    if key is None:
+        return None
+    kept = proofs.lookup_listing(key[0])
+    if kept is None:
+        return None
+    kept_other, records = kept
+    if kept_other != other or len(records) != len(units):
+        return None
+    unit_of = {unit.name: unit for unit in units}
+    entries = []
+    for record in records:
+        name = record[0] if type(record) is list and record else None
+        unit = unit_of.pop(name, None) if type(name) is str else None
+        if unit is None:
+            return None  # a unit the record names twice, or one this listing did not find
+        if unit.kind is not None:
+            # read_unit_dir's judged_identity of each file (sorted by name), in C-level passes.
+            children = sorted(unit.children or ())
+            files = list(itertools.compress(children, map(_IS_FILE, map(_STAT, children))))
+            judged = tuple(
+                map(
+                    operator.add,
+                    zip(map(operator.add, itertools.repeat(unit.rel + "/"), map(_NAME, files))),
+                    map(_JUDGED, map(_RAW, map(_STAT, files))),
+                )
+            )
+        elif unit.group is not None and unit.group.layout == LAYOUT_FILE and unit.item is not None:
+            judged = (judged_identity(unit.item.name, unit.item.stat),)
+        else:
+            judged = ()
+        entry = proofs_module.entry_from_record(record, unit.path, judged)
+        if entry is None or entry.is_dir != (unit.kind is not None):
+            return None
+        entries.append(entry)
+    proofs.used_listing()
+    return tuple(entries)
 
 
 def _finish(entry: CheckpointEntry, **fields) -> None:

@@ -1,0 +1,268 @@
+"""The records the proofs store keeps (opsconsole/checkpoints/proofs.py): one wrong value rejects the record.
+
+A kept unit's CheckpointMeta and a kept listing's entries are flat JSON lists, decoded without
+the dataclasses' __init__ after C-level type checks. Each test changes one value of a real
+record (from a real HF listing, or built from real entries) to a value of another type and
+asserts the record is refused (None), and that a store whose kept listing is off in any way is
+passed over for the unit results and the files, listing the same.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from opsconsole.checkpoints import proofs
+from opsconsole.checkpoints.cache import ResultCache
+from opsconsole.checkpoints.proofs import ProofStore, entry_from_record, meta_from_record, record_of_entry, record_of_meta
+from opsconsole.checkpoints.records import CheckpointEntry, CheckpointMeta, StateDictSummary
+from opsconsole.checkpoints.scan import scan_directory
+from tests.checkpoint_writers import write_hf_layout
+from tests.waiting import wait_for_sync
+
+RACY_S = 0.05
+
+META = CheckpointMeta(
+    epoch=3,
+    step=300,
+    loss=0.25,
+    best_loss=0.125,
+    metrics=(("eval_loss", 0.25), ("eval_steps", 4)),
+    top_keys=("epoch", "global_step"),
+    details=(("epoch", "3.0"), ("file config.json", "818 bytes")),
+    state_dict=StateDictSummary(keys=2, dtypes=(("float32", 2),), bytes=64, source="model"),
+    has_optimizer=True,
+    has_scheduler=False,
+    tensor_count=2,
+    tensor_bytes=64,
+    best_checkpoint="/runs/a/checkpoint-100",
+    epoch_float=3.0,
+)
+ENTRY = CheckpointEntry(
+    path="/runs/a/checkpoint-300",
+    name="checkpoint-300",
+    format="hf-trainer",
+    size_bytes=4096,
+    mtime=1700000000.5,
+    is_dir=True,
+    meta=META,
+    integrity="ok",
+    problem=None,
+    latest=True,
+    best=False,
+    layout="hf-trainer",
+    unit="checkpoint (8 files)",
+    series="checkpoint-N/",
+    members=("checkpoint-300",),
+    protections=("latest (the newest checkpoint-N/: what a resume loads)",),
+)
+
+
+def wrong_for(value):
+    """A JSON value no field of `value`'s kind takes: a number for a text, a list for null, else a text."""
+    if isinstance(value, str):
+        return 7
+    return [] if value is None else "x"
+
+
+def through_json(record):
+    return json.loads(json.dumps(record))
+
+
+def test_a_meta_record_round_trips_to_an_equal_meta():
+    assert meta_from_record(through_json(record_of_meta(META))) == META
+    assert meta_from_record(through_json(record_of_meta(CheckpointMeta()))) == CheckpointMeta()
+
+
+def test_an_entry_record_round_trips_with_the_path_and_judged_given():
+    judged = (("checkpoint-300/config.json", 1, 2, 818, 3, 4),)
+    entry = entry_from_record(through_json(record_of_entry(ENTRY)), ENTRY.path, judged)
+    assert entry == CheckpointEntry(**{**ENTRY.__dict__, "judged": judged})
+
+
+@pytest.mark.parametrize("index", range(len(record_of_meta(META))))
+def test_a_meta_record_with_one_value_of_a_wrong_type_is_refused(index):
+    record = through_json(record_of_meta(META))
+    record[index] = wrong_for(record[index])
+    assert meta_from_record(record) is None
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["metric name", "metric value", "metric value bool", "top key", "detail", "odd details", "dtype count",
+     "summary keys", "summary source", "summary length"],
+)
+def test_a_meta_record_with_one_wrong_value_inside_a_list_is_refused(where):
+    record = through_json(record_of_meta(META))
+    metrics, top_keys, details, summary = record[10], record[11], record[12], record[13]
+    if where == "metric name":
+        metrics[2] = 5
+    elif where == "metric value":
+        metrics[1] = "0.25"
+    elif where == "metric value bool":
+        metrics[3] = True
+    elif where == "top key":
+        top_keys[1] = None
+    elif where == "detail":
+        details[3] = 818
+    elif where == "odd details":
+        details.append("a key without its value")
+    elif where == "dtype count":
+        summary[1][1] = 2.0
+    elif where == "summary keys":
+        summary[0] = "2"
+    elif where == "summary source":
+        summary[3] = None
+    else:
+        summary.append(1)
+    assert meta_from_record(record) is None
+
+
+@pytest.mark.parametrize("index", range(len(record_of_entry(ENTRY))))
+def test_an_entry_record_with_one_value_of_a_wrong_type_is_refused(index):
+    record = through_json(record_of_entry(ENTRY))
+    record[index] = wrong_for(record[index])
+    assert entry_from_record(record, ENTRY.path, ()) is None
+
+
+@pytest.mark.parametrize("where", ["integrity", "member", "protection", "short", "long", "bool for int"])
+def test_an_entry_record_with_one_wrong_value_is_refused(where):
+    record = through_json(record_of_entry(ENTRY))
+    if where == "integrity":
+        record[5] = "fine"
+    elif where == "member":
+        record[15] = [None]
+    elif where == "protection":
+        record[16] = ["best", 1]
+    elif where == "short":
+        record = record[:-1]
+    elif where == "long":
+        record.append(None)
+    else:
+        record[2] = True
+    assert entry_from_record(record, ENTRY.path, ()) is None
+
+
+def test_what_a_record_cannot_hold_is_not_kept():
+    assert record_of_meta(CheckpointMeta(loss=float("nan"))) is None
+    assert record_of_meta(CheckpointMeta(step=2**70)) is None
+    assert record_of_meta(CheckpointMeta(unsafe_globals=("os.system",))) is None
+    assert record_of_entry(CheckpointEntry(**{**ENTRY.__dict__, "is_link": True})) is None
+    assert record_of_entry(CheckpointEntry(**{**ENTRY.__dict__, "crc_checked": True})) is None
+
+
+# --- a kept listing on disk -------------------------------------------------------------------------
+
+
+def age_tree(root: Path, hours: float = 2.0) -> None:
+    for path in sorted(root.rglob("*"), key=lambda p: p.lstat().st_mtime):
+        st = path.lstat()
+        os.utime(path, (st.st_atime - hours * 3600, st.st_mtime - hours * 3600), follow_symlinks=False)
+
+
+def scan(root: Path, store=None):
+    return scan_directory(str(root), cache=ResultCache(), crc_cache=ResultCache(), proofs=store, keep_proofs=False)
+
+
+@pytest.fixture
+def kept_listing(tmp_path):
+    root = tmp_path / "run"
+    write_hf_layout(root, steps=(500, 1000), best=500)
+    age_tree(root)
+    wait_for_sync(
+        lambda: all(time.time_ns() - p.lstat().st_ctime_ns > RACY_S * 1e9 for p in root.rglob("*")),
+        "the files' ctimes past the racy margin",
+        timeout=10,
+    )
+    store_dir = tmp_path / "proofs"
+    first = ProofStore("local", str(root), str(store_dir), racy_s=RACY_S)
+    scan(root, first)
+    assert first.listings_stored == 1 and first.units_stored == 2
+    (path,) = list(store_dir.glob("*.json"))
+    return root, store_dir, path
+
+
+def rewrite_listing(path: Path, change) -> None:
+    head, units, files = path.read_bytes().split(b"\n")
+    document = json.loads(head)
+    change(document["listing"])
+    path.write_bytes(b"\n".join((json.dumps(document).encode(), units, files)))
+
+
+@pytest.mark.parametrize(
+    "damage", ["integrity", "a unit twice", "a unit left out", "a unit renamed", "other files", "digest", "not a list"]
+)
+def test_a_kept_listing_off_in_any_way_is_passed_over_and_each_unit_is_used(kept_listing, damage):
+    root, store_dir, path = kept_listing
+    before = {e.name: e for e in scan(root).entries}
+
+    def change(listing):
+        entries = listing[2]
+        if damage == "integrity":
+            entries[0][5] = "fine"
+        elif damage == "a unit twice":
+            entries[1] = copy.deepcopy(entries[0])
+        elif damage == "a unit left out":
+            del entries[0]
+        elif damage == "a unit renamed":
+            entries[0][0] = "checkpoint-9999"
+        elif damage == "other files":
+            listing[1] += 1
+        elif damage == "digest":
+            listing[0] = "0" * len(listing[0])
+        else:
+            listing[2] = {"checkpoint-500": entries[0]}
+
+    rewrite_listing(path, change)
+    store = ProofStore("local", str(root), str(store_dir), racy_s=RACY_S)
+    after = {e.name: e for e in scan(root, store).entries}
+    assert store.listing_hits == 0 and store.unit_hits == 2
+    assert after == before
+
+
+def test_a_kept_listing_is_not_used_when_a_crc_result_of_this_process_could_change_an_entry(kept_listing):
+    root, store_dir, _ = kept_listing
+    crc_cache = ResultCache()
+    crc_cache.put("local", "/elsewhere/checkpoint_epoch_1.pt", (1, 1.0), "a CRC result")
+    store = ProofStore("local", str(root), str(store_dir), racy_s=RACY_S)
+    scan_directory(str(root), cache=ResultCache(), crc_cache=crc_cache, proofs=store, keep_proofs=False)
+    assert store.listing_hits == 0 and store.unit_hits == 2
+
+
+def test_a_listing_with_a_file_changed_moments_ago_is_not_kept(tmp_path):
+    root = tmp_path / "run"
+    write_hf_layout(root, steps=(500,), best=500)
+    store = ProofStore("local", str(root), str(tmp_path / "proofs"), racy_s=3600)
+    scan(root, store)
+    assert store.listings_stored == 0
+
+
+def test_a_listing_that_could_not_read_a_file_is_not_kept(kept_listing, tmp_path):
+    """A read that failed may pass (EACCES fixed, EIO): the listing made without it is not kept on disk."""
+    if os.geteuid() == 0:
+        pytest.skip("root reads a file of mode 000")
+    root, store_dir, path = kept_listing
+    path.unlink()
+    (root / "checkpoint-1000" / "optimizer.pt").chmod(0)
+    time.sleep(RACY_S * 2)
+    store = ProofStore("local", str(root), str(store_dir), racy_s=RACY_S)
+    entries = {e.name: e for e in scan(root, store).entries}
+    assert "optimizer.pt" in (entries["checkpoint-1000"].problem or "")
+    assert store.listings_stored == 0
+
+
+def test_the_code_stamp_is_part_of_what_a_kept_listing_is_for(kept_listing, monkeypatch):
+    """A listing kept by other code (an upgrade that lists differently) is not this code's."""
+    from opsconsole.checkpoints import scan as scan_module
+
+    root, store_dir, _ = kept_listing
+    monkeypatch.setattr(scan_module, "_code_stamp", lambda: "other code")
+    store = ProofStore("local", str(root), str(store_dir), racy_s=RACY_S)
+    scan(root, store)
+    assert store.listing_hits == 0 and store.unit_hits == 2
+    assert proofs.FORMAT == 3
