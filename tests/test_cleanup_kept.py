@@ -263,3 +263,68 @@ def test_the_kept_best_checkpoint_changed_while_waiting_nothing_is_deleted(tmp_p
         "checkpoint-300",
         "checkpoint-400",
     ]
+
+
+# --- CheckpointManager's checkpoint_best.pt: outside the epoch series, the only copy of the best ---
+
+
+def seed_plan(root: Path):
+    """Epochs 0..4 with losses 0.9, 0.5, 0.7, 0.6, 0.65: checkpoint_best.pt is epoch 1's copy, and
+    with --keep 1 epoch 1 goes (the copy is sound, so no epoch is marked best): the copy vouches."""
+    from tests.checkpoint_writers import write_seed_layout
+
+    write_seed_layout(root)
+    plan = plan_directory(listing_of(root), keep=1, min_age=600, now=time.time())
+    assert sorted(item.name for item in plan.to_delete) == [
+        "checkpoint_epoch_0.pt",
+        "checkpoint_epoch_1.pt",
+        "checkpoint_epoch_2.pt",
+        "checkpoint_epoch_3.pt",
+    ]
+    assert {item.name: item.vouches for item in plan.items if item.vouches} == {
+        "checkpoint_epoch_4.pt": "the newest kept checkpoint",
+        "checkpoint_best.pt": "the best copy",
+    }
+    return plan
+
+
+def test_the_best_copy_changed_while_waiting_nothing_is_deleted(tmp_path):
+    """CheckpointManager's checkpoint_best.pt is never deleted, but the plan deletes the lowest-loss epoch
+    because of it: truncated (a crash while a new best is saved) while the prompt waits, nothing goes."""
+    root = tmp_path / "run"
+    plan = seed_plan(root)
+    truncate(root / "checkpoint_best.pt")
+    log = tmp_path / "audit.log"
+    result = execute_plan(plan, str(root), AuditLog(str(log)))
+    assert result.refused == (
+        "the best copy checkpoint_best.pt changed since it was judged: nothing deleted"
+        " (checkpoint_best.pt changed since it was judged (size or mtime))"
+    )
+    assert not result.deleted
+    assert (root / "checkpoint_epoch_1.pt").exists()
+    (record,) = refusals(log)
+    assert "the best copy checkpoint_best.pt changed since it was judged: nothing deleted" in record["detail"]
+
+
+def test_an_unchanged_best_copy_lets_the_plan_run_and_stays(tmp_path):
+    root = tmp_path / "run"
+    result = execute_plan(seed_plan(root), str(root), AuditLog(str(tmp_path / "audit.log")))
+    assert result.ok, result.summary()
+    assert sorted(p.name for p in root.iterdir()) == [
+        "checkpoint_best.pt",
+        "checkpoint_epoch_4.pt",
+        "checkpoint_latest.pt",
+    ]
+    assert torch.load(root / "checkpoint_best.pt", weights_only=True)["epoch"] == 1
+
+
+def test_the_best_copy_vouches_only_when_the_lowest_loss_epoch_goes(tmp_path):
+    """With the lowest-loss epoch kept (the newest here), the copy justifies nothing and is not re-checked."""
+    from tests.checkpoint_writers import write_seed_layout
+
+    root = tmp_path / "run"
+    write_seed_layout(root, losses=(0.9, 0.8, 0.7, 0.6, 0.5))
+    plan = plan_directory(listing_of(root), keep=1, min_age=600, now=time.time())
+    assert {item.name: item.vouches for item in plan.items if item.vouches} == {
+        "checkpoint_epoch_4.pt": "the newest kept checkpoint"
+    }

@@ -258,8 +258,12 @@ def pin_plan(plan: RetentionPlan, fs: FileSystem = LOCAL) -> PinnedPlan:
     if not doomed:
         return PinnedPlan(**base)
     doomed_series = {item.series for item in doomed}
+    # The newest kept of a series vouch for its deletions; a best copy outside any series (vouches set
+    # only when the plan deletes the lowest-loss unit it stands for: retention.py) for the plan.
     vouchers = [
-        item for item in plan.items if not item.delete and item.vouches and item.judged and item.series in doomed_series
+        item
+        for item in plan.items
+        if not item.delete and item.vouches and item.judged and (item.series in doomed_series or item.series is None)
     ]
     try:
         answer = fs.pin_units(plan.root, [list(unit_members(item)) for item in doomed + vouchers])

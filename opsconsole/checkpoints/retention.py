@@ -195,6 +195,13 @@ def plan_retention(
                 places += 1
                 newest[entry.path] = "newest %d of %s (#%d)" % (keep, name, places)
 
+    # CheckpointManager's checkpoint_best.pt (any sound best copy outside the series): the listing marks
+    # no epoch best while it is sound, so the lowest-loss epoch may go, its weights then only in the
+    # copy. When the plan deletes that epoch the copy vouches too: re-checked before anything goes.
+    lowest_doomed = any(
+        entry.lowest_loss and _candidate(entry) and not protected[entry.path] and entry.path not in newest
+        for entry in entries
+    )
     items: List[PlanItem] = []
     for entry in sorted(entries, key=lambda e: (e.mtime,) + newness_key(e), reverse=True):
         reasons = list(protected[entry.path])
@@ -216,6 +223,17 @@ def plan_retention(
             elif _recorded(entry):
                 words = [reason.split()[0].rstrip(":;,") for reason in _recorded(entry) if reason.split()]
                 vouches = "the kept %s checkpoint" % "/".join(dict.fromkeys(words))
+        elif (
+            lowest_doomed
+            and entry.best
+            and not _candidate(entry)
+            and not entry.is_link
+            and entry.format != FORMAT_LINK
+            and entry.judged
+            and entry.integrity not in BROKEN
+            and not entry.unreadable
+        ):
+            vouches = "the best copy"
         items.append(
             PlanItem(
                 entry.path,
