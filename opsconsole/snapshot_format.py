@@ -1,4 +1,9 @@
-"""The two ways `opsconsole snapshot` prints node states: a JSON document and a gpustat-like table."""
+"""The two ways `opsconsole snapshot` prints node states: a JSON document and a gpustat-like table.
+
+The table's readings are spelled as the console's panes spell them (opsconsole.units): GPU memory
+`21.0/140.4 GiB` as on the GPUs pane, not nvidia-smi's MiB, so a number read in one place is
+found in the other.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,14 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from opsconsole.model import BAD_FRAME, STATE_UP, GpuSample, NodeFrame, NodeState, ProcessSample, to_wire
 from opsconsole.sanitize import printable_line
-from opsconsole.units import format_bytes, format_mib
+from opsconsole.units import (
+    format_bytes,
+    format_duration,
+    format_memory_pair,
+    format_percent,
+    format_power_pair,
+    format_temperature,
+)
 
 MISSING = "?"  # a reading the GPU does not report (gpustat prints "??")
 NAME_WIDTH_MAX = 40  # a node's 4 KiB GPU name must not pad every other line to its width
@@ -75,10 +87,6 @@ def snapshot_json(states: Iterable[NodeState], now: Optional[float] = None) -> s
 # --- text table ----------------------------------------------------------------
 
 
-def _number(value: Optional[float], fmt: str = "%.0f") -> str:
-    return MISSING if value is None else fmt % value
-
-
 def format_process(proc: ProcessSample) -> str:
     """`user(pid) 21 GiB`, as gpustat lists a GPU's processes (sizes as opsconsole.units spells them)."""
     who = printable_line(proc.user or proc.name or MISSING)
@@ -98,16 +106,19 @@ def processes_on(frame: NodeFrame, gpu: GpuSample) -> List[ProcessSample]:
 
 
 def format_gpu_line(frame: NodeFrame, gpu: GpuSample, name_width: int = 0) -> str:
-    """`[0] NVIDIA H200 | 39°C,   0 % |     0 / 143771 MiB | 109 / 700 W | user(pid) 21 GiB`."""
+    """`[0] NVIDIA H200 | 39°C,   0% |  0.0/140.4 GiB | 109/700 W | user(pid) 21 GiB`."""
     name = printable_line(gpu.name or MISSING).ljust(name_width)
     if gpu.lost:
         return "[%d] %s | lost: the GPU fell off the bus or NVML lost it" % (gpu.index, name)
-    total = format_mib(gpu.memory_total, missing=MISSING)
     parts = [
         "[%d] %s" % (gpu.index, name),
-        "%s°C, %s %%" % (_number(gpu.temperature).rjust(2), _number(gpu.utilization_gpu).rjust(3)),
-        "%s / %s MiB" % (format_mib(gpu.memory_used, missing=MISSING).rjust(len(total)), total),
-        "%s / %s W" % (_number(gpu.power_draw_w).rjust(3), _number(gpu.power_limit_w).rjust(3)),
+        "%s, %s"
+        % (
+            format_temperature(gpu.temperature, missing=MISSING).rjust(4),
+            format_percent(gpu.utilization_gpu, missing=MISSING).rjust(4),
+        ),
+        format_memory_pair(gpu.memory_used, gpu.memory_total, missing=MISSING).rjust(14),
+        format_power_pair(gpu.power_draw_w, gpu.power_limit_w, missing=MISSING).rjust(9),
     ]
     line = " | ".join(parts) + " |"
     procs = processes_on(frame, gpu)
@@ -137,7 +148,7 @@ def format_node_header(state: NodeState, now: float, name_width: int = 0) -> str
     line = "  ".join(fields)
     age = state.age(now)
     if state.state != STATE_UP and age is not None:
-        line += "  (last frame %.0f s ago)" % age
+        line += "  (last frame %s ago)" % format_duration(age)
     return line
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from opsconsole import __version__
+from opsconsole import __version__, units
 from opsconsole.cli import build_parser, config_from_args, main
 from opsconsole.config import DEFAULT_CONFIG, NodeConfig
 from opsconsole.model import (
@@ -244,24 +244,22 @@ def h200_fixture_frame() -> NodeFrame:
     )
 
 
-def test_gpu_line_reads_like_gpustat():
+def test_gpu_line_reads_like_gpustat_with_the_panes_units():
     frame = h200_fixture_frame()
     gpu, proc = frame.gpus[0], frame.processes[0]
-    total = str(gpu.memory_total // MIB)
-    used = str(gpu.memory_used // MIB).rjust(len(total))  # right-aligned to the total, as gpustat does
-    # Memory in MiB as nvidia-smi counts it, spelled MiB (not "MB"); a process's memory as every pane spells it.
+    # gpustat's layout, each reading spelled as every pane spells it (opsconsole.units): GPU memory in GiB
+    # as on the GPUs pane (it was MiB as nvidia-smi counts it), power as the GPUs pane's draw/limit.
     assert proc.gpu_memory_bytes == 22525509632  # 20.98 GiB
-    expected = "[0] %s | %d°C, %3d %% | %s / %s MiB | %3d / %3d W | alice(%d) 21 GiB" % (
+    expected = "[0] %s | %s, %4s | %14s | %9s | alice(%d) 21 GiB" % (
         gpu.name,
-        gpu.temperature,
-        gpu.utilization_gpu,
-        used,
-        total,
-        round(gpu.power_draw_w),
-        round(gpu.power_limit_w),
+        units.format_temperature(gpu.temperature),
+        units.format_percent(gpu.utilization_gpu),
+        units.format_memory_pair(gpu.memory_used, gpu.memory_total),
+        units.format_power_pair(gpu.power_draw_w, gpu.power_limit_w),
         proc.pid,
     )
     assert format_gpu_line(frame, gpu) == expected
+    assert " GiB | " in expected and "/700 W |" in expected  # what the units spelled for this GPU
 
 
 def test_table_has_a_header_per_node_a_line_per_gpu_and_the_reason_of_a_down_node():
@@ -285,7 +283,7 @@ def test_a_node_down_with_an_old_frame_shows_its_age_and_its_last_gpus():
     frame = h200_fixture_frame()
     state = NodeState(name="gpu01", state=STATE_DOWN, reason="connection lost", frame=frame, received_at=frame.time)
     lines = snapshot_table([state], now=frame.time + 42).splitlines()
-    assert lines[0].endswith("(last frame 42 s ago)")
+    assert lines[0].endswith("(last frame 42s ago)")  # a duration as every pane spells one
     assert lines[1] == "  down: connection lost"
     assert lines[2].startswith("[0] ")
 

@@ -40,6 +40,7 @@ from opsconsole.actions.runner import ActionOutcome, CommandResult, no_command_c
 from opsconsole.config import Config
 from opsconsole.model import NodeState
 from opsconsole.nodes.base import is_replayed
+from opsconsole.units import format_bytes, format_temperature
 
 
 def allowed(action: Action, config: Config) -> bool:
@@ -287,9 +288,9 @@ async def reread_gpu(ctx: ActionContext, index: int, after: float) -> str:
                 return "GPU %d is LOST in the next frame: the reset did not bring it back (reboot)" % index
             bits = ["GPU %d read again:" % index]
             if gpu.temperature is not None:
-                bits.append("%g °C" % gpu.temperature)
+                bits.append(format_temperature(gpu.temperature))
             if gpu.memory_used is not None:
-                bits.append("%d MiB used" % (gpu.memory_used // (1024 * 1024)))
+                bits.append("%s used" % format_bytes(gpu.memory_used))
             if gpu.ecc_volatile_uncorrected is not None:
                 bits.append("volatile uncorrected ECC %d" % gpu.ecc_volatile_uncorrected)
             bits.append("errors: %s" % ("; ".join(gpu.errors) if gpu.errors else "none"))

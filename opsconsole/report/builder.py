@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from opsconsole.model import NodeState
+from opsconsole.units import format_frame_age, format_percent, format_temperature
 
 LOG_TAIL_LINES = 200
 
@@ -65,9 +66,9 @@ def _state_row(state: NodeState, now: float) -> str:
         state.state,
         _md_escape(state.reason or ""),
         gpus,
-        "%.0f %%" % (sum(utils) / len(utils)) if utils else "-",
-        "%.0f °C" % hottest if hottest is not None else "-",
-        "%.1f s" % age if age is not None else "-",
+        format_percent(sum(utils) / len(utils) if utils else None, missing="-"),
+        format_temperature(hottest, missing="-"),
+        format_frame_age(age) if age is not None else "-",
     )
 
 
