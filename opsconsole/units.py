@@ -1,9 +1,14 @@
-"""One spelling for sizes, rates and durations, used by every pane and command.
+"""One spelling for every quantity the console shows, used by every pane and command.
 
 Sizes are IEC binary units with a space: `512 B`, `537 KiB`, `97 MiB`, `1.5 GiB`, `21 GiB`
 (one decimal below ten of a unit, whole numbers from ten up, as htop and `ls -h` do); rates
 are sizes per second, `12 MiB/s`; durations are at most two units run together, `45s`,
 `12m05s`, `2h12m`, `3d04h`; ages (how long ago, glanced at) one unit, `3s`, `2m`, `5h`.
+A reading and its ceiling share one unit after both: memory `21.0/140.4 GiB`, power
+`633/700 W`, temperature `62/89°C`. Percentages are whole, `7%`,
+`101%` (a tenth only below ten, `0.5%`); temperatures `62°C`; power `633 W`; clocks
+`1980 MHz`; latencies `12 ms`. Whole numbers are rounded, never truncated, so a pane that
+shows a reading and one that shows it beside its limit say the same number.
 
 Stdlib only and Python 3.6 syntax, so anything (the probe included) may import it; a
 missing value reads `N/A` unless the caller names another placeholder.
@@ -49,20 +54,6 @@ def format_rate(bytes_per_s: Optional[float], missing: str = NA) -> str:
     return text if text == missing else text + "/s"
 
 
-def format_gib(value: Optional[float], missing: str = NA) -> str:
-    """`21.0`: bytes as GiB with one decimal, for a column or bar whose label names the unit."""
-    if value is None or not _number(value):
-        return missing
-    return "%.1f" % (value / GIB)
-
-
-def format_mib(value: Optional[float], missing: str = NA) -> str:
-    """`21491`: whole MiB, as nvidia-smi and gpustat count GPU memory (the caller prints ` MiB`)."""
-    if value is None or not _number(value):
-        return missing
-    return "%d" % (value // MIB)
-
-
 def format_memory_pair(used: Optional[float], total: Optional[float], missing: str = NA) -> str:
     """`21.0/140.4 GiB`, `512/800 MiB`: used over total, both in the unit of the total."""
     used_ok = used is not None and _number(used)
@@ -75,6 +66,79 @@ def format_memory_pair(used: Optional[float], total: Optional[float], missing: s
         return missing + "/" + format_bytes(total)
     unit, scale, pattern = ("GiB", GIB, "%.1f") if total >= GIB else ("MiB", MIB, "%d")
     return "%s/%s %s" % (pattern % (used / scale), pattern % (total / scale), unit)
+
+
+def _whole(value: float) -> int:
+    """`value` rounded half up: 581.5 W reads 582 W in every pane (round() would say 582, %d 581)."""
+    return int(math.floor(value + 0.5))
+
+
+def format_percent(value: Optional[float], missing: str = NA) -> str:
+    """`100%`, `7%`, `101%` (a process on more than one core); a tenth below 10 only when not whole (`0.5%`)."""
+    if value is None or not _number(value):
+        return missing
+    if abs(value) < 10 and value != int(value) and round(value, 1) != _whole(value):
+        return "%.1f%%" % value
+    return "%d%%" % _whole(value)
+
+
+def format_temperature(celsius: Optional[float], missing: str = NA) -> str:
+    """`62°C`."""
+    if celsius is None or not _number(celsius):
+        return missing
+    return "%d°C" % _whole(celsius)
+
+
+def format_power(watts: Optional[float], missing: str = NA) -> str:
+    """`633 W`; `12.3 kW` from 10 kW (a node's or a cluster's sum)."""
+    if watts is None or not _number(watts):
+        return missing
+    if abs(watts) >= 10000:
+        return "%.1f kW" % (watts / 1000.0)
+    return "%d W" % _whole(watts)
+
+
+def format_clock(mhz: Optional[float], missing: str = NA) -> str:
+    """`1980 MHz`."""
+    if mhz is None or not _number(mhz):
+        return missing
+    return "%d MHz" % _whole(mhz)
+
+
+def _pair(value: Optional[float], ceiling: Optional[float], unit: str, missing: str, single) -> str:
+    """`value/ceiling UNIT` (one unit after both); the value alone, spelled by `single`, without a ceiling."""
+    if ceiling is None or not _number(ceiling):
+        return single(value, missing=missing)
+    shown = missing if value is None or not _number(value) else "%d" % _whole(value)
+    return "%s/%d%s" % (shown, _whole(ceiling), unit)
+
+
+def format_power_pair(watts: Optional[float], limit: Optional[float], missing: str = NA) -> str:
+    """`633/700 W`: the draw over its limit; `633 W` without a limit."""
+    return _pair(watts, limit, " W", missing, format_power)
+
+
+def format_temperature_pair(celsius: Optional[float], slowdown: Optional[float], missing: str = NA) -> str:
+    """`62/89°C`: the temperature over the one where the GPU slows down; `62°C` without it."""
+    return _pair(celsius, slowdown, "°C", missing, format_temperature)
+
+
+def format_pcie_link(generation: Optional[int], lanes: Optional[int], missing: str = NA) -> str:
+    """`gen5 x16`: a PCIe link's generation and width, as `lspci` and nvidia-smi name them."""
+    if generation is None or not _number(generation):
+        return missing
+    return "gen%d x%s" % (generation, missing if lanes is None or not _number(lanes) else "%d" % lanes)
+
+
+def format_ms(milliseconds: Optional[float], missing: str = NA) -> str:
+    """`12 ms`, `0.4 ms`, `1.3 s`: a latency (a round trip, a probe's cost)."""
+    if milliseconds is None or not _number(milliseconds):
+        return missing
+    if milliseconds >= 1000:
+        return "%.1f s" % (milliseconds / 1000.0)
+    if milliseconds < 10:
+        return "%.1f ms" % milliseconds
+    return "%d ms" % _whole(milliseconds)
 
 
 def format_duration(seconds: Optional[float], missing: str = NA) -> str:

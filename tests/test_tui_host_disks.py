@@ -18,7 +18,8 @@ from opsconsole.tui.host import cut_middle
 from tests.waiting import wait_for
 
 GIB = 1024**3
-FREE = re.compile(r"free (\d+)% \(")
+# "60 GiB free of 100 GiB (60%)": the free space as the overview says it, then of what.
+FREE = re.compile(r"(\d+) GiB free of 100 GiB \(\1%\)")
 
 
 def node_with_disks(paths):

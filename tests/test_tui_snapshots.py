@@ -12,6 +12,7 @@ from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states 
 from opsconsole.config import Config, ConsoleConfig  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
 from tests.snapshot_clock import utc_clock  # noqa: F401 (autouse fixture: the clock prints UTC)
+from tests.waiting import wait_for  # noqa: E402
 
 SIZE = (140, 40)
 
@@ -56,7 +57,15 @@ def test_help_screen(snap_compare):
 
 
 def test_drill_down_into_a_node(snap_compare):
-    assert snap_compare(console(), terminal_size=SIZE, press=["4", "down", "down", "enter"])
+    async def run_before(pilot) -> None:
+        # The Nodes pane is made on first show: a "down" pressed before its rows are in was lost under
+        # load, and the snapshot drilled into gpu-a02.
+        await pilot.press("4")
+        await wait_for(lambda: pilot.app.panes["nodes"].tables[0].table.row_count == 3, "the 3 nodes", pilot=pilot)
+        await pilot.press("down", "down", "enter")
+        await wait_for(lambda: pilot.app.node == "gpu-a03", "the drill into gpu-a03", pilot=pilot)
+
+    assert snap_compare(console(), terminal_size=SIZE, run_before=run_before)
 
 
 def test_light_theme(snap_compare):

@@ -1,4 +1,4 @@
-"""opsconsole.units: one spelling of sizes, rates and durations (IEC binary units)."""
+"""opsconsole.units: one spelling of every quantity (IEC binary units for sizes)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,44 @@ def test_memory_pair_uses_the_unit_of_the_total():
     assert units.format_memory_pair(None, None) == "N/A"
 
 
-def test_gib_and_mib_for_labelled_columns():
-    assert units.format_gib(21491 * MIB) == "21.0"
-    assert units.format_mib(150754820096) == "143771"
-    assert units.format_mib(None, missing="?") == "?"
+@pytest.mark.parametrize(
+    "func, value, text",
+    [
+        (units.format_percent, 100.0, "100%"),
+        (units.format_percent, 100.6, "101%"),  # a process on more than one core: Host once said 100.6, Processes 101%
+        (units.format_percent, 7.0, "7%"),
+        (units.format_percent, 0.5, "0.5%"),
+        (units.format_percent, 7.02, "7%"),  # not "7.0%"
+        (units.format_percent, None, "N/A"),
+        (units.format_percent, math.nan, "N/A"),
+        (units.format_temperature, 61.6, "62°C"),
+        (units.format_temperature, None, "N/A"),
+        (units.format_power, 692.4, "692 W"),
+        (units.format_power, 581.5, "582 W"),  # rounded as the pair rounds it (the GPUs pane once truncated: 581)
+        (units.format_power, 12345.0, "12.3 kW"),
+        (units.format_power, math.inf, "N/A"),
+        (units.format_clock, 1980, "1980 MHz"),
+        (units.format_clock, None, "N/A"),
+        (units.format_ms, 0.8, "0.8 ms"),
+        (units.format_ms, 12.4, "12 ms"),
+        (units.format_ms, 1500, "1.5 s"),
+    ],
+)
+def test_readings(func, value, text):
+    assert func(value) == text
+
+
+def test_a_reading_over_its_ceiling_names_the_unit_once():
+    assert units.format_power_pair(692.4, 700.0) == "692/700 W"
+    assert units.format_power_pair(581.5, 700.0) == "582/700 W"  # the same number format_power says
+    assert units.format_power_pair(692.4, None) == "692 W"
+    assert units.format_power_pair(None, 700.0) == "N/A/700 W"
+    assert units.format_power_pair(None, None, missing="?") == "?"
+    assert units.format_temperature_pair(61.6, 89.0) == "62/89°C"
+    assert units.format_temperature_pair(61.6, None) == "62°C"
+
+
+def test_pcie_link():
+    assert units.format_pcie_link(5, 16) == "gen5 x16"
+    assert units.format_pcie_link(4, None) == "gen4 xN/A"
+    assert units.format_pcie_link(None, 16) == "N/A"

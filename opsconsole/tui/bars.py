@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
-from opsconsole.tui.formatting import NA
+from opsconsole.tui.formatting import format_percent
 
 LEVEL_OK = "ok"
 LEVEL_WARN = "warn"
@@ -44,7 +44,7 @@ def bar(percent: Optional[float], width: int) -> str:
 
 def percent_bar(percent: Optional[float], width: int) -> str:
     """A bar followed by the percent, right-aligned in four cells ("N/A" when unknown)."""
-    label = NA if percent is None else "%d%%" % round(percent)
+    label = format_percent(percent)
     return "%s %4s" % (bar(percent, width), label)
 
 

@@ -16,8 +16,8 @@ from opsconsole.tui.formatting import (
     format_age,
     format_memory_pair,
     format_percent,
+    format_power_pair,
     format_temperature,
-    format_watts,
     shorten,
     state_style,
 )
@@ -41,14 +41,6 @@ GPU_COLUMNS = (
     Column("jobs", "Job", JOBS_WIDTH),
     Column("node_state", "Node state", 11),
 )
-
-
-def _power(row: GpuRow) -> str:
-    if row.power is None:
-        return NA
-    if row.power_limit is None:
-        return format_watts(row.power)
-    return "%d/%s" % (round(row.power), format_watts(row.power_limit))
 
 
 def _users(row: GpuRow) -> str:
@@ -97,7 +89,7 @@ def gpu_table_row(row: GpuRow, node_state: str) -> TableRow:
             cell(format_memory_pair(row.mem_used, row.mem_total)),
             cell(format_percent(row.mem_percent)),
             cell(format_temperature(row.temp)),
-            cell(_power(row)),
+            cell(format_power_pair(row.power, row.power_limit)),
             cell(_users(row)),
             cell(_jobs(row), "bold magenta" if row.marked else base),
             cell(node_state, state_style(row.node_state)),

@@ -1,7 +1,8 @@
-"""Compact text for the console's cells: percentages, temperatures, watts, state colours.
+"""Compact text for the console's cells: state colours, counts, cut text.
 
-Pure functions (no Textual): every pane formats the same way, and a missing reading
-always reads "N/A".
+Pure functions (no Textual). Quantities (sizes, rates, durations, percentages, temperatures,
+power, clocks) are spelled by opsconsole.units alone, re-exported here for the panes, so every
+pane formats them the same way and a missing reading always reads "N/A".
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from opsconsole.model import (
 )
 from opsconsole.sanitize import printable
 
-# Sizes, rates and durations have one spelling, in opsconsole.units; re-exported for the panes.
+# Every quantity has one spelling, in opsconsole.units; re-exported for the panes.
 from opsconsole.units import (  # noqa: F401
     GIB,
     KIB,
@@ -31,11 +32,18 @@ from opsconsole.units import (  # noqa: F401
     TIB,
     format_age,
     format_bytes,
+    format_clock,
     format_duration,
     format_frame_age,
-    format_gib,
     format_memory_pair,
+    format_ms,
+    format_pcie_link,
+    format_percent,
+    format_power,
+    format_power_pair,
     format_rate,
+    format_temperature,
+    format_temperature_pair,
 )
 
 # Rich styles for the connection states (up green, stale yellow, failures red ...).
@@ -58,40 +66,6 @@ PROCESS_STATE_STYLES = {"D": "bold red", "Z": "bold magenta"}
 def state_style(state: str) -> str:
     """The Rich style of a node connection state ("" for an unknown one)."""
     return STATE_STYLES.get(state, "")
-
-
-def format_percent(value: Optional[float]) -> str:
-    """`100%`, `7%`; one decimal below 10 only when it is not whole (`0.5%`)."""
-    if value is None:
-        return NA
-    if value < 10 and value != int(value):
-        return "%.1f%%" % value
-    return "%d%%" % round(value)
-
-
-def format_temperature(value: Optional[float]) -> str:
-    """`39°C`."""
-    return NA if value is None else "%d°C" % round(value)
-
-
-def format_watts(value: Optional[float]) -> str:
-    """`109 W`, `5.6 kW` for node sums."""
-    if value is None:
-        return NA
-    if value >= 10000:
-        return "%.1f kW" % (value / 1000.0)
-    return "%d W" % round(value)
-
-
-def format_ms(value: Optional[float]) -> str:
-    """`12 ms`, `0.4 ms`, `1.3 s`."""
-    if value is None:
-        return NA
-    if value >= 1000:
-        return "%.1f s" % (value / 1000.0)
-    if value < 10:
-        return "%.1f ms" % value
-    return "%d ms" % round(value)
 
 
 def format_count(value: Optional[int]) -> str:

@@ -17,30 +17,39 @@ from opsconsole.model import GpuSample, NodeState
 from opsconsole.tui import bars
 from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_PLAIN, Palette
-from opsconsole.tui.formatting import NA, format_gib, printable
+from opsconsole.tui.formatting import (
+    NA,
+    format_clock,
+    format_memory_pair,
+    format_pcie_link,
+    format_percent,
+    format_power_pair,
+    format_temperature_pair,
+    printable,
+)
 from opsconsole.tui.gpu_levels import gpu_status, memory_level, temperature_level, throttle_text
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import StyledCell, TableRow, styled_row
 
 # (key, label, width): fixed widths so an update never reflows the table.
 COLUMNS = (
-    ("node", "node", None),  # as wide as the longest name: names were cut at 9 cells
-    ("gpu", "#", 2),
-    ("name", "name", 11),
-    ("util", "util", 11),
-    ("memory", "memory GiB", 18),
-    ("temp", "temp °C", 7),
-    ("power", "power W", 8),
-    ("sm", "SM MHz", 9),
-    ("pstate", "P", 3),
-    ("throttle", "throttle", 12),
+    ("node", "Node", None),  # as wide as the longest name: names were cut at 9 cells
+    ("gpu", "GPU", 3),
+    ("name", "Name", 11),
+    ("util", "Util", 11),
+    ("memory", "Memory", 19),  # "···· 139.8/140.4 GiB"
+    ("temp", "Temp", 8),  # "62/89°C!"
+    ("power", "Power", 9),
+    ("sm", "SM clock", 8),  # "1980 MHz", as the overview shows it (all columns fit 140 cells)
+    ("pstate", "P", 2),
+    ("throttle", "Throttle", 10),
     ("ecc", "ECC", 3),
-    ("pcie", "PCIe", 4),
-    ("fan", "fan", 4),
-    ("status", "status", 10),
+    ("pcie", "PCIe", 8),
+    ("fan", "Fan", 4),
+    ("status", "Status", 10),
 )
 UTIL_BAR = 6
-MEMORY_BAR = 6
+MEMORY_BAR = 4
 
 
 def _number(value: Optional[float], fmt: str = "%d") -> str:
@@ -52,7 +61,7 @@ def util_cell(gpu: GpuSample, history: Optional[History], node: str) -> str:
     ring = history.gpu(node, gpu.index, "utilization") if history is not None else None
     if ring is None or len(ring) < 2 or gpu.utilization_gpu is None:
         return bars.percent_bar(gpu.utilization_gpu, UTIL_BAR)
-    return "%s %4s" % (sparkline(ring.values(), UTIL_BAR, 0.0, 100.0), "%d%%" % round(gpu.utilization_gpu))
+    return "%s %4s" % (sparkline(ring.values(), UTIL_BAR, 0.0, 100.0), format_percent(gpu.utilization_gpu))
 
 
 def gpu_cells(
@@ -64,29 +73,21 @@ def gpu_cells(
     history: Optional[History] = None,
 ) -> List[StyledCell]:
     """The row of one GPU as (text, level) pairs, in COLUMNS order."""
-    memory_pct = gpu.memory_percent
     if gpu.memory_total:
-        memory = "%s %s/%s" % (
-            bars.bar(memory_pct, MEMORY_BAR),
-            format_gib(gpu.memory_used),
-            format_gib(gpu.memory_total),
+        memory = "%s %s" % (
+            bars.bar(gpu.memory_percent, MEMORY_BAR),
+            format_memory_pair(gpu.memory_used, gpu.memory_total),
         )
     else:
         memory = NA
-    temp = _number(gpu.temperature)
-    if gpu.temperature_slowdown is not None:
-        temp += "/%d" % gpu.temperature_slowdown
+    temp = format_temperature_pair(gpu.temperature, gpu.temperature_slowdown)
     if temperature_level(gpu, health) == LEVEL_CRIT:
         temp += "!"  # not by colour alone
-    power = _number(gpu.power_draw_w)
-    if gpu.power_limit_w is not None:
-        power += "/%d" % gpu.power_limit_w
-    sm = _number(gpu.clock_sm_mhz)
-    if gpu.clock_sm_max_mhz is not None:
-        sm += "/%d" % gpu.clock_sm_max_mhz
+    power = format_power_pair(gpu.power_draw_w, gpu.power_limit_w)
+    sm = format_clock(gpu.clock_sm_mhz)
     ecc = gpu.ecc_volatile_uncorrected
-    pcie = NA if gpu.pcie_gen is None else "%sx%s" % (gpu.pcie_gen, _number(gpu.pcie_width))
-    fan = NA if gpu.fan_percent is None else "%d%%" % gpu.fan_percent
+    pcie = format_pcie_link(gpu.pcie_gen, gpu.pcie_width)
+    fan = format_percent(gpu.fan_percent)
     return [
         (state.name if first_of_node else "", LEVEL_PLAIN),
         (str(gpu.index), LEVEL_PLAIN),

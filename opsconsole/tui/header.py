@@ -10,7 +10,7 @@ from rich.text import Text
 from opsconsole.config import Config
 from opsconsole.model import NodeState
 from opsconsole.tui import bars
-from opsconsole.tui.formatting import NA, format_frame_age, printable_text
+from opsconsole.tui.formatting import format_frame_age, format_percent, printable_text
 from opsconsole.tui.lines_view import LinesView
 
 
@@ -70,7 +70,7 @@ def header_text(
     if jobs:
         text.append("  jobs %d" % jobs)
     util = totals.mean_utilization
-    text.append("   mean util " + (NA if util is None else "%.0f%%" % util))
+    text.append("   mean util " + format_percent(util))
     alerts = getattr(totals, "alerts", 0)
     text.append("   alerts %d" % alerts, style=("bold " + palette.crit) if alerts else "")
     if health_failures:  # the Health pane (8) lists them

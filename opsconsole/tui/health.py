@@ -139,7 +139,11 @@ class HealthPane(LivePane):
             parts.append(self.last_run_error)
         if self.filter_text:
             parts.append("filter: " + self.filter_text)
-        parts.append("r: rerun node · R: rerun all (with GPU tests)")
+        hint = "r: rerun node · R: rerun all (with GPU tests)"
+        # The footer says it too: at 80 columns it goes, not the counts (the pane is as wide as the screen,
+        # and is drawn before its first layout, when its own size is 0).
+        if len(" · ".join(parts + [hint])) <= self.app.size.width - 2:
+            parts.append(hint)
         self.status.update(printable(" · ".join(parts)))
         self.show_detail()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,22 +13,22 @@ from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from opsconsole.history import History, Ring
-from opsconsole.tui.formatting import printable
+from opsconsole.tui.formatting import format_percent, format_power, format_temperature, printable
 
 REFRESH_S = 1.0
 
-# (metric, title, unit, fixed y range or None)
+# (metric, title, how its latest value is spelled (opsconsole.units), fixed y range or None)
 GPU_PLOTS = (
-    ("utilization", "utilisation", "%", (0, 100)),
-    ("memory_percent", "memory", "%", (0, 100)),
-    ("temperature", "temperature", "°C", None),
-    ("power_w", "power", "W", None),
+    ("utilization", "utilisation", format_percent, (0, 100)),
+    ("memory_percent", "memory", format_percent, (0, 100)),
+    ("temperature", "temperature", format_temperature, None),
+    ("power_w", "power", format_power, None),
 )
 NODE_PLOTS = (
-    ("gpu_utilization", "mean GPU utilisation", "%", (0, 100)),
-    ("gpu_memory_percent", "mean GPU memory", "%", (0, 100)),
-    ("cpu_percent", "CPU", "%", (0, 100)),
-    ("power_w", "GPU power", "W", None),
+    ("gpu_utilization", "mean GPU utilisation", format_percent, (0, 100)),
+    ("gpu_memory_percent", "mean GPU memory", format_percent, (0, 100)),
+    ("cpu_percent", "CPU", format_percent, (0, 100)),
+    ("power_w", "GPU power", format_power, None),
 )
 
 
@@ -45,17 +45,19 @@ def plot_points(ring: Optional[Ring], now: float) -> Tuple[List[float], List[flo
 
 
 class MetricPlot(PlotextPlot):
-    def __init__(self, title: str, unit: str, y_range: Optional[Tuple[float, float]]) -> None:
+    def __init__(
+        self, title: str, spell: Callable[[Optional[float]], str], y_range: Optional[Tuple[float, float]]
+    ) -> None:
         super().__init__()
         self.title = title
-        self.unit = unit
+        self.spell = spell
         self.y_range = y_range
 
     def draw(self, xs: Sequence[float], ys: Sequence[float]) -> None:
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        latest = ("%.0f %s" % (ys[-1], self.unit)) if ys else "no data"
+        latest = self.spell(ys[-1]) if ys else "no data"
         plt.title("%s: %s" % (self.title, latest))
         plt.xlabel("seconds ago")
         if self.y_range is not None:
@@ -84,7 +86,7 @@ class HistoryScreen(ModalScreen[None]):
         self.now = now
         specs = GPU_PLOTS if gpu is not None else NODE_PLOTS
         self.specs = specs
-        self.plots = [MetricPlot(title, unit, y_range) for _, title, unit, y_range in specs]
+        self.plots = [MetricPlot(title, spell, y_range) for _, title, spell, y_range in specs]
 
     def compose(self) -> ComposeResult:
         with Vertical():

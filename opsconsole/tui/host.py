@@ -18,6 +18,8 @@ from opsconsole.tui.formatting import (
     format_bytes,
     format_duration,
     format_frame_age,
+    format_memory_pair,
+    format_percent,
     format_rate,
     printable,
     printable_text,
@@ -27,16 +29,17 @@ from opsconsole.tui.table_diff import TableRow, styled_row
 
 Segment = Tuple[str, str]  # (text, level); "\n" ends a line
 
+# The Processes pane's headers for the same readings, in its order. No name column: the command
+# line starts with it, and at 80 columns the command kept 6 cells beside it.
 PROCESS_COLUMNS = (
-    ("pid", "pid", 7),
-    ("user", "user", 8),
+    ("pid", "PID", 7),
+    ("user", "User", 8),
+    ("cpu", "CPU", 5),
+    ("rss", "RSS", 8),  # "1023 KiB", the widest format_bytes spells below a GiB
+    ("threads", "Threads", 7),
+    ("elapsed", "Elapsed", 7),
     ("state", "S", 1),
-    ("cpu", "cpu%", 5),
-    ("rss", "rss", 8),  # "1023 KiB", the widest format_bytes spells below a GiB
-    ("threads", "thr", 4),
-    ("elapsed", "elapsed", 7),
-    ("name", "name", 15),
-    ("command", "command", 60),
+    ("command", "Command", 60),
 )
 COMMAND_MIN_WIDTH = 20
 CPU_BAR = 30
@@ -111,7 +114,7 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
         ]
         return out
     load = " ".join("%.2f" % value for value in host.load_avg) or NA
-    iowait = NA if host.iowait_percent is None else "%.1f%%" % host.iowait_percent
+    iowait = format_percent(host.iowait_percent)
     out.append(
         (
             "   uptime %s   load %s   iowait %s   via %s" % (format_duration(host.uptime_s), load, iowait, host.source),
@@ -132,13 +135,13 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
         mem,
         CPU_BAR,
         bars.level_for(mem, health.memory_percent - 10, health.memory_percent),
-        "   %s of %s" % (format_bytes(used), format_bytes(host.mem_total)),
+        "   %s" % format_memory_pair(used, host.mem_total),
     )
     if host.swap_total:
         swap = 100.0 * (host.swap_used or 0) / host.swap_total
         out.append(("   swap ", LEVEL_PLAIN))
         out.append((bars.percent_bar(swap, DISK_BAR), bars.level_for(swap, 50.0, 90.0)))
-        out.append(("  %s of %s" % (format_bytes(host.swap_used), format_bytes(host.swap_total)), LEVEL_PLAIN))
+        out.append(("  %s" % format_memory_pair(host.swap_used, host.swap_total), LEVEL_PLAIN))
     else:
         out.append(("   swap none", LEVEL_PLAIN))
     out.append(("\n", ""))
@@ -173,7 +176,8 @@ def disk_segments(disks: Sequence[DiskUsage], health: HealthConfig, width: int) 
             if free < health.disk_free_percent
             else (LEVEL_WARN if free < 2 * health.disk_free_percent else LEVEL_PLAIN)
         )
-        reading = " free %.0f%% (%s of %s)" % (free, format_bytes(disk.free), format_bytes(disk.total))
+        # The free space first and as the overview says it ("64 GiB free"): what a cut line keeps.
+        reading = " %s free of %s (%s)" % (format_bytes(disk.free), format_bytes(disk.total), format_percent(free))
         # Measured as drawn: a control character is one visible picture (printable), not zero cells.
         items.append((printable(disk.path), bars.bar(100.0 - free, DISK_BAR), level, reading))
 
@@ -246,18 +250,14 @@ def process_rows(
         cells = [
             (str(proc.pid), LEVEL_PLAIN),
             (proc.user or NA, LEVEL_PLAIN),
-            (proc.state or "?", LEVEL_CRIT if proc.state in ("D", "Z") else LEVEL_PLAIN),
-            (
-                NA if proc.cpu_percent is None else "%.1f" % proc.cpu_percent,
-                bars.level_for(proc.cpu_percent, CPU_WARN, 10 * CPU_CRIT),
-            ),
+            (format_percent(proc.cpu_percent), bars.level_for(proc.cpu_percent, CPU_WARN, 10 * CPU_CRIT)),
             (format_bytes(proc.rss_bytes), LEVEL_PLAIN),
             (NA if proc.threads is None else str(proc.threads), LEVEL_PLAIN),
             (format_duration(proc.elapsed_at(frame_time)), LEVEL_PLAIN),
-            (proc.name, LEVEL_PLAIN),
-            (proc.command.replace("\n", " "), LEVEL_PLAIN),
+            (proc.state or "?", LEVEL_CRIT if proc.state in ("D", "Z") else LEVEL_PLAIN),
+            (proc.command.replace("\n", " ") or "[%s]" % proc.name, LEVEL_PLAIN),
         ]
-        if needle and needle not in " ".join(text for text, _ in cells).lower():
+        if needle and needle not in " ".join([proc.name] + [text for text, _ in cells]).lower():
             continue
         rows.append(
             styled_row(str(proc.pid), [(text, palette.style(LEVEL_DIM if dim else level)) for text, level in cells])

@@ -25,8 +25,8 @@ from opsconsole.tui.formatting import (
     format_memory_pair,
     format_ms,
     format_percent,
+    format_power,
     format_temperature,
-    format_watts,
     shorten,
     state_style,
 )
@@ -106,7 +106,7 @@ def node_table_row(row: NodeRow, columns: Sequence[Column] = NODE_COLUMNS) -> Ta
         "trend": lambda: cell(sparkline(row.util_trend, TREND_POINTS, 0.0, 100.0)),
         "memory": lambda: cell(format_memory_pair(row.mem_used, row.mem_total)),
         "temp": lambda: cell(_hottest(row)),
-        "power": lambda: cell(format_watts(row.power_sum)),
+        "power": lambda: cell(format_power(row.power_sum)),
         "errors": lambda: cell(format_count(row.errors), errors_style),
         "age": lambda: cell(format_age(row.age)),
         "rtt": lambda: cell(format_ms(row.rtt_ms)),

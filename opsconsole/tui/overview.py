@@ -25,10 +25,16 @@ from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_OK, LEVEL_PLAIN, LE
 from opsconsole.tui.formatting import (
     NA,
     format_bytes,
+    format_clock,
     format_duration,
     format_frame_age,
-    format_gib,
+    format_memory_pair,
+    format_pcie_link,
+    format_percent,
+    format_power,
+    format_power_pair,
     format_rate,
+    format_temperature,
     printable,
     shorten,
 )
@@ -48,17 +54,18 @@ PROCESS_MIN_ROWS = 4  # the process table keeps at least its header and this man
 HOST_WARN, HOST_CRIT = 80.0, 95.0
 
 # (key, label, width); the command column takes what the others leave.
+# The headers of the Processes pane's columns, for the same readings.
 PROCESS_COLUMNS = (
-    ("pid", "pid", 7),
-    ("user", "user", 8),
+    ("pid", "PID", 7),
+    ("user", "User", 8),
     ("gpu", "GPU", 3),
     ("gpu_memory", "GPU mem", 9),
-    ("sm", "SM%", 4),
-    ("cpu", "CPU%", 6),
-    ("rss", "host mem", 9),
+    ("sm", "SM", 4),
+    ("cpu", "CPU", 5),
+    ("rss", "RSS", 8),
+    ("elapsed", "Elapsed", 7),
     ("state", "S", 1),
-    ("elapsed", "time", 7),
-    ("command", "command", 40),
+    ("command", "Command", 40),
 )
 COMMAND_MIN_WIDTH = 20
 
@@ -92,23 +99,16 @@ def _history_values(history: Optional[History], node: str, index: int, metric: s
     return ring.values() if ring is not None else []
 
 
-def _power_text(gpu: GpuSample) -> str:
-    text = _reading(gpu.power_draw_w, "%dW")
-    if gpu.power_limit_w is not None:
-        text += "/%dW" % gpu.power_limit_w
-    return text
-
-
 def _temperature_text(gpu: GpuSample, health: HealthConfig) -> Segment:
     level = temperature_level(gpu, health)
-    text = _reading(gpu.temperature, "%d°C")
+    text = format_temperature(gpu.temperature)
     return (text + ("!" if level == LEVEL_CRIT else ""), level)  # not by colour alone
 
 
 def _memory_text(gpu: GpuSample) -> str:
     if not gpu.memory_total:
         return NA
-    return "%s/%s GiB" % (format_gib(gpu.memory_used), format_gib(gpu.memory_total))
+    return format_memory_pair(gpu.memory_used, gpu.memory_total)
 
 
 def _health_segment(gpu: GpuSample, state: NodeState, now: float) -> Segment:
@@ -138,15 +138,18 @@ def gpu_block(
         ("GPU %d " % gpu.index, "bold"),
         ("%-10s " % shorten(_short_name(gpu.name), 16), LEVEL_PLAIN),  # a name from the node: bounded
         _temperature_text(gpu, health),
-        ("  %s" % _power_text(gpu), LEVEL_PLAIN),
-        ("  SM %s" % _reading(gpu.clock_sm_mhz, "%dMHz"), LEVEL_PLAIN),
-        ("  mem %s" % _reading(gpu.clock_mem_mhz, "%dMHz"), LEVEL_PLAIN),
+        ("  %s" % format_power_pair(gpu.power_draw_w, gpu.power_limit_w), LEVEL_PLAIN),
+        ("  SM %s" % format_clock(gpu.clock_sm_mhz), LEVEL_PLAIN),
+        ("  mem %s" % format_clock(gpu.clock_mem_mhz), LEVEL_PLAIN),
         ("  %s" % _reading(gpu.pstate, "P%d"), LEVEL_PLAIN),
         ("  ", LEVEL_PLAIN),
         _health_segment(gpu, state, now),
     ]
     if throttle not in ("-", NA):
         head += [("  throttle ", LEVEL_PLAIN), (throttle, throttle_level)]
+    if sum(len(text) for text, _ in head) > width:
+        # At 80 columns the memory clock goes, so that the health and throttle stay on the line.
+        head = [segment for segment in head if not segment[0].startswith("  mem ")]
     # Bars of a fixed share of the width; the history takes the rest of the line.
     bar_width = max(10, min(30, (width - 24) // 3))
     util_bar = bars.percent_bar(gpu.utilization_gpu, bar_width)
@@ -168,13 +171,13 @@ def gpu_block(
             line += [(" ", LEVEL_PLAIN), (sparkline(values, spark_width, 0.0, 100.0), "accent")]
     if not detailed:
         return [head, util_line, mem_line]
-    pcie = NA if gpu.pcie_gen is None else "gen%d x%s" % (gpu.pcie_gen, _reading(gpu.pcie_width, "%d"))
+    pcie = format_pcie_link(gpu.pcie_gen, gpu.pcie_width)
     ecc = gpu.ecc_volatile_uncorrected
     details = "     pcie %-8s  ecc %s/%s  fan %s  persist %s" % (
         pcie,
         _reading(gpu.ecc_volatile_corrected, "%d"),
         _reading(ecc, "%d"),
-        _reading(gpu.fan_percent, "%d%%"),
+        format_percent(gpu.fan_percent),
         NA if gpu.persistence_mode is None else ("on" if gpu.persistence_mode else "off"),
     )
     details = "%-*s" % (len("util ") + len(util_bar) + readings_width, details)
@@ -190,15 +193,17 @@ def gpu_line(
 ) -> Line:
     """One line for one GPU: index, utilisation and memory bars, temperature, power, clock, health, history."""
     throttle, throttle_level = throttle_text(gpu.clock_event_reasons)
+    # Shorter bars below 84 cells, so that the readings with their units leave a history at 80 columns.
+    util_bar, memory_bar = (8, 6) if width >= 84 else (5, 4)
     line: Line = [
         ("%d " % gpu.index, "bold"),
-        (bars.percent_bar(gpu.utilization_gpu, 8), LEVEL_OK if gpu.utilization_gpu else LEVEL_PLAIN),
+        (bars.percent_bar(gpu.utilization_gpu, util_bar), LEVEL_OK if gpu.utilization_gpu else LEVEL_PLAIN),
         (" mem ", LEVEL_PLAIN),
-        (bars.bar(gpu.memory_percent, 6), memory_level(gpu, health)),
-        (" %-11s " % _memory_text(gpu).replace(" GiB", "G"), LEVEL_PLAIN),
-        ("%5s " % _reading(gpu.temperature, "%d°C"), temperature_level(gpu, health)),
-        ("%5s " % _reading(gpu.power_draw_w, "%dW"), LEVEL_PLAIN),
-        ("%7s " % _reading(gpu.clock_sm_mhz, "%dMHz"), LEVEL_PLAIN),
+        (bars.bar(gpu.memory_percent, memory_bar), memory_level(gpu, health)),
+        (" %-13s" % _memory_text(gpu), LEVEL_PLAIN),
+        ("%5s " % format_temperature(gpu.temperature), temperature_level(gpu, health)),
+        ("%5s " % format_power(gpu.power_draw_w), LEVEL_PLAIN),
+        ("%8s " % format_clock(gpu.clock_sm_mhz), LEVEL_PLAIN),
         _health_segment(gpu, state, now),
     ]
     if throttle not in ("-", NA, "idle"):
@@ -352,12 +357,12 @@ def host_items(state: NodeState, health: HealthConfig, now: float) -> List[Line]
         [
             ("mem ", LEVEL_PLAIN),
             (bars.percent_bar(mem, 10), bars.level_for(mem, health.memory_percent - 10, health.memory_percent)),
-            (" %s/%s" % (format_bytes(used), format_bytes(host.mem_total)), LEVEL_PLAIN),
+            (" %s" % format_memory_pair(used, host.mem_total), LEVEL_PLAIN),
         ]
     )
     if host.swap_total:
         swap = 100.0 * (host.swap_used or 0) / host.swap_total
-        items.append([("swap %d%%" % round(swap), bars.level_for(swap, 50.0, 90.0))])
+        items.append([("swap %s" % format_percent(swap), bars.level_for(swap, 50.0, 90.0))])
     if host.load_avg:
         items.append([("load %s" % " ".join("%.2f" % value for value in host.load_avg), LEVEL_PLAIN)])
     for disk in host.disks[:4]:
@@ -378,14 +383,14 @@ def host_items(state: NodeState, health: HealthConfig, now: float) -> List[Line]
         items.append(
             [
                 (
-                    "net %s ↓%s ↑%s"
+                    "net %s rx %s tx %s"
                     % (rate.interface, format_rate(rate.rx_bytes_per_s), format_rate(rate.tx_bytes_per_s)),
                     LEVEL_PLAIN,
                 )
             ]
         )
     if host.uptime_s is not None:
-        items.append([("up %s" % format_duration(host.uptime_s), LEVEL_PLAIN)])
+        items.append([("uptime %s" % format_duration(host.uptime_s), LEVEL_PLAIN)])
     return items
 
 
@@ -427,14 +432,11 @@ def process_rows(state: NodeState, palette: Palette, filter_text: str, command_w
             (shorten(proc.user, 8) or NA, LEVEL_PLAIN),
             (NA if proc.gpu_index is None else str(proc.gpu_index), LEVEL_PLAIN),
             (format_bytes(proc.gpu_memory_bytes), LEVEL_PLAIN),
-            (NA if proc.gpu_sm_percent is None else "%d" % proc.gpu_sm_percent, LEVEL_PLAIN),
-            (
-                NA if proc.cpu_percent is None else "%.1f" % proc.cpu_percent,
-                bars.level_for(proc.cpu_percent, HOST_WARN, 10 * HOST_CRIT),
-            ),
+            (format_percent(proc.gpu_sm_percent), LEVEL_PLAIN),
+            (format_percent(proc.cpu_percent), bars.level_for(proc.cpu_percent, HOST_WARN, 10 * HOST_CRIT)),
             (format_bytes(proc.rss_bytes), LEVEL_PLAIN),
-            (proc.state or "?", LEVEL_CRIT if proc.state in ("D", "Z") else LEVEL_PLAIN),
             (format_duration(proc.elapsed_at(frame.time) if frame is not None else None), LEVEL_PLAIN),
+            (proc.state or "?", LEVEL_CRIT if proc.state in ("D", "Z") else LEVEL_PLAIN),
             (command[:command_width], LEVEL_PLAIN),
         ]
         if needle and needle not in " ".join(text for text, _ in cells).lower():

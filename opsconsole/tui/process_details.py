@@ -25,7 +25,7 @@ from opsconsole.model import NodeFrame, ProcessSample
 from opsconsole.nodes.process_details import ProcessDetails, fetch_process_details
 from opsconsole.probe.proc_read import START_SLACK_S
 from opsconsole.sanitize import printable_line
-from opsconsole.units import NA, format_bytes, format_duration
+from opsconsole.units import NA, format_bytes, format_duration, format_percent
 
 LABEL_WIDTH = 14
 # Fields the probe may carry for a GPU process's job (see probe/jobs.py), shown when set.
@@ -73,7 +73,7 @@ def frame_text(node: str, pid: int, frame: Optional[NodeFrame]) -> Text:
     stuck = (proc.state or "")[:1] in ("D", "Z")
     _row(text, "State", proc.state or NA, "bold red" if stuck else "")
     _row(text, "Parent", NA if proc.ppid is None else str(proc.ppid))
-    _row(text, "CPU", NA if proc.cpu_percent is None else "%.1f%%" % proc.cpu_percent)
+    _row(text, "CPU", format_percent(proc.cpu_percent))
     _row(text, "RSS", format_bytes(proc.rss_bytes))
     _row(text, "Threads", NA if proc.threads is None else str(proc.threads))
     elapsed = proc.elapsed_at(frame.time)
@@ -90,7 +90,7 @@ def frame_text(node: str, pid: int, frame: Optional[NodeFrame]) -> Text:
                 "%s GPU memory, SM %s%s"
                 % (
                     format_bytes(gpu.gpu_memory_bytes),
-                    NA if gpu.gpu_sm_percent is None else "%.0f%%" % gpu.gpu_sm_percent,
+                    format_percent(gpu.gpu_sm_percent),
                     ", " + gpu.gpu_uuid if gpu.gpu_uuid else "",
                 ),
             )

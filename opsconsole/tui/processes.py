@@ -240,6 +240,7 @@ class ProcessesPane(ActionKeys, TablePane):
         stuck = sum(1 for row in gpu_rows if row.stuck) + sum(1 for row in host_rows if row.stuck)
         if self.gpu_table.table.display:
             parts.append(self.count_part(self.gpu_table, "GPU processes"))
+        host_part = ""
         if self.host_table.table.display:
             host_part = self.count_part(self.host_table, "host processes")
             if kernel:
@@ -257,6 +258,9 @@ class ProcessesPane(ActionKeys, TablePane):
             stale = [name for name in stale if name == self.node]
         if stale:
             parts.append("last frame of " + ", ".join(stale))
+        if host_part and kernel and len(" · ".join(parts)) > self.app.size.width - 2:
+            # At 80 columns the kernel-thread note pushed the sort label off the line: "(24 hidden: T)".
+            parts = [part.replace(" kernel threads ", " ", 1) if part is host_part else part for part in parts]
         self._keep_focus_selectable()
         return parts
 
