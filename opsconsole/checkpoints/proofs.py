@@ -4,8 +4,9 @@ A listing proves each member of a checkpoint unit sound (a safetensors header an
 implies, a torch zip's end and directory) before the unit may count as a good one. The proof
 is a read of each file; done again by every new process it is most of a listing's cost
 (benchmarks/checkpoint_hf_units.py). So a proof is kept in $XDG_CACHE_HOME/opsconsole/proofs/,
-one small JSON file per listed directory, keyed by the file's identity: device, inode, size,
-mtime and ctime in nanoseconds. A file truncated, rewritten, replaced or touched has another
+one small JSON file per listed directory and machine (this_machine: a home directory on NFS
+is shared by machines whose devices and inodes are their own), keyed by the file's identity:
+device, inode, size, mtime and ctime in nanoseconds. A file truncated, rewritten, replaced or touched has another
 identity (a user can set the mtime back but never the ctime, which git's index relies on too),
 so it is read and proved again.
 
@@ -78,6 +79,37 @@ def cache_home(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     return os.path.join(base, "opsconsole", "proofs")
 
 
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+_this_machine: Optional[str] = None
+
+
+def this_machine(id_files: Sequence[str] = MACHINE_ID_FILES, boot_id_file: str = BOOT_ID_FILE) -> str:
+    """What tells this machine from the others that share its home directory: its id and hostname.
+
+    The id is systemd's (or D-Bus's) machine id, else the boot id (a new one each boot: the
+    proofs are read again after a reboot, which may renumber devices anyway). Nodes installed
+    from one image can share a machine id, so the hostname goes with it.
+    """
+    machine = ""
+    for path in tuple(id_files) + (boot_id_file,):
+        try:
+            with open(path, "rb") as handle:
+                machine = handle.read(256).strip().decode("ascii", "replace")
+        except OSError:
+            continue
+        if machine:
+            break
+    return "%s@%s" % (machine, os.uname().nodename)
+
+
+def _machine() -> str:
+    global _this_machine
+    if _this_machine is None:
+        _this_machine = this_machine()
+    return _this_machine
+
+
 class ProofStore:
     """The proofs kept for one listed directory; loaded at the first lookup, written by flush().
 
@@ -86,10 +118,15 @@ class ProofStore:
     file proofs (what a listing with a change asks next).
     """
 
-    def __init__(self, node: str, root: str, directory: Optional[str], racy_s: float = RACY_S) -> None:
+    def __init__(
+        self, node: str, root: str, directory: Optional[str], racy_s: float = RACY_S, machine: Optional[str] = None
+    ) -> None:
         self.directory = directory
         self.racy_s = racy_s
-        key = hashlib.sha256(("%s\0%s" % (node, os.path.abspath(root))).encode("utf-8", "surrogateescape"))
+        # One store per machine too: "local" is every machine's name for itself (this_machine).
+        self.machine = _machine() if machine is None else machine
+        named = "%s\0%s\0%s" % (node, self.machine, os.path.abspath(root))
+        key = hashlib.sha256(named.encode("utf-8", "surrogateescape"))
         self.path = os.path.join(directory, key.hexdigest()[:32] + ".json") if directory else None
         self._loaded = False
         self._listing: Any = None  # [digest, other, entry records] as read, unchecked
@@ -404,6 +441,7 @@ def _check_covers(cls: type, kept: Sequence[str], fixed: Sequence[str]) -> None:
 
 
 _check_covers(CheckpointMeta, _META_SCALARS + ("metrics", "top_keys", "details", "state_dict"), tuple(_META_UNKEPT))
+_check_covers(StateDictSummary, ("keys", "dtypes", "bytes", "source"), ())
 _new = object.__new__
 _contains = operator.contains
 
@@ -443,17 +481,33 @@ def record_of_meta(meta: CheckpointMeta) -> Optional[list]:
 
 # orjson yields no NaN or infinity (JSON has none) and no int past 64 bits; the store file is
 # bounded in size as a whole, so values need no bound of their own beyond their types.
-_STR = {str}
 _NUMBER = {int, float}
 _INT = {int}
 _chain = itertools.chain.from_iterable
 
 
-def _pairs(flat: Any, first: set, second: set) -> Optional[tuple]:
-    """[x1, y1, x2, y2 ...] (each x's type in `first`, y's in `second`) as ((x1, y1), ...), else None."""
-    if type(flat) is not list or len(flat) & 1:
+def _texts(value: Any) -> bool:
+    """Whether `value` is a list of texts only (str.join refuses anything else, in C)."""
+    if type(value) is not list:
+        return False
+    try:
+        "".join(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _text_pairs(flat: Any) -> Optional[tuple]:
+    """[k1, v1, k2, v2 ...], all texts, as ((k1, v1), ...); else None."""
+    if not _texts(flat) or len(flat) & 1:
         return None
-    if not set(map(type, flat[0::2])) <= first or not set(map(type, flat[1::2])) <= second:
+    pairs = iter(flat)
+    return tuple(zip(pairs, pairs))
+
+
+def _pairs(flat: Any, second: set) -> Optional[tuple]:
+    """[k1, v1, k2, v2 ...] (each k a text, each v's type in `second`) as ((k1, v1), ...), else None."""
+    if type(flat) is not list or len(flat) & 1 or not _texts(flat[0::2]) or not set(map(type, flat[1::2])) <= second:
         return None
     pairs = iter(flat)
     return tuple(zip(pairs, pairs))
@@ -466,10 +520,10 @@ def meta_from_record(record: Any) -> Optional[CheckpointMeta]:
     scalars = record[:10]
     if not all(map(_contains, _META_SCALAR_TYPES, map(type, scalars))):
         return None
-    metrics = _pairs(record[10], _STR, _NUMBER)
-    details = _pairs(record[12], _STR, _STR)
+    metrics = _pairs(record[10], _NUMBER)
+    details = _text_pairs(record[12])
     top_keys = record[11]
-    if metrics is None or details is None or type(top_keys) is not list or not set(map(type, top_keys)) <= _STR:
+    if metrics is None or details is None or not _texts(top_keys):
         return None
     summary = record[13]
     state_dict = None
@@ -477,11 +531,12 @@ def meta_from_record(record: Any) -> Optional[CheckpointMeta]:
         if type(summary) is not list or len(summary) != 4:
             return None
         keys, dtypes, total, source = summary
-        dtype_pairs = _pairs(dtypes, _STR, _INT)
+        dtype_pairs = _pairs(dtypes, _INT)
         if not (type(keys) is int and type(total) is int and type(source) is str and dtype_pairs is not None):
             return None
-        state_dict = StateDictSummary(keys=keys, dtypes=dtype_pairs, bytes=total, source=source)
-    # Built without the frozen dataclass's __init__ (a field-by-field object.__setattr__), each
+        state_dict = _new(StateDictSummary)
+        state_dict.__dict__.update(keys=keys, dtypes=dtype_pairs, bytes=total, source=source)
+    # Built without the frozen dataclasses' __init__ (a field-by-field object.__setattr__), each
     # field set here from a checked value: _check_covers makes sure at import that none is left out.
     meta = _new(CheckpointMeta)
     fields = meta.__dict__
@@ -562,9 +617,7 @@ def entry_from_record(record: Any, path: str, judged: Tuple[Tuple[Any, ...], ...
     if not all(map(_contains, _ENTRY_SCALAR_TYPES, map(type, scalars))) or scalars[5] not in INTEGRITIES:
         return None
     members, protections = record[15], record[16]
-    if type(members) is not list or type(protections) is not list:
-        return None
-    if not set(map(type, members)) <= _STR or not set(map(type, protections)) <= _STR:
+    if not _texts(members) or not _texts(protections):
         return None
     meta = meta_from_record(record[17])
     if meta is None:
