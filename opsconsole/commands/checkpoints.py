@@ -118,9 +118,10 @@ def size_text(value: Optional[float]) -> str:
 
 
 def age_text(seconds: float) -> str:
-    from opsconsole.units import format_duration
+    """`3s`, `12m`, `5h`: the AGE column as the Checkpoints pane's Age column says it (opsconsole.units)."""
+    from opsconsole.units import format_age
 
-    return format_duration(seconds)
+    return format_age(seconds)
 
 
 def marks(entry: Any) -> str:

@@ -24,7 +24,8 @@ def register(commands, add_node_options) -> None:
     parser.add_argument("--out", metavar="FILE", required=True, help="recording file to write (appended if it exists)")
     parser.add_argument("--duration", metavar="S", type=float, default=None, help="stop after S seconds")
     parser.add_argument("--interval", metavar="S", type=float, default=None, help="seconds between polls")
-    parser.add_argument("--max-mb", metavar="MB", type=float, default=None, help="keep the file under MB megabytes")
+    # MiB, as the recorder counts them ([record] max_mb, 1024 * 1024 bytes each); the flag keeps its name.
+    parser.add_argument("--max-mb", metavar="MIB", type=float, default=None, help="keep the file under MIB MiB")
     parser.add_argument(
         "--progress",
         action="store_true",
@@ -139,14 +140,14 @@ def command_record(args: argparse.Namespace) -> int:
         raise UsageError("%s: %s" % (printable_line(args.out), getattr(exc, "strerror", None) or exc)) from None
     finally:
         loop.close()
-    from opsconsole.units import format_bytes
+    from opsconsole.units import format_bytes, format_duration
 
     print(
-        "recorded %d states of %d node(s) in %.0f s to %s (%d chunks, %s)"
+        "recorded %d states of %d node(s) in %s to %s (%d chunks, %s)"
         % (
             stats.records,
             len(config.nodes),
-            time.monotonic() - started,
+            format_duration(time.monotonic() - started),
             printable_line(args.out),
             stats.chunks,
             format_bytes(stats.bytes_written),

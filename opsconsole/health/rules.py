@@ -16,6 +16,7 @@ from opsconsole.health import xid
 from opsconsole.health.result import STATUS_FAIL, STATUS_PASS, STATUS_WARN, HealthResult, make_result
 from opsconsole.health.thresholds import temperature_limit, temperature_status
 from opsconsole.model import GpuSample, HostSample, NodeFrame
+from opsconsole.units import format_percent, format_temperature
 
 GpuRule = Callable[[str, GpuSample, HealthConfig, float], Optional[HealthResult]]
 HostRule = Callable[[str, HostSample, HealthConfig, float], List[HealthResult]]
@@ -67,6 +68,7 @@ HARDWARE_REASONS = frozenset(("HwSlowdown", "HwPowerBrakeSlowdown"))
 
 
 def _num(value: float) -> str:
+    """An evidence value: a tenth kept (`check --json` prints it as a number); messages use opsconsole.units."""
     return "%g" % round(value, 1)
 
 
@@ -85,11 +87,15 @@ def gpu_temperature(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) ->
         evidence += (("slowdown_c", _num(slowdown)),)
     limit = temperature_limit(gpu, cfg)
     if status == STATUS_FAIL:
-        message = "GPU %d at %s°C (limit %s°C)" % (gpu.index, _num(temp), _num(limit))
+        message = "GPU %d at %s (limit %s)" % (gpu.index, format_temperature(temp), format_temperature(limit))
     elif status == STATUS_WARN:
-        message = "GPU %d at %s°C, %s°C from slowdown" % (gpu.index, _num(temp), _num(slowdown - temp))
+        message = "GPU %d at %s, %s from slowdown" % (
+            gpu.index,
+            format_temperature(temp),
+            format_temperature(slowdown - temp),
+        )
     else:
-        message = "GPU %d at %s°C" % (gpu.index, _num(temp))
+        message = "GPU %d at %s" % (gpu.index, format_temperature(temp))
     return make_result("gpu_temperature", node, status, message, gpu.index, evidence, REMEDY_TEMPERATURE, now)
 
 
@@ -350,7 +356,8 @@ def disk_free(node: str, host: HostSample, cfg: HealthConfig, now: float) -> Lis
                     "disk_free",
                     node,
                     STATUS_FAIL,
-                    "%s: %s%% free (minimum %s%%)" % (disk.path, _num(free), _num(cfg.disk_free_percent)),
+                    "%s: %s free (minimum %s)"
+                    % (disk.path, format_percent(free), format_percent(cfg.disk_free_percent)),
                     None,
                     evidence,
                     REMEDY_DISK,
@@ -363,7 +370,7 @@ def disk_free(node: str, host: HostSample, cfg: HealthConfig, now: float) -> Lis
                     "disk_free",
                     node,
                     STATUS_PASS,
-                    "%s: %s%% free" % (disk.path, _num(free)),
+                    "%s: %s free" % (disk.path, format_percent(free)),
                     None,
                     evidence,
                     REMEDY_DISK,
@@ -385,7 +392,7 @@ def memory_used(node: str, host: HostSample, cfg: HealthConfig, now: float) -> L
                 "memory",
                 node,
                 STATUS_FAIL,
-                "memory %s%% used (limit %s%%)" % (_num(used), _num(cfg.memory_percent)),
+                "memory %s used (limit %s)" % (format_percent(used), format_percent(cfg.memory_percent)),
                 None,
                 evidence,
                 REMEDY_MEMORY,
@@ -393,7 +400,9 @@ def memory_used(node: str, host: HostSample, cfg: HealthConfig, now: float) -> L
             )
         ]
     return [
-        make_result("memory", node, STATUS_PASS, "memory %s%% used" % _num(used), None, evidence, REMEDY_MEMORY, now)
+        make_result(
+            "memory", node, STATUS_PASS, "memory %s used" % format_percent(used), None, evidence, REMEDY_MEMORY, now
+        )
     ]
 
 
@@ -405,9 +414,15 @@ def swap_used(node: str, host: HostSample, cfg: HealthConfig, now: float) -> Lis
     evidence = (("swap_used_percent", _num(share)), ("swap_used_gib", _num(host.swap_used / GIB)))
     if share > cfg.swap_used_percent:
         return [
-            make_result("swap", node, STATUS_WARN, "swap %s%% in use" % _num(share), None, evidence, REMEDY_SWAP, now)
+            make_result(
+                "swap", node, STATUS_WARN, "swap %s in use" % format_percent(share), None, evidence, REMEDY_SWAP, now
+            )
         ]
-    return [make_result("swap", node, STATUS_PASS, "swap %s%% in use" % _num(share), None, evidence, REMEDY_SWAP, now)]
+    return [
+        make_result(
+            "swap", node, STATUS_PASS, "swap %s in use" % format_percent(share), None, evidence, REMEDY_SWAP, now
+        )
+    ]
 
 
 def iowait(node: str, host: HostSample, cfg: HealthConfig, now: float) -> List[HealthResult]:
@@ -422,14 +437,18 @@ def iowait(node: str, host: HostSample, cfg: HealthConfig, now: float) -> List[H
                 "iowait",
                 node,
                 STATUS_WARN,
-                "iowait %s%%: I/O bottleneck" % _num(value),
+                "iowait %s: I/O bottleneck" % format_percent(value),
                 None,
                 evidence,
                 REMEDY_IOWAIT,
                 now,
             )
         ]
-    return [make_result("iowait", node, STATUS_PASS, "iowait %s%%" % _num(value), None, evidence, REMEDY_IOWAIT, now)]
+    return [
+        make_result(
+            "iowait", node, STATUS_PASS, "iowait %s" % format_percent(value), None, evidence, REMEDY_IOWAIT, now
+        )
+    ]
 
 
 HOST_RULES: Tuple[HostRule, ...] = (disk_free, memory_used, swap_used, iowait)
