@@ -19,6 +19,7 @@ from opsconsole.model import BAD_FRAME, STATE_DOWN, STATE_STALE, STATE_UP, NodeS
 from opsconsole.nodes.base import NodeLink
 from opsconsole.nodes.fleet_sources import FleetSources
 from opsconsole.nodes.totals import FleetTotals, RunTotals, totals_of
+from opsconsole.units import format_frame_age
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +243,9 @@ class Fleet:
             quiet_before = now - self.stale_after  # _is_quiet, without a call per node per period
             for state in list(self._states.values()):
                 if state.state == STATE_UP and state.received_at is not None and state.received_at < quiet_before:
-                    reason = "no frame for %.0f s" % state.age(now)
+                    reason = "no frame for %s" % format_frame_age(state.age(now))
                     if state.reason is not None and state.reason.startswith(BAD_FRAME):  # frames come, but bad ones
-                        reason = "%s (no good frame for %.0f s)" % (state.reason, state.age(now))
+                        reason = "%s (no good frame for %s)" % (state.reason, format_frame_age(state.age(now)))
                     self._publish(replace(state, state=STATE_STALE, reason=reason, since=now))
 
     def _down(self, name: str, reason: str) -> NodeState:

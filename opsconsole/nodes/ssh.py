@@ -66,6 +66,7 @@ from opsconsole.nodes.ssh_connection import (  # noqa: F401 (names importers of 
     parse_jump,
 )
 from opsconsole.probe.wire_delta import StreamDecoder
+from opsconsole.units import format_frame_age
 
 if TYPE_CHECKING:
     from opsconsole.model import NodeStateName
@@ -430,10 +431,10 @@ class SshLink(SshConnection, NodeLink):
         """The stream's deadline passed without a frame (StaleSweep): enter `stale`; the next frame brings `up` back."""
         if self._state.state != STATE_STALE:
             since = self._state.received_at
-            age = "no frame for %.1f s" % (time.time() - since) if since else "no frame yet"
+            age = "no frame for %s" % format_frame_age(time.time() - since) if since else "no frame yet"
             bad = self._state.reason
             if bad is not None and bad.startswith(BAD_FRAME):  # frames come, but bad ones: say so first
-                age = "%s (no good frame for %.1f s)" % (bad, time.time() - since) if since else bad
+                age = "%s (no good frame for %s)" % (bad, format_frame_age(time.time() - since)) if since else bad
             self._enter(STATE_STALE, age)
 
     # --- the fallback ------------------------------------------------------------------------
@@ -457,7 +458,7 @@ class SshLink(SshConnection, NodeLink):
             try:
                 done, _ = await asyncio.wait({tick}, timeout=stale_after)
                 if not done:
-                    self._enter(STATE_STALE, "no frame for %.1f s (fallback)" % stale_after)
+                    self._enter(STATE_STALE, "no frame for %s (fallback)" % format_frame_age(stale_after))
                 frame = await tick
             except OutputOverLimit as err:  # a bad frame: the last good one stays, the next tick tries again
                 self._enter(STATE_FALLBACK, BAD_FRAME + err.reason)

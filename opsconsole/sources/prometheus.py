@@ -41,6 +41,7 @@ from opsconsole.sources import prom_decode as decode
 from opsconsole.sources.node_identity import NodeIdentity, parse_node_names, strip_port
 from opsconsole.sources.prometheus_http import PrometheusError, PrometheusHttp, Series
 from opsconsole.sources.promql import FAST_GPU_METRICS, SLOW_GPU_METRICS, Queries
+from opsconsole.units import format_frame_age
 
 if TYPE_CHECKING:
     from opsconsole.model import NodeStateName
@@ -499,12 +500,12 @@ class PrometheusSource:
         scraped = [t.scraped_at for t in targets if t.scraped_at is not None and t.up != 0]
         stale_after = self._stale_after(targets)
         if scraped and now - max(scraped) > stale_after:
-            return move(STATE_STALE, "last scrape %.0f s ago" % (now - max(scraped)), frame, now)
+            return move(STATE_STALE, "last scrape %s ago" % format_frame_age(now - max(scraped)), frame, now)
         probe_time = host.get(names.FRAME_TIME)
         if probe_time is not None and now - probe_time > stale_after:
             return move(
                 STATE_STALE,
-                "exporter serves a frame %.0f s old (its probe is not polling)" % (now - probe_time),
+                "exporter serves a frame %s old (its probe is not polling)" % format_frame_age(now - probe_time),
                 frame,
                 now,
             )

@@ -24,6 +24,7 @@ from opsconsole.tui import bars
 from opsconsole.tui.formatting import printable
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow
+from opsconsole.units import format_ms
 
 COLUMNS = (
     ("since", "since", 8),
@@ -63,7 +64,7 @@ def detail_text(result: HealthResult) -> str:
     """The selected result's evidence, timing and remedy, for the line under the table."""
     parts = [", ".join("%s=%s" % pair for pair in result.evidence) or "no evidence"]
     if result.duration_s is not None:
-        parts.append("took %.2f s" % result.duration_s)
+        parts.append("took %s" % format_ms(result.duration_s * 1000.0))
     if result.remedy and result.status != STATUS_PASS:
         parts.append("remedy: " + result.remedy)
     return " · ".join(parts)
