@@ -124,6 +124,7 @@ def open_regular(path: str) -> int:
     return open_regular_sized(path)[0]
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 
 
@@ -167,19 +168,24 @@ class LocalFileSystem(FileSystem):
     """The console's own machine."""
 
     def listdir(self, path: str) -> List[DirItem]:
-        items = []
+        items: List[DirItem] = []
+        append = items.append
         # The named tuples built without their Python-level __new__, the file type from the mode's
-        # top bits: a listing makes one per file, and this loop was most of a rescan's time.
+        # top bits: a listing makes one per file, and this loop was most of a rescan's time. Names
+        # from listdir and an lstat relative to the directory's descriptor: no DirEntry objects.
         new = tuple.__new__
-        with os.scandir(path) as it:
-            for entry in it:
+        lstat = os.lstat
+        fd = os.open(path, _DIR_FLAGS)
+        try:
+            for name in os.listdir(fd):
                 try:
-                    st = entry.stat(follow_symlinks=False)
+                    st = lstat(name, dir_fd=fd)
                 except FileNotFoundError:
                     continue  # deleted between readdir and stat
                 kind = st.st_mode >> 12  # S_IFMT: 0o04 directory, 0o10 regular file, 0o12 symlink
-                file_stat = new(FileStat, (st.st_size, st.st_mtime, kind == 0o04, kind == 0o12, kind == 0o10, st))
-                items.append(new(DirItem, (entry.name, file_stat)))
+                append(new(DirItem, (name, new(FileStat, (st.st_size, st.st_mtime, kind == 4, kind == 10, kind == 8, st)))))
+        finally:
+            os.close(fd)
         return items
 
     def stat(self, path: str) -> FileStat:

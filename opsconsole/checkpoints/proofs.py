@@ -130,8 +130,8 @@ class ProofStore:
         self.path = os.path.join(directory, key.hexdigest()[:32] + ".json") if directory else None
         self._loaded = False
         self._listing: Any = None  # [digest, other, entry records] as read, unchecked
-        self._raw_units: Optional[bytes] = None
-        self._raw_files: Optional[bytes] = None
+        self._raw_units: Optional[memoryview] = None
+        self._raw_files: Optional[memoryview] = None
         self._records_read: Optional[Dict[str, list]] = None
         self._units_read: Optional[Dict[str, list]] = None
         self._used: Dict[str, list] = {}
@@ -217,17 +217,20 @@ class ProofStore:
             return
         finally:
             os.close(fd)
-        lines = data.split(b"\n")  # orjson writes no newline inside a document
-        if len(lines) != 3:
+        # orjson writes no newline inside a document; the later lines are cut out only when asked for.
+        first = data.find(b"\n")
+        second = data.find(b"\n", first + 1) if first >= 0 else -1
+        if second < 0 or data.find(b"\n", second + 1) >= 0:
             return
+        view = memoryview(data)
         try:
-            head = orjson.loads(lines[0])
+            head = orjson.loads(view[:first])
         except orjson.JSONDecodeError:
             return
         if type(head) is not dict or head.get("format") != FORMAT:
             return
         self._listing = head.get("listing")
-        self._raw_units, self._raw_files = lines[1], lines[2]
+        self._raw_units, self._raw_files = view[first + 1 : second], view[second + 1 :]
 
     def flush(self) -> None:
         """Write the proofs this listing made, with those kept before (bounded); errors are ignored."""
@@ -353,7 +356,7 @@ class ProofStore:
         self.listings_stored += 1
 
 
-def _section(raw: Optional[bytes], name: bytes) -> Dict[str, list]:
+def _section(raw: Optional[memoryview], name: bytes) -> Dict[str, list]:
     """One of the store's later lines ({"units": {...}} or {"files": {...}}); {} when it is anything else."""
     if not raw:
         return {}

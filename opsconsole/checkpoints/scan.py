@@ -967,8 +967,9 @@ def _kept_listing(
             return None  # a unit the record names twice, or one this listing did not find
         if unit.kind is not None:
             # read_unit_dir's judged_identity of each file (sorted by name), in C-level passes.
-            children = sorted(unit.children or ())
-            files = list(itertools.compress(children, map(_IS_FILE, map(_STAT, children))))
+            files = sorted(unit.children or ())
+            if not all(map(_IS_FILE, map(_STAT, files))):
+                files = list(itertools.compress(files, map(_IS_FILE, map(_STAT, files))))
             judged = tuple(
                 map(
                     operator.add,
