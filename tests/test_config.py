@@ -2,6 +2,8 @@
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -577,6 +579,25 @@ def test_nothing_found_gives_default(tmp_path):
     env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "nothing")}
     assert located(None, env) is None
     assert load_config(None, env) is DEFAULT_CONFIG
+
+
+def test_a_config_that_cannot_even_be_looked_for_is_an_error_that_says_why_not_a_traceback(tmp_path):
+    # A name too long stands for any lookup that fails other than "absent" (a home the user may not
+    # enter, HOME=/root under sudo -u): Path.exists raised it out of the CLI as a traceback.
+    xdg = "/" + "a" * 300
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": xdg}
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env)
+    assert str(info.value) == f"{xdg}/opsconsole/config.toml: cannot read config: File name too long"
+    run = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "check"],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert "cannot read config: File name too long" in run.stderr
 
 
 def test_missing_cli_path_is_an_error_not_the_default(tmp_path):

@@ -85,6 +85,12 @@ def locate_config(cli_path: Optional[str], env: Mapping[str, str]) -> Optional[T
     else:
         base = Path(expand_home("~", home)) / ".config"
     path = base / "opsconsole" / "config.toml"
-    if path.exists():
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:
+        # Not known to be absent (a home the user may not look into, a name too long): reading it
+        # says why, rather than a traceback here or a silent fall back to the defaults.
         return str(path), path
-    return None
+    return str(path), path
