@@ -40,7 +40,7 @@ COLUMNS = (
     ("memory", "Memory", 19),  # "···· 139.8/140.4 GiB"
     ("temp", "Temp", 8),  # "62/89°C!"
     ("power", "Power", 9),
-    ("sm", "SM clock", 8),  # "1980 MHz", as the overview shows it (all columns fit 140 cells)
+    ("sm_clock", "SM clock", 8),  # "1980 MHz", as the overview shows it (all columns fit 140 cells)
     ("pstate", "P", 2),
     ("throttle", "Throttle", 10),
     ("ecc", "ECC", 3),
