@@ -37,6 +37,7 @@ SPELLERS = (
         ROOT / "snapshot_format.py",
         ROOT / "report" / "builder.py",
         ROOT / "health" / "rules.py",
+        ROOT / "health" / "telemetry.py",
         ROOT / "actions" / "registry.py",
     ]
 )

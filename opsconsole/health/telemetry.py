@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from opsconsole.config import HealthConfig
 from opsconsole.health.result import STATUS_PASS, STATUS_WARN, HealthResult, make_result
 from opsconsole.model import GpuSample, NodeFrame, ProcessSample
+from opsconsole.units import format_percent
 
 # Host CPU below this (percent of all cores) counts as idle for the storage finding.
 CPU_IDLE_PERCENT = 25.0
@@ -114,8 +115,8 @@ def input_pipeline(
                     "data_loader",
                     node,
                     STATUS_WARN,
-                    "pid %d: GPU %s idle while its %d data-loader workers use %g%% CPU"
-                    % (proc.pid, _gpu_list(gpus), len(workers), round(worker_cpu)),
+                    "pid %d: GPU %s idle while its %d data-loader workers use %s CPU"
+                    % (proc.pid, _gpu_list(gpus), len(workers), format_percent(worker_cpu)),
                     first,
                     evidence,
                     REMEDY_DATA_LOADER,
@@ -128,8 +129,8 @@ def input_pipeline(
                     "data_loader",
                     node,
                     STATUS_WARN,
-                    "pid %d: GPU %s idle while the process itself uses %g%% CPU (preprocessing)"
-                    % (proc.pid, _gpu_list(gpus), round(main_cpu)),
+                    "pid %d: GPU %s idle while the process itself uses %s CPU (preprocessing)"
+                    % (proc.pid, _gpu_list(gpus), format_percent(main_cpu)),
                     first,
                     evidence,
                     REMEDY_PREPROCESS,
@@ -173,8 +174,8 @@ def storage_bottleneck(
                 "storage_bottleneck",
                 node,
                 STATUS_WARN,
-                "GPU %s idle, CPU %g%%, iowait %g%%: the job waits on storage"
-                % (_gpu_list(used), round(host.cpu_percent), round(host.iowait_percent)),
+                "GPU %s idle, CPU %s, iowait %s: the job waits on storage"
+                % (_gpu_list(used), format_percent(host.cpu_percent), format_percent(host.iowait_percent)),
                 None,
                 evidence,
                 REMEDY_STORAGE,
