@@ -22,13 +22,14 @@ from opsconsole.tui.formatting import printable
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow, apply_rows
 
+# Headers in the other tables' words and case (Audit's "Time", Health's "Node / GPU").
 COLUMNS = (
-    ("time", "time", 8),
-    ("state", "state", 16),
-    ("severity", "severity", 8),
-    ("rule", "rule", 24),
-    ("where", "node / GPU", 18),
-    ("message", "message", None),
+    ("time", "Time", 8),
+    ("state", "State", 16),
+    ("severity", "Severity", 8),
+    ("rule", "Rule", 24),
+    ("where", "Node / GPU", 18),
+    ("message", "Message", None),
 )
 _SEVERITY_LEVEL = {"critical": bars.LEVEL_CRIT, "warning": bars.LEVEL_WARN, "info": bars.LEVEL_PLAIN}
 SILENCE_STEPS_S = (15 * 60, 60 * 60, 8 * 3600)  # `z` cycles these, then lifts the silence

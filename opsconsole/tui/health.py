@@ -26,12 +26,13 @@ from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow
 from opsconsole.units import format_ms
 
+# Headers in the other tables' words and case (Audit's "Time", Nodes' "Node").
 COLUMNS = (
-    ("since", "since", 8),
-    ("status", "status", 6),
-    ("where", "node / GPU", 16),
-    ("check", "check", 24),
-    ("message", "message", None),
+    ("since", "Since", 8),
+    ("status", "Status", 6),
+    ("where", "Node / GPU", 16),
+    ("check", "Check", 24),
+    ("message", "Message", None),
 )
 STATUS_LEVEL = {
     STATUS_FAIL: bars.LEVEL_CRIT,
