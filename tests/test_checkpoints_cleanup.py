@@ -320,7 +320,7 @@ def test_keep_and_min_age_default_to_the_configured_directory(seed, tmp_path, mo
     monkeypatch.setenv("OPSCONSOLE_CONFIG", str(config))
     assert cli.main(["cleanup", str(seed), "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
-    assert (plan["keep"], plan["min_age"]) == (4, 0.0)
+    assert (plan["keep"], plan["min_age_s"]) == (4, 0.0)
     assert [Path(i["path"]).name for i in plan["plan"] if i["action"] == "delete"] == ["checkpoint_epoch_0.pt"]
     assert cli.main(["cleanup", str(tmp_path), "--dry-run"]) == 2  # not configured: --keep is required
     assert "--keep N is required" in capsys.readouterr().err

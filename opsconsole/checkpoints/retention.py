@@ -92,7 +92,7 @@ class RetentionPlan:
             "dir": self.root,
             "node": self.node,
             "keep": self.keep,
-            "min_age": self.min_age,
+            "min_age_s": self.min_age,  # seconds: the unit in the key, as size_bytes and bytes_freed
             "bytes_freed": self.bytes_freed,
             "warnings": list(self.warnings),
             "plan": [
