@@ -16,7 +16,7 @@ import re
 import struct
 import zlib
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Generator, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import orjson
 
@@ -350,6 +350,31 @@ def torch_zip_reader(
 
 def safetensors_reader(size: int, head: bytes = b"") -> Generator[ReadRequest, bytes, ReadResult]:
     """A safetensors file: the 8-byte header length and the JSON header, every offset bounds-checked."""
+    found = yield from _safetensors_header(size, head)
+    if type(found) is ReadResult:
+        return found
+    raw, length = found
+    return safetensors_result(raw, size, length)
+
+
+def safetensors_proof_reader(size: int) -> Generator[ReadRequest, bytes, Tuple[str, Optional[str], Optional[StateDictSummary]]]:
+    """(integrity, problem, tensors' summary) of a safetensors file: safetensors_reader's checks,
+    without the record of its metadata (a listing proves each member of a unit so; scan.py)."""
+    found = yield from _safetensors_header(size, b"")
+    if type(found) is ReadResult:
+        return found.integrity, found.problem, None
+    raw, length = found
+    scanned = _safetensors_scan(raw, size, length)
+    if type(scanned) is ReadResult:
+        return scanned.integrity, scanned.problem, None
+    _, summary, end_max, data_size = scanned
+    return (*_safetensors_extent(end_max, data_size), summary)
+
+
+def _safetensors_header(
+    size: int, head: bytes
+) -> Generator[ReadRequest, bytes, Union[ReadResult, Tuple[bytes, int]]]:
+    """(raw JSON header, its length), or the ReadResult of a file whose header cannot be there."""
     if size < 8:
         return ReadResult(
             FORMAT_SAFETENSORS, CheckpointMeta(), INTEGRITY_TRUNCATED, "shorter than its 8-byte header length"
@@ -372,11 +397,12 @@ def safetensors_reader(size: int, head: bytes = b"") -> Generator[ReadRequest, b
             "header of %d bytes runs past the end of the file (%d bytes)" % (length, size),
         )
     raw = head[8 : 8 + length] if 8 + length <= len(head) else (yield (8, length))
-    return safetensors_result(raw, size, length)
+    return raw, length
 
 
-def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
-    """Parse and check a safetensors JSON header (`raw`, `length` bytes) of a file of `size` bytes."""
+def _safetensors_scan(raw: bytes, size: int, length: int) -> Union[ReadResult, Tuple[dict, StateDictSummary, int, int]]:
+    """(header, tensors' summary, where their data ends, data bytes after the header), or the
+    ReadResult of a header that is no JSON object or holds a tensor with bad offsets."""
     try:
         header = _json(raw)
     except ValueError as exc:  # UnicodeDecodeError is one
@@ -421,8 +447,24 @@ def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
         if end > end_max:
             end_max = end
         count += 1
-    metadata = header.get("__metadata__") if isinstance(header.get("__metadata__"), dict) else {}
     summary = StateDictSummary(keys=count, dtypes=tuple(sorted(dtypes.items(), key=lambda kv: -kv[1])), bytes=total)
+    return header, summary, end_max, data_size
+
+
+def _safetensors_extent(end_max: int, data_size: int) -> Tuple[str, Optional[str]]:
+    if end_max > data_size:
+        return INTEGRITY_TRUNCATED, "tensor data ends at %d but only %d bytes follow the header" % (end_max, data_size)
+    return INTEGRITY_OK, None
+
+
+def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
+    """Parse and check a safetensors JSON header (`raw`, `length` bytes) of a file of `size` bytes."""
+    scanned = _safetensors_scan(raw, size, length)
+    if type(scanned) is ReadResult:
+        return scanned
+    header, summary, end_max, data_size = scanned
+    count, total = summary.keys, summary.bytes
+    metadata = header.get("__metadata__") if isinstance(header.get("__metadata__"), dict) else {}
     details = tuple(("__metadata__." + k[:MAX_NAME_TEXT], _json_text(v)) for k, v in list(metadata.items())[:50])
     meta = CheckpointMeta(
         epoch=_int_or_none(_json_text(metadata.get("epoch"))) if "epoch" in metadata else None,
@@ -438,14 +480,8 @@ def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
         tensor_count=count,
         tensor_bytes=total,
     )
-    if end_max > data_size:
-        return ReadResult(
-            FORMAT_SAFETENSORS,
-            meta,
-            INTEGRITY_TRUNCATED,
-            "tensor data ends at %d but only %d bytes follow the header" % (end_max, data_size),
-        )
-    return ReadResult(FORMAT_SAFETENSORS, meta, INTEGRITY_OK, None)
+    integrity, problem = _safetensors_extent(end_max, data_size)
+    return ReadResult(FORMAT_SAFETENSORS, meta, integrity, problem)
 
 
 def safetensors_state(results: Sequence[ReadResult]) -> Optional[StateDictSummary]:

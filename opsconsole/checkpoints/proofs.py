@@ -137,6 +137,7 @@ class ProofStore:
         self._used: Dict[str, list] = {}
         self._used_units: Dict[str, list] = {}
         self._new_listing: Optional[list] = None
+        self._meta_records: Dict[int, Tuple[CheckpointMeta, Optional[list]]] = {}
         self._dirty = False
         self.hits = 0  # files whose kept proof was used
         self.stored = 0  # files whose proof was kept
@@ -310,7 +311,7 @@ class ProofStore:
         newest_ctime = max(key[UNIT_KEY_HEAD + 4 :: 5] or [0])
         if newest_ctime > (started - self.racy_s) * 1e9:
             return
-        fields = record_of_meta(result.meta)
+        fields = self._meta_record(result.meta)
         if fields is None or (result.problem is not None and len(result.problem) > MAX_UNIT_PROBLEM):
             return
         self._used_units[path] = [key, result.format, result.integrity, result.problem, fields]
@@ -347,13 +348,21 @@ class ProofStore:
             return  # unchecked or unreadable may pass (a busy worker, a file being written): read again next time
         records = []
         for entry in entries:
-            record = record_of_entry(entry)
+            record = record_of_entry(entry, self._meta_record(entry.meta))
             if record is None:
                 return
             records.append(record)
         self._new_listing = [digest, other, records]
         self._dirty = True
         self.listings_stored += 1
+
+
+    def _meta_record(self, meta: CheckpointMeta) -> Optional[list]:
+        """record_of_meta, once per meta: a unit's result and its listed entry share one."""
+        kept = self._meta_records.get(id(meta))
+        if kept is None or kept[0] is not meta:
+            kept = self._meta_records[id(meta)] = (meta, record_of_meta(meta))
+        return kept[1]
 
 
 def _section(raw: Optional[memoryview], name: bytes) -> Dict[str, list]:
@@ -602,11 +611,13 @@ _ENTRY_RECORD_LENGTH = len(_ENTRY_SCALARS) + 3  # members, protections, meta
 MAX_LISTED_ENTRIES = 10_000
 
 
-def record_of_entry(entry: CheckpointEntry) -> Optional[list]:
-    """One listed entry as a flat JSON list; None when the listing cannot be kept with it."""
+def record_of_entry(entry: CheckpointEntry, meta: Optional[list] = None) -> Optional[list]:
+    """One listed entry as a flat JSON list (`meta`: record_of_meta(entry.meta) if made already);
+    None when the listing cannot be kept with it."""
     if entry.is_link or entry.link_target is not None or entry.crc_checked:
         return None
-    meta = record_of_meta(entry.meta)
+    if meta is None:
+        meta = record_of_meta(entry.meta)
     if meta is None or not _float_ok(entry.mtime) or entry.mtime is None or not _int_ok(entry.size_bytes):
         return None
     return [getattr(entry, name) for name in _ENTRY_SCALARS] + [list(entry.members), list(entry.protections), meta]

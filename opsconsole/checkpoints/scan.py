@@ -212,9 +212,8 @@ def _check_files(
             started = time.time()
             try:
                 if is_safetensors:
-                    read, read_identity = fs.run_reader_identified(full, formats.safetensors_reader)
-                    result = cast("formats.ReadResult", read)
-                    proof = Proof(result.integrity, result.problem, result.meta.state_dict)
+                    read, read_identity = fs.run_reader_identified(full, formats.safetensors_proof_reader)
+                    proof = Proof(*cast("Tuple[str, Optional[str], Optional[StateDictSummary]]", read))
                 else:
                     read, read_identity = fs.run_reader_identified(full, zipmeta.directory_check_reader)
                     integrity, problem = cast("Tuple[str, Optional[str]]", read)

@@ -255,20 +255,66 @@ def directory_check_reader(size: int) -> Generator[ReadRequest, bytes, Tuple[str
     return _check_directory(data, count, cd_offset)
 
 
+# The central header fields a check needs, the rest skipped: signature (as a number), CRC,
+# compressed and uncompressed size, name, extra and comment lengths, the local header's offset.
+_CENTRAL_CHECKED = struct.Struct("<I12xIIIHHH8xI")
+_SIG_CENTRAL_NUMBER = struct.unpack("<I", SIG_CENTRAL)[0]
+_FULL32 = 0xFFFFFFFF
+
+
 def _check_directory(data: bytes, count: int, cd_offset: int) -> Tuple[str, Optional[str]]:
-    """_parse_directory's and directory_reader's checks over the raw directory, without the entries."""
-    unpack = CENTRAL_HEADER.unpack_from
-    header_size = CENTRAL_HEADER.size
+    """_parse_directory's and directory_reader's checks over the raw directory, without the entries.
+
+    Each entry's signature, and its member's local header, name and data inside the data area
+    (before the directory): a file cut short anywhere before its end record reads as truncated.
+    A listing checks every torch file of every unit so: a lean pass first (one unpack of only
+    the fields checked, per entry), and at the first entry it cannot pass (a bad signature,
+    zip64 sizes, data past the area, a short header) the careful pass, which says what is wrong.
+    """
+    unpack = _CENTRAL_CHECKED.unpack_from
+    limit = cd_offset - LOCAL_HEADER.size
+    end = len(data)
     pos = 0
     seen = 0
     any_crc = False
-    end = len(data)
-    while pos < end:
-        if pos + header_size > end or data[pos : pos + 4] != SIG_CENTRAL:
+    try:
+        while pos < end:
+            signature, crc, csize, usize, name_len, extra_len, comment_len, offset = unpack(data, pos)
+            if (
+                signature != _SIG_CENTRAL_NUMBER
+                or usize == _FULL32
+                or csize == _FULL32
+                or offset == _FULL32
+                or offset + name_len + csize > limit
+            ):
+                return _check_directory_carefully(data, count, cd_offset)
+            if crc and usize:
+                any_crc = True
+            seen += 1
+            pos += 46 + name_len + extra_len + comment_len
+    except struct.error:  # a header cut short by the directory's end
+        return _check_directory_carefully(data, count, cd_offset)
+    if seen != count:
+        return INTEGRITY_CORRUPT, "zip directory lists %d entries, its end record says %d" % (seen, count)
+    return (INTEGRITY_OK if any_crc else INTEGRITY_NO_CRC), None
+
+
+def _check_directory_carefully(data: bytes, count: int, cd_offset: int) -> Tuple[str, Optional[str]]:
+    """_check_directory's verdict entry by entry, with zip64 sizes read and what is wrong in words."""
+    unpack = _CENTRAL_CHECKED.unpack_from
+    header_size = CENTRAL_HEADER.size
+    local_size = LOCAL_HEADER.size
+    pos = 0
+    seen = 0
+    any_crc = False
+    last = len(data) - header_size  # the last position a whole header can start at
+    while pos < len(data):
+        if pos > last:
             return INTEGRITY_CORRUPT, "zip directory entry %d is damaged" % seen
-        f = unpack(data, pos)
-        crc, csize, usize, name_len, extra_len, comment_len, offset = f[7], f[8], f[9], f[10], f[11], f[12], f[16]
-        if usize == 0xFFFFFFFF or csize == 0xFFFFFFFF or offset == 0xFFFFFFFF:
+        signature, crc, csize, usize, name_len, extra_len, comment_len, offset = unpack(data, pos)
+        if signature != _SIG_CENTRAL_NUMBER:
+            return INTEGRITY_CORRUPT, "zip directory entry %d is damaged" % seen
+        if usize == _FULL32 or csize == _FULL32 or offset == _FULL32:
             start = pos + header_size
             try:
                 usize, csize, offset = _zip64_extra(
@@ -276,13 +322,13 @@ def _check_directory(data: bytes, count: int, cd_offset: int) -> Tuple[str, Opti
                 )
             except ZipProblem as problem:
                 return problem.integrity, problem.reason
-        if offset + LOCAL_HEADER.size + name_len + csize > cd_offset:
+        if offset + local_size + name_len + csize > cd_offset:
             name = data[pos + header_size : pos + header_size + name_len].decode("utf-8", "replace")
             return (
                 INTEGRITY_TRUNCATED,
                 "%s: %d bytes at %d run past the data area (%d bytes)" % (name, csize, offset, cd_offset),
             )
-        if crc != 0 and usize > 0:
+        if crc and usize:
             any_crc = True
         seen += 1
         pos += header_size + name_len + extra_len + comment_len
