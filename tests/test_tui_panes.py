@@ -604,3 +604,26 @@ def test_pane_registry_attributes():
     assert (ProcessesPane.pane_id, ProcessesPane.title, ProcessesPane.key) == ("processes", "Processes", "2")
     assert (NodesPane.pane_id, NodesPane.title, NodesPane.key) == ("nodes", "Nodes", "4")
     assert (ClusterGpusPane.pane_id, ClusterGpusPane.title, ClusterGpusPane.key) == ("cluster", "Cluster GPUs", "5")
+
+
+def test_host_process_rows_have_no_name_column_yet_the_filter_finds_the_name():
+    """The Host pane's table lost its name column (the command starts with it; at 80 columns the command
+    kept 6 cells): a process whose command line does not say its name is still found by it."""
+    from opsconsole.model import ProcessSample
+    from opsconsole.tui.bars import Palette
+    from opsconsole.tui.host import PROCESS_COLUMNS, process_rows
+
+    worker = ProcessSample(pid=4242, name="pt_data_worker", user="alice", command="python train.py", cpu_percent=0.4)
+    assert [key for key, _, _ in PROCESS_COLUMNS] == [
+        "pid",
+        "user",
+        "cpu",
+        "rss",
+        "threads",
+        "elapsed",
+        "state",
+        "command",
+    ]
+    [row] = process_rows([worker], Palette(), False, "pt_data")
+    assert [cell.plain for cell in row.cells][2] == "0.4%"  # CPU as every pane spells it (was "0.4" under "cpu%")
+    assert process_rows([worker], Palette(), False, "no-such-name") == []
