@@ -1,7 +1,7 @@
 """The records the proofs store keeps (opsconsole/checkpoints/proofs.py): one wrong value rejects the record.
 
-A kept unit's CheckpointMeta and a kept listing's entries are flat JSON lists, decoded without
-the dataclasses' __init__ after C-level type checks. Each test changes one value of a real
+A kept unit's CheckpointMeta is a flat JSON list; a kept listing is its entries' records by
+column. Both are decoded without the dataclasses' __init__ after C-level type checks. Each test changes one value of a real
 record (from a real HF listing, or built from real entries) to a value of another type and
 asserts the record is refused (None), and that a store whose kept listing is off in any way is
 passed over for the unit results and the files, listing the same.
@@ -19,7 +19,14 @@ import pytest
 
 from opsconsole.checkpoints import proofs
 from opsconsole.checkpoints.cache import ResultCache
-from opsconsole.checkpoints.proofs import ProofStore, entry_from_record, meta_from_record, record_of_entry, record_of_meta
+from opsconsole.checkpoints.proofs import (
+    ProofStore,
+    entries_from_columns,
+    listing_columns,
+    meta_from_record,
+    record_of_entry,
+    record_of_meta,
+)
 from opsconsole.checkpoints.records import CheckpointEntry, CheckpointMeta, StateDictSummary
 from opsconsole.checkpoints.scan import scan_directory
 from tests.checkpoint_writers import write_hf_layout
@@ -72,6 +79,12 @@ def wrong_for(value):
 
 def through_json(record):
     return json.loads(json.dumps(record))
+
+
+def entry_from_record(record, path, judged):
+    """One entry's record decoded as the only row of a kept listing's columns (None: refused)."""
+    entries = entries_from_columns(through_json(listing_columns([record])), lambda names, is_dirs: [(path, judged)])
+    return None if entries is None else entries[0]
 
 
 def test_a_meta_record_round_trips_to_an_equal_meta():
@@ -130,7 +143,7 @@ def test_an_entry_record_with_one_value_of_a_wrong_type_is_refused(index):
     assert entry_from_record(record, ENTRY.path, ()) is None
 
 
-@pytest.mark.parametrize("where", ["integrity", "member", "protection", "short", "long", "bool for int"])
+@pytest.mark.parametrize("where", ["integrity", "member", "protection", "bool for int", "odd metrics"])
 def test_an_entry_record_with_one_wrong_value_is_refused(where):
     record = through_json(record_of_entry(ENTRY))
     if where == "integrity":
@@ -139,13 +152,29 @@ def test_an_entry_record_with_one_wrong_value_is_refused(where):
         record[15] = [None]
     elif where == "protection":
         record[16] = ["best", 1]
-    elif where == "short":
-        record = record[:-1]
-    elif where == "long":
-        record.append(None)
-    else:
+    elif where == "bool for int":
         record[2] = True
+    else:
+        record[17][10] = ["eval_loss"]
     assert entry_from_record(record, ENTRY.path, ()) is None
+
+
+@pytest.mark.parametrize("where", ["a column short", "a column too many", "a column too few", "not lists", "empty"])
+def test_a_listing_whose_columns_are_not_one_row_per_entry_is_refused(where):
+    columns = through_json(listing_columns([record_of_entry(ENTRY), record_of_entry(ENTRY)]))
+    place = lambda names, is_dirs: [(ENTRY.path, ())] * len(names)  # noqa: E731
+    assert len(entries_from_columns(copy.deepcopy(columns), place)) == 2
+    if where == "a column short":
+        columns[20].pop()
+    elif where == "a column too many":
+        columns.append([1, 2])
+    elif where == "a column too few":
+        columns.pop()
+    elif where == "not lists":
+        columns[3] = {"0": 1.0, "1": 2.0}
+    else:
+        columns = []
+    assert entries_from_columns(columns, place) is None
 
 
 def test_what_a_record_cannot_hold_is_not_kept():
@@ -195,28 +224,33 @@ def rewrite_listing(path: Path, change) -> None:
 
 
 @pytest.mark.parametrize(
-    "damage", ["integrity", "a unit twice", "a unit left out", "a unit renamed", "other files", "digest", "not a list"]
+    "damage",
+    ["integrity", "a unit twice", "a unit left out", "a unit renamed", "other files", "digest", "ragged", "not a list"],
 )
 def test_a_kept_listing_off_in_any_way_is_passed_over_and_each_unit_is_used(kept_listing, damage):
     root, store_dir, path = kept_listing
     before = {e.name: e for e in scan(root).entries}
 
     def change(listing):
-        entries = listing[2]
+        columns = listing[2]  # one list per field, an entry per row
         if damage == "integrity":
-            entries[0][5] = "fine"
+            columns[5][0] = "fine"
         elif damage == "a unit twice":
-            entries[1] = copy.deepcopy(entries[0])
+            for column in columns:
+                column[1] = copy.deepcopy(column[0])
         elif damage == "a unit left out":
-            del entries[0]
+            for column in columns:
+                del column[0]
         elif damage == "a unit renamed":
-            entries[0][0] = "checkpoint-9999"
+            columns[0][0] = "checkpoint-9999"
         elif damage == "other files":
             listing[1] += 1
         elif damage == "digest":
             listing[0] = "0" * len(listing[0])
+        elif damage == "ragged":
+            del columns[7][0]
         else:
-            listing[2] = {"checkpoint-500": entries[0]}
+            listing[2] = {"names": columns[0]}
 
     rewrite_listing(path, change)
     store = ProofStore("local", str(root), str(store_dir), racy_s=RACY_S)

@@ -10,6 +10,11 @@ device, inode, size, mtime and ctime in nanoseconds. A file truncated, rewritten
 identity (a user can set the mtime back but never the ctime, which git's index relies on too),
 so it is read and proved again.
 
+Three levels, each asked in turn and each parsed only when asked for (the store file's three
+lines): the whole listing, for a digest of every name and identity of every directory it listed
+(and the checkpoint code's own stamp), what a new process of an unchanged directory takes; each
+unit's result, for its kind and its members' names and identities; each file's proof.
+
 Trust is bounded by that identity only:
 - a proof is stored only for a file whose ctime is RACY_S older than the read that proved it
   (git's "racy clean" rule): a file changed twice within one timestamp tick, or one still being
@@ -320,22 +325,19 @@ class ProofStore:
 
     # --- a whole listing -----------------------------------------------------------------------
 
-    def lookup_listing(self, digest: Optional[str]) -> Optional[Tuple[int, list]]:
-        """(other files, entry records) kept for the listing of exactly these files (`digest`), unchecked:
-        scan.py rebuilds each entry through entry_from_record and drops the whole on any refusal."""
+    def lookup_listing(self, digest: Optional[str], other: int, place: Any) -> Optional[List[CheckpointEntry]]:
+        """The entries kept for the listing of exactly these files (`digest`) with `other` names that
+        are no checkpoint, each checked (entries_from_columns, `place` as there); None when any is off."""
         if digest is None or self.path is None:
             return None
         self._load()
         kept = self._listing
-        if type(kept) is not list or len(kept) != 3 or kept[0] != digest:
+        if type(kept) is not list or len(kept) != 3 or kept[0] != digest or kept[1] != other or type(kept[1]) is not int:
             return None
-        other, records = kept[1], kept[2]
-        if type(other) is not int or type(records) is not list or len(records) > MAX_LISTED_ENTRIES:
-            return None
-        return other, records
-
-    def used_listing(self) -> None:
-        self.listing_hits += 1
+        entries = entries_from_columns(kept[2], place)
+        if entries is not None:
+            self.listing_hits += 1
+        return entries
 
     def store_listing(self, digest: Optional[str], newest_ctime_ns: int, other: int, entries: Sequence[Any], started: float) -> None:
         """Keep a whole listing for exactly these files, when each is RACY_S old and each entry has a record."""
@@ -346,13 +348,13 @@ class ProofStore:
             for e in entries
         ):
             return  # unchecked or unreadable may pass (a busy worker, a file being written): read again next time
-        records = []
+        rows = []
         for entry in entries:
-            record = record_of_entry(entry, self._meta_record(entry.meta))
-            if record is None:
+            row = record_of_entry(entry, self._meta_record(entry.meta))
+            if row is None:
                 return
-            records.append(record)
-        self._new_listing = [digest, other, records]
+            rows.append(row)
+        self._new_listing = [digest, other, listing_columns(rows)]
         self._dirty = True
         self.listings_stored += 1
 
@@ -607,7 +609,6 @@ _ENTRY_LISTS = ("members", "protections")
 _ENTRY_FIXED = {"is_link": False, "link_target": None, "crc_checked": False}
 _ENTRY_REBUILT = ("path", "judged", "meta")
 _check_covers(CheckpointEntry, _ENTRY_SCALARS + _ENTRY_LISTS, tuple(_ENTRY_FIXED) + _ENTRY_REBUILT)
-_ENTRY_RECORD_LENGTH = len(_ENTRY_SCALARS) + 3  # members, protections, meta
 MAX_LISTED_ENTRIES = 10_000
 
 
@@ -623,26 +624,118 @@ def record_of_entry(entry: CheckpointEntry, meta: Optional[list] = None) -> Opti
     return [getattr(entry, name) for name in _ENTRY_SCALARS] + [list(entry.members), list(entry.protections), meta]
 
 
-def entry_from_record(record: Any, path: str, judged: Tuple[Tuple[Any, ...], ...]) -> Optional[CheckpointEntry]:
-    """The CheckpointEntry a record keeps at `path` with `judged` (from the live stats); None when any value is off."""
-    if type(record) is not list or len(record) != _ENTRY_RECORD_LENGTH:
+# A kept listing is its entries' records by column (each entry's record is a row): one list of
+# every entry's name, one of every format ..., then one per meta field. Each column is checked in
+# one C-level pass (the types in it against the column's), so a listing of many units costs a few
+# passes, not a Python check per value; then each entry is built without the dataclasses' __init__.
+_LISTING_COLUMNS = len(_ENTRY_SCALARS) + 2 + _META_RECORD_LENGTH
+_ENTRY_COLUMN_TYPES = tuple(set(types) for types in _ENTRY_SCALAR_TYPES)
+_META_COLUMN_TYPES = tuple(set(types) for types in _META_SCALAR_TYPES)
+_INTEGRITY_SET = set(INTEGRITIES)
+_LIST = {list}
+_NONE_OR_LIST = {list, _NONE}
+_EVEN = operator.itemgetter(slice(0, None, 2))
+_ODD = operator.itemgetter(slice(1, None, 2))
+
+
+# Every field's name in the order entries_from_columns gives their values.
+_META_NAMES = _META_SCALARS + ("metrics", "top_keys", "details", "state_dict") + tuple(_META_UNKEPT)
+_META_FIXED = tuple(_META_UNKEPT.values())
+_ENTRY_NAMES = _ENTRY_SCALARS + _ENTRY_LISTS + _ENTRY_REBUILT + tuple(_ENTRY_FIXED)
+_ENTRY_FIXED_VALUES = tuple(_ENTRY_FIXED.values())
+
+
+def listing_columns(rows: Sequence[list]) -> list:
+    """The columns of entry records (record_of_entry), their metas' columns after the entries'."""
+    if not rows:
+        return [[] for _ in range(_LISTING_COLUMNS)]
+    columns = [list(column) for column in zip(*rows)]
+    return columns[:-1] + [list(column) for column in zip(*columns[-1])]
+
+
+def _lists_of_texts(column: list) -> bool:
+    return set(map(type, column)) <= _LIST and _texts(list(_chain(column)))
+
+
+def _paired(flat: list) -> tuple:
+    pairs = iter(flat)
+    return tuple(zip(pairs, pairs))
+
+
+def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEntry]]:
+    """The entries a kept listing's columns hold, every value type-checked; None when any is off.
+
+    `place(names, is_dirs)` gives each entry's path and judged files from the listing just made
+    (never from the record), or None when the names are not exactly its units."""
+    if type(columns) is not list or len(columns) != _LISTING_COLUMNS or not set(map(type, columns)) <= _LIST:
         return None
-    scalars = record[:15]
-    if not all(map(_contains, _ENTRY_SCALAR_TYPES, map(type, scalars))) or scalars[5] not in INTEGRITIES:
+    count = len(columns[0])
+    if count > MAX_LISTED_ENTRIES or set(map(len, columns)) != {count}:
         return None
-    members, protections = record[15], record[16]
-    if not _texts(members) or not _texts(protections):
+    entry_columns, meta_columns = columns[: len(_ENTRY_SCALARS)], columns[len(_ENTRY_SCALARS) + 2 :]
+    for column, allowed in zip(entry_columns, _ENTRY_COLUMN_TYPES):
+        if not set(map(type, column)) <= allowed:
+            return None
+    if not set(entry_columns[5]) <= _INTEGRITY_SET:
         return None
-    meta = meta_from_record(record[17])
-    if meta is None:
+    members, protections = columns[len(_ENTRY_SCALARS)], columns[len(_ENTRY_SCALARS) + 1]
+    if not _lists_of_texts(members) or not _lists_of_texts(protections):
         return None
-    entry = _new(CheckpointEntry)
-    fields = entry.__dict__
-    fields.update(_ENTRY_FIXED)
-    fields.update(zip(_ENTRY_SCALARS, scalars))
-    fields["members"], fields["protections"] = tuple(members), tuple(protections)
-    fields["path"], fields["judged"], fields["meta"] = path, judged, meta
-    return entry
+    for column, allowed in zip(meta_columns, _META_COLUMN_TYPES):
+        if not set(map(type, column)) <= allowed:
+            return None
+    metrics, top_keys, details, summaries = meta_columns[len(_META_SCALARS) :]
+    if not _lists_of_texts(top_keys) or not _lists_of_texts(details) or not set(map(type, metrics)) <= _LIST:
+        return None
+    if any(map(operator.and_, map(len, metrics), itertools.repeat(1))) or any(
+        map(operator.and_, map(len, details), itertools.repeat(1))
+    ):
+        return None  # a list of pairs of odd length
+    if not _texts(list(_chain(map(_EVEN, metrics)))) or not set(map(type, _chain(map(_ODD, metrics)))) <= _NUMBER:
+        return None
+    if not set(map(type, summaries)) <= _NONE_OR_LIST:
+        return None
+    state_dicts = []
+    for summary in summaries:
+        if summary is None:
+            state_dicts.append(None)
+            continue
+        if len(summary) != 4:
+            return None
+        keys, dtypes, total, source = summary
+        dtype_pairs = _pairs(dtypes, _INT)
+        if not (type(keys) is int and type(total) is int and type(source) is str and dtype_pairs is not None):
+            return None
+        state_dict = _new(StateDictSummary)
+        state_dict.__dict__.update(keys=keys, dtypes=dtype_pairs, bytes=total, source=source)
+        state_dicts.append(state_dict)
+    placed = place(entry_columns[0], entry_columns[4])
+    if placed is None:
+        return None
+    entries = []
+    for scalars, meta_scalars, metric, keys, detail, state_dict, member, protection, (path, judged) in zip(
+        zip(*entry_columns),
+        zip(*meta_columns[: len(_META_SCALARS)]),
+        metrics,
+        top_keys,
+        details,
+        state_dicts,
+        members,
+        protections,
+        placed,
+    ):
+        # Built without the frozen dataclasses' __init__, each field from a checked value:
+        # _check_covers makes sure at import that none is left out.
+        meta = _new(CheckpointMeta)
+        meta.__dict__.update(
+            zip(_META_NAMES, meta_scalars + (_paired(metric), tuple(keys), _paired(detail), state_dict) + _META_FIXED)
+        )
+        entry = _new(CheckpointEntry)
+        entry.__dict__.update(
+            zip(_ENTRY_NAMES, scalars + (tuple(member), tuple(protection), path, judged, meta) + _ENTRY_FIXED_VALUES)
+        )
+        entries.append(entry)
+    return entries
 
 
 def _proof_from(record: Any, kind: str, identity: Identity) -> Optional[Proof]:

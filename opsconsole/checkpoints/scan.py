@@ -575,7 +575,7 @@ def _find_units(
                 failures.append(item.name)
             continue
         listed.append((item.name, children))
-        kind = layouts.dir_kind(item.name, (c.name for c in children))
+        kind = layouts.dir_kind(item.name, map(_NAME, children))
         if kind is not None:
             units.append(_Unit(item.name, path, item.name, kind=kind, children=children))
             continue
@@ -593,7 +593,7 @@ def _find_units(
                         failures.append(item.name + "/" + child.name)
                     continue
                 listed.append((item.name + "/" + child.name, grandchildren))
-                child_kind = layouts.dir_kind(child.name, (g.name for g in grandchildren))
+                child_kind = layouts.dir_kind(child.name, map(_NAME, grandchildren))
                 if child_kind is not None:
                     found = True
                     units.append(
@@ -659,7 +659,7 @@ def _scan_directory(
     except OSError:
         root_real = root
     root_name = (posixpath.basename(root.rstrip("/")) if fs.remote else os.path.basename(root.rstrip(os.sep))) or root
-    own_kind = layouts.dir_kind(root_name, (item.name for item in items))
+    own_kind = layouts.dir_kind(root_name, map(_NAME, items))
     if own_kind is not None:
         result, size, mtime, members, _ = read_unit_dir(fs, root, root_name, own_kind, items, cache, proofs)
         entry = _entry(
@@ -872,9 +872,10 @@ def _scan_directory(
 def _memo_able(items: List[DirItem], units: List["_Unit"]) -> bool:
     """Whether a listing is all in its directories' stats: no symlink at the top (what it points to is
     outside them), no unit with subdirectories (their files are listed only when read)."""
-    if any(item.stat.is_link for item in items):
+    if any(map(_IS_LINK, map(_STAT, items))):
         return False
-    return not any(unit.children is not None and any(c.stat.is_dir for c in unit.children) for unit in units)
+    unit_items = itertools.chain.from_iterable(unit.children for unit in units if unit.children is not None)
+    return not any(map(_IS_DIR, map(_STAT, unit_items)))
 
 
 def _unchanged_signature(
@@ -907,7 +908,10 @@ _CTIME = operator.attrgetter("st_ctime_ns")
 _NAME = operator.itemgetter(0)
 _STAT = operator.itemgetter(1)
 _RAW = operator.itemgetter(5)
+_STAT_LIST = operator.itemgetter(1)  # of (rel, items)
 _IS_FILE = operator.itemgetter(4)
+_IS_DIR = operator.itemgetter(2)
+_IS_LINK = operator.itemgetter(3)
 _JUDGED = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
 
 
@@ -927,65 +931,71 @@ def _listing_digest(
     root: str, items: List[DirItem], listed_dirs: List[Tuple[str, List[DirItem]]]
 ) -> Optional[Tuple[str, int]]:
     """(digest, newest ctime in ns) of every name and identity (mode, device, inode, size, mtime,
-    ctime) of every directory the listing listed; None where a file system gives no identity (SFTP)."""
-    parts: List[Any] = [proofs_module.FORMAT, _code_stamp(), root]
-    newest = 0
-    for rel, children in [("", items)] + listed_dirs:
-        raws = list(map(_RAW, map(_STAT, children)))
-        if not all(raws):
-            return None
-        if raws:
-            newest = max(newest, max(map(_CTIME, raws)))
-        parts.extend((rel, list(map(_NAME, children)), list(map(_IDENTITY, raws))))
+    ctime) of every directory the listing listed; None where a file system gives no identity (SFTP).
+
+    One pass over all of them at once (each directory's name and length mark where its items
+    begin): a new process computes it before anything else, and per-directory passes cost more."""
+    folders = [("", items)] + listed_dirs
+    everything = list(itertools.chain.from_iterable(map(_STAT_LIST, folders)))
+    raws = list(map(_RAW, map(_STAT, everything)))
+    if not all(raws):
+        return None
     try:
-        data = orjson.dumps(parts)
+        data = orjson.dumps(
+            [
+                proofs_module.FORMAT,
+                _code_stamp(),
+                root,
+                list(map(_NAME, folders)),
+                list(map(len, map(_STAT_LIST, folders))),
+                list(map(_NAME, everything)),
+                list(map(_IDENTITY, raws)),
+            ]
+        )
     except TypeError:  # a name that is no valid UTF-8 (surrogate escapes): nothing kept
         return None
-    return hashlib.blake2b(data, digest_size=20).hexdigest(), newest
+    return hashlib.blake2b(data, digest_size=20).hexdigest(), max(map(_CTIME, raws), default=0)
 
 
 def _kept_listing(
     root: str, units: List["_Unit"], other: int, proofs: ProofStore, key: Optional[Tuple[str, int]]
 ) -> Optional[Tuple[CheckpointEntry, ...]]:
-    """The entries kept for exactly this listing, each checked (proofs.entry_from_record) and its
-    judged files taken from the stats just made; None when any is missing or off."""
+    """The entries kept for exactly this listing (proofs.entries_from_columns checks each value),
+    each unit's path and judged files taken from the listing just made; None when any is off."""
     if key is None:
         return None
-    kept = proofs.lookup_listing(key[0])
-    if kept is None:
-        return None
-    kept_other, records = kept
-    if kept_other != other or len(records) != len(units):
-        return None
-    unit_of = {unit.name: unit for unit in units}
-    entries = []
-    for record in records:
-        name = record[0] if type(record) is list and record else None
-        unit = unit_of.pop(name, None) if type(name) is str else None
-        if unit is None:
-            return None  # a unit the record names twice, or one this listing did not find
-        if unit.kind is not None:
-            # read_unit_dir's judged_identity of each file (sorted by name), in C-level passes.
-            files = sorted(unit.children or ())
-            if not all(map(_IS_FILE, map(_STAT, files))):
-                files = list(itertools.compress(files, map(_IS_FILE, map(_STAT, files))))
-            judged = tuple(
-                map(
-                    operator.add,
-                    zip(map(operator.add, itertools.repeat(unit.rel + "/"), map(_NAME, files))),
-                    map(_JUDGED, map(_RAW, map(_STAT, files))),
-                )
-            )
-        elif unit.group is not None and unit.group.layout == LAYOUT_FILE and unit.item is not None:
-            judged = (judged_identity(unit.item.name, unit.item.stat),)
-        else:
-            judged = ()
-        entry = proofs_module.entry_from_record(record, unit.path, judged)
-        if entry is None or entry.is_dir != (unit.kind is not None):
+
+    def place(names: List[str], is_dirs: List[bool]) -> Optional[List[Tuple[str, Tuple[Tuple[Any, ...], ...]]]]:
+        # Exactly this listing's units, each once, a directory as a directory.
+        if len(names) != len(units):
             return None
-        entries.append(entry)
-    proofs.used_listing()
-    return tuple(entries)
+        unit_of = {unit.name: unit for unit in units}
+        placed = []
+        for name, is_dir in zip(names, is_dirs):
+            unit = unit_of.pop(name, None)
+            if unit is None or is_dir != (unit.kind is not None):
+                return None  # a unit the record names twice, or one this listing did not find
+            if unit.kind is not None:
+                # read_unit_dir's judged_identity of each file (sorted by name), in C-level passes.
+                files = sorted(unit.children or ())
+                if not all(map(_IS_FILE, map(_STAT, files))):
+                    files = list(itertools.compress(files, map(_IS_FILE, map(_STAT, files))))
+                judged = tuple(
+                    map(
+                        operator.add,
+                        zip(map(operator.add, itertools.repeat(unit.rel + "/"), map(_NAME, files))),
+                        map(_JUDGED, map(_RAW, map(_STAT, files))),
+                    )
+                )
+            elif unit.group is not None and unit.group.layout == LAYOUT_FILE and unit.item is not None:
+                judged = (judged_identity(unit.item.name, unit.item.stat),)
+            else:
+                judged = ()
+            placed.append((unit.path, judged))
+        return placed
+
+    entries = proofs.lookup_listing(key[0], other, place)
+    return None if entries is None else tuple(entries)
 
 
 def _finish(entry: CheckpointEntry, **fields) -> None:
