@@ -13,7 +13,9 @@ directory) and reads trainer_state.json. Timed, medians of 9 in one process:
                here a temp dir), each file's identity checked against them
   rescan       the console's refresh of an unchanged directory (results kept in memory)
   floor        every member file of every unit opened and read once, nothing parsed: what no
-               first listing can go under (160 files against the baseline's 20)
+               first listing can go under (160 files against the baseline's 20); and each unit
+               directory listed with an lstat of each member: what no listing that trusts a
+               kept result only for the same identities can go under
 each on a warm page cache, and the first three again with the files' data evicted from the page
 cache before every run (posix_fadvise DONTNEED on each file, the store's too: dropping all caches
 needs /proc/sys/vm/drop_caches, read-only here; directories and inodes stay cached). Ratios are
@@ -138,16 +140,26 @@ def main() -> int:
                 if path.is_file():
                     path.read_bytes()  # page cache warm
 
+        stores = []
+
         def listing(store_dir: Path):
             if store_dir == empty:
                 shutil.rmtree(empty, ignore_errors=True)
             store = proofs.ProofStore("local", str(folder), str(store_dir))
+            stores[:] = [store]
             return scan_directory(str(folder), cache=ResultCache(), crc_cache=ResultCache(), proofs=store)
 
         def baseline():
             return [json.loads(path.read_bytes()) for path in states]
 
         members = sorted(p for p in folder.rglob("*") if p.is_file())
+
+        def stat_every_member():
+            """A new process's I/O floor: each unit's directory listed and each member's identity (lstat) read."""
+            for unit in os.listdir(folder):
+                unit_dir = os.path.join(folder, unit)
+                for name in os.listdir(unit_dir):
+                    os.lstat(os.path.join(unit_dir, name))
 
         def open_every_member():
             """The first listing's I/O floor: each member of each unit opened and read once, nothing parsed."""
@@ -159,8 +171,13 @@ def main() -> int:
         listing(kept)  # the earlier listing whose proofs a new process finds
         warm_first_s, listed = timed(lambda: listing(empty))
         warm_new_s, _ = timed(lambda: listing(kept))
+        kept_use = "whole listing" if stores[0].listing_hits else "%d unit results, %d file proofs" % (
+            stores[0].unit_hits,
+            stores[0].hits,
+        )
         warm_base_s, _ = timed(baseline)
         warm_floor_s, _ = timed(open_every_member)
+        warm_stat_floor_s, _ = timed(stat_every_member)
         memory, memory_crc = ResultCache(), ResultCache()
         scan_directory(str(folder), cache=memory, crc_cache=memory_crc, keep_proofs=False)
         rescan_s, _ = timed(lambda: scan_directory(str(folder), cache=memory, crc_cache=memory_crc, keep_proofs=False))
@@ -189,6 +206,7 @@ def main() -> int:
             "%d checkpoint-N/ units (%.0f kB each: %s), built from a real Trainer run in %.1f s"
             % (args.count, unit_bytes / 1e3, ", ".join(sorted(p.name for p in template.iterdir())), built)
         )
+        print("a new process took from the proofs kept on disk: %s" % kept_use)
         print(
             "listed as units: %d, steps read: %d of %d, problems: %d, integrity: %s"
             % (
@@ -205,6 +223,7 @@ def main() -> int:
             ("page cache warm", "new process (proofs kept on disk)", warm_new_s, warm_base_s),
             ("page cache warm", "rescan (results kept in memory)", rescan_s, warm_base_s),
             ("page cache warm", "floor: open + read all %d member files" % len(members), warm_floor_s, warm_base_s),
+            ("page cache warm", "floor: list the units, lstat all %d" % len(members), warm_stat_floor_s, warm_base_s),
             ("files evicted", "baseline (trainer_state.json, json.loads)", cold_base_s, cold_base_s),
             ("files evicted", "first listing (nothing kept)", cold_first_s, cold_base_s),
             ("files evicted", "new process (proofs kept on disk)", cold_new_s, cold_base_s),
@@ -220,7 +239,8 @@ def main() -> int:
             print("%-16s %-44s %8.2f ms  %5.2fx%s" % (cache_state, what, seconds * 1e3, ratio, verdict))
         print(
             "first listing against its floor (every member opened and read once): %.2fx page cache warm,"
-            " %.2fx files evicted" % (warm_first_s / warm_floor_s, cold_first_s / cold_floor_s)
+            " %.2fx files evicted; new process against its floor (every member's identity read): %.2fx"
+            % (warm_first_s / warm_floor_s, cold_first_s / cold_floor_s, warm_new_s / warm_stat_floor_s)
         )
         print(
             "fresh processes (interpreter and imports included): listing %.0f ms, again with its proofs kept"
