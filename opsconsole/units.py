@@ -73,26 +73,46 @@ def _whole(value: float) -> int:
     return int(math.floor(value + 0.5))
 
 
-def format_percent(value: Optional[float], missing: str = NA) -> str:
-    """`100%`, `7%`, `101%` (a process on more than one core); a tenth below 10 only when not whole (`0.5%`)."""
+def _apart(value: float, limit: Optional[float]) -> Optional[str]:
+    """`value` with the decimals that tell it from `limit` when its whole number would read as the limit
+    (9.96 against 10: `9.96`, not `10` and `10`); None when the whole number does."""
+    if limit is None or not _number(limit) or value == limit or _whole(value) != _whole(limit):
+        return None
+    for digits in (1, 2, 3):
+        text = "%.*f" % (digits, value)
+        if float(text) != limit:
+            return text
+    return "%.3f" % value
+
+
+def format_percent(value: Optional[float], missing: str = NA, limit: Optional[float] = None) -> str:
+    """`100%`, `7%`, `101%` (a process on more than one core); a tenth below 10 only when not whole (`0.5%`),
+    or the decimals that tell it from the `limit` it is compared with (`9.96% free (minimum 10%)`)."""
     if value is None or not _number(value):
         return missing
+    near = _apart(value, limit)
+    if near is not None:
+        return near + "%"
     if abs(value) < 10 and value != int(value) and round(value, 1) != _whole(value):
         return "%.1f%%" % value
     return "%d%%" % _whole(value)
 
 
-def format_temperature(celsius: Optional[float], missing: str = NA) -> str:
-    """`62°C`."""
+def format_temperature(celsius: Optional[float], missing: str = NA, limit: Optional[float] = None) -> str:
+    """`62°C`; `85.4°C` when the whole degree would read as the `limit` it is compared with."""
     if celsius is None or not _number(celsius):
         return missing
-    return "%d°C" % _whole(celsius)
+    near = _apart(celsius, limit)
+    return ("%s°C" % near) if near is not None else "%d°C" % _whole(celsius)
 
 
-def format_power(watts: Optional[float], missing: str = NA) -> str:
-    """`633 W`; `12.3 kW` from 10 kW (a node's or a cluster's sum)."""
+def format_power(watts: Optional[float], missing: str = NA, limit: Optional[float] = None) -> str:
+    """`633 W`; `12.3 kW` from 10 kW (a node's or a cluster's sum); `700.4 W` beside a `limit` of 700."""
     if watts is None or not _number(watts):
         return missing
+    near = _apart(watts, limit)
+    if near is not None:
+        return near + " W"
     if abs(watts) >= 10000:
         return "%.1f kW" % (watts / 1000.0)
     return "%d W" % _whole(watts)

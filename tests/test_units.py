@@ -132,3 +132,17 @@ def test_pcie_link():
     assert units.format_pcie_link(5, 16) == "gen5 x16"
     assert units.format_pcie_link(4, None) == "gen4 xN/A"
     assert units.format_pcie_link(None, 16) == "N/A"
+
+
+def test_a_reading_beside_its_limit_keeps_the_decimals_that_tell_them_apart():
+    # "/: 10% free (minimum 10%)" for a failing 9.96 % would read as a pass; a health message and an
+    # alert compare a reading with a limit, and say it with the limit's spelling.
+    assert units.format_percent(9.96, limit=10) == "9.96%"
+    assert units.format_percent(90.4, limit=90) == "90.4%"
+    assert units.format_percent(89.99, limit=90) == "89.99%"
+    assert units.format_percent(50.4, limit=90) == "50%"  # far from it: whole, as everywhere
+    assert units.format_percent(10.0, limit=10) == "10%"
+    assert units.format_temperature(85.4, limit=85) == "85.4°C"
+    assert units.format_temperature(91.0, limit=85) == "91°C"
+    assert units.format_power(700.4, limit=700) == "700.4 W"
+    assert units.format_power(650.4, limit=700) == "650 W"

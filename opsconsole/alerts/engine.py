@@ -18,6 +18,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 from opsconsole.alerts.rules import AlertRule, readings
 from opsconsole.model import NodeState
+from opsconsole.units import format_percent, format_power, format_temperature
 
 EVENT_FIRING = "firing"
 EVENT_RESOLVED = "resolved"
@@ -74,6 +75,18 @@ def _number(value: float) -> str:
     return ("%.1f" % value).rstrip("0").rstrip(".")
 
 
+def _reading(metric: str, value: float, limit: Optional[float] = None) -> str:
+    """A metric's value as the panes spell it (opsconsole.units), with the decimals that tell it from `limit`;
+    counts and flags (ECC errors, an XID, lost, unreachable) as plain numbers."""
+    if metric.endswith("_percent") or metric == "gpu.utilization":
+        return format_percent(value, limit=limit)
+    if metric.startswith("gpu.temperature"):
+        return format_temperature(value, limit=limit)
+    if metric == "gpu.power_w":
+        return format_power(value, limit=limit)
+    return _number(value)
+
+
 class AlertEngine:
     """Evaluates the rules on every observed state; keeps the firing set and a bounded history."""
 
@@ -117,7 +130,12 @@ class AlertEngine:
                     EVENT_RESOLVED,
                     rule.severity,
                     "%s: %s %s, back past %s"
-                    % (_subject(node, gpu), rule.metric, _number(value), _number(rule.clear_level())),
+                    % (
+                        _subject(node, gpu),
+                        rule.metric,
+                        _reading(rule.metric, value, rule.clear_level()),
+                        _reading(rule.metric, rule.clear_level()),
+                    ),
                     gpu,
                     value,
                     rule.threshold,
@@ -139,7 +157,14 @@ class AlertEngine:
             EVENT_FIRING,
             rule.severity,
             "%s: %s %s %s %s%s"
-            % (_subject(node, gpu), rule.metric, _number(value), rule.comparison, _number(rule.threshold), held),
+            % (
+                _subject(node, gpu),
+                rule.metric,
+                _reading(rule.metric, value, rule.threshold),
+                rule.comparison,
+                _reading(rule.metric, rule.threshold),
+                held,
+            ),
             gpu,
             value,
             rule.threshold,

@@ -87,7 +87,11 @@ def gpu_temperature(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) ->
         evidence += (("slowdown_c", _num(slowdown)),)
     limit = temperature_limit(gpu, cfg)
     if status == STATUS_FAIL:
-        message = "GPU %d at %s (limit %s)" % (gpu.index, format_temperature(temp), format_temperature(limit))
+        message = "GPU %d at %s (limit %s)" % (
+            gpu.index,
+            format_temperature(temp, limit=limit),
+            format_temperature(limit),
+        )
     elif status == STATUS_WARN:
         message = "GPU %d at %s, %s from slowdown" % (
             gpu.index,
@@ -357,7 +361,11 @@ def disk_free(node: str, host: HostSample, cfg: HealthConfig, now: float) -> Lis
                     node,
                     STATUS_FAIL,
                     "%s: %s free (minimum %s)"
-                    % (disk.path, format_percent(free), format_percent(cfg.disk_free_percent)),
+                    % (
+                        disk.path,
+                        format_percent(free, limit=cfg.disk_free_percent),
+                        format_percent(cfg.disk_free_percent),
+                    ),
                     None,
                     evidence,
                     REMEDY_DISK,
@@ -392,7 +400,8 @@ def memory_used(node: str, host: HostSample, cfg: HealthConfig, now: float) -> L
                 "memory",
                 node,
                 STATUS_FAIL,
-                "memory %s used (limit %s)" % (format_percent(used), format_percent(cfg.memory_percent)),
+                "memory %s used (limit %s)"
+                % (format_percent(used, limit=cfg.memory_percent), format_percent(cfg.memory_percent)),
                 None,
                 evidence,
                 REMEDY_MEMORY,
