@@ -328,3 +328,27 @@ def test_the_best_copy_vouches_only_when_the_lowest_loss_epoch_goes(tmp_path):
     assert {item.name: item.vouches for item in plan.items if item.vouches} == {
         "checkpoint_epoch_4.pt": "the newest kept checkpoint"
     }
+
+
+def test_a_best_copy_never_opened_does_not_stand_in_for_the_lowest_loss_epoch(tmp_path):
+    """checkpoint_best.pt written by an old torch.save (a legacy pickle: listed, never opened) proves
+    nothing: the lowest-loss epoch is kept as best, as with no copy at all. Before, its presence alone
+    let epoch 1 go, the only proved copy of the best model."""
+    from tests.checkpoint_writers import write_seed_layout
+
+    root = tmp_path / "run"
+    write_seed_layout(root)
+    best = root / "checkpoint_best.pt"
+    st = best.stat()
+    torch.save(torch.load(best, weights_only=True), best, _use_new_zipfile_serialization=False)
+    os.utime(best, ns=(st.st_atime_ns, st.st_mtime_ns))
+    entries = {entry.name: entry for entry in listing_of(root).entries}
+    assert (entries["checkpoint_best.pt"].format, entries["checkpoint_best.pt"].integrity) == ("torch-legacy", "unchecked")
+    assert entries["checkpoint_epoch_1.pt"].best and "best (lowest loss)" in entries["checkpoint_epoch_1.pt"].protections
+    plan = plan_directory(listing_of(root), keep=1, min_age=600, now=time.time())
+    assert sorted(item.name for item in plan.to_delete) == [
+        "checkpoint_epoch_0.pt",
+        "checkpoint_epoch_2.pt",
+        "checkpoint_epoch_3.pt",
+    ]
+    assert "checkpoint_best.pt" not in {item.name for item in plan.items if item.vouches}

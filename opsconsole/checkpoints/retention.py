@@ -21,7 +21,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any, Collection, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from opsconsole.checkpoints.records import BROKEN, FORMAT_LINK, CheckpointEntry
+from opsconsole.checkpoints.records import BROKEN, FORMAT_LINK, INTEGRITY_UNCHECKED, CheckpointEntry
 from opsconsole.checkpoints.scan import natural_key
 from opsconsole.units import format_duration
 
@@ -231,6 +231,7 @@ def plan_retention(
             and entry.format != FORMAT_LINK
             and entry.judged
             and entry.integrity not in BROKEN
+            and entry.integrity != INTEGRITY_UNCHECKED
             and not entry.unreadable
         ):
             vouches = "the best copy"

@@ -819,8 +819,8 @@ def _scan_directory(
     losses = [e.meta.loss for e in entries.values() if e.meta.loss is not None and e.meta.loss == e.meta.loss]
     lowest = {e.name for e in entries.values() if losses and e.meta.loss == min(losses)}
     recorded_best = lightning_state is not None or hf_best is not None
-    if not recorded_best and all(entries[name].integrity in BROKEN for name in best if name in entries):
-        # No library recorded a best and there is no sound best copy: the lowest loss a loop saved is kept as best.
+    if not recorded_best and not any(_stands_as_best(entries[name]) for name in best if name in entries):
+        # No library recorded a best and no best copy is proved sound: the lowest loss a loop saved is kept as best.
         for name in lowest:
             if entries[name].integrity not in BROKEN and not entries[name].is_dir:
                 best.add(name)
@@ -876,6 +876,12 @@ def _memo_able(items: List[DirItem], units: List["_Unit"]) -> bool:
         return False
     unit_items = itertools.chain.from_iterable(unit.children for unit in units if unit.children is not None)
     return not any(map(_IS_DIR, map(_STAT, unit_items)))
+
+
+def _stands_as_best(entry: CheckpointEntry) -> bool:
+    """Whether a best copy (checkpoint_best.pt) may stand in for the lowest-loss unit: proved whole and
+    read. One never opened (a legacy pickle), unreadable or broken does not: the unit is kept as best."""
+    return entry.integrity not in BROKEN and entry.integrity != INTEGRITY_UNCHECKED and not entry.unreadable
 
 
 def _unchanged_signature(
