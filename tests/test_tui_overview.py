@@ -12,6 +12,9 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable, Static
 from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states
@@ -120,6 +123,44 @@ def test_a_changed_line_repaints_only_its_changed_cells():
     assert changed_runs(before, restyled) == [(2, 6)]
     wide = Text("日本 12"), Text("日本 13")  # wide characters take two cells each
     assert changed_runs(*wide) == [(6, 7)]
+
+
+def _screen_cells(text: str) -> list:
+    cells: list = []
+    for char in text:
+        cells.extend([char] + [""] * (cell_len(char) - 1))  # a wide character's second cell
+    return cells
+
+
+def _cells_left_stale(before: str, after: str) -> list:
+    """Cells that differ between the two lines on screen and that no changed run repaints."""
+    runs = changed_runs(Text(before), Text(after))
+    old, new = _screen_cells(before), _screen_cells(after)
+    width = max(len(old), len(new))
+    old += [" "] * (width - len(old))
+    new += [" "] * (width - len(new))
+    return [x for x in range(width) if old[x] != new[x] and not any(a <= x < b for a, b in runs)]
+
+
+def test_a_change_that_moves_the_rest_of_the_line_repaints_the_rest():
+    # Seen in the header: "mean util 5%" -> "100%" repainted only "100", leaving "%" and the
+    # alert count where they were (the common tail had moved two cells right).
+    assert _cells_left_stale("mean util 5%   alerts 0", "mean util 100%   alerts 0") == []
+    assert changed_runs(Text("mean util 5%   alerts 0"), Text("mean util 100%   alerts 0")) == [(10, 25)]
+    assert _cells_left_stale("mean util 100%   alerts 0", "mean util 5%   alerts 0") == []
+    assert _cells_left_stale("node 日 up", "node 日日 up") == []
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.text(alphabet="ab 5%日", max_size=12),
+    st.text(alphabet="ab 5%日", max_size=12),
+    st.text(alphabet="ab 5%日", max_size=12),
+)
+def test_every_cell_that_differs_on_screen_is_repainted(prefix, middle, tail):
+    before, after = prefix + middle + tail, prefix + middle[::-1] + "5" + tail
+    assert _cells_left_stale(before, after) == []
+    assert _cells_left_stale(after, before) == []
 
 
 def test_layout_fits_the_height_with_the_fewest_columns():

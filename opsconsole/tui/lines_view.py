@@ -44,15 +44,19 @@ def changed_runs(before: Text, after: Text) -> List[Tuple[int, int]]:
     first = 0
     while first < min(len(old), len(new)) and old[first] == new[first]:
         first += 1
+    start = cell_len(after.plain[:first])
     last_old, last_new = len(old), len(new)
     while last_old > first and last_new > first and old[last_old - 1] == new[last_new - 1]:
         last_old -= 1
         last_new -= 1
-    runs = [[first, max(last_old, last_new)]]
-    # Character positions to cells (wide characters from node names take two); past the end of
-    # the new line (it got shorter) the old line's cells are cleared.
-    plain = after.plain if len(after.plain) >= len(before.plain) else before.plain
-    return [(cell_len(plain[:start]), max(cell_len(plain[:end]), cell_len(plain[:start]) + 1)) for start, end in runs]
+    end_old, end_new = cell_len(before.plain[:last_old]), cell_len(after.plain[:last_new])
+    if end_old != end_new:
+        # The change moved what follows it (a number grew a digit, a wide character came or went):
+        # the common tail now sits in other cells, so every cell to the end of the longer line changed.
+        end = max(cell_len(before.plain), cell_len(after.plain))
+    else:
+        end = end_new
+    return [(start, max(end, start + 1))]
 
 
 class LinesView(Widget):
