@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -300,3 +301,37 @@ def test_the_code_stamp_is_part_of_what_a_kept_listing_is_for(kept_listing, monk
     scan(root, store)
     assert store.listing_hits == 0 and store.unit_hits == 2
     assert proofs.FORMAT == 3
+
+
+def test_a_rescan_sees_a_directory_under_checkpoints_become_a_save_state(tmp_path, monkeypatch):
+    """accelerate makes checkpoints/checkpoint_N/ before it writes into it: listed empty, it is no unit;
+    once written it is one, though no stat of the project's own entries changed (checkpoints/ keeps
+    its mtime). Neither the rescan nor a new process with the kept listing misses it."""
+    from opsconsole.checkpoints import scan as scan_module
+    from tests.test_checkpoints_layouts import write_save_state
+
+    monkeypatch.setattr(scan_module, "SETTLE_S", RACY_S)
+    project = tmp_path / "project"
+    write_save_state(project / "checkpoints" / "checkpoint_0", 0)
+    (project / "checkpoints" / "checkpoint_1").mkdir()
+    age_tree(project)
+    checkpoints_mtime = (project / "checkpoints").stat().st_mtime_ns
+    time.sleep(RACY_S * 2)
+    cache, crc_cache = ResultCache(), ResultCache()
+    store_dir = tmp_path / "proofs"
+
+    def rescan():
+        store = ProofStore("local", str(project), str(store_dir), racy_s=RACY_S)
+        listing = scan_directory(str(project), cache=cache, crc_cache=crc_cache, proofs=store)
+        return sorted(e.name for e in listing.entries), store
+
+    assert rescan()[0] == ["checkpoints/checkpoint_0"]
+    assert rescan()[0] == ["checkpoints/checkpoint_0"]
+    for path in (project / "checkpoints" / "checkpoint_0").iterdir():
+        shutil.copy2(path, project / "checkpoints" / "checkpoint_1" / path.name)
+    assert (project / "checkpoints").stat().st_mtime_ns == checkpoints_mtime  # nothing added in checkpoints/
+    time.sleep(RACY_S * 2)
+    assert rescan()[0] == ["checkpoints/checkpoint_0", "checkpoints/checkpoint_1"]
+    cache, crc_cache = ResultCache(), ResultCache()  # a new process: only the kept listing
+    names, store = rescan()
+    assert names == ["checkpoints/checkpoint_0", "checkpoints/checkpoint_1"]

@@ -894,9 +894,8 @@ def _unchanged_signature(
     """What a whole listing depends on, to compare with the last one; None when it cannot be told so
     (links, units with subdirectories, a file changed within SETTLE_S of the listing).
 
-    Every directory the listing listed counts, not only the units': a directory inside
-    checkpoints/ that was no unit yet (accelerate makes checkpoint_N/ before it writes into it)
-    becomes one without a change in any stat of the root's or a unit's."""
+    Every directory the listing listed counts (the units' and those that are none, which the
+    listing found no unit in this time): all that was read to make it."""
     if not _memo_able(items, units):
         return None
     parts: List[Any] = []
