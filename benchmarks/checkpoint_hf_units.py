@@ -90,6 +90,51 @@ def process_seconds(code: str, repeat: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
+# The same three timings in a process that imports what `opsconsole checkpoints` imports and nothing
+# else: this one holds torch, transformers and the Trainer run (hundreds of thousands of objects),
+# which slows every allocation-heavy step a little, the listings more than json.loads.
+LEAN_PROCESS = """
+import json, shutil, sys, time
+from opsconsole.checkpoints import proofs
+from opsconsole.checkpoints.cache import ResultCache
+from opsconsole.checkpoints.scan import scan_directory
+folder, kept, empty, states = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+
+def timed(fn, repeat=9):
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[repeat // 2]
+
+def listing(store_dir):
+    if store_dir == empty:
+        shutil.rmtree(empty, ignore_errors=True)
+    store = proofs.ProofStore("local", folder, store_dir)
+    scan_directory(folder, cache=ResultCache(), crc_cache=ResultCache(), proofs=store)
+    return store
+
+listing(kept)
+first = timed(lambda: listing(empty))
+new = timed(lambda: listing(kept))
+base = timed(lambda: [json.loads(open(p, "rb").read()) for p in states])
+print(json.dumps({"base": base, "first": first, "new": new, "whole": listing(kept).listing_hits}))
+"""
+
+
+def lean_process_seconds(folder: Path, kept: Path, empty: Path, states: list) -> dict:
+    """LEAN_PROCESS's medians: the baseline, a first listing and a new process's listing, in seconds."""
+    out = subprocess.run(
+        [sys.executable, "-c", LEAN_PROCESS, str(folder), str(kept), str(empty)] + [str(p) for p in states],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def write_units(template: Path, folder: Path, count: int) -> list:
     """count copies of one real checkpoint-N/ with their trainer_state.json steps edited; oldest first."""
     state = json.loads((template / "trainer_state.json").read_text())
@@ -198,6 +243,7 @@ def main() -> int:
             % (str(work / "xdg"), str(folder))
         )
         process_base = process_seconds("import json\nfor p in [%s]: json.loads(open(p, 'rb').read())" % state_list)
+        lean = [lean_process_seconds(folder, work / "lean-kept", work / "lean-empty", states) for _ in range(3)]
 
         units = [e for e in listed.entries if e.name.startswith("checkpoint-")]
         steps = sorted(e.meta.step for e in units if e.meta.step is not None)
@@ -252,6 +298,15 @@ def main() -> int:
                 process_list / process_base,
                 process_list_kept / process_base,
             )
+        )
+        print(
+            "in a lean process (only opsconsole imported, as the CLI; medians of 9, three processes): new process"
+            " %s, first listing %s"
+            % (
+                ", ".join("%.2fx" % (run["new"] / run["base"]) for run in lean),
+                ", ".join("%.2fx" % (run["first"] / run["base"]) for run in lean),
+            )
+            + ("" if all(run["whole"] for run in lean) else " (the kept listing was NOT used)")
         )
         met = {
             "new process": warm_new_s / warm_base_s <= TARGET_RATIO,
