@@ -343,8 +343,13 @@ def test_a_best_copy_never_opened_does_not_stand_in_for_the_lowest_loss_epoch(tm
     torch.save(torch.load(best, weights_only=True), best, _use_new_zipfile_serialization=False)
     os.utime(best, ns=(st.st_atime_ns, st.st_mtime_ns))
     entries = {entry.name: entry for entry in listing_of(root).entries}
-    assert (entries["checkpoint_best.pt"].format, entries["checkpoint_best.pt"].integrity) == ("torch-legacy", "unchecked")
-    assert entries["checkpoint_epoch_1.pt"].best and "best (lowest loss)" in entries["checkpoint_epoch_1.pt"].protections
+    assert (entries["checkpoint_best.pt"].format, entries["checkpoint_best.pt"].integrity) == (
+        "torch-legacy",
+        "unchecked",
+    )
+    assert (
+        entries["checkpoint_epoch_1.pt"].best and "best (lowest loss)" in entries["checkpoint_epoch_1.pt"].protections
+    )
     plan = plan_directory(listing_of(root), keep=1, min_age=600, now=time.time())
     assert sorted(item.name for item in plan.to_delete) == [
         "checkpoint_epoch_0.pt",
@@ -352,3 +357,34 @@ def test_a_best_copy_never_opened_does_not_stand_in_for_the_lowest_loss_epoch(tm
         "checkpoint_epoch_3.pt",
     ]
     assert "checkpoint_best.pt" not in {item.name for item in plan.items if item.vouches}
+
+
+def test_a_best_copy_of_a_higher_loss_does_not_stand_in_for_the_lowest_loss_epoch(tmp_path):
+    """checkpoint_best.pt that is not the lowest-loss epoch's copy (a resumed run's manager starts its best
+    afresh and saves a worse epoch as the 'best'; a copy left from another run) holds other weights: the
+    lowest-loss epoch is kept as best. Before, any sound copy let --keep 1 delete epoch 1, the only copy
+    of the best model."""
+    import shutil
+
+    from tests.checkpoint_writers import write_seed_layout
+
+    root = tmp_path / "run"
+    paths = write_seed_layout(root)
+    best = root / "checkpoint_best.pt"
+    st = best.stat()
+    shutil.copyfile(paths[3], best)  # epoch 3's loss 0.6, where epoch 1 has 0.5
+    os.utime(best, ns=(st.st_atime_ns, st.st_mtime_ns))
+    entries = {entry.name: entry for entry in listing_of(root).entries}
+    assert entries["checkpoint_best.pt"].integrity == "ok" and entries["checkpoint_best.pt"].meta.loss == 0.6
+    assert (
+        entries["checkpoint_epoch_1.pt"].best and "best (lowest loss)" in entries["checkpoint_epoch_1.pt"].protections
+    )
+    plan = plan_directory(listing_of(root), keep=1, min_age=600, now=time.time())
+    assert sorted(item.name for item in plan.to_delete) == [
+        "checkpoint_epoch_0.pt",
+        "checkpoint_epoch_2.pt",
+        "checkpoint_epoch_3.pt",
+    ]
+    result = execute_plan(plan, str(root), AuditLog(str(tmp_path / "audit.log")))
+    assert result.ok, result.summary()
+    assert torch.load(root / "checkpoint_epoch_1.pt", weights_only=True)["loss"] == 0.5

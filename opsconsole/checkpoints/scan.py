@@ -819,8 +819,12 @@ def _scan_directory(
     losses = [e.meta.loss for e in entries.values() if e.meta.loss is not None and e.meta.loss == e.meta.loss]
     lowest = {e.name for e in entries.values() if losses and e.meta.loss == min(losses)}
     recorded_best = lightning_state is not None or hf_best is not None
-    if not recorded_best and not any(_stands_as_best(entries[name]) for name in best if name in entries):
-        # No library recorded a best and no best copy is proved sound: the lowest loss a loop saved is kept as best.
+    if not recorded_best and not any(
+        _stands_as_best(entries[name]) and name in lowest for name in best if name in entries
+    ):
+        # No library recorded a best and no best copy is proved sound and of the lowest loss (a copy of a
+        # higher or unknown loss holds other weights: a resumed run's new 'best', another run's): the
+        # lowest loss a loop saved is kept as best.
         for name in lowest:
             if entries[name].integrity not in BROKEN and not entries[name].is_dir:
                 best.add(name)
