@@ -53,6 +53,7 @@ MAX_ROOT_WALK = 200000  # entries looked at to name the in-use files found by id
 SHOWN_NAMES = 8
 NAMED_UNREADABLE = 3  # processes an incomplete open-file check names
 PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread, which holds no files
+MAX_THREADS_LOOKED_AT = 4096  # threads of a process whose main thread exited, looked at for a live one
 
 
 class UnitProblem(Exception):
@@ -302,22 +303,50 @@ class InUse(object):
         return "; ".join(notes) or None
 
 
-def _process_of(pid):
-    """(start time, comm, kernel thread) of a live process, from /proc/PID/stat; None when it is gone or a zombie."""
+def _stat_of(where):
+    """(state, flags, start time, comm) from WHERE/stat; None when it cannot be read."""
     try:
-        with open("/proc/%s/stat" % pid, "rb") as handle:
+        with open(where + "/stat", "rb") as handle:
             data = handle.read(4096)
     except OSError:
         return None
     head, _, tail = data.rpartition(b")")
     fields = tail.split()
     try:
-        state, flags, started = fields[0], int(fields[6]), int(fields[19])
+        return fields[0], int(fields[6]), int(fields[19]), head.partition(b"(")[2].decode("utf-8", "replace")
     except (IndexError, ValueError):
         return None
+
+
+def _live_thread_of(pid):
+    """/proc/PID/task/TID of a thread of `pid` that has not exited, None when none has."""
+    try:
+        tids = os.listdir("/proc/%s/task" % pid)
+    except OSError:
+        return None
+    for tid in tids[:MAX_THREADS_LOOKED_AT]:
+        where = "/proc/%s/task/%s" % (pid, tid)
+        seen = _stat_of(where) if tid != pid else None
+        if seen is not None and seen[0] not in (b"Z", b"X"):
+            return where
+    return None
+
+
+def _process_of(pid):
+    """(start time, comm, kernel thread, where its files show) of a live process; None when it is gone
+    or a zombie. `where` is /proc/PID, or /proc/PID/task/TID of a live thread when the main thread
+    alone has exited: its /proc/PID/stat says Z and its fd and maps are empty, yet the threads left
+    hold the process's files."""
+    seen = _stat_of("/proc/%s" % pid)
+    if seen is None:
+        return None
+    state, flags, started, comm = seen
+    where = "/proc/%s" % pid
     if state in (b"Z", b"X"):
-        return None  # a zombie holds no files any more
-    return started, head.partition(b"(")[2].decode("utf-8", "replace"), bool(flags & PF_KTHREAD)
+        where = _live_thread_of(pid)
+        if where is None:
+            return None  # a zombie holds no files any more
+    return started, comm, bool(flags & PF_KTHREAD), where
 
 
 def _real_uid(pid):
@@ -352,9 +381,10 @@ def _add_id(found, dev, ino):
     found.ids.add((dev, ino))
 
 
-def _read_fds(found, pid, prefix):
-    """Open files of `pid`; False when the kernel refused to show them (another user's, or not ptrace-readable)."""
-    fd_dir = "/proc/%s/fd" % pid
+def _read_fds(found, where, prefix):
+    """Open files of the process at `where` (/proc/PID); False when the kernel refused to show them
+    (another user's, or not ptrace-readable)."""
+    fd_dir = where + "/fd"
     try:
         names = os.listdir(fd_dir)
     except PermissionError:
@@ -381,10 +411,11 @@ def _read_fds(found, pid, prefix):
     return True
 
 
-def _read_maps(found, pid, prefix):
-    """File-backed mappings (`addr perms offset MAJ:MIN inode path`); False when the kernel refused them."""
+def _read_maps(found, where, prefix):
+    """File-backed mappings (`addr perms offset MAJ:MIN inode path`) of the process at `where`;
+    False when the kernel refused them."""
     try:
-        handle = open("/proc/%s/maps" % pid, "rb")
+        handle = open(where + "/maps", "rb")
     except PermissionError:
         return False
     except OSError:
@@ -448,8 +479,8 @@ def scan_pids(found, pids, prefix, exclude=None):
         if before is None or before[2]:
             continue  # gone, a zombie, or a kernel thread
         found.processes += 1
-        readable = _read_fds(found, pid, prefix)
-        readable = _read_maps(found, pid, prefix) and readable
+        readable = _read_fds(found, before[3], prefix)
+        readable = _read_maps(found, before[3], prefix) and readable
         if not readable:
             after = _process_of(pid)
             if after is not None and after[0] == before[0]:  # the same process, still there
