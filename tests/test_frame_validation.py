@@ -310,6 +310,30 @@ def test_rows_held_over_from_the_last_checked_frame_pass_and_new_rows_are_checke
         checked_after(object(), first)
 
 
+async def test_a_row_of_a_failed_frame_is_checked_again_when_the_next_frame_hands_it_back():
+    """Only a frame that passed vouches for its rows: a bad row the probe hands back as the same object
+    after its frame failed (a first frame failing too) fails again, and the last good frame stays."""
+    good = from_wire(NodeFrame, real_wire())
+    rows = _host_rows(3)
+    bad_row = replace(rows[1], cpu_percent=float("inf"))
+    first_bad = replace(good, top_processes=(rows[0], bad_row))
+    passed = replace(good, seq=good.seq + 1, top_processes=rows)
+    again = replace(good, seq=good.seq + 2, top_processes=rows[:1] + (bad_row,) + rows[2:])
+    link = LocalLink(
+        NodeConfig(name="n", local=True),
+        interval=0.05,
+        probe_factory=lambda: ScriptedProbe([first_bad, first_bad, passed, again]),
+    )
+    why = BAD_FRAME + "top_processes[1].cpu_percent: not a finite number"
+    for _ in range(2):  # the first frame fails, and the same frame (the same row objects) again
+        state = await link.poll_once(GUARD_S)
+        assert (state.state, state.reason, state.frame) == (STATE_DOWN, why, None)
+    state = await link.poll_once(GUARD_S)
+    assert (state.state, state.reason, state.frame) == (STATE_UP, None, passed)
+    state = await link.poll_once(GUARD_S)  # rows 0 and 2 held from the good frame, the failed row back
+    assert (state.state, state.reason) == (STATE_UP, why) and state.frame is passed
+
+
 async def test_a_node_whose_first_frame_is_bad_is_down_with_the_reason():
     link = LocalLink(
         NodeConfig(name="n", local=True),
