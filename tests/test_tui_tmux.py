@@ -164,7 +164,7 @@ def show_host_processes_only(tmux: Tmux) -> None:
 
     def view() -> tuple:
         status = tmux.screen().splitlines()[4]
-        return ("GPU processes" in status, "host processes" in status)
+        return ("GPU process" in status, "host process" in status)  # "1 host process", "2 host processes"
 
     for _ in range(4):
         shown = view()
@@ -202,9 +202,9 @@ def test_keys_typed_in_a_burst_never_signal_a_process(tmux, tmp_path):
                 time.sleep(POLL_S)
             tmux.keys(marker, "Enter")
             deadline = time.monotonic() + WAIT_S
-            while "1 host processes" not in tmux.screen() and time.monotonic() < deadline:
+            while "1 host process" not in tmux.screen() and time.monotonic() < deadline:
                 time.sleep(POLL_S)
-            assert "1 host processes" in tmux.screen() and pid in tmux.screen(), tmux.screen()
+            assert "1 host process" in tmux.screen() and pid in tmux.screen(), tmux.screen()
 
         # Filtered first: on a loaded machine other processes can outdo the burner's CPU and push it
         # below the rows on screen, so waiting for its pid unfiltered could fail.
@@ -226,7 +226,7 @@ def test_keys_typed_in_a_burst_never_signal_a_process(tmux, tmp_path):
         assert audit_lines(tmp_path) == [], "something was audited: %s" % audit_lines(tmp_path)
 
         show_host_processes_only(tmux)  # so the highlighted row is our process's
-        assert "1 host processes" in tmux.screen().splitlines()[4], tmux.screen()
+        assert "1 host process" in tmux.screen().splitlines()[4], tmux.screen()
         tmux.keys("x", "y")  # `x` opens the SIGTERM question for our process; `y` in the same burst is dropped
         tmux.wait_for(CONFIRMATION, "kill -s TERM -- " + pid)
         time.sleep(1.0)
@@ -259,14 +259,14 @@ def test_pick_a_sleeping_host_process_by_keyboard_after_a_filter(tmux, tmp_path)
         while filter_closed(tmux.screen()) and time.monotonic() < deadline:
             time.sleep(POLL_S)
         tmux.keys(marker, "Enter")
-        tmux.wait_for("1 host processes", str(sleeper.pid))  # the filter applies as it is typed
+        tmux.wait_for("1 host process", str(sleeper.pid))  # the filter applies as it is typed
         deadline = time.monotonic() + WAIT_S
         while not filter_closed(tmux.screen()) and time.monotonic() < deadline:
             time.sleep(POLL_S)  # enter closes it: the keys are the pane's again
         assert filter_closed(tmux.screen()), tmux.screen()
         for _ in range(10):  # a few frames: the sleeping process stays listed
             time.sleep(0.3)
-            assert str(sleeper.pid) in tmux.screen() and "1 host processes" in tmux.screen(), tmux.screen()
+            assert str(sleeper.pid) in tmux.screen() and "1 host process" in tmux.screen(), tmux.screen()
         tmux.keys("Enter")
         screen = tmux.wait_for("Process %d on local" % sleeper.pid, "RANK=5", "WORLD_SIZE=16", "MASTER_ADDR=127.0.0.1")
         assert marker in screen

@@ -13,6 +13,7 @@ from opsconsole.model import NodeState
 from opsconsole.tui.formatting import (
     NA,
     STALE_ROW_STYLE,
+    counted,
     format_age,
     format_memory_pair,
     format_percent,
@@ -136,7 +137,7 @@ class ClusterGpusPane(TablePane):
         return (
             [
                 self.count_part(sorted_table, "GPUs"),
-                "%d nodes" % nodes,
+                counted(nodes, "nodes"),
             ]
             + (["%d GPUs of job %s" % (marked, ",".join(jobs))] if jobs else [])
             + [

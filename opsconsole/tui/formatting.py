@@ -73,6 +73,13 @@ def format_count(value: Optional[int]) -> str:
     return NA if value is None else str(value)
 
 
+def counted(count: int, noun: str) -> str:
+    """`1 node`, `3 nodes`; `1 GPU process`, `2 host processes`: `noun` is the plural."""
+    if count == 1:
+        noun = noun[:-2] if noun.endswith("sses") else noun[:-1]
+    return "%d %s" % (count, noun)
+
+
 def shorten(text: Optional[str], width: int) -> str:
     """`text` on one line, cut to `width` characters with an ellipsis."""
     if not text:

@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Static
 
 from opsconsole.fleet_view import NO_FILTER, FilterFields, ParsedFilter, parse_filter, sort_rows
 from opsconsole.model import NodeState
-from opsconsole.tui.formatting import printable_text
+from opsconsole.tui.formatting import counted, printable_text
 from opsconsole.tui.pane import Pane
 from opsconsole.tui.table_diff import TableDiff, TableRow, apply_rows
 
@@ -272,7 +272,7 @@ class TablePane(Pane):
         shown = sorted_table.table.row_count
         if sorted_table.total > shown:
             return "%d of %d %s" % (shown, sorted_table.total, noun)
-        return "%d %s" % (shown, noun)
+        return counted(shown, noun)
 
     def active_table(self) -> Optional[SortedTable]:
         """The table `s` and `r` act on: the focused one, else the first one shown."""
