@@ -215,6 +215,9 @@ def command_modules() -> list:
 
 def command_console(args: argparse.Namespace) -> int:
     """Start the interactive console on the configured nodes."""
+    from opsconsole.launch_trace import mark
+
+    mark("arguments parsed")
     config = config_from_args(args)
     from opsconsole.sources import fleet_with_sources
 
@@ -225,7 +228,9 @@ def command_console(args: argparse.Namespace) -> int:
         start_first_poll = getattr(fleet.link(name), "start_first_poll", None)
         if start_first_poll is not None:
             start_first_poll()
+    mark("config read, first poll started")
     config = console_theme(config, args)  # loads Textual
+    mark("textual imported")
     follow_slurm(fleet, config, slurm_follower(args))
     # Imported only here: the headless commands must not load Textual.
     from opsconsole.tui.app import run_console

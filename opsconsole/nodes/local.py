@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 from opsconsole.config import NodeConfig
+from opsconsole.launch_trace import mark
 from opsconsole.model import BAD_FRAME, STATE_DOWN, STATE_UP, FrameError, NodeState, checked_after
 from opsconsole.nodes.base import COMMANDS_HERE, NodeLink, Publish
 
@@ -108,7 +109,9 @@ class LocalLink(NodeLink):
             if not future.set_running_or_notify_cancel():
                 return  # the first _poll was cancelled before the thread ran
             try:
-                future.set_result(self._poll_in_thread(first=True))
+                result = self._poll_in_thread(first=True)
+                mark("first poll done")
+                future.set_result(result)
             except BaseException as exc:  # handed to the first _poll, which decides
                 future.set_exception(exc)
                 return

@@ -38,6 +38,7 @@ from textual.widgets import Footer, Input, TabbedContent, TabPane
 from opsconsole.audit_outcomes import OUTCOME_FAILED, OUTCOME_OK
 from opsconsole.config import Config
 from opsconsole.health.monitor import HealthMonitor
+from opsconsole.launch_trace import mark
 from opsconsole.model import NodeState
 from opsconsole.tui import bars
 from opsconsole.tui.formatting import printable
@@ -272,6 +273,7 @@ class OpsConsole(App[int]):
         self._pane_filters: Dict[str, str] = {}
         self._redraw_timer: Optional[Timer] = None
         self._first_frame_file: Optional[str] = os.environ.get("OPSCONSOLE_FIRST_FRAME_FILE")
+        self._first_frame_traced = False
         self._notes: List[Tuple[str, str]] = []  # (message, severity) to show once mounted
         self._audit: Optional[AuditLog] = None  # opened on the first action
         self.log_feed = None  # a LogFeed following [logs] paths once mounted
@@ -430,6 +432,7 @@ class OpsConsole(App[int]):
         return self._action_flow
 
     async def on_mount(self) -> None:
+        mark("app mounted")
         self.tabs = self.query_one("#panes", TabbedContent)
         self.fit_tabs(self.size.width)
         if self.keymap:
@@ -515,6 +518,9 @@ class OpsConsole(App[int]):
             # benchmarks/startup.py: say when the first frame with data is on screen
             path, self._first_frame_file = self._first_frame_file, None
             self.call_after_refresh(lambda: open(path, "w").close())
+        if not self._first_frame_traced and any(state.frame for state in states.values()):
+            self._first_frame_traced = True
+            self.call_after_refresh(mark, "first frame drawn")
 
     @property
     def visible_pane_id(self) -> str:
