@@ -124,7 +124,9 @@ def open_regular(path: str) -> int:
     return open_regular_sized(path)[0]
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+# O_DIRECTORY refuses anything else before opening it; O_NONBLOCK as well, so that no file system
+# where that check comes late could leave a listing waiting on a FIFO put in a directory's place.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 
 
