@@ -163,7 +163,8 @@ def quit_keys(tool: str) -> bytes:
 def launch_once(argv: List[str], needle: bytes, tool: str, timeout: float = 30.0) -> Dict[str, Optional[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         marker = os.path.join(tmp, "first-frame")
-        proc = WatchedPty(argv, needle, env={"OPSCONSOLE_FIRST_FRAME_FILE": marker})
+        trace = os.path.join(tmp, "launch-trace")
+        proc = WatchedPty(argv, needle, env={"OPSCONSOLE_FIRST_FRAME_FILE": marker, "OPSCONSOLE_LAUNCH_TRACE": trace})
         try:
             first_frame = None
             deadline = proc.started + timeout
@@ -173,9 +174,23 @@ def launch_once(argv: List[str], needle: bytes, tool: str, timeout: float = 30.0
                 if proc.found_at is not None and (first_frame is not None or tool != "opsconsole"):
                     break
                 time.sleep(0.002)
-            return {"name_shown_s": proc.found_at, "first_frame_s": first_frame}
+            time.sleep(0.05)  # the trace's last mark is written after the refresh that drew the frame
+            return {"name_shown_s": proc.found_at, "first_frame_s": first_frame, "marks": read_marks(trace)}
         finally:
             proc.stop(quit_keys(tool))
+
+
+def read_marks(path: str) -> Dict[str, float]:
+    """The console's launch marks (opsconsole/launch_trace.py): name -> seconds since its start."""
+    marks: Dict[str, float] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, seconds = line.rstrip("\n").rpartition(" ")
+                marks.setdefault(name, float(seconds))
+    except (OSError, ValueError):
+        pass
+    return marks
 
 
 def steady(argvs: Dict[str, List[str]], needle: bytes, warmup: float, seconds: float) -> Dict[str, dict]:
@@ -383,6 +398,19 @@ def main() -> int:
             "%.3f" % run["name_shown_s"] if run["name_shown_s"] is not None else "never" for run in launches[tool]
         )
         print("%s launches (name shown): %s" % (tool, shown))
+    traced = [run["marks"] for run in launches.get("opsconsole", []) if run.get("marks")]
+    if traced:
+        names = sorted(
+            {name for marks in traced for name in marks},
+            key=lambda n: statistics.median([m[n] for m in traced if n in m]),
+        )
+        print(
+            "opsconsole's launch, median of %d (s since its process started): %s"
+            % (
+                len(traced),
+                ", ".join("%s %.3f" % (n, statistics.median([m[n] for m in traced if n in m])) for n in names),
+            )
+        )
     if written:
         print("profiles in %s: %s" % (args.profile, ", ".join(written)))
     if args.json:
