@@ -184,3 +184,47 @@ def test_a_process_whose_main_thread_exited_still_holds_its_files(tmp_path):
     finally:
         child.kill()
         child.wait(30)
+
+
+def test_a_proc_that_hides_other_users_processes_is_said(shared_dir):
+    """/proc mounted hidepid=2 (hardened clusters do so) hides other users' processes from the check
+    altogether: none of them is even unreadable, and the note said nothing. Here a mount namespace
+    of the scanner's own (unshare -m, private) mounts a proc of its own so, and the scanner runs as
+    nobody beside a root child that holds the checkpoint open."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare to mount a proc with hidepid in a mount namespace of its own")
+    prefix, python = as_scanner()
+    held = shared_dir / "checkpoint_epoch_1.pt"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; f = open(sys.argv[1], 'rb'); print('ready', flush=True); sys.stdin.readline()",
+            str(held),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout.readline().strip() == b"ready"
+        code = (
+            "import json, os, sys; sys.path.insert(0, %r)\n"
+            "from opsconsole.probe.delete_units import in_use_under\n"
+            "assert not os.path.exists('/proc/%d')\n"  # hidden from nobody indeed
+            "print(json.dumps(in_use_under(%r)))" % (str(REPO), child.pid, str(shared_dir))
+        )
+        mount = 'mount -t proc -o hidepid=2 proc /proc && exec "$@"'
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh"] + prefix + [python, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+    finally:
+        child.stdin.close()
+        child.wait(30)
+    assert answer["paths"] == []  # the hold is invisible: that is the risk
+    assert "cannot see other users' processes (/proc is mounted hidepid=" in (answer["note"] or "")
+    assert "could be deleted" in answer["note"]

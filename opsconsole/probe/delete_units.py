@@ -53,6 +53,7 @@ MAX_ROOT_WALK = 200000  # entries looked at to name the in-use files found by id
 SHOWN_NAMES = 8
 NAMED_UNREADABLE = 3  # processes an incomplete open-file check names
 PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread, which holds no files
+MAX_MOUNTINFO_BYTES = 4 * 1024 * 1024  # /proc/self/mountinfo read to find /proc's hidepid=
 MAX_THREADS_LOOKED_AT = 4096  # threads of a process whose main thread exited, looked at for a live one
 
 
@@ -265,6 +266,7 @@ class InUse(object):
         self.paths = set()  # under the prefix given to scan_in_use
         self.unreadable = {}  # pid -> (real uid, comm): alive, no kernel thread, its fds or maps not readable
         self.cannot_list = False  # /proc itself could not be listed: nothing was looked at
+        self.hidden_by = None  # /proc's hidepid= value when it hides other users' processes from us
         self.processes = 0
         self.truncated = False
 
@@ -285,6 +287,11 @@ class InUse(object):
         notes = []
         if self.cannot_list:
             notes.append("open-file check could not list /proc: a checkpoint any process holds open could be deleted")
+        if self.hidden_by is not None:
+            notes.append(
+                "open-file check cannot see other users' processes (/proc is mounted hidepid=%s): a checkpoint"
+                " one of them holds open or mapped would not be seen, and could be deleted" % self.hidden_by
+            )
         if self.unreadable:
             ranked = sorted(self.unreadable.items(), key=lambda item: (item[1][0] != owner_uid, -int(item[0])))
             named = ", ".join("pid %s %s" % (pid, comm) for pid, (_, comm) in ranked[:NAMED_UNREADABLE])
@@ -453,9 +460,41 @@ def _read_maps(found, where, prefix):
             _add_path(found, fields[5].rstrip(b"\n").decode("utf-8", "surrogateescape"), prefix)
 
 
+def proc_hides_others(mountinfo="/proc/self/mountinfo"):
+    """/proc's hidepid= value when it hides other users' processes from us (hidepid=1/noaccess makes
+    their files unreadable, 2/invisible and 4/ptraceable their very pids), else None. Root sees them
+    all; so does a member of the mount's gid= group."""
+    if os.geteuid() == 0:
+        return None
+    try:
+        with open(mountinfo, "rb") as handle:
+            lines = handle.read(MAX_MOUNTINFO_BYTES).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    hidepid = gid = None
+    for line in lines:
+        # ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS
+        left, separator, right = line.partition(" - ")
+        fields, supers = left.split(), right.split()
+        if not separator or len(fields) < 5 or fields[4] != "/proc" or len(supers) < 3 or supers[0] != "proc":
+            continue
+        hidepid = gid = None  # the last mount on /proc is the one seen
+        for option in supers[2].split(","):
+            if option.startswith("hidepid="):
+                hidepid = option[len("hidepid=") :]
+            elif option.startswith("gid="):
+                gid = option[len("gid=") :]
+    if hidepid in (None, "0", "off"):
+        return None
+    if gid is not None and gid.isdigit() and (int(gid) == os.getegid() or int(gid) in os.getgroups()):
+        return None
+    return hidepid
+
+
 def scan_in_use(prefix, exclude_pid=None):
     """Every file open or mapped by a process we may look at (our own excluded: the deleter's own descriptors)."""
     found = InUse()
+    found.hidden_by = proc_hides_others()
     try:
         pids = [name for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
