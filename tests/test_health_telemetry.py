@@ -170,3 +170,18 @@ GPU0 = IDLE.gpus[0]
 )
 def test_cuda_visible_devices_matching(value, agrees):
     assert visible_devices_agree(value, [GPU0]) is agrees
+
+
+def test_a_frame_without_the_host_process_list_judges_no_input_pipeline(trainer):
+    """The console's first local frame carries GPU processes but no host process list (044251f): a
+    job's data-loader workers cannot be seen in it, so it says nothing of them. It said 'input
+    pipeline keeps up' of the idle GPU whose busy worker the next frame shows, or judged the main
+    process alone on its lifetime CPU average."""
+    parent, child = trainer
+    gpu = IDLE.gpus[0]
+    procs = [ProcessSample(pid=parent, gpu_index=gpu.index, gpu_uuid=gpu.uuid)]
+    first = replace(IDLE, processes=ProcessTable(use_psutil=False).join(procs), top_processes=())
+    assert first.processes[0].ppid is not None  # the GPU process itself is read
+    assert not [r for r in evaluate_telemetry(first, CFG) if r.check == "data_loader"]
+    later = read_frame(IDLE, procs, busy_pid=child)
+    assert by_check(evaluate_telemetry(later, CFG), "data_loader").status == STATUS_WARN

@@ -87,7 +87,12 @@ Jobs = List[Tuple[ProcessSample, Tuple[GpuSample, ...]]]
 def input_pipeline(
     node: str, frame: NodeFrame, cfg: HealthConfig, now: float, jobs: Optional[Jobs] = None
 ) -> List[HealthResult]:
-    """Per training process: GPUs idle while its workers (or itself) keep the CPU busy."""
+    """Per training process: GPUs idle while its workers (or itself) keep the CPU busy.
+
+    Nothing on a frame without the host's process list (the console's first local frame, a node
+    read by nvidia-smi alone): the workers cannot be seen, and 'keeps up' would be a guess."""
+    if not frame.top_processes:
+        return []
     out = []
     children: Dict[int, List[ProcessSample]] = {}
     for p in frame.top_processes:
