@@ -216,9 +216,14 @@ def main() -> int:
         listing(kept)  # the earlier listing whose proofs a new process finds
         warm_first_s, listed = timed(lambda: listing(empty))
         warm_new_s, _ = timed(lambda: listing(kept))
-        kept_use = "whole listing" if stores[0].listing_hits else "%d unit results, %d file proofs" % (
-            stores[0].unit_hits,
-            stores[0].hits,
+        kept_use = (
+            "whole listing"
+            if stores[0].listing_hits
+            else "%d unit results, %d file proofs"
+            % (
+                stores[0].unit_hits,
+                stores[0].hits,
+            )
         )
         warm_base_s, _ = timed(baseline)
         warm_floor_s, _ = timed(open_every_member)

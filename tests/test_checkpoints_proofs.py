@@ -134,8 +134,16 @@ def test_the_lean_directory_pass_says_what_the_careful_one_says_for_any_damaged_
         pos += zipmeta.CENTRAL_HEADER.size + fields[10] + fields[11] + fields[12]
     assert len(starts) == count > 3
     # (offset in the header, bytes): the signature, CRC, sizes, the name's length, the local header's offset
-    damages = [(0, b"PK\x01\x03"), (16, b"\0\0\0\0"), (20, b"\xff\xff\xff\xff"), (24, b"\xff\xff\xff\xff"),
-               (20, b"\xff\xff\xff\x7f"), (28, b"\xff\x7f"), (42, b"\xff\xff\xff\xff"), (42, b"\xf0\xff\xff\x7f")]
+    damages = [
+        (0, b"PK\x01\x03"),
+        (16, b"\0\0\0\0"),
+        (20, b"\xff\xff\xff\xff"),
+        (24, b"\xff\xff\xff\xff"),
+        (20, b"\xff\xff\xff\x7f"),
+        (28, b"\xff\x7f"),
+        (42, b"\xff\xff\xff\xff"),
+        (42, b"\xf0\xff\xff\x7f"),
+    ]
     verdicts = set()
     for start in starts:
         for at, patch in damages:

@@ -108,8 +108,18 @@ def test_a_meta_record_with_one_value_of_a_wrong_type_is_refused(index):
 
 @pytest.mark.parametrize(
     "where",
-    ["metric name", "metric value", "metric value bool", "top key", "detail", "odd details", "dtype count",
-     "summary keys", "summary source", "summary length"],
+    [
+        "metric name",
+        "metric value",
+        "metric value bool",
+        "top key",
+        "detail",
+        "odd details",
+        "dtype count",
+        "summary keys",
+        "summary source",
+        "summary length",
+    ],
 )
 def test_a_meta_record_with_one_wrong_value_inside_a_list_is_refused(where):
     record = through_json(record_of_meta(META))

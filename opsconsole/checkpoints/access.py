@@ -185,7 +185,9 @@ class LocalFileSystem(FileSystem):
                 except FileNotFoundError:
                     continue  # deleted between readdir and stat
                 kind = st.st_mode >> 12  # S_IFMT: 0o04 directory, 0o10 regular file, 0o12 symlink
-                append(new(DirItem, (name, new(FileStat, (st.st_size, st.st_mtime, kind == 4, kind == 10, kind == 8, st)))))
+                append(
+                    new(DirItem, (name, new(FileStat, (st.st_size, st.st_mtime, kind == 4, kind == 10, kind == 8, st))))
+                )
         finally:
             os.close(fd)
         return items

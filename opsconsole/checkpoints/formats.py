@@ -351,29 +351,29 @@ def torch_zip_reader(
 def safetensors_reader(size: int, head: bytes = b"") -> Generator[ReadRequest, bytes, ReadResult]:
     """A safetensors file: the 8-byte header length and the JSON header, every offset bounds-checked."""
     found = yield from _safetensors_header(size, head)
-    if type(found) is ReadResult:
+    if isinstance(found, ReadResult):
         return found
     raw, length = found
     return safetensors_result(raw, size, length)
 
 
-def safetensors_proof_reader(size: int) -> Generator[ReadRequest, bytes, Tuple[str, Optional[str], Optional[StateDictSummary]]]:
+def safetensors_proof_reader(
+    size: int,
+) -> Generator[ReadRequest, bytes, Tuple[str, Optional[str], Optional[StateDictSummary]]]:
     """(integrity, problem, tensors' summary) of a safetensors file: safetensors_reader's checks,
     without the record of its metadata (a listing proves each member of a unit so; scan.py)."""
     found = yield from _safetensors_header(size, b"")
-    if type(found) is ReadResult:
+    if isinstance(found, ReadResult):
         return found.integrity, found.problem, None
     raw, length = found
     scanned = _safetensors_scan(raw, size, length)
-    if type(scanned) is ReadResult:
+    if isinstance(scanned, ReadResult):
         return scanned.integrity, scanned.problem, None
     _, summary, end_max, data_size = scanned
     return (*_safetensors_extent(end_max, data_size), summary)
 
 
-def _safetensors_header(
-    size: int, head: bytes
-) -> Generator[ReadRequest, bytes, Union[ReadResult, Tuple[bytes, int]]]:
+def _safetensors_header(size: int, head: bytes) -> Generator[ReadRequest, bytes, Union[ReadResult, Tuple[bytes, int]]]:
     """(raw JSON header, its length), or the ReadResult of a file whose header cannot be there."""
     if size < 8:
         return ReadResult(
@@ -460,7 +460,7 @@ def _safetensors_extent(end_max: int, data_size: int) -> Tuple[str, Optional[str
 def safetensors_result(raw: bytes, size: int, length: int) -> ReadResult:
     """Parse and check a safetensors JSON header (`raw`, `length` bytes) of a file of `size` bytes."""
     scanned = _safetensors_scan(raw, size, length)
-    if type(scanned) is ReadResult:
+    if isinstance(scanned, ReadResult):
         return scanned
     header, summary, end_max, data_size = scanned
     count, total = summary.keys, summary.bytes

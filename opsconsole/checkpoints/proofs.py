@@ -38,7 +38,7 @@ import math
 import operator
 import os
 import stat as stat_module
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import orjson
 
@@ -332,19 +332,29 @@ class ProofStore:
             return None
         self._load()
         kept = self._listing
-        if type(kept) is not list or len(kept) != 3 or kept[0] != digest or kept[1] != other or type(kept[1]) is not int:
+        if (
+            type(kept) is not list
+            or len(kept) != 3
+            or kept[0] != digest
+            or kept[1] != other
+            or type(kept[1]) is not int
+        ):
             return None
         entries = entries_from_columns(kept[2], place)
         if entries is not None:
             self.listing_hits += 1
         return entries
 
-    def store_listing(self, digest: Optional[str], newest_ctime_ns: int, other: int, entries: Sequence[Any], started: float) -> None:
+    def store_listing(
+        self, digest: Optional[str], newest_ctime_ns: int, other: int, entries: Sequence[Any], started: float
+    ) -> None:
         """Keep a whole listing for exactly these files, when each is RACY_S old and each entry has a record."""
         if digest is None or self.path is None or newest_ctime_ns > (started - self.racy_s) * 1e9:
             return
         if len(entries) > MAX_LISTED_ENTRIES or any(
-            e.integrity == INTEGRITY_UNCHECKED or e.unreadable or (e.problem is not None and len(e.problem) > MAX_UNIT_PROBLEM)
+            e.integrity == INTEGRITY_UNCHECKED
+            or e.unreadable
+            or (e.problem is not None and len(e.problem) > MAX_UNIT_PROBLEM)
             for e in entries
         ):
             return  # unchecked or unreadable may pass (a busy worker, a file being written): read again next time
@@ -357,7 +367,6 @@ class ProofStore:
         self._new_listing = [digest, other, listing_columns(rows)]
         self._dirty = True
         self.listings_stored += 1
-
 
     def _meta_record(self, meta: CheckpointMeta) -> Optional[list]:
         """record_of_meta, once per meta: a unit's result and its listed entry share one."""
@@ -629,8 +638,8 @@ def record_of_entry(entry: CheckpointEntry, meta: Optional[list] = None) -> Opti
 # one C-level pass (the types in it against the column's), so a listing of many units costs a few
 # passes, not a Python check per value; then each entry is built without the dataclasses' __init__.
 _LISTING_COLUMNS = len(_ENTRY_SCALARS) + 2 + _META_RECORD_LENGTH
-_ENTRY_COLUMN_TYPES = tuple(set(types) for types in _ENTRY_SCALAR_TYPES)
-_META_COLUMN_TYPES = tuple(set(types) for types in _META_SCALAR_TYPES)
+_ENTRY_COLUMN_TYPES: Tuple[Set[type], ...] = tuple(set(types) for types in _ENTRY_SCALAR_TYPES)
+_META_COLUMN_TYPES: Tuple[Set[type], ...] = tuple(set(types) for types in _META_SCALAR_TYPES)
 _INTEGRITY_SET = set(INTEGRITIES)
 _LIST = {list}
 _NONE_OR_LIST = {list, _NONE}
@@ -695,7 +704,7 @@ def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEn
         return None
     if not set(map(type, summaries)) <= _NONE_OR_LIST:
         return None
-    state_dicts = []
+    state_dicts: List[Optional[StateDictSummary]] = []
     for summary in summaries:
         if summary is None:
             state_dicts.append(None)
