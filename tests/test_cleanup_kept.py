@@ -388,3 +388,42 @@ def test_a_best_copy_of_a_higher_loss_does_not_stand_in_for_the_lowest_loss_epoc
     result = execute_plan(plan, str(root), AuditLog(str(tmp_path / "audit.log")))
     assert result.ok, result.summary()
     assert torch.load(root / "checkpoint_epoch_1.pt", weights_only=True)["loss"] == 0.5
+
+
+@pytest.mark.sshd
+async def test_remote_best_copy_changed_while_waiting_nothing_is_deleted_on_the_node(sshd_factory, tmp_path):
+    """The best copy's re-check goes with the plan to the node helper, as the newest kept units' do."""
+    import asyncio
+
+    from opsconsole.checkpoints.remote import SftpFileSystem
+    from opsconsole.config import NodeConfig, SshConfig
+    from opsconsole.nodes.ssh import SshLink
+    from tests.checkpoint_writers import write_seed_layout
+
+    root = tmp_path / "run"
+    write_seed_layout(root)
+    server = sshd_factory.start()
+    link = SshLink(
+        NodeConfig(name="n1", host=server.address, port=server.port),
+        SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2),
+        1.0,
+    )
+    fs = SftpFileSystem(link, asyncio.get_running_loop())
+    log = tmp_path / "audit.log"
+    try:
+        listing = await asyncio.to_thread(
+            scan_directory, str(root), cache=ResultCache(), crc_cache=ResultCache(), keep_proofs=False, fs=fs
+        )
+        plan = await asyncio.to_thread(plan_directory, listing, fs, keep=1, min_age=600, now=time.time())
+        assert "checkpoint_epoch_1.pt" in {item.name for item in plan.to_delete}
+        assert {item.name: item.vouches for item in plan.items if item.vouches}["checkpoint_best.pt"] == "the best copy"
+        truncate(root / "checkpoint_best.pt")  # a crash while a new best is saved, while the confirmation waits
+        result = await asyncio.to_thread(execute_plan, plan, str(root), AuditLog(str(log)), fs=fs)
+    finally:
+        await fs.aclose()
+        await link.close()
+    assert result.refused is not None
+    assert result.refused.startswith("the best copy checkpoint_best.pt changed since it was judged: nothing deleted")
+    assert (root / "checkpoint_epoch_1.pt").exists()
+    (record,) = refusals(log)
+    assert record["node"] == "n1" and "nothing deleted" in record["detail"]
