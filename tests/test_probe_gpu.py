@@ -163,9 +163,30 @@ def test_process_utilisation_asks_only_for_samples_newer_than_the_last_seen():
         return original(handle, since)
 
     replay.module.nvmlDeviceGetProcessUtilization = spy
-    first, second = reader.read(), reader.read()
-    assert seen[0] == 0 and seen[1] > 0
-    assert second.processes[0].gpu_sm_percent == first.processes[0].gpu_sm_percent
+    first, second, third = reader.read(), reader.read(), reader.read()
+    assert seen[0] == 0 and seen[1] > 0  # ticks 1 and 3: every second tick
+    assert second.processes[0].gpu_sm_percent == first.processes[0].gpu_sm_percent  # kept between reads
+    assert third.processes[0].gpu_sm_percent == first.processes[0].gpu_sm_percent
+
+
+def test_process_utilisation_is_read_every_second_tick_and_at_once_when_the_processes_change():
+    replay = ReplayNvml(load=True)
+    reader = make_reader(replay)
+    for _ in range(4):
+        assert reader.read().processes[0].gpu_sm_percent is not None
+    assert replay.count("nvmlDeviceGetProcessUtilization", 0) == 2  # ticks 1 and 3
+    newcomer = dict(replay.procs_capture["procs"][0], pid=4242)
+    replay.procs_capture["procs"].append(newcomer)
+    replay.procs_capture["proc_util"].append(dict(replay.procs_capture["proc_util"][0], pid=4242))
+    reading = reader.read()  # tick 5 would be read anyway; tick 6 shows the rule
+    replay.procs_capture["procs"].pop()
+    reading = reader.read()  # tick 6: the newcomer left, the set changed: read at once
+    assert replay.count("nvmlDeviceGetProcessUtilization", 0) == 4
+    assert [p.pid for p in reading.processes] == [replay.procs_capture["procs"][0]["pid"]]
+    replay.procs_capture["procs"].append(newcomer)
+    reading = reader.read()  # tick 7: it is back, read at once, its share shown on this tick
+    assert replay.count("nvmlDeviceGetProcessUtilization", 0) == 5
+    assert {p.pid: p.gpu_sm_percent for p in reading.processes}[4242] is not None
 
 
 def test_idle_gpu_does_not_ask_for_process_utilisation():
