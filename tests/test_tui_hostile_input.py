@@ -337,7 +337,12 @@ async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
         assert "host " + NODE + " (" + SHOWN in summary and "␛[31mred␛[0m" in summary
         # The disk path, too long for its line, is cut in the middle so that its free space shows.
         disk_line = next(line for line in summary.splitlines() if line.startswith("disks"))
-        assert disk_line.startswith("disks  " + SHOWN[:40]) and "…" in disk_line and " free of " in disk_line and "(1%)" in disk_line
+        assert (
+            disk_line.startswith("disks  " + SHOWN[:40])
+            and "…" in disk_line
+            and " free of " in disk_line
+            and "(1%)" in disk_line
+        )
         assert any(SHOWN in cell for cell in cell_texts(app.query_one("#host-procs", DataTable)))
 
         await press_and_draw(pilot, "4")

@@ -38,7 +38,7 @@ SPELLERS = (
         ROOT / "report" / "builder.py",
         ROOT / "health" / "rules.py",
         ROOT / "health" / "telemetry.py",
-    ROOT / "alerts" / "engine.py",
+        ROOT / "alerts" / "engine.py",
         ROOT / "actions" / "registry.py",
     ]
 )

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from opsconsole.model import GpuSample, MigDevice, ProcessSample
 from opsconsole.probe import nvml_decode as nv
@@ -100,7 +100,7 @@ class _Device(object):
         self.event_set: Any = None
         self.proc_util_ts = 0  # last per-process utilisation sample seen (microseconds)
         self.proc_sm: Dict[int, float] = {}  # SM % per pid from the last read of it
-        self.proc_sm_pids: frozenset = frozenset()  # the GPU's processes at that read
+        self.proc_sm_pids: FrozenSet[int] = frozenset()  # the GPU's processes at that read
         self.proc_sm_age = 0  # ticks since that read
         self.pcie_counters: Optional[Tuple[float, int, int]] = None  # (time, tx bytes, rx bytes)
         self.mem_v2 = True
