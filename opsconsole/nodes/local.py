@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 from opsconsole.config import NodeConfig
 from opsconsole.launch_trace import mark
-from opsconsole.model import BAD_FRAME, STATE_DOWN, STATE_UP, FrameError, NodeState, checked_after
+from opsconsole.model import BAD_FRAME, STATE_DOWN, STATE_UP, FrameError, NodeState, checked_after, replace_decoded
 from opsconsole.nodes.base import COMMANDS_HERE, NodeLink, Publish
 
 if TYPE_CHECKING:
@@ -95,6 +95,11 @@ class LocalLink(NodeLink):
         self._state = NodeState(name=node.name, address="local", since=time.time())
         self._first_poll: Optional[concurrent.futures.Future] = None  # started before the loop (start_first_poll)
         self._last_checked: Any = None  # the last frame that passed its checks (under _probe_lock)
+        # Every how many polls the host's process list is read afresh; between, a frame carries the
+        # last one read. The console sets it above 1 while no pane shows host processes and nothing
+        # records (host processes are the probe's costliest part on a GPU node after NVML).
+        self.host_processes_every = 1
+        self._polls = 0
 
     def start_first_poll(self) -> None:
         """Take the first poll now, in a daemon thread, before any event loop runs: the console calls
@@ -139,10 +144,16 @@ class LocalLink(NodeLink):
         with self._probe_lock:
             if self._probe is None:
                 self._probe = self._make_probe()
-            if first and hasattr(self._probe, "prime_processes"):
+            quick = hasattr(self._probe, "prime_processes")
+            if first and quick:
                 frame = self._probe.poll(host_processes=False)
+            elif quick and self._keeps_host_processes():
+                frame = self._probe.poll(host_processes=False)
+                frame = replace_decoded(frame, {"top_processes": self._last_checked.top_processes})
             else:
                 frame = self._probe.poll()
+            if not first:
+                self._polls += 1
             try:
                 # The frame checks the wire gets: what the panes and snapshot read must hold its types.
                 # Rows the probe handed back unchanged since the last good frame are not checked again.
@@ -151,6 +162,13 @@ class LocalLink(NodeLink):
                 return frame, exc
             self._last_checked = frame
         return frame, None
+
+    def _keeps_host_processes(self) -> bool:
+        """Whether this poll carries the last host process list instead of reading it (see
+        host_processes_every): never the first regular poll, nor while every poll reads it."""
+        every = self.host_processes_every
+        last = self._last_checked
+        return every > 1 and self._polls % every != 0 and last is not None and bool(last.top_processes)
 
     async def _poll(self) -> NodeState:
         """One probe poll turned into a NodeState (never raises, except on cancellation)."""

@@ -150,6 +150,10 @@ MIN_HEIGHT = 20
 REDRAW_DELAY_S = 0.1  # fleet changes within this window make one redraw
 PROGRESS_CHECK_S = 5.0  # how often the logs' progress is judged (hangs take minutes, stragglers a minute)
 TICK_S = 1.0  # clock and frame ages move even when no frame arrives
+# The local node's host process list: read every poll while a pane shows it (or a recording runs),
+# every HOST_PROCESSES_EVERY_HIDDEN-th poll otherwise (the health rules that read it judge a span).
+HOST_PROCESS_PANES = frozenset(("processes", "host"))
+HOST_PROCESSES_EVERY_HIDDEN = 5
 MAX_HELD_KEYS = 64  # keys kept for a pane being shown (hold_keys_for)
 HOLD_KEYS_S = 2.0  # a pane that takes longer to be shown gets the keys typed meanwhile no longer
 
@@ -442,6 +446,7 @@ class OpsConsole(App[int]):
             self.notify(message, severity=severity, timeout=10)
         self.services.announce = self.announce_alert
         self.services.report_problem = lambda message: self.notify(message, severity="warning", timeout=8)
+        self.sync_host_process_reads()
         await self.fleet.start(self.on_fleet_change)  # polls run in their own tasks and threads
         self.redraw()
         self.focus_pane(self.visible_pane_id)
@@ -531,8 +536,21 @@ class OpsConsole(App[int]):
     def pane_became_visible(self, event: TabbedContent.TabActivated) -> None:
         self.close_filter(clear=False)
         self.ensure_pane(self.visible_pane_id)  # a tab clicked before its pane was made
+        self.sync_host_process_reads()
         self.redraw()
         self.focus_pane(self.visible_pane_id)
+
+    def sync_host_process_reads(self) -> None:
+        """Tell the local node how often to read its host process list: each poll while a pane
+        shows it or a recording runs, else every HOST_PROCESSES_EVERY_HIDDEN-th (a GPU node's
+        hundreds of processes are the probe's costliest read after NVML; the overview shows only
+        GPU processes, which every poll reads)."""
+        wanted = self.visible_pane_id in HOST_PROCESS_PANES or self.services.recorder is not None
+        every = 1 if wanted else HOST_PROCESSES_EVERY_HIDDEN
+        for name in self.fleet.names:
+            link = self._link_of(name)  # None for a replay's nodes
+            if hasattr(link, "host_processes_every"):
+                link.host_processes_every = every  # type: ignore[union-attr]
 
     def focus_pane(self, pane_id: str) -> None:
         pane = self.panes.get(pane_id)
@@ -685,6 +703,7 @@ class OpsConsole(App[int]):
                 self.notify("cannot record: %s" % exc, severity="error", timeout=10)
                 return
             self.notify("recording to %s (ctrl+r stops)" % path, timeout=8)
+        self.sync_host_process_reads()
         self.redraw()
 
     def action_report(self) -> None:
