@@ -164,6 +164,36 @@ async def test_apply_rows_adds_updates_removes_reorders_and_keeps_cursor(monkeyp
         assert not third.changed
 
 
+async def test_a_changed_cell_repaints_its_row_not_the_header_and_the_other_rows(monkeypatch):
+    # DataTable.update_cell repaints the whole table: the overview sent its process table's header
+    # (and every unchanged row) to the terminal each second, ~430 B/s of the one-GPU screen's ~2 kB.
+    app = TableApp()
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.query_one(DataTable)
+        apply_rows(table, [TableRow(k, (k, "0")) for k in "xyz"])
+        await pilot.pause()
+        painted: list = []
+        original = DataTable.refresh
+
+        def spy(self, *regions, **options):
+            if self is table:
+                painted.append(regions)
+            return original(self, *regions, **options)
+
+        monkeypatch.setattr(DataTable, "refresh", spy)
+        diff = apply_rows(table, [TableRow("x", ("x", "0")), TableRow("y", ("y", "1")), TableRow("z", ("z", "0"))])
+        assert diff.updated_cells == 1
+        assert painted and all(regions for regions in painted)  # never the whole table
+        rows_painted = {(region.y, region.height) for regions in painted for region in regions}
+        assert rows_painted == {(table.header_height + 1, 1)}  # y's line, below the header and x
+        await pilot.pause()
+        assert table.get_cell("y", "b").plain == "1" and "refresh" not in vars(table)
+        # Rows added, removed or moved, or many rows changed: the whole table, as before.
+        painted.clear()
+        apply_rows(table, [TableRow("z", ("z", "0")), TableRow("y", ("y", "2"))])
+        assert () in painted
+
+
 async def test_apply_rows_sees_a_style_only_change():
     app = TableApp()
     async with app.run_test(size=SIZE):

@@ -6,8 +6,9 @@ would reset the cursor and scroll and redraw everything, so this applies only th
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from rich.text import Text
 from textual.widgets import DataTable
@@ -105,6 +106,23 @@ def _reorder(table: DataTable, order: Sequence[str], stored: Dict[str, List[Any]
     table.sort(key=position_of)
 
 
+# Rows whose changed cells are repainted one by one; more, and the whole table is (finding a row's
+# place on screen walks the rows before it).
+ROW_REPAINT_LIMIT = 16
+
+
+@contextmanager
+def _cells_without_repaint(table: DataTable) -> Iterator[None]:
+    """DataTable.update_cell repaints the whole table, header and every row, for one cell: on a
+    live pane that re-sent the header and unchanged rows to the terminal each second. Held here,
+    so the caller repaints only the rows it changed (refresh_row)."""
+    table.refresh = lambda *regions, **options: table  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del table.refresh
+
+
 def apply_rows(table: DataTable, rows: Sequence[TableRow]) -> TableDiff:
     """Make `table` show `rows`, in that order, touching only what changed.
 
@@ -124,6 +142,7 @@ def apply_rows(table: DataTable, rows: Sequence[TableRow]) -> TableDiff:
             removed += 1
 
     added = updated = 0
+    repaint: List[str] = []  # rows with a changed cell
     column_keys = [column.key for column in table.ordered_columns]
     stored: Dict[str, List[Any]] = {}  # the cells the table now holds, for rows we touched
     for key, row in wanted.items():
@@ -138,17 +157,30 @@ def apply_rows(table: DataTable, rows: Sequence[TableRow]) -> TableDiff:
             added += 1
             continue
         kept = table.get_row(key)
-        for position, (column_key, old, new) in enumerate(zip(column_keys, kept, cells)):
-            if not same_cell(old, new):
-                table.update_cell(key, column_key, new, update_width=False)
-                kept[position] = new
-                updated += 1
+        changes = [
+            (position, column_key, new)
+            for position, (column_key, old, new) in enumerate(zip(column_keys, kept, cells))
+            if not same_cell(old, new)
+        ]
+        if changes:
+            with _cells_without_repaint(table):
+                for position, column_key, new in changes:
+                    table.update_cell(key, column_key, new, update_width=False)
+                    kept[position] = new
+            updated += len(changes)
+            repaint.append(key)
         stored[key] = kept
 
     order = list(wanted)
     reordered = row_keys_in_order(table) != order
     if reordered:
         _reorder(table, order, stored)
+    if repaint:
+        if added or removed or reordered or len(repaint) > ROW_REPAINT_LIMIT:
+            table.refresh()
+        else:
+            for key in repaint:
+                table.refresh_row(table.get_row_index(key))
 
     if cursor_key is not None and cursor_key in table.rows:
         index = table.get_row_index(cursor_key)
