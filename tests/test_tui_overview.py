@@ -19,14 +19,12 @@ from rich.text import Text
 from textual.widgets import DataTable, Static
 from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states
 
-from opsconsole.config import Config, ConsoleConfig
-from opsconsole.recording.recorder import Recorder
-from opsconsole.recording.replay import RecordingReader, ReplayFleet
+from opsconsole.config import Config
 from opsconsole.tui.app import PANES, OpsConsole
 from opsconsole.tui.lines_view import LinesView, changed_runs
 from opsconsole.tui.overview import gpu_layout, pack
 from opsconsole.tui.replay import ReplayConsole
-from tests.recording_frames import fleet_ticks
+from tests.replayed_node import paused_replay, record_one_node
 from tests.snapshot_clock import utc_clock  # noqa: F401 (autouse fixture: the clock prints UTC)
 
 TICKS = 90
@@ -36,26 +34,12 @@ SHOWN_AT_TICK = 75  # where the replay is paused for the snapshots: 75 s of hist
 @pytest.fixture(scope="module")
 def eight_gpu_recording(tmp_path_factory):
     """A recording of one 8-GPU node (frames derived from the real H200 capture), 90 s long."""
-    path = tmp_path_factory.mktemp("overview") / "node.opsrec"
-    with Recorder(str(path)) as recorder:
-        for states in fleet_ticks(nodes=1, ticks=TICKS):
-            for state in states:
-                recorder.observe(state)
-    return str(path)
+    return record_one_node(str(tmp_path_factory.mktemp("overview") / "node.opsrec"), TICKS)
 
 
 def replay_console(path: str) -> ReplayConsole:
     """The replay console paused at SHOWN_AT_TICK, its history filled from the same recording."""
-    fleet = ReplayFleet(path)
-    start = RecordingReader(path)
-    fleet.start_at = start.start + SHOWN_AT_TICK
-    fleet.paused = True  # a still picture: the clock does not move between runs
-    app = ReplayConsole(Config(console=ConsoleConfig(read_only=True)), fleet, now=fleet.now)
-    for second in range(SHOWN_AT_TICK + 1):  # what the console would have seen playing up to there
-        for state in start.advance(start.start + second):
-            app.services.history.observe(state)
-    start.close()
-    return app
+    return paused_replay(path, SHOWN_AT_TICK, history=True)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (140, 45), (200, 60)], ids=["80x24", "140x45", "200x60"])

@@ -21,11 +21,8 @@ import pytest
 from textual.widgets import DataTable
 
 from opsconsole import units
-from opsconsole.config import Config, ConsoleConfig
-from opsconsole.recording.recorder import Recorder
-from opsconsole.recording.replay import RecordingReader, ReplayFleet
 from opsconsole.tui.replay import ReplayConsole
-from tests.recording_frames import fleet_ticks
+from tests.replayed_node import paused_replay, record_one_node
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent / "opsconsole"
@@ -103,21 +100,11 @@ TICKS, SHOWN_AT = 40, 30
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory) -> str:
     """One 8-GPU node, frames derived from the real H200 capture (as the overview's snapshots use)."""
-    path = tmp_path_factory.mktemp("units") / "node.opsrec"
-    with Recorder(str(path)) as recorder:
-        for states in fleet_ticks(nodes=1, ticks=TICKS):
-            for state in states:
-                recorder.observe(state)
-    return str(path)
+    return record_one_node(str(tmp_path_factory.mktemp("units") / "node.opsrec"), TICKS)
 
 
 def replay_console(path: str) -> ReplayConsole:
-    fleet = ReplayFleet(path)
-    start = RecordingReader(path)
-    fleet.start_at = start.start + SHOWN_AT
-    fleet.paused = True
-    start.close()
-    return ReplayConsole(Config(console=ConsoleConfig(read_only=True)), fleet, now=fleet.now)
+    return paused_replay(path, SHOWN_AT)
 
 
 def cell_text(cell) -> str:
