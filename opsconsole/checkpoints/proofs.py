@@ -536,6 +536,19 @@ def _pairs(flat: Any, second: set) -> Optional[tuple]:
     return tuple(zip(pairs, pairs))
 
 
+def _state_dict_summary(summary: Any) -> Optional[StateDictSummary]:
+    """A kept [keys, dtypes, bytes, source] as a StateDictSummary, every value type-checked; None when off."""
+    if type(summary) is not list or len(summary) != 4:
+        return None
+    keys, dtypes, total, source = summary
+    dtype_pairs = _pairs(dtypes, _INT)
+    if not (type(keys) is int and type(total) is int and type(source) is str and dtype_pairs is not None):
+        return None
+    state_dict = _new(StateDictSummary)
+    state_dict.__dict__.update(keys=keys, dtypes=dtype_pairs, bytes=total, source=source)
+    return state_dict
+
+
 def meta_from_record(record: Any) -> Optional[CheckpointMeta]:
     """The CheckpointMeta a record keeps, every value type-checked; None when any is off."""
     if type(record) is not list or len(record) != _META_RECORD_LENGTH:
@@ -551,14 +564,9 @@ def meta_from_record(record: Any) -> Optional[CheckpointMeta]:
     summary = record[13]
     state_dict = None
     if summary is not None:
-        if type(summary) is not list or len(summary) != 4:
+        state_dict = _state_dict_summary(summary)
+        if state_dict is None:
             return None
-        keys, dtypes, total, source = summary
-        dtype_pairs = _pairs(dtypes, _INT)
-        if not (type(keys) is int and type(total) is int and type(source) is str and dtype_pairs is not None):
-            return None
-        state_dict = _new(StateDictSummary)
-        state_dict.__dict__.update(keys=keys, dtypes=dtype_pairs, bytes=total, source=source)
     # Built without the frozen dataclasses' __init__ (a field-by-field object.__setattr__), each
     # field set here from a checked value: _check_covers makes sure at import that none is left out.
     meta = _new(CheckpointMeta)
@@ -709,14 +717,9 @@ def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEn
         if summary is None:
             state_dicts.append(None)
             continue
-        if len(summary) != 4:
+        state_dict = _state_dict_summary(summary)
+        if state_dict is None:
             return None
-        keys, dtypes, total, source = summary
-        dtype_pairs = _pairs(dtypes, _INT)
-        if not (type(keys) is int and type(total) is int and type(source) is str and dtype_pairs is not None):
-            return None
-        state_dict = _new(StateDictSummary)
-        state_dict.__dict__.update(keys=keys, dtypes=dtype_pairs, bytes=total, source=source)
         state_dicts.append(state_dict)
     placed = place(entry_columns[0], entry_columns[4])
     if placed is None:
