@@ -23,7 +23,7 @@ from opsconsole.model import NodeFrame, ProcessSample
 from opsconsole.nodes.local import LocalLink
 from opsconsole.nodes.process_details import MOVED, fetch_process_details
 from opsconsole.probe.proc_details import read_details
-from opsconsole.tui.process_details import ProcessDetailsScreen, listed_start, listed_start_slack
+from opsconsole.tui.process_details import ProcessDetailsScreen, frame_text, listed_start, listed_start_slack
 
 POLL_MS = 8000.0  # a slow poll: the GPU row's age was sampled up to 8 s after the frame's time
 
@@ -80,3 +80,40 @@ async def test_a_start_outside_the_widened_slack_is_still_another_process(sleepe
         start_slack=listed_start_slack(sleeper.pid, frame),
     )
     assert details.problem == MOVED
+
+
+def test_a_gpu_process_shows_the_readings_joined_this_poll_not_an_older_host_row():
+    # The host list may be carried from an earlier poll while no pane shows it (every fifth poll);
+    # a GPU row's host readings are joined afresh each poll, so state, CPU, RSS and threads come from it.
+    host = ProcessSample(
+        pid=4242,
+        name="python",
+        user="alice",
+        command="python train.py",
+        cpu_percent=1.0,
+        rss_bytes=100 * 2**20,
+        state="S",
+        threads=3,
+        ppid=1,
+        start_time=1_700_000_000.0,
+    )
+    gpu = ProcessSample(
+        pid=4242,
+        name="python",
+        user="alice",
+        command="python train.py",
+        cpu_percent=99.0,
+        rss_bytes=200 * 2**20,
+        state="D",
+        threads=40,
+        ppid=1,
+        gpu_index=0,
+        gpu_memory_bytes=2**30,
+    )
+    frame = NodeFrame(node="local", time=1_700_000_100.0, top_processes=(host,), processes=(gpu,))
+    shown = frame_text("local", 4242, frame).plain
+    assert "99%" in shown and "200 MiB" in shown and "40" in shown and "D" in shown.split("State")[1].split("\n")[0]
+    assert "1.0%" not in shown and "100 MiB" not in shown
+    # Without a GPU row (or one whose host readings could not be joined) the host row is what there is.
+    shown = frame_text("local", 4242, NodeFrame(node="local", time=1_700_000_100.0, top_processes=(host,))).plain
+    assert "100 MiB" in shown and "S" in shown.split("State")[1].split("\n")[0]

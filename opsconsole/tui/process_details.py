@@ -68,14 +68,17 @@ def frame_text(node: str, pid: int, frame: Optional[NodeFrame]) -> Text:
     if proc is None or frame is None:
         _row(text, "", "not in the last frame: it may have exited", "yellow")
         return text
+    # A GPU row's host readings are joined afresh each poll; the host list may be a few polls old
+    # while no pane shows it (the console's host-process cadence): the live readings come from there.
+    live = next((p for p in gpu_procs if p.state is not None), proc)
     _row(text, "Name", proc.name or NA)
     _row(text, "User", proc.user or NA)
-    stuck = (proc.state or "")[:1] in ("D", "Z")
-    _row(text, "State", proc.state or NA, "bold red" if stuck else "")
+    stuck = (live.state or "")[:1] in ("D", "Z")
+    _row(text, "State", live.state or NA, "bold red" if stuck else "")
     _row(text, "Parent", NA if proc.ppid is None else str(proc.ppid))
-    _row(text, "CPU", format_percent(proc.cpu_percent))
-    _row(text, "RSS", format_bytes(proc.rss_bytes))
-    _row(text, "Threads", NA if proc.threads is None else str(proc.threads))
+    _row(text, "CPU", format_percent(live.cpu_percent))
+    _row(text, "RSS", format_bytes(live.rss_bytes))
+    _row(text, "Threads", NA if live.threads is None else str(live.threads))
     elapsed = proc.elapsed_at(frame.time)
     started = listed_start(pid, frame)
     when = NA if started is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
