@@ -19,6 +19,7 @@ from opsconsole.tui.cluster import ClusterGpusPane
 from opsconsole.tui.nodes import NodesPane
 from opsconsole.tui.processes import ProcessesPane
 from opsconsole.tui.table_diff import TableRow, apply_rows, row_keys_in_order
+from tests.waiting import wait_for
 
 SIZE = (200, 40)
 
@@ -582,6 +583,9 @@ async def test_processes_pane_toggle_and_sort_the_focused_table():
         assert host.display and not gpu.display
         assert pane.screen.focused is host
         assert pane.host_table.sort_label() == "CPU▼"  # busiest first until asked otherwise
+        # The click lands where the layout puts the header: wait until the hidden table's space is
+        # gone (under load a click right after the toggle hit the old layout, a row not the header).
+        await wait_for(lambda: gpu.region.height == 0 and host.region.height > 0, "the host table alone", pilot=pilot)
         await click_header(pilot, host, "cpu")  # the sorted column again: the other way round
         assert keys(host) == ["gpu01/501", "gpu02/7001", "gpu01/421"]  # 0 %, 87.5 %, 99 %
         await pilot.press("r")

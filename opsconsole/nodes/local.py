@@ -113,15 +113,18 @@ class LocalLink(NodeLink):
         def work() -> None:
             if not future.set_running_or_notify_cancel():
                 return  # the first _poll was cancelled before the thread ran
-            try:
-                result = self._poll_in_thread(first=True)
-                mark("first poll done")
-                future.set_result(result)
-            except BaseException as exc:  # handed to the first _poll, which decides
-                future.set_exception(exc)
-                return
-            # Off the first screen's path: the process list's CPU baseline, so the next poll has CPU %.
+            # The lock is held from the poll through the baseline: a next poll (a snapshot's, or
+            # the loop's under load) waits for the baseline, so its process list has CPU %.
             with self._probe_lock:
+                try:
+                    result = self._poll_locked(first=True)
+                    mark("first poll done")
+                    future.set_result(result)
+                except BaseException as exc:  # handed to the first _poll, which decides
+                    future.set_exception(exc)
+                    return
+                # Off the first screen's path (its frame is handed over already): the process
+                # list's CPU baseline.
                 prime = getattr(self._probe, "prime_processes", None)
                 if prime is not None:
                     prime()
@@ -142,25 +145,29 @@ class LocalLink(NodeLink):
         GPU processes only. The host's process list (no CPU % on a first sample anyway; a user and
         command line read per process) comes with the next poll."""
         with self._probe_lock:
-            if self._probe is None:
-                self._probe = self._make_probe()
-            quick = hasattr(self._probe, "prime_processes")
-            if first and quick:
-                frame = self._probe.poll(host_processes=False)
-            elif quick and self._keeps_host_processes():
-                frame = self._probe.poll(host_processes=False)
-                frame = replace_decoded(frame, {"top_processes": self._last_checked.top_processes})
-            else:
-                frame = self._probe.poll()
-            if not first:
-                self._polls += 1
-            try:
-                # The frame checks the wire gets: what the panes and snapshot read must hold its types.
-                # Rows the probe handed back unchanged since the last good frame are not checked again.
-                checked_after(frame, self._last_checked)
-            except Exception as exc:
-                return frame, exc
-            self._last_checked = frame
+            return self._poll_locked(first)
+
+    def _poll_locked(self, first: bool) -> Tuple[Any, Optional[BaseException]]:
+        """_poll_in_thread's work, the probe lock held."""
+        if self._probe is None:
+            self._probe = self._make_probe()
+        quick = hasattr(self._probe, "prime_processes")
+        if first and quick:
+            frame = self._probe.poll(host_processes=False)
+        elif quick and self._keeps_host_processes():
+            frame = self._probe.poll(host_processes=False)
+            frame = replace_decoded(frame, {"top_processes": self._last_checked.top_processes})
+        else:
+            frame = self._probe.poll()
+        if not first:
+            self._polls += 1
+        try:
+            # The frame checks the wire gets: what the panes and snapshot read must hold its types.
+            # Rows the probe handed back unchanged since the last good frame are not checked again.
+            checked_after(frame, self._last_checked)
+        except Exception as exc:
+            return frame, exc
+        self._last_checked = frame
         return frame, None
 
     def _keeps_host_processes(self) -> bool:
