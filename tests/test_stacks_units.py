@@ -21,6 +21,7 @@ from opsconsole.hang.grouping import Member, group_stacks, odd_ranks, ranks_text
 from opsconsole.hang.pyspy import MAX_FRAMES, MAX_THREADS, Frame, main_thread, parse_dump
 from opsconsole.hang.stacks import NodeAnswer, build_report, helper_argv, report_text
 from opsconsole.probe import rank_stacks
+from tests.waiting import wait_for_sync
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pyspy"
 SITE = "/venv/lib/python3.11/site-packages/"
@@ -416,9 +417,17 @@ def test_ranks_are_found_by_environment_without_launcher_wrapper_or_forked_worke
         launcher.wait()
 
 
+def _state_of(pid: int) -> str:
+    with open("/proc/%d/stat" % pid) as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_a_stopped_process_is_said_to_be_stopped_with_py_spys_own_error_in_one_line(traceable_sleeper):
     sleeper = traceable_sleeper
     os.kill(sleeper.pid, 19)  # SIGSTOP: what ctrl-z or a debugger leaves
+    # The signal is delivered asynchronously: asked before the process is in state T, py-spy met a
+    # running process that stopped under it (CI once read that as "ptrace refused").
+    wait_for_sync(lambda: _state_of(sleeper.pid) == "T", "the sleeper stopped")
     try:
         answer = read([json.dumps(line) + "\n" for line in run_helper({"pids": [sleeper.pid]})])
     finally:
