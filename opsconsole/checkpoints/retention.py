@@ -21,8 +21,8 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any, Collection, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from opsconsole.checkpoints.records import BROKEN, FORMAT_LINK, INTEGRITY_UNCHECKED, CheckpointEntry
-from opsconsole.checkpoints.scan import natural_key
+from opsconsole.checkpoints.records import BROKEN, FORMAT_LINK, CheckpointEntry
+from opsconsole.checkpoints.scan import natural_key, stands_as_best
 from opsconsole.units import format_duration
 
 DEFAULT_KEEP = 3
@@ -230,9 +230,7 @@ def plan_retention(
             and not entry.is_link
             and entry.format != FORMAT_LINK
             and entry.judged
-            and entry.integrity not in BROKEN
-            and entry.integrity != INTEGRITY_UNCHECKED
-            and not entry.unreadable
+            and stands_as_best(entry)
         ):
             vouches = "the best copy"
         items.append(

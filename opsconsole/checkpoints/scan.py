@@ -820,7 +820,7 @@ def _scan_directory(
     lowest = {e.name for e in entries.values() if losses and e.meta.loss == min(losses)}
     recorded_best = lightning_state is not None or hf_best is not None
     if not recorded_best and not any(
-        _stands_as_best(entries[name]) and name in lowest for name in best if name in entries
+        stands_as_best(entries[name]) and name in lowest for name in best if name in entries
     ):
         # No library recorded a best and no best copy is proved sound and of the lowest loss (a copy of a
         # higher or unknown loss holds other weights: a resumed run's new 'best', another run's): the
@@ -882,7 +882,7 @@ def _memo_able(items: List[DirItem], units: List["_Unit"]) -> bool:
     return not any(map(_IS_DIR, map(_STAT, unit_items)))
 
 
-def _stands_as_best(entry: CheckpointEntry) -> bool:
+def stands_as_best(entry: CheckpointEntry) -> bool:
     """Whether a best copy (checkpoint_best.pt) may stand in for the lowest-loss unit: proved whole and
     read. One never opened (a legacy pickle), unreadable or broken does not: the unit is kept as best."""
     return entry.integrity not in BROKEN and entry.integrity != INTEGRITY_UNCHECKED and not entry.unreadable
