@@ -276,8 +276,7 @@ class OpsConsole(App[int]):
         )
         self._pane_filters: Dict[str, str] = {}
         self._redraw_timer: Optional[Timer] = None
-        self._first_frame_file: Optional[str] = os.environ.get("OPSCONSOLE_FIRST_FRAME_FILE")
-        self._first_frame_traced = False
+        self._first_frame_drawn = False  # the first frame with data (the benchmarks' launch measure)
         self._notes: List[Tuple[str, str]] = []  # (message, severity) to show once mounted
         self._audit: Optional[AuditLog] = None  # opened on the first action
         self.log_feed = None  # a LogFeed following [logs] paths once mounted
@@ -519,13 +518,17 @@ class OpsConsole(App[int]):
         pane = self.panes.get(self.visible_pane_id)
         if pane is not None:
             pane.show(states, self.node, now)
-        if self._first_frame_file and any(state.frame for state in states.values()):
-            # benchmarks/startup.py: say when the first frame with data is on screen
-            path, self._first_frame_file = self._first_frame_file, None
-            self.call_after_refresh(lambda: open(path, "w").close())
-        if not self._first_frame_traced and any(state.frame for state in states.values()):
-            self._first_frame_traced = True
-            self.call_after_refresh(mark, "first frame drawn")
+        if not self._first_frame_drawn and any(state.frame for state in states.values()):
+            self._first_frame_drawn = True
+            self.call_after_refresh(self._say_first_frame_drawn)
+
+    def _say_first_frame_drawn(self) -> None:
+        """The first frame with data is on screen: the launch trace's last mark, and the file
+        benchmarks/startup.py and vs_nvitop.py wait for (OPSCONSOLE_FIRST_FRAME_FILE)."""
+        mark("first frame drawn")
+        path = os.environ.get("OPSCONSOLE_FIRST_FRAME_FILE")
+        if path:
+            open(path, "w").close()
 
     @property
     def visible_pane_id(self) -> str:
