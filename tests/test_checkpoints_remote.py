@@ -17,14 +17,14 @@ from opsconsole.checkpoints.cleanup import execute_plan, plan_directory
 from opsconsole.checkpoints.remote import SftpFileSystem
 from opsconsole.checkpoints.scan import scan_directory
 from opsconsole.checkpoints.verify import verify_checkpoint
-from opsconsole.config import NodeConfig, SshConfig
+from opsconsole.config import NodeConfig
 from opsconsole.nodes.ssh import SshLink
 from tests.checkpoint_writers import set_mtime, write_seed_layout
+from tests.remote_fs import FAST, remote_fs
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401,F811 (pytest fixtures)
 
 pytestmark = pytest.mark.sshd
 
-FAST = SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2)
 # One series (step_N.pt behind one prefix) whose names a shell would split, quote or run.
 ODD_PREFIX = """run 'q'; "hi" $(touch PWNED) """
 ODD_NAMES = [ODD_PREFIX + "step_%d.pt" % step for step in (10, 11, 12)]
@@ -70,9 +70,7 @@ def odd_dir(tmp_path):
 
 
 async def test_remote_listing_matches_local_and_reads_only_ranges(sshd_factory, odd_dir):
-    server = sshd_factory.start()
-    link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port), FAST, 1.0)
-    fs = SftpFileSystem(link, asyncio.get_running_loop())
+    link, fs = remote_fs(sshd_factory)
     try:
         remote = await asyncio.to_thread(scan, odd_dir, fs)
         local = scan(odd_dir, __import__("opsconsole.checkpoints.access", fromlist=["LOCAL"]).LOCAL)
@@ -106,9 +104,7 @@ async def test_remote_listing_matches_local_and_reads_only_ranges(sshd_factory, 
 
 
 async def test_remote_cleanup_keeps_open_files_and_deletes_only_the_plan(sshd_factory, odd_dir, tmp_path):
-    server = sshd_factory.start()
-    link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port), FAST, 1.0)
-    fs = SftpFileSystem(link, asyncio.get_running_loop())
+    link, fs = remote_fs(sshd_factory)
     held = odd_dir / "checkpoint_epoch_0.pt"
     holder = subprocess.Popen(
         [
@@ -185,12 +181,6 @@ def test_cli_lists_and_cleans_up_a_node_directory(sshd_factory, odd_dir, tmp_pat
 # --- deletion through the node-side helper: pinned root, whole units, in use by maps, audit first ----------
 
 
-def _remote_fs(sshd_factory):
-    server = sshd_factory.start()
-    link = SshLink(NodeConfig(name="n1", host=server.address, port=server.port), FAST, 1.0)
-    return link, SftpFileSystem(link, asyncio.get_running_loop())
-
-
 def _old_file(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -229,7 +219,7 @@ def _unit_plan(root: Path, *names):
 async def test_remote_root_swapped_for_a_symlink_is_refused_on_the_node(sshd_factory, tmp_path):
     from opsconsole.checkpoints.cleanup import pin_plan
 
-    link, fs = _remote_fs(sshd_factory)
+    link, fs = remote_fs(sshd_factory)
     root = tmp_path / "ckpts"
     for step in (1, 2):
         _old_file(root / ("step_%d.pt" % step), b"w%d" % step)
@@ -267,7 +257,7 @@ sys.stdin.readline()"""
 async def test_remote_units_go_whole_audited_first_and_a_mapped_file_stays(sshd_factory, tmp_path):
     from opsconsole.checkpoints.cleanup import pin_plan
 
-    link, fs = _remote_fs(sshd_factory)
+    link, fs = remote_fs(sshd_factory)
     root = tmp_path / "run"
     mapped = _old_file(root / "step_1.pt", b"m" * 4096)
     _old_file(root / "checkpoint-2" / "model.safetensors", b"w" * 100)
@@ -313,7 +303,7 @@ async def test_remote_units_go_whole_audited_first_and_a_mapped_file_stays(sshd_
 async def test_remote_reads_never_open_a_fifo(sshd_factory, tmp_path):
     import os
 
-    link, fs = _remote_fs(sshd_factory)
+    link, fs = remote_fs(sshd_factory)
     root = tmp_path / "ckpts"
     _old_file(root / "checkpoint_epoch_1.pt", b"not a zip")
     fifo = root / "checkpoint_epoch_9.pt"

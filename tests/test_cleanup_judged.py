@@ -27,6 +27,7 @@ from opsconsole.checkpoints.cache import ResultCache  # noqa: E402
 from opsconsole.checkpoints.cleanup import execute_plan, plan_directory  # noqa: E402
 from opsconsole.checkpoints.scan import scan_directory  # noqa: E402
 from tests.checkpoint_writers import set_mtime, write_hf_layout  # noqa: E402
+from tests.remote_fs import remote_fs  # noqa: E402
 from tests.sshd import ssh_client, sshd_factory  # noqa: E402,F401,F811 (pytest fixtures)
 
 OLD = time.time() - 7200  # past min_age
@@ -148,21 +149,12 @@ def test_a_unit_whose_files_were_not_all_judged_is_never_deleted(tmp_path):
 
 @pytest.mark.sshd
 async def test_remote_unit_rewritten_after_the_listing_is_kept_by_the_node_helper(sshd_factory, tmp_path):
-    from opsconsole.checkpoints.remote import SftpFileSystem
-    from opsconsole.config import NodeConfig, SshConfig
-    from opsconsole.nodes.ssh import SshLink
 
     root = tmp_path / "run"
     step_files(root, (1, 2, 3, 4))
     write_hf_layout(root, steps=(100, 200, 300), best=300)
     age_everything(root)
-    server = sshd_factory.start()
-    link = SshLink(
-        NodeConfig(name="n1", host=server.address, port=server.port),
-        SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2),
-        1.0,
-    )
-    fs = SftpFileSystem(link, asyncio.get_running_loop())
+    link, fs = remote_fs(sshd_factory)
     try:
         listing = await asyncio.to_thread(listing_of, root, fs)
         entries = {entry.name: entry for entry in listing.entries}

@@ -25,6 +25,7 @@ from opsconsole.checkpoints.cache import ResultCache  # noqa: E402
 from opsconsole.checkpoints.cleanup import execute_plan, plan_directory  # noqa: E402
 from opsconsole.checkpoints.scan import scan_directory  # noqa: E402
 from tests.checkpoint_writers import set_mtime  # noqa: E402
+from tests.remote_fs import remote_fs  # noqa: E402
 from tests.sshd import ssh_client, sshd_factory  # noqa: E402,F401,F811 (pytest fixtures)
 
 OLD = time.time() - 7200  # past min_age
@@ -203,19 +204,9 @@ def test_a_unit_whose_walk_was_cut_short_takes_no_keep_place(tmp_path, monkeypat
 async def test_remote_newest_kept_changed_while_waiting_nothing_is_deleted_on_the_node(sshd_factory, tmp_path):
     import asyncio
 
-    from opsconsole.checkpoints.remote import SftpFileSystem
-    from opsconsole.config import NodeConfig, SshConfig
-    from opsconsole.nodes.ssh import SshLink
-
     root = tmp_path / "run"
     step_files(root, (1, 2, 3, 4, 5))
-    server = sshd_factory.start()
-    link = SshLink(
-        NodeConfig(name="n1", host=server.address, port=server.port),
-        SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2),
-        1.0,
-    )
-    fs = SftpFileSystem(link, asyncio.get_running_loop())
+    link, fs = remote_fs(sshd_factory)
     log = tmp_path / "audit.log"
     try:
         listing = await asyncio.to_thread(
@@ -395,20 +386,11 @@ async def test_remote_best_copy_changed_while_waiting_nothing_is_deleted_on_the_
     """The best copy's re-check goes with the plan to the node helper, as the newest kept units' do."""
     import asyncio
 
-    from opsconsole.checkpoints.remote import SftpFileSystem
-    from opsconsole.config import NodeConfig, SshConfig
-    from opsconsole.nodes.ssh import SshLink
     from tests.checkpoint_writers import write_seed_layout
 
     root = tmp_path / "run"
     write_seed_layout(root)
-    server = sshd_factory.start()
-    link = SshLink(
-        NodeConfig(name="n1", host=server.address, port=server.port),
-        SshConfig(connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2),
-        1.0,
-    )
-    fs = SftpFileSystem(link, asyncio.get_running_loop())
+    link, fs = remote_fs(sshd_factory)
     log = tmp_path / "audit.log"
     try:
         listing = await asyncio.to_thread(
