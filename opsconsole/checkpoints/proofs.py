@@ -189,13 +189,13 @@ class ProofStore:
     def _records(self) -> Dict[str, list]:
         if self._records_read is None:
             self._load()
-            self._records_read = _section(self._raw_files, b"files")
+            self._records_read = _section(self._raw_files, "files")
         return self._records_read
 
     def _units(self) -> Dict[str, list]:
         if self._units_read is None:
             self._load()
-            self._units_read = _section(self._raw_units, b"units")
+            self._units_read = _section(self._raw_units, "units")
         return self._units_read
 
     def _load(self) -> None:
@@ -376,7 +376,7 @@ class ProofStore:
         return kept[1]
 
 
-def _section(raw: Optional[memoryview], name: bytes) -> Dict[str, list]:
+def _section(raw: Optional[memoryview], name: str) -> Dict[str, list]:
     """One of the store's later lines ({"units": {...}} or {"files": {...}}); {} when it is anything else."""
     if not raw:
         return {}
@@ -386,7 +386,7 @@ def _section(raw: Optional[memoryview], name: bytes) -> Dict[str, list]:
         return {}
     if type(document) is not dict or len(document) != 1:
         return {}
-    value = document.get(name.decode())
+    value = document.get(name)
     return value if type(value) is dict else {}
 
 
@@ -520,20 +520,24 @@ def _texts(value: Any) -> bool:
     return True
 
 
+def _paired(flat: list) -> tuple:
+    """[k1, v1, k2, v2 ...] as ((k1, v1), ...): how every kept list of pairs is flattened."""
+    pairs = iter(flat)
+    return tuple(zip(pairs, pairs))
+
+
 def _text_pairs(flat: Any) -> Optional[tuple]:
     """[k1, v1, k2, v2 ...], all texts, as ((k1, v1), ...); else None."""
     if not _texts(flat) or len(flat) & 1:
         return None
-    pairs = iter(flat)
-    return tuple(zip(pairs, pairs))
+    return _paired(flat)
 
 
 def _pairs(flat: Any, second: set) -> Optional[tuple]:
     """[k1, v1, k2, v2 ...] (each k a text, each v's type in `second`) as ((k1, v1), ...), else None."""
     if type(flat) is not list or len(flat) & 1 or not _texts(flat[0::2]) or not set(map(type, flat[1::2])) <= second:
         return None
-    pairs = iter(flat)
-    return tuple(zip(pairs, pairs))
+    return _paired(flat)
 
 
 def _state_dict_summary(summary: Any) -> Optional[StateDictSummary]:
@@ -567,19 +571,7 @@ def meta_from_record(record: Any) -> Optional[CheckpointMeta]:
         state_dict = _state_dict_summary(summary)
         if state_dict is None:
             return None
-    # Built without the frozen dataclasses' __init__ (a field-by-field object.__setattr__), each
-    # field set here from a checked value: _check_covers makes sure at import that none is left out.
-    meta = _new(CheckpointMeta)
-    fields = meta.__dict__
-    fields.update(_META_UNKEPT)
-    fields.update(zip(_META_SCALARS, scalars))
-    fields["metrics"], fields["top_keys"], fields["details"], fields["state_dict"] = (
-        metrics,
-        tuple(top_keys),
-        details,
-        state_dict,
-    )
-    return meta
+    return _meta_of(tuple(scalars), metrics, tuple(top_keys), details, state_dict)
 
 
 # --- a whole listing -----------------------------------------------------------------------------
@@ -658,6 +650,17 @@ _ODD = operator.itemgetter(slice(1, None, 2))
 # Every field's name in the order entries_from_columns gives their values.
 _META_NAMES = _META_SCALARS + ("metrics", "top_keys", "details", "state_dict") + tuple(_META_UNKEPT)
 _META_FIXED = tuple(_META_UNKEPT.values())
+
+
+def _meta_of(scalars: tuple, metrics: tuple, top_keys: tuple, details: tuple, state_dict: Any) -> CheckpointMeta:
+    """A CheckpointMeta of checked values (a unit's record, a kept listing's row), built without the frozen
+    dataclass's __init__ (a field-by-field object.__setattr__): _check_covers makes sure at import
+    that no field is left out."""
+    meta = _new(CheckpointMeta)
+    meta.__dict__.update(zip(_META_NAMES, scalars + (metrics, top_keys, details, state_dict) + _META_FIXED))
+    return meta
+
+
 _ENTRY_NAMES = _ENTRY_SCALARS + _ENTRY_LISTS + _ENTRY_REBUILT + tuple(_ENTRY_FIXED)
 _ENTRY_FIXED_VALUES = tuple(_ENTRY_FIXED.values())
 
@@ -672,11 +675,6 @@ def listing_columns(rows: Sequence[list]) -> list:
 
 def _lists_of_texts(column: list) -> bool:
     return set(map(type, column)) <= _LIST and _texts(list(_chain(column)))
-
-
-def _paired(flat: list) -> tuple:
-    pairs = iter(flat)
-    return tuple(zip(pairs, pairs))
 
 
 def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEntry]]:
@@ -736,12 +734,9 @@ def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEn
         protections,
         placed,
     ):
-        # Built without the frozen dataclasses' __init__, each field from a checked value:
-        # _check_covers makes sure at import that none is left out.
-        meta = _new(CheckpointMeta)
-        meta.__dict__.update(
-            zip(_META_NAMES, meta_scalars + (_paired(metric), tuple(keys), _paired(detail), state_dict) + _META_FIXED)
-        )
+        # The entry, as its meta, built without the frozen dataclass's __init__, each field from a
+        # checked value: _check_covers makes sure at import that none is left out.
+        meta = _meta_of(meta_scalars, _paired(metric), tuple(keys), _paired(detail), state_dict)
         entry = _new(CheckpointEntry)
         entry.__dict__.update(
             zip(_ENTRY_NAMES, scalars + (tuple(member), tuple(protection), path, judged, meta) + _ENTRY_FIXED_VALUES)
