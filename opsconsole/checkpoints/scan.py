@@ -87,6 +87,10 @@ def _with_growth_note(result: formats.ReadResult, mtime: float, now: float) -> f
     return result
 
 
+# The stat fields a judged file is known by (judged_identity; a kept listing's units: _kept_listing).
+_JUDGED = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
+
+
 def judged_identity(rel: str, st: FileStat) -> Tuple[str, int, int, int, int, int]:
     """(rel, st_dev, st_ino, size, mtime_ns, ctime_ns) of a file as the listing saw it (CheckpointEntry.judged).
 
@@ -96,7 +100,7 @@ def judged_identity(rel: str, st: FileStat) -> Tuple[str, int, int, int, int, in
     """
     raw = st.raw
     if raw is not None:
-        return (rel, raw.st_dev, raw.st_ino, raw.st_size, raw.st_mtime_ns, raw.st_ctime_ns)
+        return (rel,) + _JUDGED(raw)
     return (rel, -1, -1, st.size, int(round(st.mtime * 1e9)), -1)
 
 
@@ -693,7 +697,7 @@ def _scan_directory(
         if kept_key[1] <= (listed_at - SETTLE_S) * 1e9:
             memo_signature = (kept_key[0], id(crc_cache), crc_cache.version)
     elif memo_able:
-        memo_signature = _unchanged_signature(items, units, listed_dirs, crc_cache, listed_at)
+        memo_signature = _unchanged_signature(items, listed_dirs, crc_cache, listed_at)
     if memo_signature is not None:
         remembered = cache.get(fs.node, memo_path, memo_signature)
         if remembered is not None:
@@ -890,18 +894,15 @@ def stands_as_best(entry: CheckpointEntry) -> bool:
 
 def _unchanged_signature(
     items: List[DirItem],
-    units: List["_Unit"],
     listed_dirs: List[Tuple[str, List[DirItem]]],
     crc_cache: ResultCache,
     listed_at: float,
 ) -> Optional[Tuple]:
-    """What a whole listing depends on, to compare with the last one; None when it cannot be told so
-    (links, units with subdirectories, a file changed within SETTLE_S of the listing).
+    """What a whole listing that _memo_able passed depends on, to compare with the last one; None
+    when it cannot be told so (a file changed within SETTLE_S of the listing).
 
     Every directory the listing listed counts (the units' and those that are none, which the
     listing found no unit in this time): all that was read to make it."""
-    if not _memo_able(items, units):
-        return None
     parts: List[Any] = []
     for rel, children in listed_dirs:
         if not settled(children, listed_at):
@@ -914,6 +915,7 @@ def _unchanged_signature(
 
 _IDENTITY = operator.attrgetter("st_mode", "st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
 _CTIME = operator.attrgetter("st_ctime_ns")
+_SIZE_MTIME = operator.attrgetter("st_size", "st_mtime_ns")
 _NAME = operator.itemgetter(0)
 _STAT = operator.itemgetter(1)
 _RAW = operator.itemgetter(5)
@@ -921,7 +923,6 @@ _STAT_LIST = operator.itemgetter(1)  # of (rel, items)
 _IS_FILE = operator.itemgetter(4)
 _IS_DIR = operator.itemgetter(2)
 _IS_LINK = operator.itemgetter(3)
-_JUDGED = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
 
 
 @functools.lru_cache(maxsize=1)
@@ -931,7 +932,7 @@ def _code_stamp() -> str:
     folder = os.path.dirname(os.path.abspath(__file__))
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
-        return repr([(n,) + tuple(_IDENTITY(os.stat(os.path.join(folder, n)))[3:5]) for n in names])
+        return repr([(n,) + _SIZE_MTIME(os.stat(os.path.join(folder, n))) for n in names])
     except OSError:
         return ""
 
