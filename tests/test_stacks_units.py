@@ -483,7 +483,10 @@ def test_without_ranks_the_gpu_processes_the_console_saw_are_dumped(traceable_sl
         "env -u RANK -u LOCAL_RANK %s -c 'import time\ndef on_the_gpu():\n    time.sleep(60)\non_the_gpu()' &\n"
         "for try in $(seq 200); do\n"  # until the sleeper is in its function
         "  out=$(echo '{\"gpu_pids\": ['$!'], \"py_spy\": %s}' | %s)\n"
-        '  case "$out" in *on_the_gpu*) break;; esac\n'
+        # py-spy's JSON frame name, escaped in the answer (\"on_the_gpu\"), not the command line the
+        # answer also carries (on_the_gpu(): it broke the loop at once, before the sleeper was in it)
+        r'  case "$out" in *"on_the_gpu\\"*) break;; esac'
+        "\n"
         "  sleep 0.05\n"
         "done\n"
         "printf '%%s\\n' \"$out\"\n"  # dash's echo would turn the JSON's \\n escapes into newlines
