@@ -222,6 +222,37 @@ def test_an_error_is_retried_next_tick_not_remembered_as_unsupported():
     assert gpu.errors == () and gpu.utilization_gpu == RECORDED["util"]["gpu"]
 
 
+def test_a_static_field_that_keeps_failing_is_asked_again_on_slow_ticks_only():
+    """Not every tick: each retry costs the static tier's calls, for a field that cannot have changed."""
+    replay = ReplayNvml(faults={0: {"nvmlDeviceGetTemperatureThreshold": "NVMLError_Unknown"}})
+    reader = make_reader(replay, slow_every=5)
+    readings = [reader.read() for _ in range(7)]
+    # Ticks 1 and 6 are slow: two reads of the static tier in seven ticks, not seven.
+    assert replay.calls[("nvmlDeviceGetName", 0)] == 2
+    for reading in readings:  # the failure is shown on every tick until a retry reads it
+        gpu = reading.gpus[0]
+        assert gpu.errors == ("temperature_slowdown: Unknown Error", "temperature_shutdown: Unknown Error")
+        assert gpu.temperature_slowdown is None and gpu.name == RECORDED["name"]
+        assert gpu.utilization_gpu == RECORDED["util"]["gpu"]  # the fast tier reads on
+    del replay.faults[0]
+    for _ in range(3):  # ticks 8-10
+        assert reader.read().gpus[0].errors  # not yet a slow tick
+    gpu = reader.read().gpus[0]  # tick 11: slow, the retry reads it
+    assert gpu.errors == () and gpu.temperature_slowdown is not None
+    assert replay.calls[("nvmlDeviceGetName", 0)] == 3
+    reader.read()
+    assert replay.calls[("nvmlDeviceGetName", 0)] == 3  # whole now: not asked again
+
+
+def test_a_static_value_read_before_stays_when_its_retry_fails():
+    replay = ReplayNvml(faults={0: {"nvmlDeviceGetTemperatureThreshold": "NVMLError_Unknown"}})
+    reader = make_reader(replay, slow_every=1)
+    assert reader.read().gpus[0].name == RECORDED["name"]
+    replay.faults[0]["nvmlDeviceGetName"] = "NVMLError_Unknown"
+    gpu = reader.read().gpus[0]
+    assert gpu.name == RECORDED["name"] and "name: Unknown Error" in gpu.errors
+
+
 def test_a_lost_gpu_is_marked_and_costs_one_call_while_the_others_report():
     replay = ReplayNvml(gpus=3)
     reader = make_reader(replay)

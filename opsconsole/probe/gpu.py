@@ -1,7 +1,8 @@
 """The GPU half of the probe: NVML in-process with tiered polling, nvidia-smi as the fallback.
 
 NVML is initialised once and device handles are kept. Fields are read in three tiers:
-static ones (name, UUID, PCI id, max clocks, temperature thresholds) once, slow ones (PCIe, ECC,
+static ones (name, UUID, PCI id, max clocks, temperature thresholds) once (a failed one again on slow
+ticks, its error shown meanwhile), slow ones (PCIe, ECC,
 remapped rows, modes, power limit; the energy counter on every sixth) every `slow_every` ticks, fast ones
 (utilisation, memory, temperature, power, clocks, clock event reasons, P-state,
 processes, XID events) every tick, the processes' SM % every second tick and when they change. Costs measured on an H200 (driver 580):
@@ -93,6 +94,7 @@ class _Device(object):
         self.lost = False
         self.static: Dict[str, Any] = {}
         self.static_done = False
+        self.static_errors: Tuple[str, ...] = ()  # the last static read's failures, shown until a retry
         self.slow: Dict[str, Any] = {}
         self.slow_errors: Tuple[str, ...] = ()
         self.slow_reads = 0  # slow-tier reads so far (the energy counter is read on some of them)
@@ -325,8 +327,14 @@ class GpuReader(object):
         xids: Tuple[int, ...] = ()
         dev.lost = False
         try:
-            if not dev.static_done:
-                self._read_static(dev, errors)
+            # A static field that failed (not NotSupported) is asked again on slow ticks only: a field
+            # that keeps failing would otherwise cost every tick the whole static tier's calls.
+            if not dev.static_done and (slow or not dev.static):
+                dev.static_errors = ()
+                self._read_static(dev, errors)  # `errors` is empty until here: what it adds is the tier's
+                dev.static_errors = tuple(errors)
+            else:
+                errors.extend(dev.static_errors)
             values.update(dev.static)
             if slow:
                 slow_errors: List[str] = []
@@ -388,8 +396,9 @@ class GpuReader(object):
                 nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
             )
         )
-        dev.static = static
-        # Retry on later ticks only if something failed for a reason other than NotSupported.
+        # A value read before stays when its retry fails (static: it cannot have changed).
+        dev.static = {key: value if value is not None else dev.static.get(key) for key, value in static.items()}
+        # Retried later only if something failed for a reason other than NotSupported.
         dev.static_done = len(errors) == first_errors
 
     def _read_slow(self, dev: _Device, errors: List[str]) -> Dict[str, Any]:
