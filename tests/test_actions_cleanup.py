@@ -83,6 +83,46 @@ async def test_cleanup_keeps_the_newest_and_deletes_the_rest_audited(tmp_path):
     assert records[0]["action"] == "checkpoint_cleanup" and records[-1]["action"] == "checkpoint_cleanup"
 
 
+async def test_the_command_and_the_console_name_one_cleanup_one_way_in_the_audit_log(tmp_path):
+    """`opsconsole cleanup`'s refusals wrote "checkpoint.cleanup" with no target, the console's runner
+    "checkpoint_cleanup" with "dir PATH": one action under two names in one log."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "ckpt"
+    checkpoints(folder, [100, 200, 300, 400])
+    ctx = context(tmp_path, folder, keep=3)
+    assert (
+        await run_plan(
+            await plan_action("checkpoint_cleanup", Target(TARGET_CHECKPOINT_DIR, "local", path=str(folder)), ctx), ctx
+        )
+    ).ok
+    config = tmp_path / "config.toml"
+    config.write_text('[actions]\naudit_log = "%s"\n' % (tmp_path / "audit.log"))
+    env = dict(os.environ, OPSCONSOLE_CONFIG=str(config))
+    refused = subprocess.run(  # no --yes and no terminal: refused, and audited
+        [sys.executable, "-m", "opsconsole", "cleanup", str(folder), "--keep", "1", "--min-age", "0"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "without --yes" in refused.stderr
+    records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    console, command = records[0], records[-1]
+    assert console["outcome"] == "attempt" and command["outcome"] == "refused"
+    assert (
+        (command["action"], command["target"])
+        == (console["action"], console["target"])
+        == (
+            "checkpoint_cleanup",
+            "dir %s" % folder,
+        )
+    )
+    assert "(opsconsole cleanup)" in command["detail"]
+
+
 async def test_only_configured_directories_are_cleaned(tmp_path):
     folder = tmp_path / "ckpt"
     checkpoints(folder, [1, 2, 3])

@@ -105,7 +105,7 @@ def test_a_root_swapped_for_a_symlink_after_the_plan_deletes_nothing_anywhere(tm
     assert result.refused and "symlink" in result.refused and not result.results
     assert sorted(p.name for p in other.iterdir()) == ["checkpoint_epoch_%d.pt" % e for e in range(3)]
     assert len(list((tmp_path / "ckpts.moved").iterdir())) == 3
-    assert [(r["action"], r["outcome"]) for r in records(log)] == [("checkpoint.cleanup", "refused")]
+    assert [(r["action"], r["outcome"]) for r in records(log)] == [("checkpoint_cleanup", "refused")]
 
 
 def test_a_root_swapped_for_another_directory_is_refused_by_its_identity(tmp_path):

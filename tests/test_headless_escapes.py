@@ -228,7 +228,7 @@ def test_cleanup_refused_read_only_is_audited_and_says_one_line(hostile_series, 
     assert done.stderr.decode().splitlines() == ["opsconsole: read-only config: cleanup refused (nothing deleted)"]
     assert sorted(os.listdir(os.fsencode(str(hostile_series)))) == before
     (record,) = audit_records(tmp_path)
-    assert (record["action"], record["outcome"]) == ("checkpoint.cleanup", "refused")
+    assert (record["action"], record["outcome"]) == ("checkpoint_cleanup", "refused")
     assert str(hostile_series) in record["detail"] and "read-only" in record["detail"]
 
 

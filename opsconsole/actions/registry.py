@@ -518,7 +518,7 @@ ACTIONS: Tuple[Action, ...] = (
     ),
     # The Checkpoints pane's `c` (checkpoints.cleanup) is this action's key.
     Action(
-        "checkpoint_cleanup",
+        "checkpoint_cleanup",  # checkpoints.cleanup.ACTION_CLEANUP: its refusals' records name it too
         "c",
         "Clean up",
         DANGER_DESTRUCTIVE,

@@ -32,7 +32,9 @@ from opsconsole.checkpoints.retention import PlanItem, RetentionPlan
 from opsconsole.units import format_bytes
 
 ACTION_DELETE = "checkpoint.delete"
-ACTION_CLEANUP = "checkpoint.cleanup"
+# The registry's id for this action (opsconsole/actions/registry.py): the console's runner records, the
+# refusals written here and `opsconsole cleanup`'s name one action one way in the audit log.
+ACTION_CLEANUP = "checkpoint_cleanup"
 NS_PER_S = 1_000_000_000
 SHOWN_MEMBERS = 8
 

@@ -137,7 +137,13 @@ def _refuse(audit: Any, node: str, root: str, detail: str, outcome: str, message
     """Write the refusal (or cancel) record; the one line to print, saying when it was not recorded."""
     from opsconsole.checkpoints.cleanup import ACTION_CLEANUP
 
-    problem = audit.write(ACTION_CLEANUP, node, "cleanup of %s: %s (opsconsole cleanup)" % (root, detail), outcome)
+    problem = audit.write(
+        ACTION_CLEANUP,
+        node,
+        "cleanup of %s: %s (opsconsole cleanup)" % (root, detail),
+        outcome,
+        target="dir %s" % root,  # as the console's records of the same action name it
+    )
     return message if problem is None else "%s; and not recorded: %s" % (message, printable_line(problem))
 
 
