@@ -265,6 +265,38 @@ def test_accelerate_cleanup_keeps_the_newest_state_loadable(accelerate_run, cons
     reset_accelerate_state()
 
 
+def test_accelerate_save_cut_short_is_incomplete_and_never_the_newest_kept(accelerate_run, console, tmp_path):
+    # A save_state killed part way: accelerate writes the model first and random_states_0.pkl last,
+    # so checkpoint_N+1 holds only the model. load_state() takes the highest N and fails on it; it
+    # took the newest keep place (ok, latest) and cleanup deleted every complete save before it.
+    project = aged_copy(accelerate_run.project_dir, tmp_path)
+    checkpoints = project / "checkpoints"
+    newest = "checkpoint_%d" % (ACCELERATE_SAVES - 1)
+    cut_short = checkpoints / ("checkpoint_%d" % ACCELERATE_SAVES)
+    cut_short.mkdir()
+    (cut_short / "model.safetensors").write_bytes((checkpoints / newest / "model.safetensors").read_bytes())
+    old = os.stat(checkpoints / newest).st_mtime
+    os.utime(cut_short / "model.safetensors", (old, old))
+    os.utime(cut_short, (old, old))
+    accelerator, _model, _optimizer, _scheduler = make_accelerator(project)
+    with pytest.raises(OSError):
+        accelerator.load_state()
+    reset_accelerate_state()
+    doc = console.listing(checkpoints)
+    listed = units(doc)
+    assert listed[cut_short.name]["integrity"] in BROKEN, listing_text(doc)
+    assert "random_states" in listed[cut_short.name]["problem"], listing_text(doc)
+    assert flagged(doc, "latest") == {newest}, listing_text(doc)
+    before = tree(checkpoints / newest)
+    result = console.cleanup(checkpoints)
+    assert newest not in deleted(result, checkpoints), plan_text(result)
+    assert tree(checkpoints / newest) == before, plan_text(result)
+    accelerator, model, _optimizer, _scheduler = make_accelerator(project)
+    accelerator.load_state()
+    assert_same_weights(model.state_dict(), accelerate_run.weights[newest])
+    reset_accelerate_state()
+
+
 def test_accelerate_cleanup_pointed_at_a_save_state_dir_deletes_nothing(accelerate_run, console, tmp_path):
     plain = aged_copy(accelerate_run.plain_dir, tmp_path)
     assert_one_unit_and_nothing_deleted(console, plain, "accelerate save_state dir")

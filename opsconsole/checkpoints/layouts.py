@@ -62,6 +62,7 @@ MEGATRON_RANK_DIR = re.compile(r"^mp_rank_\d+(_\d+)*$")
 ACCELERATE_FILE = re.compile(
     r"^(optimizer(_\d+)?\.bin|scheduler(_\d+)?\.bin|sampler(_\d+)?\.bin|random_states_\d+\.pkl|scaler\.pt|custom_checkpoint_\d+\.pkl)$"
 )
+ACCELERATE_RNG_STATES = re.compile(r"^random_states_\d+\.pkl$")  # what save_state writes last
 WEIGHT_FILE = re.compile(
     r"^(model|pytorch_model|adapter_model|diffusion_pytorch_model)(_\d+)?(-\d+-of-\d+)?\.(safetensors|bin)$"
 )

@@ -27,6 +27,7 @@ from opsconsole.checkpoints.cache import CRC_CACHE, METADATA_CACHE, ResultCache
 from opsconsole.checkpoints.proofs import RACY_S, Proof, ProofStore, unit_key
 from opsconsole.checkpoints.records import (
     BROKEN,
+    FORMAT_ACCELERATE,
     FORMAT_DCP,
     FORMAT_DEEPSPEED,
     FORMAT_HF,
@@ -280,7 +281,7 @@ def read_unit_dir(
     if cached is not None:
         return cached, size, mtime, members, judged
     # What an earlier listing (maybe another process) read of exactly these files (proofs.py).
-    key = unit_key(kind, cut, walked) if proofs is not None else None
+    key = unit_key(kind, cut, walked, _code_digest()) if proofs is not None else None
     if key is not None and proofs is not None:
         kept = proofs.lookup_unit(path, key)
         if kept is not None and kept[0] == kind.format:
@@ -355,6 +356,11 @@ def read_unit_dir(
     ):
         integrities.append(INTEGRITY_TRUNCATED)
         problems.append("no *_model_states.pt: an incomplete save")
+    if fmt == FORMAT_ACCELERATE and not any(layouts.ACCELERATE_RNG_STATES.match(rel) for rel in top):
+        # save_state writes random_states_<rank>.pkl last, always: without it the save stopped part
+        # way (load_state of such a directory fails on its missing optimizer or scheduler).
+        integrities.append(INTEGRITY_TRUNCATED)
+        problems.append("no random_states_N.pkl: an incomplete save (accelerate's save_state writes it last)")
     integrity = formats.combine_integrity(integrities)
     if cut and integrity not in BROKEN:
         # Files past the walk's bound were never seen, let alone checked: such a unit vouches for
@@ -935,6 +941,16 @@ def _code_stamp() -> str:
         return repr([(n,) + _SIZE_MTIME(os.stat(os.path.join(folder, n))) for n in names])
     except OSError:
         return ""
+
+
+def _code_digest() -> str:
+    """_code_stamp in 16 hex digits: kept with every unit result, so it must be short."""
+    return _stamp_digest(_code_stamp())
+
+
+@functools.lru_cache(maxsize=4)
+def _stamp_digest(stamp: str) -> str:
+    return hashlib.blake2b(stamp.encode(), digest_size=8).hexdigest()
 
 
 def _listing_digest(
