@@ -301,15 +301,18 @@ def test_a_listing_that_could_not_read_a_file_is_not_kept(kept_listing, tmp_path
     assert store.listings_stored == 0
 
 
-def test_the_code_stamp_is_part_of_what_a_kept_listing_is_for(kept_listing, monkeypatch):
-    """A listing kept by other code (an upgrade that lists differently) is not this code's."""
+def test_the_code_stamp_is_part_of_what_a_kept_listing_and_a_kept_unit_are_for(kept_listing, monkeypatch):
+    """A listing or a unit's result kept by other code (an upgrade that judges a unit differently: an
+    accelerate save without random_states_N.pkl was ok, now incomplete) is not this code's: read again."""
     from opsconsole.checkpoints import scan as scan_module
 
     root, store_dir, _ = kept_listing
+    before = {e.name: e for e in scan(root).entries}
     monkeypatch.setattr(scan_module, "_code_stamp", lambda: "other code")
     store = ProofStore("local", str(root), str(store_dir), racy_s=RACY_S)
-    scan(root, store)
-    assert store.listing_hits == 0 and store.unit_hits == 2
+    after = {e.name: e for e in scan(root, store).entries}
+    assert store.listing_hits == 0 and store.unit_hits == 0 and store.units_stored == 2
+    assert after == before
     assert proofs.FORMAT == 3
 
 

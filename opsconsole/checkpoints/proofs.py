@@ -399,18 +399,20 @@ def _merged(first: Dict[str, list], then: Dict[str, list]) -> Dict[str, list]:
     return merged
 
 
-# format, layout, series, number, unit, cut; then (name, dev, ino, size, ctime_ns) a file. No mtime:
-# any change of it (a write, or utime setting it back) sets the ctime to the time of the change.
-UNIT_KEY_HEAD = 6
+# code, format, layout, series, number, unit, cut; then (name, dev, ino, size, ctime_ns) a file. No
+# mtime: any change of it (a write, or utime setting it back) sets the ctime to the time of the change.
+# The code's stamp: a unit judged by other code (before an upgrade that judges it differently) is read again.
+UNIT_KEY_HEAD = 7
 MAX_KEYED_FILES = 1024
 MAX_UNIT_PROBLEM = 4096
 
 
-def unit_key(kind: Any, cut: bool, walked: Sequence[Tuple[str, Any]]) -> Optional[list]:
-    """What a kept unit result is for: the unit's kind and each member's name and identity (None: no identity)."""
+def unit_key(kind: Any, cut: bool, walked: Sequence[Tuple[str, Any]], code: str = "") -> Optional[list]:
+    """What a kept unit result is for: the code that judged it, the unit's kind and each member's name
+    and identity (None: no identity)."""
     if cut or len(walked) > MAX_KEYED_FILES:
         return None  # a unit of thousands of files (a big DCP save) would make the store too big to keep
-    key = [kind.format, kind.layout, kind.series, kind.number, kind.unit, cut]
+    key = [code, kind.format, kind.layout, kind.series, kind.number, kind.unit, cut]
     extend = key.extend
     for rel, st in walked:
         raw = st.raw
