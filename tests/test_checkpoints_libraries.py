@@ -34,6 +34,7 @@ from tests.checkpoint_libraries import (  # noqa: F401  (session fixtures)
     accelerate_load,
     accelerate_run,
     copy_artifact,
+    hf_training_args,
     dcp_load,
     dcp_run,
     hf_resume_one_step,
@@ -42,7 +43,11 @@ from tests.checkpoint_libraries import (  # noqa: F401  (session fixtures)
     lightning_module_class,
     lightning_run,
     make_accelerator,
+    one_thread,
+    pause,
     reset_accelerate_state,
+    tiny_gpt2_config,
+    token_rows,
     tree,
     write_deepspeed_layout,
     write_megatron_layout,
@@ -227,6 +232,48 @@ def test_hf_trainer_cleanup_keeps_final_best_and_newest_loadable(hf_run, console
     assert_same_weights(final.state_dict(), best.state_dict())
     newest = copy / ("checkpoint-%d" % HF_STEPS)
     assert hf_resume_one_step(newest, tmp_path / "resumed") == HF_STEPS + 1
+
+
+def test_hf_two_runs_in_one_output_dir_each_keep_their_best(hf_run, console, tmp_path):
+    """A second run from step 0 into the first run's output dir (save_total_limit=None: the first's
+    checkpoint-12 stays, and get_last_checkpoint still resumes it). The newest trainer_state.json by
+    step is the first run's; the second run's best was deleted as 'older than the newest 1'."""
+    from transformers import AutoModelForCausalLM, Trainer
+
+    copy = aged_copy(hf_run.output_dir, tmp_path)
+    scores = iter((0.30, 0.20, 0.95))  # the second run's best: checkpoint-6, its newest
+
+    def compute_metrics(_prediction):
+        pause()
+        return {"score": next(scores)}
+
+    reset_accelerate_state()
+    torch.manual_seed(1)
+    with one_thread():
+        args = hf_training_args(copy, max_steps=6, save_total_limit=None)
+        model = AutoModelForCausalLM.from_config(tiny_gpt2_config())
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=token_rows(16, 1),
+            eval_dataset=token_rows(4, 2),
+            compute_metrics=compute_metrics,
+        )
+        trainer.train()
+    reset_accelerate_state()
+    second_best = Path(trainer.state.best_model_checkpoint).name
+    assert second_best == "checkpoint-6"
+    for path in copy.rglob("*"):  # the second run an hour ago too: older than min_age
+        st = path.lstat()
+        os.utime(path, (st.st_atime - AGE_S, st.st_mtime - AGE_S), follow_symlinks=False)
+    weights = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(str(copy / second_best)).state_dict().items()}
+    doc = console.listing(copy)
+    assert second_best in flagged(doc, "best"), listing_text(doc)
+    result = console.cleanup(copy)
+    assert second_best not in deleted(result, copy), plan_text(result)
+    assert_same_weights(AutoModelForCausalLM.from_pretrained(str(copy / second_best)).state_dict(), weights)
+    newest = "checkpoint-%d" % HF_STEPS  # what the first run's resume (and get_last_checkpoint) takes
+    assert newest not in deleted(result, copy), plan_text(result)
 
 
 def test_hf_cleanup_pointed_at_one_checkpoint_deletes_nothing_inside(hf_run, console, tmp_path):

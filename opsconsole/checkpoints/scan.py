@@ -817,10 +817,11 @@ def _scan_directory(
         if entry.format == FORMAT_LIGHTNING and layouts.LIGHTNING_LAST.match(name):
             latest.add(name)
             protect(name, "latest (Lightning's last.ckpt)")
-    hf_best = _newest_hf_best(entries.values())
-    if hf_best is not None and hf_best in entries:
-        best.add(hf_best)
-        protect(hf_best, "best (best_model_checkpoint of the newest trainer_state.json)")
+    hf_bests = _recorded_hf_bests(entries.values())
+    for hf_best, why in hf_bests:
+        if hf_best in entries:
+            best.add(hf_best)
+            protect(hf_best, why)
 
     for name, entry in entries.items():
         if entry.format != FORMAT_LINK and not entry.is_dir and entry.layout == LAYOUT_FILE and _is_best_name(name):
@@ -828,7 +829,7 @@ def _scan_directory(
             protect(name, "best (a copy named so)")
     losses = [e.meta.loss for e in entries.values() if e.meta.loss is not None and e.meta.loss == e.meta.loss]
     lowest = {e.name for e in entries.values() if losses and e.meta.loss == min(losses)}
-    recorded_best = lightning_state is not None or hf_best is not None
+    recorded_best = lightning_state is not None or bool(hf_bests)
     if not recorded_best and not any(
         stands_as_best(entries[name]) and name in lowest for name in best if name in entries
     ):
@@ -1131,13 +1132,31 @@ def _exists(fs: FileSystem, path: str) -> bool:
         return False
 
 
-def _newest_hf_best(entries) -> Optional[str]:
-    """The basename of best_model_checkpoint in the newest HF trainer_state.json."""
+def _recorded_hf_bests(entries) -> List[Tuple[str, str]]:
+    """(basename, why) of best_model_checkpoint in the newest HF trainer_state.json, and in the one
+    written last when that is another: two runs in one output directory (a new run from step 0 beside
+    an old run's higher checkpoint-N) each keep their best. One run's agree."""
     hf = [e for e in entries if e.format == FORMAT_HF and e.meta.best_checkpoint]
     if not hf:
-        return None
+        return []
     newest = max(hf, key=lambda e: (e.meta.step or 0, e.mtime))
-    return posixpath.basename(newest.meta.best_checkpoint.rstrip("/"))
+    written_last = max(hf, key=lambda e: (e.mtime, e.meta.step or 0))
+    bests = [
+        (
+            posixpath.basename(newest.meta.best_checkpoint.rstrip("/")),
+            "best (best_model_checkpoint of the newest trainer_state.json)",
+        )
+    ]
+    last_best = posixpath.basename(written_last.meta.best_checkpoint.rstrip("/"))
+    if last_best != bests[0][0]:
+        bests.append(
+            (
+                last_best,
+                "best (best_model_checkpoint of the trainer_state.json written last, %s's: another run)"
+                % written_last.name,
+            )
+        )
+    return bests
 
 
 @functools.lru_cache(maxsize=8192)  # the same names sort again at every rescan
