@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Dict, List, Set
 
@@ -274,6 +278,59 @@ def test_hf_two_runs_in_one_output_dir_each_keep_their_best(hf_run, console, tmp
     assert_same_weights(AutoModelForCausalLM.from_pretrained(str(copy / second_best)).state_dict(), weights)
     newest = "checkpoint-%d" % HF_STEPS  # what the first run's resume (and get_last_checkpoint) takes
     assert newest not in deleted(result, copy), plan_text(result)
+
+
+NOBODY = 65534
+
+
+def test_hf_checkpoint_dirs_that_cannot_be_listed_are_shown_and_kept(hf_run, tmp_path):
+    """checkpoint-N/ directories the user cannot list (mode 000; as root, the command runs as nobody,
+    who owns the copy) were left out of the listing without a word: the best among them. Each is
+    listed, not managed, 'could not read', and cleanup --yes leaves it; opened again, the best loads."""
+    from transformers import AutoModelForCausalLM
+
+    prefix: List[str] = []
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("needs setpriv to run the command as another user than root")
+        prefix = ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups"]
+    folder = Path(tempfile.mkdtemp(prefix="opsconsole-unlisted-"))
+    try:
+        os.chmod(folder, 0o755)
+        copy = aged_copy(hf_run.output_dir, folder)
+        config = folder / "config.toml"
+        config.write_text('[actions]\naudit_log = "%s"\n' % (folder / "audit.log"))
+        if prefix:
+            for path in [folder, *folder.rglob("*")]:
+                os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+        env = dict(os.environ, HOME=str(folder), XDG_CACHE_HOME=str(folder / "cache"), OPSCONSOLE_CONFIG=str(config))
+        probe = subprocess.run(prefix + [sys.executable, "-c", "import opsconsole.cli"], env=env, capture_output=True)
+        if probe.returncode != 0:
+            pytest.skip("the other user cannot run this Python: %s" % probe.stderr[-200:])
+        best = copy / hf_run.best_checkpoint
+        best.chmod(0)
+
+        def command(*argv: str) -> dict:
+            done = subprocess.run(
+                prefix + [sys.executable, "-m", "opsconsole", *argv], env=env, capture_output=True, text=True, timeout=300
+            )
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)
+
+        doc = command("checkpoints", str(copy), "--json")
+        listed = units(doc)
+        assert hf_run.best_checkpoint in listed, listing_text(doc)
+        entry = listed[hf_run.best_checkpoint]
+        assert entry["best"] and not entry["managed"] and "cannot list" in entry["unreadable"], listing_text(doc)
+        result = command("cleanup", str(copy), "--keep", "1", "--yes", "--json")
+        assert hf_run.best_checkpoint not in deleted(result, copy), plan_text(result)
+        best.chmod(0o755)
+        AutoModelForCausalLM.from_pretrained(str(best))
+    finally:
+        for path in [folder, *folder.rglob("*")]:
+            if path.is_dir() and not path.is_symlink():
+                path.chmod(0o755)
+        shutil.rmtree(folder)
 
 
 def test_hf_cleanup_pointed_at_one_checkpoint_deletes_nothing_inside(hf_run, console, tmp_path):

@@ -305,6 +305,14 @@ def basename_of_recorded(path: Optional[str]) -> Optional[str]:
     return base or None
 
 
+def named_dir_layout(name: str) -> str:
+    """The layout a directory's name alone says (checkpoint-N/: HF Trainer ...), else a plain file's."""
+    for pattern, _, layout in NAMED_DIRS:
+        if pattern.match(name):
+            return layout
+    return LAYOUT_FILE
+
+
 @functools.lru_cache(maxsize=8192)  # asked of every unit at every rescan
 def dir_series(name: str) -> Optional[str]:
     """The series a checkpoint directory's name makes it a member of (checkpoint-N/, global_stepN/ ...), or None."""

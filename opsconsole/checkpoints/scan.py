@@ -552,10 +552,18 @@ def _read_unit(
 
 
 def _find_units(
-    fs: FileSystem, root: str, items: List[DirItem], failures: Optional[List[str]] = None
+    fs: FileSystem,
+    root: str,
+    items: List[DirItem],
+    failures: Optional[List[str]] = None,
+    unlisted: Optional[List[Tuple[str, DirItem, str]]] = None,
 ) -> Tuple[List[_Unit], int, List[Tuple[str, List[DirItem]]]]:
     """The units among `root`'s entries (links aside), how many names are no checkpoint, and every
-    directory listed to tell them (path relative to root, its items): what the listing depends on."""
+    directory listed to tell them (path relative to root, its items): what the listing depends on.
+
+    A directory named as a checkpoint (checkpoint-N/, checkpoints/checkpoint_N/ ...) that cannot be
+    listed goes to `unlisted` (name relative to root, item, why): it may be the best or the newest,
+    and the listing says so rather than leave it out."""
     units: List[_Unit] = []
     listed: List[Tuple[str, List[DirItem]]] = []
     other = 0
@@ -579,10 +587,13 @@ def _find_units(
         path = join(fs, root, item.name)
         try:
             children = fs.listdir(path)
-        except OSError:
-            other += 1
+        except OSError as exc:
             if failures is not None:
                 failures.append(item.name)
+            if unlisted is not None and (layouts.dir_series(item.name) or item.name in layouts.NESTED_SERIES_DIRS):
+                unlisted.append((item.name, item, exc.strerror or str(exc)))
+            else:
+                other += 1
             continue
         listed.append((item.name, children))
         kind = layouts.dir_kind(item.name, map(_NAME, children))
@@ -598,9 +609,12 @@ def _find_units(
                 child_path = join(fs, path, child.name)
                 try:
                     grandchildren = fs.listdir(child_path)
-                except OSError:
+                except OSError as exc:
                     if failures is not None:
                         failures.append(item.name + "/" + child.name)
+                    if unlisted is not None and layouts.dir_series(child.name):
+                        found = True
+                        unlisted.append((item.name + "/" + child.name, child, exc.strerror or str(exc)))
                     continue
                 listed.append((item.name + "/" + child.name, grandchildren))
                 child_kind = layouts.dir_kind(child.name, map(_NAME, grandchildren))
@@ -687,7 +701,8 @@ def _scan_directory(
         return _listing(fs, root, (_apply_crc_cache(fs, entry, crc_cache),), 0, now, started)
 
     failures: List[str] = []  # reads that failed (maybe passing): such a listing is not kept on disk
-    units, other, listed_dirs = _find_units(fs, root, items, failures)
+    unlisted: List[Tuple[str, DirItem, str]] = []
+    units, other, listed_dirs = _find_units(fs, root, items, failures, unlisted)
     # A rescan of a directory where nothing changed: every name and stat the listing depends on is
     # the same as last time (the root's, each directory's it listed), so its entries are too. Kept
     # beside the results in `cache` (a fresh cache, a fresh listing); not for a root holding
@@ -791,6 +806,21 @@ def _scan_directory(
             unmanaged="symlink: never deleted, never followed",
         )
         protections[item.name] = []
+
+    for name, item, why in unlisted:
+        entries[name] = CheckpointEntry(
+            path=join(fs, root, name),
+            name=name,
+            format=FORMAT_UNKNOWN,
+            size_bytes=0,
+            mtime=item.stat.mtime,
+            is_dir=True,
+            layout=layouts.named_dir_layout(name.rsplit("/", 1)[-1]),
+            unit="directory (not listed)",
+            unmanaged="a directory that cannot be listed: never deleted",
+            unreadable="could not read: cannot list the directory (%s)" % why,
+        )
+        protections[name] = []
 
     # What the libraries recorded: Lightning's callback state, HF's best_model_checkpoint.
     lightning_state = _lightning_truth(entries.values())
