@@ -280,6 +280,26 @@ def test_hf_two_runs_in_one_output_dir_each_keep_their_best(hf_run, console, tmp
     assert newest not in deleted(result, copy), plan_text(result)
 
 
+def test_hf_checkpoint_without_weights_is_corrupt_and_never_the_newest_kept(hf_run, console, tmp_path):
+    """A checkpoint-N/ that lost its model.safetensors (a partial copy) kept trainer_state.json: it was
+    ok, latest and the newest keep place, while the Trainer refuses to resume from it; the sound
+    checkpoint before it went."""
+    copy = aged_copy(hf_run.output_dir, tmp_path)
+    newest = copy / ("checkpoint-%d" % HF_STEPS)
+    (newest / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="Can't find a valid checkpoint"):
+        hf_resume_one_step(newest, tmp_path / "refused")
+    doc = console.listing(copy)
+    listed = units(doc)
+    assert listed[newest.name]["integrity"] in BROKEN, listing_text(doc)
+    assert flagged(doc, "latest") & {n for n in listed if n.startswith("checkpoint-")} == {"checkpoint-10"}, (
+        listing_text(doc)
+    )
+    result = console.cleanup(copy)
+    assert "checkpoint-10" not in deleted(result, copy), plan_text(result)
+    assert hf_resume_one_step(copy / "checkpoint-10", tmp_path / "resumed") == 11
+
+
 NOBODY = 65534
 
 

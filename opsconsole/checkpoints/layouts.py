@@ -305,6 +305,16 @@ def basename_of_recorded(path: Optional[str]) -> Optional[str]:
     return base or None
 
 
+def hf_resumable_weights(rel: str) -> bool:
+    """Whether a file of a checkpoint-N/ (path relative to it) is weights the Trainer resumes from:
+    what Trainer._load_from_checkpoint looks for (model.safetensors, pytorch_model.bin, their index,
+    adapter_model.*, FSDP's pytorch_model_fsdp*), or any file in a subdirectory (DeepSpeed's
+    global_stepN/, FSDP's sharded state, adapters saved per name)."""
+    if "/" in rel:
+        return True
+    return bool(WEIGHT_FILE.match(rel)) or rel.endswith(".index.json") or rel.startswith("pytorch_model_fsdp")
+
+
 def named_dir_layout(name: str) -> str:
     """The layout a directory's name alone says (checkpoint-N/: HF Trainer ...), else a plain file's."""
     for pattern, _, layout in NAMED_DIRS:

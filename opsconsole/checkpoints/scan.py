@@ -338,6 +338,11 @@ def read_unit_dir(
         else:
             integrities.append(INTEGRITY_TRUNCATED)
             problems.append("no trainer_state.json: an incomplete save (the Trainer writes it last)")
+        if not any(layouts.hf_resumable_weights(rel) for rel in files):
+            # The Trainer writes the weights first; resume_from_checkpoint refuses a checkpoint-N/
+            # without them ("Can't find a valid checkpoint"): a copy that lost them, not a save.
+            integrities.append(INTEGRITY_CORRUPT)
+            problems.append("no model weights (model.safetensors, pytorch_model.bin, an index, adapter or FSDP state)")
     if fmt != FORMAT_DCP:
         checked, summaries, read_failed = _check_files(
             fs, path, [(rel, st) for rel, st in walked if _is_checked_member(rel)], problems, proofs
