@@ -197,6 +197,54 @@ def test_lightning_cleanup_keeps_best_and_last_loadable(lightning_run, console, 
     assert Path(callback_state["best_model_path"]).name == best
 
 
+def test_lightning_run_again_into_the_same_dir_keeps_each_runs_best(lightning_run, console, tmp_path, monkeypatch):
+    """A second fit into the first run's dirpath (3 epochs, its best the first epoch): Lightning writes
+    its files beside the first run's and last-v1.ckpt. The newest callback state by step is the first
+    run's; the second run's best and top-k were deleted as 'older than the newest 1'."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from tests import checkpoint_libraries
+
+    copy = aged_copy(lightning_run.dir, tmp_path)
+    monkeypatch.setattr(checkpoint_libraries, "LIGHTNING_VAL_ACC", (0.30, 0.20, 0.10))
+    torch.manual_seed(1)
+    x = torch.randn(32, 8)
+    y = (x[:, 0] > 0).long()
+    train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:16], y[:16]), batch_size=16)
+    callback = ModelCheckpoint(dirpath=str(copy), monitor="val_acc", mode="max", save_top_k=3, save_last=True)
+    trainer = pl.Trainer(
+        max_epochs=3,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path / "second"),
+    )
+    with one_thread():
+        trainer.fit(lightning_module_class()(), train, val)
+    second_best = Path(callback.best_model_path).name
+    assert second_best == "epoch=0-step=2.ckpt" and second_best not in lightning_run.best_k_models
+    for path in copy.iterdir():  # the second run an hour ago too: older than min_age
+        st = path.lstat()
+        os.utime(path, (st.st_atime - AGE_S, st.st_mtime - AGE_S), follow_symlinks=False)
+    module_class = lightning_module_class()
+    weights = module_class.load_from_checkpoint(str(copy / second_best), map_location="cpu").state_dict()
+    doc = console.listing(copy)
+    assert second_best in flagged(doc, "best"), listing_text(doc)
+    result = console.cleanup(copy)
+    first_best = Path(lightning_run.best_model_path).name
+    kept = {second_best, first_best} | {Path(p).name for p in callback.best_k_models}
+    assert not deleted(result, copy) & kept, plan_text(result)
+    loaded = module_class.load_from_checkpoint(str(copy / second_best), map_location="cpu")
+    assert_same_weights(loaded.state_dict(), weights)
+    module_class.load_from_checkpoint(str(copy / first_best), map_location="cpu")
+
+
 # --- Hugging Face Trainer -----------------------------------------------------------------------
 
 

@@ -828,10 +828,10 @@ def _scan_directory(
         protections[name] = []
 
     # What the libraries recorded: Lightning's callback state, HF's best_model_checkpoint.
-    lightning_state = _lightning_truth(entries.values())
+    lightning_truths = _lightning_truths(entries.values())
+    lightning_read = bool(lightning_truths)
     top_k: Set[str] = set()
-    if lightning_state is not None:
-        source, states = lightning_state
+    for source, states in lightning_truths:
         for state in states:
             what = "ModelCheckpoint(monitor=%s, mode=%s)" % (state.monitor or "none", state.mode or "min")
             base = layouts.basename_of_recorded(state.best_model_path)
@@ -864,7 +864,7 @@ def _scan_directory(
             protect(name, "best (a copy named so)")
     losses = [e.meta.loss for e in entries.values() if e.meta.loss is not None and e.meta.loss == e.meta.loss]
     lowest = {e.name for e in entries.values() if losses and e.meta.loss == min(losses)}
-    recorded_best = lightning_state is not None or bool(hf_bests)
+    recorded_best = lightning_read or bool(hf_bests)
     if not recorded_best and not any(
         stands_as_best(entries[name]) and name in lowest for name in best if name in entries
     ):
@@ -877,7 +877,7 @@ def _scan_directory(
                 protect(name, "best (lowest loss)")
 
     placed = {
-        name: _series_of(entry, lightning_state is not None, name in top_k, nested.get(name))
+        name: _series_of(entry, lightning_read, name in top_k, nested.get(name))
         for name, entry in entries.items()
     }
     # A directory series whose library records no current one (HF Trainer, accelerate, torchtitan):
@@ -1129,13 +1129,19 @@ def _series_of(
     return layout, series, None
 
 
-def _lightning_truth(entries: Iterable[CheckpointEntry]) -> Optional[Tuple[str, Tuple[ModelCheckpointState, ...]]]:
-    """(name, states) of the newest Lightning checkpoint whose ModelCheckpoint state was read: the directory's truth."""
+def _lightning_truths(entries: Iterable[CheckpointEntry]) -> List[Tuple[str, Tuple[ModelCheckpointState, ...]]]:
+    """(name, states) of the newest Lightning checkpoint whose ModelCheckpoint state was read (the
+    directory's truth), and of the one written last when that is another: a run started again into
+    the same dirpath (its files beside the first run's, last-v1.ckpt) has its own best and top-k."""
     read = [e for e in entries if e.meta.callbacks and not e.is_link and e.integrity not in BROKEN]
     if not read:
-        return None
+        return []
     newest = max(read, key=lambda e: (e.meta.step if e.meta.step is not None else -1, e.mtime, natural_key(e.name)))
-    return newest.name, newest.meta.callbacks
+    written_last = max(read, key=lambda e: (e.mtime, e.meta.step if e.meta.step is not None else -1, natural_key(e.name)))
+    truths = [(newest.name, newest.meta.callbacks)]
+    if written_last.meta.callbacks != newest.meta.callbacks:
+        truths.append((written_last.name, written_last.meta.callbacks))
+    return truths
 
 
 def _listing(
