@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
+import socket
 from pathlib import Path
 
 import pytest
@@ -142,6 +144,26 @@ async def test_closed_port_is_down_and_retried_with_backoff(sshd_factory):
 
 
 @pytest.mark.sshd
+async def test_port_that_accepts_but_never_speaks_ssh_says_so(ssh_client):
+    # A listening socket that accepts and stays silent (a hung sshd, or another service on the port):
+    # the reason says TCP got through and the SSH greeting never came, not just "timed out".
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    port = silent.getsockname()[1]
+    quick = dataclasses.replace(FAST, connect_timeout=1.0)
+    link = SshLink(NodeConfig(name="silent", host="127.0.0.1", port=port), quick, INTERVAL)
+    log = StateLog()
+    try:
+        async with running(link, log):
+            state = await log.wait_state(STATE_DOWN, 10)
+    finally:
+        silent.close()
+    assert state.reason.startswith("the port accepted but sent no SSH greeting within 1 s: "), state.reason
+    assert "try: ssh -v" in state.reason and state.frame is None
+
+
+@pytest.mark.sshd
 async def test_wrong_client_key_is_auth_and_not_retried_in_a_loop(sshd_factory, ssh_client):
     other = keygen(ssh_client.home / "someone_else", "other")
     server = sshd_factory.start(authorized_keys=[public_key(other)])
@@ -215,7 +237,11 @@ async def test_node_without_the_configured_python_uses_the_fallback(sshd_factory
     async with running(link, log):
         state = await log.wait_for(lambda s: s.state == STATE_FALLBACK and s.frame.seq >= 2, 20)
     assert state.reason.startswith("no usable python3 on node: ")
-    assert state.reason.endswith("; using nvidia-smi + /proc")
+    assert (
+        "; using nvidia-smi + /proc (for the full probe: python3 >= 3.6 on the node's PATH, or python = \""
+        in state.reason
+    )
+    assert state.reason.endswith(" in its [[nodes]] entry)")
     assert "/nonexistent/python3" in state.reason
     host = state.frame.host
     assert host.hostname == HOSTNAME and host.mem_total > 0 and host.cpu_percent is not None

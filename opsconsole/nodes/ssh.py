@@ -179,7 +179,12 @@ def _fallback_problem(frame: NodeFrame) -> Optional[str]:
 
 
 def fallback_reason(why: str) -> str:
-    return "no usable python3 on node: %s; using nvidia-smi + /proc" % why
+    """Why the node is read with nvidia-smi + /proc, and how to get the full probe back."""
+    return (
+        "no usable python3 on node: %s; using nvidia-smi + /proc (for the full probe: python3 >= %s on "
+        'the node\'s PATH, or python = "/path/to/python3" in its [[nodes]] entry)'
+        % (why, ".".join(map(str, MIN_PYTHON)))
+    )
 
 
 class ProbeSession(asyncssh.SSHClientSession):

@@ -167,8 +167,26 @@ def parse_jump(spec: str) -> Tuple[Optional[str], str, Optional[int]]:
     return user or None, host, port
 
 
-def describe_connect_error(exc: BaseException, timeout: float) -> Tuple["NodeStateName", str]:
-    """(state, reason) for an exception raised while connecting."""
+def connect_timeout_reason(conn: Optional[asyncssh.SSHClientConnection], timeout: float) -> str:
+    """Why a login that ran out of time did: how far it got says where to look.
+
+    `conn` is the connection asyncssh made once TCP connected (None before that); its
+    server_version is set once the node's sshd sent its greeting.
+    """
+    if conn is None:
+        return "no TCP connection within %g s: host down or unreachable, or a firewall drops the packets" % timeout
+    if not conn.get_extra_info("server_version"):
+        return (
+            "the port accepted but sent no SSH greeting within %g s: sshd hung or overloaded, "
+            "or no SSH server on this port (try: ssh -v)" % timeout
+        )
+    return "SSH login did not finish within %g s: slow authentication on the node (try: ssh -v)" % timeout
+
+
+def describe_connect_error(
+    exc: BaseException, timeout: float, conn: Optional[asyncssh.SSHClientConnection] = None
+) -> Tuple["NodeStateName", str]:
+    """(state, reason) for an exception raised while connecting; `conn`: what a login got to (see above)."""
     if isinstance(exc, asyncssh.PermissionDenied):
         return STATE_AUTH, "authentication failed: %s" % (exc.reason or "permission denied")
     if isinstance(exc, (asyncssh.KeyImportError, asyncssh.KeyEncryptionError)):
@@ -178,7 +196,7 @@ def describe_connect_error(exc: BaseException, timeout: float) -> Tuple["NodeSta
     if isinstance(exc, asyncssh.DisconnectError):
         return STATE_DOWN, "connection lost: %s" % (exc.reason or type(exc).__name__)
     if isinstance(exc, asyncio.TimeoutError):
-        return STATE_DOWN, "timed out after %g s" % timeout
+        return STATE_DOWN, connect_timeout_reason(conn, timeout)
     if isinstance(exc, ConnectionRefusedError):
         return STATE_DOWN, "connection refused"
     if isinstance(exc, socket.gaierror):
@@ -287,12 +305,14 @@ class SshConnection:
             self._conn, self._lost = conn, None
             return conn
 
-    def _client_factory(self, verdict_factory: Any, on_lost: bool) -> Any:
+    def _client_factory(self, verdict_factory: Any, on_lost: bool, attempt: Optional[dict] = None) -> Any:
         link = self
 
         class _Client(verdict_factory):  # type: ignore[misc, valid-type]
             def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
                 self._conn = conn
+                if attempt is not None:  # TCP is up: a timeout from here on is the node's sshd
+                    attempt["conn"] = conn
 
             def connection_lost(self, exc: Optional[Exception]) -> None:
                 if on_lost and link._conn is getattr(self, "_conn", None):
@@ -314,9 +334,10 @@ class SshConnection:
         interval, count_max = keepalive_for(host, user, port, self.ssh)
         if target and self.stream_interval:  # the stream's frames are the traffic keepalives would make
             interval, count_max = keepalive_beside_stream(interval, count_max, self.stream_interval)
+        attempt = {}  # type: dict
         kwargs = dict(
             known_hosts=known,
-            client_factory=self._client_factory(client_class, on_lost=target),
+            client_factory=self._client_factory(client_class, on_lost=target, attempt=attempt),
             keepalive_interval=interval,
             keepalive_count_max=count_max,
             connect_timeout=self.ssh.connect_timeout,
@@ -339,7 +360,7 @@ class SshConnection:
         except (asyncio.CancelledError, LinkError):
             raise
         except Exception as exc:
-            state, reason = describe_connect_error(exc, self.ssh.connect_timeout)
+            state, reason = describe_connect_error(exc, self.ssh.connect_timeout, attempt.get("conn"))
             raise LinkError(state, reason) from None
 
     def _hostkey_error(self, exc: asyncssh.HostKeyNotVerifiable, verdict: HostKeyVerdict) -> LinkError:
