@@ -8,17 +8,20 @@ measures how long a key press takes, against a baseline with no node frozen.)
 
 from __future__ import annotations
 
+import dataclasses
+import socket
 from typing import Callable, List
 
 import pytest
 from textual.widgets import DataTable, Input
 
 from opsconsole.config import Config, ConsoleConfig, NodeConfig, SshConfig
-from opsconsole.model import STATE_DOWN, STATE_STALE, STATE_UP, NodeState
+from opsconsole.model import STATE_DOWN, STATE_FALLBACK, STATE_STALE, STATE_UP, NodeState
 from opsconsole.nodes.fleet import Fleet
 from opsconsole.tui.app import OpsConsole
 from opsconsole.tui.formatting import NA, STALE_ROW_STYLE
 from opsconsole.tui.help import HelpScreen
+from opsconsole.tui.lines_view import LinesView
 from tests.sshd import ssh_client, sshd_factory  # noqa: F401
 from tests.waiting import wait_for
 
@@ -139,3 +142,52 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
             assert nodes_table.get_cell("ok-node", "state").plain == "up"
         finally:
             frozen.thaw()
+
+
+async def test_drilling_into_a_silent_node_and_a_python_less_node_says_what_is_wrong(sshd_factory, tmp_path):
+    # A port that accepts and never speaks SSH (a hung sshd), and a real node whose PATH has no python3:
+    # the overview above each node's readings says its state and why, with what to try.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    bin_dir, home = tmp_path / "bin", tmp_path / "node_home"
+    bin_dir.mkdir()
+    home.mkdir()
+    (bin_dir / "sh").symlink_to("/bin/sh")
+    python_less = sshd_factory.start(SetEnv="PATH=%s HOME=%s" % (bin_dir, home))
+    config = Config(
+        console=ConsoleConfig(interval=0.3),
+        nodes=(
+            NodeConfig(name="silent-node", host="127.0.0.1", port=silent.getsockname()[1]),
+            NodeConfig(name="no-python", host=python_less.address, port=python_less.port),
+        ),
+        ssh=dataclasses.replace(FAST, connect_timeout=1.0),
+    )
+    app = OpsConsole(config, Fleet(config))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            states = app.fleet.states
+            await wait_for(
+                lambda: states()["silent-node"].state == STATE_DOWN and states()["no-python"].state == STATE_FALLBACK,
+                "silent-node down and no-python on the fallback",
+                timeout=WAIT_LIMIT_S,
+                pilot=pilot,
+            )
+            await pilot.press("4")
+            await pilot.pause()
+            expected = {
+                "silent-node": "down, no frame yet: the port accepted but sent no SSH greeting within 1 s",
+                "no-python": "fallback: no usable python3 on node: ",
+            }
+            for row, name in enumerate(("silent-node", "no-python")):
+                await pilot.press("home", *["down"] * row, "enter")
+                await pilot.pause()
+                assert app.node == name and app.visible_pane_id == "overview"
+                host = str(app.panes["overview"].query_one("#overview-host", LinesView).render())
+                assert expected[name] in host, host
+                assert "never" not in host
+                await pilot.press("escape")
+                await pilot.pause()
+                assert app.visible_pane_id == "nodes"
+    finally:
+        silent.close()

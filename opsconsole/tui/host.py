@@ -90,6 +90,19 @@ def core_segments(per_core: Sequence[float], width: int) -> List[Segment]:
     return out
 
 
+def node_condition(state: NodeState, now: float) -> Optional[Segment]:
+    """The node's state and why, for the line above its readings; None for a node that is simply up.
+
+    A node never heard from says "no frame yet" (not "frame never old"); a live node read another
+    way (fallback, degraded) shows its reason too, which carries the fix.
+    """
+    reason = ": " + state.reason if state.reason else ""
+    if state.is_live:
+        return ("%s%s" % (state.state, reason), LEVEL_WARN) if state.reason else None
+    age = "no frame yet" if state.received_at is None else "frame %s old" % format_frame_age(state.age(now))
+    return ("%s, %s%s" % (state.state, age, reason), LEVEL_CRIT)
+
+
 def host_segments(state: NodeState, health: HealthConfig, now: float, width: int) -> List[Segment]:
     """The summary above the process table, as styled segments."""
     frame = state.frame
@@ -98,14 +111,9 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
     if host is not None and host.hostname and host.hostname != state.name:
         title += " (%s)" % host.hostname
     out: List[Segment] = [(title, LEVEL_PLAIN)]
-    if not state.is_live:
-        out.append(
-            (
-                "   %s, frame %s old%s"
-                % (state.state, format_frame_age(state.age(now)), ": " + state.reason if state.reason else ""),
-                LEVEL_CRIT,
-            )
-        )
+    condition = node_condition(state, now)
+    if condition is not None:
+        out.append(("   " + condition[0], condition[1]))
     if host is None:
         out += [
             ("\n", ""),

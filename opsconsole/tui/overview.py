@@ -27,7 +27,6 @@ from opsconsole.tui.formatting import (
     format_bytes,
     format_clock,
     format_duration,
-    format_frame_age,
     format_memory_pair,
     format_pcie_link,
     format_percent,
@@ -39,6 +38,7 @@ from opsconsole.tui.formatting import (
     shorten,
 )
 from opsconsole.tui.gpu_levels import gpu_status, memory_level, temperature_level, throttle_text
+from opsconsole.tui.host import node_condition
 from opsconsole.tui.lines_view import LinesView
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow, styled_row
@@ -335,11 +335,9 @@ def host_items(state: NodeState, health: HealthConfig, now: float) -> List[Line]
     if host is not None and host.hostname and host.hostname != state.name:
         title += " (%s)" % host.hostname
     items: List[Line] = [[(title, "bold")]]
-    if not state.is_live:
-        age = format_frame_age(state.age(now))
-        items.append(
-            [("%s, frame %s old%s" % (state.state, age, ": " + state.reason if state.reason else ""), LEVEL_CRIT)]
-        )
+    condition = node_condition(state, now)
+    if condition is not None:
+        items.append([condition])
     if host is None:
         items.append([("no host readings yet" if frame is None else "no host readings", LEVEL_DIM)])
         return items
