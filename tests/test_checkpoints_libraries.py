@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Dict, List, Set
 
@@ -351,54 +352,99 @@ def test_hf_checkpoint_without_weights_is_corrupt_and_never_the_newest_kept(hf_r
 NOBODY = 65534
 
 
-def test_hf_checkpoint_dirs_that_cannot_be_listed_are_shown_and_kept(hf_run, tmp_path):
-    """checkpoint-N/ directories the user cannot list (mode 000; as root, the command runs as nobody,
-    who owns the copy) were left out of the listing without a word: the best among them. Each is
-    listed, not managed, 'could not read', and cleanup --yes leaves it; opened again, the best loads."""
-    from transformers import AutoModelForCausalLM
+class OtherUser:
+    """An aged copy of the HF run in a directory another user may enter, and the commands run as that
+    user (nobody, who then owns the copy, when the tests run as root: root may write anywhere)."""
 
-    prefix: List[str] = []
-    if os.geteuid() == 0:
-        if not shutil.which("setpriv"):
-            pytest.skip("needs setpriv to run the command as another user than root")
-        prefix = ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups"]
-    folder = Path(tempfile.mkdtemp(prefix="opsconsole-unlisted-"))
-    try:
+    def __init__(self, folder: Path, source: Path):
+        self.prefix: List[str] = []
+        if os.geteuid() == 0:
+            if not shutil.which("setpriv"):
+                pytest.skip("needs setpriv to run the command as another user than root")
+            self.prefix = ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups"]
         os.chmod(folder, 0o755)
-        copy = aged_copy(hf_run.output_dir, folder)
+        self.copy = aged_copy(source, folder)
         config = folder / "config.toml"
         config.write_text('[actions]\naudit_log = "%s"\n' % (folder / "audit.log"))
-        if prefix:
+        if self.prefix:
             for path in [folder, *folder.rglob("*")]:
                 os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
-        env = dict(os.environ, HOME=str(folder), XDG_CACHE_HOME=str(folder / "cache"), OPSCONSOLE_CONFIG=str(config))
-        probe = subprocess.run(prefix + [sys.executable, "-c", "import opsconsole.cli"], env=env, capture_output=True)
+        self.env = dict(
+            os.environ, HOME=str(folder), XDG_CACHE_HOME=str(folder / "cache"), OPSCONSOLE_CONFIG=str(config)
+        )
+        probe = subprocess.run(self.prefix + [sys.executable, "-c", "import opsconsole.cli"], env=self.env, capture_output=True)
         if probe.returncode != 0:
             pytest.skip("the other user cannot run this Python: %s" % probe.stderr[-200:])
-        best = copy / hf_run.best_checkpoint
-        best.chmod(0)
 
-        def command(*argv: str) -> dict:
-            done = subprocess.run(
-                prefix + [sys.executable, "-m", "opsconsole", *argv], env=env, capture_output=True, text=True, timeout=300
-            )
-            assert done.returncode == 0, done.stderr
-            return json.loads(done.stdout)
+    def command(self, *argv: str, codes=(0,)) -> dict:
+        done = subprocess.run(
+            self.prefix + [sys.executable, "-m", "opsconsole", *argv],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode in codes, done.stderr or done.stdout
+        return json.loads(done.stdout)
 
-        doc = command("checkpoints", str(copy), "--json")
-        listed = units(doc)
-        assert hf_run.best_checkpoint in listed, listing_text(doc)
-        entry = listed[hf_run.best_checkpoint]
-        assert entry["best"] and not entry["managed"] and "cannot list" in entry["unreadable"], listing_text(doc)
-        result = command("cleanup", str(copy), "--keep", "1", "--yes", "--json")
-        assert hf_run.best_checkpoint not in deleted(result, copy), plan_text(result)
-        best.chmod(0o755)
-        AutoModelForCausalLM.from_pretrained(str(best))
+
+@pytest.fixture
+def other_user(hf_run):
+    folder = Path(tempfile.mkdtemp(prefix="opsconsole-other-user-"))
+    try:
+        yield OtherUser(folder, hf_run.output_dir)
     finally:
         for path in [folder, *folder.rglob("*")]:
             if path.is_dir() and not path.is_symlink():
                 path.chmod(0o755)
         shutil.rmtree(folder)
+
+
+def test_hf_checkpoint_dirs_that_cannot_be_listed_are_shown_and_kept(hf_run, other_user):
+    """checkpoint-N/ directories the user cannot list (mode 000) were left out of the listing without
+    a word: the best among them. Each is listed, not managed, 'could not read', and cleanup --yes
+    leaves it; opened again, the best loads."""
+    from transformers import AutoModelForCausalLM
+
+    copy = other_user.copy
+    best = copy / hf_run.best_checkpoint
+    best.chmod(0)
+    doc = other_user.command("checkpoints", str(copy), "--json")
+    listed = units(doc)
+    assert hf_run.best_checkpoint in listed, listing_text(doc)
+    entry = listed[hf_run.best_checkpoint]
+    assert entry["best"] and not entry["managed"] and "cannot list" in entry["unreadable"], listing_text(doc)
+    result = other_user.command("cleanup", str(copy), "--keep", "1", "--yes", "--json")
+    assert hf_run.best_checkpoint not in deleted(result, copy), plan_text(result)
+    best.chmod(0o755)
+    AutoModelForCausalLM.from_pretrained(str(best))
+
+
+def test_a_unit_the_user_cannot_delete_whole_is_left_whole(hf_run, other_user):
+    """checkpoint-10/ (planned for deletion) holds a directory its user may not write (global_step10/,
+    mode 555: another job's, a read-only copy): cleanup unlinked config.json and
+    generation_config.json, then stopped, and said nothing of the unit went. Now it checks every
+    directory of the unit before anything goes: the unit stays whole and loads."""
+    from transformers import AutoModelForCausalLM
+
+    unit = other_user.copy / "checkpoint-10"
+    guarded = unit / "global_step10"
+    guarded.mkdir()
+    (guarded / "mp_rank_00_model_states.pt").write_bytes((unit / "rng_state.pth").read_bytes())
+    if other_user.prefix:
+        for path in (guarded, guarded / "mp_rank_00_model_states.pt"):
+            os.chown(path, NOBODY, NOBODY)
+    for path in (guarded / "mp_rank_00_model_states.pt", guarded, unit):
+        os.utime(path, (AGE_S, time.time() - AGE_S))
+    guarded.chmod(0o555)
+    before = tree(unit)
+    # Exit 1: a planned unit was not deleted (the result says why).
+    result = other_user.command("cleanup", str(other_user.copy), "--keep", "1", "--yes", "--json", codes=(1,))
+    planned = {Path(i["path"]).name for i in result["plan"]["plan"] if i["action"].lower() == "delete"}
+    assert "checkpoint-10" in planned, plan_text(result)
+    assert "checkpoint-10" not in deleted(result, other_user.copy), plan_text(result)
+    assert tree(unit) == before, plan_text(result)
+    AutoModelForCausalLM.from_pretrained(str(unit))
 
 
 def test_hf_cleanup_pointed_at_one_checkpoint_deletes_nothing_inside(hf_run, console, tmp_path):

@@ -16,6 +16,8 @@ deletions keep the same guarantees, in the same code:
 - the kept units that justify the deletions (the newest good ones, the recorded best/latest)
   come with the open request too, marked "kept": while one of them is not as judged (changed,
   gone) nothing is deleted;
+- a unit goes only when this user may write every directory of it and the one holding it
+  (faccessat): one it could delete only in part is kept whole;
 - only recorded entries are deleted: a file that appeared inside a directory since the check
   makes its rmdir fail, and the unit is reported as partly deleted, with what went.
 Nothing here opens a file that is not a directory: FIFOs and devices are lstat'ed, never read.
@@ -725,12 +727,34 @@ class PinnedRoot(object):
             if len(members) == 1 and text == "%s is gone" % members[0]:
                 return "already gone"
             return text
-        why = self._compare(recorded, now) or self._kept_changed("not deleted")
+        why = self._compare(recorded, now) or self._kept_changed("not deleted") or self._not_removable(members, now)
         if why:
             return why
         held = [r[0] for r in now if self.in_use.holds(r, self.real_root)]
         if held:
             return "in use: %s open or mapped by a process" % _names(held)
+        return None
+
+    def _not_removable(self, members, records):
+        """Why this user could not remove all of the unit (a directory of it, or holding it, that the
+        user may not write), else None: asked before anything goes, so that a unit goes whole or not
+        at all (a root-owned global_stepN/ inside checkpoint-N/ left it without config.json)."""
+        folders = set(r[0] for r in records if r[1] == "d")
+        folders.update("/".join(split_member(rel)[:-1]) for rel in members)
+        for rel in sorted(folders):
+            if rel:
+                parts = split_member(rel)
+                parent = open_parent(self.fd, parts)
+                try:
+                    may = os.access(parts[-1], os.W_OK | os.X_OK, dir_fd=parent)
+                finally:
+                    os.close(parent)
+            else:
+                may = os.access(".", os.W_OK | os.X_OK, dir_fd=self.fd)
+            if not may:
+                return "%s: Permission denied (this user may not delete in it): nothing of the unit deleted" % (
+                    rel or "the directory"
+                )
         return None
 
     def _differs(self, members, recorded):
