@@ -365,3 +365,20 @@ async def test_a_fallback_node_flooding_its_nvidia_smi_output_is_a_bad_frame(ssh
         FALLBACK_OUTPUT_LIMIT
     )
     assert peak < 3 * FALLBACK_OUTPUT_LIMIT, peak
+
+
+@pytest.mark.sshd
+async def test_a_login_that_replaces_every_command_is_said_so_not_shown_as_a_live_fallback(sshd_factory, tmp_path):
+    # A ForceCommand that prints a banner (escapes included) and runs none of what it is sent: the probe
+    # "fails" like a missing python3, and the fallback's script never runs either. The node is down
+    # with that said, not a live fallback node of empty readings and errors.
+    wrapper = tmp_path / "force_command.sh"
+    wrapper.write_text("#!/bin/sh\nprintf 'Welcome \\033[2J\\033]0;title\\007to gpu01\\n'\nexit 127\n")
+    wrapper.chmod(0o755)
+    server = sshd_factory.start(ForceCommand=str(wrapper))
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    state = await link.poll_once(20)
+    await link.close()
+    assert state.state == STATE_DOWN and state.frame is None
+    assert "the node ran none of the fallback script (a ForceCommand or login script" in state.reason, state.reason
+    assert state.reason.endswith("exit status 127, it printed: Welcome ␛[2J␛]0;title␇to gpu01")  # escapes made visible

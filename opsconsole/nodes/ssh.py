@@ -46,7 +46,7 @@ from opsconsole.nodes.backoff import Backoff
 from opsconsole.nodes.base import COMMANDS_SSH, NodeLink, Publish
 from opsconsole.nodes.bundle import MIN_PYTHON, UNSUPPORTED_MARKER, probe_bundle
 from opsconsole.nodes.line_split import MAX_LINE_CHARS, LineSplitter
-from opsconsole.nodes.smi_fallback import FallbackPoller
+from opsconsole.nodes.smi_fallback import FallbackPoller, split_sections
 from opsconsole.nodes.ssh_connection import (  # noqa: F401 (names importers of this module use)
     CHANNEL_RETRY_DELAYS,
     EXEC_OUTPUT_LIMIT,
@@ -66,6 +66,7 @@ from opsconsole.nodes.ssh_connection import (  # noqa: F401 (names importers of 
     parse_jump,
 )
 from opsconsole.probe.wire_delta import StreamDecoder
+from opsconsole.sanitize import printable_line
 from opsconsole.units import format_frame_age
 
 if TYPE_CHECKING:
@@ -176,6 +177,11 @@ def _fallback_problem(frame: NodeFrame) -> Optional[str]:
     except FrameError as exc:
         return BAD_FRAME + str(exc)
     return None
+
+
+class FallbackScriptNotRun(OutputOverLimit):
+    """The fallback's output holds none of its script's sections: as unusable as output over the limit
+    (a bad frame: the last good frame stays, the next tick tries again)."""
 
 
 def fallback_reason(why: str) -> str:
@@ -448,6 +454,16 @@ class SshLink(SshConnection, NodeLink):
         started = time.perf_counter()
         status, out, _ = await self._exec(poller.command(), timeout, merge=True, output_limit=FALLBACK_OUTPUT_LIMIT)
         ms = round((time.perf_counter() - started) * 1000.0, 2)
+        if not split_sections(out):
+            # Not one of the script's section lines: the node ran something else (a ForceCommand or a
+            # login script that replaces the command). A frame of nothing but errors would pass for live.
+            printed = next((line.strip() for line in out.splitlines() if line.strip()), "nothing")
+            raise FallbackScriptNotRun(
+                STATE_DOWN,
+                "the node ran none of the fallback script (a ForceCommand or login script replacing the "
+                "command? try: ssh NODE echo ok); exit status %s, it printed: %s"
+                % (status, printable_line(printed[:200])),
+            )
         return poller.frame_from_output(out, probe_ms=ms)
 
     async def _run_fallback(self, why: str) -> str:
