@@ -39,11 +39,11 @@ from tests.checkpoint_libraries import (  # noqa: F401  (session fixtures)
     accelerate_load,
     accelerate_run,
     copy_artifact,
-    hf_training_args,
     dcp_load,
     dcp_run,
     hf_resume_one_step,
     hf_run,
+    hf_training_args,
     library_root,
     lightning_module_class,
     lightning_run,
@@ -319,7 +319,9 @@ def test_hf_two_runs_in_one_output_dir_each_keep_their_best(hf_run, console, tmp
     for path in copy.rglob("*"):  # the second run an hour ago too: older than min_age
         st = path.lstat()
         os.utime(path, (st.st_atime - AGE_S, st.st_mtime - AGE_S), follow_symlinks=False)
-    weights = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(str(copy / second_best)).state_dict().items()}
+    weights = {
+        k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(str(copy / second_best)).state_dict().items()
+    }
     doc = console.listing(copy)
     assert second_best in flagged(doc, "best"), listing_text(doc)
     result = console.cleanup(copy)
@@ -372,7 +374,9 @@ class OtherUser:
         self.env = dict(
             os.environ, HOME=str(folder), XDG_CACHE_HOME=str(folder / "cache"), OPSCONSOLE_CONFIG=str(config)
         )
-        probe = subprocess.run(self.prefix + [sys.executable, "-c", "import opsconsole.cli"], env=self.env, capture_output=True)
+        probe = subprocess.run(
+            self.prefix + [sys.executable, "-c", "import opsconsole.cli"], env=self.env, capture_output=True
+        )
         if probe.returncode != 0:
             pytest.skip("the other user cannot run this Python: %s" % probe.stderr[-200:])
 

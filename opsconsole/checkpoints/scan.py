@@ -877,8 +877,7 @@ def _scan_directory(
                 protect(name, "best (lowest loss)")
 
     placed = {
-        name: _series_of(entry, lightning_read, name in top_k, nested.get(name))
-        for name, entry in entries.items()
+        name: _series_of(entry, lightning_read, name in top_k, nested.get(name)) for name, entry in entries.items()
     }
     # A directory series whose library records no current one (HF Trainer, accelerate, torchtitan):
     # its newest sound unit is what a resume loads (get_last_checkpoint, load_state(), the max step).
@@ -1137,7 +1136,9 @@ def _lightning_truths(entries: Iterable[CheckpointEntry]) -> List[Tuple[str, Tup
     if not read:
         return []
     newest = max(read, key=lambda e: (e.meta.step if e.meta.step is not None else -1, e.mtime, natural_key(e.name)))
-    written_last = max(read, key=lambda e: (e.mtime, e.meta.step if e.meta.step is not None else -1, natural_key(e.name)))
+    written_last = max(
+        read, key=lambda e: (e.mtime, e.meta.step if e.meta.step is not None else -1, natural_key(e.name))
+    )
     truths = [(newest.name, newest.meta.callbacks)]
     if written_last.meta.callbacks != newest.meta.callbacks:
         truths.append((written_last.name, written_last.meta.callbacks))
