@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 240
 
 WORKER = textwrap.dedent("""
-    import logging, os, sys
+    import ctypes, logging, os, sys
     import torch
     import torch.distributed as dist
 
@@ -50,6 +50,13 @@ WORKER = textwrap.dedent("""
                 log.info("step %d loss: %s", step, loss.item())
                 if not torch.isfinite(loss):
                     raise FloatingPointError("loss is %s at step %d" % (loss.item(), step))
+            elif mode == "exit3":
+                log.error("config invalid, exiting")
+                sys.exit(3)
+            elif mode == "segv":
+                ctypes.string_at(0)
+            elif mode == "mismatch":
+                x = torch.ones(7)  # rank 0 reduces 4 floats: gloo aborts it on the size it receives
         if mode == "sigkill" and step == 1:
             dist.barrier()
             if rank == 1:
@@ -60,7 +67,7 @@ WORKER = textwrap.dedent("""
     log.info("done")
 """)
 
-MODES = ("index", "embedding", "sigkill", "nan", "healthy")
+MODES = ("index", "embedding", "sigkill", "nan", "exit3", "segv", "mismatch", "healthy")
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +191,40 @@ def test_a_nan_loss_is_nan_inf_on_the_rank_that_logged_it(runs):
     assert result["file"] == str(directory / "train_local_rank1_x.log")
     assert "loss: nan" in (directory / "train_local_rank1_x.log").read_text().splitlines()[result["line"] - 1]
     assert not [f for f in result["findings"] if f["category"] == "app_error"]
+
+
+def launcher_line(directory: Path, result: dict) -> str:
+    return (directory / "launcher.log").read_text().splitlines()[result["line"] - 1]
+
+
+def test_a_rank_that_exits_with_a_code_of_its_own_is_blamed_not_the_peer_torchelastic_saw_first(runs):
+    # Rank 1's sys.exit(3) leaves no traceback; rank 0 then loses its connection, exits 1 and is what
+    # torchelastic's table calls the "first observed failure". The failing rank is 1.
+    directory, status = runs["exit3"]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
+    assert result["file"] == str(directory / "launcher.log")
+    assert "exitcode" in launcher_line(directory, result) and ": 3 (pid" in launcher_line(directory, result)
+
+
+def test_a_segfaulted_rank_is_blamed_not_the_peer_that_lost_its_connection(runs):
+    directory, status = runs["segv"]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
+    assert "SIGSEGV" in launcher_line(directory, result) or "-11" in launcher_line(directory, result)
+
+
+def test_a_collective_size_mismatch_is_the_codes_error_with_a_remedy_that_fits(runs):
+    # gloo aborts the rank that received more than it expected (SIGABRT, no Python traceback); its peer only
+    # saw the connection reset. Not "a peer rank failed", and not "reproduce on one process".
+    directory, status = runs["mismatch"]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("app_error", 0)
+    root = next(f for f in result["findings"] if f["category"] == "app_error")
+    assert "collective mismatch" in root["excerpt"] and "TORCH_DISTRIBUTED_DEBUG=DETAIL" in root["remedy"]
 
 
 def test_a_healthy_run_has_no_verdict(runs):

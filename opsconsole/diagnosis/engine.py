@@ -41,6 +41,7 @@ from opsconsole.diagnosis.knowledge import (
     CATEGORIES,
     HOST_OOM_INFERRED_CAUSE,
     HOST_OOM_INFERRED_REMEDY,
+    COLLECTIVE_MISMATCH_REMEDY,
     HOST_OOM_SEEN_CAUSE,
     INDEX_ERROR_REMEDY,
 )
@@ -168,6 +169,9 @@ _INDEX_ERROR = re.compile(
     r"IndexError|index .{0,40}out of (?:range|bounds)|out of bounds for dimension"
     r"|[Tt]arget -?\d+ is out of bounds"
 )
+_COLLECTIVE_MISMATCH = re.compile(
+    r"collective mismatch|Received data size doesn't match expected size|mismatch between collectives"
+)
 TRACEBACK_SPAN = 500  # lines after a traceback's last frame in which its exception line may still come
 MAX_TABLES = 64  # launcher failure tables kept (one per source that printed one)
 _TABLE_STARTS = frozenset("RF")
@@ -175,6 +179,8 @@ _GLOG_FIRST = frozenset("IWEF")
 _STAMP_FIRST = frozenset("IWEF(")  # what a time prefix other than a bare ISO date starts with
 _TABLE_HEADERS = frozenset((ROOT_CAUSE_HEADER, OTHER_FAILURES_HEADER))
 _LAST_ERROR = "Last error:"  # NCCL's detail follows on the next line
+# What torchelastic sends the surviving children once one has failed (a rank it stopped did not fail).
+_STOPPED_BY_LAUNCHER = frozenset(("SIGTERM", "SIGINT", "SIGHUP"))
 PEER_GONE_WINDOW = 50  # lines after a peer's connection went away in which NCCL's generic errors mean that
 
 
@@ -297,6 +303,8 @@ class Diagnoser:
         self._year: Optional[int] = None  # of the latest full time stamp: glog's stamps name none
         self._tables: List[FailureTable] = []
         self._watchdog = WatchdogLines()
+        # Ranks whose own output said a peer closed or reset its connection: victims, never the failing rank.
+        self._peer_gone_ranks: set = set()
 
     # --- feeding ------------------------------------------------------------------------------------
 
@@ -541,6 +549,9 @@ class Diagnoser:
                 rank = int(next(group for group in found.groups() if group is not None))
             else:
                 rank = state.spawned_rank
+        if entry is None and rank is not None and category == "nccl_remote":
+            if any(role == ROLE_PEER_GONE for _, _, role in matches) and len(self._peer_gone_ranks) < MAX_SOURCES:
+                self._peer_gone_ranks.add(rank)
         excerpt = body
         if previous.strip() == _LAST_ERROR:
             excerpt = _LAST_ERROR + " " + body.strip()
@@ -666,7 +677,12 @@ class Diagnoser:
         time: Optional[float],
     ) -> Finding:
         entry = CATEGORIES["app_error"]
-        remedy = INDEX_ERROR_REMEDY + " " + entry.remedy if _INDEX_ERROR.search(text) else entry.remedy
+        if _COLLECTIVE_MISMATCH.search(text):  # "reproduce on one process" cannot: it takes the ranks disagreeing
+            remedy = COLLECTIVE_MISMATCH_REMEDY
+        elif _INDEX_ERROR.search(text):
+            remedy = INDEX_ERROR_REMEDY + " " + entry.remedy
+        else:
+            remedy = entry.remedy
         excerpt = text + (" (at %s)" % frame if frame else "")
         return Finding(
             line=number,
@@ -740,6 +756,13 @@ class Diagnoser:
         candidates = [
             finding for finding in self._findings if finding.category == best.category and finding.weak == best.weak
         ]
+        if best.category == "nccl_remote" and best.weak:
+            # Only peers' reports: the failing rank is the child that failed of its own (a crash signal, sys.exit),
+            # not the one torchelastic happened to see exit first (often a peer that lost its connection).
+            culprit = self._failed_of_its_own()
+            if culprit is not None:
+                named = culprit
+                candidates = [finding for finding in candidates if finding.rank == culprit] or candidates
         start = best
         if candidates:
             start = min(
@@ -752,6 +775,19 @@ class Diagnoser:
         if watchdog is not None and watchdog.kind == "never_reached" and watchdog.culprit_ranks:
             rank = watchdog.culprit_ranks[0]  # the first rank to time out only waited for this one
         return RootCause(category=best.category, finding=start, rank=rank, launcher=launcher, watchdog=watchdog)
+
+    def _failed_of_its_own(self) -> Optional[int]:
+        """The rank of the launcher's failed children that no peer's lost connection explains, when just one
+        rank is such: not a rank that reported a peer gone, not one the launcher stopped (SIGTERM)."""
+        ranks = {
+            failure.rank
+            for failure in self.launcher_failures()
+            if failure.rank is not None
+            and failure.rank not in self._peer_gone_ranks
+            and failure.signal not in _STOPPED_BY_LAUNCHER
+            and failure.exitcode not in (0, None, -1, -2, -15)
+        }
+        return ranks.pop() if len(ranks) == 1 else None
 
     def watchdog_verdict(self) -> Optional[WatchdogVerdict]:
         """What the NCCL watchdog lines of every rank fed so far say together (None when none was seen)."""

@@ -239,6 +239,13 @@ HOST_OOM_INFERRED_REMEDY = (
 HOST_OOM_SEEN_CAUSE = CATEGORIES["host_oom"].cause + " The OOM killer's own report was seen in the logs."
 
 # An index out of range on the CPU is what a device-side assert is on the GPU: the same checks.
+COLLECTIVE_MISMATCH_REMEDY = (
+    "The ranks called different collectives, or the same collective with different tensor sizes or dtypes "
+    "(a rank-dependent shape, a branch or a loop only some ranks take, an uneven last batch): it does not "
+    "reproduce on one process. Run with TORCH_DISTRIBUTED_DEBUG=DETAIL to have each rank's collective and "
+    "shapes compared, and make every rank pass the same shapes in the same order."
+)
+
 INDEX_ERROR_REMEDY = (
     "An index was out of range: check the data's label range against the number of classes "
     "([0, num_classes) for the loss) and token/embedding ids against the vocabulary (nn.Embedding's "

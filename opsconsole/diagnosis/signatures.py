@@ -780,6 +780,15 @@ SIGNATURES: Tuple[Signature, ...] = (
             "not found in the base model",
         ),
     ),
+    # Ranks that called different collectives, or the same one with different sizes: gloo aborts the receiving
+    # rank ("Received data size doesn't match expected size"), TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatch.
+    # The training code's bug, not a peer's failure.
+    _sig(
+        "app_error",
+        r"Is there a distributed collective mismatch|Received data size doesn't match expected size"
+        r"|Detected mismatch between collectives on ranks",
+        ("collective mismatch", "doesn't match expected size", "mismatch between collectives"),
+    ),
     # IPython's traceback header names the exception before its frames ("IndexError    Traceback (most
     # recent call last)"); a more specific line further down still wins on precedence.
     _sig(
