@@ -382,3 +382,21 @@ async def test_a_login_that_replaces_every_command_is_said_so_not_shown_as_a_liv
     assert state.state == STATE_DOWN and state.frame is None
     assert "the node ran none of the fallback script (a ForceCommand or login script" in state.reason, state.reason
     assert state.reason.endswith("exit status 127, it printed: Welcome ␛[2J␛]0;title␇to gpu01")  # escapes made visible
+
+
+@pytest.mark.sshd
+async def test_a_watched_node_whose_login_replaces_every_command_is_down_never_live(sshd_factory, tmp_path):
+    # The same node watched: every fallback tick is unusable and no good frame ever came, so the node
+    # is down with the reason (a live `fallback` state would count it as up in the header).
+    wrapper = tmp_path / "force_command.sh"
+    wrapper.write_text("#!/bin/sh\necho 'Welcome to gpu01'\nexit 127\n")
+    wrapper.chmod(0o755)
+    server = sshd_factory.start(ForceCommand=str(wrapper))
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    log = StateLog()
+    async with running(link, log):
+        first = await log.wait_for(lambda s: "fallback script" in (s.reason or ""), 20)
+        await log.wait_for(lambda s: len(log.states) >= log.states.index(first) + 3, 20)  # more ticks since
+    assert first.state == STATE_DOWN and first.frame is None
+    assert first.reason.endswith("exit status 127, it printed: Welcome to gpu01")
+    assert STATE_FALLBACK not in log.names and STATE_UP not in log.names, log.summary()

@@ -473,6 +473,18 @@ class SshLink(SshConnection, NodeLink):
         loop = asyncio.get_running_loop()
         stale_after = STALE_INTERVALS * self.interval
         exec_timeout = max(self.ssh.connect_timeout, stale_after * 4)
+
+        def bad_tick(why_bad: str) -> None:
+            # The last good frame stays, live while it is fresh; with none at all the node is not
+            # live (it would count as up with nothing to show), with an old one it is stale.
+            received = self._state.received_at
+            if received is None:
+                self._enter(STATE_DOWN, why_bad)
+            elif time.time() - received > stale_after:
+                self._enter(STATE_STALE, why_bad)
+            else:
+                self._enter(STATE_FALLBACK, why_bad)
+
         while True:
             started = loop.time()
             tick = asyncio.ensure_future(self._fallback_tick(poller, exec_timeout))
@@ -482,7 +494,7 @@ class SshLink(SshConnection, NodeLink):
                     self._enter(STATE_STALE, "no frame for %s (fallback)" % format_frame_age(stale_after))
                 frame = await tick
             except OutputOverLimit as err:  # a bad frame: the last good one stays, the next tick tries again
-                self._enter(STATE_FALLBACK, BAD_FRAME + err.reason)
+                bad_tick(BAD_FRAME + err.reason)
                 await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
                 continue
             except LinkError as err:
@@ -496,8 +508,8 @@ class SshLink(SshConnection, NodeLink):
             bad = _fallback_problem(frame)
             if bad is None:
                 self._enter(STATE_FALLBACK, reason, frame=frame, received_at=time.time())
-            else:  # the last good frame stays
-                self._enter(STATE_FALLBACK, bad)
+            else:
+                bad_tick(bad)
             await asyncio.sleep(max(0.0, self.interval - (loop.time() - started)))
 
     # --- run and poll_once ----------------------------------------------------------------------
