@@ -164,6 +164,24 @@ async def test_port_that_accepts_but_never_speaks_ssh_says_so(ssh_client):
 
 
 @pytest.mark.sshd
+async def test_one_poll_cut_short_while_logging_in_says_how_far_the_login_got(ssh_client):
+    # `opsconsole snapshot` polls with a deadline as long as the login's own: the deadline that ends
+    # it still says the port accepted and no SSH greeting came, not just "no frame within 1 s".
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    quick = dataclasses.replace(FAST, connect_timeout=1.0)
+    link = SshLink(NodeConfig(name="silent", host="127.0.0.1", port=silent.getsockname()[1]), quick, INTERVAL)
+    try:
+        state = await link.poll_once(1.0)
+    finally:
+        await link.close()
+        silent.close()
+    assert state.state == STATE_DOWN and state.frame is None
+    assert state.reason.startswith("the port accepted but sent no SSH greeting within 1 s: "), state.reason
+
+
+@pytest.mark.sshd
 async def test_wrong_client_key_is_auth_and_not_retried_in_a_loop(sshd_factory, ssh_client):
     other = keygen(ssh_client.home / "someone_else", "other")
     server = sshd_factory.start(authorized_keys=[public_key(other)])

@@ -58,6 +58,7 @@ from opsconsole.nodes.ssh_connection import (  # noqa: F401 (names importers of 
     OutputOverLimit,
     SshConnection,
     ciphers_for,
+    connect_timeout_reason,
     connection_lost,
     describe_connect_error,
     exit_status_of,
@@ -548,6 +549,9 @@ class SshLink(SshConnection, NodeLink):
         try:
             return await asyncio.wait_for(self._poll_once(timeout), timeout)
         except asyncio.TimeoutError:
+            login = self.login_attempt
+            if login is not None and not login.get("done"):  # cut short while logging in: say how far it got
+                return self._enter(STATE_DOWN, connect_timeout_reason(login.get("conn"), timeout), publish=False)
             return self._enter(STATE_DOWN, "no frame within %g s" % timeout, publish=False)
         except OutputOverLimit as err:
             return self._enter(STATE_DOWN, BAD_FRAME + err.reason, publish=False)

@@ -288,6 +288,9 @@ class SshConnection:
         self.channels_peak = 0
         self.last_host_key: Optional[asyncssh.SSHKey] = None  # what a `hostkey` node presented
         self.last_host_key_target: Optional[Tuple[str, Optional[int]]] = None
+        # The login to the node itself, while it runs: {"conn": ...} once TCP is up, "done" once it
+        # succeeded; a caller whose own deadline cut it short tells from it how far it got.
+        self.login_attempt: Optional[dict] = None
 
     def rtt_measured(self, rtt_ms: Optional[float]) -> None:
         """A new RTT reading (None: none could be taken); a probe link shows it with its next frame."""
@@ -335,6 +338,8 @@ class SshConnection:
         if target and self.stream_interval:  # the stream's frames are the traffic keepalives would make
             interval, count_max = keepalive_beside_stream(interval, count_max, self.stream_interval)
         attempt = {}  # type: dict
+        if target:
+            self.login_attempt = attempt
         kwargs = dict(
             known_hosts=known,
             client_factory=self._client_factory(client_class, on_lost=target, attempt=attempt),
@@ -354,7 +359,9 @@ class SshConnection:
         if tunnel is not None:
             kwargs["tunnel"] = tunnel
         try:
-            return await asyncio.wait_for(asyncssh.connect(host, **kwargs), self.ssh.connect_timeout + 1.0)
+            conn = await asyncio.wait_for(asyncssh.connect(host, **kwargs), self.ssh.connect_timeout + 1.0)
+            attempt["done"] = True
+            return conn
         except asyncssh.HostKeyNotVerifiable as exc:
             raise self._hostkey_error(exc, verdict) from None
         except (asyncio.CancelledError, LinkError):
@@ -372,6 +379,7 @@ class SshConnection:
 
     async def _open(self) -> asyncssh.SSHClientConnection:
         self.connect_attempts += 1
+        self.login_attempt = None
         client_keys: Optional[List[Any]] = None
         if self.node.identity:
             try:
