@@ -55,6 +55,8 @@ WORKER = textwrap.dedent("""
                 sys.exit(3)
             elif mode == "segv":
                 ctypes.string_at(0)
+            elif mode == "memory":
+                buffer = bytearray(1 << 50)  # a petabyte: refused at once, MemoryError
             elif mode == "mismatch":
                 x = torch.ones(7)  # rank 0 reduces 4 floats: gloo aborts it on the size it receives
         if mode == "sigkill" and step == 1:
@@ -67,7 +69,7 @@ WORKER = textwrap.dedent("""
     log.info("done")
 """)
 
-MODES = ("index", "embedding", "sigkill", "nan", "exit3", "segv", "mismatch", "healthy")
+MODES = ("index", "embedding", "sigkill", "nan", "exit3", "segv", "mismatch", "memory", "healthy")
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +227,18 @@ def test_a_collective_size_mismatch_is_the_codes_error_with_a_remedy_that_fits(r
     assert (result["root_cause"], result["rank"]) == ("app_error", 0)
     root = next(f for f in result["findings"] if f["category"] == "app_error")
     assert "collective mismatch" in root["excerpt"] and "TORCH_DISTRIBUTED_DEBUG=DETAIL" in root["remedy"]
+
+
+def test_a_refused_allocation_is_host_memory_without_claiming_the_oom_killer(runs):
+    # MemoryError is raised in the process; nobody killed it and no OOM-killer line exists to be "seen".
+    directory, status = runs["memory"]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("host_oom", 1)
+    root = next(f for f in result["findings"] if f["category"] == "host_oom")
+    assert root["excerpt"].startswith("MemoryError")
+    assert "refused inside the process" in root["cause"] and "OOM killer's own report" not in root["cause"]
+    assert "ulimit -v" in root["remedy"]
 
 
 def test_a_healthy_run_has_no_verdict(runs):

@@ -42,6 +42,8 @@ from opsconsole.diagnosis.knowledge import (
     HOST_OOM_INFERRED_CAUSE,
     HOST_OOM_INFERRED_REMEDY,
     COLLECTIVE_MISMATCH_REMEDY,
+    HOST_ALLOCATION_REFUSED_CAUSE,
+    HOST_ALLOCATION_REFUSED_REMEDY,
     HOST_OOM_SEEN_CAUSE,
     INDEX_ERROR_REMEDY,
 )
@@ -171,6 +173,11 @@ _INDEX_ERROR = re.compile(
 )
 _COLLECTIVE_MISMATCH = re.compile(
     r"collective mismatch|Received data size doesn't match expected size|mismatch between collectives"
+)
+# host_oom lines where the process itself was refused memory and raised (no OOM killer involved).
+_ALLOCATION_REFUSED = re.compile(
+    r"MemoryError|Unable to allocate [\d.]+ [KMGTP]i?B for an array|std::bad_alloc"
+    r"|DefaultCPUAllocator: (?:can't allocate memory|not enough memory)"
 )
 TRACEBACK_SPAN = 500  # lines after a traceback's last frame in which its exception line may still come
 MAX_TABLES = 64  # launcher failure tables kept (one per source that printed one)
@@ -641,6 +648,8 @@ class Diagnoser:
             evidence = "inferred" if weak else "seen"
             if weak:
                 severity, cause, remedy = SEVERITY_ERROR, HOST_OOM_INFERRED_CAUSE, HOST_OOM_INFERRED_REMEDY
+            elif _ALLOCATION_REFUSED.search(body):
+                cause, remedy = HOST_ALLOCATION_REFUSED_CAUSE, HOST_ALLOCATION_REFUSED_REMEDY
             else:
                 cause = HOST_OOM_SEEN_CAUSE
         elif "NVRM: Xid" in body:  # NVIDIA's catalog: what this Xid means and the action it calls for

@@ -238,7 +238,21 @@ HOST_OOM_INFERRED_REMEDY = (
 )
 HOST_OOM_SEEN_CAUSE = CATEGORIES["host_oom"].cause + " The OOM killer's own report was seen in the logs."
 
-# An index out of range on the CPU is what a device-side assert is on the GPU: the same checks.
+# A refused allocation is raised in the process (Python, NumPy, C++, PyTorch's CPU allocator): no one killed
+# it, so there is no OOM-killer line to look for; the size it asked for is the first thing to check.
+HOST_ALLOCATION_REFUSED_CAUSE = (
+    "A host (CPU) memory allocation was refused inside the process, which raised instead of being killed "
+    "(Python's MemoryError, NumPy's 'Unable to allocate', C++ std::bad_alloc, PyTorch's DefaultCPUAllocator): "
+    "the host or the job's memory limit (cgroup, ulimit -v) had no room for it, or the size asked for was "
+    "absurd (a wrong shape, a whole data set loaded at once)."
+)
+HOST_ALLOCATION_REFUSED_REMEDY = (
+    "Check the size the failing line asked for (the shape or file behind it) and the limits: ulimit -v, the "
+    "job's memory request (sacct -j JOB -o ReqMem,MaxRSS), free -g on the node. Then: reduce num_workers and "
+    "per-rank copies (load checkpoints with mmap=True or on one rank), use memory-mapped data sets; ask the "
+    "scheduler for more memory."
+)
+
 COLLECTIVE_MISMATCH_REMEDY = (
     "The ranks called different collectives, or the same collective with different tensor sizes or dtypes "
     "(a rank-dependent shape, a branch or a loop only some ranks take, an uneven last batch): it does not "
@@ -246,6 +260,7 @@ COLLECTIVE_MISMATCH_REMEDY = (
     "shapes compared, and make every rank pass the same shapes in the same order."
 )
 
+# An index out of range on the CPU is what a device-side assert is on the GPU: the same checks.
 INDEX_ERROR_REMEDY = (
     "An index was out of range: check the data's label range against the number of classes "
     "([0, num_classes) for the loss) and token/embedding ids against the vocabulary (nn.Embedding's "
