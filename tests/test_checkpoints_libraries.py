@@ -351,6 +351,28 @@ def test_hf_checkpoint_without_weights_is_corrupt_and_never_the_newest_kept(hf_r
     assert hf_resume_one_step(copy / "checkpoint-10", tmp_path / "resumed") == 11
 
 
+def test_hf_checkpoint_with_weights_under_another_name_is_kept_unjudged(hf_run, console, tmp_path):
+    """A Trainer subclass that saves its own model.pt: no standard weights, but names alone prove no
+    damage. Kept (could not judge), and it takes no keep place: the checkpoint before it stays too."""
+    from safetensors.torch import load_file
+
+    copy = aged_copy(hf_run.output_dir, tmp_path)
+    newest = copy / ("checkpoint-%d" % HF_STEPS)
+    weights = load_file(str(newest / "model.safetensors"))
+    torch.save(weights, newest / "model.pt")
+    (newest / "model.safetensors").unlink()
+    for path in [*newest.iterdir(), newest]:  # old again: not kept as mid-write, only as unjudged
+        os.utime(path, (time.time() - AGE_S, time.time() - AGE_S))
+    doc = console.listing(copy)
+    listed = units(doc)
+    assert listed[newest.name]["integrity"] not in BROKEN, listing_text(doc)
+    assert "could not judge" in (listed[newest.name]["unreadable"] or ""), listing_text(doc)
+    result = console.cleanup(copy)
+    assert not deleted(result, copy) & {newest.name, "checkpoint-10"}, plan_text(result)
+    assert torch.load(newest / "model.pt", weights_only=True).keys() == weights.keys()
+    assert hf_resume_one_step(copy / "checkpoint-10", tmp_path / "resumed") == 11
+
+
 NOBODY = 65534
 
 

@@ -315,6 +315,21 @@ def hf_resumable_weights(rel: str) -> bool:
     return bool(WEIGHT_FILE.match(rel)) or rel.endswith(".index.json") or rel.startswith("pytorch_model_fsdp")
 
 
+# What the Trainer writes beside the weights, none of it weights (tokenizer and config files are JSON
+# or text, never of TENSOR_FILE's types).
+HF_TRAINER_STATE_FILE = re.compile(
+    r"^(training_args\.bin|optimizer\.(pt|bin)|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth)$"
+)
+TENSOR_FILE = re.compile(r"\.(pt|pth|bin|safetensors|ckpt|pkl|pickle|msgpack|h5|npz|npy|gguf|onnx)$")
+
+
+def hf_other_weights(rel: str) -> bool:
+    """Whether a top file of a checkpoint-N/ may be weights under a name the Trainer does not write
+    (a subclass's model.pt, flax_model.msgpack): a checkpoint-N/ without standard weights but with
+    such a file is not judged broken on names alone."""
+    return bool(TENSOR_FILE.search(rel)) and not HF_TRAINER_STATE_FILE.match(rel)
+
+
 def named_dir_layout(name: str) -> str:
     """The layout a directory's name alone says (checkpoint-N/: HF Trainer ...), else a plain file's."""
     for pattern, _, layout in NAMED_DIRS:

@@ -339,10 +339,21 @@ def read_unit_dir(
             integrities.append(INTEGRITY_TRUNCATED)
             problems.append("no trainer_state.json: an incomplete save (the Trainer writes it last)")
         if not any(layouts.hf_resumable_weights(rel) for rel in files):
-            # The Trainer writes the weights first; resume_from_checkpoint refuses a checkpoint-N/
-            # without them ("Can't find a valid checkpoint"): a copy that lost them, not a save.
-            integrities.append(INTEGRITY_CORRUPT)
-            problems.append("no model weights (model.safetensors, pytorch_model.bin, an index, adapter or FSDP state)")
+            other_weights = sorted(rel for rel in files if layouts.hf_other_weights(rel))
+            if other_weights:
+                # Maybe a Trainer subclass's own weights: names alone prove no damage, so it is kept
+                # and, unjudged, takes no keep place either.
+                unreadable = unreadable or (
+                    "could not judge: no weights the Trainer resumes from, but %s: weights under another name?"
+                    % ", ".join(other_weights[:3])
+                )
+            else:
+                # The Trainer writes the weights first; resume_from_checkpoint refuses a checkpoint-N/
+                # without them ("Can't find a valid checkpoint"): a copy that lost them, not a save.
+                integrities.append(INTEGRITY_CORRUPT)
+                problems.append(
+                    "no model weights (model.safetensors, pytorch_model.bin, an index, adapter or FSDP state)"
+                )
     if fmt != FORMAT_DCP:
         checked, summaries, read_failed = _check_files(
             fs, path, [(rel, st) for rel, st in walked if _is_checked_member(rel)], problems, proofs
