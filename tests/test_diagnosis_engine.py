@@ -826,3 +826,23 @@ def test_a_frame_with_more_after_it_is_read_as_a_line():
     assert diagnose_lines([flattened]).root_cause == "nccl_network"
     frame = '  File "/x/train.py", line 12, in <module>'
     assert diagnose_lines(["Traceback (most recent call last):", frame, "    loss = NaN_guard()"]).findings == ()
+
+
+# --- torchrun --tee's "[default1]:" in front of torch's own "[rank1]:" (a real run's merged output) ----------
+
+
+def test_a_tee_prefixed_rank_traceback_is_read_with_its_rank_by_the_diagnosis_and_the_logs_pane():
+    # Both prefixes used to be read as one: the traceback behind "[default1]:[rank1]:" was never parsed (the
+    # run's verdict was its peer's lost connection, nccl_remote) and the Logs pane gave such lines no rank.
+    from opsconsole.logs.names import parse_line
+
+    path = Path(__file__).parent / "data" / "diagnosis" / "app_error_torchrun_tee_assert.log"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    diagnosis = diagnose_lines(lines, source=path.name)
+    assert diagnosis.root_cause == "app_error"
+    root = next(f for f in diagnosis.findings if f.category == "app_error")
+    assert (root.rank, root.exception) == (1, "AssertionError: expected 8 features, got 4")
+    assert root.frame == "/tmp/vdiag/worker.py:39 in <module>"
+    assert [parse_line(line)[2] for line in lines if line.startswith("[default1]:[rank1]:")] == [1] * 5
+    assert parse_line("[default0]:step 0 loss: 0.1600")[2] == 0
+    assert parse_line("[default3]:[rank11]: boom")[2] == 11  # the global rank, not torchrun's local one

@@ -104,8 +104,11 @@ WATCHDOG_CATEGORIES = frozenset(("nccl_timeout", "nccl_remote", "nccl_network"))
 
 # "[rank3]:" (torch's C++ log prefix), "[default3]:" (torchrun --tee), possibly after a pid or host
 # column ("[80746] [rank0]:", "gpu07: [rank3]:"); srun --label writes "3: ". A rank has at most 7
-# digits: int() of a 5000-digit "rank" raised ValueError (Python's digit limit).
-_RANK_PREFIX = re.compile(r"^\s*(?:\S+\s+){0,2}?\[(?:rank|default|trainer)([0-9]{1,7})\]:\s?")
+# digits: int() of a 5000-digit "rank" raised ValueError (Python's digit limit). torchrun --tee puts its
+# "[default1]:" (the local rank) before torch's own "[rank1]:" (the global rank): both go, the global wins.
+_RANK_PREFIX = re.compile(
+    r"^\s*(?:\S+\s+){0,2}?\[(?:rank|default|trainer)([0-9]{1,7})\]:\s?(?:\[rank([0-9]{1,7})\]:\s?)?"
+)
 _SRUN_LABEL = re.compile(r"^\s{0,4}([0-9]{1,5}): ")
 # Launchers name the failed process by its local rank (torchelastic, DeepSpeed) or task id (srun).
 _RANK_IN_TEXT = re.compile(
@@ -356,7 +359,7 @@ class Diagnoser:
             prefix = _SRUN_LABEL.match(text)
         if prefix:
             body = text[prefix.end() :]
-            line_rank = int(prefix.group(1))
+            line_rank = int(prefix.group(prefix.lastindex or 1))  # torch's global "[rank1]:" after torchrun's
             if rank is None:
                 rank = line_rank
         # Interleaved ranks each get their own traceback state.

@@ -14,8 +14,10 @@ from opsconsole.logs.records import LogSource
 # The host may hold underscores; the last "_rank<N>_" splits it from the timestamp.
 TRAIN_LOG_NAME = re.compile(r"^train_(?P<host>.+)_rank(?P<rank>\d+)_(?P<stamp>.+?)\.log$")
 
-# torch.distributed's per-rank prefix (torchrun --tee / log redirects): "[rank3]:" or "[default3]:".
-RANK_PREFIX = re.compile(r"\[rank(\d+)\]:\s?")
+# torch.distributed's per-rank prefix (torchrun --tee / log redirects): "[rank3]:" or "[default3]:", and
+# both when torchrun --tee prints a rank's own "[rank3]:" lines ("[default3]:[rank3]: Traceback ..."); the
+# "default" number is the local rank, the "rank" one the global rank, which wins.
+RANK_PREFIX = re.compile(r"\[(?:rank|default)(\d+)\]:\s?(?:\[rank(\d+)\]:\s?)?")
 # NCCL's debug prefix: "%hostname:%pid:%tid [%cudaDev] NCCL INFO ...". The bracket is the CUDA
 # device on that host, not the global rank, so only the level is taken from it.
 NCCL_PREFIX = re.compile(r"^\S+:\d+:\d+ \[\d+\] NCCL (INFO|WARN|ERROR|TRACE|ABORT)\b")
@@ -120,10 +122,10 @@ def parse_line(text: str) -> Tuple[Optional[float], Optional[str], Optional[int]
     """
     rank = None
     body = text
-    if body.startswith("[rank"):
+    if body.startswith(("[rank", "[default")):
         match = RANK_PREFIX.match(body)
         if match:
-            rank = int(match.group(1))
+            rank = int(match.group(2) or match.group(1))
             body = body[match.end() :]
     if not body:
         return None, None, rank
