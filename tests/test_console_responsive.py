@@ -13,7 +13,7 @@ import socket
 from typing import Callable, List
 
 import pytest
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable, Input, Static
 
 from opsconsole.config import Config, ConsoleConfig, NodeConfig, SshConfig
 from opsconsole.model import STATE_DOWN, STATE_FALLBACK, STATE_STALE, STATE_UP, NodeState
@@ -175,18 +175,26 @@ async def test_drilling_into_a_silent_node_and_a_python_less_node_says_what_is_w
             )
             await pilot.press("4")
             await pilot.pause()
-            expected = {
-                "silent-node": "down, no frame yet: the port accepted but sent no SSH greeting within 1 s",
+            expected = {  # whole, their ends (what to try) included, wrapped at 140 columns
+                "silent-node": "down, no frame yet: the port accepted but sent no SSH greeting within 1 s: sshd hung "
+                "or overloaded, or no SSH server on this port (try: ssh -v)",
                 "no-python": "fallback: no usable python3 on node: ",
             }
+            fix = 'or python = "/path/to/python3" in its [[nodes]] entry)'
+
             for row, name in enumerate(("silent-node", "no-python")):
                 await pilot.press("home", *["down"] * row, "enter")
                 await pilot.pause()
                 assert app.node == name and app.visible_pane_id == "overview"
-                host = str(app.panes["overview"].query_one("#overview-host", LinesView).render())
+                host = " ".join(str(app.panes["overview"].query_one("#overview-host", LinesView).render()).split())
                 assert expected[name] in host, host
                 assert "never" not in host
-                await pilot.press("escape")
+                assert name != "no-python" or fix in host, host
+                await pilot.press("3")  # the Host pane says the same, whole
+                await pilot.pause()
+                summary = " ".join(str(app.panes["host"].query_one("#host-summary", Static).render()).split())
+                assert expected[name] in summary and (name != "no-python" or fix in summary), summary
+                await pilot.press("escape", "4")
                 await pilot.pause()
                 assert app.visible_pane_id == "nodes"
     finally:

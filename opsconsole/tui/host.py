@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from rich.cells import cell_len, get_character_cell_size
@@ -103,6 +104,13 @@ def node_condition(state: NodeState, now: float) -> Optional[Segment]:
     return ("%s, %s%s" % (state.state, age, reason), LEVEL_CRIT)
 
 
+def wrapped(text: str, width: int, first_offset: int) -> List[str]:
+    """`text` cut at spaces into pieces: the first fits beside `first_offset` columns, each other one a
+    line of `width` (starting with a newline); a word longer than a line is cut."""
+    lines = textwrap.wrap(text, width, initial_indent=" " * (first_offset), break_on_hyphens=False) or [""]
+    return ["   " + lines[0].lstrip()] + ["\n" + line for line in lines[1:]]
+
+
 def host_segments(state: NodeState, health: HealthConfig, now: float, width: int) -> List[Segment]:
     """The summary above the process table, as styled segments."""
     frame = state.frame
@@ -112,8 +120,11 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
         title += " (%s)" % host.hostname
     out: List[Segment] = [(title, LEVEL_PLAIN)]
     condition = node_condition(state, now)
-    if condition is not None:
-        out.append(("   " + condition[0], condition[1]))
+    if condition is not None:  # on lines of its own, whole: its end is often the fix
+        for part in wrapped(condition[0], width, first_offset=len(title) + 3):
+            out.append((part, condition[1]))
+        if host is not None:
+            out.append(("\n", ""))
     if host is None:
         out += [
             ("\n", ""),

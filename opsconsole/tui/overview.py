@@ -38,7 +38,7 @@ from opsconsole.tui.formatting import (
     shorten,
 )
 from opsconsole.tui.gpu_levels import gpu_status, memory_level, temperature_level, throttle_text
-from opsconsole.tui.host import node_condition
+from opsconsole.tui.host import node_condition, wrapped
 from opsconsole.tui.lines_view import LinesView
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow, styled_row
@@ -327,7 +327,7 @@ def pad(line: Line, width: int) -> Line:
 # --- the host strip ------------------------------------------------------------
 
 
-def host_items(state: NodeState, health: HealthConfig, now: float) -> List[Line]:
+def host_items(state: NodeState, health: HealthConfig, now: float, width: Optional[int] = None) -> List[Line]:
     """The host's readings as items (CPU, memory, disks, network, load) for `pack`."""
     frame = state.frame
     host: Optional[HostSample] = frame.host if frame is not None else None
@@ -336,8 +336,11 @@ def host_items(state: NodeState, health: HealthConfig, now: float) -> List[Line]
         title += " (%s)" % host.hostname
     items: List[Line] = [[(title, "bold")]]
     condition = node_condition(state, now)
-    if condition is not None:
+    if condition is not None and width is None:
         items.append([condition])
+    elif condition is not None:  # whole, on as many pieces as it needs: its end is often the fix
+        pieces = wrapped(condition[0], width, first_offset=len(title) + 3)
+        items += [[(piece.lstrip(" \n"), condition[1])] for piece in pieces]
     if host is None:
         items.append([("no host readings yet" if frame is None else "no host readings", LEVEL_DIM)])
         return items
@@ -546,7 +549,7 @@ class OverviewPane(LivePane):
             self.query_one("#overview-gpus", LinesView).set_lines([Text("no nodes configured")])
             return
         dim = not state.is_live
-        host_lines = pack(host_items(state, health, now), width, 3)
+        host_lines = pack(host_items(state, health, now, width), width, 3)
         gpu_count = len(state.frame.gpus) if state.frame is not None else 0
         process_count = len(state.frame.processes) if state.frame is not None else 0
         # The GPUs get what the host strip and a few process rows leave.
