@@ -26,16 +26,17 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 240
 
 WORKER = textwrap.dedent("""
-    import ctypes, logging, os, sys
+    import ctypes, logging, os, sys, time
     import torch
     import torch.distributed as dist
 
     mode, log_dir = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])
+    from datetime import timedelta
     logging.basicConfig(filename=os.path.join(log_dir, "train_local_rank%d_x.log" % rank), level=logging.INFO,
                         format="%(asctime)s - %(levelname)s - %(message)s")
     log = logging.getLogger("train")
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=5 if mode == "timeout" else 600))
     log.info("rank %d of %d started", rank, dist.get_world_size())
     for step in range(3):
         x = torch.ones(4) * (step + 1)
@@ -55,6 +56,8 @@ WORKER = textwrap.dedent("""
                 sys.exit(3)
             elif mode == "segv":
                 ctypes.string_at(0)
+            elif mode == "timeout":
+                time.sleep(60)  # rank 0 times out in the all_reduce below; the launcher then stops this rank
             elif mode == "memory":
                 buffer = bytearray(1 << 50)  # a petabyte: refused at once, MemoryError
             elif mode == "mismatch":
@@ -69,7 +72,7 @@ WORKER = textwrap.dedent("""
     log.info("done")
 """)
 
-MODES = ("index", "embedding", "sigkill", "nan", "exit3", "segv", "mismatch", "memory", "healthy")
+MODES = ("index", "embedding", "sigkill", "nan", "exit3", "segv", "mismatch", "memory", "timeout", "healthy")
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +219,28 @@ def test_a_segfaulted_rank_is_blamed_not_the_peer_that_lost_its_connection(runs)
     result = verdict(directory)
     assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
     assert "SIGSEGV" in launcher_line(directory, result) or "-11" in launcher_line(directory, result)
+    # The remedy no longer sends the reader to torchelastic's "first observed failure" (rank 0 here, the peer).
+    remedies = {f["remedy"] for f in result["findings"] if f["category"] == "nccl_remote"}
+    assert remedies and all("often a peer" in remedy and "PYTHONFAULTHANDLER" in remedy for remedy in remedies)
+
+
+def test_a_gloo_timeout_names_the_rank_that_never_reached_the_collective(runs):
+    # Rank 1 sleeps before the all_reduce; rank 0 times out waiting for it and the launcher stops rank 1
+    # (SIGTERM). The first line is rank 0's timeout; the rank the run waited for is 1.
+    directory, status = runs["timeout"]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("nccl_timeout", 1)
+    first = next(f for f in result["findings"] if f["category"] == "nccl_timeout")
+    assert first["rank"] == 0 and "Timed out waiting" in first["excerpt"]
+    text = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", "--run", str(directory)],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    ).stdout.decode()
+    assert "Started on rank 1 (it never reached the collective the others waited in); first seen on rank 0" in text
 
 
 def test_a_collective_size_mismatch_is_the_codes_error_with_a_remedy_that_fits(runs):

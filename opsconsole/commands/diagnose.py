@@ -164,8 +164,10 @@ def run_report(result) -> str:
     start = verdict.finding
     out.append("Root cause: %s [%s, %s]" % (start.title, verdict.category, start.severity))
     rank = "rank %d" % verdict.rank if verdict.rank is not None else "an unknown rank"
-    if verdict.watchdog is not None and start.rank is not None and verdict.rank != start.rank:
-        # The watchdog lines name the rank that never got there; the first line is a waiting rank's.
+    waited_for = verdict.watchdog is not None or verdict.category == "nccl_timeout"
+    if waited_for and start.rank is not None and verdict.rank != start.rank:
+        # The watchdog lines (or the launcher's table) name the rank that never got there; the first line is a
+        # waiting rank's.
         out.append(
             "Started on %s (it never reached the collective the others waited in); first seen on rank %d, "
             "in %s line %d: %s"

@@ -786,6 +786,13 @@ class Diagnoser:
         watchdog = self._watchdog.verdict() if best.category in WATCHDOG_CATEGORIES else None
         if watchdog is not None and watchdog.kind == "never_reached" and watchdog.culprit_ranks:
             rank = watchdog.culprit_ranks[0]  # the first rank to time out only waited for this one
+        elif watchdog is None and best.category == "nccl_timeout":
+            # No watchdog lines (gloo, or NCCL without them): a rank that the launcher lists as failed but that
+            # never said it timed out is the one the others waited for (stopped later, with SIGTERM).
+            waited = {finding.rank for finding in candidates}
+            absent = {failure.rank for failure in self.launcher_failures() if failure.rank is not None} - waited
+            if len(absent) == 1 and None not in waited:
+                rank = absent.pop()
         return RootCause(category=best.category, finding=start, rank=rank, launcher=launcher, watchdog=watchdog)
 
     def _failed_of_its_own(self) -> Optional[int]:

@@ -115,8 +115,11 @@ _ENTRIES = (
         "Another process of the job exited or detached (remote process exited, connection closed by peer, "
         "the elastic launcher reports a failed child): this rank's error is a consequence, the cause is in "
         "the failing rank's log.",
-        "Find the first failing rank (torchelastic's 'Root Cause (first observed failure)' section names "
-        "it) and read its log; check that node for OOM kills (dmesg), Xid errors and CUDA errors.",
+        "Find the failing rank: the one whose log has an error other than a lost connection, or that the "
+        "launcher's failure table lists with a signal (SIGSEGV, SIGABRT, SIGKILL) or an exit code other than 1 "
+        "(torchelastic's 'Root Cause (first observed failure)' is the first exit it noticed, often a peer that "
+        "only lost its connection); read its log; check that node for OOM kills (dmesg), Xid errors and CUDA "
+        "errors, and for a crash signal a core dump or a rerun with PYTHONFAULTHANDLER=1.",
     ),
     _category(
         "nccl_unhandled_cuda",
