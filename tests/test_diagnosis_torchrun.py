@@ -54,6 +54,8 @@ WORKER = textwrap.dedent("""
             elif mode == "exit3":
                 log.error("config invalid, exiting")
                 sys.exit(3)
+            elif mode == "sigterm":
+                os.kill(os.getpid(), 15)  # as a preemption or scancel ends one process
             elif mode == "segv":
                 ctypes.string_at(0)
             elif mode == "timeout":
@@ -72,7 +74,7 @@ WORKER = textwrap.dedent("""
     log.info("done")
 """)
 
-MODES = ("index", "embedding", "sigkill", "nan", "exit3", "segv", "mismatch", "memory", "timeout", "healthy")
+MODES = ("index", "embedding", "sigkill", "nan", "exit3", "segv", "sigterm", "mismatch", "memory", "timeout", "healthy")
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +224,16 @@ def test_a_segfaulted_rank_is_blamed_not_the_peer_that_lost_its_connection(runs)
     # The remedy no longer sends the reader to torchelastic's "first observed failure" (rank 0 here, the peer).
     remedies = {f["remedy"] for f in result["findings"] if f["category"] == "nccl_remote"}
     assert remedies and all("often a peer" in remedy and "PYTHONFAULTHANDLER" in remedy for remedy in remedies)
+
+
+def test_a_rank_terminated_from_outside_is_blamed_not_the_peer_the_launcher_saw_first(runs):
+    # Rank 1 gets SIGTERM from outside (not the launcher's "Sending process PID closing signal SIGTERM",
+    # which stops the survivors after a failure): rank 0 only lost its connection.
+    directory, status = runs["sigterm"]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
+    assert "SIGTERM" in launcher_line(directory, result) or "-15" in launcher_line(directory, result)
 
 
 def test_a_gloo_timeout_names_the_rank_that_never_reached_the_collective(runs):

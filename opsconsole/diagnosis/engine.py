@@ -39,11 +39,11 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 from opsconsole.diagnosis.finding import SEVERITY_ERROR, Finding
 from opsconsole.diagnosis.knowledge import (
     CATEGORIES,
-    HOST_OOM_INFERRED_CAUSE,
-    HOST_OOM_INFERRED_REMEDY,
     COLLECTIVE_MISMATCH_REMEDY,
     HOST_ALLOCATION_REFUSED_CAUSE,
     HOST_ALLOCATION_REFUSED_REMEDY,
+    HOST_OOM_INFERRED_CAUSE,
+    HOST_OOM_INFERRED_REMEDY,
     HOST_OOM_SEEN_CAUSE,
     INDEX_ERROR_REMEDY,
 )
@@ -191,6 +191,7 @@ _TABLE_HEADERS = frozenset((ROOT_CAUSE_HEADER, OTHER_FAILURES_HEADER))
 _LAST_ERROR = "Last error:"  # NCCL's detail follows on the next line
 # What torchelastic sends the surviving children once one has failed (a rank it stopped did not fail).
 _STOPPED_BY_LAUNCHER = frozenset(("SIGTERM", "SIGINT", "SIGHUP"))
+_LAUNCHER_STOPS = re.compile(r"Sending process (\d{1,10}) closing signal SIG")
 PEER_GONE_WINDOW = 50  # lines after a peer's connection went away in which NCCL's generic errors mean that
 
 
@@ -315,6 +316,7 @@ class Diagnoser:
         self._watchdog = WatchdogLines()
         # Ranks whose own output said a peer closed or reset its connection: victims, never the failing rank.
         self._peer_gone_ranks: set = set()
+        self._stopped_pids: set = set()  # children the launcher said it sent SIGTERM to (after another failed)
 
     # --- feeding ------------------------------------------------------------------------------------
 
@@ -559,9 +561,14 @@ class Diagnoser:
                 rank = int(next(group for group in found.groups() if group is not None))
             else:
                 rank = state.spawned_rank
-        if entry is None and rank is not None and category == "nccl_remote":
-            if any(role == ROLE_PEER_GONE for _, _, role in matches) and len(self._peer_gone_ranks) < MAX_SOURCES:
-                self._peer_gone_ranks.add(rank)
+        if entry is None and category == "nccl_remote":
+            if rank is not None and any(role == ROLE_PEER_GONE for _, _, role in matches):
+                if len(self._peer_gone_ranks) < MAX_SOURCES:
+                    self._peer_gone_ranks.add(rank)
+            elif "closing signal" in body:
+                stopped = _LAUNCHER_STOPS.search(body)
+                if stopped and len(self._stopped_pids) < MAX_SOURCES:
+                    self._stopped_pids.add(int(stopped.group(1)))
         excerpt = body
         if previous.strip() == _LAST_ERROR:
             excerpt = _LAST_ERROR + " " + body.strip()
@@ -797,15 +804,17 @@ class Diagnoser:
 
     def _failed_of_its_own(self) -> Optional[int]:
         """The rank of the launcher's failed children that no peer's lost connection explains, when just one
-        rank is such: not a rank that reported a peer gone, not one the launcher stopped (SIGTERM)."""
-        ranks = {
-            failure.rank
-            for failure in self.launcher_failures()
-            if failure.rank is not None
-            and failure.rank not in self._peer_gone_ranks
-            and failure.signal not in _STOPPED_BY_LAUNCHER
-            and failure.exitcode not in (0, None, -1, -2, -15)
-        }
+        rank is such: not a rank that reported a peer gone, not one the launcher stopped. A child ended by
+        SIGTERM that the launcher did not say it stopped ("Sending process PID closing signal SIGTERM") was
+        stopped by someone else (a preemption, scancel, kill) before its peers failed."""
+        ranks = set()
+        for failure in self.launcher_failures():
+            if failure.rank is None or failure.rank in self._peer_gone_ranks or failure.exitcode in (0, None):
+                continue
+            stopped = failure.signal in _STOPPED_BY_LAUNCHER or failure.exitcode in (-1, -2, -15)
+            if stopped and (failure.pid is None or failure.pid in self._stopped_pids):
+                continue
+            ranks.add(failure.rank)
         return ranks.pop() if len(ranks) == 1 else None
 
     def watchdog_verdict(self) -> Optional[WatchdogVerdict]:
