@@ -418,3 +418,29 @@ async def test_a_watched_node_whose_login_replaces_every_command_is_down_never_l
     assert first.state == STATE_DOWN and first.frame is None
     assert first.reason.endswith("exit status 127, it printed: Welcome to gpu01")
     assert STATE_FALLBACK not in log.names and STATE_UP not in log.names, log.summary()
+
+
+@pytest.mark.sshd
+async def test_a_login_banner_even_a_json_one_is_not_taken_for_the_nodes_frame(sshd_factory, tmp_path):
+    # A ForceCommand that prints a MOTD (its first line JSON with a node and a time) and then runs the
+    # command: the frame is the probe's, not the MOTD's, in one poll and in the stream.
+    wrapper = tmp_path / "force_command.sh"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        """echo '{"motd": "welcome", "node": "impostor", "time": 1}'\n"""
+        'i=0; while [ $i -lt 300 ]; do echo "MOTD line $i"; i=$((i+1)); done\n'
+        'exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n'
+    )
+    wrapper.chmod(0o755)
+    server = sshd_factory.start(ForceCommand=str(wrapper))
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    state = await link.poll_once(20)
+    await link.close()
+    assert state.state == STATE_UP, state.reason
+    assert state.frame.node != "impostor" and state.frame.host.hostname == HOSTNAME and state.frame.time > 1
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    log = StateLog()
+    async with running(link, log):
+        await log.wait_for(lambda s: s.state == STATE_UP and s.frame.seq >= 2, 20)
+    framed = [s.frame for s in log.states if s.frame is not None]
+    assert framed and all(f.node != "impostor" and f.time > 1 for f in framed)

@@ -180,6 +180,13 @@ def _fallback_problem(frame: NodeFrame) -> Optional[str]:
     return None
 
 
+def probe_frame_line(line: str) -> bool:
+    """Whether a line before the probe's first frame can be that frame: every keyframe carries the
+    frame version, a login banner or MOTD that happens to be JSON does not (it was taken for the
+    node's frame: a host named after the MOTD's field, at its "time")."""
+    return '"version":' in line or line.lstrip()[:1] != "{"
+
+
 class FallbackScriptNotRun(OutputOverLimit):
     """The fallback's output holds none of its script's sections: as unusable as output over the limit
     (a bad frame: the last good frame stays, the next tick tries again)."""
@@ -382,7 +389,10 @@ class SshLink(SshConnection, NodeLink):
                 self._note_line("cannot handle a probe line: %s: %s" % (type(exc).__name__, exc))
 
         def handle_line(line: str) -> None:
-            frame, why = decode_line(line)
+            if seen["frames"] == 0 and not probe_frame_line(line):
+                frame, why = None, None  # a login banner's line, even a JSON one: text, not a frame
+            else:
+                frame, why = decode_line(line)
             if frame is None:
                 if why is None:  # no frame: a warning or a traceback the probe printed
                     self._note_line(line)
@@ -575,7 +585,7 @@ class SshLink(SshConnection, NodeLink):
         def on_line(line: str) -> None:
             if found["frame"] is not None:
                 return
-            frame, problem = decoder.decode_line(line)
+            frame, problem = decoder.decode_line(line) if probe_frame_line(line) else (None, None)
             if frame is not None:
                 found["frame"] = frame
                 return
