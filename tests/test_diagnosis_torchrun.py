@@ -36,6 +36,8 @@ WORKER = textwrap.dedent("""
     logging.basicConfig(filename=os.path.join(log_dir, "train_local_rank%d_x.log" % rank), level=logging.INFO,
                         format="%(asctime)s - %(levelname)s - %(message)s")
     log = logging.getLogger("train")
+    if mode == "missing" and rank == 1:
+        open(os.path.join(log_dir, "no", "config.yaml"))  # before the process group: rank 0 waits in it
     dist.init_process_group("gloo", timeout=timedelta(seconds=5 if mode == "timeout" else 600))
     log.info("rank %d of %d started", rank, dist.get_world_size())
     for step in range(3):
@@ -74,7 +76,20 @@ WORKER = textwrap.dedent("""
     log.info("done")
 """)
 
-MODES = ("index", "embedding", "sigkill", "nan", "exit3", "segv", "sigterm", "mismatch", "memory", "timeout", "healthy")
+MODES = (
+    "index",
+    "embedding",
+    "sigkill",
+    "nan",
+    "exit3",
+    "segv",
+    "sigterm",
+    "mismatch",
+    "memory",
+    "timeout",
+    "missing",
+    "healthy",
+)
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +249,15 @@ def test_a_rank_terminated_from_outside_is_blamed_not_the_peer_the_launcher_saw_
     result = verdict(directory)
     assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
     assert "SIGTERM" in launcher_line(directory, result) or "-15" in launcher_line(directory, result)
+
+
+def test_a_missing_config_file_is_io_error_whose_remedy_starts_with_the_path_not_the_disks(runs):
+    directory, status = runs["missing"]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("io_error", 1)
+    root = next(f for f in result["findings"] if f["category"] == "io_error")
+    assert root["excerpt"].startswith("FileNotFoundError") and root["remedy"].startswith("A path does not exist")
 
 
 def test_a_gloo_timeout_names_the_rank_that_never_reached_the_collective(runs):

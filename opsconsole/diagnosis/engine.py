@@ -46,6 +46,7 @@ from opsconsole.diagnosis.knowledge import (
     HOST_OOM_INFERRED_REMEDY,
     HOST_OOM_SEEN_CAUSE,
     INDEX_ERROR_REMEDY,
+    MISSING_PATH_REMEDY,
 )
 from opsconsole.diagnosis.launcher import (
     OTHER_FAILURES_HEADER,
@@ -182,6 +183,7 @@ _ALLOCATION_REFUSED = re.compile(
     r"MemoryError|Unable to allocate [\d.]+ [KMGTP]i?B for an array|std::bad_alloc"
     r"|DefaultCPUAllocator: (?:can't allocate memory|not enough memory)"
 )
+_MISSING_PATH = re.compile(r"FileNotFoundError|No such file or directory|\[Errno 2\]")
 TRACEBACK_SPAN = 500  # lines after a traceback's last frame in which its exception line may still come
 MAX_TABLES = 64  # launcher failure tables kept (one per source that printed one)
 _TABLE_STARTS = frozenset("RF")
@@ -662,6 +664,8 @@ class Diagnoser:
                 cause, remedy = HOST_ALLOCATION_REFUSED_CAUSE, HOST_ALLOCATION_REFUSED_REMEDY
             else:
                 cause = HOST_OOM_SEEN_CAUSE
+        elif category == "io_error" and _MISSING_PATH.search(body):  # the job's path before the storage
+            remedy = MISSING_PATH_REMEDY + " Then: " + remedy
         elif "NVRM: Xid" in body:  # NVIDIA's catalog: what this Xid means and the action it calls for
             seen = xid.decode_line(body)
             if seen is not None:

@@ -256,6 +256,14 @@ HOST_ALLOCATION_REFUSED_REMEDY = (
     "scheduler for more memory."
 )
 
+# A path that does not exist is most often the job's own (a config value, the working directory, a data set
+# not copied to that node) before it is the storage's: those checks first.
+MISSING_PATH_REMEDY = (
+    "A path does not exist where that rank looked: check the path in the configuration and arguments, the "
+    "working directory the launcher started the rank in (relative paths), that the file was written or copied "
+    "to that node (node-local disks) and that the shared file system is mounted there (ls the path on that node)."
+)
+
 COLLECTIVE_MISMATCH_REMEDY = (
     "The ranks called different collectives, or the same collective with different tensor sizes or dtypes "
     "(a rank-dependent shape, a branch or a loop only some ranks take, an uneven last batch): it does not "
