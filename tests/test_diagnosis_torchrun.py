@@ -215,6 +215,19 @@ def test_a_nan_loss_is_nan_inf_on_the_rank_that_logged_it(runs):
     assert not [f for f in result["findings"] if f["category"] == "app_error"]
 
 
+def report(directory: Path) -> str:
+    """`opsconsole diagnose --run DIR`'s readable report."""
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", "--run", str(directory)],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode()
+
+
 def launcher_line(directory: Path, result: dict) -> str:
     return (directory / "launcher.log").read_text().splitlines()[result["line"] - 1]
 
@@ -228,6 +241,8 @@ def test_a_rank_that_exits_with_a_code_of_its_own_is_blamed_not_the_peer_torchel
     assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
     assert result["file"] == str(directory / "launcher.log")
     assert "exitcode" in launcher_line(directory, result) and ": 3 (pid" in launcher_line(directory, result)
+    assert (result["failed_child"]["rank"], result["failed_child"]["exitcode"]) == (1, 3)
+    assert "Rank 1 ended with exit code 3 and reported no lost connection of its own" in report(directory)
 
 
 def test_a_segfaulted_rank_is_blamed_not_the_peer_that_lost_its_connection(runs):
@@ -236,6 +251,8 @@ def test_a_segfaulted_rank_is_blamed_not_the_peer_that_lost_its_connection(runs)
     result = verdict(directory)
     assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
     assert "SIGSEGV" in launcher_line(directory, result) or "-11" in launcher_line(directory, result)
+    assert (result["failed_child"]["rank"], result["failed_child"]["signal"]) == (1, "SIGSEGV")
+    assert "Rank 1 ended with signal SIGSEGV" in report(directory) and "PYTHONFAULTHANDLER=1" in report(directory)
     # The remedy no longer sends the reader to torchelastic's "first observed failure" (rank 0 here, the peer).
     remedies = {f["remedy"] for f in result["findings"] if f["category"] == "nccl_remote"}
     assert remedies and all("often a peer" in remedy and "PYTHONFAULTHANDLER" in remedy for remedy in remedies)
@@ -249,6 +266,8 @@ def test_a_rank_terminated_from_outside_is_blamed_not_the_peer_the_launcher_saw_
     result = verdict(directory)
     assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
     assert "SIGTERM" in launcher_line(directory, result) or "-15" in launcher_line(directory, result)
+    assert (result["failed_child"]["rank"], result["failed_child"]["signal"]) == (1, "SIGTERM")
+    assert "stopped from outside the launcher" in report(directory)
 
 
 def test_a_missing_config_file_is_io_error_whose_remedy_starts_with_the_path_not_the_disks(runs):
@@ -269,13 +288,8 @@ def test_a_gloo_timeout_names_the_rank_that_never_reached_the_collective(runs):
     assert (result["root_cause"], result["rank"]) == ("nccl_timeout", 1)
     first = next(f for f in result["findings"] if f["category"] == "nccl_timeout")
     assert first["rank"] == 0 and "Timed out waiting" in first["excerpt"]
-    text = subprocess.run(
-        [sys.executable, "-m", "opsconsole", "diagnose", "--run", str(directory)],
-        capture_output=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    ).stdout.decode()
+    text = report(directory)
+    assert "failed_child" not in result
     assert "Started on rank 1 (it never reached the collective the others waited in); first seen on rank 0" in text
 
 

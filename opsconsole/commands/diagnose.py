@@ -4,7 +4,9 @@
 run, through the console's merge of ranks (opsconsole.diagnosis.run): one verdict naming the root
 cause, the rank and the file and line it started in; with --json one object `{"root_cause", "rank",
 "file", "line", "findings": [...]}`, each finding with its "file", "rank" and "time" too, and "watchdog"
-where the ranks' NCCL watchdog lines were seen (the rank that never reached the collective, or a freeze).
+where the ranks' NCCL watchdog lines were seen (the rank that never reached the collective, or a freeze),
+and "failed_child" (rank, exitcode, signal, pid, host) when only peers' reports were seen and the
+launcher's table shows the one child that failed of its own (a crash signal, sys.exit, a kill).
 
 Each input is read as bytes, line by line (memory stays bounded however large the file), decoded
 as UTF-8 with replacement characters, and fed to the same Diagnoser the console's Log pane uses.
@@ -130,6 +132,15 @@ def run_json_document(result) -> dict:
     }
     if verdict is not None and verdict.watchdog is not None:  # only where the ranks' NCCL watchdog lines were seen
         document["watchdog"] = _watchdog_json(verdict.watchdog)
+    if verdict is not None and verdict.failed_child is not None:  # only peers' reports: the launcher's row
+        child = verdict.failed_child
+        document["failed_child"] = {
+            "rank": child.rank,
+            "exitcode": child.exitcode,
+            "signal": child.signal,
+            "pid": child.pid,
+            "host": child.host,
+        }
     return document
 
 
@@ -180,6 +191,25 @@ def run_report(result) -> str:
         )
     if verdict.watchdog is not None:
         out.append(printable_line(verdict.watchdog.text))
+    child = verdict.failed_child
+    if child is not None:  # only peers' reports: what the launcher knows of the rank that failed of its own
+        how = "signal %s" % child.signal if child.signal else "exit code %d" % child.exitcode
+        out.append(
+            "Rank %d ended with %s and reported no lost connection of its own: the failure is its own%s; "
+            "the other ranks' errors are consequences."
+            % (
+                child.rank,
+                how,
+                " (a crash in native code: its core dump, or a rerun with PYTHONFAULTHANDLER=1)"
+                if child.signal in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
+                else " (stopped from outside the launcher: a preemption, scancel, a time limit or a kill; "
+                "sacct -j JOB or the scheduler's log says which)"
+                if child.signal in ("SIGTERM", "SIGINT", "SIGHUP")
+                else " (read its log: an exit without a traceback is sys.exit or os._exit in its code)"
+                if not child.signal
+                else "",
+            )
+        )
     if start.evidence == "inferred":
         out.append("OOM killer not seen in these logs: inferred from SIGKILL (see the remedy to confirm it).")
     launcher = verdict.launcher

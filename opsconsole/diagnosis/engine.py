@@ -217,6 +217,9 @@ class RootCause:
     # What every rank's NCCL watchdog lines say together: the rank that never reached the collective
     # (then `rank` is that one, not the first rank that timed out waiting for it), or that all froze.
     watchdog: Optional[WatchdogVerdict] = None
+    # When only peers' reports were seen: the launcher's row of the child that failed of its own (its exit code
+    # or signal is all that is known of it), which `rank` names.
+    failed_child: Optional[LauncherFailure] = None
 
 
 @dataclass
@@ -782,10 +785,12 @@ class Diagnoser:
         if best.category == "nccl_remote" and best.weak:
             # Only peers' reports: the failing rank is the child that failed of its own (a crash signal, sys.exit),
             # not the one torchelastic happened to see exit first (often a peer that lost its connection).
-            culprit = self._failed_of_its_own()
-            if culprit is not None:
-                named = culprit
-                candidates = [finding for finding in candidates if finding.rank == culprit] or candidates
+            failed_child = self._failed_of_its_own()
+            if failed_child is not None:
+                named = failed_child.rank
+                candidates = [finding for finding in candidates if finding.rank == named] or candidates
+        else:
+            failed_child = None
         start = best
         if candidates:
             start = min(
@@ -804,22 +809,29 @@ class Diagnoser:
             absent = {failure.rank for failure in self.launcher_failures() if failure.rank is not None} - waited
             if len(absent) == 1 and None not in waited:
                 rank = absent.pop()
-        return RootCause(category=best.category, finding=start, rank=rank, launcher=launcher, watchdog=watchdog)
+        return RootCause(
+            category=best.category,
+            finding=start,
+            rank=rank,
+            launcher=launcher,
+            watchdog=watchdog,
+            failed_child=failed_child,
+        )
 
-    def _failed_of_its_own(self) -> Optional[int]:
+    def _failed_of_its_own(self) -> Optional[LauncherFailure]:
         """The rank of the launcher's failed children that no peer's lost connection explains, when just one
         rank is such: not a rank that reported a peer gone, not one the launcher stopped. A child ended by
         SIGTERM that the launcher did not say it stopped ("Sending process PID closing signal SIGTERM") was
         stopped by someone else (a preemption, scancel, kill) before its peers failed."""
-        ranks = set()
+        failed: Dict[int, LauncherFailure] = {}
         for failure in self.launcher_failures():
             if failure.rank is None or failure.rank in self._peer_gone_ranks or failure.exitcode in (0, None):
                 continue
             stopped = failure.signal in _STOPPED_BY_LAUNCHER or failure.exitcode in (-1, -2, -15)
             if stopped and (failure.pid is None or failure.pid in self._stopped_pids):
                 continue
-            ranks.add(failure.rank)
-        return ranks.pop() if len(ranks) == 1 else None
+            failed.setdefault(failure.rank, failure)
+        return next(iter(failed.values())) if len(failed) == 1 else None
 
     def watchdog_verdict(self) -> Optional[WatchdogVerdict]:
         """What the NCCL watchdog lines of every rank fed so far say together (None when none was seen)."""
