@@ -199,7 +199,10 @@ def test_a_failure_midway_names_the_members_that_went(tmp_path, monkeypatch):
     result = run_audited(plan, root, log)
     (failed,) = result.failed
     assert failed.went == ("a.safetensors",)
-    assert failed.error == "partly deleted (went: a.safetensors; kept: b.json, c.bin): b.json: Permission denied"
+    assert failed.error == (
+        "partly deleted: 1 of 3 files went, the unit is no longer whole (went: a.safetensors): "
+        "b.json: Permission denied"
+    )
     assert sorted(p.name for p in root.iterdir()) == ["b.json", "c.bin"]
     assert [r["outcome"] for r in records(log)] == ["confirmed", "failed"]
     assert "went: a.safetensors" in records(log)[-1]["detail"]

@@ -149,6 +149,13 @@ async def plan_cleanup(action: Any, target: Any, ctx: Any, params: Mapping[str, 
     return Plan(action, target, argv, where, notes=tuple(notes), word=word, payload=retention)
 
 
+def _outcome_word(item: Any) -> str:
+    """deleted, kept, or partly (some of the unit went before it failed: it is no longer whole)."""
+    if item.deleted:
+        return "deleted"
+    return "partly " if item.went else "kept   "
+
+
 async def run_cleanup(plan: Any, ctx: Any) -> Any:
     from opsconsole.actions.plan import ActionReport
     from opsconsole.actions.runner import CommandResult
@@ -175,7 +182,7 @@ async def run_cleanup(plan: Any, ctx: Any) -> Any:
             lines.append(
                 printable_line(
                     "%s %s%s"
-                    % ("deleted" if item.deleted else "kept   ", item.path, "" if item.deleted else ": %s" % item.error)
+                    % (_outcome_word(item), item.path, "" if item.deleted else ": %s" % item.error)
                 )
             )
         lines.extend(printable_line("not attempted %s" % path) for path in result.remaining)

@@ -31,6 +31,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from opsconsole.checkpoints.access import DirItem, FileStat, FileSystem, not_regular
 from opsconsole.checkpoints.open_files import OpenFiles, open_files_from
+from opsconsole.probe.delete_units import MAX_TREE_ENTRIES
 
 CALL_TIMEOUT_S = 60.0
 HELPER_NOISE_LINES = 5  # non-JSON lines of the helper (a warning, `python3: not found`) kept for the error
@@ -368,7 +369,8 @@ class RemotePinnedRoot:
         if "error" in answer:
             return [], "the node's helper: %s" % str(answer["error"])[:500]
         went = answer.get("went")
-        went = [str(m) for m in went] if isinstance(went, list) else []
+        # At most one name per entry the unit was pinned with (delete_units.MAX_TREE_ENTRIES).
+        went = [str(m)[:4096] for m in went[:MAX_TREE_ENTRIES]] if isinstance(went, list) else []
         why = answer.get("why")
         return went, None if why is None else str(why)[:1000]
 

@@ -17,9 +17,12 @@ deletions keep the same guarantees, in the same code:
   come with the open request too, marked "kept": while one of them is not as judged (changed,
   gone) nothing is deleted;
 - a unit goes only when this user may write every directory of it and the one holding it
-  (faccessat): one it could delete only in part is kept whole;
+  (faccessat), and no entry of it sits in a sticky directory (mode +t) where neither the entry
+  nor the directory is this user's: one it could delete only in part is kept whole;
 - only recorded entries are deleted: a file that appeared inside a directory since the check
-  makes its rmdir fail, and the unit is reported as partly deleted, with what went.
+  makes its rmdir fail, and the unit is reported as partly deleted, with what went: each entry
+  removed (a directory's with a trailing /) and "N of M files went" in the reason. What the
+  pre-checks cannot see (an immutable file, EIO) ends the same way.
 Nothing here opens a file that is not a directory: FIFOs and devices are lstat'ed, never read.
 
 Protocol (remote): one JSON request per line on stdin, one JSON answer per line on stdout.
@@ -31,7 +34,8 @@ Protocol (remote): one JSON request per line on stdin, one JSON answer per line 
         (kept units last, each with "kept": what it is, in words; `unit` indexes count the others)
         -> {"ok": true} or {"ok": false, "why": why}
     {"op": "check", "unit": i}   -> {"unit": i, "why": None or why}
-    {"op": "delete", "unit": i}  -> {"unit": i, "went": [member, ...], "why": None or why}
+    {"op": "delete", "unit": i}  -> {"unit": i, "went": [...], "why": None or why}
+        went: the unit's members when it went whole, else each entry removed before it failed
 A tree is a list of [relative path, kind, dev, ino, size, mtime_ns] (kind: d f l o; a file's
 with its ctime_ns after, -1 where the console does not know it), the member first. Names travel as str with surrogateescape (json escapes them: ASCII on the wire).
 Stdlib only, Python 3.6+ (probe/ rules).
@@ -755,6 +759,33 @@ class PinnedRoot(object):
                 return "%s: Permission denied (this user may not delete in it): nothing of the unit deleted" % (
                     rel or "the directory"
                 )
+        return self._sticky_refusal(records)
+
+    def _sticky_refusal(self, records):
+        """Why an entry of the unit could not be unlinked for a sticky directory (mode +t, as /tmp),
+        else None: there only the entry's owner, the directory's owner (or root) may remove it."""
+        me = os.geteuid()
+        if me == 0:
+            return None  # CAP_FOWNER: root removes in sticky directories
+        by_folder = {}
+        for r in records:
+            parts = split_member(r[0])
+            by_folder.setdefault("/".join(parts[:-1]), []).append(parts[-1])
+        for folder in sorted(by_folder):
+            fd = open_parent(self.fd, split_member(folder + "/x")) if folder else os.dup(self.fd)
+            try:
+                st = os.fstat(fd)
+                if not st.st_mode & stat.S_ISVTX or st.st_uid == me:
+                    continue
+                for name in sorted(by_folder[folder]):
+                    if lstat_at(name, fd).st_uid != me:
+                        rel = folder + "/" + name if folder else name
+                        return (
+                            "%s: Permission denied (in a sticky directory, and neither it nor the directory is this "
+                            "user's): nothing of the unit deleted" % rel
+                        )
+            finally:
+                os.close(fd)
         return None
 
     def _differs(self, members, recorded):
@@ -780,7 +811,7 @@ class PinnedRoot(object):
         return None
 
     def delete(self, index):
-        """(members that went, None) when the unit went whole; else (what went, why the rest did not)."""
+        """(its members, None) when the unit went whole; else (each entry removed, why the rest did not)."""
         try:
             members, recorded = self._unit(index)
             why = self._why_not(members, recorded)  # again: the audit record was written in between
@@ -791,36 +822,39 @@ class PinnedRoot(object):
         if why:
             return [], why
         planned = dict((r[0], r) for r in recorded)
-        went = []
+        went = []  # every entry removed, files and (with a trailing /) directories, as it goes
         for rel in members:
             try:
-                self._remove_member(rel, planned)
+                self._remove_member(rel, planned, went)
             except UnitProblem as exc:
-                return went, self._partial(went, members, str(exc))
+                return went, self._partial(went, recorded, str(exc))
             except OSError as exc:
-                return went, self._partial(went, members, "%s: %s" % (rel, exc.strerror or exc))
-            went.append(rel)
-        return went, None
+                return went, self._partial(went, recorded, "%s: %s" % (rel, exc.strerror or exc))
+        return list(members), None
 
     @staticmethod
-    def _partial(went, members, why):
+    def _partial(went, recorded, why):
+        """The reason a unit failed, first saying how much of it went when any did."""
         if not went:
             return why
-        return "partly deleted (went: %s; kept: %s): %s" % (
+        files = sum(1 for r in recorded if r[1] != "d")
+        files_went = sum(1 for rel in went if not rel.endswith("/"))
+        return "partly deleted: %d of %d files went, the unit is no longer whole (went: %s): %s" % (
+            files_went,
+            files,
             _names(went),
-            _names(m for m in members if m not in went),
             why,
         )
 
-    def _remove_member(self, rel, planned):
+    def _remove_member(self, rel, planned, went):
         parts = split_member(rel)
         parent = open_parent(self.fd, parts)
         try:
-            self._remove_entry(parent, parts[-1], rel, planned, 0)
+            self._remove_entry(parent, parts[-1], rel, planned, 0, went)
         finally:
             os.close(parent)
 
-    def _remove_entry(self, parent_fd, name, rel, planned, depth):
+    def _remove_entry(self, parent_fd, name, rel, planned, depth, went):
         try:
             st = lstat_at(name, parent_fd)
         except FileNotFoundError:
@@ -832,13 +866,14 @@ class PinnedRoot(object):
             raise UnitProblem(why)
         if not stat.S_ISDIR(st.st_mode):
             unlink_at(name, parent_fd)
+            went.append(rel)
             return
         fd = open_same_dir(parent_fd, name, rel, st, depth, "during the deletion")
         try:
             for child in sorted(os.listdir(fd)):
                 child_rel = rel + "/" + child
                 if child_rel in planned:
-                    self._remove_entry(fd, child, child_rel, planned, depth + 1)
+                    self._remove_entry(fd, child, child_rel, planned, depth + 1, went)
         finally:
             os.close(fd)
         try:
@@ -847,6 +882,7 @@ class PinnedRoot(object):
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 raise UnitProblem("%s holds files that are not in the plan: they and it were left" % rel)
             raise
+        went.append(rel + "/")
 
 
 # --- the node side of the protocol ------------------------------------------------------------------
