@@ -1080,9 +1080,15 @@ def _files_text(unit: str, members: Sequence[str]) -> str:
     return "%s (%d file%s)" % (unit, len(members), "" if len(members) == 1 else "s")
 
 
+MAX_TRAILING_DIGITS = 255  # a name's longest part on most file systems: int() of it stays cheap
+
+
 def _trailing_number(name: str) -> int:
+    """The number a name ends with (checkpoint-N, step_N), compared as an int of any length as HF's
+    get_last_checkpoint does; -1 when there is none. rstrip of the ASCII digits only: int() would
+    also take other scripts' digits."""
     digits = len(name) - len(name.rstrip("0123456789"))
-    return int(name[-digits:]) if 0 < digits <= 18 else -1
+    return int(name[-digits:]) if 0 < digits <= MAX_TRAILING_DIGITS else -1
 
 
 ROOT_IS_UNIT = (
