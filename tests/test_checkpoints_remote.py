@@ -323,3 +323,42 @@ async def test_remote_reads_never_open_a_fifo(sshd_factory, tmp_path):
             pass
         await fs.aclose()
         await link.close()
+
+
+async def test_remote_directory_unit_failing_part_way_says_what_went(sshd_factory, tmp_path):
+    """checkpoint-2/ with an immutable file (chattr +i: what the pre-checks cannot see) fails on the
+    node after the files before it went: the answer over SSH names them and says so."""
+    root = tmp_path / "run"
+    _old_file(root / "checkpoint-2" / "a_config.json", b"{}")
+    _old_file(root / "checkpoint-2" / "b_model.safetensors", b"w" * 100)
+    stuck = _old_file(root / "checkpoint-2" / "c_optimizer.pt", b"o" * 100)
+    _old_file(root / "checkpoint-2" / "d_scheduler.pt", b"s")
+    if subprocess.run(["chattr", "+i", str(stuck)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not possible here (needs root and a file system that has the flag)")
+    try:
+        await _fail_part_way(sshd_factory, root, tmp_path / "audit.log")
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], capture_output=True)  # else pytest cannot remove it
+
+
+async def _fail_part_way(sshd_factory, root, log):
+    from opsconsole.checkpoints.cleanup import pin_plan
+
+    link, fs = remote_fs(sshd_factory)
+    try:
+        plan = await asyncio.to_thread(pin_plan, _unit_plan(root, "checkpoint-2"), fs)
+        result = await asyncio.to_thread(execute_plan, plan, str(root), AuditLog(str(log)), fs=fs)
+        (failed,) = result.failed
+        assert failed.went == ("checkpoint-2/a_config.json", "checkpoint-2/b_model.safetensors")
+        assert failed.error == (
+            "partly deleted: 2 of 4 files went, the unit is no longer whole "
+            "(went: checkpoint-2/a_config.json, checkpoint-2/b_model.safetensors): "
+            "checkpoint-2/c_optimizer.pt: Operation not permitted"
+        )
+        assert result.to_json()["results"][0]["members_deleted"] == list(failed.went)
+        assert "partly deleted: 2 of 4 files went" in log.read_text()
+        assert sorted(p.name for p in (root / "checkpoint-2").iterdir()) == ["c_optimizer.pt", "d_scheduler.pt"]
+    finally:
+        await fs.aclose()
+        await link.close()
+    assert link.channels_in_use == 0

@@ -62,7 +62,7 @@ def test_a_directory_unit_that_fails_part_way_reports_the_files_that_went(tmp_pa
     assert line == (
         "FAILED %s: partly deleted: 2 of 5 files went, the unit is no longer whole "
         "(went: checkpoint-200/config.json, checkpoint-200/model.safetensors): "
-        "checkpoint-200: Input/output error" % broken
+        "checkpoint-200/optimizer.pt: Input/output error" % broken
     ), out
     (record,) = [r for r in audit_records(tmp_path / "audit.log") if r["outcome"] == "failed"]
     assert "partly deleted: 2 of 5 files went" in record["detail"] and "checkpoint-200/config.json" in record["detail"]

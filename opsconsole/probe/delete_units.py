@@ -865,7 +865,10 @@ class PinnedRoot(object):
         if why:
             raise UnitProblem(why)
         if not stat.S_ISDIR(st.st_mode):
-            unlink_at(name, parent_fd)
+            try:
+                unlink_at(name, parent_fd)
+            except OSError as exc:  # named by the file that stayed, not by the member holding it
+                raise UnitProblem("%s: %s" % (rel, exc.strerror or exc))
             went.append(rel)
             return
         fd = open_same_dir(parent_fd, name, rel, st, depth, "during the deletion")
@@ -881,7 +884,7 @@ class PinnedRoot(object):
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 raise UnitProblem("%s holds files that are not in the plan: they and it were left" % rel)
-            raise
+            raise UnitProblem("%s: %s" % (rel, exc.strerror or exc))
         went.append(rel + "/")
 
 
