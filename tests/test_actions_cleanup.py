@@ -201,3 +201,32 @@ async def test_hostile_and_undecodable_names_are_shown_one_line_and_audited_esca
     records = [json.loads(line) for line in data.decode().splitlines()]
     deleted = [r["detail"] for r in records if r["action"] == "checkpoint.delete" and r["outcome"] == "ok"]
     assert len(deleted) == 2 and all("\\xff-step_" in detail for detail in deleted)
+
+
+async def test_a_unit_that_failed_part_way_is_shown_partly_deleted_not_kept(tmp_path, monkeypatch):
+    """The Checkpoints pane's report: checkpoint-N/ that lost some files before a failure is
+    'partly', with how many went, not 'kept' (it is no longer whole)."""
+    from opsconsole.probe import delete_units
+    from tests.checkpoint_writers import set_mtime, write_hf_layout
+
+    folder = tmp_path / "run"
+    write_hf_layout(folder, steps=(100, 200), best=200)
+    for path in folder.rglob("*"):
+        set_mtime(path, time.time() - 10 * HOUR)
+    real_unlink = delete_units.unlink_at
+
+    def unlink_at(name, dir_fd):
+        if name == "optimizer.pt":
+            raise OSError(5, "Input/output error")
+        real_unlink(name, dir_fd)
+
+    monkeypatch.setattr(delete_units, "unlink_at", unlink_at)
+    ctx = context(tmp_path, folder, keep=1)
+    plan = await plan_action("checkpoint_cleanup", Target(TARGET_CHECKPOINT_DIR, "local", path=str(folder)), ctx)
+    report = await run_plan(plan, ctx)
+    assert not report.ok
+    assert (
+        "partly  %s: partly deleted: 2 of 5 files went, the unit is no longer whole "
+        "(went: checkpoint-100/config.json, checkpoint-100/model.safetensors): "
+        "checkpoint-100/optimizer.pt: Input/output error" % (folder / "checkpoint-100")
+    ) in report.lines, "\n".join(report.lines)
