@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -240,7 +241,10 @@ def test_a_rank_that_exits_with_a_code_of_its_own_is_blamed_not_the_peer_torchel
     result = verdict(directory)
     assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
     assert result["file"] == str(directory / "launcher.log")
-    assert "exitcode" in launcher_line(directory, result) and ": 3 (pid" in launcher_line(directory, result)
+    # The table's row ("exitcode  : 3 (pid: P)") or, first under load, the launcher's own line about that
+    # child ("failed (exitcode: 3) local_rank: 1 (pid: P)"): either names rank 1's exit.
+    line = launcher_line(directory, result)
+    assert re.search(r"exitcode\W*3\b", line) and "(pid: %d)" % result["failed_child"]["pid"] in line, line
     assert (result["failed_child"]["rank"], result["failed_child"]["exitcode"]) == (1, 3)
     assert "Rank 1 ended with exit code 3 and reported no lost connection of its own" in report(directory)
 
