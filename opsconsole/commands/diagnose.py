@@ -130,6 +130,14 @@ def run_json_document(result) -> dict:
         "line": verdict.finding.line if verdict else None,
         "findings": findings,
     }
+    if result.outcome is not None:  # only where the files say how the run ended ("finished", "failed")
+        document["outcome"] = result.outcome
+        document["outcome_evidence"] = result.outcome_evidence
+    if result.handled:  # exceptions their ranks went on after: listed as seen, never the root cause
+        document["handled"] = [
+            {"file": result.file_of(finding), "line": finding.line, "rank": finding.rank, "exception": finding.exception}
+            for finding in result.handled
+        ]
     if verdict is not None and verdict.watchdog is not None:  # only where the ranks' NCCL watchdog lines were seen
         document["watchdog"] = _watchdog_json(verdict.watchdog)
     if verdict is not None and verdict.failed_child is not None:  # only peers' reports: the launcher's row
@@ -142,6 +150,33 @@ def run_json_document(result) -> dict:
             "host": child.host,
         }
     return document
+
+
+def _seen_on_the_way(result, out: List[str]) -> str:
+    """A run with findings but no root cause: it finished, or its only exceptions were handled."""
+    handled = {id(finding) for finding in result.handled}
+    if result.outcome == "finished":
+        out.append(printable_line("The run finished (%s): no root cause." % result.outcome_evidence))
+    else:
+        out.append("No root cause: every exception seen was followed by its rank's further training steps.")
+    out.append("Seen on the way:")
+    for finding in result.diagnosis.findings:
+        rank = " on rank %d" % finding.rank if finding.rank is not None else ""
+        what = finding.exception or finding.title
+        note = " (handled? the rank went on after it)" if id(finding) in handled else ""
+        out.append(
+            "  %s%s, %s line %d: %s%s"
+            % (
+                printable_line(what),
+                rank,
+                printable_line(result.file_of(finding) or "?"),
+                finding.line,
+                _one_line(finding.excerpt),
+                note,
+            )
+        )
+    out.append("")
+    return "\n".join(out) + "\n"
 
 
 def _watchdog_json(watchdog) -> dict:
@@ -168,6 +203,8 @@ def run_report(result) -> str:
         % (files, "" if files == 1 else "s", diagnosis.lines, "" if diagnosis.lines == 1 else "s")
     ]
     verdict = result.verdict
+    if verdict is None and diagnosis.findings:
+        return _seen_on_the_way(result, out)
     if verdict is None:
         out.append("No failure signature found.")
         out.append("")

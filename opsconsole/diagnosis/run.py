@@ -16,9 +16,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from opsconsole.diagnosis.engine import Diagnoser, Diagnosis, RootCause
+from opsconsole.diagnosis.engine import _RANK_PREFIX, Diagnoser, Diagnosis, RootCause
 from opsconsole.diagnosis.finding import Finding
 from opsconsole.diagnosis.launcher import error_file_lines, parse_error_file
+from opsconsole.diagnosis.stalls import parse_step
 from opsconsole.logs.names import label_source
 from opsconsole.logs.records import LogSource
 
@@ -32,6 +33,12 @@ ERROR_FILE_SUFFIX = ".json"
 MAX_ERROR_FILE_BYTES = 4 * 1024 * 1024
 _TORCHRUN_RANK_DIR = re.compile(r"(?:^|/)attempt_\d+/(\d{1,7})/[^/]+$")
 _RANK_IN_NAME = re.compile(r"(?:^|[_.-])rank[_-]?(\d{1,7})(?=[_.-]|$)", re.IGNORECASE)
+# torchelastic's agent says so when every local child exited 0 (at INFO: LOGLEVEL=INFO or torchrun's own logging).
+_LAUNCHER_SUCCESS = ("worker group successfully finished", "Local worker group finished (WorkerState.SUCCEEDED)")
+# torchrun --tee's per-child prefix: a file with it is the launcher's own output, where a failed child's table goes.
+_TEE_PREFIX = re.compile(r"^\[default\d{1,7}\]:")
+OUTCOME_FINISHED = "finished"
+OUTCOME_FAILED = "failed"
 
 
 @dataclass
@@ -43,6 +50,11 @@ class RunDiagnosis:
     files: List[str]  # the files read, in order
     unreadable: List[Tuple[str, str]] = field(default_factory=list)  # (file, reason)
     paths: Dict[str, str] = field(default_factory=dict)  # source key -> file
+    # How the run ended where its files say so: "finished", "failed", or None (not known); and why.
+    outcome: Optional[str] = None
+    outcome_evidence: str = ""
+    # app_error findings after which the same rank logged further training steps: handled, not fatal.
+    handled: List[Finding] = field(default_factory=list)
 
     @property
     def root_cause(self) -> Optional[str]:
@@ -104,9 +116,10 @@ def diagnose_run(
     diagnoser = Diagnoser()
     files = run_files(names)
     result = RunDiagnosis(verdict=None, diagnosis=Diagnosis(root_cause=None, findings=()), files=files)
+    evidence = _OutcomeEvidence()
     total = 0
     for path in files:
-        total += _feed_file(diagnoser, result, run_source(path), lines_of, unreadable)
+        total += _feed_file(diagnoser, result, run_source(path), lines_of, unreadable, evidence)
     # The error files the launcher's table names, when they are still there and were not read yet.
     for failure in diagnoser.launcher_failures():
         path = failure.error_file
@@ -115,10 +128,18 @@ def diagnose_run(
             source = run_source(path)
             if failure.rank is not None:
                 source = LogSource(node=NODE, path=path, host=failure.host, rank=failure.rank, label=source.label)
-            total += _feed_file(diagnoser, result, source, lines_of, unreadable)
-    result.verdict = diagnoser.verdict()
+            total += _feed_file(diagnoser, result, source, lines_of, unreadable, evidence)
+    result.handled = evidence.handled
+    verdict = diagnoser.verdict()
+    result.outcome, result.outcome_evidence = _outcome(diagnoser, evidence)
+    if verdict is not None and result.outcome != OUTCOME_FAILED:
+        # A run that ended well has no root cause; nor, without word of its end, one whose only failure is an
+        # exception its rank went on after (logged with logging.exception and caught).
+        if result.outcome == OUTCOME_FINISHED or _only_handled(diagnoser, evidence):
+            verdict = None
+    result.verdict = verdict
     result.diagnosis = Diagnosis(
-        root_cause=diagnoser.root_cause(),
+        root_cause=verdict.category if verdict else None,
         findings=tuple(diagnoser.findings()),
         summary=tuple(diagnoser.summary()),
         lines=total,
@@ -133,18 +154,81 @@ def _feed_file(
     source: LogSource,
     lines_of: Callable[[str], Iterable[str]],
     unreadable: Tuple[type, ...],
+    evidence: "_OutcomeEvidence",
 ) -> int:
     """Feed one file's lines; the number read (an unreadable file is listed in result.unreadable)."""
     path = source.path
     result.paths[source.key] = path
     number = 0
+    pending: Dict[Optional[int], List[Finding]] = {}  # rank -> its app_error findings not yet followed by a step
     try:
         for number, text in enumerate(_source_lines(path, lines_of), 1):
-            diagnoser.feed_text(text, number, source)
+            finding = diagnoser.feed_text(text, number, source)
+            if number == 1 and _TEE_PREFIX.match(text):
+                evidence.launcher_output = True
+            if "finished" in text and any(marker in text for marker in _LAUNCHER_SUCCESS):
+                evidence.success_lines += 1
+            if finding is not None:
+                if finding.category == "app_error":
+                    pending.setdefault(finding.rank, []).append(finding)
+            elif pending:
+                _went_on(text, source.rank, pending, evidence)
+            if path.lower().endswith(ERROR_FILE_SUFFIX) and number == 1:
+                evidence.error_files += 1
     except unreadable as exc:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         result.unreadable.append((path, reason))
     return number
+
+
+class _OutcomeEvidence:
+    """What the files say of how the run ended, gathered while they are read."""
+
+    def __init__(self) -> None:
+        self.success_lines = 0  # the launcher's "worker group successfully finished"
+        self.launcher_output = False  # a file of torchrun --tee output was read (a failed child's table goes there)
+        self.error_files = 0  # torchelastic error files holding a recorded exception
+        self.handled: List[Finding] = []
+
+
+def _went_on(
+    text: str, file_rank: Optional[int], pending: Dict[Optional[int], List[Finding]], evidence: _OutcomeEvidence
+) -> None:
+    """A line after a rank's exception: when it is the same rank's training step, the exception was handled."""
+    rank = file_rank
+    body = text
+    prefix = _RANK_PREFIX.match(text)
+    if prefix is not None:
+        body = text[prefix.end() :]
+        if rank is None:
+            rank = int(prefix.group(prefix.lastindex or 1))
+    if rank not in pending or parse_step(body) is None:
+        return
+    evidence.handled.extend(pending.pop(rank))
+
+
+def _only_handled(diagnoser: Diagnoser, evidence: _OutcomeEvidence) -> bool:
+    """Whether every finding is an app_error that its rank went on after."""
+    handled = {id(finding) for finding in evidence.handled}
+    findings = diagnoser.findings()
+    return bool(findings) and not diagnoser.dropped and all(id(finding) in handled for finding in findings)
+
+
+def _outcome(diagnoser: Diagnoser, evidence: _OutcomeEvidence) -> Tuple[Optional[str], str]:
+    """("finished" | "failed" | None, the evidence in words) from the launcher's lines and error files."""
+    failures = diagnoser.launcher_failures()
+    if failures:
+        return OUTCOME_FAILED, "the launcher listed %d failed rank%s" % (len(failures), "" if len(failures) == 1 else "s")
+    if evidence.error_files:
+        return OUTCOME_FAILED, "a rank recorded its exception in torchelastic's error file"
+    if evidence.success_lines:
+        return OUTCOME_FINISHED, "the launcher said the worker group finished successfully (every rank exited 0)"
+    if evidence.launcher_output and _only_handled(diagnoser, evidence):
+        return (
+            OUTCOME_FINISHED,
+            "the launcher's output lists no failed rank, and every rank went on training after what it logged",
+        )
+    return None, ""
 
 
 def _source_lines(path: str, lines_of: Callable[[str], Iterable[str]]) -> Iterator[str]:
