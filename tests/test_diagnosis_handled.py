@@ -2,7 +2,8 @@
 
 Rank 1 catches a KeyError, logs it with logging.exception (a traceback in its output) and keeps training;
 both ranks exit 0. `opsconsole diagnose --run` must not name that traceback the root cause: the run
-finished, and the exception is listed as seen on the way ("handled? the rank went on after it").
+finished, and the exception is listed as seen on the way ("handled? the rank went on after it"); a file
+alone says the same from rank 1's later steps.
 """
 
 from __future__ import annotations
@@ -93,8 +94,19 @@ def test_a_finished_run_with_a_handled_exception_has_no_root_cause(handled_run):
     assert {entry["rank"] for entry in handled} == {1}
     assert {entry["exception"] for entry in handled} == {"KeyError: 'input_ids'"}
     assert any(entry["file"] == str(directory / "launcher.log") for entry in handled)
-    # Still listed among the findings: a warning worth reading.
-    assert any(f["category"] == "app_error" and f["rank"] == 1 for f in result["findings"])
+    assert result["findings"] == []  # listed as handled, not as a failure
+
+
+def test_one_file_alone_says_handled_not_root_cause(handled_run):
+    """Without the run's other files: the traceback is followed by rank 1's own later, stamped steps."""
+    directory, _ = handled_run
+    done = diagnose("--json", str(directory / "launcher.log"))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["root_cause"], result["findings"]) == (None, [])
+    assert [(entry["rank"], entry["exception"]) for entry in result["handled"]] == [(1, "KeyError: 'input_ids'")]
+    text = diagnose(str(directory / "launcher.log")).stdout
+    assert "No root cause found." in text and "Handled? the rank went on after it:" in text and "rank 1" in text
 
 
 def test_the_report_says_the_run_finished_and_lists_the_exception_as_seen(handled_run):

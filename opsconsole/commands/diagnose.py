@@ -160,7 +160,7 @@ def _seen_on_the_way(result, out: List[str]) -> str:
     else:
         out.append("No root cause: every exception seen was followed by its rank's further training steps.")
     out.append("Seen on the way:")
-    for finding in result.diagnosis.findings:
+    for finding in sorted(result.diagnosis.findings + tuple(result.handled), key=lambda f: (f.time or 0.0, f.line)):
         rank = " on rank %d" % finding.rank if finding.rank is not None else ""
         what = finding.exception or finding.title
         note = " (handled? the rank went on after it)" if id(finding) in handled else ""
@@ -203,7 +203,7 @@ def run_report(result) -> str:
         % (files, "" if files == 1 else "s", diagnosis.lines, "" if diagnosis.lines == 1 else "s")
     ]
     verdict = result.verdict
-    if verdict is None and diagnosis.findings:
+    if verdict is None and (diagnosis.findings or result.handled):
         return _seen_on_the_way(result, out)
     if verdict is None:
         out.append("No failure signature found.")
@@ -342,12 +342,17 @@ def _lines_of(handle: IO[bytes]) -> Iterator[str]:
 
 
 def json_document(name: str, result) -> dict:
-    """The issue's JSON shape for one input."""
-    return {
+    """The issue's JSON shape for one input (and "handled" where a rank went on after an exception)."""
+    document = {
         "file": name,
         "root_cause": result.root_cause,
         "findings": [{key: getattr(finding, key) for key in FINDING_KEYS} for finding in result.findings],
     }
+    if result.handled:
+        document["handled"] = [
+            {"line": finding.line, "rank": finding.rank, "exception": finding.exception} for finding in result.handled
+        ]
+    return document
 
 
 def readable_report(name: str, result) -> str:
@@ -355,8 +360,14 @@ def readable_report(name: str, result) -> str:
     from opsconsole.diagnosis.knowledge import CATEGORIES
 
     out: List[str] = ["== %s (%d line%s)" % (printable_line(name), result.lines, "" if result.lines == 1 else "s")]
+    handled = [
+        "Handled? the rank went on after it: line %d%s: %s"
+        % (finding.line, " rank %d" % finding.rank if finding.rank is not None else "", _one_line(finding.excerpt))
+        for finding in result.handled[:EXAMPLES_PER_CATEGORY]
+    ]
     if result.root_cause is None:
-        out.append("No failure signature found.")
+        out.append("No root cause found." if handled else "No failure signature found.")
+        out.extend(handled)
         out.append("")
         return "\n".join(out) + "\n"
     root = CATEGORIES[result.root_cause]
@@ -374,6 +385,9 @@ def readable_report(name: str, result) -> str:
     if result.dropped:
         out.append("")
         out.append("(%d further matching lines counted above but not listed)" % result.dropped)
+    if handled:
+        out.append("")
+        out.extend(handled)
     out.append("")
     return "\n".join(out) + "\n"
 

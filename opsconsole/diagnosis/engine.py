@@ -65,6 +65,7 @@ from opsconsole.diagnosis.signatures import (
     match_positions,
     positions_of,
 )
+from opsconsole.diagnosis.stalls import parse_step_counter
 from opsconsole.diagnosis.timestamps import line_time, may_carry_time
 from opsconsole.diagnosis.watchdog import WatchdogLines, WatchdogVerdict
 from opsconsole.health import xid
@@ -277,6 +278,7 @@ class Diagnosis:
     summary: Tuple[FindingSummary, ...] = ()  # one row per category, root cause first
     lines: int = 0  # lines read
     dropped: int = 0  # findings beyond max_findings (counted in the summary, not listed)
+    handled: Tuple[Finding, ...] = ()  # exceptions their rank went on training after: not findings, not a cause
 
 
 @dataclass
@@ -302,6 +304,8 @@ class _SourceState:
     traceback_hint: str = ""  # HINT_SETUP or HINT_HTTP when a frame of the current traceback says so
     implicit_col: int = -1  # a traceback started by a frame without its header: that frame's column, else -1
     code_checks_nan: bool = False  # the source line quoted under the latest frame tests for NaN/Inf (an assert)
+    # app_error findings of this source not yet followed by its own training step (then they were handled)
+    pending_app: Optional[List[Finding]] = None
 
 
 class Diagnoser:
@@ -322,6 +326,7 @@ class Diagnoser:
         # Ranks whose own output said a peer closed or reset its connection: victims, never the failing rank.
         self._peer_gone_ranks: set = set()
         self._stopped_pids: set = set()  # children the launcher said it sent SIGTERM to (after another failed)
+        self._handled: List[Finding] = []  # app_error findings withdrawn: the same rank logged a step after them
 
     # --- feeding ------------------------------------------------------------------------------------
 
@@ -432,6 +437,8 @@ class Diagnoser:
             clock.stamp_text = text
         elif line_rank is not None and may_carry_time(body):
             clock.stamp_text = body
+        if state.pending_app is not None and parse_step_counter(body) is not None:
+            self._went_on(state, body)  # an exception logged and caught (logging.exception): the rank kept training?
         table = state.table
         if (
             not hits
@@ -528,6 +535,7 @@ class Diagnoser:
                     rank,
                     self._time(clock, time),
                 )
+                self._note_pending(state, finding)
             self._record(finding)
             return finding
         if state.traceback_line >= 0 or exception is not None:
@@ -583,6 +591,8 @@ class Diagnoser:
             finding = self._app_error(
                 _exception_text(parsed) if parsed else body.strip(), frame, number, key, rank, when
             )
+            if exception is not None:  # the end of a traceback, which a handler may have logged
+                self._note_pending(state, finding)
         else:
             finding = self._finding(category, weak, number, excerpt, key, rank, when)
         self._record(finding)
@@ -724,6 +734,40 @@ class Diagnoser:
             exception=_excerpt(text),
             frame=frame,
         )
+
+    @staticmethod
+    def _note_pending(state: _SourceState, finding: Finding) -> None:
+        if state.pending_app is None:
+            state.pending_app = []
+        if len(state.pending_app) < MAX_SOURCES:
+            state.pending_app.append(finding)
+
+    def _went_on(self, state: _SourceState, body: str) -> None:
+        """The source logged a training step after its exceptions: they were handled, not what ended the run.
+        They leave the findings (and the root cause) for handled(); the rest is counted again without them.
+
+        Only a step stamped no earlier than the exception counts: a merged output (torchrun --tee) may put a
+        child's buffered stdout (its earlier steps) after the traceback it wrote to stderr when it died."""
+        when, _ = line_time(body, self._year)
+        pending = [finding for finding in state.pending_app or () if finding.time is not None and when is not None]
+        pending = [finding for finding in pending if finding.time <= when]
+        if not pending:
+            return
+        state.pending_app = [finding for finding in state.pending_app or () if finding not in pending] or None
+        gone = {id(finding) for finding in pending}
+        kept = [finding for finding in self._findings if id(finding) not in gone]
+        if len(kept) == len(self._findings):
+            return  # beyond max_findings: counted, and left so
+        self._handled.extend(finding for finding in pending if len(self._handled) < self.max_findings)
+        dropped = self.dropped
+        self._findings, self._aggregates, self._best, self._best_finding, self._seen = [], {}, None, None, 0
+        for finding in kept:
+            self._record(finding)
+        self.dropped = dropped
+
+    def handled(self) -> List[Finding]:
+        """Exceptions (app_error) after which the same rank went on logging training steps: logged and caught."""
+        return list(self._handled)
 
     def _record(self, finding: Finding) -> None:
         self._seen += 1
@@ -918,4 +962,5 @@ def diagnose_lines(lines: Iterable[str], source: Optional[str] = None, max_findi
         summary=tuple(diagnoser.summary()),
         lines=number,
         dropped=diagnoser.dropped,
+        handled=tuple(diagnoser.handled()),
     )

@@ -16,10 +16,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from opsconsole.diagnosis.engine import _RANK_PREFIX, Diagnoser, Diagnosis, RootCause
+from opsconsole.diagnosis.engine import Diagnoser, Diagnosis, RootCause
 from opsconsole.diagnosis.finding import Finding
 from opsconsole.diagnosis.launcher import error_file_lines, parse_error_file
-from opsconsole.diagnosis.stalls import parse_step
 from opsconsole.logs.names import label_source
 from opsconsole.logs.records import LogSource
 
@@ -129,14 +128,11 @@ def diagnose_run(
             if failure.rank is not None:
                 source = LogSource(node=NODE, path=path, host=failure.host, rank=failure.rank, label=source.label)
             total += _feed_file(diagnoser, result, source, lines_of, unreadable, evidence)
-    result.handled = evidence.handled
+    result.handled = diagnoser.handled()  # exceptions their rank went on after: the diagnoser left them out
     verdict = diagnoser.verdict()
     result.outcome, result.outcome_evidence = _outcome(diagnoser, evidence)
-    if verdict is not None and result.outcome != OUTCOME_FAILED:
-        # A run that ended well has no root cause; nor, without word of its end, one whose only failure is an
-        # exception its rank went on after (logged with logging.exception and caught).
-        if result.outcome == OUTCOME_FINISHED or _only_handled(diagnoser, evidence):
-            verdict = None
+    if result.outcome == OUTCOME_FINISHED:
+        verdict = None  # a run that ended well has no root cause: its findings are what was seen on the way
     result.verdict = verdict
     result.diagnosis = Diagnosis(
         root_cause=verdict.category if verdict else None,
@@ -144,6 +140,7 @@ def diagnose_run(
         summary=tuple(diagnoser.summary()),
         lines=total,
         dropped=diagnoser.dropped,
+        handled=tuple(result.handled),
     )
     return result
 
@@ -160,19 +157,13 @@ def _feed_file(
     path = source.path
     result.paths[source.key] = path
     number = 0
-    pending: Dict[Optional[int], List[Finding]] = {}  # rank -> its app_error findings not yet followed by a step
     try:
         for number, text in enumerate(_source_lines(path, lines_of), 1):
-            finding = diagnoser.feed_text(text, number, source)
+            diagnoser.feed_text(text, number, source)
             if number == 1 and _TEE_PREFIX.match(text):
                 evidence.launcher_output = True
             if "finished" in text and any(marker in text for marker in _LAUNCHER_SUCCESS):
                 evidence.success_lines += 1
-            if finding is not None:
-                if finding.category == "app_error":
-                    pending.setdefault(finding.rank, []).append(finding)
-            elif pending:
-                _went_on(text, source.rank, pending, evidence)
             if path.lower().endswith(ERROR_FILE_SUFFIX) and number == 1:
                 evidence.error_files += 1
     except unreadable as exc:
@@ -188,30 +179,6 @@ class _OutcomeEvidence:
         self.success_lines = 0  # the launcher's "worker group successfully finished"
         self.launcher_output = False  # a file of torchrun --tee output was read (a failed child's table goes there)
         self.error_files = 0  # torchelastic error files holding a recorded exception
-        self.handled: List[Finding] = []
-
-
-def _went_on(
-    text: str, file_rank: Optional[int], pending: Dict[Optional[int], List[Finding]], evidence: _OutcomeEvidence
-) -> None:
-    """A line after a rank's exception: when it is the same rank's training step, the exception was handled."""
-    rank = file_rank
-    body = text
-    prefix = _RANK_PREFIX.match(text)
-    if prefix is not None:
-        body = text[prefix.end() :]
-        if rank is None:
-            rank = int(prefix.group(prefix.lastindex or 1))
-    if rank not in pending or parse_step(body) is None:
-        return
-    evidence.handled.extend(pending.pop(rank))
-
-
-def _only_handled(diagnoser: Diagnoser, evidence: _OutcomeEvidence) -> bool:
-    """Whether every finding is an app_error that its rank went on after."""
-    handled = {id(finding) for finding in evidence.handled}
-    findings = diagnoser.findings()
-    return bool(findings) and not diagnoser.dropped and all(id(finding) in handled for finding in findings)
 
 
 def _outcome(diagnoser: Diagnoser, evidence: _OutcomeEvidence) -> Tuple[Optional[str], str]:
@@ -223,7 +190,7 @@ def _outcome(diagnoser: Diagnoser, evidence: _OutcomeEvidence) -> Tuple[Optional
         return OUTCOME_FAILED, "a rank recorded its exception in torchelastic's error file"
     if evidence.success_lines:
         return OUTCOME_FINISHED, "the launcher said the worker group finished successfully (every rank exited 0)"
-    if evidence.launcher_output and _only_handled(diagnoser, evidence):
+    if evidence.launcher_output and diagnoser.handled() and not diagnoser.findings() and not diagnoser.dropped:
         return (
             OUTCOME_FINISHED,
             "the launcher's output lists no failed rank, and every rank went on training after what it logged",

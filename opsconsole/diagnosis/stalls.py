@@ -152,6 +152,13 @@ _STEP = re.compile(r"\b(?:global[_ ]step|step|iteration|iter)\b\s*[:=#]?\s*\[?\s
 _TQDM = re.compile(r"\|\s*(\d+)/(\d+) \[")
 
 
+def parse_step_counter(text: str) -> Optional[int]:
+    """The step a line's own counter reports ("step 12", "iteration 7/100"), or None; a tqdm bar is not one
+    (a crashing process's bar is redrawn after its traceback, so it does not show the process went on)."""
+    match = _STEP.search(text)
+    return int(match.group(1)) if match else None
+
+
 def parse_step(text: str) -> Optional[int]:
     """The training step a line reports (step/iteration counters, a tqdm bar), or None."""
     match = _STEP.search(text)
