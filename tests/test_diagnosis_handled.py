@@ -130,3 +130,29 @@ def test_an_unhandled_exception_in_the_same_layout_is_still_the_root_cause(handl
     result = json.loads(diagnose("--run", str(tmp_path / "launcher.log"), "--json").stdout)
     assert (result["root_cause"], result["rank"]) == ("app_error", 1)
     assert "outcome" not in result and "handled" not in result
+
+
+REAL_LOG = ROOT / "tests" / "data" / "diagnosis" / "healthy_torchrun_tee_handled_keyerror.log"
+
+
+def test_the_real_logs_step_after_the_traceback_is_what_makes_it_handled():
+    """The corpus's real output (this test's run, kept): handled; without rank 1's later steps, or with them
+    unstamped (a dying child's buffered stdout lands after its traceback), or far later, it is the root cause."""
+    from opsconsole.diagnosis.engine import HANDLED_WITHIN_LINES, diagnose_lines
+
+    lines = REAL_LOG.read_text().splitlines()
+    handled = diagnose_lines(lines)
+    assert (handled.root_cause, handled.findings) == (None, ())
+    assert [(finding.rank, finding.exception) for finding in handled.handled] == [(1, "KeyError: 'input_ids'")]
+
+    cut = next(i for i, line in enumerate(lines) if line.startswith("[default1]:KeyError"))
+    later = lines[cut + 1 :]
+    rank1_steps = [line for line in later if line.startswith("[default1]:") and " step " in line]
+    assert rank1_steps, "the real run logged rank 1's steps after its traceback"
+    others = [line for line in later if line not in rank1_steps]
+    unstamped = ["[default1]:" + line.split(" - INFO - ", 1)[1] for line in rank1_steps]
+    far = ["[default1]:waiting"] * (HANDLED_WITHIN_LINES + 1) + rank1_steps
+    for tail in (others, unstamped + others, far + others):
+        result = diagnose_lines(lines[: cut + 1] + tail)
+        assert result.root_cause == "app_error" and result.handled == ()
+        assert [finding.rank for finding in result.findings] == [1]

@@ -108,6 +108,8 @@ WATCHDOG_CATEGORIES = frozenset(("nccl_timeout", "nccl_remote", "nccl_network"))
 # column ("[80746] [rank0]:", "gpu07: [rank3]:"); srun --label writes "3: ". A rank has at most 7
 # digits: int() of a 5000-digit "rank" raised ValueError (Python's digit limit). torchrun --tee puts its
 # "[default1]:" (the local rank) before torch's own "[rank1]:" (the global rank): both go, the global wins.
+# An exception is handled when its source logs a stamped training step within this many lines after it.
+HANDLED_WITHIN_LINES = 20_000
 _RANK_PREFIX = re.compile(
     r"^\s*(?:\S+\s+){0,2}?\[(?:rank|default|trainer)([0-9]{1,7})\]:\s?(?:\[rank([0-9]{1,7})\]:\s?)?"
 )
@@ -437,8 +439,8 @@ class Diagnoser:
             clock.stamp_text = text
         elif line_rank is not None and may_carry_time(body):
             clock.stamp_text = body
-        if state.pending_app is not None and parse_step_counter(body) is not None:
-            self._went_on(state, body)  # an exception logged and caught (logging.exception): the rank kept training?
+        if state.pending_app is not None:
+            self._went_on(state, body, number)  # an exception logged and caught (logging.exception): kept training?
         table = state.table
         if (
             not hits
@@ -742,12 +744,17 @@ class Diagnoser:
         if len(state.pending_app) < MAX_SOURCES:
             state.pending_app.append(finding)
 
-    def _went_on(self, state: _SourceState, body: str) -> None:
+    def _went_on(self, state: _SourceState, body: str, number: int) -> None:
         """The source logged a training step after its exceptions: they were handled, not what ended the run.
         They leave the findings (and the root cause) for handled(); the rest is counted again without them.
 
         Only a step stamped no earlier than the exception counts: a merged output (torchrun --tee) may put a
         child's buffered stdout (its earlier steps) after the traceback it wrote to stderr when it died."""
+        if not 0 <= number - state.pending_app[-1].line <= HANDLED_WITHIN_LINES:
+            state.pending_app = None  # no step soon after (or another file's numbering): left a finding
+            return
+        if parse_step_counter(body) is None:
+            return
         when, _ = line_time(body, self._year)
         pending = [finding for finding in state.pending_app or () if finding.time is not None and when is not None]
         pending = [finding for finding in pending if finding.time <= when]
