@@ -166,7 +166,16 @@ def test_a_sticky_directory_whose_files_are_this_users_is_no_refusal(tmp_path):
             "print(r.delete(0))" % (str(Path(delete_units.__file__).parents[2]), str(root), str(root))
         )
         done = subprocess.run(
-            ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups", sys.executable, "-I", "-c", code],
+            [
+                "setpriv",
+                "--reuid=%d" % NOBODY,
+                "--regid=%d" % NOBODY,
+                "--clear-groups",
+                sys.executable,
+                "-I",
+                "-c",
+                code,
+            ],
             capture_output=True,
             text=True,
             timeout=60,

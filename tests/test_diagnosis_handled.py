@@ -57,7 +57,11 @@ def handled_run(tmp_path_factory):
     command[command.index("--redirects") : command.index("--redirects")] = ["--tee", "3"]
     with open(base / "launcher.log", "wb") as launcher:
         status = subprocess.run(
-            command, stdout=launcher, stderr=subprocess.STDOUT, env=torchrun_env(pythonpath=[ROOT]), timeout=RUN_TIMEOUT_S
+            command,
+            stdout=launcher,
+            stderr=subprocess.STDOUT,
+            env=torchrun_env(pythonpath=[ROOT]),
+            timeout=RUN_TIMEOUT_S,
         ).returncode
     return base, status
 

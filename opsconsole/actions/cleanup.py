@@ -181,8 +181,7 @@ async def run_cleanup(plan: Any, ctx: Any) -> Any:
         for item in result.results:
             lines.append(
                 printable_line(
-                    "%s %s%s"
-                    % (_outcome_word(item), item.path, "" if item.deleted else ": %s" % item.error)
+                    "%s %s%s" % (_outcome_word(item), item.path, "" if item.deleted else ": %s" % item.error)
                 )
             )
         lines.extend(printable_line("not attempted %s" % path) for path in result.remaining)

@@ -135,7 +135,12 @@ def run_json_document(result) -> dict:
         document["outcome_evidence"] = result.outcome_evidence
     if result.handled:  # exceptions their ranks went on after: listed as seen, never the root cause
         document["handled"] = [
-            {"file": result.file_of(finding), "line": finding.line, "rank": finding.rank, "exception": finding.exception}
+            {
+                "file": result.file_of(finding),
+                "line": finding.line,
+                "rank": finding.rank,
+                "exception": finding.exception,
+            }
             for finding in result.handled
         ]
     if verdict is not None and verdict.watchdog is not None:  # only where the ranks' NCCL watchdog lines were seen

@@ -185,7 +185,10 @@ def _outcome(diagnoser: Diagnoser, evidence: _OutcomeEvidence) -> Tuple[Optional
     """("finished" | "failed" | None, the evidence in words) from the launcher's lines and error files."""
     failures = diagnoser.launcher_failures()
     if failures:
-        return OUTCOME_FAILED, "the launcher listed %d failed rank%s" % (len(failures), "" if len(failures) == 1 else "s")
+        return OUTCOME_FAILED, "the launcher listed %d failed rank%s" % (
+            len(failures),
+            "" if len(failures) == 1 else "s",
+        )
     if evidence.error_files:
         return OUTCOME_FAILED, "a rank recorded its exception in torchelastic's error file"
     if evidence.success_lines:
