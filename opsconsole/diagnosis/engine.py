@@ -750,14 +750,15 @@ class Diagnoser:
 
         Only a step stamped no earlier than the exception counts: a merged output (torchrun --tee) may put a
         child's buffered stdout (its earlier steps) after the traceback it wrote to stderr when it died."""
-        if not 0 <= number - state.pending_app[-1].line <= HANDLED_WITHIN_LINES:
+        if not state.pending_app or not 0 <= number - state.pending_app[-1].line <= HANDLED_WITHIN_LINES:
             state.pending_app = None  # no step soon after (or another file's numbering): left a finding
             return
         if parse_step_counter(body) is None:
             return
         when, _ = line_time(body, self._year)
-        pending = [finding for finding in state.pending_app or () if finding.time is not None and when is not None]
-        pending = [finding for finding in pending if finding.time <= when]
+        if when is None:
+            return
+        pending = [finding for finding in state.pending_app if finding.time is not None and finding.time <= when]
         if not pending:
             return
         state.pending_app = [finding for finding in state.pending_app or () if finding not in pending] or None

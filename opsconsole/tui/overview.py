@@ -338,7 +338,7 @@ def host_items(state: NodeState, health: HealthConfig, now: float, width: Option
     condition = node_condition(state, now)
     if condition is not None and width is None:
         items.append([condition])
-    elif condition is not None:  # whole, on as many pieces as it needs: its end is often the fix
+    elif condition is not None and width is not None:  # whole, on as many pieces as it needs: its end is often the fix
         pieces = wrapped(condition[0], width, first_offset=len(title) + 3)
         items += [[(piece.lstrip(" \n"), condition[1])] for piece in pieces]
     if host is None:
