@@ -260,8 +260,6 @@ class OpsConsole(App[int]):
     BINDINGS = bindings_from_specs(APP_KEY_SPECS)
     extra_key_specs: Tuple[KeySpec, ...] = ()  # a subclass (the replay console) adds its own
     COMMANDS = App.COMMANDS | {ConsoleCommands}
-    HORIZONTAL_BREAKPOINTS = [(0, "-too-narrow"), (MIN_WIDTH, "-wide-enough")]
-    VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_HEIGHT, "-tall-enough")]
 
     def __init__(self, config: Config, fleet: FleetLike, *, now: Callable[[], float] = time.time) -> None:
         super().__init__()
@@ -339,8 +337,22 @@ class OpsConsole(App[int]):
             yield Footer(compact=True)  # every key of a busy pane fits at 160 columns
         yield TooSmall(id="too-small")
 
+    def get_default_screen(self) -> Screen:
+        # No auto-focus on the first screen: Textual would focus the tab bar, restyle it, and the
+        # pane's own widget would take the focus from it a moment later (on_mount), a second
+        # restyle before the first frame. focus_pane gives it to the pane once; after that the
+        # screen auto-focuses as any other (a modal closing with nothing focused, say).
+        screen: Screen = Screen(id="_default")
+        screen.AUTO_FOCUS = ""  # type: ignore[misc]
+        return screen
+
     def on_resize(self, event: events.Resize) -> None:
-        self.fit_tabs(event.size.width)
+        width, height = event.size
+        # One class, set only when the terminal is too small: Textual's breakpoints gave the screen
+        # a class at every start (-wide-enough), which restyled every widget once more.
+        if self.screen_stack:
+            self.screen_stack[0].set_class(width < MIN_WIDTH or height < MIN_HEIGHT, "-too-small")
+        self.fit_tabs(width)
 
     def fit_tabs(self, width: int) -> None:
         """Tab labels that fit `width`: every pane stays in sight at 80 columns (tab_labels.py)."""
@@ -449,6 +461,7 @@ class OpsConsole(App[int]):
         await self.fleet.start(self.on_fleet_change)  # polls run in their own tasks and threads
         self.redraw()
         self.focus_pane(self.visible_pane_id)
+        self.screen_stack[0].AUTO_FOCUS = None  # type: ignore[misc]  # the app's again (get_default_screen)
         self.set_interval(TICK_S, self.tick)
         # The first screen is drawn before the log followers (and the Logs pane they feed) start.
         self.call_after_refresh(self.start_log_feed)
