@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-from opsconsole import __version__
+from opsconsole import __version__, launch_gc
 from opsconsole.commands._arguments import (  # noqa: F401 (main and the tests use them from here)
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -273,18 +273,24 @@ def command_snapshot(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run `opsconsole` with `argv` (default: sys.argv[1:]); returns the exit status."""
-    parser = build_parser()
+    launch_gc.pause()  # the console's launch runs without cyclic collections (launch_gc.py)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, or a usage error argparse already printed
-        return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_USAGE)
-    try:
-        return args.handler(args)
-    except (ConfigError, UsageError) as exc:
-        print("opsconsole: %s" % exc if isinstance(exc, UsageError) else str(exc), file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, --version, or a usage error argparse already printed
+            return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_USAGE)
+        if args.handler is not command_console:
+            launch_gc.resume()  # only the console's launch goes without
+        try:
+            return args.handler(args)
+        except (ConfigError, UsageError) as exc:
+            print("opsconsole: %s" % exc if isinstance(exc, UsageError) else str(exc), file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+    finally:
+        launch_gc.resume()  # the console resumed at its first frame; this is for every other way out
 
 
 if __name__ == "__main__":

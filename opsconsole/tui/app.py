@@ -35,6 +35,7 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 
+from opsconsole import launch_gc
 from opsconsole.audit_outcomes import OUTCOME_FAILED, OUTCOME_OK
 from opsconsole.config import Config
 from opsconsole.health.monitor import HealthMonitor
@@ -150,6 +151,7 @@ MIN_HEIGHT = 20
 REDRAW_DELAY_S = 0.1  # fleet changes within this window make one redraw
 PROGRESS_CHECK_S = 5.0  # how often the logs' progress is judged (hangs take minutes, stragglers a minute)
 TICK_S = 1.0  # clock and frame ages move even when no frame arrives
+LAUNCH_GC_S = 3.0  # the longest the launch goes without cyclic collections (launch_gc.py)
 # The local node's host process list: read every poll while a pane shows it (or a recording runs),
 # every HOST_PROCESSES_EVERY_HIDDEN-th poll otherwise (the health rules that read it judge a span).
 HOST_PROCESS_PANES = frozenset(("processes", "host"))
@@ -463,6 +465,9 @@ class OpsConsole(App[int]):
         self.focus_pane(self.visible_pane_id)
         self.screen_stack[0].AUTO_FOCUS = None  # type: ignore[misc]  # the app's again (get_default_screen)
         self.set_interval(TICK_S, self.tick)
+        # Collections resume with the first frame with data (_say_first_frame_drawn); a console
+        # whose nodes send none for a while gets them back after LAUNCH_GC_S all the same.
+        self.set_timer(LAUNCH_GC_S, partial(launch_gc.resume, True))
         # The first screen is drawn before the log followers (and the Logs pane they feed) start.
         self.call_after_refresh(self.start_log_feed)
 
@@ -539,6 +544,7 @@ class OpsConsole(App[int]):
         """The first frame with data is on screen: the launch trace's last mark, and the file
         benchmarks/startup.py and vs_nvitop.py wait for (OPSCONSOLE_FIRST_FRAME_FILE)."""
         mark("first frame drawn")
+        launch_gc.resume(freeze=True)
         path = os.environ.get("OPSCONSOLE_FIRST_FRAME_FILE")
         if path:
             open(path, "w").close()
