@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from pty_run import PtyProcess, console_argv
+from pty_run import PtyProcess, compile_sources, console_argv
 
 
 def time_import_textual() -> float:
@@ -45,6 +45,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
+    compile_sources()
     imports = [time_import_textual() for _ in range(args.runs)]
     frames = [time_first_frame() for _ in range(args.runs)]
     imp, frame = statistics.median(imports), statistics.median(frames)

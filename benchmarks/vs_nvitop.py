@@ -34,7 +34,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
-from pty_run import ROOT, PtyProcess, console_argv
+from pty_run import ROOT, PtyProcess, compile_sources, console_argv
 
 COLUMNS, ROWS = 140, 45
 ESCAPES = re.compile(
@@ -301,6 +301,7 @@ def main() -> int:
         budget = args.rounds * 2 * 15 + args.warmup + args.seconds + 120
         load = subprocess.Popen([sys.executable, "-c", GPU_LOAD, str(budget)], cwd=ROOT)
         time.sleep(8)  # torch import and CUDA context before anything is measured
+    compile_sources()
     try:
         argvs = {
             tool: argv for tool, argv in tools(args.interval, needle.decode()).items() if tool in args.tools.split(",")
