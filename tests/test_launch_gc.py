@@ -9,6 +9,7 @@ import gc
 import io
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,20 @@ def test_resume_with_freeze_moves_what_exists_out_of_later_collections(collector
     launch_gc.pause()
     launch_gc.resume(freeze=True)
     assert gc.isenabled() and gc.get_freeze_count() > 0
+
+
+def test_the_launchs_cycles_are_collected_before_the_freeze(collector):
+    class Node:
+        pass
+
+    launch_gc.pause()
+    cycle = Node()
+    cycle.me = cycle  # type: ignore[attr-defined]
+    gone = weakref.ref(cycle)
+    del cycle
+    assert gone() is not None  # no collection while paused
+    launch_gc.resume(freeze=True)
+    assert gone() is None  # freed, not frozen for good
 
 
 def test_a_collector_switched_off_by_someone_else_stays_off(collector):

@@ -544,10 +544,10 @@ class OpsConsole(App[int]):
         """The first frame with data is on screen: the launch trace's last mark, and the file
         benchmarks/startup.py and vs_nvitop.py wait for (OPSCONSOLE_FIRST_FRAME_FILE)."""
         mark("first frame drawn")
-        launch_gc.resume(freeze=True)
         path = os.environ.get("OPSCONSOLE_FIRST_FRAME_FILE")
         if path:
             open(path, "w").close()
+        launch_gc.resume(freeze=True)  # its one full collection after the frame is on screen
 
     @property
     def visible_pane_id(self) -> str:
