@@ -42,7 +42,10 @@ def test_json_is_one_object_per_file_in_the_issue_shape():
     documents = [json.loads(line) for line in done.stdout.decode().splitlines()]
     assert [doc["file"] for doc in documents] == [str(CORPUS / name) for name in files]
     assert [doc["root_cause"] for doc in documents] == [LABELS[name]["root_cause"] for name in files]
-    assert all(list(doc) == ["file", "root_cause", "findings"] for doc in documents)
+    assert all(list(doc)[:3] == ["file", "root_cause", "findings"] for doc in documents)
+    # Beyond the issue's shape only where the input holds torchelastic's failure table: the rank it names, its rows.
+    assert [list(doc)[3:] for doc in documents] == [[], [], ["rank", "launcher_failures"]]
+    assert documents[2]["rank"] is not None and documents[2]["launcher_failures"]
     assert documents[1]["findings"] == []
     text_lines = (CORPUS / files[0]).read_text(encoding="utf-8").splitlines()
     for finding in documents[0]["findings"] + documents[2]["findings"]:

@@ -103,7 +103,8 @@ def test_every_precedence_level_has_an_example_that_matches_it():
     assert match_line(APP_ERROR_TRACEBACK[-1]) == [("app_error", False)]
     assert diagnose_lines(APP_ERROR_TRACEBACK).root_cause == "app_error"
     assert diagnose_lines(APP_ERROR_TRACEBACK).findings[0].frame == "/work/train.py:41 in <module>"
-    assert {category for category, _ in ROOT_CAUSE_ORDER} == set(CATEGORIES)
+    # rank_crashed is the verdict's (a launcher's row read with the peers' reports), never a line's finding.
+    assert {category for category, _ in ROOT_CAUSE_ORDER} == set(CATEGORIES) - {"rank_crashed"}
 
 
 PAIRS = [(cause, symptom) for cause, symptom in itertools.combinations(ROOT_CAUSE_ORDER, 2)]

@@ -239,21 +239,29 @@ def test_a_rank_that_exits_with_a_code_of_its_own_is_blamed_not_the_peer_torchel
     directory, status = runs["exit3"]
     assert status != 0
     result = verdict(directory)
-    assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
+    assert (result["root_cause"], result["rank"]) == ("rank_crashed", 1)
     assert result["file"] == str(directory / "launcher.log")
     # The table's row ("exitcode  : 3 (pid: P)") or, first under load, the launcher's own line about that
     # child ("failed (exitcode: 3) local_rank: 1 (pid: P)"): either names rank 1's exit.
     line = launcher_line(directory, result)
     assert re.search(r"exitcode\W*3\b", line) and "(pid: %d)" % result["failed_child"]["pid"] in line, line
     assert (result["failed_child"]["rank"], result["failed_child"]["exitcode"]) == (1, 3)
-    assert "Rank 1 ended with exit code 3 and reported no lost connection of its own" in report(directory)
+    text = report(directory)
+    assert "Rank 1 ended with exit code 3 and reported no lost connection of its own" in text
+    # The headline says what happened, with a remedy that fits an exit code; the peer's loss stays a consequence.
+    assert "\nRoot cause: Rank 1 exited with code 3 [rank_crashed, critical]\n" in text
+    assert "rank's own log" in result["remedy"]
+    assert "nccl_remote" in {f["category"] for f in result["findings"]}
 
 
 def test_a_segfaulted_rank_is_blamed_not_the_peer_that_lost_its_connection(runs):
     directory, status = runs["segv"]
     assert status != 0
     result = verdict(directory)
-    assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
+    assert (result["root_cause"], result["rank"]) == ("rank_crashed", 1)
+    assert result["title"] == "Rank 1 crashed (signal SIGSEGV)"
+    assert "\nRoot cause: Rank 1 crashed (signal SIGSEGV) [rank_crashed, critical]\n" in report(directory)
+    assert all(word in result["remedy"] for word in ("core dump", "PYTHONFAULTHANDLER", "TORCH_SHOW_CPP_STACKTRACES"))
     assert "SIGSEGV" in launcher_line(directory, result) or "-11" in launcher_line(directory, result)
     assert (result["failed_child"]["rank"], result["failed_child"]["signal"]) == (1, "SIGSEGV")
     assert "Rank 1 ended with signal SIGSEGV" in report(directory) and "PYTHONFAULTHANDLER=1" in report(directory)
@@ -268,10 +276,44 @@ def test_a_rank_terminated_from_outside_is_blamed_not_the_peer_the_launcher_saw_
     directory, status = runs["sigterm"]
     assert status != 0
     result = verdict(directory)
-    assert (result["root_cause"], result["rank"]) == ("nccl_remote", 1)
+    assert (result["root_cause"], result["rank"]) == ("rank_crashed", 1)
     assert "SIGTERM" in launcher_line(directory, result) or "-15" in launcher_line(directory, result)
     assert (result["failed_child"]["rank"], result["failed_child"]["signal"]) == (1, "SIGTERM")
-    assert "stopped from outside the launcher" in report(directory)
+    text = report(directory)
+    assert "stopped from outside the launcher" in text
+    assert "\nRoot cause: Rank 1 was killed by signal SIGTERM [rank_crashed, critical]\n" in text
+    assert "time limit" in result["remedy"] and "preemption" in result["remedy"]
+    assert "nccl_remote" in {f["category"] for f in result["findings"]}
+
+
+@pytest.mark.parametrize(
+    "mode, signal, exitcode", [("segv", "SIGSEGV", -11), ("sigterm", "SIGTERM", -15), ("exit3", None, 3)]
+)
+def test_the_launchers_output_alone_names_the_failing_rank_from_its_failure_table(runs, mode, signal, exitcode):
+    # `opsconsole diagnose FILE` on torchrun's own stdout/stderr: its "Failures:" table names rank 1 and how it
+    # ended; the report names it as --run does.
+    directory, status = runs[mode]
+    assert status != 0
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", "--json", str(directory / "launcher.log")],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["root_cause"], result["rank"]) == ("rank_crashed", 1)
+    row = next(row for row in result["launcher_failures"] if row["rank"] == 1)
+    assert (row["signal"], row["exitcode"], row["host"]) == (signal, exitcode, "localhost")
+    text = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", str(directory / "launcher.log")],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    ).stdout.decode()
+    assert "Started on rank 1," in text and "Launcher's failed ranks: " in text
 
 
 def test_a_missing_config_file_is_io_error_whose_remedy_starts_with_the_path_not_the_disks(runs):
@@ -292,7 +334,10 @@ def test_a_gloo_timeout_names_the_rank_that_never_reached_the_collective(runs):
     assert (result["root_cause"], result["rank"]) == ("nccl_timeout", 1)
     first = next(f for f in result["findings"] if f["category"] == "nccl_timeout")
     assert first["rank"] == 0 and "Timed out waiting" in first["excerpt"]
+    # gloo's own timeout: titled with the backend it came from, a remedy without NCCL's variables first.
+    assert first["title"] == "gloo collective timeout" and "NCCL" not in first["remedy"]
     text = report(directory)
+    assert "\nRoot cause: gloo collective timeout [nccl_timeout, critical]\n" in text and "NCCL" not in text
     assert "failed_child" not in result
     assert "Started on rank 1 (it never reached the collective the others waited in); first seen on rank 0" in text
 

@@ -130,6 +130,9 @@ def run_json_document(result) -> dict:
         "line": verdict.finding.line if verdict else None,
         "findings": findings,
     }
+    if verdict is not None and _own_title(verdict):  # the headline: "Rank 1 crashed (signal SIGSEGV)"
+        document["title"] = verdict.finding.title
+        document["remedy"] = verdict.finding.remedy
     if result.outcome is not None:  # only where the files say how the run ended ("finished", "failed")
         document["outcome"] = result.outcome
         document["outcome_evidence"] = result.outcome_evidence
@@ -357,6 +360,23 @@ def json_document(name: str, result) -> dict:
         document["handled"] = [
             {"line": finding.line, "rank": finding.rank, "exception": finding.exception} for finding in result.handled
         ]
+    verdict = getattr(result, "verdict", None)
+    if verdict is not None and _own_title(verdict):
+        document["title"] = verdict.finding.title
+    failures = getattr(result, "launcher_failures", ())
+    if failures:  # torchelastic's failure table, row by row, and the rank the verdict names from it
+        document["rank"] = verdict.rank if verdict is not None else None
+        document["launcher_failures"] = [
+            {
+                "rank": failure.rank,
+                "host": failure.host,
+                "exitcode": failure.exitcode,
+                "signal": failure.signal,
+                "pid": failure.pid,
+                "first": failure.first,
+            }
+            for failure in failures
+        ]
     return document
 
 
@@ -376,7 +396,18 @@ def readable_report(name: str, result) -> str:
         out.append("")
         return "\n".join(out) + "\n"
     root = CATEGORIES[result.root_cause]
-    out.append("Root cause: %s [%s, %s]" % (root.title, root.id, root.severity))
+    verdict = getattr(result, "verdict", None)
+    title, severity = root.title, root.severity
+    if verdict is not None and verdict.category == result.root_cause:
+        title, severity = verdict.finding.title, verdict.finding.severity  # "Rank 1 crashed (signal SIGSEGV)"
+    out.append("Root cause: %s [%s, %s]" % (title, root.id, severity))
+    if verdict is not None and verdict.rank is not None:
+        out.append(
+            "Started on rank %d, line %d: %s" % (verdict.rank, verdict.finding.line, _one_line(verdict.finding.excerpt))
+        )
+    failures = getattr(result, "launcher_failures", ())
+    if failures:
+        out.append(printable_line("Launcher's failed ranks: " + "; ".join(_failure_text(f) for f in failures)))
     by_category = _examples(result.findings)
     for row in result.summary:
         out.append("")
@@ -395,6 +426,30 @@ def readable_report(name: str, result) -> str:
         out.extend(handled)
     out.append("")
     return "\n".join(out) + "\n"
+
+
+def _own_title(verdict) -> bool:
+    """Whether the verdict's headline says more than its category's title (a crashed rank, gloo's timeout)."""
+    from opsconsole.diagnosis.knowledge import CATEGORIES
+
+    entry = CATEGORIES.get(verdict.category)
+    return entry is None or verdict.finding.title != entry.title
+
+
+def _failure_text(failure) -> str:
+    """One row of the launcher's failure table: rank, host, exit code or signal, pid, first observed."""
+    told = ["rank %s" % failure.rank if failure.rank is not None else "rank ?"]
+    if failure.host:
+        told.append("on " + failure.host)
+    if failure.signal:
+        told.append("signal " + failure.signal)
+    if failure.exitcode is not None:
+        told.append("exit code %d" % failure.exitcode)
+    if failure.pid is not None:
+        told.append("pid %d" % failure.pid)
+    if failure.first:
+        told.append("first observed")
+    return ", ".join(told)
 
 
 def _seen(row) -> str:

@@ -33,13 +33,16 @@ that failed first.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from opsconsole.diagnosis.finding import SEVERITY_ERROR, Finding
 from opsconsole.diagnosis.knowledge import (
     CATEGORIES,
     COLLECTIVE_MISMATCH_REMEDY,
+    GLOO_TIMEOUT_CAUSE,
+    GLOO_TIMEOUT_REMEDY,
+    GLOO_TIMEOUT_TITLE,
     HOST_ALLOCATION_REFUSED_CAUSE,
     HOST_ALLOCATION_REFUSED_REMEDY,
     HOST_OOM_INFERRED_CAUSE,
@@ -47,6 +50,7 @@ from opsconsole.diagnosis.knowledge import (
     HOST_OOM_SEEN_CAUSE,
     INDEX_ERROR_REMEDY,
     MISSING_PATH_REMEDY,
+    rank_crash_text,
 )
 from opsconsole.diagnosis.launcher import (
     OTHER_FAILURES_HEADER,
@@ -197,6 +201,9 @@ _LAST_ERROR = "Last error:"  # NCCL's detail follows on the next line
 # What torchelastic sends the surviving children once one has failed (a rank it stopped did not fail).
 _STOPPED_BY_LAUNCHER = frozenset(("SIGTERM", "SIGINT", "SIGHUP"))
 _LAUNCHER_STOPS = re.compile(r"Sending process (\d{1,10}) closing signal SIG")
+# gloo's own timeout texts ("[.../third_party/gloo/...unbound_buffer.cc:78] Timed out waiting 5000ms for recv").
+_GLOO = re.compile(r"gloo|Timed out waiting \d+ms for (?:recv|send) operation")
+CRASHED = "rank_crashed"  # the verdict's category when the launcher's table shows a rank that failed of its own
 PEER_GONE_WINDOW = 50  # lines after a peer's connection went away in which NCCL's generic errors mean that
 
 
@@ -281,6 +288,8 @@ class Diagnosis:
     lines: int = 0  # lines read
     dropped: int = 0  # findings beyond max_findings (counted in the summary, not listed)
     handled: Tuple[Finding, ...] = ()  # exceptions their rank went on training after: not findings, not a cause
+    verdict: Optional["RootCause"] = None  # the failing rank and where it started (diagnose_lines fills it)
+    launcher_failures: Tuple[LauncherFailure, ...] = ()  # every failed child the launcher's tables list
 
 
 @dataclass
@@ -671,6 +680,7 @@ class Diagnoser:
     ) -> Finding:
         entry = CATEGORIES[category]
         severity, cause, remedy, evidence = entry.severity, entry.cause, entry.remedy, None
+        title = entry.title
         if category == "host_oom":  # SIGKILL alone is only the usual cause; the OOM killer's line proves it
             evidence = "inferred" if weak else "seen"
             if weak:
@@ -679,6 +689,8 @@ class Diagnoser:
                 cause, remedy = HOST_ALLOCATION_REFUSED_CAUSE, HOST_ALLOCATION_REFUSED_REMEDY
             else:
                 cause = HOST_OOM_SEEN_CAUSE
+        elif category == "nccl_timeout" and _GLOO.search(body):  # gloo's timeout: not NCCL's watchdog or variables
+            title, cause, remedy = GLOO_TIMEOUT_TITLE, GLOO_TIMEOUT_CAUSE, GLOO_TIMEOUT_REMEDY
         elif category == "io_error" and _MISSING_PATH.search(body):  # the job's path before the storage
             remedy = MISSING_PATH_REMEDY + " Then: " + remedy
         elif "NVRM: Xid" in body:  # NVIDIA's catalog: what this Xid means and the action it calls for
@@ -694,7 +706,7 @@ class Diagnoser:
             line=number,
             category=category,
             severity=severity,
-            title=entry.title,
+            title=title,
             cause=cause,
             remedy=remedy,
             excerpt=_excerpt(body),
@@ -810,7 +822,18 @@ class Diagnoser:
 
     def root_cause(self) -> Optional[str]:
         """The category that caused the others (see ROOT_CAUSE_ORDER), or None when nothing matched."""
-        return self._best[3] if self._best else None
+        if self._best is None:
+            return None
+        if self._crashed_child() is not None:
+            return CRASHED
+        return self._best[3]
+
+    def _crashed_child(self) -> Optional[LauncherFailure]:
+        """The launcher's row of the child that failed of its own when only peers' reports were seen, else None."""
+        best = self._best_finding
+        if best is None or best.category != "nccl_remote" or not best.weak:
+            return None
+        return _crashed(self._failed_of_its_own())
 
     def launcher_failures(self) -> List[LauncherFailure]:
         """Every failed child the launcher's failure tables listed, in the order read."""
@@ -861,8 +884,15 @@ class Diagnoser:
             absent = {failure.rank for failure in self.launcher_failures() if failure.rank is not None} - waited
             if len(absent) == 1 and None not in waited:
                 rank = absent.pop()
+        category = best.category
+        crashed = _crashed(failed_child)
+        if crashed is not None:
+            # What happened, first: the rank crashed / exited with code N / was killed by signal S; the peers'
+            # lost connections stay listed as the consequences.
+            category = CRASHED
+            start = _crash_finding(start, crashed)
         return RootCause(
-            category=best.category,
+            category=category,
             finding=start,
             rank=rank,
             launcher=launcher,
@@ -883,6 +913,10 @@ class Diagnoser:
             if stopped and (failure.pid is None or failure.pid in self._stopped_pids):
                 continue
             failed.setdefault(failure.rank, failure)
+        if len(failed) > 1:
+            # Without the ranks' own output (the launcher's alone), exit code 1 is what a rank that raised on its
+            # lost connection returns: a crash signal or another exit code is the one that failed of its own.
+            failed = {rank: failure for rank, failure in failed.items() if failure.exitcode != 1}
         return next(iter(failed.values())) if len(failed) == 1 else None
 
     def watchdog_verdict(self) -> Optional[WatchdogVerdict]:
@@ -894,6 +928,25 @@ class Diagnoser:
         root = self.root_cause()
         rows = []
         watchdog = self._watchdog.verdict() if "nccl_timeout" in self._aggregates else None
+        crashed = self._crashed_child() if root == CRASHED else None
+        if crashed is not None:
+            verdict = self.verdict()
+            if verdict is not None:
+                start = verdict.finding
+                rows.append(
+                    FindingSummary(
+                        category=CRASHED,
+                        title=start.title,
+                        severity=start.severity,
+                        cause=start.cause,
+                        remedy=start.remedy,
+                        count=1,
+                        first=start,
+                        last=start,
+                        ranks=(crashed.rank,) if crashed.rank is not None else (),
+                        sources=(start.source,) if start.source is not None else (),
+                    )
+                )
         for category, aggregate in self._aggregates.items():
             entry = CATEGORIES[category]
             best = aggregate.best
@@ -903,7 +956,7 @@ class Diagnoser:
             rows.append(
                 FindingSummary(
                     category=category,
-                    title=entry.title,
+                    title=best.title if category == "nccl_timeout" else entry.title,
                     severity=best.severity,
                     cause=cause,
                     remedy=best.remedy,
@@ -928,6 +981,29 @@ class Diagnoser:
     def reset(self) -> None:
         """Forget everything (the console's "clear findings")."""
         self.__init__(self.max_findings)
+
+
+def _crashed(child: Optional[LauncherFailure]) -> Optional[LauncherFailure]:
+    """The child when it crashed, was killed or exited with a code of its own; exit code 1 is what a Python
+    exception gives (its story is in its log, which was not seen), so that stays the peers' report."""
+    if child is None or (not child.signal and child.exitcode == 1):
+        return None
+    return child
+
+
+def _crash_finding(start: Finding, child: LauncherFailure) -> Finding:
+    """The verdict's finding for a rank that failed of its own: its line, titled with what happened."""
+    title, remedy = rank_crash_text(child.rank, child.exitcode, child.signal)
+    how = "signal %s" % child.signal if child.signal else "exit code %s" % child.exitcode
+    cause = (
+        "The launcher's failure table lists rank %s ending with %s (pid %s%s), and that rank reported no lost "
+        "connection of its own: the failure is its own; the other ranks' lost connections are consequences."
+        % (child.rank, how, child.pid, ", on %s" % child.host if child.host else "")
+    )
+    entry = CATEGORIES[CRASHED]
+    return replace(
+        start, category=CRASHED, severity=entry.severity, title=title, cause=cause, remedy=remedy, weak=False
+    )
 
 
 def _excerpt(text: str) -> str:
@@ -971,4 +1047,6 @@ def diagnose_lines(lines: Iterable[str], source: Optional[str] = None, max_findi
         lines=number,
         dropped=diagnoser.dropped,
         handled=tuple(diagnoser.handled()),
+        verdict=diagnoser.verdict(),
+        launcher_failures=tuple(diagnoser.launcher_failures()),
     )

@@ -226,6 +226,64 @@ _ENTRIES = (
 
 CATEGORIES: Dict[str, Category] = {entry.id: entry for entry in _ENTRIES}
 
+# A rank that failed of its own (the launcher's table: a crash signal, an exit code, a kill) with no lost
+# connection of its own: the peers' lost connections are its consequences. The verdict's title says which.
+CATEGORIES["rank_crashed"] = _category(
+    "rank_crashed",
+    "A rank crashed or exited of its own",
+    SEVERITY_CRITICAL,
+    "The launcher's failure table lists a rank that ended of its own (a crash signal, an exit code, a kill) "
+    "and reported no lost connection itself: the other ranks' lost connections are consequences.",
+    "Read that rank's own log for why it ended.",
+)
+RANK_CRASH_REMEDIES = {
+    "crash": "A crash in native code: get its core dump (ulimit -c unlimited; coredumpctl list) or rerun with "
+    "PYTHONFAULTHANDLER=1 (faulthandler prints every thread's Python stack) and TORCH_SHOW_CPP_STACKTRACES=1; "
+    "suspect native extensions (custom CUDA/C++ ops, compiled kernels), library versions that do not match "
+    "the torch build, and the driver (dmesg for NVRM/Xid lines on that node).",
+    "exit": "The rank exited with that code itself, without a traceback: read that rank's own log (its last "
+    "lines) for why it exited (sys.exit, os._exit, a script's own check), and grep its code for the exit call.",
+    "SIGTERM": "Someone sent it SIGTERM from outside the launcher: the scheduler (a time limit, preemption, "
+    "scancel; sacct -j JOB -o JobID,State,Elapsed,Timelimit and the scheduler's log say which), an operator's "
+    "kill, or a node health check; handle SIGTERM to save a checkpoint before the time limit.",
+    "SIGKILL": "SIGKILL with no OOM-killer line seen: the kernel's OOM killer or the scheduler (a memory or "
+    "time limit): dmesg -T | grep -i oom on that node, the job's cgroup memory events "
+    "(memory.events: oom_kill), and the job's limits (sacct -j JOB -o ReqMem,MaxRSS,State).",
+    "signal": "It was ended by that signal: find who sent it (the scheduler's log, dmesg on that node), and "
+    "read the rank's own log up to the end.",
+}
+RANK_CRASH_SIGNALS = frozenset(("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"))
+
+
+def rank_crash_text(rank: object, exitcode: object, signal: object) -> tuple:
+    """(title, remedy) for a rank that ended of its own: crashed (a fault signal), exited N, killed by S."""
+    who = "Rank %s" % rank if rank is not None else "A rank"
+    if signal in RANK_CRASH_SIGNALS:
+        return "%s crashed (signal %s)" % (who, signal), RANK_CRASH_REMEDIES["crash"]
+    if signal:
+        kind = signal if signal in ("SIGTERM", "SIGKILL") else "signal"
+        return "%s was killed by signal %s" % (who, signal), RANK_CRASH_REMEDIES[kind]
+    if isinstance(exitcode, int) and exitcode < 0:
+        return "%s was killed by signal %d" % (who, -exitcode), RANK_CRASH_REMEDIES["signal"]
+    return "%s exited with code %s" % (who, exitcode), RANK_CRASH_REMEDIES["exit"]
+
+
+# A gloo collective timeout ("Timed out waiting 5000ms for recv operation", gloo's enforce fail): the same
+# story as NCCL's watchdog, without NCCL's variables.
+GLOO_TIMEOUT_TITLE = "gloo collective timeout"
+GLOO_TIMEOUT_CAUSE = (
+    "A gloo collective (or send/recv) did not complete within the process group timeout: some rank never "
+    "reached it (a conditional collective or barrier on some ranks only, a rank stuck or much slower, e.g. on "
+    "data loading or checkpoint saving), or the connection between the ranks stalled."
+)
+GLOO_TIMEOUT_REMEDY = (
+    "Find the rank the others waited for: the one that did not time out itself (the launcher stops it "
+    "afterwards); py-spy dump --pid on it shows where it is stuck; run with TORCH_DISTRIBUTED_DEBUG=DETAIL to "
+    "compare each rank's collectives; make sure every rank calls the same collectives in the same order; "
+    "pin gloo's interface with GLOO_SOCKET_IFNAME if the ranks cannot reach each other; raise the timeout "
+    "(init_process_group(timeout=...)) only for legitimately long steps such as saving."
+)
+
 # A rank killed by SIGKILL with no OOM-killer line in the logs: host_oom is the usual cause, but
 # only inferred (an operator's kill -9, a scheduler's limit, a watchdog also send SIGKILL).
 HOST_OOM_INFERRED_CAUSE = (
