@@ -482,3 +482,30 @@ def test_a_member_of_zero_bytes_only_is_corrupt_not_unchecked(tmp_path, member):
     entries = by_name(scan(tmp_path))
     assert entries["checkpoint-1000"].integrity == "corrupt" and member in entries["checkpoint-1000"].problem
     assert entries["checkpoint-500"].latest and not entries["checkpoint-1000"].latest
+
+
+def test_a_store_read_as_long_as_its_fstat_says_and_one_that_grew_while_read_is_ignored(kept_units, monkeypatch):
+    """The store is read for its own size (not the 16 MiB bound); more bytes than fstat gave: rewritten in place."""
+    root, store_dir = kept_units
+    before = by_name(scan(root))
+    store = fresh_store(root, store_dir)
+    assert by_name(scan(root, store)) == before and store.listing_hits == 1
+
+    real_fstat = os.fstat
+    (kept,) = list(store_dir.glob("*.json"))
+    kept_inode = kept.stat().st_ino
+
+    def shorter(fd):
+        st = real_fstat(fd)
+        if st.st_ino != kept_inode:
+            return st  # the checkpoints' own files: as they are
+        fields = list(st)
+        fields[6] = st.st_size - 1  # st_size: the file grew after its fstat
+        return os.stat_result(fields)
+
+    cut_in_half(root / "checkpoint-1000" / "scheduler.pt")  # a change only a read finds
+    monkeypatch.setattr(proofs_module.os, "fstat", shorter)
+    store = fresh_store(root, store_dir)
+    entries = by_name(scan(root, store))
+    assert store.hits == store.unit_hits == store.listing_hits == 0
+    assert entries["checkpoint-1000"].integrity == "truncated" and entries["checkpoint-500"].integrity == "ok"

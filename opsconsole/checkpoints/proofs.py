@@ -218,11 +218,15 @@ class ProofStore:
                 or st.st_size > MAX_STORE_BYTES
             ):
                 return
-            data = os.read(fd, MAX_STORE_BYTES + 1)
+            # The file's own size (+1 to see it grow), not the bound: os.read allocates the whole
+            # count first (a 16 MiB mapping made, touched and shrunk cost more than the parse).
+            data = os.read(fd, st.st_size + 1)
         except OSError:
             return
         finally:
             os.close(fd)
+        if len(data) != st.st_size:
+            return  # rewritten in place while read (flush replaces it whole: never ours)
         # orjson writes no newline inside a document; the later lines are cut out only when asked for.
         first = data.find(b"\n")
         second = data.find(b"\n", first + 1) if first >= 0 else -1
