@@ -1026,7 +1026,9 @@ def _listing_digest(
         )
     except TypeError:  # a name that is no valid UTF-8 (surrogate escapes): nothing kept
         return None
-    return hashlib.blake2b(data, digest_size=20).hexdigest(), max(map(_CTIME, raws), default=0)
+    # SHA-256 (hardware-assisted where the CPU has SHA extensions): 12 us for 20 HF units' 16.6 kB,
+    # blake2b 22 us; 160 bits of it kept, as many as before.
+    return hashlib.sha256(data).hexdigest()[:40], max(map(_CTIME, raws), default=0)
 
 
 def _kept_listing(
