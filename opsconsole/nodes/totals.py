@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Tuple
 
 from opsconsole.jobs_view import count_jobs
-from opsconsole.model import STATE_CONNECTING
+from opsconsole.model import STATE_AUTH, STATE_CONNECTING, STATE_HOSTKEY
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,9 @@ class FleetTotals:
     alerts: int = 0
     nodes_connecting: int = 0  # nodes still making their first connection (no frame yet): not down
     jobs: int = 0  # distinct jobs running on the GPUs of the nodes that are up
+    # Of nodes_down, those waiting for a person (a host key to check, a login to fix): the header names them.
+    nodes_hostkey: int = 0
+    nodes_auth: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,4 +54,6 @@ def totals_of(states: Iterable, now: float, stale_after: float) -> FleetTotals:
         mean_utilization=sum(utilizations) / len(utilizations) if utilizations else None,
         nodes_connecting=connecting,
         jobs=count_jobs(up),
+        nodes_hostkey=sum(1 for state in states if state.state == STATE_HOSTKEY),
+        nodes_auth=sum(1 for state in states if state.state == STATE_AUTH),
     )

@@ -529,7 +529,16 @@ class OpsConsole(App[int]):
         now = self.now()
         palette = bars.palette_from_variables(self.theme_variables)
         totals = replace(self.fleet.totals(now), alerts=sum(self.services.alerts.counts().values()))
-        text = header_text(self.config, states, totals, self.node, now, palette, health_failures=self.health.failing())
+        text = header_text(
+            self.config,
+            states,
+            totals,
+            self.node,
+            now,
+            palette,
+            health_failures=self.health.failing(),
+            width=self.header.size.width or None,
+        )
         if self.services.recorder is not None:
             text.append("   ● REC", style="bold " + palette.crit)
         self.header.show(text)

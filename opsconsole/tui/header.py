@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Tuple
 
+from rich.cells import cell_len
 from rich.text import Text
 
 from opsconsole.config import Config
@@ -39,8 +40,10 @@ def header_text(
     now: float,
     palette: bars.Palette,
     health_failures: int = 0,
+    width: Optional[int] = None,
 ) -> Text:
-    """Two lines: identity, mode, clock and age; then the fleet totals (and failing health checks)."""
+    """Two lines: identity, mode, clock and age; then the fleet totals (and failing health checks),
+    within `width` cells where it can (None: all of it)."""
     text = Text(no_wrap=True, overflow="ellipsis", end="")
     text.append(" opsconsole ", style="bold reverse")
     text.append("  " + console_name(states), style="bold")
@@ -59,25 +62,43 @@ def header_text(
     if job:
         text.append("   " + job, style="bold " + palette.accent)
     text.append("\n")
-    text.append(" nodes %d" % totals.nodes)
-    text.append("  up %d" % totals.nodes_up, style=palette.ok if totals.nodes_up else "")
+    # The counts line as (text, style, rank): a line wider than `width` gives up rank 1, then 2, ... (the
+    # GPU readings the panes show anyway); what needs someone (down, host keys, alerts, health) stays.
+    parts: List[Tuple[str, str, int]] = [(" nodes %d" % totals.nodes, "", 0)]
+    parts.append(("  up %d" % totals.nodes_up, palette.ok if totals.nodes_up else "", 0))
     connecting = getattr(totals, "nodes_connecting", 0)  # no frame yet: not down
     if connecting:
-        text.append("  connecting %d" % connecting, style=palette.warn)
-    text.append("  down %d" % totals.nodes_down, style=("bold " + palette.crit) if totals.nodes_down else "")
-    text.append("   GPUs %d" % totals.gpus)
+        parts.append(("  connecting %d" % connecting, palette.warn, 0))
+    parts.append(("  down %d" % totals.nodes_down, ("bold " + palette.crit) if totals.nodes_down else "", 0))
+    # Of those down, the ones no retry brings back until someone acts: named as the State column names them.
+    waiting = [
+        "%s %d" % (label, count)
+        for label, count in (
+            ("hostkey", getattr(totals, "nodes_hostkey", 0)),
+            ("auth", getattr(totals, "nodes_auth", 0)),
+        )
+        if count
+    ]
+    if waiting:
+        parts.append((" (%s)" % ", ".join(waiting), "bold " + palette.crit, 0))
+    parts.append(("   GPUs %d" % totals.gpus, "", 3))
     jobs = getattr(totals, "jobs", 0)  # distinct jobs on the live nodes' GPUs (opsconsole/jobs_view.py)
     if jobs:
-        text.append("  jobs %d" % jobs)
-    util = totals.mean_utilization
-    text.append("   mean util " + format_percent(util))
+        parts.append(("  jobs %d" % jobs, "", 2))
+    parts.append(("   mean util " + format_percent(totals.mean_utilization), "", 1))
     alerts = getattr(totals, "alerts", 0)
-    text.append("   alerts %d" % alerts, style=("bold " + palette.crit) if alerts else "")
+    parts.append(("   alerts %d" % alerts, ("bold " + palette.crit) if alerts else "", 0))
     if health_failures:  # the Health pane (8) lists them
-        text.append("   HEALTH %d FAIL" % health_failures, style="bold reverse " + palette.crit)
+        parts.append(("   HEALTH %d FAIL" % health_failures, "bold reverse " + palette.crit, 0))
     for name, state, reason in getattr(totals, "sources", ()):  # Prometheus sources not answering
         if state not in ("up", "connecting"):
-            text.append("   %s %s" % (name, state) + (": " + reason if reason else ""), style="bold " + palette.crit)
+            parts.append(("   %s %s" % (name, state) + (": " + reason if reason else ""), "bold " + palette.crit, 0))
+    for rank in (1, 2, 3):
+        if width is None or sum(cell_len(part) for part, _, _ in parts) <= width:
+            break
+        parts = [part for part in parts if part[2] != rank]
+    for part, style, _ in parts:
+        text.append(part, style=style)
     return text
 
 
