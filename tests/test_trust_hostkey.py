@@ -347,3 +347,81 @@ async def test_keys_in_the_burst_that_opened_a_confirmation_are_dropped(keys):
             assert screen.query_one("#confirm-word").value == "" and screen.focused is screen.query_one("#confirm-word")
         else:
             assert screen.focused is screen.query_one("#confirm-no", Button)
+
+
+# --- a changed key the user answers outside the console (ssh-keygen -R) ----------------------------
+
+
+def header_and_row(app: OpsConsole) -> tuple:
+    """The header's node counts line and n1's Reason cell as the console shows them now."""
+    table = app.panes["nodes"].query_one("#nodes-table", DataTable)
+    columns = [str(c.label).strip() for c in table.columns.values()]
+    reason = str(table.get_row("n1")[[c.startswith("Reason") for c in columns].index(True)])
+    return app.header._shown.plain.split("\n")[1], reason
+
+
+@pytest.mark.sshd
+async def test_removing_the_changed_key_outside_the_console_shows_it_unknown_without_t(
+    sshd_factory, ssh_client, tmp_path
+):
+    """Two host keys: the server's and an old one in known_hosts. After `ssh-keygen -R` the next attempt
+    finds the key unknown and says so (the fingerprint T would trust) with nothing written or trusted."""
+    server = sshd_factory.start(trust=False)
+    ssh_client.trust_wrong_key(server)
+    new_fingerprint = ssh_fingerprint(str(server.host_key) + ".pub")
+    audit = tmp_path / "audit.log"
+    app = console_for(server, audit)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(
+            lambda: state_of(app).state == STATE_HOSTKEY, "n1 in state hostkey", timeout=WAIT_LIMIT_S, pilot=pilot
+        )
+        await pilot.press("4")
+        assert "HOST KEY CHANGED" in state_of(app).reason
+        await wait_for(lambda: header_and_row(app)[1].startswith("HOST KEY"), "the row drawn", pilot=pilot)
+        assert "down 1 (hostkey 1)" in header_and_row(app)[0]
+        link = app.fleet.link("n1")
+        attempts = link.connect_attempts
+        pattern = "[%s]:%d" % (server.address, server.port)
+        subprocess.run([SSH_KEYGEN, "-R", pattern, "-f", str(ssh_client.known_hosts)], check=True, capture_output=True)
+        after_removal = ssh_client.known_hosts.read_text()
+        assert pattern not in after_removal
+        await wait_for(
+            lambda: state_of(app).reason.startswith("unknown host key"),
+            "n1's key unknown once the old line went",
+            timeout=WAIT_LIMIT_S,
+            pilot=pilot,
+        )
+        state = state_of(app)
+        assert state.state == STATE_HOSTKEY and state.fingerprint == new_fingerprint
+        assert new_fingerprint in state.reason and "CHANGED" not in state.reason
+        await wait_for(lambda: header_and_row(app)[1].startswith("unknown host key"), "the row redrawn", pilot=pilot)
+        assert "down 1 (hostkey 1)" in header_and_row(app)[0]
+        assert link.connect_attempts == attempts + 1  # one attempt for the change, not a loop
+        await pilot.pause(0.5)
+        assert link.connect_attempts == attempts + 1
+        assert not isinstance(app.screen, ConfirmScreen)
+    assert ssh_client.known_hosts.read_text() == after_removal  # nothing trusted or written without T
+    assert audit_records(audit) == []
+    assert server.count_log("Accepted publickey") == 0
+
+
+@pytest.mark.sshd
+async def test_replacing_the_changed_key_outside_the_console_connects_without_t(sshd_factory, ssh_client, tmp_path):
+    """The user removes the old key and adds the right one (as from the node's admin): the node comes up."""
+    server = sshd_factory.start(trust=False)
+    ssh_client.trust_wrong_key(server)
+    audit = tmp_path / "audit.log"
+    app = console_for(server, audit)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(
+            lambda: state_of(app).state == STATE_HOSTKEY, "n1 in state hostkey", timeout=WAIT_LIMIT_S, pilot=pilot
+        )
+        pattern = "[%s]:%d" % (server.address, server.port)
+        subprocess.run([SSH_KEYGEN, "-R", pattern, "-f", str(ssh_client.known_hosts)], check=True, capture_output=True)
+        ssh_client.trust(server)
+        await wait_for(
+            lambda: state_of(app).state == STATE_UP, "n1 up with the right key", timeout=WAIT_LIMIT_S, pilot=pilot
+        )
+        assert state_of(app).fingerprint is None
+    assert ssh_client.known_hosts.read_text() == server.known_hosts_line()
+    assert audit_records(audit) == []

@@ -131,9 +131,22 @@ class HostKeyVerifier:
         self.policy = ssh.host_key_policy
         self.path = known_hosts_path(ssh)
         self.files = lambda: known_hosts_files(ssh)
+        self.read_signature: Tuple[Tuple[str, int, int, int], ...] = ()  # the files as the last attempt read them
+
+    def files_signature(self) -> Tuple[Tuple[str, int, int, int], ...]:
+        """What changes when a known_hosts file does (written, replaced by `ssh-keygen -R`, made, removed)."""
+        seen = []
+        for path in (self.path, GLOBAL_KNOWN_HOSTS):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            seen.append((path, st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(seen)
 
     def prepare(self) -> Tuple[asyncssh.SSHKnownHosts, HostKeyVerdict, "type"]:
         """(known_hosts for asyncssh, the verdict it fills in, the client_factory to pass)."""
+        self.read_signature = self.files_signature()  # before the read: a change during it counts as a change
         known = load_known_hosts(self.files())
         verdict = HostKeyVerdict()
         verifier = self

@@ -5,9 +5,9 @@ ssh_connection.SshConnection, shared by everything that reaches the node; SshLin
 connection with the probe stream on it (the actions, log tails and SFTP use the same object).
 
 States: connecting -> up (each frame) -> stale (no frame for 3 intervals, still
-connected) -> down (lost, refused, timed out: retried with backoff). `auth` and
-`hostkey` wait for `retry()`: retrying a wrong key or a changed host key in a loop
-helps nobody and can lock the account. A node whose interpreter is missing or too
+connected) -> down (lost, refused, timed out: retried with backoff). `auth` waits
+for `retry()` and `hostkey` for `retry()` or a change to known_hosts: retrying a wrong
+key or a changed host key in a loop helps nobody and can lock the account. A node whose interpreter is missing or too
 old is read by the nvidia-smi + /proc fallback instead (state `fallback`).
 """
 
@@ -90,6 +90,7 @@ KEYFRAME_EVERY_S = 30.0
 # How often the one stale sweep of an event loop looks at every stream (see StaleSweep): a node goes
 # `stale` at most this much later than STALE_INTERVALS intervals after its last frame.
 STALE_SWEEP_S = 0.25
+KNOWN_HOSTS_CHECK_S = 1.0  # a `hostkey` node looks this often whether known_hosts changed (a stat, no login)
 
 
 class StaleSweep:
@@ -314,6 +315,31 @@ class SshLink(SshConnection, NodeLink):
             pass
         self._retry.clear()
 
+    async def _wait_known_hosts(self) -> bool:
+        """Park a `hostkey` node until retry() or until a known_hosts file changes, whichever comes first.
+
+        Removing the old line (`ssh-keygen -R`) or adding the right key outside the console is how a person
+        answers a changed key: the next attempt then sees the key unknown (T trusts it) or matching (it
+        connects). Only the files' metadata is looked at meanwhile: no login while they stay as they were.
+        True when woken by the files, False by retry().
+        """
+        seen = self._verifier.read_signature
+        changed = False
+        self.waiting_for_user = True
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(self._retry.wait(), KNOWN_HOSTS_CHECK_S)
+                    break
+                except asyncio.TimeoutError:
+                    if self._verifier.files_signature() != seen:
+                        changed = True
+                        break
+        finally:
+            self.waiting_for_user = False
+        self._retry.clear()
+        return changed
+
     # --- the probe stream ------------------------------------------------------------------
 
     def probe_command(self, once: bool = False) -> str:
@@ -528,16 +554,22 @@ class SshLink(SshConnection, NodeLink):
     async def run(self, publish: Publish) -> None:
         """Connect, stream frames, reconnect with backoff; never returns until cancelled."""
         self._publish = publish
+        quiet = False  # a retry the console started itself keeps the state it had while it runs
         try:
             while True:
-                if self._state.state != STATE_DOWN:
+                if self._state.state != STATE_DOWN and not quiet:
                     # A node that is down stays down (with its reason) while it is retried: no flicker.
                     self._enter(STATE_CONNECTING, None)
+                quiet = False
                 try:
                     conn = await self._connected()
                 except LinkError as err:
                     self._enter(err.state, err.reason, fingerprint=err.fingerprint)
-                    if err.state in (STATE_AUTH, STATE_HOSTKEY):
+                    if err.state == STATE_HOSTKEY:
+                        # The person acts on known_hosts (T, ssh-keygen -R): T shows `connecting`, a changed
+                        # file keeps the key's state (and T usable) until the attempt says what it is now.
+                        quiet = await self._wait_known_hosts()
+                    elif err.state == STATE_AUTH:
                         await self._wait_retry(None)  # not in a loop: a person has to act first
                     else:
                         await self._wait_retry(self._backoff.next_delay())
