@@ -86,13 +86,49 @@ def test_node_columns_drop_in_order_and_give_the_reason_the_rest():
     assert [c.key for c in node_columns(78, 34, 4)] == ["name", "state", "gpus", "util_mean", "memory"]
     full = node_columns(400, 8, 4)
     assert [c.key for c in full] == [c.key for c in NODE_COLUMNS]
-    assert next(c.width for c in full if c.key == "reason") == 80  # capped
+    fixed = sum(max(c.width, len(c.label) + 1) + 2 for c in full if c.key != "reason")
+    assert next(c.width for c in full if c.key == "reason") == 400 - fixed - 2  # all the room left, no cap
     narrow = node_columns(78, 8, 4)
     kept = [c.key for c in narrow]
     assert kept[:6] == ["name", "state", "reason", "gpus", "util_mean", "memory"]
     dropped = [key for key in DROP_ORDER if key not in kept]
     assert dropped == list(DROP_ORDER[: len(dropped)])  # in order, the first first
     assert sum(max(c.width, len(c.label) + 1) + 2 for c in narrow) <= 78
+
+
+FIX = 'set python = "/opt/conda/envs/train/bin/python3" in its [[nodes]] entry'
+LONG_REASON = "probe did not start: python3 on the node is 3.6.8, the probe needs 3.8 or newer; " + FIX
+
+
+def cluster_with_a_long_reason():
+    states = cluster_states()
+    down = next(i for i, state in enumerate(states) if not state.is_live)
+    states[down] = replace(states[down], reason=LONG_REASON)
+    return states
+
+
+@pytest.mark.parametrize("width", [80, 160, 300])
+async def test_a_long_reason_takes_the_width_and_says_enter_shows_it(width):
+    """Reason gets what the other columns leave (no 80-character cap); cut short, it ends in `… enter`."""
+    app = console(cluster_with_a_long_reason())
+    async with app.run_test(size=(width, 24)) as pilot:
+        await pilot.press("4")
+        lines = await wait_for(
+            lambda: (lambda drawn: drawn if any("probe did not" in line for line in drawn) else None)(
+                screen_lines(app)
+            ),
+            "the long reason drawn",
+            pilot=pilot,
+        )
+        row = next(line for line in lines if "probe did not" in line)
+        assert len(row.rstrip()) <= width
+        shown = row[row.index("probe did not") :].split("  ")[0].strip()
+        if width >= 300:  # room for all of it: whole, the fix included
+            assert shown == LONG_REASON
+        elif width >= 160:
+            assert len(shown) > 20 and shown.endswith("… enter") and LONG_REASON.startswith(shown[: -len("… enter")])
+        else:
+            assert shown.endswith("…")
 
 
 async def test_footer_is_whole_at_160_columns():

@@ -35,7 +35,9 @@ from opsconsole.tui.table_pane import Column, SortedTable, TablePane
 
 REASON_WIDTH = 22
 JOBS_WIDTH = 14
-REASON_MIN, REASON_MAX = 12, 80  # the reason column takes the room the others leave, within these
+REASON_MIN = 12  # the reason column takes all the room the others leave, at least this much
+# A reason cut short says where it is whole: `enter` opens the node, whose overview shows it wrapped.
+REASON_MORE = "… enter"
 # What a narrow terminal gives up first (first to go first); Node, State, GPUs, Util and Memory stay.
 DROP_ORDER = ("trend", "rtt", "power", "util_max", "jobs", "temp", "age", "errors")
 CELL_PADDING = 2  # DataTable draws one cell of padding on each side of a column
@@ -60,7 +62,7 @@ NODE_COLUMNS = (
 
 def node_columns(width: int, name_width: int = 0, state_width: int = 0) -> Tuple[Column, ...]:
     """NODE_COLUMNS fitted to `width` cells: the Node column as wide as the longest name, the Reason column
-    with the room left (REASON_MIN to REASON_MAX), and columns dropped in DROP_ORDER until the rest fits."""
+    with all the room left (at least REASON_MIN), and columns dropped in DROP_ORDER until the rest fits."""
     sized = []
     for column in NODE_COLUMNS:
         if column.key == "name":
@@ -73,11 +75,19 @@ def node_columns(width: int, name_width: int = 0, state_width: int = 0) -> Tuple
         fixed = sum(max(c.width or 0, len(c.label) + 1) + CELL_PADDING for c in sized if c.key != "reason")
         room = width - fixed - CELL_PADDING
         if room >= REASON_MIN:
-            return tuple(replace(c, width=min(room, REASON_MAX)) if c.key == "reason" else c for c in sized)
+            return tuple(replace(c, width=room) if c.key == "reason" else c for c in sized)
         if not dropped:  # long node names on a narrow terminal: the names stay whole, the reason goes
             return tuple(c for c in sized if c.key != "reason")
         gone = dropped.pop(0)
         sized = [c for c in sized if c.key != gone]
+
+
+def shorten_reason(reason: Optional[str], width: int) -> str:
+    """`reason` on one line in `width` cells; one cut short ends in REASON_MORE (a narrow column: in "…")."""
+    line = shorten(reason, width)
+    if not line.endswith("…") or line == " ".join((reason or "").split()) or width < 3 * len(REASON_MORE):
+        return line
+    return line[: width - len(REASON_MORE)].rstrip() + REASON_MORE
 
 
 def _hottest(row: NodeRow) -> str:
@@ -99,7 +109,7 @@ def node_table_row(row: NodeRow, columns: Sequence[Column] = NODE_COLUMNS) -> Ta
     cells = {
         "name": lambda: cell(row.name),
         "state": lambda: cell(row.state, state_cell_style),
-        "reason": lambda: cell(shorten(row.reason, reason_width)),
+        "reason": lambda: cell(shorten_reason(row.reason, reason_width)),
         "gpus": lambda: cell(format_count(row.gpu_count)),
         "util_mean": lambda: cell(format_percent(row.util_mean)),
         "util_max": lambda: cell(format_percent(row.util_max)),
