@@ -202,6 +202,8 @@ def test_a_sigkilled_rank_is_host_oom_inferred_on_the_rank_the_launcher_names(ru
     oom = [f for f in result["findings"] if f["category"] == "host_oom"]
     assert oom and all(f["evidence"] == "inferred" and f["severity"] == "error" for f in oom)
     assert any("sacct" in f["remedy"] and "dmesg" in f["remedy"] for f in oom)
+    # A kill inside a job's or container's cgroup shows in no dmesg the user may read: its memory.events does.
+    assert all("memory.events" in f["remedy"] and "oom_kill" in f["remedy"] for f in oom)
     assert 1 in {f["rank"] for f in oom}
 
 

@@ -294,7 +294,9 @@ HOST_OOM_INFERRED_CAUSE = (
 HOST_OOM_INFERRED_REMEDY = (
     "Confirm on that node: dmesg -T | grep -i -e 'out of memory' -e oom-kill (or journalctl -k) shows "
     "'Out of memory: Killed process PID'; under Slurm, sacct -j JOB -o JobID,State,MaxRSS shows "
-    "OUT_OF_MEMORY and the job's log 'oom-kill event'; in Kubernetes the pod's state says OOMKilled. "
+    "OUT_OF_MEMORY and the job's log 'oom-kill event'; a job's or container's cgroup (v2) counts its kills in "
+    "memory.events (oom_kill N; /sys/fs/cgroup/<its path>/memory.events, the path from /proc/PID/cgroup of "
+    "a process of the job); in Kubernetes the pod's state says OOMKilled. "
     "If confirmed: " + CATEGORIES["host_oom"].remedy
 )
 HOST_OOM_SEEN_CAUSE = CATEGORIES["host_oom"].cause + " The OOM killer's own report was seen in the logs."
