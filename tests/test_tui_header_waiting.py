@@ -47,3 +47,29 @@ async def test_hostkey_and_auth_nodes_are_named_in_the_header(width):
         # Three down: the one refusing connections, and the two waiting for someone, named as the State column does.
         assert "down 3 (hostkey 1, auth 1)" in line, line
         assert line.rstrip().endswith("alerts 0   HEALTH 1 FAIL"), line  # fits: nothing cut off at the end
+
+
+def test_a_recording_stays_in_sight_at_80_columns():
+    # "● REC" used to be added after the counts line was fitted to the width, so at 80 columns it was cut.
+    from opsconsole.tui import bars
+    from opsconsole.tui.header import header_text
+
+    states = waiting_nodes()
+    fleet = FakeFleet(states)
+    by_name = {state.name: state for state in states}
+    palette = bars.palette_from_variables({})
+    text = header_text(
+        Config(),
+        by_name,
+        fleet.totals(FROZEN_NOW),
+        None,
+        FROZEN_NOW,
+        palette,
+        health_failures=1,
+        width=80,
+        recording=True,
+    )
+    counts = text.plain.split("\n")[1]
+    assert len(counts) <= 80, counts
+    assert counts.endswith("HEALTH 1 FAIL   ● REC"), counts
+    assert "down 3 (hostkey 1, auth 1)" in counts, counts

@@ -538,9 +538,8 @@ class OpsConsole(App[int]):
             palette,
             health_failures=self.health.failing(),
             width=self.header.size.width or None,
+            recording=self.services.recorder is not None,
         )
-        if self.services.recorder is not None:
-            text.append("   ● REC", style="bold " + palette.crit)
         self.header.show(text)
         pane = self.panes.get(self.visible_pane_id)
         if pane is not None:

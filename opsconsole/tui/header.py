@@ -41,6 +41,7 @@ def header_text(
     palette: bars.Palette,
     health_failures: int = 0,
     width: Optional[int] = None,
+    recording: bool = False,
 ) -> Text:
     """Two lines: identity, mode, clock and age; then the fleet totals (and failing health checks),
     within `width` cells where it can (None: all of it)."""
@@ -93,6 +94,8 @@ def header_text(
     for name, state, reason in getattr(totals, "sources", ()):  # Prometheus sources not answering
         if state not in ("up", "connecting"):
             parts.append(("   %s %s" % (name, state) + (": " + reason if reason else ""), "bold " + palette.crit, 0))
+    if recording:  # a recording runs: always in sight, as what needs someone is
+        parts.append(("   ● REC", "bold " + palette.crit, 0))
     for rank in (1, 2, 3):
         if width is None or sum(cell_len(part) for part, _, _ in parts) <= width:
             break
