@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
+import pytest
 from h200_fleet import idle_gpu  # noqa: E402
 from rich.text import Text  # noqa: E402
 from textual.command import CommandPalette
@@ -492,3 +493,19 @@ async def test_detail_screens_and_confirmations_show_the_data_as_it_is(tmp_path)
         toast = " ".join(str(toast.render()) for toast in app.screen.query(Toast))
         assert printable(HOSTILE) in toast and printable(CONTROL) in toast
         assert app.is_running
+
+
+@pytest.mark.parametrize("width", [1, 2, 5, 9, 10, 23, 40])
+def test_a_reason_of_wide_characters_is_cut_to_its_cells_not_its_characters(width):
+    # A node's reason is its own text: CJK characters and emoji take two cells each. Cut by characters,
+    # a 20-character reason of them filled 40 cells and pushed the columns after it off the row.
+    from rich.cells import cell_len
+
+    from opsconsole.tui.formatting import shorten
+    from opsconsole.tui.nodes import shorten_reason
+
+    reason = "数据加载器 卡住了 节点 gpu-01 无法连接 🔥🔥🔥 please fix the node"
+    for cut in (shorten(reason, width), shorten_reason(reason, width)):
+        assert cell_len(cut) <= width, (cut, width)
+        assert cut.endswith("…") or cut.endswith("… enter"), cut
+    assert shorten(reason, 200) == reason

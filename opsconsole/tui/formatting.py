@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from rich.cells import cell_len, get_character_cell_size
 from rich.text import Text
 
 from opsconsole.model import (
@@ -81,11 +82,23 @@ def counted(count: int, noun: str) -> str:
 
 
 def shorten(text: Optional[str], width: int) -> str:
-    """`text` on one line, cut to `width` characters with an ellipsis."""
+    """`text` on one line, cut to `width` cells with an ellipsis (a CJK character or an emoji takes two)."""
     if not text:
         return ""
     line = " ".join(text.split())
-    return line if len(line) <= width else line[: max(0, width - 1)] + "…"
+    return line if cell_len(line) <= width else cut_to_cells(line, width - 1) + "…"
+
+
+def cut_to_cells(text: str, width: int) -> str:
+    """The start of `text` in at most `width` cells (a wide character that would straddle the edge goes)."""
+    if cell_len(text) <= width:
+        return text
+    used = 0
+    for index, character in enumerate(text):
+        used += get_character_cell_size(character)
+        if used > width:
+            return text[:index]
+    return text
 
 
 def printable_text(text: Text) -> Text:

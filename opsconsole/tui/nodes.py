@@ -20,6 +20,7 @@ from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.formatting import (
     NA,
     STALE_ROW_STYLE,
+    cut_to_cells,
     format_age,
     format_count,
     format_memory_pair,
@@ -87,7 +88,7 @@ def shorten_reason(reason: Optional[str], width: int) -> str:
     line = shorten(reason, width)
     if not line.endswith("…") or line == " ".join((reason or "").split()) or width < 3 * len(REASON_MORE):
         return line
-    return line[: width - len(REASON_MORE)].rstrip() + REASON_MORE
+    return cut_to_cells(line, width - cell_len(REASON_MORE)).rstrip() + REASON_MORE
 
 
 def _hottest(row: NodeRow) -> str:
