@@ -38,13 +38,17 @@ def totals_of(states: Iterable, now: float, stale_after: float) -> FleetTotals:
     """Node and GPU counts over `states`; a live node gone quiet for `stale_after` s counts as down."""
     states = list(states)
     up = []
-    connecting = 0
+    connecting = hostkey = auth = 0
     for state in states:
         age = state.age(now)
         if state.is_live and not (age is not None and age > stale_after):
             up.append(state)
         elif state.state == STATE_CONNECTING and state.frame is None:
             connecting += 1
+        elif state.state == STATE_HOSTKEY:
+            hostkey += 1
+        elif state.state == STATE_AUTH:
+            auth += 1
     utilizations = [g.utilization_gpu for s in up if s.frame for g in s.frame.gpus if g.utilization_gpu is not None]
     return FleetTotals(
         nodes=len(states),
@@ -54,6 +58,6 @@ def totals_of(states: Iterable, now: float, stale_after: float) -> FleetTotals:
         mean_utilization=sum(utilizations) / len(utilizations) if utilizations else None,
         nodes_connecting=connecting,
         jobs=count_jobs(up),
-        nodes_hostkey=sum(1 for state in states if state.state == STATE_HOSTKEY),
-        nodes_auth=sum(1 for state in states if state.state == STATE_AUTH),
+        nodes_hostkey=hostkey,
+        nodes_auth=auth,
     )
