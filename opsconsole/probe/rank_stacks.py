@@ -277,6 +277,7 @@ def dump_one(py_spy, rank, native, timeout):
         answer.update(status="gone", stderr="no process %d" % pid)
         return answer
     argv = [py_spy, "dump", "--pid", str(pid), "--json"] + (["--native"] if native else [])
+    before = state_of(pid)  # py-spy's attach and detach can wake a stopped process: its state after may not say
     started = time.monotonic()
     try:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -301,7 +302,11 @@ def dump_one(py_spy, rank, native, timeout):
     if status == "ok" and not os.path.exists("/proc/%d" % pid):
         answer["status"] = "gone"
     if status != "ok":
-        answer["state"] = state_of(pid)  # D (uninterruptible I/O) or T (stopped) explain a failed dump
+        # D (uninterruptible I/O) or T (stopped) explain a failed dump: as it is now, else as py-spy found it
+        state = state_of(pid)
+        if state not in ("D", "T", "t", "Z", None) and before in ("D", "T", "t"):
+            state = before
+        answer["state"] = state
     return answer
 
 
