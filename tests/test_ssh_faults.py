@@ -204,6 +204,123 @@ async def test_wrong_client_key_is_auth_and_not_retried_in_a_loop(sshd_factory, 
     assert log.names.count(STATE_AUTH) == 1
 
 
+@pytest.fixture
+def quick_credential_checks(monkeypatch):
+    """An `auth` node looks at the user's keys every 0.2 s here (2 s in the console)."""
+    import opsconsole.nodes.ssh as ssh_module
+
+    monkeypatch.setattr(ssh_module, "CREDENTIALS_CHECK_S", 0.2)
+    monkeypatch.setattr("opsconsole.nodes.credentials.AGENT_FRESH_S", 0.0)
+
+
+@pytest.fixture
+def ssh_agent(ssh_client, tmp_path, monkeypatch):
+    """A real ssh-agent of our own (no keys), SSH_AUTH_SOCK pointing at it; killed after the test."""
+    import shutil
+    import subprocess
+
+    agent = shutil.which("ssh-agent")
+    if agent is None:
+        pytest.skip("ssh-agent not installed")
+    sock = tmp_path / "agent.sock"
+    proc = subprocess.Popen([agent, "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until = 100
+        while not sock.exists() and wait_until:
+            import time
+
+            time.sleep(0.05)
+            wait_until -= 1
+        assert sock.exists(), "ssh-agent made no socket"
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        yield sock
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def ssh_add(sock: Path, key: Path) -> None:
+    import subprocess
+
+    env = dict(os.environ, SSH_AUTH_SOCK=str(sock))
+    subprocess.run(["ssh-add", "-q", str(key)], env=env, check=True, stdin=subprocess.DEVNULL, capture_output=True)
+
+
+@pytest.mark.sshd
+async def test_an_auth_node_logs_in_by_itself_once_the_right_key_is_added_to_the_agent(
+    sshd_factory, ssh_client, ssh_agent, quick_credential_checks
+):
+    # The node authorises a key the client has only in a file elsewhere: ~/.ssh's key is refused.
+    # The user runs `ssh-add` (the real one, into a real agent): the node connects, no `c` needed.
+    right = keygen(ssh_client.home / "right_key", "right")
+    server = sshd_factory.start(authorized_keys=[public_key(right)])
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    log = StateLog()
+    async with running(link, log):
+        await log.wait_state(STATE_AUTH, 10)
+        await wait_for(lambda: link.waiting_for_user, "the link to wait for the user")
+        # Unchanged keys: no second login however long it waits (five looks at the keys).
+        await asyncio.sleep(1.0)
+        assert link.connect_attempts == 1
+        mark = len(log.states)
+        ssh_add(ssh_agent, right)
+        up = await log.wait_state(STATE_UP, 20, start=mark)
+    assert link.connect_attempts == 2
+    # Woken by the key, the node stays `auth` until the attempt says otherwise: no `connecting` flicker.
+    assert [s.state for s in log.states[mark:]][0] == STATE_UP, log.names
+    assert up.frame is not None
+
+
+@pytest.mark.sshd
+async def test_an_auth_node_logs_in_by_itself_once_its_identity_file_is_replaced(
+    sshd_factory, ssh_client, quick_credential_checks
+):
+    # The node's `identity` names a key the node does not accept; the user puts the right key in
+    # its place (a new file renamed over it, as an editor or `cp` would leave it).
+    right = keygen(ssh_client.home / "right_key", "right")
+    wrong = keygen(ssh_client.home / "wrong_key", "wrong")
+    identity = ssh_client.home / "node_key"
+    identity.write_bytes(wrong.read_bytes())
+    identity.chmod(0o600)
+    server = sshd_factory.start(authorized_keys=[public_key(right)])
+    node = dataclasses.replace(node_for(server), identity=str(identity))
+    link = SshLink(node, FAST, INTERVAL)
+    log = StateLog()
+    async with running(link, log):
+        await log.wait_state(STATE_AUTH, 10)
+        await wait_for(lambda: link.waiting_for_user, "the link to wait for the user")
+        await asyncio.sleep(1.0)
+        assert link.connect_attempts == 1
+        mark = len(log.states)
+        staged = ssh_client.home / "node_key.new"
+        staged.write_bytes(right.read_bytes())
+        staged.chmod(0o600)
+        os.replace(staged, identity)
+        await log.wait_state(STATE_UP, 20, start=mark)
+    assert link.connect_attempts == 2
+
+
+@pytest.mark.sshd
+async def test_an_auth_node_whose_new_key_is_refused_too_tries_once_and_waits_again(
+    sshd_factory, ssh_client, ssh_agent, quick_credential_checks
+):
+    # A key added that the node refuses as well: one login for the change, then parked again.
+    other = keygen(ssh_client.home / "someone_else", "other")
+    also_wrong = keygen(ssh_client.home / "also_wrong", "also wrong")
+    server = sshd_factory.start(authorized_keys=[public_key(other)])
+    link = SshLink(node_for(server), FAST, INTERVAL)
+    log = StateLog()
+    async with running(link, log):
+        await log.wait_state(STATE_AUTH, 10)
+        await wait_for(lambda: link.waiting_for_user, "the link to wait for the user")
+        ssh_add(ssh_agent, also_wrong)
+        await wait_for(lambda: link.connect_attempts == 2, "one login for the added key")
+        await wait_for(lambda: link.waiting_for_user, "the link to wait again")
+        await asyncio.sleep(1.0)
+        assert link.connect_attempts == 2
+    assert STATE_UP not in log.names
+
+
 @pytest.mark.sshd
 async def test_sshd_killed_mid_stream_then_restarted_comes_back_up(sshd_factory):
     server = sshd_factory.start()

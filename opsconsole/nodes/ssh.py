@@ -6,7 +6,8 @@ connection with the probe stream on it (the actions, log tails and SFTP use the 
 
 States: connecting -> up (each frame) -> stale (no frame for 3 intervals, still
 connected) -> down (lost, refused, timed out: retried with backoff). `auth` waits
-for `retry()` and `hostkey` for `retry()` or a change to known_hosts: retrying a wrong
+for `retry()` or a change to the user's keys (credentials.py), and `hostkey` for
+`retry()` or a change to known_hosts: retrying a wrong
 key or a changed host key in a loop helps nobody and can lock the account. A node whose interpreter is missing or too
 old is read by the nvidia-smi + /proc fallback instead (state `fallback`).
 """
@@ -90,6 +91,7 @@ KEYFRAME_EVERY_S = 30.0
 # How often the one stale sweep of an event loop looks at every stream (see StaleSweep): a node goes
 # `stale` at most this much later than STALE_INTERVALS intervals after its last frame.
 STALE_SWEEP_S = 0.25
+CREDENTIALS_CHECK_S = 2.0  # an `auth` node looks this often whether the user's keys changed (no login)
 KNOWN_HOSTS_CHECK_S = 1.0  # a `hostkey` node looks this often whether known_hosts changed (a stat, no login)
 
 
@@ -340,6 +342,28 @@ class SshLink(SshConnection, NodeLink):
         self._retry.clear()
         return changed
 
+    async def _wait_credentials(self) -> bool:
+        """Park an `auth` node until retry() or until the user's keys change (`ssh-add`, a key file
+        made or replaced, the ssh config or the node's identity edited): one more login then, with
+        the node kept in `auth` until it says otherwise. Only metadata and the agent's key list are
+        looked at meanwhile. True when woken by the keys, False by retry()."""
+        seen = self.credentials_seen
+        changed = False
+        self.waiting_for_user = True
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(self._retry.wait(), CREDENTIALS_CHECK_S)
+                    break
+                except asyncio.TimeoutError:
+                    if seen is not None and await self.credentials() != seen:
+                        changed = True
+                        break
+        finally:
+            self.waiting_for_user = False
+        self._retry.clear()
+        return changed
+
     # --- the probe stream ------------------------------------------------------------------
 
     def probe_command(self, once: bool = False) -> str:
@@ -570,7 +594,8 @@ class SshLink(SshConnection, NodeLink):
                         # file keeps the key's state (and T usable) until the attempt says what it is now.
                         quiet = await self._wait_known_hosts()
                     elif err.state == STATE_AUTH:
-                        await self._wait_retry(None)  # not in a loop: a person has to act first
+                        # Not in a loop: a person has to act first (r, or a key added or changed here).
+                        quiet = await self._wait_credentials()
                     else:
                         await self._wait_retry(self._backoff.next_delay())
                     continue

@@ -28,12 +28,13 @@ import shlex
 import socket
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Dict, List, Optional, Sequence, Tuple
 
 import asyncssh
 
 from opsconsole.config import NodeConfig, SshConfig
 from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY
+from opsconsole.nodes.credentials import Signature, credentials_signature
 from opsconsole.nodes.hostkeys import HostKeyVerdict, HostKeyVerifier
 
 if TYPE_CHECKING:
@@ -291,6 +292,13 @@ class SshConnection:
         # The login to the node itself, while it runs: {"conn": ...} once TCP is up, "done" once it
         # succeeded; a caller whose own deadline cut it short tells from it how far it got.
         self.login_attempt: Optional[dict] = None
+        # The user's keys as the last login could use them (credentials.py): an `auth` node tries
+        # again once they change.
+        self.credentials_seen: Optional[Signature] = None
+
+    def credentials(self) -> "Awaitable[Signature]":
+        """The signature of what a login to this node would offer now (see credentials.py)."""
+        return credentials_signature(self.node.identity, with_defaults=bool(self.node.jump))
 
     def rtt_measured(self, rtt_ms: Optional[float]) -> None:
         """A new RTT reading (None: none could be taken); a probe link shows it with its next frame."""
@@ -380,6 +388,7 @@ class SshConnection:
     async def _open(self) -> asyncssh.SSHClientConnection:
         self.connect_attempts += 1
         self.login_attempt = None
+        self.credentials_seen = await self.credentials()  # before the keys are read: a change during it counts
         client_keys: Optional[List[Any]] = None
         if self.node.identity:
             try:

@@ -40,7 +40,7 @@ from opsconsole.audit_outcomes import OUTCOME_FAILED, OUTCOME_OK
 from opsconsole.config import Config
 from opsconsole.health.monitor import HealthMonitor
 from opsconsole.launch_trace import mark
-from opsconsole.model import NodeState
+from opsconsole.model import STATE_FALLBACK, STATE_STALE, STATE_UP, NodeState
 from opsconsole.tui import bars
 from opsconsole.tui.formatting import printable
 from opsconsole.tui.header import ConsoleHeader, header_text
@@ -303,8 +303,23 @@ class OpsConsole(App[int]):
         name, message = choose_theme(wanted, list(self.available_themes), fallback)
         if message:
             self._notes.append((message, "warning"))
-        self.theme = name
+        self._start_with_theme(name)
         drop_builtin_themes(self)
+
+    def _start_with_theme(self, name: str) -> None:
+        """Theme `name` before the app runs, without `self.theme = name`: its watcher leaves a
+        refresh_css for the first message, which parses the whole stylesheet a second time and
+        restyles every widget of the first screen (4 ms of the launch on the VM; an app that keeps
+        Textual's default theme never pays it). Nothing is read or drawn yet, so the stylesheet takes
+        the theme's variables before it is first parsed, and the app the classes and ANSI colours
+        the watcher gives it; a theme picked later (pick_theme) goes through the watcher."""
+        self.set_reactive(App.theme, name)
+        theme = self.current_theme
+        classes = {old: False for old in self.classes if old.startswith("-theme-")}
+        classes.update({"-theme-" + theme.name: True, "-dark-mode": theme.dark, "-light-mode": not theme.dark})
+        self.update_classes(classes, update=False)
+        self._refresh_truecolor_filter(self.ansi_theme)
+        self.stylesheet.set_variables(self.get_css_variables())
 
     def pick_theme(self, name: str) -> None:
         """A theme the user picked (ctrl+t, palette): used now and kept for the next start."""
@@ -598,7 +613,7 @@ class OpsConsole(App[int]):
                 break
         self.release_keys(pane_id)
 
-    # Named for NodesPane.Drill and NodesPane.TrustHostKey (Textual's handler names), so the
+    # Named for NodesPane.Drill, TrustHostKey and ConnectNow (Textual's handler names), so the
     # Nodes pane is imported only when it is shown.
     def on_nodes_pane_drill(self, message) -> None:
         self.node = message.node
@@ -610,6 +625,22 @@ class OpsConsole(App[int]):
     def on_nodes_pane_trust_host_key(self, message) -> None:
         message.stop()
         self.ask_to_trust_host_key(message.node)
+
+    async def on_nodes_pane_connect_now(self, message) -> None:
+        message.stop()
+        await self.connect_now(message.node)
+
+    async def connect_now(self, name: str) -> None:
+        """`c` on a node: one login attempt now. A node in `auth` or `hostkey` waits for this (or for
+        the user's keys or known_hosts to change); one that is down skips the rest of its backoff."""
+        state = self.fleet.states().get(name)
+        if state is not None and state.state in (STATE_UP, STATE_STALE, STATE_FALLBACK):
+            self.notify("%s is %s: already connected" % (name, state.state))
+            return
+        if not await self.fleet.retry(name):
+            self.notify("%s: nothing to connect (a replayed or local node)" % name, severity="warning")
+            return
+        self.notify("%s: connecting now" % name)
 
     def ask_to_trust_host_key(self, name: str) -> None:
         """`T` on a node: the trust action (actions/trust_hostkey.py) plans it; the console shows the key

@@ -130,7 +130,8 @@ class NodesPane(ActionKeys, TablePane):
     """Every node: state (coloured), reason, GPU count, utilisation, memory, heat, power, age.
 
     Keys: `s` next sort column, `r` reverse, header click sorts; `enter` on a row posts
-    `NodesPane.Drill(node)`; `T` posts `NodesPane.TrustHostKey(node)` for the row's node. Filter: free text on name/state/reason, `state:down`, `node:gpu0*`,
+    `NodesPane.Drill(node)`; `T` posts `NodesPane.TrustHostKey(node)` and `c` `NodesPane.ConnectNow(node)`
+    for the row's node. Filter: free text on name/state/reason, `state:down`, `node:gpu0*`,
     `util<10`, `temp>80`, `errors>0`, `age>60`, `job:812` (whose jobs run there), `user:alice`.
     """
 
@@ -142,12 +143,21 @@ class NodesPane(ActionKeys, TablePane):
     # h reruns the node's health checks, D drains it in Slurm (absent in a read-only console).
     BINDINGS = [
         Binding("T", "trust_hostkey", "Trust host key", id="node.trust_hostkey"),
+        # One login now (a node in auth waits for this or a changed key; one down skips its backoff).
+        Binding("c", "connect_now", "Connect", id="node.connect"),
         Binding("t", "trends", "Trends", id="node.trends"),
         Binding("S", "stacks", "Stacks", id="node.stacks"),  # every rank's py-spy stack (reads only)
     ] + action_bindings(TARGET_NODE)
 
     class TrustHostKey(Message):
         """Posted by `T`: the app confirms, then trusts the key the node presented."""
+
+        def __init__(self, node: str) -> None:
+            self.node = node
+            super().__init__()
+
+    class ConnectNow(Message):
+        """Posted by `c`: the app asks the node's link for one login attempt now."""
 
         def __init__(self, node: str) -> None:
             self.node = node
@@ -236,6 +246,14 @@ class NodesPane(ActionKeys, TablePane):
             self.app.notify("no node selected", severity="warning")
             return
         self.post_message(self.TrustHostKey(node))
+
+    def action_connect_now(self) -> None:
+        """Ask the app to connect the highlighted node now."""
+        node = self.highlighted_node()
+        if node is None:
+            self.app.notify("no node selected", severity="warning")
+            return
+        self.post_message(self.ConnectNow(node))
 
     def action_target(self, action_id: str) -> Optional[Target]:
         node = self.highlighted_node()
