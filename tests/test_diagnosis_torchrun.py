@@ -288,6 +288,37 @@ def test_a_rank_terminated_from_outside_is_blamed_not_the_peer_the_launcher_saw_
     assert "nccl_remote" in {f["category"] for f in result["findings"]}
 
 
+def rows_of(text: str) -> dict:
+    """The readable report's category rows: {category: the row's lines}."""
+    rows: dict = {}
+    for block in text.split("\n\n")[1:]:
+        found = re.match(r"[* ] .*? \[(\w+)\] ", block)
+        if found:
+            rows[found.group(1)] = block.splitlines()
+    return rows
+
+
+@pytest.mark.parametrize("mode", ["segv", "sigterm", "exit3"])
+def test_the_crashed_ranks_line_is_printed_once_and_not_among_the_peers_consequences(runs, mode):
+    # The launcher's line about the crashed child is where the verdict starts ("Started on rank 1, in
+    # launcher.log line N: ..."); it was printed a second time as an example of "A peer rank failed".
+    directory, status = runs[mode]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("rank_crashed", 1)
+    text = report(directory)
+    crash_line = " ".join(launcher_line(directory, result).split())[:120]
+    assert text.count(crash_line) == 1, text
+    rows = rows_of(text)
+    # The peers' row lists their lost connections and the launcher's report of them, nothing of rank 1.
+    assert rows["nccl_remote"] and not any(" rank 1: " in line for line in rows["nccl_remote"]), text
+    assert "rank 1" not in rows["nccl_remote"][0]
+    # The launcher's other lines about rank 1 (its table row, its signal) are listed under the crash's own row.
+    examples = [line for line in rows["rank_crashed"] if line.startswith("    /")]
+    assert all(" rank 1: " in line for line in examples), text
+    assert examples or mode == "exit3", text  # exit 3: the table's row is the start, and no signal line
+
+
 @pytest.mark.parametrize(
     "mode, signal, exitcode", [("segv", "SIGSEGV", -11), ("sigterm", "SIGTERM", -15), ("exit3", None, 3)]
 )

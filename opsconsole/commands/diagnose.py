@@ -269,7 +269,7 @@ def run_report(result) -> str:
         if launcher.host:
             told.append("on " + launcher.host)
         out.append(printable_line("Launcher's first observed failure: " + ", ".join(told)))
-    by_category = _examples(diagnosis.findings)
+    by_category = _examples(diagnosis.findings, verdict)
     for row in diagnosis.summary:
         out.append("")
         marker = "* " if row.category == verdict.category else "  "
@@ -408,7 +408,7 @@ def readable_report(name: str, result) -> str:
     failures = getattr(result, "launcher_failures", ())
     if failures:
         out.append(printable_line("Launcher's failed ranks: " + "; ".join(_failure_text(f) for f in failures)))
-    by_category = _examples(result.findings)
+    by_category = _examples(result.findings, verdict)
     for row in result.summary:
         out.append("")
         marker = "* " if row.category == result.root_cause else "  "
@@ -476,10 +476,25 @@ def _ranks_text(ranks: Sequence[int]) -> str:
     return ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in parts)
 
 
-def _examples(findings) -> dict:
+def _examples(findings, verdict=None) -> dict:
+    """Up to EXAMPLES_PER_CATEGORY findings to list under each category's row.
+
+    A rank that crashed of its own (rank_crashed) has the launcher's lines about it listed under its own row,
+    not among the peers' lost connections, and its first line (the "Started on" line above) not again."""
+    from opsconsole.diagnosis.engine import CRASHED, crash_lines
+
+    crash: set = set()
+    if verdict is not None and verdict.category == CRASHED and verdict.failed_child is not None:
+        crash = {id(finding) for finding in crash_lines(findings, verdict.failed_child)}
+    start = (verdict.finding.source, verdict.finding.line) if verdict is not None else None
     examples: dict = {}
     for finding in findings:
-        kept = examples.setdefault(finding.category, [])
+        category = finding.category
+        if id(finding) in crash:
+            if (finding.source, finding.line) == start:
+                continue
+            category = CRASHED
+        kept = examples.setdefault(category, [])
         if len(kept) < EXAMPLES_PER_CATEGORY:
             kept.append(finding)
     return examples

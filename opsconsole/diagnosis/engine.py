@@ -929,10 +929,14 @@ class Diagnoser:
         rows = []
         watchdog = self._watchdog.verdict() if "nccl_timeout" in self._aggregates else None
         crashed = self._crashed_child() if root == CRASHED else None
+        # The launcher's lines about the crashed child (its "failed (exitcode: -11) local_rank: 1", its table row)
+        # are the crash's own evidence: counted in its row, not among the peers' lost connections.
+        own: List[Finding] = []
         if crashed is not None:
             verdict = self.verdict()
             if verdict is not None:
                 start = verdict.finding
+                own = crash_lines(self._findings, crashed)
                 rows.append(
                     FindingSummary(
                         category=CRASHED,
@@ -940,9 +944,9 @@ class Diagnoser:
                         severity=start.severity,
                         cause=start.cause,
                         remedy=start.remedy,
-                        count=1,
+                        count=max(1, len(own)),
                         first=start,
-                        last=start,
+                        last=max(own, key=_time_key) if own else start,
                         ranks=(crashed.rank,) if crashed.rank is not None else (),
                         sources=(start.source,) if start.source is not None else (),
                     )
@@ -953,6 +957,20 @@ class Diagnoser:
             cause = best.cause
             if watchdog is not None and category == "nccl_timeout":
                 cause = "%s. %s" % (watchdog.text, cause)  # the findings row names the rank that never got there
+            count, first, last, ranks = aggregate.count, aggregate.first, aggregate.last, set(aggregate.ranks)
+            if own and category == "nccl_remote":
+                moved = {id(finding) for finding in own}
+                rest = [f for f in self._findings if f.category == category and id(f) not in moved]
+                if not rest:
+                    continue
+                count -= len(own)
+                first = last = rest[0]
+                for finding in rest[1:]:  # as _record keeps an aggregate's first and last
+                    if _time_key(finding) < _time_key(first):
+                        first = finding
+                    if _time_key(finding) >= _time_key(last):
+                        last = finding
+                ranks = {finding.rank for finding in rest if finding.rank is not None}
             rows.append(
                 FindingSummary(
                     category=category,
@@ -960,10 +978,10 @@ class Diagnoser:
                     severity=best.severity,
                     cause=cause,
                     remedy=best.remedy,
-                    count=aggregate.count,
-                    first=aggregate.first,
-                    last=aggregate.last,
-                    ranks=tuple(sorted(aggregate.ranks)),
+                    count=count,
+                    first=first,
+                    last=last,
+                    ranks=tuple(sorted(ranks)),
                     sources=tuple(aggregate.sources),
                 )
             )
@@ -981,6 +999,14 @@ class Diagnoser:
     def reset(self) -> None:
         """Forget everything (the console's "clear findings")."""
         self.__init__(self.max_findings)
+
+
+def crash_lines(findings: Iterable[Finding], child: LauncherFailure) -> List[Finding]:
+    """The findings that report the crashed child itself (the launcher's lines naming its rank): only peers'
+    lost connections were seen when a child is rank_crashed, so its rank's nccl_remote lines are the launcher's."""
+    if child.rank is None:
+        return []
+    return [finding for finding in findings if finding.category == "nccl_remote" and finding.rank == child.rank]
 
 
 def _crashed(child: Optional[LauncherFailure]) -> Optional[LauncherFailure]:
