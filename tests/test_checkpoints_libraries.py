@@ -331,6 +331,68 @@ def test_hf_two_runs_in_one_output_dir_each_keep_their_best(hf_run, console, tmp
     assert newest not in deleted(result, copy), plan_text(result)
 
 
+def test_hf_checkpoint_rewritten_by_a_later_run_is_not_best_on_the_older_runs_word(hf_run, console, tmp_path):
+    """A second run from step 0 into the first run's output dir, to step 6: it writes checkpoint-2, -4
+    and -6 again, so the first run's best, checkpoint-4, now holds the second run's step 4 (not its
+    best). The first run's checkpoint-12, the newest trainer_state.json by step, still names
+    checkpoint-4 as best_model_checkpoint: it was called best on that stale word. checkpoint-4's own
+    trainer_state.json (written after checkpoint-12's) names checkpoint-2 with another best_metric:
+    the evidence disagrees, so it is kept and says why, and not called best. The second run's newest,
+    checkpoint-6, is the trainer_state.json written last: latest beside checkpoint-12 (what
+    get_last_checkpoint resumes), and never 'older than the newest 1'."""
+    from transformers import AutoModelForCausalLM, Trainer
+
+    copy = aged_copy(hf_run.output_dir, tmp_path)
+    scores = iter((0.95, 0.30, 0.20))  # the second run's best: checkpoint-2
+
+    def compute_metrics(_prediction):
+        pause()
+        return {"score": next(scores)}
+
+    reset_accelerate_state()
+    torch.manual_seed(1)
+    with one_thread():
+        args = hf_training_args(copy, max_steps=6, save_total_limit=None)
+        model = AutoModelForCausalLM.from_config(tiny_gpt2_config())
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=token_rows(16, 1),
+            eval_dataset=token_rows(4, 2),
+            compute_metrics=compute_metrics,
+        )
+        trainer.train()
+    reset_accelerate_state()
+    assert Path(trainer.state.best_model_checkpoint).name == "checkpoint-2"
+    first_state = json.loads((copy / ("checkpoint-%d" % HF_STEPS) / "trainer_state.json").read_text())
+    rewritten_state = json.loads((copy / "checkpoint-4" / "trainer_state.json").read_text())
+    # What the libraries wrote: the first run's newest still names checkpoint-4, whose own state disagrees.
+    assert Path(first_state["best_model_checkpoint"]).name == "checkpoint-4"
+    assert Path(rewritten_state["best_model_checkpoint"]).name == "checkpoint-2"
+    assert rewritten_state["best_metric"] != first_state["best_metric"]
+    for path in copy.rglob("*"):  # the second run an hour ago too: older than min_age
+        st = path.lstat()
+        os.utime(path, (st.st_atime - AGE_S, st.st_mtime - AGE_S), follow_symlinks=False)
+    weights = {
+        name: {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(str(copy / name)).state_dict().items()}
+        for name in ("checkpoint-2", "checkpoint-4")
+    }
+    doc = console.listing(copy)
+    listed = units(doc)
+    series = {name for name in listed if name.startswith("checkpoint-")}
+    assert flagged(doc, "best") & series == {"checkpoint-2"}, listing_text(doc)
+    assert flagged(doc, "latest") & series == {"checkpoint-6", "checkpoint-%d" % HF_STEPS}, listing_text(doc)
+    why = " ".join(listed["checkpoint-4"]["protections"])
+    assert "checkpoint-%d" % HF_STEPS in why and "not called best" in why, listed["checkpoint-4"]
+    result = console.cleanup(copy)
+    assert deleted(result, copy) == {"checkpoint-10"}, plan_text(result)
+    for name, want in weights.items():  # the second run's best, and the first run's recorded best as it now is
+        assert_same_weights(AutoModelForCausalLM.from_pretrained(str(copy / name)).state_dict(), want)
+    AutoModelForCausalLM.from_pretrained(str(copy))  # the first run's final model
+    assert hf_resume_one_step(copy / "checkpoint-6", tmp_path / "resumed-6") == 7
+    assert hf_resume_one_step(copy / ("checkpoint-%d" % HF_STEPS), tmp_path / "resumed-12") == HF_STEPS + 1
+
+
 def test_hf_checkpoint_without_weights_is_corrupt_and_never_the_newest_kept(hf_run, console, tmp_path):
     """A checkpoint-N/ that lost its model.safetensors (a partial copy) kept trainer_state.json: it was
     ok, latest and the newest keep place, while the Trainer refuses to resume from it; the sound

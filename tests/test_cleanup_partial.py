@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -29,8 +28,11 @@ HF_FILES = ("config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", 
 
 
 def aged(root: Path) -> None:
+    """Every mtime two hours older, their order kept (as written): the trainer_state.json written last
+    is the highest checkpoint-N's, as in one run (set all to one time in walk order, and another
+    checkpoint-N looks written last: latest too, as another run's newest save)."""
     for path in root.rglob("*"):
-        set_mtime(path, time.time() - 7200)
+        set_mtime(path, path.stat().st_mtime - 7200)
 
 
 def audit_records(path: Path):

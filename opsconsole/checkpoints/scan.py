@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, ca
 
 import orjson
 
-from opsconsole.checkpoints import formats, layouts, zipmeta
+from opsconsole.checkpoints import formats, hf_runs, layouts, zipmeta
 from opsconsole.checkpoints import proofs as proofs_module
 from opsconsole.checkpoints.access import LOCAL, DirItem, FileStat, FileSystem
 from opsconsole.checkpoints.cache import CRC_CACHE, METADATA_CACHE, ResultCache
@@ -863,11 +863,11 @@ def _scan_directory(
         if entry.format == FORMAT_LIGHTNING and layouts.LIGHTNING_LAST.match(name):
             latest.add(name)
             protect(name, "latest (Lightning's last.ckpt)")
-    hf_bests = _recorded_hf_bests(entries.values())
-    for hf_best, why in hf_bests:
-        if hf_best in entries:
-            best.add(hf_best)
-            protect(hf_best, why)
+    hf_bests = hf_runs.recorded_bests(entries)
+    for claim in hf_bests:
+        if claim.best:
+            best.add(claim.name)
+        protect(claim.name, claim.why)  # a recorded best is kept, called best or not (hf_runs.py)
 
     for name, entry in entries.items():
         if entry.format != FORMAT_LINK and not entry.is_dir and entry.layout == LAYOUT_FILE and _is_best_name(name):
@@ -902,6 +902,16 @@ def _scan_directory(
             newest = max(sound, key=lambda n: (_trailing_number(n), entries[n].mtime))
             latest.add(newest)
             protect(newest, "latest (the newest %s: what a resume loads)" % series)
+            last = hf_runs.written_last(entries[n] for n in sound)
+            if last is not None and last.name != newest:
+                # Another run wrote into the directory after the one that reached the highest N:
+                # its newest save is the checkpoint-N whose trainer_state.json was written last.
+                latest.add(last.name)
+                protect(
+                    last.name,
+                    "latest (its trainer_state.json, step %s, was written after %s's: the newest save of "
+                    "the run that wrote last, unless a copy changed the times)" % (last.meta.step, newest),
+                )
 
     listed = []
     for name in sorted(entries, key=natural_key):
@@ -1191,33 +1201,6 @@ def _exists(fs: FileSystem, path: str) -> bool:
         return True
     except OSError:
         return False
-
-
-def _recorded_hf_bests(entries) -> List[Tuple[str, str]]:
-    """(basename, why) of best_model_checkpoint in the newest HF trainer_state.json, and in the one
-    written last when that is another: two runs in one output directory (a new run from step 0 beside
-    an old run's higher checkpoint-N) each keep their best. One run's agree."""
-    hf = [e for e in entries if e.format == FORMAT_HF and e.meta.best_checkpoint]
-    if not hf:
-        return []
-    newest = max(hf, key=lambda e: (e.meta.step or 0, e.mtime))
-    written_last = max(hf, key=lambda e: (e.mtime, e.meta.step or 0))
-    bests = [
-        (
-            posixpath.basename(newest.meta.best_checkpoint.rstrip("/")),
-            "best (best_model_checkpoint of the newest trainer_state.json)",
-        )
-    ]
-    last_best = posixpath.basename(written_last.meta.best_checkpoint.rstrip("/"))
-    if last_best != bests[0][0]:
-        bests.append(
-            (
-                last_best,
-                "best (best_model_checkpoint of the trainer_state.json written last, %s's: another run)"
-                % written_last.name,
-            )
-        )
-    return bests
 
 
 @functools.lru_cache(maxsize=8192)  # the same names sort again at every rescan
