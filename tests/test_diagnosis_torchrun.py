@@ -375,6 +375,35 @@ def test_a_gloo_timeout_names_the_rank_that_never_reached_the_collective(runs):
     assert "Started on rank 1 (it never reached the collective the others waited in); first seen on rank 0" in text
 
 
+def test_a_gloo_timeout_seen_only_in_the_launchers_output_names_what_the_table_shows_and_no_nccl(runs):
+    # torchrun without --tee: its own output holds the failure table only (rank 0 exit code 1, first observed;
+    # rank 1 SIGTERM, which the launcher sent it), no line of gloo's. It was "A peer rank failed (remote error)
+    # [nccl_remote]", with "Rank 0 ... an exit without a traceback is sys.exit" beside it.
+    directory, status = runs["timeout"]
+    assert status != 0
+    launcher = directory / "launcher.log"
+    assert "Timed out waiting" not in launcher.read_text()
+    result = verdict(launcher)
+    assert (result["root_cause"], result["rank"]) == ("rank_crashed", 0)
+    assert (result["failed_child"]["rank"], result["failed_child"]["exitcode"]) == (0, 1)
+    assert result["title"] == "Rank 0 exited with code 1"
+    # Where its traceback is, and what a timeout would mean: the rank the launcher stopped after it.
+    assert "own output" in result["remedy"] and "Timed out waiting" in result["remedy"]
+    text = report(launcher)
+    assert "\nRoot cause: Rank 0 exited with code 1 [rank_crashed, critical]\n" in text
+    assert "The launcher stopped rank 1 after it." in text and "sys.exit" not in text
+    assert "NCCL" not in text and not result["root_cause"].startswith("nccl")
+    # The single-file report says the same.
+    alone = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", "--json", str(launcher)],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert (json.loads(alone.stdout)["root_cause"], json.loads(alone.stdout)["rank"]) == ("rank_crashed", 0)
+
+
 def test_a_collective_size_mismatch_is_the_codes_error_with_a_remedy_that_fits(runs):
     # gloo aborts the rank that received more than it expected (SIGABRT, no Python traceback); its peer only
     # saw the connection reset. Not "a peer rank failed", and not "reproduce on one process".

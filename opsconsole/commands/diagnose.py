@@ -250,6 +250,9 @@ def run_report(result) -> str:
                 else " (stopped from outside the launcher: a preemption, scancel, a time limit or a kill; "
                 "sacct -j JOB or the scheduler's log says which)"
                 if child.signal in ("SIGTERM", "SIGINT", "SIGHUP")
+                else " (exit code 1 is an uncaught Python exception: its traceback is in that rank's own output, "
+                "which these files do not hold)"
+                if not child.signal and child.exitcode == 1
                 else " (read its log: an exit without a traceback is sys.exit or os._exit in its code)"
                 if not child.signal
                 else "",

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from opsconsole.diagnosis.finding import SEVERITY_ERROR, Finding
 from opsconsole.diagnosis.knowledge import (
@@ -833,7 +833,7 @@ class Diagnoser:
         best = self._best_finding
         if best is None or best.category != "nccl_remote" or not best.weak:
             return None
-        return _crashed(self._failed_of_its_own())
+        return _crashed(self._failed_of_its_own(), self._tables_account_for_the_job())
 
     def launcher_failures(self) -> List[LauncherFailure]:
         """Every failed child the launcher's failure tables listed, in the order read."""
@@ -885,12 +885,12 @@ class Diagnoser:
             if len(absent) == 1 and None not in waited:
                 rank = absent.pop()
         category = best.category
-        crashed = _crashed(failed_child)
+        crashed = _crashed(failed_child, self._tables_account_for_the_job())
         if crashed is not None:
             # What happened, first: the rank crashed / exited with code N / was killed by signal S; the peers'
             # lost connections stay listed as the consequences.
             category = CRASHED
-            start = _crash_finding(start, crashed)
+            start = _crash_finding(start, crashed, self._stopped_ranks())
         return RootCause(
             category=category,
             finding=start,
@@ -918,6 +918,24 @@ class Diagnoser:
             # lost connection returns: a crash signal or another exit code is the one that failed of its own.
             failed = {rank: failure for rank, failure in failed.items() if failure.exitcode != 1}
         return next(iter(failed.values())) if len(failed) == 1 else None
+
+    def _tables_account_for_the_job(self) -> bool:
+        """Whether the launcher's tables list every rank from 0 to the highest they name, and every child the
+        launcher said it stopped: then no rank outside them (on another node) can have failed unseen."""
+        failures = self.launcher_failures()
+        ranks = {failure.rank for failure in failures if failure.rank is not None}
+        listed = {failure.pid for failure in failures if failure.pid is not None}
+        return bool(ranks) and ranks == set(range(max(ranks) + 1)) and self._stopped_pids <= listed
+
+    def _stopped_ranks(self) -> List[int]:
+        """The ranks of the launcher's failed children that it stopped itself (SIGTERM after another failed)."""
+        return sorted(
+            {
+                failure.rank
+                for failure in self.launcher_failures()
+                if failure.rank is not None and failure.pid is not None and failure.pid in self._stopped_pids
+            }
+        )
 
     def watchdog_verdict(self) -> Optional[WatchdogVerdict]:
         """What the NCCL watchdog lines of every rank fed so far say together (None when none was seen)."""
@@ -1009,23 +1027,41 @@ def crash_lines(findings: Iterable[Finding], child: LauncherFailure) -> List[Fin
     return [finding for finding in findings if finding.category == "nccl_remote" and finding.rank == child.rank]
 
 
-def _crashed(child: Optional[LauncherFailure]) -> Optional[LauncherFailure]:
-    """The child when it crashed, was killed or exited with a code of its own; exit code 1 is what a Python
-    exception gives (its story is in its log, which was not seen), so that stays the peers' report."""
-    if child is None or (not child.signal and child.exitcode == 1):
+def _crashed(child: Optional[LauncherFailure], accounted: bool = False) -> Optional[LauncherFailure]:
+    """The child when it crashed, was killed or exited with a code of its own. Exit code 1 is what a Python
+    exception gives, a lost connection's too: it counts only where the launcher's tables account for the whole
+    job (`accounted`), the one failed child that neither reported a lost connection nor was stopped by the
+    launcher (the launcher's output alone of a run whose rank raised or timed out); else it stays the peers'
+    report (a rank on another node may have failed first)."""
+    if child is None or (not child.signal and child.exitcode == 1 and not accounted):
         return None
     return child
 
 
-def _crash_finding(start: Finding, child: LauncherFailure) -> Finding:
+def _crash_finding(start: Finding, child: LauncherFailure, stopped: Sequence[int] = ()) -> Finding:
     """The verdict's finding for a rank that failed of its own: its line, titled with what happened."""
     title, remedy = rank_crash_text(child.rank, child.exitcode, child.signal)
     how = "signal %s" % child.signal if child.signal else "exit code %s" % child.exitcode
-    cause = (
-        "The launcher's failure table lists rank %s ending with %s (pid %s%s), and that rank reported no lost "
-        "connection of its own: the failure is its own; the other ranks' lost connections are consequences."
-        % (child.rank, how, child.pid, ", on %s" % child.host if child.host else "")
+    where = "pid %s%s" % (child.pid, ", on %s" % child.host if child.host else "")
+    after = (
+        " The launcher stopped rank%s %s after it." % ("" if len(stopped) == 1 else "s", ", ".join(map(str, stopped)))
+        if stopped
+        else ""
     )
+    if not child.signal and child.exitcode == 1:
+        cause = (
+            "The launcher's failure table lists rank %s ending with exit code 1 (%s), the only rank that failed "
+            "of its own: no lost connection of its own was seen, and the launcher did not stop it.%s Exit code 1 "
+            "is what an uncaught Python exception gives; which one (an error in the code, a collective's timeout, "
+            "a lost peer) only that rank's own output says, and these files do not hold it."
+            % (child.rank, where, after)
+        )
+    else:
+        cause = (
+            "The launcher's failure table lists rank %s ending with %s (%s), and that rank reported no lost "
+            "connection of its own: the failure is its own; the other ranks' lost connections are consequences.%s"
+            % (child.rank, how, where, after)
+        )
     entry = CATEGORIES[CRASHED]
     return replace(
         start, category=CRASHED, severity=entry.severity, title=title, cause=cause, remedy=remedy, weak=False

@@ -243,6 +243,11 @@ RANK_CRASH_REMEDIES = {
     "the torch build, and the driver (dmesg for NVRM/Xid lines on that node).",
     "exit": "The rank exited with that code itself, without a traceback: read that rank's own log (its last "
     "lines) for why it exited (sys.exit, os._exit, a script's own check), and grep its code for the exit call.",
+    "exit1": "Read that rank's own output for its traceback (the job's stderr, or torchrun's --log-dir "
+    "attempt_N/RANK/stderr.log); to keep it next time, run torchrun with --tee 3 or --log-dir DIR --redirects 3, or "
+    "wrap the entry point with torch.distributed.elastic.multiprocessing.errors.record so the launcher's table "
+    "shows it. If the exception was a collective's timeout (gloo's 'Timed out waiting ... for recv operation', a "
+    "process group's watchdog), the rank it waited for is among those the launcher stopped after it.",
     "SIGTERM": "Someone sent it SIGTERM from outside the launcher: the scheduler (a time limit, preemption, "
     "scancel; sacct -j JOB -o JobID,State,Elapsed,Timelimit and the scheduler's log say which), an operator's "
     "kill, or a node health check; handle SIGTERM to save a checkpoint before the time limit.",
@@ -265,7 +270,7 @@ def rank_crash_text(rank: object, exitcode: object, signal: object) -> tuple:
         return "%s was killed by signal %s" % (who, signal), RANK_CRASH_REMEDIES[kind]
     if isinstance(exitcode, int) and exitcode < 0:
         return "%s was killed by signal %d" % (who, -exitcode), RANK_CRASH_REMEDIES["signal"]
-    return "%s exited with code %s" % (who, exitcode), RANK_CRASH_REMEDIES["exit"]
+    return "%s exited with code %s" % (who, exitcode), RANK_CRASH_REMEDIES["exit1" if exitcode == 1 else "exit"]
 
 
 # A gloo collective timeout ("Timed out waiting 5000ms for recv operation", gloo's enforce fail): the same
