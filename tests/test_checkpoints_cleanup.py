@@ -196,7 +196,9 @@ def test_checkpoints_json_shape(seed, tmp_path, capsys):
     assert by_name["checkpoint_epoch_2.pt"]["loss"] == 0.7 and by_name["checkpoint_epoch_2.pt"]["integrity"] == "ok"
     assert cli.main(["checkpoints", str(seed)]) == 0
     table = capsys.readouterr().out
-    assert "checkpoint_epoch_4.pt" in table and "latest" in table and "6 checkpoints" in table
+    assert "checkpoint_epoch_4.pt" in table and "latest" in table
+    assert "5 checkpoints managed" in table and "1 not managed" in table  # the epochs; the best copy apart
+    assert (doc["managed"]["count"], doc["not_managed"]["count"]) == (5, 1)
     import struct
     import zipfile
 
@@ -219,7 +221,9 @@ def test_cli_exit_codes(seed, tmp_path, monkeypatch, capsys):
     before = sorted(p.name for p in seed.iterdir())
     # A real process with no terminal and no --yes: refused, nothing deleted.
     code, out, err = run_cli("cleanup", str(seed), "--keep", "2", tmp_path=tmp_path)
-    assert code == 2 and "without --yes" in err and "plan: delete 3 of 6" in out
+    assert (
+        code == 2 and "without --yes" in err and "plan: delete 3 of 5 checkpoints managed (1 not managed, kept)" in out
+    )
     assert sorted(p.name for p in seed.iterdir()) == before
     monkeypatch.setenv("OPSCONSOLE_CONFIG", str(tmp_path / "config.toml"))
 
@@ -229,7 +233,7 @@ def test_cli_exit_codes(seed, tmp_path, monkeypatch, capsys):
         return code, captured.out, captured.err
 
     code, out, err = main("cleanup", str(seed), "--keep", "2", "--dry-run")
-    assert code == 0 and "DELETE" in out and "plan: delete 3 of 6" in out
+    assert code == 0 and "DELETE" in out and "plan: delete 3 of 5 checkpoints managed (1 not managed, kept)" in out
     for bad in (["--keep", "-1"], ["--keep", "x"], ["--keep", "2", "--min-age", "soon"], []):
         assert main("cleanup", str(seed), *bad)[0] == 2, bad
     code, _, err = main("cleanup", str(tmp_path / "nope"), "--keep", "1")

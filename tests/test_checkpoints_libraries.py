@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from opsconsole import cli
+from opsconsole.commands.checkpoints import size_text
 from tests.checkpoint_libraries import (  # noqa: F401  (session fixtures)
     ACCELERATE_SAVES,
     DCP_COMPLETE,
@@ -391,6 +392,81 @@ def test_hf_checkpoint_rewritten_by_a_later_run_is_not_best_on_the_older_runs_wo
     AutoModelForCausalLM.from_pretrained(str(copy))  # the first run's final model
     assert hf_resume_one_step(copy / "checkpoint-6", tmp_path / "resumed-6") == 7
     assert hf_resume_one_step(copy / ("checkpoint-%d" % HF_STEPS), tmp_path / "resumed-12") == HF_STEPS + 1
+
+
+def unit_bytes(root: Path, units) -> int:
+    """What the disk holds of these units: a top-level name (a directory with everything in it) or a
+    tuple of the names of one unit of files (the final model)."""
+    total = 0
+    for unit in units:
+        for name in (unit,) if isinstance(unit, str) else unit:
+            path = root / name
+            files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
+            total += sum(f.stat().st_size for f in files)
+    return total
+
+
+def assert_totals(console: Console, root: Path, managed, not_managed) -> None:
+    """The listing's totals count what they say: the managed units apart from the rest it lists."""
+    doc = console.listing(root)
+    want = {
+        "managed": {"count": len(managed), "bytes": unit_bytes(root, managed)},
+        "not_managed": {"count": len(not_managed), "bytes": unit_bytes(root, not_managed)},
+    }
+    assert {key: doc[key] for key in want} == want, listing_text(doc)
+    assert doc["total_bytes"] == want["managed"]["bytes"] + want["not_managed"]["bytes"]
+    code, out, err = console.run("checkpoints", str(root))
+    assert code == 0, err
+    totals = out.splitlines()[-1]
+    assert totals.startswith(
+        "%d checkpoint%s managed (%s); %d not managed (%s)"
+        % (
+            len(managed),
+            "" if len(managed) == 1 else "s",
+            size_text(want["managed"]["bytes"]),
+            len(not_managed),
+            size_text(want["not_managed"]["bytes"]),
+        )
+    ), totals
+
+
+def test_totals_count_managed_checkpoints_apart_from_unrelated_files(hf_run, lightning_run, console, tmp_path):
+    """Unrelated top-level .pt/.bin files in an HF output directory (and a Lightning dirpath) are listed
+    'not managed', but the directory's total ('4 checkpoints, 1.3 MiB') counted them, and the final
+    model and last.ckpt, as checkpoints. The totals now say the managed units and the rest apart."""
+    from transformers import AutoModelForCausalLM
+
+    hf = aged_copy(hf_run.output_dir, tmp_path / "hf")
+    extra = {"embeddings.pt": {"table": torch.randn(64, 32)}, "extra_weights.bin": {"w": torch.randn(128, 16)}}
+    for name, state in extra.items():
+        torch.save(state, hf / name)
+        os.utime(hf / name, (time.time() - AGE_S, time.time() - AGE_S))
+    final = [tuple(hf_run.final_files)]  # save_model()'s files: one unit
+    assert_totals(console, hf, hf_run.checkpoints, final + sorted(extra))
+    result = console.cleanup(hf)
+    assert deleted(result, hf) == {"checkpoint-10"}, plan_text(result)
+    kept = [n for n in hf_run.checkpoints if n != "checkpoint-10"]
+    assert_totals(console, hf, kept, final + sorted(extra))
+    AutoModelForCausalLM.from_pretrained(str(hf))
+    AutoModelForCausalLM.from_pretrained(str(hf / hf_run.best_checkpoint))
+    for name, state in extra.items():
+        assert_same_weights(torch.load(hf / name, weights_only=True), state)
+    assert hf_resume_one_step(hf / ("checkpoint-%d" % HF_STEPS), tmp_path / "resumed") == HF_STEPS + 1
+
+    lightning = aged_copy(lightning_run.dir, tmp_path / "lightning")
+    features = {"features": torch.randn(16, 8)}
+    torch.save(features, lightning / "features.pt")
+    os.utime(lightning / "features.pt", (time.time() - AGE_S, time.time() - AGE_S))
+    assert_totals(console, lightning, lightning_run.best_k_models, ["features.pt", "last.ckpt"])
+    result = console.cleanup(lightning)
+    best = Path(lightning_run.best_model_path).name
+    went = deleted(result, lightning)
+    assert went <= set(lightning_run.best_k_models) - {best}, plan_text(result)
+    assert_totals(console, lightning, sorted(set(lightning_run.best_k_models) - went), ["features.pt", "last.ckpt"])
+    module_class = lightning_module_class()
+    for name in (best, "last.ckpt"):
+        module_class.load_from_checkpoint(str(lightning / name), map_location="cpu")
+    assert_same_weights(torch.load(lightning / "features.pt", weights_only=True), features)
 
 
 def test_hf_checkpoint_without_weights_is_corrupt_and_never_the_newest_kept(hf_run, console, tmp_path):

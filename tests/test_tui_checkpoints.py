@@ -83,9 +83,10 @@ async def test_list_markers_detail_view_and_sort(tmp_path, seed):
         assert best["note"] == "CheckpointManager's copy: not part of the epoch series"
         assert cells(pane, "checkpoint_epoch_1.pt")["loss"] == "0.5 ★"  # the lowest loss is marked
         dirs = pane.dir_table.table
-        assert dirs.row_count == 2 and [str(c) for c in dirs.get_row_at(0)][2] == "6"
+        # The directory's count and size are its managed units' (5 epochs), not the best copy's too.
+        assert dirs.row_count == 2 and [str(c) for c in dirs.get_row_at(0)][2] == "5"
         status = str(pane.status.render())
-        assert "6 checkpoints" in status and "free" in status
+        assert "6 units" in status and "5 managed" in status and "1 not managed" in status and "free" in status
         # Detail view of the highlighted row.
         pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index("checkpoint_epoch_2.pt"))
         await pilot.press("enter")
@@ -222,7 +223,7 @@ async def test_a_remote_directory_is_listed_over_the_nodes_ssh_connection(tmp_pa
         async with app.run_test(size=SIZE) as pilot:
             pane = await open_pane(pilot, app)
             assert cells(pane, "checkpoint_epoch_4.pt")["marks"] == "latest"
-            assert [str(c) for c in pane.dir_table.table.get_row_at(0)][:3] == ["n1", str(seed), "6"]
+            assert [str(c) for c in pane.dir_table.table.get_row_at(0)][:3] == ["n1", str(seed), "5"]  # managed
     finally:
         await link.close()
 

@@ -188,3 +188,22 @@ class DirListing:
     @property
     def key(self) -> str:
         return "%s:%s" % (self.node, self.root)
+
+    # The totals as the listing shows its units: the members of a recognised series (what cleanup
+    # manages) apart from the rest it lists (a final model, last.ckpt, lone or unrelated .pt/.bin
+    # files, links): total_bytes is both, and counting the rest as checkpoints overstated them.
+    @property
+    def managed_count(self) -> int:
+        return sum(1 for e in self.entries if e.series is not None)
+
+    @property
+    def managed_bytes(self) -> int:
+        return sum(e.size_bytes for e in self.entries if e.series is not None and not e.is_link)
+
+    @property
+    def unmanaged_count(self) -> int:
+        return len(self.entries) - self.managed_count
+
+    @property
+    def unmanaged_bytes(self) -> int:
+        return sum(e.size_bytes for e in self.entries if e.series is None and not e.is_link)

@@ -199,12 +199,22 @@ def listing_table(listing: Any, now: float) -> str:
         if listing.free_bytes is None
         else ", %s free of %s" % (size_text(listing.free_bytes), size_text(listing.fs_bytes))
     )
-    text += "%d checkpoints, %s in %s%s\n" % (
-        len(listing.entries),
-        size_text(listing.total_bytes),
-        printable_line(listing.root),
-        free,
+    text += totals_text(listing) + " in %s%s\n" % (printable_line(listing.root), free)
+    return text
+
+
+def totals_text(listing: Any) -> str:
+    """`3 checkpoints managed (1.2 MiB); 2 not managed (130 KiB)`, `; 4 other files` when some are:
+    the managed units apart from the rest the listing shows (a final model, last.ckpt, lone files)."""
+    text = "%d checkpoint%s managed (%s); %d not managed (%s)" % (
+        listing.managed_count,
+        "" if listing.managed_count == 1 else "s",
+        size_text(listing.managed_bytes),
+        listing.unmanaged_count,
+        size_text(listing.unmanaged_bytes),
     )
+    if listing.other_files:
+        text += "; %d other file%s" % (listing.other_files, "" if listing.other_files == 1 else "s")
     return text
 
 
@@ -217,12 +227,15 @@ def epoch_text(entry: Any) -> str:
 
 
 def listing_document(listing: Any) -> dict:
-    """The --json document: {"dir", "checkpoints": [...]} plus totals."""
+    """The --json document: {"dir", "checkpoints": [...]} plus totals (all listed, managed, not managed)."""
     return {
         "dir": listing.root,
         "node": listing.node,
         "checkpoints": [e.to_json() for e in listing.entries],
-        "total_bytes": listing.total_bytes,
+        "total_bytes": listing.total_bytes,  # every unit listed: managed and not
+        "managed": {"count": listing.managed_count, "bytes": listing.managed_bytes},
+        "not_managed": {"count": listing.unmanaged_count, "bytes": listing.unmanaged_bytes},
+        "other_files": listing.other_files,
         "free_bytes": listing.free_bytes,
         "problem": listing.problem,
     }

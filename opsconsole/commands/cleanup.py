@@ -100,13 +100,19 @@ def plan_table(plan: Any) -> str:
     text = format_table(rows) if plan.items else "no checkpoints in %s\n" % printable_line(plan.root)
     for warning in plan.warnings:
         text += "warning: %s\n" % printable_line(warning)
-    text += "plan: delete %d of %d checkpoints, %s freed (keep %d, min-age %gs) in %s\n" % (
-        len(plan.to_delete),
-        len(plan.items),
-        size_text(plan.bytes_freed),
-        plan.keep,
-        plan.min_age,
-        printable_line(plan.root),
+    managed = sum(1 for item in plan.items if item.series is not None)
+    text += (
+        "plan: delete %d of %d checkpoint%s managed (%d not managed, kept), %s freed (keep %d, min-age %gs) in %s\n"
+        % (
+            len(plan.to_delete),
+            managed,
+            "" if managed == 1 else "s",
+            len(plan.items) - managed,
+            size_text(plan.bytes_freed),
+            plan.keep,
+            plan.min_age,
+            printable_line(plan.root),
+        )
     )
     return text
 

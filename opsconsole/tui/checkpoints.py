@@ -166,8 +166,8 @@ CKPT_SORT_KEYS = {
 DIR_SORT_KEYS = {
     "node": lambda r: r.node,
     "root": lambda r: r.root,
-    "count": lambda r: len(r.listing.entries) if r.listing else None,
-    "total": lambda r: r.listing.total_bytes if r.listing else None,
+    "count": lambda r: r.listing.managed_count if r.listing else None,
+    "total": lambda r: r.listing.managed_bytes if r.listing else None,
     "free": lambda r: r.listing.free_bytes if r.listing else None,
 }
 CHECKPOINT_FILTER = FilterFields(
@@ -304,8 +304,8 @@ def dir_table_row(row: DirRow, now: float) -> TableRow:
         (
             row.node,
             row.root,
-            str(len(listing.entries)),
-            format_bytes(listing.total_bytes),
+            str(listing.managed_count),  # series members only: a final model or a lone file is none
+            format_bytes(listing.managed_bytes),
             free,
             format_age(now - listing.scanned_at),
             state,
@@ -666,10 +666,21 @@ class CheckpointsPane(ActionKeys, TablePane):
         self.checkpoint_table.show(
             shown, lambda e: checkpoint_table_row(e, now, columns), signature=lambda e: (e, format_age(now - e.mtime))
         )
-        parts = [self.count_part(self.checkpoint_table, "checkpoints")]
+        parts = [self.count_part(self.checkpoint_table, "units")]
         if listing is not None and not listing.problem:
             free = NA if listing.free_bytes is None else format_bytes(listing.free_bytes)
-            parts.append("%s in %s:%s, %s free" % (format_bytes(listing.total_bytes), listing.node, listing.root, free))
+            parts.append(
+                "%d managed (%s), %d not managed (%s) in %s:%s, %s free"
+                % (
+                    listing.managed_count,
+                    format_bytes(listing.managed_bytes),
+                    listing.unmanaged_count,
+                    format_bytes(listing.unmanaged_bytes),
+                    listing.node,
+                    listing.root,
+                    free,
+                )
+            )
         elif listing is not None:
             parts.append(listing.problem or "")
         config = self.config_of(key or "")
