@@ -726,6 +726,75 @@ def test_dcp_pointed_at_one_save(dcp_run, console, tmp_path):
     assert_same_weights(dcp_load(one), dcp_run.weights[DCP_COMPLETE[-1]])
 
 
+def test_a_unit_that_fails_part_way_is_counted_in_the_json_and_named_whole_in_the_audit(console, tmp_path, monkeypatch):
+    """torchtitan-style step-N/ saves written by dcp.save with one file per tensor (17 files each): the
+    oldest fails at its 13th file (an EIO). cleanup --json printed every entry that went in
+    members_deleted, and the reason named eight of them again: a unit of thousands of shards printed
+    thousands of names. The JSON now gives counts and at most SHOWN_MEMBERS names; the audit record
+    names every entry that went."""
+    import torch.distributed.checkpoint as dcp
+
+    from opsconsole.checkpoints.cleanup import SHOWN_MEMBERS
+    from opsconsole.probe import delete_units
+
+    parent = tmp_path / "titan"
+    weights = {}
+    with one_thread():
+        for step in (1, 2):
+            torch.manual_seed(step)
+            model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(8)])
+            writer = dcp.FileSystemWriter(str(parent / ("step-%d" % step)), single_file_per_rank=False)
+            dcp.save({"model": model.state_dict()}, storage_writer=writer)
+            weights[step] = {k: v.clone() for k, v in model.state_dict().items()}
+            pause()
+    files = sorted(p.name for p in (parent / "step-1").iterdir())
+    assert len(files) == 17  # .metadata and a shard per tensor
+    for path in sorted(parent.rglob("*")):
+        st = path.lstat()
+        os.utime(path, (st.st_atime - AGE_S, st.st_mtime - AGE_S))
+    real_unlink = delete_units.unlink_at
+    unlinked: List[str] = []
+
+    failed: List[str] = []
+
+    def unlink_at(name, dir_fd):
+        if len(unlinked) == 12:
+            failed.append(name)
+            raise OSError(5, "Input/output error")
+        real_unlink(name, dir_fd)
+        unlinked.append(name)
+
+    monkeypatch.setattr(delete_units, "unlink_at", unlink_at)
+    code, out, err = console.run("cleanup", str(parent), "--keep", "1", "--yes", "--json")
+    assert code == 1, err
+    (result,) = json.loads(out)["result"]["results"]
+    assert not result["deleted"] and Path(result["path"]).name == "step-1"
+    partly = result["partly_deleted"]
+    assert (partly["files_went"], partly["files"], partly["entries_went"]) == (12, 17, 12), result
+    went = ["step-1/" + name for name in unlinked]
+    assert partly["went"] == went[:SHOWN_MEMBERS] and partly["more"] == 12 - SHOWN_MEMBERS, result
+    assert result["error"] == "step-1/%s: Input/output error" % failed[0], result  # the cause, no names again
+    assert "members_deleted" not in result
+    (record,) = [r for r in audit_records(tmp_path / "audit.log") if r["outcome"] == "failed"]
+    assert "partly deleted: 12 of 17 files went" in record["detail"]
+    assert all(name in record["detail"] for name in went), record["detail"]
+    assert sorted(p.name for p in (parent / "step-1").iterdir()) == sorted(set(files) - set(unlinked))
+    assert_same_weights(dcp_load_any(parent / "step-2", weights[2]), weights[2])
+
+
+def dcp_load_any(directory: Path, like: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """dcp.load into tensors shaped as `like` (zeros): the weights it restored."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": {k: torch.zeros_like(v) for k, v in like.items()}}
+    dcp.load(state, checkpoint_id=str(directory))
+    return state["model"]
+
+
+def audit_records(path: Path) -> List[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 # --- DeepSpeed and Megatron-LM ------------------------------------------------------------------
 
 

@@ -236,22 +236,54 @@ def rewrite_listing(path: Path, change) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    ["integrity", "a unit twice", "a unit left out", "a unit renamed", "other files", "digest", "ragged", "not a list"],
+    [
+        "integrity",
+        "a unit twice",
+        "a unit left out",
+        "a unit renamed",
+        "other files",
+        "digest",
+        "ragged",
+        "not a list",
+        "a table's text not a text",
+        "an index past its table",
+        "an index not an int",
+        "a pair past the texts",
+        "a summary of another shape",
+        "a table left out",
+    ],
 )
 def test_a_kept_listing_off_in_any_way_is_passed_over_and_each_unit_is_used(kept_listing, damage):
     root, store_dir, path = kept_listing
     before = {e.name: e for e in scan(root).entries}
 
     def change(listing):
-        columns = listing[2]  # one list per field, an entry per row
+        columns = listing[2]  # one list per field, an entry per row, then the tables their texts point into
+        rows, (texts, pairs, text_tuples, pair_tuples, summaries) = (
+            columns[: proofs.LISTING_ROW_COLUMNS],
+            columns[proofs.LISTING_ROW_COLUMNS :],
+        )
+        members = len(proofs._ENTRY_SCALARS)
         if damage == "integrity":
             columns[5][0] = "fine"
         elif damage == "a unit twice":
-            for column in columns:
+            for column in rows:
                 column[1] = copy.deepcopy(column[0])
         elif damage == "a unit left out":
-            for column in columns:
+            for column in rows:
                 del column[0]
+        elif damage == "a table's text not a text":
+            texts[len(texts) // 2] = 7
+        elif damage == "an index past its table":
+            columns[members][0] = len(text_tuples)
+        elif damage == "an index not an int":
+            pair_tuples[0][0] = "0"
+        elif damage == "a pair past the texts":
+            pairs[1] = len(texts)
+        elif damage == "a summary of another shape":
+            summaries[0] = summaries[0][:3]
+        elif damage == "a table left out":
+            del columns[-1]
         elif damage == "a unit renamed":
             columns[0][0] = "checkpoint-9999"
         elif damage == "other files":
@@ -313,7 +345,7 @@ def test_the_code_stamp_is_part_of_what_a_kept_listing_and_a_kept_unit_are_for(k
     after = {e.name: e for e in scan(root, store).entries}
     assert store.listing_hits == 0 and store.unit_hits == 0 and store.units_stored == 2
     assert after == before
-    assert proofs.FORMAT == 3
+    assert proofs.FORMAT == 4  # (3 to 4: the kept listing's tables; the code stamp needs no bump of it)
 
 
 def test_a_rescan_sees_a_directory_under_checkpoints_become_a_save_state(tmp_path, monkeypatch):

@@ -355,7 +355,15 @@ async def _fail_part_way(sshd_factory, root, log):
             "(went: checkpoint-2/a_config.json, checkpoint-2/b_model.safetensors): "
             "checkpoint-2/c_optimizer.pt: Operation not permitted"
         )
-        assert result.to_json()["results"][0]["members_deleted"] == list(failed.went)
+        answer = result.to_json()["results"][0]
+        assert answer["partly_deleted"] == {
+            "files_went": 2,
+            "files": 4,
+            "entries_went": 2,
+            "went": list(failed.went),
+            "more": 0,
+        }
+        assert answer["error"] == "checkpoint-2/c_optimizer.pt: Operation not permitted"
         assert "partly deleted: 2 of 4 files went" in log.read_text()
         assert sorted(p.name for p in (root / "checkpoint-2").iterdir()) == ["c_optimizer.pt", "d_scheduler.pt"]
     finally:

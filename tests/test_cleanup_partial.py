@@ -70,7 +70,7 @@ def test_a_directory_unit_that_fails_part_way_reports_the_files_that_went(tmp_pa
     assert "partly deleted: 2 of 5 files went" in record["detail"] and "checkpoint-200/config.json" in record["detail"]
 
 
-def test_members_deleted_lists_each_file_that_went_in_the_json_result(tmp_path, monkeypatch, capsys):
+def test_the_json_result_counts_and_names_what_went(tmp_path, monkeypatch, capsys):
     root = tmp_path / "run"
     write_hf_layout(root, steps=(100, 200), best=200)
     (root / "checkpoint-100" / "global_step100").mkdir()
@@ -88,13 +88,19 @@ def test_members_deleted_lists_each_file_that_went_in_the_json_result(tmp_path, 
     monkeypatch.setattr(delete_units, "unlink_at", unlink_at)
     assert cli.main(["cleanup", str(root), "--keep", "1", "--yes", "--json"]) == 1
     (result,) = json.loads(capsys.readouterr().out)["result"]["results"]
-    assert result["members_deleted"] == [
-        "checkpoint-100/config.json",
-        "checkpoint-100/global_step100/shard_0.pt",
-        "checkpoint-100/global_step100/",
-        "checkpoint-100/model.safetensors",
-    ]
-    assert result["error"].startswith("partly deleted: 3 of 6 files went, the unit is no longer whole")
+    assert result["partly_deleted"] == {
+        "files_went": 3,
+        "files": 6,
+        "entries_went": 4,
+        "went": [
+            "checkpoint-100/config.json",
+            "checkpoint-100/global_step100/shard_0.pt",
+            "checkpoint-100/global_step100/",
+            "checkpoint-100/model.safetensors",
+        ],
+        "more": 0,
+    }
+    assert result["error"] == "checkpoint-100/optimizer.pt: Operation not permitted"
     assert not result["deleted"]
 
 

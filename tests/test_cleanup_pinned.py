@@ -206,7 +206,15 @@ def test_a_failure_midway_names_the_members_that_went(tmp_path, monkeypatch):
     assert sorted(p.name for p in root.iterdir()) == ["b.json", "c.bin"]
     assert [r["outcome"] for r in records(log)] == ["confirmed", "failed"]
     assert "went: a.safetensors" in records(log)[-1]["detail"]
-    assert result.to_json()["results"][0]["members_deleted"] == ["a.safetensors"]
+    answer = result.to_json()["results"][0]
+    assert answer["partly_deleted"] == {
+        "files_went": 1,
+        "files": 3,
+        "entries_went": 1,
+        "went": ["a.safetensors"],
+        "more": 0,
+    }
+    assert answer["error"] == "b.json: Permission denied"
 
 
 def test_each_unit_is_audited_before_any_of_it_goes(tmp_path):

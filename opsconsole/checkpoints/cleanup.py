@@ -23,12 +23,14 @@ before the next deletion: the result says what was deleted, what remains and why
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from opsconsole.audit_outcomes import OUTCOME_CONFIRMED, OUTCOME_FAILED, OUTCOME_OK, OUTCOME_REFUSED
 from opsconsole.checkpoints.access import LOCAL, FileSystem
 from opsconsole.checkpoints.retention import PlanItem, RetentionPlan
+from opsconsole.probe import delete_units
 from opsconsole.units import format_bytes
 
 ACTION_DELETE = "checkpoint.delete"
@@ -48,6 +50,68 @@ class FileResult:
     size_bytes: int
     error: Optional[str] = None
     went: Tuple[str, ...] = ()
+
+    def partly_deleted(self) -> Optional[Dict[str, Any]]:
+        """A unit that failed part way, in numbers: files that went of the unit's, entries (files and
+        directories) that went, the first SHOWN_MEMBERS of them and how many more; None when nothing
+        went. Bounded whatever the unit's size: every name is in the audit record (_went_in_full)."""
+        if not self.went:
+            return None
+        files_went, files, _ = _partial_reason(self.error or "", self.went)
+        return {
+            "files_went": files_went,
+            "files": files,
+            "entries_went": len(self.went),
+            "went": list(self.went[:SHOWN_MEMBERS]),
+            "more": max(0, len(self.went) - SHOWN_MEMBERS),
+        }
+
+    def cause(self) -> Optional[str]:
+        """Why the unit was not deleted, without the names of what went (partly_deleted has those)."""
+        if not self.went or self.error is None:
+            return self.error
+        return _partial_reason(self.error, self.went)[2]
+
+
+_PARTLY = re.compile(r"^partly deleted: (\d+) of (\d+) files went, the unit is no longer whole \(went: ")
+
+
+def _partial_reason(error: str, went: Tuple[str, ...]) -> Tuple[int, Optional[int], str]:
+    """(files that went, files of the unit or None, the cause) of the deleter's 'partly deleted: N of M
+    files went, the unit is no longer whole (went: NAMES): CAUSE' (probe/delete_units.py)."""
+    files_went = sum(1 for rel in went if not rel.endswith("/"))
+    match = _PARTLY.match(error)
+    if match is None:
+        return files_went, None, error
+    shown = delete_units.SHOWN_NAMES  # the names as the deleter wrote them (its _names)
+    names = ", ".join(went[:shown]) + (" and %d more" % (len(went) - shown) if len(went) > shown else "")
+    prefix = match.group(0) + names + "): "
+    cause = error[len(prefix) :] if error.startswith(prefix) else error
+    return int(match.group(1)), int(match.group(2)), cause
+
+
+# What the audit record of a unit that failed part way names of what went: every entry, up to this
+# much text (the Audit pane reads the log's last 512 KiB: one record must not fill it).
+AUDIT_WENT_BYTES = 64 * 1024
+
+
+def _went_in_full(went: Tuple[str, ...]) -> str:
+    """Every entry that went, for the audit record, when the reason names only the first few."""
+    if len(went) <= delete_units.SHOWN_NAMES:
+        return ""
+    names: List[str] = []
+    size = 0
+    for rel in went:
+        size += len(rel) + 2
+        if size > AUDIT_WENT_BYTES:
+            break
+        names.append(rel)
+    more = len(went) - len(names)
+    return "; every entry that went (%d): %s%s" % (
+        len(went),
+        ", ".join(names),
+        " and %d more (over %d bytes of names)" % (more, AUDIT_WENT_BYTES) if more else "",
+    )
 
 
 @dataclass(frozen=True)
@@ -105,13 +169,15 @@ class CleanupResult:
             "refused": self.refused,
             "stopped": self.stopped,
             "bytes_freed": self.bytes_freed,
+            # Bounded whatever the units hold: a unit that failed part way gives counts and the first
+            # names of what went (partly_deleted), its error the cause alone; the audit record has every name.
             "results": [
                 {
                     "path": r.path,
                     "deleted": r.deleted,
                     "size_bytes": r.size_bytes,
-                    "error": r.error,
-                    "members_deleted": list(r.went),
+                    "error": r.cause(),
+                    "partly_deleted": r.partly_deleted(),
                 }
                 for r in self.results
             ],
@@ -458,7 +524,9 @@ def _run_units(
             problem = write(ACTION_DELETE, node, "%s: deleted" % detail, OUTCOME_OK)
         else:
             results.append(FileResult(item.path, False, item.size_bytes, error, went_members))
-            problem = write(ACTION_DELETE, node, "%s: %s" % (detail, error), OUTCOME_FAILED)
+            problem = write(
+                ACTION_DELETE, node, "%s: %s%s" % (detail, error, _went_in_full(went_members)), OUTCOME_FAILED
+            )
         if problem:
             return stopped(position + 1, "result of %s not recorded: %s" % (posixpath.basename(item.path), problem))
         if lost:

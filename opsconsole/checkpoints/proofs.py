@@ -31,6 +31,7 @@ this module gives) going first.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import itertools
@@ -38,7 +39,7 @@ import math
 import operator
 import os
 import stat as stat_module
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import orjson
 
@@ -53,7 +54,8 @@ from opsconsole.checkpoints.records import (
 # Bumped whenever what a check proves changes: older stores are then ignored whole.
 # 2: every weight and state file of a unit checked (not the first 64); a zip-less file of zeros corrupt.
 # 3: three lines (format and whole listing, units, files); unit metadata one flat list.
-FORMAT = 3
+# 4: a kept listing's repeated texts, detail pairs and summaries kept once, in tables (listing_columns).
+FORMAT = 4
 RACY_S = 3.0  # a file's ctime must be this much older than its proof (coarse timestamps: FAT 2 s, ext3 1 s)
 MAX_STORE_BYTES = 16 * 1024 * 1024
 MAX_RECORDS = 50_000  # files in one store (one listed directory)
@@ -640,17 +642,33 @@ def record_of_entry(entry: CheckpointEntry, meta: Optional[list] = None) -> Opti
 
 
 # A kept listing is its entries' records by column (each entry's record is a row): one list of
-# every entry's name, one of every format ..., then one per meta field. Each column is checked in
-# one C-level pass (the types in it against the column's), so a listing of many units costs a few
-# passes, not a Python check per value; then each entry is built without the dataclasses' __init__.
-_LISTING_COLUMNS = len(_ENTRY_SCALARS) + 2 + _META_RECORD_LENGTH
+# every entry's name, one of every format ..., then one per meta field, then five tables that the
+# columns of texts point into. Each column is checked in one C-level pass (the types in it against
+# the column's, an index against its table's length), and the entries are built by C-level passes
+# too (map, zip, dict.update) without the dataclasses' __init__: a listing of many units costs a
+# few passes per field, not Python code per value.
+#
+# What repeats from unit to unit is kept once (format 4): a Trainer's units name the same
+# trainer_state.json keys, in the same detail lines, with the same state-dict summary, and a
+# listing of them was mostly those texts (31 kB for 20 units, parsed and checked afresh by every
+# new process). The tables: every distinct text; every distinct (key, text) detail pair as two
+# text indexes; every distinct tuple of texts (a unit's members, protections, top-level keys) as
+# text indexes; every distinct tuple of detail pairs as pair indexes; every distinct state-dict
+# summary. A row's members, protections, top_keys and details are an index into its table, its
+# state_dict one into the summaries (-1: none). Equal values decode to one shared object: all of
+# them are immutable (tuples, frozen dataclasses).
+LISTING_ROW_COLUMNS = len(_ENTRY_SCALARS) + 2 + _META_RECORD_LENGTH
+_LISTING_TABLES = 5  # texts, pairs, text tuples, pair tuples, state-dict summaries
 _ENTRY_COLUMN_TYPES: Tuple[Set[type], ...] = tuple(set(types) for types in _ENTRY_SCALAR_TYPES)
 _META_COLUMN_TYPES: Tuple[Set[type], ...] = tuple(set(types) for types in _META_SCALAR_TYPES)
 _INTEGRITY_SET = set(INTEGRITIES)
 _LIST = {list}
-_NONE_OR_LIST = {list, _NONE}
 _EVEN = operator.itemgetter(slice(0, None, 2))
 _ODD = operator.itemgetter(slice(1, None, 2))
+_MEMBERS = len(_ENTRY_SCALARS)
+_PROTECTIONS = _MEMBERS + 1
+_META = _PROTECTIONS + 1
+_METRICS, _TOP_KEYS, _DETAILS, _STATE_DICT = range(_META + len(_META_SCALARS), LISTING_ROW_COLUMNS)
 
 
 # Every field's name in the order entries_from_columns gives their values.
@@ -659,9 +677,9 @@ _META_FIXED = tuple(_META_UNKEPT.values())
 
 
 def _meta_of(scalars: tuple, metrics: tuple, top_keys: tuple, details: tuple, state_dict: Any) -> CheckpointMeta:
-    """A CheckpointMeta of checked values (a unit's record, a kept listing's row), built without the frozen
-    dataclass's __init__ (a field-by-field object.__setattr__): _check_covers makes sure at import
-    that no field is left out."""
+    """A CheckpointMeta of checked values (a unit's record), built without the frozen dataclass's
+    __init__ (a field-by-field object.__setattr__): _check_covers makes sure at import that no
+    field is left out."""
     meta = _new(CheckpointMeta)
     meta.__dict__.update(zip(_META_NAMES, scalars + (metrics, top_keys, details, state_dict) + _META_FIXED))
     return meta
@@ -671,16 +689,64 @@ _ENTRY_NAMES = _ENTRY_SCALARS + _ENTRY_LISTS + _ENTRY_REBUILT + tuple(_ENTRY_FIX
 _ENTRY_FIXED_VALUES = tuple(_ENTRY_FIXED.values())
 
 
+class _Table:
+    """Distinct values in the order first met, each with its index."""
+
+    def __init__(self) -> None:
+        self.index: Dict[Any, int] = {}
+        self.values: List[Any] = []
+
+    def add(self, value: Any, stored: Any = None) -> int:
+        """The index of `value` (hashable), added as `stored` (else itself) when new."""
+        found = self.index.get(value)
+        if found is None:
+            found = self.index[value] = len(self.values)
+            self.values.append(value if stored is None else stored)
+        return found
+
+
 def listing_columns(rows: Sequence[list]) -> list:
-    """The columns of entry records (record_of_entry), their metas' columns after the entries'."""
-    if not rows:
-        return [[] for _ in range(_LISTING_COLUMNS)]
-    columns = [list(column) for column in zip(*rows)]
-    return columns[:-1] + [list(column) for column in zip(*columns[-1])]
+    """The columns of entry records (record_of_entry), their metas' columns after the entries', then
+    the tables their texts point into (see above). A value not of its field's shape is kept as it is,
+    never coerced: entries_from_columns refuses it."""
+    texts, pairs, text_tuples, pair_tuples, summaries = _Table(), _Table(), _Table(), _Table(), _Table()
+
+    def text_tuple(values: Any) -> Any:
+        if type(values) is not list:
+            return values
+        return text_tuples.add(tuple(values), [texts.add(value) for value in values])
+
+    def pair_tuple(flat: Any) -> Any:
+        if type(flat) is not list or len(flat) & 1:
+            return flat
+        indexes = [pairs.add((key, value)) for key, value in zip(flat[0::2], flat[1::2])]
+        return pair_tuples.add(tuple(indexes), indexes)
+
+    def summary_index(summary: Any) -> Any:
+        if summary is None:
+            return -1
+        return summaries.add(orjson.dumps(summary), summary) if type(summary) is list else summary
+
+    compact = []
+    for row in rows:
+        if len(row) != _MEMBERS + 3 or type(row[-1]) is not list or len(row[-1]) != _META_RECORD_LENGTH:
+            return []  # not a record_of_entry row: columns that are refused
+        meta = list(row[-1])
+        meta[_TOP_KEYS - _META] = text_tuple(meta[_TOP_KEYS - _META])
+        meta[_DETAILS - _META] = pair_tuple(meta[_DETAILS - _META])
+        meta[_STATE_DICT - _META] = summary_index(meta[_STATE_DICT - _META])
+        compact.append(row[:_MEMBERS] + [text_tuple(row[_MEMBERS]), text_tuple(row[_PROTECTIONS])] + meta)
+    columns = [list(column) for column in zip(*compact)] if compact else [[] for _ in range(LISTING_ROW_COLUMNS)]
+    flat_pairs = [texts.add(text) for pair in pairs.values for text in pair]
+    return columns + [texts.values, flat_pairs, text_tuples.values, pair_tuples.values, summaries.values]
 
 
-def _lists_of_texts(column: list) -> bool:
-    return set(map(type, column)) <= _LIST and _texts(list(_chain(column)))
+def _tuples_of(rows: list, table: list) -> list:
+    """Each of `rows` (a list of indexes into `table`) as a tuple of the values they point to.
+
+    TypeError or IndexError when one is no list of ints within the table: a kept listing's every
+    index is checked by its use, in C (an index from the end is one within the table too)."""
+    return list(map(tuple, map(map, itertools.repeat(table.__getitem__), rows)))
 
 
 def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEntry]]:
@@ -688,67 +754,88 @@ def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEn
 
     `place(names, is_dirs)` gives each entry's path and judged files from the listing just made
     (never from the record), or None when the names are not exactly its units."""
-    if type(columns) is not list or len(columns) != _LISTING_COLUMNS or not set(map(type, columns)) <= _LIST:
+    if (
+        type(columns) is not list
+        or len(columns) != LISTING_ROW_COLUMNS + _LISTING_TABLES
+        or not set(map(type, columns)) <= _LIST
+    ):
         return None
+    texts, flat_pairs, text_tuple_rows, pair_tuple_rows, summary_rows = columns[LISTING_ROW_COLUMNS:]
+    columns = columns[:LISTING_ROW_COLUMNS]
     count = len(columns[0])
-    if count > MAX_LISTED_ENTRIES or set(map(len, columns)) != {count}:
+    if count > MAX_LISTED_ENTRIES or set(map(len, columns)) != {count} or not _texts(texts) or len(flat_pairs) & 1:
         return None
-    entry_columns, meta_columns = columns[: len(_ENTRY_SCALARS)], columns[len(_ENTRY_SCALARS) + 2 :]
+    entry_columns, meta_columns, metrics = columns[:_MEMBERS], columns[_META:_METRICS], columns[_METRICS]
     for column, allowed in zip(entry_columns, _ENTRY_COLUMN_TYPES):
         if not set(map(type, column)) <= allowed:
             return None
     if not set(entry_columns[5]) <= _INTEGRITY_SET:
         return None
-    members, protections = columns[len(_ENTRY_SCALARS)], columns[len(_ENTRY_SCALARS) + 1]
-    if not _lists_of_texts(members) or not _lists_of_texts(protections):
-        return None
     for column, allowed in zip(meta_columns, _META_COLUMN_TYPES):
         if not set(map(type, column)) <= allowed:
             return None
-    metrics, top_keys, details, summaries = meta_columns[len(_META_SCALARS) :]
-    if not _lists_of_texts(top_keys) or not _lists_of_texts(details) or not set(map(type, metrics)) <= _LIST:
-        return None
-    if any(map(operator.and_, map(len, metrics), itertools.repeat(1))) or any(
-        map(operator.and_, map(len, details), itertools.repeat(1))
+    if (
+        not set(map(type, metrics)) <= _LIST
+        or any(map(operator.and_, map(len, metrics), itertools.repeat(1)))  # a list of pairs of odd length
+        or not _texts(list(_chain(map(_EVEN, metrics))))
+        or not set(map(type, _chain(map(_ODD, metrics)))) <= _NUMBER
     ):
-        return None  # a list of pairs of odd length
-    if not _texts(list(_chain(map(_EVEN, metrics)))) or not set(map(type, _chain(map(_ODD, metrics)))) <= _NUMBER:
-        return None
-    if not set(map(type, summaries)) <= _NONE_OR_LIST:
         return None
     state_dicts: List[Optional[StateDictSummary]] = []
-    for summary in summaries:
-        if summary is None:
-            state_dicts.append(None)
-            continue
+    for summary in summary_rows:
         state_dict = _state_dict_summary(summary)
         if state_dict is None:
             return None
         state_dicts.append(state_dict)
-    placed = place(entry_columns[0], entry_columns[4])
-    if placed is None:
+    state_dicts.append(None)  # index -1: no summary
+    # The tables' values, each decoded once, then each row's: an index off its table (or no int) is a
+    # TypeError or IndexError here, before anything is built.
+    try:
+        text_of = texts.__getitem__
+        pairs = list(zip(map(text_of, _EVEN(flat_pairs)), map(text_of, _ODD(flat_pairs))))
+        text_tuples, pair_tuples = _tuples_of(text_tuple_rows, texts), _tuples_of(pair_tuple_rows, pairs)
+        members = list(map(text_tuples.__getitem__, columns[_MEMBERS]))
+        protections = list(map(text_tuples.__getitem__, columns[_PROTECTIONS]))
+        top_keys = list(map(text_tuples.__getitem__, columns[_TOP_KEYS]))
+        details = list(map(pair_tuples.__getitem__, columns[_DETAILS]))
+        summaries = list(map(state_dicts.__getitem__, columns[_STATE_DICT]))
+    except (TypeError, IndexError):
         return None
-    entries = []
-    for scalars, meta_scalars, metric, keys, detail, state_dict, member, protection, (path, judged) in zip(
-        zip(*entry_columns),
-        zip(*meta_columns[: len(_META_SCALARS)]),
-        metrics,
+    placed = place(entry_columns[0], entry_columns[4])
+    if placed is None or len(placed) != count:
+        return None
+    # The metas, then the entries, each built without the frozen dataclass's __init__, each field from
+    # a checked value: _check_covers makes sure at import that none is left out.
+    repeat = itertools.repeat
+    metas = list(map(_new, repeat(CheckpointMeta, count)))
+    meta_values = zip(
+        *meta_columns,
+        map(tuple, map(zip, map(_EVEN, metrics), map(_ODD, metrics))),
         top_keys,
         details,
-        state_dicts,
+        summaries,
+        *map(repeat, _META_FIXED),
+    )
+    _consume(map(dict.update, map(vars, metas), map(zip, repeat(_META_NAMES), meta_values)))
+    entries = list(map(_new, repeat(CheckpointEntry, count)))
+    entry_values = zip(
+        *entry_columns,
         members,
         protections,
-        placed,
-    ):
-        # The entry, as its meta, built without the frozen dataclass's __init__, each field from a
-        # checked value: _check_covers makes sure at import that none is left out.
-        meta = _meta_of(meta_scalars, _paired(metric), tuple(keys), _paired(detail), state_dict)
-        entry = _new(CheckpointEntry)
-        entry.__dict__.update(
-            zip(_ENTRY_NAMES, scalars + (tuple(member), tuple(protection), path, judged, meta) + _ENTRY_FIXED_VALUES)
-        )
-        entries.append(entry)
+        map(_FIRST, placed),
+        map(_SECOND, placed),
+        metas,
+        *map(repeat, _ENTRY_FIXED_VALUES),
+    )
+    _consume(map(dict.update, map(vars, entries), map(zip, repeat(_ENTRY_NAMES), entry_values)))
     return entries
+
+
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
+_consume: Callable[[Iterable[Any]], None] = collections.deque(
+    maxlen=0
+).extend  # runs an iterator to its end, keeping nothing
 
 
 def _proof_from(record: Any, kind: str, identity: Identity) -> Optional[Proof]:

@@ -16,7 +16,7 @@ import posixpath
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, cast
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple, cast
 
 import orjson
 
@@ -694,10 +694,6 @@ def _scan_directory(
         return DirListing(
             root=root, node=fs.node, problem="cannot list %s: %s" % (root, exc.strerror or exc), scanned_at=now
         )
-    try:
-        root_real = fs.realpath(root)
-    except OSError:
-        root_real = root
     root_name = (posixpath.basename(root.rstrip("/")) if fs.remote else os.path.basename(root.rstrip(os.sep))) or root
     own_kind = layouts.dir_kind(root_name, map(_NAME, items))
     if own_kind is not None:
@@ -728,11 +724,11 @@ def _scan_directory(
     memo_able = _memo_able(items, units)
     # Where the file system gives identities (local), one digest of every name and identity stands
     # for them all, here and in the listing kept on disk; else (SFTP) the names and stats themselves.
-    kept_key = _listing_digest(root, items, listed_dirs) if memo_able else None
+    kept_key = _listing_key(root, items, listed_dirs) if memo_able else None
     memo_signature: Optional[Tuple] = None
     if kept_key is not None:
-        if kept_key[1] <= (listed_at - SETTLE_S) * 1e9:
-            memo_signature = (kept_key[0], id(crc_cache), crc_cache.version)
+        if kept_key.newest_ctime_ns <= (listed_at - SETTLE_S) * 1e9:
+            memo_signature = (kept_key.digest, id(crc_cache), crc_cache.version)
     elif memo_able:
         memo_signature = _unchanged_signature(items, listed_dirs, crc_cache, listed_at)
     if memo_signature is not None:
@@ -780,9 +776,14 @@ def _scan_directory(
                 latest.add(tag)
                 protect(tag, "current (latest_checkpointed_iteration.txt names it)")
 
-    for item in items:
-        if not item.stat.is_link:
-            continue
+    links = [item for item in items if item.stat.is_link]
+    root_real = root
+    if links:  # (what the root resolves to matters only to the links in it: a call, and lstats, saved)
+        try:
+            root_real = fs.realpath(root)
+        except OSError:
+            pass
+    for item in links:
         path = join(fs, root, item.name)
         try:
             target = fs.readlink(path)
@@ -935,7 +936,7 @@ def _scan_directory(
         # (A truncated file's entry says how long ago it was written: not kept, it changes with the time.)
         cache.put(fs.node, memo_path, memo_signature, (tuple(listed), other))
     if kept_key is not None and proofs is not None and timeless and not failures and len(crc_cache) == 0:
-        proofs.store_listing(kept_key[0], kept_key[1], other, listed, listed_at)
+        proofs.store_listing(kept_key.digest, kept_key.newest_ctime_ns, other, listed, listed_at)
     return _listing(fs, root, tuple(listed), other, now, started)
 
 
@@ -975,7 +976,7 @@ def _unchanged_signature(
     return (tuple(items), exact_times(items), tuple(parts), id(crc_cache), crc_cache.version)
 
 
-_IDENTITY = operator.attrgetter("st_mode", "st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
+_MODE = operator.attrgetter("st_mode")
 _CTIME = operator.attrgetter("st_ctime_ns")
 _SIZE_MTIME = operator.attrgetter("st_size", "st_mtime_ns")
 _NAME = operator.itemgetter(0)
@@ -1009,19 +1010,46 @@ def _stamp_digest(stamp: str) -> str:
     return hashlib.blake2b(stamp.encode(), digest_size=8).hexdigest()
 
 
-def _listing_digest(
-    root: str, items: List[DirItem], listed_dirs: List[Tuple[str, List[DirItem]]]
-) -> Optional[Tuple[str, int]]:
-    """(digest, newest ctime in ns) of every name and identity (mode, device, inode, size, mtime,
-    ctime) of every directory the listing listed; None where a file system gives no identity (SFTP).
+class _ListingKey(NamedTuple):
+    """What a listing that _memo_able passed is known by, and what a kept one needs of it (_listing_key)."""
 
-    One pass over all of them at once (each directory's name and length mark where its items
-    begin): a new process computes it before anything else, and per-directory passes cost more."""
+    digest: str
+    newest_ctime_ns: int
+    # Each directory listed but the root (path relative to root): its files' judged identities
+    # (judged_identity, path relative to the root), sorted by name, and how many items it holds.
+    judged: Dict[str, Tuple[Tuple[Tuple[Any, ...], ...], int]]
+
+
+def _listing_key(
+    root: str, items: List[DirItem], listed_dirs: List[Tuple[str, List[DirItem]]]
+) -> Optional[_ListingKey]:
+    """The digest of every name and identity (mode, device, inode, size, mtime, ctime) of every
+    directory the listing listed, the newest ctime (ns) among them, and each listed directory's
+    files as a kept listing's units are judged (read_unit_dir's judged files); None where a file
+    system gives no identity (SFTP).
+
+    The digest is of the judged identities themselves (each item's, by name in each directory) and
+    the modes: a new process computes it before anything else and, when the kept listing is its
+    own, takes each unit's judged files from the same tuples (one pass over the stats, not two)."""
     folders = [("", items)] + listed_dirs
-    everything = list(itertools.chain.from_iterable(map(_STAT_LIST, folders)))
-    raws = list(map(_RAW, map(_STAT, everything)))
-    if not all(raws):
-        return None
+    judged: Dict[str, Tuple[Tuple[Tuple[Any, ...], ...], int]] = {}
+    everything: List[Tuple[Any, ...]] = []
+    raws: List[Any] = []
+    add, repeat = operator.add, itertools.repeat
+    for rel, children in folders:
+        ordered = sorted(children)  # by name: a DirItem is (name, stat) and names in one directory differ
+        folder_raws = list(map(_RAW, map(_STAT, ordered)))
+        if not all(folder_raws):
+            return None
+        identities = list(
+            map(add, zip(map(add, repeat(rel + "/" if rel else ""), map(_NAME, ordered))), map(_JUDGED, folder_raws))
+        )
+        everything += identities
+        raws += folder_raws
+        if rel:
+            kinds = list(map(_IS_FILE, map(_STAT, ordered)))
+            files = identities if all(kinds) else list(itertools.compress(identities, kinds))
+            judged[rel] = (tuple(files), len(children))
     try:
         data = orjson.dumps(
             [
@@ -1030,19 +1058,19 @@ def _listing_digest(
                 root,
                 list(map(_NAME, folders)),
                 list(map(len, map(_STAT_LIST, folders))),
-                list(map(_NAME, everything)),
-                list(map(_IDENTITY, raws)),
+                everything,
+                list(map(_MODE, raws)),
             ]
         )
     except TypeError:  # a name that is no valid UTF-8 (surrogate escapes): nothing kept
         return None
     # SHA-256 (hardware-assisted where the CPU has SHA extensions): 12 us for 20 HF units' 16.6 kB,
     # blake2b 22 us; 160 bits of it kept, as many as before.
-    return hashlib.sha256(data).hexdigest()[:40], max(map(_CTIME, raws), default=0)
+    return _ListingKey(hashlib.sha256(data).hexdigest()[:40], max(map(_CTIME, raws), default=0), judged)
 
 
 def _kept_listing(
-    root: str, units: List["_Unit"], other: int, proofs: ProofStore, key: Optional[Tuple[str, int]]
+    root: str, units: List["_Unit"], other: int, proofs: ProofStore, key: Optional[_ListingKey]
 ) -> Optional[Tuple[CheckpointEntry, ...]]:
     """The entries kept for exactly this listing (proofs.entries_from_columns checks each value),
     each unit's path and judged files taken from the listing just made; None when any is off."""
@@ -1060,17 +1088,10 @@ def _kept_listing(
             if unit is None or is_dir != (unit.kind is not None):
                 return None  # a unit the record names twice, or one this listing did not find
             if unit.kind is not None:
-                # read_unit_dir's judged_identity of each file (sorted by name), in C-level passes.
-                files = sorted(unit.children or ())
-                if not all(map(_IS_FILE, map(_STAT, files))):
-                    files = list(itertools.compress(files, map(_IS_FILE, map(_STAT, files))))
-                judged = tuple(
-                    map(
-                        operator.add,
-                        zip(map(operator.add, itertools.repeat(unit.rel + "/"), map(_NAME, files))),
-                        map(_JUDGED, map(_RAW, map(_STAT, files))),
-                    )
-                )
+                # read_unit_dir's judged files: every file of the directory, or none when its walk
+                # was cut short (_walk_unit: over MAX_UNIT_FILES items, as many files or more).
+                files, count = key.judged[unit.rel]
+                judged = () if count > MAX_UNIT_FILES and len(files) >= MAX_UNIT_FILES else files
             elif unit.group is not None and unit.group.layout == LAYOUT_FILE and unit.item is not None:
                 judged = (judged_identity(unit.item.name, unit.item.stat),)
             else:
@@ -1078,7 +1099,7 @@ def _kept_listing(
             placed.append((unit.path, judged))
         return placed
 
-    entries = proofs.lookup_listing(key[0], other, place)
+    entries = proofs.lookup_listing(key.digest, other, place)
     return None if entries is None else tuple(entries)
 
 
