@@ -375,6 +375,38 @@ def test_a_gloo_timeout_names_the_rank_that_never_reached_the_collective(runs):
     assert "Started on rank 1 (it never reached the collective the others waited in); first seen on rank 0" in text
 
 
+@pytest.mark.parametrize(
+    "mode, why",
+    [
+        ("exit3", "rank 0 only lost its connection to rank 1"),
+        ("index", "rank 0 only lost its connection to rank 1"),
+        ("timeout", "rank 0 timed out waiting for rank 1"),
+    ],
+)
+def test_torchelastics_first_observed_rank_0_is_explained_beside_a_verdict_naming_rank_1(runs, mode, why):
+    # torchelastic's table says "Root Cause (first observed failure)": rank 0, which exited first only because it
+    # lost rank 1 (or timed out waiting for it). The report keeps that fact and says why rank 1 is named.
+    directory, status = runs[mode]
+    assert status != 0
+    result = verdict(directory)
+    assert result["rank"] == 1
+    text = report(directory)
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("Launcher's first observed failure: rank "))
+    if mode != "timeout" and lines[first].startswith("Launcher's first observed failure: rank 1,"):
+        # Under load torchelastic may notice rank 1's own exit first (rank 0 times out only after 5 s, so never
+        # there): then the two agree and nothing is explained.
+        assert not any(line.startswith("torchelastic observed") for line in lines), text
+        return
+    assert lines[first].startswith("Launcher's first observed failure: rank 0,"), text
+    assert lines[first + 1].startswith("torchelastic observed rank 0's exit first, but rank 1 is "), text
+    assert why in lines[first + 1], text
+    if mode == "exit3":  # the launcher's output alone: no rank's own lines, so no claim of a lost connection
+        alone = report(directory / "launcher.log")
+        note = next(line for line in alone.splitlines() if line.startswith("torchelastic observed"))
+        assert "rank 0's exit was a consequence of rank 1's failure" in note, alone
+
+
 def test_a_gloo_timeout_seen_only_in_the_launchers_output_names_what_the_table_shows_and_no_nccl(runs):
     # torchrun without --tee: its own output holds the failure table only (rank 0 exit code 1, first observed;
     # rank 1 SIGTERM, which the launcher sent it), no line of gloo's. It was "A peer rank failed (remote error)

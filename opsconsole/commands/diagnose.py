@@ -272,6 +272,9 @@ def run_report(result) -> str:
         if launcher.host:
             told.append("on " + launcher.host)
         out.append(printable_line("Launcher's first observed failure: " + ", ".join(told)))
+        note = _first_observed_note(verdict, diagnosis.findings)
+        if note:
+            out.append(note)
     by_category = _examples(diagnosis.findings, verdict)
     for row in diagnosis.summary:
         out.append("")
@@ -294,6 +297,28 @@ def run_report(result) -> str:
         out.append("(%d further matching lines counted above but not listed)" % diagnosis.dropped)
     out.append("")
     return "\n".join(out) + "\n"
+
+
+def _first_observed_note(verdict, findings) -> str:
+    """When torchelastic's "first observed failure" is not the rank the verdict names: why both are true.
+
+    The launcher notes the first child whose exit it noticed; a rank that lost its connection to the failing
+    one, or timed out waiting for it, often exits before the failing rank's own end is noticed."""
+    launcher = verdict.launcher
+    if launcher is None or launcher.rank is None or verdict.rank is None or launcher.rank == verdict.rank:
+        return ""
+    seen = {finding.category for finding in findings if finding.rank == launcher.rank}
+    first, failed = launcher.rank, verdict.rank
+    if "nccl_timeout" in seen:
+        what, why = "the rank the others waited for", "rank %d timed out waiting for rank %d" % (first, failed)
+    elif first in verdict.peer_gone_ranks:
+        what, why = "the one that failed", "rank %d only lost its connection to rank %d" % (first, failed)
+    else:
+        what, why = "the one that failed", "rank %d's exit was a consequence of rank %d's failure" % (first, failed)
+    return (
+        "torchelastic observed rank %d's exit first, but rank %d is %s: %s, and the launcher notes whichever "
+        "exit it notices first." % (first, failed, what, why)
+    )
 
 
 def _read_errors() -> tuple:
@@ -411,6 +436,10 @@ def readable_report(name: str, result) -> str:
     failures = getattr(result, "launcher_failures", ())
     if failures:
         out.append(printable_line("Launcher's failed ranks: " + "; ".join(_failure_text(f) for f in failures)))
+        if verdict is not None and verdict.category == result.root_cause:
+            note = _first_observed_note(verdict, result.findings)
+            if note:
+                out.append(note)
     by_category = _examples(result.findings, verdict)
     for row in result.summary:
         out.append("")

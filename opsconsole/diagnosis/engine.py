@@ -230,6 +230,8 @@ class RootCause:
     # When only peers' reports were seen: the launcher's row of the child that failed of its own (its exit code
     # or signal is all that is known of it), which `rank` names.
     failed_child: Optional[LauncherFailure] = None
+    # The ranks whose own output said a peer closed or reset its connection (victims, never the failing rank).
+    peer_gone_ranks: Tuple[int, ...] = ()
 
 
 @dataclass
@@ -898,6 +900,7 @@ class Diagnoser:
             launcher=launcher,
             watchdog=watchdog,
             failed_child=failed_child,
+            peer_gone_ranks=tuple(sorted(self._peer_gone_ranks)),
         )
 
     def _failed_of_its_own(self) -> Optional[LauncherFailure]:
