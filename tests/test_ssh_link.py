@@ -107,6 +107,24 @@ async def test_wrong_host_key_is_refused_with_the_presented_fingerprint(sshd_fac
     assert server.count_log("Accepted publickey") == 0  # never logged in to an impostor
 
 
+async def test_changed_host_key_names_the_one_old_key_once(sshd_factory, ssh_client):
+    server = sshd_factory.start()  # trusted: its key is the one line of known_hosts
+    old = ssh_fingerprint(str(server.host_key) + ".pub")
+    assert len(ssh_client.known_hosts.read_text().splitlines()) == 1
+    server.kill()
+    server.host_key.unlink()
+    server.host_key.with_name(server.host_key.name + ".pub").unlink()
+    server.start()  # regenerates the host key (as a reinstalled node does), same address and port
+    new = ssh_fingerprint(str(server.host_key) + ".pub")
+    assert new != old
+    link = SshLink(node_for(server), SshConfig(**_fast_fields()), INTERVAL)
+    log = StateLog()
+    async with running(link, log):
+        state = await log.wait_state(STATE_HOSTKEY, 10)
+    assert "CHANGED" in state.reason and new in state.reason
+    assert state.reason.count(old) == 1, state.reason
+
+
 def _fast_fields():
     return dict(
         connect_timeout=5.0, keepalive_interval=0.5, keepalive_count_max=2, backoff_initial=0.05, backoff_max=0.5

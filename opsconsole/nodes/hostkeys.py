@@ -155,7 +155,9 @@ class HostKeyVerifier:
             # asyncssh calls this only for a key that known_hosts does not already trust.
             def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
                 verdict.host, verdict.port, verdict.presented = host, port, key
-                verdict.known = tuple(known.match(host, addr, None if port == DEFAULT_PORT else port)[0])
+                matched = known.match(host, addr, None if port == DEFAULT_PORT else port)[0]
+                # A line matched by name and by address comes back twice (127.0.0.1 is both): keep each key once.
+                verdict.known = tuple({fingerprint(k): k for k in matched}.values())
                 if verdict.known or verifier.policy != POLICY_ACCEPT_NEW:
                     return False  # a changed key is refused under every policy
                 try:
