@@ -469,6 +469,45 @@ def test_totals_count_managed_checkpoints_apart_from_unrelated_files(hf_run, lig
     assert_same_weights(torch.load(lightning / "features.pt", weights_only=True), features)
 
 
+def test_a_files_kept_proof_is_for_the_code_that_proved_it(hf_run, tmp_path, monkeypatch):
+    """Kept listings and unit results carry the checkpoint code's stamp (73d56ee): a fix to how a unit
+    is judged reaches directories listed before it. A file's kept proof (its safetensors header, its
+    zip directory checked) did not: under other code every file of the Trainer's checkpoints was
+    taken from the store, so a fix to a check never reached a file proved before it. Under the same
+    code the proofs are still used (a unit read again for a new file in it takes its files' proofs)."""
+    from opsconsole.checkpoints import scan as scan_module
+    from opsconsole.checkpoints.cache import ResultCache
+    from opsconsole.checkpoints.proofs import ProofStore
+
+    copy = aged_copy(hf_run.output_dir, tmp_path)
+    store_dir = tmp_path / "proofs"
+
+    def listed(store):
+        listing = scan_module.scan_directory(
+            str(copy), cache=ResultCache(), crc_cache=ResultCache(), proofs=store, keep_proofs=False
+        )
+        store.flush()
+        return {e.name: (e.integrity, e.best, e.latest, e.meta) for e in listing.entries}
+
+    first = ProofStore("local", str(copy), str(store_dir), racy_s=0.0)
+    before = listed(first)
+    proved = first.stored
+    assert proved >= 3 * 5, "each checkpoint's weights and state files proved and kept: %d" % proved
+    # Same code, one unit changed (a note added to checkpoint-10/): its files' kept proofs are used.
+    (copy / "checkpoint-10" / "notes.txt").write_text("eval looked off")
+    same = ProofStore("local", str(copy), str(store_dir), racy_s=0.0)
+    marks = lambda listing: {name: entry[:3] for name, entry in listing.items()}  # noqa: E731
+    assert marks(listed(same)) == marks(before)  # (checkpoint-10's details name the note)
+    assert same.unit_hits == 2 and same.hits >= 5, (same.unit_hits, same.hits)
+    (copy / "checkpoint-10" / "notes.txt").unlink()
+    # Other code: nothing kept by this code is used, files included; every file is proved again.
+    monkeypatch.setattr(scan_module, "_code_stamp", lambda: "other code")
+    other = ProofStore("local", str(copy), str(store_dir), racy_s=0.0)
+    assert listed(other) == before
+    assert (other.listing_hits, other.unit_hits, other.hits) == (0, 0, 0), (other.unit_hits, other.hits)
+    assert other.stored == proved
+
+
 def test_hf_checkpoint_without_weights_is_corrupt_and_never_the_newest_kept(hf_run, console, tmp_path):
     """A checkpoint-N/ that lost its model.safetensors (a partial copy) kept trainer_state.json: it was
     ok, latest and the newest keep place, while the Trainer refuses to resume from it; the sound

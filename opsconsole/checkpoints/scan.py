@@ -200,16 +200,19 @@ def _check_files(
     """Integrity of a unit's weight and state files: safetensors headers, torch zip ends and directories.
 
     Each file's proof comes from `proofs` when kept there for this very file (same device,
-    inode, size, mtime and ctime: proofs.py), else from reading it, and is kept for the next
+    inode, size, mtime and ctime: proofs.py) by this code, else from reading it, and is kept for the next
     listing when the file was not changed between the listing's stat and the read. The last
     value is True when a file could not be read (an OSError: maybe passing, so nothing is kept).
     """
     integrities: List[str] = []
     summaries: List[StateDictSummary] = []
     read_failed = False
+    # A kept proof is for the code that proved it too, as a unit's result and a kept listing are: a
+    # fix to a check reaches the files proved before it (the code's digest is part of the proof's kind).
+    code = _code_digest()
     for rel, st in list(files)[:MAX_CHECKED_FILES]:
         is_safetensors = rel.lower().endswith(".safetensors")
-        kind = "safetensors" if is_safetensors else "zip"
+        kind = ("safetensors@" if is_safetensors else "zip@") + code
         full = join(fs, path, rel)
         identity = st.identity if st is not None else None
         proof = proofs.lookup(full, kind, identity) if proofs is not None else None
