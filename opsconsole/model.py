@@ -7,13 +7,92 @@ runtime `X | Y`, no dataclass slots; on 3.6 the bundle supplies the dataclasses 
 
 import dataclasses
 import operator
+import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 if TYPE_CHECKING:  # Literal and Final are Python 3.8+: for the type checker only (annotations below are text)
-    from typing import Final, Literal
+    from typing import Final, Literal, Type, TypeVar, dataclass_transform
 
     NodeStateName = Literal["connecting", "up", "stale", "down", "auth", "hostkey", "fallback", "degraded"]
+    _Class = TypeVar("_Class")
+
+    @dataclass_transform(frozen_default=True)
+    def frozen(cls: "Type[_Class]") -> "Type[_Class]":
+        """@dataclass(frozen=True), as the type checker sees it (the runtime one is below)."""
+
+else:
+
+    def frozen(cls):
+        """@dataclass(frozen=True), the same class, without compiling three of its six methods.
+
+        dataclasses compiles each method it writes from source text (an exec of its own), about a
+        tenth of a millisecond each on the VM: the 22 classes of the model and the config schema,
+        which every command imports before its arguments are parsed, spent ~8 ms of the console's
+        launch on it. __eq__, __hash__ and __repr__ are the same for every class given its field
+        names, so they are made here from closures instead (what dataclasses would write: equal
+        when the class is the same and the compared fields are; the hash of those fields' tuple;
+        `Class(field=value, ...)` with "..." for a repr that recurses). __init__, __setattr__ and
+        __delattr__ are still dataclasses' own. A class that defines one of the three keeps it.
+        """
+        own = dict(cls.__dict__)
+        cls = dataclass(frozen=True, eq=False, repr=False)(cls)
+        fields = dataclasses.fields(cls)
+        if "__eq__" not in own:
+            cls.__eq__ = _eq_of(_tuple_of([f.name for f in fields if f.compare]))
+            if "__hash__" not in own:
+                cls.__hash__ = _hash_of(
+                    _tuple_of([f.name for f in fields if (f.compare if f.hash is None else f.hash)])
+                )
+        if "__repr__" not in own:
+            cls.__repr__ = _repr_of(tuple(f.name for f in fields if f.repr))
+        return cls
+
+
+def _tuple_of(names: List[str]) -> Callable[[Any], Tuple[Any, ...]]:
+    """A function giving the tuple of an object's attributes `names`, as (obj.a, obj.b, ...) would."""
+    if not names:
+        return lambda obj: ()
+    if len(names) == 1:
+        name = names[0]
+        return lambda obj: (getattr(obj, name),)
+    return operator.attrgetter(*names)  # a tuple for two names or more
+
+
+def _eq_of(values: Callable[[Any], Tuple[Any, ...]]) -> Callable[[Any, Any], Any]:
+    def __eq__(self: Any, other: Any) -> Any:
+        if other.__class__ is self.__class__:
+            return values(self) == values(other)
+        return NotImplemented
+
+    return __eq__
+
+
+def _hash_of(values: Callable[[Any], Tuple[Any, ...]]) -> Callable[[Any], int]:
+    def __hash__(self: Any) -> int:
+        return hash(values(self))
+
+    return __hash__
+
+
+def _repr_of(names: Tuple[str, ...]) -> Callable[[Any], str]:
+    running: Set[Tuple[int, int]] = set()  # (id, thread) of the reprs under way: one of itself inside is "..."
+
+    def __repr__(self: Any) -> str:
+        key = (id(self), threading.get_ident())
+        if key in running:
+            return "..."
+        running.add(key)
+        try:
+            return "%s(%s)" % (
+                self.__class__.__qualname__,
+                ", ".join(["%s=%r" % (name, getattr(self, name)) for name in names]),
+            )
+        finally:
+            running.discard(key)
+
+    return __repr__
+
 
 # Bump when a field changes meaning or is removed; adding a field is compatible.
 FRAME_VERSION = 1
@@ -45,7 +124,7 @@ BAD_FRAME = "bad frame: "
 LIVE_STATES = (STATE_UP, STATE_FALLBACK, STATE_DEGRADED)
 
 
-@dataclass(frozen=True)
+@frozen
 class MigDevice:
     """One MIG instance of a GPU in MIG mode: its own memory, and whose work it runs."""
 
@@ -70,7 +149,7 @@ class MigDevice:
         return 100.0 * self.memory_used / self.memory_total
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuSample:
     """One GPU at one instant. A field is None when the GPU does not support it."""
 
@@ -134,7 +213,7 @@ class GpuSample:
         return 100.0 * self.memory_used / self.memory_total
 
 
-@dataclass(frozen=True)
+@frozen
 class ProcessSample:
     """A process: a GPU compute process (gpu_index set) or a host process."""
 
@@ -177,8 +256,10 @@ class ProcessSample:
         return max(0.0, now - self.start_time)
 
 
-@dataclass(frozen=True)
+@frozen
 class DiskUsage:
+    """One mounted file system's size and use, in bytes."""
+
     path: str
     total: int
     used: int
@@ -189,14 +270,16 @@ class DiskUsage:
         return 100.0 * self.free / self.total if self.total else 0.0
 
 
-@dataclass(frozen=True)
+@frozen
 class NetRate:
+    """One network interface's receive and send rates, in bytes per second."""
+
     interface: str
     rx_bytes_per_s: float
     tx_bytes_per_s: float
 
 
-@dataclass(frozen=True)
+@frozen
 class HostSample:
     """Host-level readings of one node."""
 
@@ -223,7 +306,7 @@ class HostSample:
         return 100.0 * (self.mem_total - self.mem_available) / self.mem_total
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeFrame:
     """Everything one probe poll of one node saw."""
 
@@ -242,7 +325,7 @@ class NodeFrame:
     probe_ms: Optional[float] = None  # what this poll cost on the node
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeState:
     """What the console knows of one node: connection state and last good frame."""
 

@@ -24,6 +24,7 @@ Stdlib only: the headless commands use it without Textual.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Dict, Optional
 
 _BIDI_CONTROLS = tuple(range(0x202A, 0x202F)) + tuple(range(0x2066, 0x206A)) + (0x200E, 0x200F, 0x061C)
@@ -32,26 +33,31 @@ _MULTILINE: Dict[int, int] = {code: 0x2400 + code for code in range(0x20) if chr
 _MULTILINE[0x7F] = 0x2421
 _MULTILINE.update((code, 0xFFFD) for code in range(0x80, 0xA0))
 _MULTILINE.update((code, 0xFFFD) for code in _BIDI_CONTROLS)
-_MULTILINE.update((code, 0xFFFD) for code in range(0xD800, 0xE000))  # lone surrogates (surrogateescape)
+# Lone surrogates (undecodable file names, surrogateescape) become U+FFFD too, by _SURROGATES rather than
+# the tables: their 2,048 entries in each of the three tables held 0.4 MB for every run of the console.
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 _ONE_LINE = dict(_MULTILINE)
 _ONE_LINE.update({ord("\n"): 0x2424, ord("\t"): 0x2409})  # ␤ and ␉
 # Line and paragraph separators: no terminal breaks on them, but str.splitlines() and JavaScript do.
 _ONE_LINE.update({0x2028: 0x2424, 0x2029: 0x2424})
 
-# What json.dumps(ensure_ascii=False) leaves raw that a terminal or a line reader acts on.
+# What json.dumps(ensure_ascii=False) leaves raw that a terminal or a line reader acts on (a lone
+# surrogate never reaches it: _json_ready writes such a string escaped()).
 _JSON_ESCAPES: Dict[int, str] = {code: "\\u%04x" % code for code in _ONE_LINE if code >= 0x7F}
 JSON_MAX_DEPTH = 64  # deeper containers are written as a note, not walked
 
 
 def printable(text: str) -> str:
     """`text` with every control character but newline and tab made visible (ESC as ␛), same length."""
-    return text.translate(_MULTILINE)
+    text = text.translate(_MULTILINE)
+    return text if text.isascii() else _SURROGATES.sub("\ufffd", text)  # isascii() reads a flag: no scan
 
 
 def printable_line(text: str) -> str:
     """`text` as one visible line: newline, tab and every other control character made visible, same length."""
-    return text.translate(_ONE_LINE)
+    text = text.translate(_ONE_LINE)
+    return text if text.isascii() else _SURROGATES.sub("\ufffd", text)
 
 
 def escaped(text: str) -> str:
@@ -63,7 +69,7 @@ def escaped(text: str) -> str:
             out.append("\\\\")
         elif 0xDC80 <= code <= 0xDCFF:  # a byte that os.fsdecode could not decode (surrogateescape)
             out.append("\\x%02x" % (code - 0xDC00))
-        elif code in _ONE_LINE:
+        elif code in _ONE_LINE or 0xD800 <= code <= 0xDFFF:
             # \\n, \\t, \\x1b below U+0080; \\u0085 above, so that \\xNN always means an undecodable byte.
             out.append(ch.encode("unicode_escape").decode("ascii") if code < 0x80 else "\\u%04x" % code)
         else:

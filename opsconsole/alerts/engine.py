@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from opsconsole.alerts.rules import AlertRule, readings
-from opsconsole.model import NodeState
+from opsconsole.model import NodeState, frozen
 from opsconsole.units import format_percent, format_power, format_temperature
 
 EVENT_FIRING = "firing"
@@ -26,8 +26,10 @@ EVENT_RESOLVED = "resolved"
 _HEALTH_SEVERITY = {"fail": "critical", "error": "warning"}
 
 
-@dataclass(frozen=True)
+@frozen
 class AlertEvent:
+    """An alert firing or resolving on a node, at a time, with what was seen."""
+
     time: float
     rule: str  # rule name, "health.<check>" or "finding.<category>"
     node: str

@@ -8,12 +8,11 @@ hovers at the threshold does not flap.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from opsconsole import alert_names
 from opsconsole.history import gpu_values
-from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY, GpuSample, NodeState
+from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY, GpuSample, NodeState, frozen
 
 COMPARISONS: Dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
@@ -95,8 +94,10 @@ if METRICS != alert_names.METRICS or tuple(COMPARISONS) != alert_names.COMPARISO
     raise ImportError("alerts.rules and alert_names disagree on the metric or comparison names")
 
 
-@dataclass(frozen=True)
+@frozen
 class AlertRule:
+    """A rule as the engine runs it: a metric compared with a threshold for a while, at a severity."""
+
     name: str
     metric: str  # one of METRICS
     comparison: str  # one of COMPARISONS

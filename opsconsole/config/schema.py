@@ -9,12 +9,13 @@ sections.py need for the messages (`expects`, `example`) and for paths under ~ (
 
 # No `from __future__ import annotations`: msgspec reads these types as objects instead of compiling each string.
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Annotated, Any, Dict, Literal, Optional, Tuple, get_args
 
 from msgspec import Meta
 
 from opsconsole.alert_names import Comparison, MetricName, Severity
+from opsconsole.model import frozen
 
 # Bounds of the numeric settings: a floor where a tiny value would spin a loop (1e-300 s between
 # polls), a ceiling where a huge one would overflow a timer or hold memory; all must be finite.
@@ -68,15 +69,17 @@ Timeout = Annotated[float, Meta(gt=0, le=MAX_TIMEOUT_S)]
 Percent = Annotated[float, between(0, 100)]
 
 
-@dataclass(frozen=True)
+@frozen
 class ConsoleConfig:
+    """[console]: the poll interval, the theme, read-only, and the keys rebound."""
+
     interval: Interval = 2.0  # seconds between polls
     theme: Text = "opsconsole-dark"
     read_only: bool = False
     keys: Tuple[Tuple[str, Text], ...] = table(expects="a key string")  # (binding id, key) from [console.keys]
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeConfig:
     """One node. `local=True` is the machine the console runs on (no SSH)."""
 
@@ -90,7 +93,7 @@ class NodeConfig:
     local: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeEntry:
     """One [[nodes]] table as written: `hosts` (a hostlist) makes one NodeConfig per host (sections.py)."""
 
@@ -106,8 +109,10 @@ class NodeEntry:
     local: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class SshConfig:
+    """[ssh]: host key policy, login and channel limits, timeouts, keepalive and reconnect back-off."""
+
     host_key_policy: HostKeyPolicy = "strict"
     known_hosts: Optional[Text] = local_path()  # None: ~/.ssh/known_hosts
     max_logins: Annotated[int, Meta(ge=1, le=256)] = 8  # logins in flight at once (sshd MaxStartups drops beyond ~10)
@@ -119,8 +124,10 @@ class SshConfig:
     backoff_max: Timeout = 60.0  # at least backoff_initial (sections.py)
 
 
-@dataclass(frozen=True)
+@frozen
 class LogsConfig:
+    """[logs]: the log globs followed on every node and per node, and how they are polled and kept."""
+
     paths: Words = ()  # globs followed on every node
     node_paths: Tuple[Tuple[str, Words], ...] = table("a table of node name = [globs]")  # from [logs.node_paths]
     # seconds between looks at files without inotify (NFS) and remote files
@@ -136,8 +143,10 @@ class LogsConfig:
         return self.paths + tuple(g for g in own if g not in self.paths)
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckpointDirConfig:
+    """One [[checkpoints]] directory: where it is, on which node, and what cleanup keeps."""
+
     path: Text
     node: Optional[Text] = None  # None: the local node
     # cleanup keeps the newest `keep` (like CheckpointManager's max_to_keep), plus best and latest
@@ -146,8 +155,10 @@ class CheckpointDirConfig:
     min_age: Annotated[float, Meta(ge=0, le=MAX_AGE_S)] = 600.0
 
 
-@dataclass(frozen=True)
+@frozen
 class HealthConfig:
+    """[health]: the thresholds of the health rules and the on-node GPU suite's limits."""
+
     gpu_temperature_c: Annotated[float, Meta(gt=0, le=200.0)] = 85.0
     disk_free_percent: Percent = 10.0
     memory_percent: Percent = 90.0
@@ -167,8 +178,10 @@ GPU_RESET_PLACEHOLDERS = ("index", "uuid", "pci_bus_id", "node")
 DRAIN_PLACEHOLDERS = ("node", "reason")
 
 
-@dataclass(frozen=True)
+@frozen
 class ActionsConfig:
+    """[actions]: the audit log, confirmations, and the argv templates and timeouts of actions."""
+
     audit_log: Optional[Text] = local_path()  # None: $XDG_STATE_HOME/opsconsole/audit.log
     confirm: bool = True
     # argv templates: each word is formatted on its own ({index} ...), never through a shell
@@ -179,21 +192,27 @@ class ActionsConfig:
     gpu_tests_after_reset: bool = True  # after a GPU reset, run the GPU suite on that GPU too
 
 
-@dataclass(frozen=True)
+@frozen
 class HistoryConfig:
+    """[history]: how many samples each GPU and node metric keeps."""
+
     size: Annotated[int, between(2, 100_000)] = 300  # samples kept per GPU and node metric (5 minutes at 1 s)
 
 
-@dataclass(frozen=True)
+@frozen
 class RecordConfig:
+    """[record]: where the console's recordings go and how much of them is kept."""
+
     directory: Optional[Text] = local_path()  # where the console's record key writes; None: $XDG_STATE_HOME/opsconsole
     max_mb: Annotated[float, Meta(gt=0, le=MAX_RECORD_MB)] = 200.0  # oldest part dropped beyond this
     max_age_s: Optional[Annotated[float, Meta(gt=0, le=MAX_AGE_S)]] = None  # None: kept until max_mb
     chunk_s: Annotated[float, Meta(ge=1.0, le=60.0)] = 5.0
 
 
-@dataclass(frozen=True)
+@frozen
 class AlertRuleConfig:
+    """One [[alerts]] rule: a metric compared with a threshold for a while, at a severity."""
+
     name: Text  # default (validate.py): "metric comparison threshold"
     metric: MetricName
     comparison: Comparison
@@ -203,8 +222,10 @@ class AlertRuleConfig:
     clear: Optional[float] = None
 
 
-@dataclass(frozen=True)
+@frozen
 class AlertingConfig:
+    """[alerting]: the built-in rules, and how an alert is told (bell, toast, hook command)."""
+
     builtin_rules: bool = True  # the seed's thresholds (temperature, disk, memory) and hard faults
     bell: bool = False
     toast: bool = True
@@ -218,7 +239,7 @@ SourceKind = Literal["prometheus"]
 PROMETHEUS_LABEL = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
-@dataclass(frozen=True)
+@frozen
 class SourceConfig:
     """A telemetry source other than SSH: `kind = "prometheus"` reads a Prometheus server's API."""
 
@@ -247,8 +268,10 @@ class SourceConfig:
     node_names: Words = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class Config:
+    """The whole config: every section, validated; `source` names the file it came from."""
+
     source: Optional[str] = None  # the file it came from; None for the built-in default
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     nodes: Tuple[NodeConfig, ...] = (NodeConfig(name="local", local=True),)

@@ -8,12 +8,11 @@ Textual here: the Health pane and the header only read it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from opsconsole.health.result import STATUS_FAIL, HealthResult
 from opsconsole.health.runner import evaluate_state, health_config
-from opsconsole.model import NodeState
+from opsconsole.model import NodeState, frozen
 
 Key = Tuple[str, str, Optional[int]]  # node, check, GPU
 
@@ -21,7 +20,7 @@ ORIGIN_RULES = "rules"  # evaluated from frames (replaced on each frame)
 ORIGIN_RUN = "run"  # an on-demand run: GPU suite results stay until the next run
 
 
-@dataclass(frozen=True)
+@frozen
 class HealthEntry:
     """The latest result of one check, with when it entered its status and where it came from."""
 

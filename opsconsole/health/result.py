@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, fields
 from typing import Final, Literal, Optional, Tuple
+
+from opsconsole.model import frozen
 
 HealthStatus = Literal["pass", "warn", "fail", "error", "skip"]
 STATUS_PASS: Final = "pass"
@@ -14,8 +16,10 @@ STATUS_SKIP: Final = "skip"  # nothing to check (the GPU suite on a node without
 STATUSES: Tuple[HealthStatus, ...] = (STATUS_PASS, STATUS_WARN, STATUS_FAIL, STATUS_ERROR, STATUS_SKIP)
 
 
-@dataclass(frozen=True)
+@frozen
 class HealthResult:
+    """One health check's outcome on one node: its status, message and details."""
+
     check: str  # check id, e.g. "gpu_temperature", "disk_free", "gpu_sanity.fp64_matmul"
     node: str
     status: HealthStatus

@@ -14,7 +14,6 @@ import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from opsconsole.config import Config, HealthConfig
-from opsconsole.health.remote import run_gpu_suite
 from opsconsole.health.result import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, STATUS_WARN, HealthResult
 from opsconsole.health.rules import evaluate_frame
 from opsconsole.health.telemetry import evaluate_telemetry
@@ -119,6 +118,10 @@ async def run_node_checks(
     when = time.time() if now is None else now
     results = evaluate_state(state if state is not None else NodeState(node), config, when)
     if gpu_tests:
+        # Imported on demand: the console evaluates the rules on every frame, and the suite's
+        # module brings the probe bundle's builder (nodes.bundle) that only the suite needs.
+        from opsconsole.health.remote import run_gpu_suite
+
         results.extend(
             await run_gpu_suite(
                 node,

@@ -15,8 +15,9 @@ it offers the node's drain (D). Nothing here acts: actions/ does, through its re
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
+
+from opsconsole.model import frozen
 
 ACTION_NONE = "none"
 ACTION_RESTART_APP = "restart_app"
@@ -41,7 +42,7 @@ ACTION_SHORT = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class XidEntry:
     """One row of the catalog."""
 
@@ -203,7 +204,7 @@ _RECOVERY_ACTIONS = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class XidSeen:
     """One Xid as seen (an NVML event or a kernel line), decoded."""
 
@@ -256,7 +257,7 @@ def short_status(codes: Iterable[int]) -> str:
     return "X%s %s" % (listed, ACTION_SHORT[worst_action(seen)])
 
 
-@dataclass(frozen=True)
+@frozen
 class XidOffer:
     """The action key the console offers for a GPU's Xids, and why."""
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable, Optional, Tuple
 
 from opsconsole.jobs_view import count_jobs
-from opsconsole.model import STATE_AUTH, STATE_CONNECTING, STATE_HOSTKEY
+from opsconsole.model import STATE_AUTH, STATE_CONNECTING, STATE_HOSTKEY, frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class FleetTotals:
     """Numbers for the header line: how many nodes and GPUs, how many are up."""
 
@@ -26,7 +25,7 @@ class FleetTotals:
     nodes_auth: int = 0
 
 
-@dataclass(frozen=True)
+@frozen
 class RunTotals(FleetTotals):
     """FleetTotals plus what the header shows of the run: the Slurm job and the sources' states."""
 

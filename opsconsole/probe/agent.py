@@ -20,7 +20,6 @@ from typing import Any, List, Optional, Sequence, Tuple
 from opsconsole.model import NodeFrame, ProcessSample, to_wire
 from opsconsole.probe.host import HostReader, describe_error
 from opsconsole.probe.procs import MAX_HOST_PROCESSES, ProcessTable
-from opsconsole.probe.wire_delta import DEFAULT_KEYFRAME_EVERY, DeltaEncoder
 
 
 class _MissingGpuReader(object):
@@ -231,6 +230,10 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The agent's command line."""
+    # The stream's encoder is the agent's alone: the console's in-process probe (nodes/local.py)
+    # imports this module without it (~1 ms and 0.2 MB of its launch on the VM).
+    from opsconsole.probe.wire_delta import DEFAULT_KEYFRAME_EVERY
+
     parser = argparse.ArgumentParser(prog="opsconsole-probe", description="Print one JSON NodeFrame per line.")
     parser.add_argument(
         "--interval", type=_positive_float, default=2.0, metavar="SECONDS", help="seconds between polls"
@@ -303,6 +306,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out.flush()
             return 0
         # --delta: a keyframe, then deltas (floats rounded); the default stays one full frame per line.
+        from opsconsole.probe.wire_delta import DeltaEncoder
+
         encode = DeltaEncoder(args.keyframe_every).encode if args.delta else frame_line
         while True:  # the first frame at once, then on the wall-clock grid
             out.write(encode(probe.poll()) + "\n")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
+from opsconsole.model import frozen
 from opsconsole.tui.formatting import format_percent
 
 LEVEL_OK = "ok"
@@ -59,7 +59,7 @@ def spark(percent: Optional[float]) -> str:
     return _SPARKS[index] if index else "▁"
 
 
-@dataclass(frozen=True)
+@frozen
 class Palette:
     """Rich styles for each level, taken from the active theme."""
 

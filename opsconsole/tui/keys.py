@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
 
 from textual.binding import Binding
 
+from opsconsole.model import frozen
 
-@dataclass(frozen=True)
+
+@frozen
 class KeySpec:
     """One binding: a stable id (what `[console.keys]` names), its default key, action and words."""
 

@@ -7,12 +7,12 @@ would reset the cursor and scroll and redraw everything, so this applies only th
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from rich.text import Text
 from textual.widgets import DataTable
 
+from opsconsole.model import frozen
 from opsconsole.tui.formatting import NA, printable, printable_text
 
 
@@ -41,7 +41,7 @@ def styled_row(key: str, cells: Sequence[StyledCell]) -> TableRow:
     return TableRow(key, tuple(styled_text(cell) for cell in cells))
 
 
-@dataclass(frozen=True)
+@frozen
 class TableDiff:
     """What one `apply_rows` changed (for tests and benchmarks)."""
 
