@@ -367,22 +367,27 @@ def test_the_drain_action_drains_a_real_node_with_the_reason(cluster, tmp_path):
     import asyncio
 
     from opsconsole.actions.audit import AuditLog
-    from opsconsole.actions.registry import TARGET_NODE, ActionContext, Target, plan_action, run_plan
+    from opsconsole.actions.registry import TARGET_NODE, ActionContext, Refused, Target, plan_action, run_plan
     from opsconsole.actions.runner import ActionRunner
     from opsconsole.config import ActionsConfig, Config
-    from opsconsole.model import STATE_UP, NodeFrame, NodeState
+    from opsconsole.model import STATE_UP, HostSample, NodeFrame, NodeState
 
     audit = str(tmp_path / "audit.log")
-    now = time.time()
-    state = NodeState(name="node2", state=STATE_UP, frame=NodeFrame(node="node2", time=now), received_at=now)
-    ctx = ActionContext(
-        config=Config(actions=ActionsConfig(audit_log=audit)),
-        get_state=lambda: state,
-        link=None,
-        runner=ActionRunner(AuditLog(audit)),
-    )
+
+    def context(name: str) -> ActionContext:
+        # Both slurmd of this cluster run on this machine: the frame's hostname is this host's.
+        now = time.time()
+        frame = NodeFrame(node=name, time=now, host=HostSample(hostname=socket.gethostname()))
+        state = NodeState(name=name, state=STATE_UP, frame=frame, received_at=now)
+        return ActionContext(
+            config=Config(actions=ActionsConfig(audit_log=audit)),
+            get_state=lambda: state,
+            link=None,
+            runner=ActionRunner(AuditLog(audit)),
+        )
 
     async def drain(node: str, reason: str):
+        ctx = context(node)
         plan = await plan_action("drain_node", Target(TARGET_NODE, node), ctx, {"reason": reason})
         return plan, await run_plan(plan, ctx)
 
@@ -394,10 +399,13 @@ def test_the_drain_action_drains_a_real_node_with_the_reason(cluster, tmp_path):
         assert fields["Reason"].startswith("xid 79 on gpu 3")
     finally:
         slurm("scontrol", "update", "NodeName=node2", "State=RESUME")
-    _, refused = asyncio.run(drain("node9", "no such node"))
-    assert not refused.ok and "Invalid node name specified" in refused.output
-    fields = node_state("node2")
-    assert "DRAIN" not in fields["State"]
+    # The console's own label for this machine (`local`) is no Slurm node: two run on its host, and
+    # neither is called so. Refused when planned (before, scontrol was asked to drain `local`).
+    for label in ("local", "node9"):
+        with pytest.raises(Refused, match=r"2 Slurm nodes run on host .*\(node1, node2\): none is named " + label):
+            asyncio.run(drain(label, "not this one"))
+    for name in ("node1", "node2"):
+        assert "DRAIN" not in node_state(name)["State"]
 
 
 def test_captured_show_node_reason_keeps_its_spaces():

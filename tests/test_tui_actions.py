@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -315,9 +316,13 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
 async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_newest_first(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    # Slurm calls this machine gpu-a07; the console calls it `local` (its embedded default's label).
+    host = socket.gethostname()
     (bin_dir / "scontrol").write_text(
-        "#!%s\nimport json, sys\nopen(%r, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-        % (sys.executable, str(tmp_path / "calls.jsonl"))
+        "#!%s\nimport json, sys\nif sys.argv[1:] == ['-o', 'show', 'node']:\n"
+        "    print('NodeName=gpu-a07 NodeAddr=10.0.0.7 NodeHostName=%s State=IDLE')\n"
+        "else:\n    open(%r, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        % (sys.executable, host, str(tmp_path / "calls.jsonl"))
     )
     (bin_dir / "scontrol").chmod(0o755)
     monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
@@ -339,7 +344,8 @@ async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_new
             lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the drain confirmation", pilot=pilot
         )
         body = str(app.screen.query_one("#confirm-body").render())
-        assert "scontrol update NodeName=local State=DRAIN 'Reason=XID 79 on GPU 3'" in body
+        assert "scontrol update NodeName=gpu-a07 State=DRAIN 'Reason=XID 79 on GPU 3'" in body
+        assert "Slurm node gpu-a07: Slurm's node on host %s, where local runs" % host.lower() in body
         await pilot.press("y")
         await wait_for(
             lambda: (tmp_path / "calls.jsonl").exists() and "exit status 0" in messages(app), "drain", pilot=pilot
@@ -355,7 +361,7 @@ async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_new
         assert "exit status" in str(app.screen.query_one("#result-body").render())
     assert json.loads((tmp_path / "calls.jsonl").read_text()) == [
         "update",
-        "NodeName=local",
+        "NodeName=gpu-a07",
         "State=DRAIN",
         "Reason=XID 79 on GPU 3",
     ]

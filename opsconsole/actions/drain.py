@@ -1,5 +1,8 @@
 """Draining a node in Slurm with a reason: `scontrol update NodeName=X State=DRAIN Reason=...`.
 
+X is Slurm's name for the machine, found from the host the node reports (nodes.slurm.slurm_name_of),
+not the console's label for it: `local` or a `[[nodes]] name` would drain whatever Slurm calls so.
+
 It runs on the console's machine (the login node has the Slurm client), as argv: the
 reason stays one word, spaces included, and scontrol reads `Reason=text with spaces` as
 one value. A reason must be one printable line: scontrol stores it as it is, and Slurm
@@ -8,10 +11,12 @@ tools print it in tables.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from opsconsole.actions.argv_template import VALUE_PATTERNS, fill_template
+from opsconsole.actions.plan import Refused
 
 MAX_REASON_CHARS = 200
 
@@ -34,6 +39,37 @@ def drain_argv(template: Sequence[str], node: str, reason: str) -> List[str]:
     if not VALUE_PATTERNS["node"].fullmatch(node or ""):
         raise ValueError("%r is not a Slurm node name" % node)
     return fill_template(template, {"node": node, "reason": check_reason(reason)})
+
+
+def host_names(node: str, state: Any, config: Any) -> List[str]:
+    """How the node names its own host (its last frame's hostname) first, then how the console
+    reaches it (`[[nodes]] host`); the local node without a frame yet: this machine's name."""
+    names: List[str] = []
+    frame = getattr(state, "frame", None)
+    hostname = getattr(getattr(frame, "host", None), "hostname", None)
+    if isinstance(hostname, str) and hostname:
+        names.append(hostname)
+    for entry in getattr(config, "nodes", ()) or ():
+        if entry.name == node:
+            if entry.host:
+                names.append(entry.host)
+            elif entry.local and not names:
+                import socket
+
+                names.append(socket.gethostname())
+    return names
+
+
+async def slurm_node(node: str, state: Any, config: Any) -> Tuple[str, str]:
+    """(Slurm's NodeName, the host that matched) for console node `node`; Refused when Slurm has no
+    node there or several (see nodes.slurm.slurm_name_of). scontrol runs in a thread: it can take seconds."""
+    from opsconsole.nodes.slurm import SlurmUnavailable, slurm_name_of
+
+    hosts = host_names(node, state, config)
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, slurm_name_of, node, hosts)
+    except SlurmUnavailable as exc:
+        raise Refused("%s not drained: %s" % (node, exc)) from None
 
 
 def unavailable(template: Sequence[str]) -> Optional[str]:

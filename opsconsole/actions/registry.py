@@ -374,7 +374,12 @@ async def plan_drain(action: Action, target: Target, ctx: ActionContext, params:
         raise Refused(why)
     reason = params.get("reason", "")
     try:
-        argv = drain_mod.drain_argv(ctx.config.actions.drain_command, target.node, reason)
+        drain_mod.check_reason(reason)
+    except ValueError as exc:
+        raise Refused("%s not drained: %s" % (target.node, exc)) from None
+    slurm_name, host = await drain_mod.slurm_node(target.node, ctx.get_state(), ctx.config)
+    try:
+        argv = drain_mod.drain_argv(ctx.config.actions.drain_command, slurm_name, reason)
     except ValueError as exc:
         raise Refused("%s not drained: %s" % (target.node, exc)) from None
     return Plan(
@@ -382,7 +387,10 @@ async def plan_drain(action: Action, target: Target, ctx: ActionContext, params:
         target,
         tuple(argv),
         "on this machine (Slurm controller command)",
-        notes=("Slurm stops scheduling new jobs on %s; running jobs go on" % target.node,),
+        notes=(
+            "Slurm node %s: Slurm's node on host %s, where %s runs" % (slurm_name, host, target.node),
+            "Slurm stops scheduling new jobs on %s; running jobs go on" % slurm_name,
+        ),
         params=(("reason", reason.strip()),),
     )
 

@@ -439,6 +439,54 @@ class SlurmFollower:
             await asyncio.sleep(self.interval)
 
 
+def slurm_nodes(run: Run = subprocess.run) -> List[dict]:
+    """Every node `scontrol -o show node` lists, each as its `Key=Value` fields (NodeName, NodeHostName,
+    NodeAddr, State ...; a Reason with spaces is cut at its first word, which nothing here reads)."""
+    text = _scontrol(["-o", "show", "node"], run)
+    return [parse_job_fields(line) for line in text.splitlines() if line.lstrip().startswith("NodeName=")]
+
+
+def _host_forms(name: str) -> Tuple[str, ...]:
+    """A host name as Slurm may spell it: as given and its short form, lower case."""
+    name = name.strip().lower()
+    short = name.split(".", 1)[0] if not name.replace(".", "").isdigit() else name  # not an IPv4 address
+    return (name, short) if short != name else (name,)
+
+
+def slurm_name_of(console_name: str, hostnames: Sequence[str], run: Run = subprocess.run) -> Tuple[str, str]:
+    """(Slurm's NodeName, the host that matched) of the machine the console calls `console_name`, whose
+    own host names are `hostnames` (what it reported of itself first, then how the console reaches it).
+
+    The console's name for a node is a label (`[[nodes]] name`, `local`) and need not be Slurm's: a
+    command aimed at Slurm goes to the node Slurm runs on that host (its NodeHostName, NodeAddr or
+    NodeName). Where several Slurm nodes share the host, the one named as the console names it wins;
+    otherwise SlurmUnavailable (one line) for none or several: a guess could drain another machine.
+    """
+    wanted = {form for host in hostnames if host for form in _host_forms(host)}
+    if not wanted:
+        raise SlurmUnavailable("the host name of %s is not known yet (no frame from it)" % console_name)
+    nodes = slurm_nodes(run)
+    matches = []
+    for fields in nodes:
+        name = fields.get("NodeName", "")
+        own = {form for key in ("NodeHostName", "NodeAddr", "NodeName") for form in _host_forms(fields.get(key, ""))}
+        hit = sorted(wanted & own)
+        if name and _NODE_NAME.match(name) and hit:
+            matches.append((name, hit[0]))
+    exact = [match for match in matches if match[0] == console_name]
+    if exact:
+        return exact[0]
+    if len(matches) == 1:
+        return matches[0]
+    hosts = ", ".join(sorted(wanted))
+    if not matches:
+        raise SlurmUnavailable("Slurm has no node on host %s (of the %d it lists)" % (hosts, len(nodes)))
+    raise SlurmUnavailable(
+        "%d Slurm nodes run on host %s (%s): none is named %s"
+        % (len(matches), hosts, ", ".join(name for name, _ in matches), console_name)
+    )
+
+
 def node_state(name: str, run: Run = subprocess.run) -> dict:
     """The `scontrol -o show node NAME` fields (State, Reason ...) of node `name`."""
     if not _NODE_NAME.match(name or ""):
