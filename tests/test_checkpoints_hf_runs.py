@@ -74,3 +74,10 @@ def test_the_state_written_last_is_told_by_its_own_time_not_a_later_file():
     # A note added to checkpoint-10/ at 45: its newest file is after checkpoint-12's state, its state is not.
     noted = dataclasses.replace(unit(10, 10, 0.9, 20), mtime=45.0)
     assert written_last([older_run, noted]) is older_run
+
+
+def test_two_states_naming_one_unit_give_it_one_reason():
+    """A later run's state written last (checkpoint-6) and the newest by step (checkpoint-12) naming the
+    same checkpoint-4 that agrees with both: best once, not two reasons for one unit."""
+    got, why = bests(unit(4, 4, 0.9, 10), unit(12, 4, 0.9, 30), unit(6, 4, 0.9, 40))
+    assert got == {("checkpoint-4", True)} and len(why) == 1, why

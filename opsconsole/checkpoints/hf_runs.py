@@ -96,7 +96,7 @@ def recorded_bests(entries: Mapping[str, CheckpointEntry]) -> List[BestClaim]:
     best_names = {claim.name for claim in confirmed}
     out: List[BestClaim] = []
     for claim in confirmed + [c for c in doubted if c.name not in best_names]:
-        if all(claim.name != seen.name or claim.why != seen.why for seen in out):
+        if all(claim.name != seen.name for seen in out):  # (both states naming one unit: one reason, as before)
             out.append(claim)
     return out
 
