@@ -12,6 +12,7 @@ from test_cli import ROOT, clean_home, closed_loopback_port  # noqa: F401
 
 from opsconsole.health.runner import evidence_value
 from opsconsole.probe.health_mode import no_gpu_reason, nvidia_device_files
+from opsconsole.probe.nvidia_driver import PROC_VERSION
 
 RELAXED = "[health]\ndisk_free_percent = 0\nmemory_percent = 100\nswap_used_percent = 100\niowait_percent = 100\n"
 LOCAL = '[[nodes]]\nname = "box"\nlocal = true\n'
@@ -139,6 +140,21 @@ def test_gpu_tests_on_a_node_without_a_gpu_are_skipped_not_an_error(tmp_path, cl
     assert "SKIP  box" in table.stdout and "skipped: no GPU" in table.stdout
     assert table.stdout.splitlines()[-1].endswith("1 skipped")
     assert "--force" not in table.stdout
+
+
+def test_gpu_tests_under_a_python_without_pynvml_on_a_node_without_a_driver_say_no_driver(tmp_path, clean_home):
+    if nvidia_device_files() or Path(PROC_VERSION).exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    _, env = clean_home
+    venv = tmp_path / "bare-venv"  # a real python3 without pynvml, as on a bare node
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    config = '[[nodes]]\nname = "box"\nlocal = true\npython = "%s"\n' % (venv / "bin" / "python") + RELAXED
+    done = check(tmp_path, env, config, "--json", "--gpu-tests")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (suite,) = [r for r in results_of(done) if r["check"].startswith("gpu_sanity.")]
+    assert suite["status"] == "skip"
+    assert suite["message"].startswith("skipped: no GPU (no NVIDIA driver on this node (no /proc/driver/nvidia/version")
+    assert "pynvml" not in suite["message"]
 
 
 @pytest.mark.parametrize(

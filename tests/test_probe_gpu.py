@@ -6,7 +6,9 @@ Expected values are read from the same captures the fake replays, never typed in
 from __future__ import annotations
 
 import ast
+import functools
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from nvml_replay import ReplayNvml, load_capture, load_procs_capture, replicated
 
 from opsconsole.model import GpuSample, NodeFrame, ProcessSample, from_wire, to_wire
 from opsconsole.probe import gpu as gpu_module
+from opsconsole.probe import nvidia_driver
 from opsconsole.probe.gpu import GpuReader, GpuReading, SmiError
 from opsconsole.probe.nvml_decode import (
     CLOCK_EVENT_REASONS,
@@ -33,6 +36,7 @@ from opsconsole.probe.smi import (
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 PROBE_CAPTURES = FIXTURES / "h200_probe"
+SUBPROCESS_GUARD_S = 120  # only so a hang fails the test instead of blocking the run
 RECORDED = load_capture()["devices"][0]
 LOAD = load_procs_capture()
 MIB = 1024 * 1024
@@ -517,9 +521,50 @@ def test_no_nvml_falls_back_to_nvidia_smi(error, note):
 
 def test_missing_pynvml_falls_back_to_nvidia_smi(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
-    reading = GpuReader(smi_run=real_smi).read()
+    # The capture's node had its driver (nvidia-smi answered): its /proc file is the evidence.
+    on_that_node = functools.partial(nvidia_driver.without_pynvml, evidence_of=lambda: nvidia_driver.PROC_VERSION)
+    reading = GpuReader(smi_run=real_smi, without_pynvml=on_that_node).read()
     assert reading.source == "nvidia-smi" and reading.note.startswith("pynvml not installed")
+    assert "the NVIDIA driver is present: /proc/driver/nvidia/version" in reading.note
     assert len(reading.gpus) == 1
+
+
+def python_without_pynvml(tmp_path: Path) -> Path:
+    """A real interpreter that cannot import pynvml: a fresh venv without site packages (as a bare node's python3)."""
+    venv = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=SUBPROCESS_GUARD_S)
+    python = venv / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import pynvml"], capture_output=True).returncode != 0
+    return python
+
+
+def note_without_pynvml_or_smi(python: Path) -> str:
+    """The GPU note of a real probe reading under `python`, with no nvidia-smi on PATH."""
+    code = "from opsconsole.probe.gpu import read_gpus_once; r = read_gpus_once(); print(r.source); print(r.note)"
+    env = {"PYTHONPATH": str(ROOT), "PATH": str(python.parent), "HOME": "/nonexistent"}
+    done = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, env=env, timeout=SUBPROCESS_GUARD_S, check=True
+    )
+    source, note = done.stdout.splitlines()
+    assert source == "none"
+    return note
+
+
+@pytest.mark.skipif(Path(nvidia_driver.PROC_VERSION).exists(), reason="this machine has an NVIDIA driver")
+def test_no_pynvml_on_a_node_without_a_driver_says_no_driver_not_pynvml(tmp_path):
+    note = note_without_pynvml_or_smi(python_without_pynvml(tmp_path))
+    assert (
+        note
+        == "no NVIDIA driver on this node (no /proc/driver/nvidia/version, libnvidia-ml.so.1 not loadable); nvidia-smi not found"
+    )
+    assert "pynvml" not in note
+
+
+@pytest.mark.skipif(not Path(nvidia_driver.PROC_VERSION).exists(), reason="needs a machine with an NVIDIA driver")
+def test_no_pynvml_on_a_node_with_a_driver_names_pynvml(tmp_path):
+    note = note_without_pynvml_or_smi(python_without_pynvml(tmp_path))
+    assert note.startswith("pynvml not installed (No module named 'pynvml'")
+    assert "the NVIDIA driver is present: /proc/driver/nvidia/version" in note and "no NVIDIA driver" not in note
 
 
 def test_no_nvml_and_no_nvidia_smi_reports_none_with_the_reason(monkeypatch):
@@ -674,7 +719,7 @@ def test_the_fake_mirrors_pynvml_names_and_error_classes():
 # --- shipping constraints --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["gpu.py", "smi.py", "nvml_decode.py"])
+@pytest.mark.parametrize("module", ["gpu.py", "smi.py", "nvml_decode.py", "nvidia_driver.py"])
 def test_probe_modules_parse_as_python_38_and_import_only_stdlib(module):
     source = (ROOT / "opsconsole" / "probe" / module).read_text()
     tree = ast.parse(source, feature_version=(3, 8))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from opsconsole.model import GpuSample, MigDevice, ProcessSample
+from opsconsole.probe import nvidia_driver
 from opsconsole.probe import nvml_decode as nv
 from opsconsole.probe.smi import (
     BASIC_GPU_FIELD_LIST,
@@ -124,10 +125,12 @@ class GpuReader(object):
         slow_every: int = 5,
         nvml: Any = None,
         smi_run: Optional[Callable[[List[str]], str]] = None,
+        without_pynvml: Callable[[str], str] = nvidia_driver.without_pynvml,
     ) -> None:
         self.slow_every = max(1, int(slow_every))
         self._nvml = nvml
         self._smi_run = smi_run
+        self._without_pynvml = without_pynvml
         self._started = False
         self._closed = False
         self.source = "none"
@@ -152,7 +155,8 @@ class GpuReader(object):
             try:
                 import pynvml as nvml  # type: ignore[no-redef]
             except Exception as exc:  # ImportError, or a broken install
-                reason = "pynvml not installed (%s)" % _describe(exc)
+                # No pynvml says nothing of the GPUs: tell a node without a driver from one without the binding.
+                reason = self._without_pynvml(_describe(exc))
                 nvml = None
         if nvml is not None:
             try:

@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from opsconsole.probe import nvidia_driver
+
 PASS, WARN, FAIL, ERROR, SKIP = "pass", "warn", "fail", "error", "skip"
 PREFIX = "gpu_sanity."
 EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
@@ -153,8 +155,14 @@ def nvml_inventory() -> Tuple[Optional[List[Dict[str, Any]]], str]:
             pynvml.nvmlShutdown()
     except Exception as exc:
         nvml_error = "%s: %s" % (type(exc).__name__, exc)
+        no_pynvml = isinstance(exc, ImportError)
     smi = shutil.which("nvidia-smi")
     if smi is None:
+        # Without pynvml (or NVML) and nvidia-smi, the driver's own traces tell "no GPU here" from "no tools".
+        if nvidia_driver.driver_evidence() is None:
+            return None, nvidia_driver.NO_DRIVER_DETAIL
+        if no_pynvml:
+            return None, "%s and nvidia-smi is missing" % nvidia_driver.without_pynvml(nvml_error)
         return None, "NVML failed (%s) and nvidia-smi is missing" % nvml_error
     try:
         gpus = subprocess.run(
