@@ -266,8 +266,8 @@ def test_a_damaged_or_foreign_store_is_ignored_and_the_files_are_read(kept_units
             record[6], record[7] = 1, ["x"]
         for record in units["units"].values():
             record[4][12] = ["a", 1]  # the details, flattened: a number where a text goes
-        details = head["listing"][2][len(proofs_module._ENTRY_SCALARS) + 2 + 12]  # the details column
-        details[0] = ["a", 1]
+        details = head["listing"][2][len(proofs_module._ENTRY_SCALARS) + 2 + 12]  # the details column (indexes)
+        details[0] = ["a", 1]  # a list where an index goes
         path.write_text("\n".join(json.dumps(part) for part in (head, units, files)))
     elif damage == "group-writable":
         path.chmod(0o664)

@@ -82,9 +82,20 @@ def through_json(record):
     return json.loads(json.dumps(record))
 
 
+def through_store(columns):
+    """Columns as a store keeps them (JSON) and decodes them (each value's type checked): None when refused."""
+    return proofs.decode_columns(json.dumps(columns).encode())
+
+
+def entries_of(columns, place):
+    """The entries of columns gone through the store: None when the decoder or entries_from_columns refuses them."""
+    decoded = through_store(columns)
+    return None if decoded is None else entries_from_columns(decoded, place)
+
+
 def entry_from_record(record, path, judged):
     """One entry's record decoded as the only row of a kept listing's columns (None: refused)."""
-    entries = entries_from_columns(through_json(listing_columns([record])), lambda names, is_dirs: [(path, judged)])
+    entries = entries_of(listing_columns([record]), lambda names, is_dirs: [(path, judged)])
     return None if entries is None else entries[0]
 
 
@@ -174,7 +185,7 @@ def test_an_entry_record_with_one_wrong_value_is_refused(where):
 def test_a_listing_whose_columns_are_not_one_row_per_entry_is_refused(where):
     columns = through_json(listing_columns([record_of_entry(ENTRY), record_of_entry(ENTRY)]))
     place = lambda names, is_dirs: [(ENTRY.path, ())] * len(names)  # noqa: E731
-    assert len(entries_from_columns(copy.deepcopy(columns), place)) == 2
+    assert len(entries_of(copy.deepcopy(columns), place)) == 2
     if where == "a column short":
         columns[20].pop()
     elif where == "a column too many":
@@ -185,7 +196,7 @@ def test_a_listing_whose_columns_are_not_one_row_per_entry_is_refused(where):
         columns[3] = {"0": 1.0, "1": 2.0}
     else:
         columns = []
-    assert entries_from_columns(columns, place) is None
+    assert entries_of(columns, place) is None
 
 
 def test_what_a_record_cannot_hold_is_not_kept():

@@ -39,8 +39,9 @@ import math
 import operator
 import os
 import stat as stat_module
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Annotated, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+import msgspec
 import orjson
 
 from opsconsole.checkpoints.records import (
@@ -136,7 +137,7 @@ class ProofStore:
         key = hashlib.sha256(named.encode("utf-8", "surrogateescape"))
         self.path = os.path.join(directory, key.hexdigest()[:32] + ".json") if directory else None
         self._loaded = False
-        self._listing: Any = None  # [digest, other, entry records] as read, unchecked
+        self._listing: Any = None  # (digest, other, columns) as decoded against _HEAD: typed, not yet checked whole
         self._raw_units: Optional[memoryview] = None
         self._raw_files: Optional[memoryview] = None
         self._records_read: Optional[Dict[str, list]] = None
@@ -235,13 +236,22 @@ class ProofStore:
         if second < 0 or data.find(b"\n", second + 1) >= 0:
             return
         view = memoryview(data)
+        # The first line decoded against its schema (_Head), each value's type checked in C; a kept
+        # listing off in any way leaves the units and files of the store to use (their format read alone).
         try:
-            head = orjson.loads(view[:first])
-        except orjson.JSONDecodeError:
+            head: Any = _HEAD.decode(view[:first])
+            listing = head.listing
+        except msgspec.ValidationError:
+            try:
+                head = _FORMAT_ONLY.decode(view[:first])
+            except msgspec.MsgspecError:
+                return
+            listing = None
+        except msgspec.MsgspecError:
             return
-        if type(head) is not dict or head.get("format") != FORMAT:
+        if head.format != FORMAT:
             return
-        self._listing = head.get("listing")
+        self._listing = listing
         self._raw_units, self._raw_files = view[first + 1 : second], view[second + 1 :]
 
     def flush(self) -> None:
@@ -338,13 +348,7 @@ class ProofStore:
             return None
         self._load()
         kept = self._listing
-        if (
-            type(kept) is not list
-            or len(kept) != 3
-            or kept[0] != digest
-            or kept[1] != other
-            or type(kept[1]) is not int
-        ):
+        if kept is None or kept[0] != digest or kept[1] != other:
             return None
         entries = entries_from_columns(kept[2], place)
         if entries is not None:
@@ -643,10 +647,10 @@ def record_of_entry(entry: CheckpointEntry, meta: Optional[list] = None) -> Opti
 
 # A kept listing is its entries' records by column (each entry's record is a row): one list of
 # every entry's name, one of every format ..., then one per meta field, then five tables that the
-# columns of texts point into. Each column is checked in one C-level pass (the types in it against
-# the column's, an index against its table's length), and the entries are built by C-level passes
-# too (map, zip, dict.update) without the dataclasses' __init__: a listing of many units costs a
-# few passes per field, not Python code per value.
+# columns of texts point into. Every value's type is checked by msgspec, in C, as the store's first
+# line is decoded (_Columns), an index by its use, and the entries are built by C-level passes (map,
+# zip, dict.update) without the dataclasses' __init__: a listing of many units costs a few passes
+# per field, not Python code per value.
 #
 # What repeats from unit to unit is kept once (format 4): a Trainer's units name the same
 # trainer_state.json keys, in the same detail lines, with the same state-dict summary, and a
@@ -659,10 +663,7 @@ def record_of_entry(entry: CheckpointEntry, meta: Optional[list] = None) -> Opti
 # them are immutable (tuples, frozen dataclasses).
 LISTING_ROW_COLUMNS = len(_ENTRY_SCALARS) + 2 + _META_RECORD_LENGTH
 _LISTING_TABLES = 5  # texts, pairs, text tuples, pair tuples, state-dict summaries
-_ENTRY_COLUMN_TYPES: Tuple[Set[type], ...] = tuple(set(types) for types in _ENTRY_SCALAR_TYPES)
-_META_COLUMN_TYPES: Tuple[Set[type], ...] = tuple(set(types) for types in _META_SCALAR_TYPES)
 _INTEGRITY_SET = set(INTEGRITIES)
-_LIST = {list}
 _EVEN = operator.itemgetter(slice(0, None, 2))
 _ODD = operator.itemgetter(slice(1, None, 2))
 _MEMBERS = len(_ENTRY_SCALARS)
@@ -741,41 +742,83 @@ def listing_columns(rows: Sequence[list]) -> list:
     return columns + [texts.values, flat_pairs, text_tuples.values, pair_tuples.values, summaries.values]
 
 
+# What a kept listing's columns must be, checked by msgspec in C as the store's first line is decoded
+# (every value's type, every int within 64 bits): a column of each field's type, then the tables.
+_INT64 = Annotated[int, msgspec.Meta(ge=1 - INT_BOUND, le=INT_BOUND - 1)]  # as _int_ok
+
+
+def _column_type(types: Sequence[type]) -> Any:
+    """List[T] of a field whose values are of `types` (int: within 64 bits)."""
+    return List[Union[tuple(_INT64 if t is int else t for t in types)]]  # type: ignore[misc]
+
+
+_INDEXES = List[int]  # into a table: each checked by its use (entries_from_columns)
+_COLUMN_TYPES = (
+    tuple(map(_column_type, _ENTRY_SCALAR_TYPES))
+    + (_INDEXES, _INDEXES)  # members, protections
+    + tuple(map(_column_type, _META_SCALAR_TYPES))
+    + (List[List[Union[str, _INT64, float]]], _INDEXES, _INDEXES, _INDEXES)  # metrics, top_keys, details, state_dict
+    + (List[str], _INDEXES, List[_INDEXES], List[_INDEXES])  # texts, pairs, text tuples, pair tuples
+    + (List[Tuple[_INT64, List[Union[str, _INT64]], _INT64, str]],)  # state-dict summaries
+)
+_Columns = Tuple[_COLUMN_TYPES]  # type: ignore[valid-type]
+
+
+class _Head(msgspec.Struct):
+    """The store's first line: its format and the kept listing, (digest, names that are no checkpoint, columns)."""
+
+    format: int
+    listing: Optional[Tuple[str, int, _Columns]] = None  # type: ignore[valid-type]
+
+
+class _FormatOnly(msgspec.Struct):
+    format: int
+
+
+_HEAD = msgspec.json.Decoder(_Head)
+_FORMAT_ONLY = msgspec.json.Decoder(_FormatOnly)
+_COLUMNS = msgspec.json.Decoder(_Columns)
+
+
+def decode_columns(data: bytes) -> Optional[tuple]:
+    """A kept listing's columns (listing_columns) from their JSON, each value's type checked; None when one is off."""
+    try:
+        return _COLUMNS.decode(data)
+    except msgspec.MsgspecError:
+        return None
+
+
 def _tuples_of(rows: list, table: list) -> list:
     """Each of `rows` (a list of indexes into `table`) as a tuple of the values they point to.
 
-    TypeError or IndexError when one is no list of ints within the table: a kept listing's every
-    index is checked by its use, in C (an index from the end is one within the table too)."""
-    return list(map(tuple, map(map, itertools.repeat(table.__getitem__), rows)))
+    IndexError when one is off the table: a kept listing's every index is checked by its use, in C
+    (an index from the end is one within the table too). operator.itemgetter builds each tuple in
+    one call (a map over the row costs a call per index)."""
+    out = []
+    for row in rows:
+        if len(row) > 1:
+            out.append(operator.itemgetter(*row)(table))
+        else:
+            out.append(tuple(map(table.__getitem__, row)))
+    return out
 
 
 def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEntry]]:
-    """The entries a kept listing's columns hold, every value type-checked; None when any is off.
+    """The entries a kept listing's columns hold (as decoded against _Columns: every value of its
+    field's type); None when any is off (rows of unequal lengths, an integrity no listing gives,
+    metrics that are no (name, number) pairs, a summary no StateDictSummary holds, an index off its
+    table, names that are not exactly the listing's units).
 
     `place(names, is_dirs)` gives each entry's path and judged files from the listing just made
     (never from the record), or None when the names are not exactly its units."""
-    if (
-        type(columns) is not list
-        or len(columns) != LISTING_ROW_COLUMNS + _LISTING_TABLES
-        or not set(map(type, columns)) <= _LIST
-    ):
-        return None
     texts, flat_pairs, text_tuple_rows, pair_tuple_rows, summary_rows = columns[LISTING_ROW_COLUMNS:]
     columns = columns[:LISTING_ROW_COLUMNS]
     count = len(columns[0])
-    if count > MAX_LISTED_ENTRIES or set(map(len, columns)) != {count} or not _texts(texts) or len(flat_pairs) & 1:
+    if count > MAX_LISTED_ENTRIES or set(map(len, columns)) != {count} or len(flat_pairs) & 1:
         return None
     entry_columns, meta_columns, metrics = columns[:_MEMBERS], columns[_META:_METRICS], columns[_METRICS]
-    for column, allowed in zip(entry_columns, _ENTRY_COLUMN_TYPES):
-        if not set(map(type, column)) <= allowed:
-            return None
-    if not set(entry_columns[5]) <= _INTEGRITY_SET:
-        return None
-    for column, allowed in zip(meta_columns, _META_COLUMN_TYPES):
-        if not set(map(type, column)) <= allowed:
-            return None
     if (
-        not set(map(type, metrics)) <= _LIST
+        not set(entry_columns[5]) <= _INTEGRITY_SET
         or any(map(operator.and_, map(len, metrics), itertools.repeat(1)))  # a list of pairs of odd length
         or not _texts(list(_chain(map(_EVEN, metrics))))
         or not set(map(type, _chain(map(_ODD, metrics)))) <= _NUMBER
@@ -783,13 +826,13 @@ def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEn
         return None
     state_dicts: List[Optional[StateDictSummary]] = []
     for summary in summary_rows:
-        state_dict = _state_dict_summary(summary)
+        state_dict = _state_dict_summary(list(summary))
         if state_dict is None:
             return None
         state_dicts.append(state_dict)
     state_dicts.append(None)  # index -1: no summary
-    # The tables' values, each decoded once, then each row's: an index off its table (or no int) is a
-    # TypeError or IndexError here, before anything is built.
+    # The tables' values, each decoded once, then each row's: an index off its table is an
+    # IndexError here, before anything is built.
     try:
         text_of = texts.__getitem__
         pairs = list(zip(map(text_of, _EVEN(flat_pairs)), map(text_of, _ODD(flat_pairs))))
@@ -799,7 +842,7 @@ def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEn
         top_keys = list(map(text_tuples.__getitem__, columns[_TOP_KEYS]))
         details = list(map(pair_tuples.__getitem__, columns[_DETAILS]))
         summaries = list(map(state_dicts.__getitem__, columns[_STATE_DICT]))
-    except (TypeError, IndexError):
+    except IndexError:
         return None
     placed = place(entry_columns[0], entry_columns[4])
     if placed is None or len(placed) != count:

@@ -1018,58 +1018,60 @@ class _ListingKey(NamedTuple):
 
     digest: str
     newest_ctime_ns: int
-    # Each directory listed but the root (path relative to root): its files' judged identities
-    # (judged_identity, path relative to the root), sorted by name, and how many items it holds.
-    judged: Dict[str, Tuple[Tuple[Tuple[Any, ...], ...], int]]
+    # Every item's judged identity (judged_identity, its path relative to the root), the root's
+    # first, then each listed directory's, each directory's by name; whether each is a file; and
+    # where each listed directory's begin and end among them (by its path relative to the root).
+    identities: List[Tuple[Any, ...]]
+    is_file: List[bool]
+    spans: Dict[str, Tuple[int, int]]
+
+    def judged(self, rel: str) -> Tuple[Tuple[Any, ...], ...]:
+        """The files of listed directory `rel`, as read_unit_dir judges a unit's (sorted by name)."""
+        start, end = self.spans[rel]
+        files = self.identities[start:end]
+        kinds = self.is_file[start:end]
+        return tuple(files if all(kinds) else itertools.compress(files, kinds))
 
 
 def _listing_key(
     root: str, items: List[DirItem], listed_dirs: List[Tuple[str, List[DirItem]]]
 ) -> Optional[_ListingKey]:
     """The digest of every name and identity (mode, device, inode, size, mtime, ctime) of every
-    directory the listing listed, the newest ctime (ns) among them, and each listed directory's
-    files as a kept listing's units are judged (read_unit_dir's judged files); None where a file
-    system gives no identity (SFTP).
+    directory the listing listed, the newest ctime (ns) among them, and every item's judged identity
+    (read_unit_dir's judged files are those of a unit's directory); None where a file system gives
+    no identity (SFTP).
 
-    The digest is of the judged identities themselves (each item's, by name in each directory) and
-    the modes: a new process computes it before anything else and, when the kept listing is its
-    own, takes each unit's judged files from the same tuples (one pass over the stats, not two)."""
+    The digest is of the judged identities themselves (by name in each directory) and the modes: a
+    new process computes it before anything else and, when the kept listing is its own, takes each
+    unit's judged files from the same tuples. One pass over all the directories' items at once (each
+    directory's path and length mark where its items begin): per-directory passes cost more."""
     folders = [("", items)] + listed_dirs
-    judged: Dict[str, Tuple[Tuple[Tuple[Any, ...], ...], int]] = {}
-    everything: List[Tuple[Any, ...]] = []
-    raws: List[Any] = []
-    add, repeat = operator.add, itertools.repeat
-    for rel, children in folders:
-        ordered = sorted(children)  # by name: a DirItem is (name, stat) and names in one directory differ
-        folder_raws = list(map(_RAW, map(_STAT, ordered)))
-        if not all(folder_raws):
-            return None
-        identities = list(
-            map(add, zip(map(add, repeat(rel + "/" if rel else ""), map(_NAME, ordered))), map(_JUDGED, folder_raws))
-        )
-        everything += identities
-        raws += folder_raws
-        if rel:
-            kinds = list(map(_IS_FILE, map(_STAT, ordered)))
-            files = identities if all(kinds) else list(itertools.compress(identities, kinds))
-            judged[rel] = (tuple(files), len(children))
+    ordered = [sorted(children, key=_NAME) for children in map(_STAT_LIST, folders)]  # names in one directory differ
+    counts = list(map(len, ordered))
+    everything = list(itertools.chain.from_iterable(ordered))
+    stats = list(map(_STAT, everything))
+    raws = list(map(_RAW, stats))
+    if not all(raws):
+        return None
+    rels = list(map(_NAME, folders))
+    prefixes = itertools.chain.from_iterable(map(itertools.repeat, [rel + "/" if rel else "" for rel in rels], counts))
+    identities = list(map(operator.add, zip(map(operator.add, prefixes, map(_NAME, everything))), map(_JUDGED, raws)))
     try:
         data = orjson.dumps(
-            [
-                proofs_module.FORMAT,
-                _code_stamp(),
-                root,
-                list(map(_NAME, folders)),
-                list(map(len, map(_STAT_LIST, folders))),
-                everything,
-                list(map(_MODE, raws)),
-            ]
+            [proofs_module.FORMAT, _code_stamp(), root, rels, counts, identities, list(map(_MODE, raws))]
         )
     except TypeError:  # a name that is no valid UTF-8 (surrogate escapes): nothing kept
         return None
+    bounds = list(itertools.accumulate(counts, initial=0))
     # SHA-256 (hardware-assisted where the CPU has SHA extensions): 12 us for 20 HF units' 16.6 kB,
     # blake2b 22 us; 160 bits of it kept, as many as before.
-    return _ListingKey(hashlib.sha256(data).hexdigest()[:40], max(map(_CTIME, raws), default=0), judged)
+    return _ListingKey(
+        hashlib.sha256(data).hexdigest()[:40],
+        max(map(_CTIME, raws), default=0),
+        identities,
+        list(map(_IS_FILE, stats)),
+        dict(zip(rels, zip(bounds, bounds[1:]))),
+    )
 
 
 def _kept_listing(
@@ -1093,8 +1095,9 @@ def _kept_listing(
             if unit.kind is not None:
                 # read_unit_dir's judged files: every file of the directory, or none when its walk
                 # was cut short (_walk_unit: over MAX_UNIT_FILES items, as many files or more).
-                files, count = key.judged[unit.rel]
-                judged = () if count > MAX_UNIT_FILES and len(files) >= MAX_UNIT_FILES else files
+                judged = key.judged(unit.rel)
+                if len(unit.children or ()) > MAX_UNIT_FILES and len(judged) >= MAX_UNIT_FILES:
+                    judged = ()
             elif unit.group is not None and unit.group.layout == LAYOUT_FILE and unit.item is not None:
                 judged = (judged_identity(unit.item.name, unit.item.stat),)
             else:
