@@ -169,13 +169,36 @@ def test_cli_lists_and_cleans_up_a_node_directory(sshd_factory, odd_dir, tmp_pat
     assert cli.main(["checkpoints", str(odd_dir), "--node", "n1", "--config", str(config), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["node"] == "n1" and {Path(c["path"]).name for c in doc["checkpoints"]} >= set(ODD_NAMES)
+    assert cli.main(["checkpoints", str(odd_dir), "--node", "n1", "--config", str(config)]) == 0
+    # The same path often exists on every node: the listing and the plan say which machine's it is.
+    assert " in n1:%s, " % odd_dir in capsys.readouterr().out
     assert cli.main(["checkpoints", str(odd_dir), "--node", "nope", "--config", str(config)]) == 2
     assert "no such node" in capsys.readouterr().err
     code = cli.main(["cleanup", str(odd_dir), "--node", "n1", "--config", str(config), "--keep", "1", "--yes"])
     out = capsys.readouterr().out
     assert code == 0, out
+    assert "(keep 1, min-age 600s) in n1:%s\n" % odd_dir in out
     assert len(set(ODD_NAMES) & {p.name for p in odd_dir.iterdir()}) == 1 and "deleted" in out
     assert (odd_dir / "checkpoint_latest.pt").is_symlink() and (odd_dir / "checkpoint_best.pt").exists()
+
+
+@pytest.mark.parametrize("node, place", [("n1", "n1:/data/run"), ("local", "/data/run")])
+def test_the_cleanup_prompt_names_the_machine_whose_files_go(node, place):
+    import io
+    from types import SimpleNamespace
+
+    from opsconsole.commands.cleanup import confirmed_at_prompt
+
+    plan = SimpleNamespace(node=node, to_delete=("a", "b"), bytes_freed=2 * 2**30)
+    asked = io.StringIO()
+    assert confirmed_at_prompt(plan, "/data/run", stdin=io.StringIO("run\n"), stderr=asked)
+    assert (
+        asked.getvalue() == "delete 2 checkpoints (2.0 GiB) in %s? type the directory's name, run, to confirm: " % place
+    )
+    one = SimpleNamespace(node=node, to_delete=("a",), bytes_freed=2**20)
+    asked = io.StringIO()
+    assert not confirmed_at_prompt(one, "/data/run", stdin=io.StringIO("n\n"), stderr=asked)
+    assert "delete 1 checkpoint (1.0 MiB) in %s? [y/N] " % place in asked.getvalue()
 
 
 # --- deletion through the node-side helper: pinned root, whole units, in use by maps, audit first ----------

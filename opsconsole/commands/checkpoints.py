@@ -193,14 +193,23 @@ def listing_table(listing: Any, now: float) -> str:
                 "; ".join(p for p in (e.problem, e.unreadable if e.unreadable != e.problem else None) if p),
             )
         )
-    text = format_table(rows) if listing.entries else "no checkpoints in %s\n" % printable_line(listing.root)
+    place = place_text(listing.node, listing.root)
+    text = format_table(rows) if listing.entries else "no checkpoints in %s\n" % place
     free = (
         ""
         if listing.free_bytes is None
         else ", %s free of %s" % (size_text(listing.free_bytes), size_text(listing.fs_bytes))
     )
-    text += totals_text(listing) + " in %s%s\n" % (printable_line(listing.root), free)
+    text += totals_text(listing) + " in %s%s\n" % (place, free)
     return text
+
+
+def place_text(node: Optional[str], root: str) -> str:
+    """Where a listing or plan is: the directory, as NODE:DIR when it is on another machine (a plan to
+    delete must say which machine's files go; the same path often exists on every node)."""
+    if node and node != "local":
+        return printable_line("%s:%s" % (node, root))
+    return printable_line(root)
 
 
 def totals_text(listing: Any) -> str:

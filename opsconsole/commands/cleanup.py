@@ -83,8 +83,9 @@ def _configured_entry(config: Any, root: str, node: Optional[str]) -> Any:
 
 def plan_table(plan: Any) -> str:
     """The plan as text: one line per checkpoint (keep/delete, size, reason), then the bytes freed."""
-    from opsconsole.commands.checkpoints import format_table, size_text
+    from opsconsole.commands.checkpoints import format_table, place_text, size_text
 
+    place = place_text(plan.node, plan.root)
     rows = [("ACTION", "SIZE", "NAME", "UNIT", "REASON")]
     for item in plan.items:
         unit = ("%s: %s" % (item.layout, item.unit)) if getattr(item, "layout", "") else ""
@@ -97,7 +98,7 @@ def plan_table(plan: Any) -> str:
                 item.reason,
             )
         )
-    text = format_table(rows) if plan.items else "no checkpoints in %s\n" % printable_line(plan.root)
+    text = format_table(rows) if plan.items else "no checkpoints in %s\n" % place
     for warning in plan.warnings:
         text += "warning: %s\n" % printable_line(warning)
     managed = sum(1 for item in plan.items if item.series is not None)
@@ -111,7 +112,7 @@ def plan_table(plan: Any) -> str:
             size_text(plan.bytes_freed),
             plan.keep,
             plan.min_age,
-            printable_line(plan.root),
+            place,
         )
     )
     return text
@@ -126,14 +127,16 @@ def ask(question: str, stdin: TextIO = sys.stdin, stderr: TextIO = sys.stderr) -
 
 def confirmed_at_prompt(plan: Any, root: str, stdin: TextIO = sys.stdin, stderr: TextIO = sys.stderr) -> bool:
     """One unit: y/N. More than one: the directory's name typed, as the console asks (a stray `y` deletes nothing)."""
-    from opsconsole.commands.checkpoints import size_text
+    from opsconsole.commands.checkpoints import place_text, size_text
 
     count, size = len(plan.to_delete), size_text(plan.bytes_freed)
+    place = place_text(plan.node, root)
     if count == 1:
-        return ask("delete 1 checkpoint (%s)? [y/N] " % size, stdin, stderr)
+        return ask("delete 1 checkpoint (%s) in %s? [y/N] " % (size, place), stdin, stderr)
     word = posixpath.basename(posixpath.normpath(root)) or root
     stderr.write(
-        "delete %d checkpoints (%s)? type the directory's name, %s, to confirm: " % (count, size, printable_line(word))
+        "delete %d checkpoints (%s) in %s? type the directory's name, %s, to confirm: "
+        % (count, size, place, printable_line(word))
     )
     stderr.flush()
     return stdin.readline().strip() == word
