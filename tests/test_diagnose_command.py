@@ -12,9 +12,10 @@ import pytest
 
 from opsconsole.diagnosis.knowledge import (
     CATEGORIES,
-    HOST_OOM_INFERRED_CAUSE,
-    HOST_OOM_INFERRED_REMEDY,
     HOST_OOM_SEEN_CAUSE,
+    RANK_CRASH_REMEDIES,
+    SIGKILL_CAUSE,
+    SIGKILL_TITLE,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,25 +37,31 @@ def diagnose(*args: str, stdin=None, input_bytes: bytes = None, cwd: Path = ROOT
 
 
 def test_json_is_one_object_per_file_in_the_issue_shape():
-    files = ["cuda_oom_rank3_then_nccl.log", "healthy_torchrun_nccl_info.log", "host_oom_elastic_peers_nccl.log"]
+    files = [
+        "cuda_oom_rank3_then_nccl.log",
+        "healthy_torchrun_nccl_info.log",
+        "rank_crashed_sigkill_elastic_peers_nccl.log",
+    ]
     done = diagnose("--json", *[str(CORPUS / name) for name in files])
     assert done.returncode == 0, done.stderr
     documents = [json.loads(line) for line in done.stdout.decode().splitlines()]
     assert [doc["file"] for doc in documents] == [str(CORPUS / name) for name in files]
     assert [doc["root_cause"] for doc in documents] == [LABELS[name]["root_cause"] for name in files]
     assert all(list(doc)[:3] == ["file", "root_cause", "findings"] for doc in documents)
-    # Beyond the issue's shape only where the input holds torchelastic's failure table: the rank it names, its rows.
-    assert [list(doc)[3:] for doc in documents] == [[], [], ["rank", "launcher_failures"]]
+    # Beyond the issue's shape only where the input holds torchelastic's failure table: the rank it names, its rows;
+    # and the headline where the verdict says more than its category's title (the rank killed by SIGKILL).
+    assert [list(doc)[3:] for doc in documents] == [[], [], ["title", "rank", "launcher_failures"]]
     assert documents[2]["rank"] is not None and documents[2]["launcher_failures"]
+    assert documents[2]["title"] == "Rank %d was killed by signal SIGKILL" % documents[2]["rank"]
     assert documents[1]["findings"] == []
     text_lines = (CORPUS / files[0]).read_text(encoding="utf-8").splitlines()
     for finding in documents[0]["findings"] + documents[2]["findings"]:
         assert list(finding) == FINDING_KEYS
         entry = CATEGORIES[finding["category"]]
         expected = (entry.severity, entry.title, entry.cause, entry.remedy)
-        if finding["category"] == "host_oom" and "Out of memory" not in finding["excerpt"]:
-            # SIGKILL without the OOM killer's line: host_oom inferred, with how to confirm it.
-            expected = ("error", entry.title, HOST_OOM_INFERRED_CAUSE, HOST_OOM_INFERRED_REMEDY)
+        if finding["category"] == "rank_crashed":
+            # SIGKILL without the OOM killer's line: a killed rank, with who may have sent it.
+            expected = (entry.severity, SIGKILL_TITLE, SIGKILL_CAUSE, RANK_CRASH_REMEDIES["SIGKILL"])
         elif finding["category"] == "host_oom":
             expected = (entry.severity, entry.title, HOST_OOM_SEEN_CAUSE, entry.remedy)
         assert (finding["severity"], finding["title"], finding["cause"], finding["remedy"]) == expected

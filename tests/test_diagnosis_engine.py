@@ -67,7 +67,7 @@ EXAMPLES = {
         False,
     ): "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
     ("dataloader_worker", True): "RuntimeError: Caught KeyError in DataLoader worker process 3.",
-    ("host_oom", True): "  exitcode  : -9 (pid: 2630)",
+    ("rank_crashed", True): "  exitcode  : -9 (pid: 2630)",
     (
         "nccl_network",
         False,
@@ -103,8 +103,10 @@ def test_every_precedence_level_has_an_example_that_matches_it():
     assert match_line(APP_ERROR_TRACEBACK[-1]) == [("app_error", False)]
     assert diagnose_lines(APP_ERROR_TRACEBACK).root_cause == "app_error"
     assert diagnose_lines(APP_ERROR_TRACEBACK).findings[0].frame == "/work/train.py:41 in <module>"
-    # rank_crashed is the verdict's (a launcher's row read with the peers' reports), never a line's finding.
-    assert {category for category, _ in ROOT_CAUSE_ORDER} == set(CATEGORIES) - {"rank_crashed"}
+    # Every category has its place; rank_crashed's as a line is a SIGKILL's (weak: who sent it is not known), as
+    # a verdict also a launcher's row read with the peers' reports.
+    assert {category for category, _ in ROOT_CAUSE_ORDER} == set(CATEGORIES)
+    assert [weak for category, weak in ROOT_CAUSE_ORDER if category == "rank_crashed"] == [True]
 
 
 PAIRS = [(cause, symptom) for cause, symptom in itertools.combinations(ROOT_CAUSE_ORDER, 2)]
@@ -151,7 +153,7 @@ MIXED_CASES = [
             "E1129 03:25:27.620000 2606 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) local_rank: 0 (pid: 2630) of binary: /usr/bin/python",
             "  traceback : Signal 9 (SIGKILL) received by PID 2630",
         ],
-        "host_oom",
+        "rank_crashed",
     ),
     (
         "the launcher's report alone names a failed peer",
@@ -573,20 +575,25 @@ def test_the_torchelastic_failure_table_is_parsed():
     assert root.time == local_epoch(2026, 12, 3, 10, 10, 8) and root.killed and not other.killed
 
 
-def test_sigkill_alone_is_host_oom_inferred_on_the_tables_rank_and_the_oom_killer_line_makes_it_seen():
+def test_sigkill_alone_is_a_killed_rank_on_the_tables_rank_and_the_oom_killer_line_makes_it_host_oom():
     diagnoser = Diagnoser()
     for number, line in enumerate(TABLE, 1):
         diagnoser.feed_text(line, number, "launcher.log")
     verdict = diagnoser.verdict()
-    assert (verdict.category, verdict.rank, verdict.launcher.rank) == ("host_oom", 3, 3)
-    assert verdict.finding.evidence == "inferred" and verdict.finding.severity == "error"
-    assert "sacct" in verdict.finding.remedy and "OUT_OF_MEMORY" in verdict.finding.remedy
-    row = next(row for row in diagnoser.summary() if row.category == "host_oom")
-    assert row.severity == "error"
-    # The kernel's own line: seen, critical, and the row says so.
+    # Who sent the SIGKILL is not in the table: the OOM killer, a scheduler's limit, a kill -9.
+    assert (verdict.category, verdict.rank, verdict.launcher.rank) == ("rank_crashed", 3, 3)
+    assert verdict.finding.title == "Rank 3 was killed by signal SIGKILL" and verdict.finding.weak
+    assert all(word in verdict.finding.remedy for word in ("dmesg", "memory.events", "oom_kill", "sacct", "kill -9"))
+    assert "kill -9" in verdict.finding.cause and "scheduler" in verdict.finding.cause
+    row = next(row for row in diagnoser.summary() if row.category == "rank_crashed")
+    assert row.title == "Killed by SIGKILL (no OOM-killer line seen)"
+    assert not [row for row in diagnoser.summary() if row.category == "host_oom"]
+    # The kernel's own line: the OOM killer it was, host_oom, seen.
     diagnoser.feed_text("[2059991.491542] Out of memory: Killed process 4242 (python) total-vm:53312244kB", 1, "dmesg")
+    verdict = diagnoser.verdict()
+    assert (verdict.category, verdict.finding.evidence, verdict.rank) == ("host_oom", "seen", 3)
     row = next(row for row in diagnoser.summary() if row.category == "host_oom")
-    assert (row.severity, diagnoser.verdict().finding.evidence) == ("critical", "seen")
+    assert row.severity == "critical"
     for line in (
         "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=4242.0. Some of your processes may have been killed by the cgroup out-of-memory handler.",
         "[12.3] Memory cgroup out of memory: Killed process 4242 (python) total-vm:1kB",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -193,18 +194,50 @@ def test_an_embedding_index_out_of_range_is_app_error_on_rank_1(runs):
     assert root["line"] == result["line"] and "label range" in root["remedy"]
 
 
-def test_a_sigkilled_rank_is_host_oom_inferred_on_the_rank_the_launcher_names(runs):
+def test_a_sigkilled_rank_without_an_oom_killer_line_is_a_killed_rank_not_host_oom(runs):
+    # Rank 1 kills itself with SIGKILL (as a kill -9 would): nothing in the run says the OOM killer sent it, so the
+    # verdict is the killed rank, with every sender to check; it was "Host out of memory (OOM killer)".
     directory, status = runs["sigkill"]
     assert status != 0
     result = verdict(directory)
-    assert (result["root_cause"], result["rank"]) == ("host_oom", 1)
+    assert (result["root_cause"], result["rank"]) == ("rank_crashed", 1)
     assert result["file"] == str(directory / "launcher.log")
+    assert result["title"] == "Rank 1 was killed by signal SIGKILL"
+    # Who may have sent it, and how to tell: the OOM killer (dmesg, the cgroup's memory.events oom_kill count),
+    # a scheduler's time or memory limit (sacct), a user's kill -9.
+    for word in ("dmesg", "memory.events", "oom_kill", "sacct", "Timelimit", "kill -9"):
+        assert word in result["remedy"], word
+    assert not [f for f in result["findings"] if f["category"] == "host_oom"]
+    killed = [f for f in result["findings"] if f["category"] == "rank_crashed"]
+    assert killed and {f["rank"] for f in killed} == {1}
+    assert all("kill -9" in f["cause"] and "scheduler" in f["cause"] for f in killed)
+    text = report(directory)
+    assert "\nRoot cause: Rank 1 was killed by signal SIGKILL [rank_crashed, critical]\n" in text
+    assert "no OOM-killer line is in these logs" in text and "OOM killer)" not in text
+
+
+def test_a_sigkilled_rank_with_the_oom_killers_line_in_the_logs_given_is_host_oom(runs, tmp_path):
+    # The same real run, with the node's kernel log beside it: the OOM killer's own line (dmesg's format) for the
+    # pid the launcher's table names. That is evidence of the OOM killer: host_oom, seen.
+    directory, status = runs["sigkill"]
+    assert status != 0
+    run = tmp_path / "sigkill"
+    shutil.copytree(directory, run)
+    pid = int(re.search(r"exitcode\s*:\s*-9 \(pid: (\d+)\)", (run / "launcher.log").read_text()).group(1))
+    (run / "dmesg.log").write_text(
+        "[2059991.488102] python invoked oom-killer: gfp_mask=0x140dca(GFP_HIGHUSER_MOVABLE|__GFP_COMP|__GFP_ZERO), "
+        "order=0, oom_score_adj=0\n"
+        "[2059991.491542] Out of memory: Killed process %d (python) total-vm:533122440kB, anon-rss:314514560kB, "
+        "file-rss:74816kB, shmem-rss:12296kB, UID:0 pgtables:690068kB oom_score_adj:0\n" % pid
+    )
+    result = verdict(run)
+    assert (result["root_cause"], result["rank"]) == ("host_oom", 1)
+    assert result["file"] == str(run / "dmesg.log")
     oom = [f for f in result["findings"] if f["category"] == "host_oom"]
-    assert oom and all(f["evidence"] == "inferred" and f["severity"] == "error" for f in oom)
-    assert any("sacct" in f["remedy"] and "dmesg" in f["remedy"] for f in oom)
-    # A kill inside a job's or container's cgroup shows in no dmesg the user may read: its memory.events does.
-    assert all("memory.events" in f["remedy"] and "oom_kill" in f["remedy"] for f in oom)
-    assert 1 in {f["rank"] for f in oom}
+    assert oom and all(f["evidence"] == "seen" and f["severity"] == "critical" for f in oom)
+    text = report(run)
+    assert "\nRoot cause: Host out of memory (OOM killer) [host_oom, critical]\n" in text
+    assert "no OOM-killer line" not in text.split("\n\n")[0]
 
 
 def test_a_nan_loss_is_nan_inf_on_the_rank_that_logged_it(runs):

@@ -258,8 +258,12 @@ def run_report(result) -> str:
                 else "",
             )
         )
-    if start.evidence == "inferred":
-        out.append("OOM killer not seen in these logs: inferred from SIGKILL (see the remedy to confirm it).")
+    if verdict.category == "rank_crashed" and start.weak:  # a SIGKILL, and no OOM-killer line in these logs
+        out.append(
+            "Killed by SIGKILL, and no OOM-killer line is in these logs: the kernel's OOM killer (dmesg on that node, "
+            "the cgroup's memory.events oom_kill count), a scheduler's time or memory limit, or a user's kill -9 "
+            "(see the remedy)."
+        )
     launcher = verdict.launcher
     if launcher is not None:
         told = ["rank %s" % launcher.rank if launcher.rank is not None else "rank ?"]
@@ -521,11 +525,9 @@ def _examples(findings, verdict=None) -> dict:
     start = (verdict.finding.source, verdict.finding.line) if verdict is not None else None
     examples: dict = {}
     for finding in findings:
-        category = finding.category
-        if id(finding) in crash:
-            if (finding.source, finding.line) == start:
-                continue
-            category = CRASHED
+        category = CRASHED if id(finding) in crash else finding.category
+        if category == CRASHED and (finding.source, finding.line) == start:
+            continue  # the crash's first line: the "Started on" line shows it
         kept = examples.setdefault(category, [])
         if len(kept) < EXAMPLES_PER_CATEGORY:
             kept.append(finding)

@@ -14,8 +14,9 @@ A Python traceback is a finding of its own: its exception line (type and message
 frame outside site-packages) is app_error unless a line of the same traceback, chained ones included,
 matched a specific category (a CUDA, NCCL, data, checkpoint or I/O error wins over the generic one).
 torchelastic's failure table (launcher.FailureTable) gives the findings on its lines the failing
-child's rank and failure time; host_oom found from SIGKILL alone is "inferred" (severity error, how to
-confirm it), from the OOM killer's own line "seen" (critical). Times come from each line's own stamp
+child's rank and failure time; a SIGKILL (exit code -9, 137, "Killed") without the OOM killer's own line
+is rank_crashed (weak: who sent it, the OOM killer, a scheduler's limit or a kill -9, is not known), and
+host_oom needs that line (evidence "seen") or an allocation refused in the process. Times come from each line's own stamp
 or the latest stamped line of its source (timestamps.py), parsed only when a line is a finding.
 
 Root cause (ROOT_CAUSE_ORDER, most fundamental first): hardware and host faults explain the CUDA
@@ -24,7 +25,7 @@ CUDA OOM is cuda_oom; a watchdog that reports an illegal memory access is cuda_i
 line matches both and the CUDA category ranks higher); storage and data failures explain checkpoint
 and loader failures; NCCL network errors explain timeouts; nccl_remote (a peer died) is a symptom
 whenever any local cause is present. Weak evidence (exit code -9, a launcher's report) ranks below all
-direct evidence except nccl_remote: exit code -9 with nothing else is host_oom. app_error (a rank's
+direct evidence except nccl_remote: exit code -9 with nothing else is rank_crashed, killed by SIGKILL. app_error (a rank's
 own exception) ranks below every specific direct category and above the weak ones and the NCCL
 consequences. Ties go to the earliest in time (then the first fed): across the files of a run, the rank
 that failed first.
@@ -36,7 +37,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from opsconsole.diagnosis.finding import SEVERITY_ERROR, Finding
+from opsconsole.diagnosis.finding import Finding
 from opsconsole.diagnosis.knowledge import (
     CATEGORIES,
     COLLECTIVE_MISMATCH_REMEDY,
@@ -45,11 +46,12 @@ from opsconsole.diagnosis.knowledge import (
     GLOO_TIMEOUT_TITLE,
     HOST_ALLOCATION_REFUSED_CAUSE,
     HOST_ALLOCATION_REFUSED_REMEDY,
-    HOST_OOM_INFERRED_CAUSE,
-    HOST_OOM_INFERRED_REMEDY,
     HOST_OOM_SEEN_CAUSE,
     INDEX_ERROR_REMEDY,
     MISSING_PATH_REMEDY,
+    RANK_CRASH_REMEDIES,
+    SIGKILL_CAUSE,
+    SIGKILL_TITLE,
     rank_crash_text,
 )
 from opsconsole.diagnosis.launcher import (
@@ -99,7 +101,7 @@ ROOT_CAUSE_ORDER: Tuple[Tuple[str, bool], ...] = (
     ("nccl_unhandled_cuda", False),
     ("app_error", False),  # a rank's own exception that no specific category explains
     ("dataloader_worker", True),  # "Caught X in DataLoader worker": X itself is named further down
-    ("host_oom", True),  # exit code -9 / SIGKILL: explains the peers' network errors and timeouts
+    ("rank_crashed", True),  # SIGKILL without the OOM killer's line: explains the peers' errors and timeouts
     ("nccl_network", False),
     ("nccl_timeout", False),
     ("nccl_remote", True),
@@ -683,11 +685,11 @@ class Diagnoser:
         entry = CATEGORIES[category]
         severity, cause, remedy, evidence = entry.severity, entry.cause, entry.remedy, None
         title = entry.title
-        if category == "host_oom":  # SIGKILL alone is only the usual cause; the OOM killer's line proves it
-            evidence = "inferred" if weak else "seen"
-            if weak:
-                severity, cause, remedy = SEVERITY_ERROR, HOST_OOM_INFERRED_CAUSE, HOST_OOM_INFERRED_REMEDY
-            elif _ALLOCATION_REFUSED.search(body):
+        if category == CRASHED:  # SIGKILL without the OOM killer's line: who sent it is the question
+            title, cause, remedy = SIGKILL_TITLE, SIGKILL_CAUSE, RANK_CRASH_REMEDIES["SIGKILL"]
+        elif category == "host_oom":  # the OOM killer's own line, or an allocation refused in the process
+            evidence = "seen"
+            if _ALLOCATION_REFUSED.search(body):
                 cause, remedy = HOST_ALLOCATION_REFUSED_CAUSE, HOST_ALLOCATION_REFUSED_REMEDY
             else:
                 cause = HOST_OOM_SEEN_CAUSE
@@ -887,6 +889,9 @@ class Diagnoser:
             if len(absent) == 1 and None not in waited:
                 rank = absent.pop()
         category = best.category
+        if category == CRASHED and best.weak:
+            # Killed by SIGKILL with no OOM-killer line: the headline names the rank (and stays weak evidence).
+            start = replace(start, title=rank_crash_text(rank, -9, "SIGKILL")[0])
         crashed = _crashed(failed_child, self._tables_account_for_the_job())
         if crashed is not None:
             # What happened, first: the rank crashed / exited with code N / was killed by signal S; the peers'
@@ -995,7 +1000,7 @@ class Diagnoser:
             rows.append(
                 FindingSummary(
                     category=category,
-                    title=best.title if category == "nccl_timeout" else entry.title,
+                    title=best.title if category in ("nccl_timeout", CRASHED) else entry.title,
                     severity=best.severity,
                     cause=cause,
                     remedy=best.remedy,

@@ -39,4 +39,4 @@ class Finding:
     weak: bool = False  # only indirect evidence (an exit code, a launcher's report): never outranks direct evidence
     exception: Optional[str] = None  # app_error: "IndexError: index out of range in self"
     frame: Optional[str] = None  # app_error: the innermost frame outside site-packages, "path:line in func"
-    evidence: Optional[str] = None  # host_oom: "seen" (the OOM killer's own line) or "inferred" (SIGKILL only)
+    evidence: Optional[str] = None  # host_oom: "seen" (the OOM killer's own line; SIGKILL alone is rank_crashed)

@@ -251,9 +251,14 @@ RANK_CRASH_REMEDIES = {
     "SIGTERM": "Someone sent it SIGTERM from outside the launcher: the scheduler (a time limit, preemption, "
     "scancel; sacct -j JOB -o JobID,State,Elapsed,Timelimit and the scheduler's log say which), an operator's "
     "kill, or a node health check; handle SIGTERM to save a checkpoint before the time limit.",
-    "SIGKILL": "SIGKILL with no OOM-killer line seen: the kernel's OOM killer or the scheduler (a memory or "
-    "time limit): dmesg -T | grep -i oom on that node, the job's cgroup memory events "
-    "(memory.events: oom_kill), and the job's limits (sacct -j JOB -o ReqMem,MaxRSS,State).",
+    "SIGKILL": "Find who sent the SIGKILL. The kernel's OOM killer: dmesg -T | grep -i -e 'out of memory' -e "
+    "oom-kill on that node (or journalctl -k) shows 'Out of memory: Killed process PID'; a kill inside a job's or "
+    "container's cgroup is counted in its memory.events (oom_kill N; cgroup v2 /sys/fs/cgroup/<path>/memory.events, "
+    "v1 memory.oom_control's oom_kill, the path from /proc/PID/cgroup of a process of the job); in Kubernetes the "
+    "pod's state says OOMKilled. A scheduler's time or memory limit: sacct -j JOB -o JobID,State,Elapsed,Timelimit,"
+    "ReqMem,MaxRSS (TIMEOUT, OUT_OF_MEMORY) and the scheduler's log. A user's or a health check's kill -9: the "
+    "node's auth and audit logs. If it was the OOM killer: reduce num_workers and per-rank copies (load "
+    "checkpoints with mmap=True or on one rank), use memory-mapped data sets, ask the scheduler for more memory.",
     "signal": "It was ended by that signal: find who sent it (the scheduler's log, dmesg on that node), and "
     "read the rank's own log up to the end.",
 }
@@ -262,7 +267,7 @@ RANK_CRASH_SIGNALS = frozenset(("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABR
 
 def rank_crash_text(rank: object, exitcode: object, signal: object) -> tuple:
     """(title, remedy) for a rank that ended of its own: crashed (a fault signal), exited N, killed by S."""
-    who = "Rank %s" % rank if rank is not None else "A rank"
+    who = "Rank %s" % rank if rank is not None else "A process"
     if signal in RANK_CRASH_SIGNALS:
         return "%s crashed (signal %s)" % (who, signal), RANK_CRASH_REMEDIES["crash"]
     if signal:
@@ -289,20 +294,13 @@ GLOO_TIMEOUT_REMEDY = (
     "(init_process_group(timeout=...)) only for legitimately long steps such as saving."
 )
 
-# A rank killed by SIGKILL with no OOM-killer line in the logs: host_oom is the usual cause, but
-# only inferred (an operator's kill -9, a scheduler's limit, a watchdog also send SIGKILL).
-HOST_OOM_INFERRED_CAUSE = (
-    "The process was killed by SIGKILL (exit code -9), which is what the kernel's OOM killer does when "
-    "the host runs out of RAM; no OOM-killer line was seen in these logs, so this is inferred: a kill -9, "
-    "a scheduler's time or memory limit or a watchdog also send SIGKILL."
-)
-HOST_OOM_INFERRED_REMEDY = (
-    "Confirm on that node: dmesg -T | grep -i -e 'out of memory' -e oom-kill (or journalctl -k) shows "
-    "'Out of memory: Killed process PID'; under Slurm, sacct -j JOB -o JobID,State,MaxRSS shows "
-    "OUT_OF_MEMORY and the job's log 'oom-kill event'; a job's or container's cgroup (v2) counts its kills in "
-    "memory.events (oom_kill N; /sys/fs/cgroup/<its path>/memory.events, the path from /proc/PID/cgroup of "
-    "a process of the job); in Kubernetes the pod's state says OOMKilled. "
-    "If confirmed: " + CATEGORIES["host_oom"].remedy
+# A process killed by SIGKILL with no OOM-killer line in the logs: the OOM killer is one sender, not the only one.
+SIGKILL_TITLE = "Killed by SIGKILL (no OOM-killer line seen)"
+SIGKILL_CAUSE = (
+    "The process was killed by SIGKILL (exit code -9, or 137 from a shell) and no line of the kernel's OOM killer "
+    "is in these logs: the OOM killer sends SIGKILL when the host or the job's cgroup runs out of memory, and so "
+    "do a scheduler enforcing a time or memory limit and a user's kill -9. Its peers' errors after it are "
+    "consequences."
 )
 HOST_OOM_SEEN_CAUSE = CATEGORIES["host_oom"].cause + " The OOM killer's own report was seen in the logs."
 

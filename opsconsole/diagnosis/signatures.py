@@ -101,8 +101,10 @@ SIGNATURES: Tuple[Signature, ...] = (
         r"|killed by the cgroup out-of-memory handler",
         ("out of memory", "killed process", "oom-killer", "oom-kill", "oom_kill", "oomkilled", "out-of-memory handler"),
     ),
+    # SIGKILL in the words of torchelastic, shells, Python and launchers: a killed process. The OOM killer is one
+    # sender (its own line, above, is host_oom); a scheduler's limit and a kill -9 are others.
     _sig(
-        "host_oom",
+        "rank_crashed",
         r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received|\bKilled\s+(?:python|torchrun|deepspeed|\S*\.py)"
         r"|terminated with signal SIGKILL|died with <Signals\.SIGKILL: 9>|(?:^|it/s\]|s/it\])\s*Killed\s*$"
         r"|exits with return code = -9\b|exit code 137\b|(?:exit|error|return) (?:code|status):? ?-9\b|returncode=-9\b"
@@ -162,7 +164,7 @@ SIGNATURES: Tuple[Signature, ...] = (
     ),
     # More ways of saying SIGKILL (macOS's and zsh's, signal 9 in words, exit code 137 with a colon).
     _sig(
-        "host_oom",
+        "rank_crashed",
         r"^Killed: 9\s*$|^zsh: killed\s+\S|(?:killed|terminated|died) (?:by|with) signal:? ?(?:9\b|SIGKILL)"
         r"|exit (?:code|status)[:=] ?137\b",
         ("killed: 9", "zsh: killed", "by signal", "with signal", "code: 137", "code=137", "status: 137", "status=137"),
