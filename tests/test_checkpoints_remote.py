@@ -182,6 +182,19 @@ def test_cli_lists_and_cleans_up_a_node_directory(sshd_factory, odd_dir, tmp_pat
     assert (odd_dir / "checkpoint_latest.pt").is_symlink() and (odd_dir / "checkpoint_best.pt").exists()
 
 
+def test_a_node_whose_sshd_has_no_sftp_says_so(sshd_factory, odd_dir, tmp_path, capsys):
+    from opsconsole import cli
+
+    server = sshd_factory.start(Subsystem="notsftp internal-sftp")  # sshd_config without `Subsystem sftp`
+    config = tmp_path / "config.toml"
+    config.write_text('[[nodes]]\nname = "n1"\nhost = "%s"\nport = %d\n' % (server.address, server.port))
+    assert cli.main(["checkpoints", str(odd_dir), "--node", "n1", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    # Before: "opsconsole: n1:DIR: SSH: Session request failed".
+    assert "the node's sshd offers no SFTP (no `Subsystem sftp` in its sshd_config)" in err, err
+    assert err.startswith("opsconsole: n1:%s: " % odd_dir)
+
+
 @pytest.mark.parametrize("node, place", [("n1", "n1:/data/run"), ("local", "/data/run")])
 def test_the_cleanup_prompt_names_the_machine_whose_files_go(node, place):
     import io

@@ -84,6 +84,8 @@ class SftpFileSystem(FileSystem):
     # --- the bridge -------------------------------------------------------------------
 
     async def _client(self) -> Any:
+        import asyncssh
+
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
@@ -94,7 +96,17 @@ class SftpFileSystem(FileSystem):
             stack = contextlib.AsyncExitStack()
             try:
                 await stack.enter_async_context(self.link.channel_slot())
-                sftp = await conn.start_sftp_client(path_errors="surrogateescape")
+                try:
+                    sftp = await conn.start_sftp_client(path_errors="surrogateescape")
+                except asyncssh.ChannelOpenError as exc:
+                    if "request failed" not in (exc.reason or "").lower():
+                        raise
+                    # sshd refused the subsystem: said as what to fix, not as asyncssh's words.
+                    raise OSError(
+                        errno.EOPNOTSUPP,
+                        "the node's sshd offers no SFTP (no `Subsystem sftp` in its sshd_config), which reading "
+                        "checkpoints on a node needs (%s)" % exc.reason,
+                    ) from None
                 stack.push_async_callback(self._quit, sftp)
             except BaseException:
                 await stack.aclose()
