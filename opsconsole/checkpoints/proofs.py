@@ -817,11 +817,12 @@ def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEn
     if count > MAX_LISTED_ENTRIES or set(map(len, columns)) != {count} or len(flat_pairs) & 1:
         return None
     entry_columns, meta_columns, metrics = columns[:_MEMBERS], columns[_META:_METRICS], columns[_METRICS]
+    metric_names, metric_values = list(map(_EVEN, metrics)), list(map(_ODD, metrics))
     if (
         not set(entry_columns[5]) <= _INTEGRITY_SET
-        or any(map(operator.and_, map(len, metrics), itertools.repeat(1)))  # a list of pairs of odd length
-        or not _texts(list(_chain(map(_EVEN, metrics))))
-        or not set(map(type, _chain(map(_ODD, metrics)))) <= _NUMBER
+        or list(map(len, metric_names)) != list(map(len, metric_values))  # a list of pairs of odd length
+        or not _texts(list(_chain(metric_names)))
+        or not set(map(type, _chain(metric_values))) <= _NUMBER
     ):
         return None
     state_dicts: List[Optional[StateDictSummary]] = []
@@ -853,7 +854,7 @@ def entries_from_columns(columns: Any, place: Any) -> Optional[List[CheckpointEn
     metas = list(map(_new, repeat(CheckpointMeta, count)))
     meta_values = zip(
         *meta_columns,
-        map(tuple, map(zip, map(_EVEN, metrics), map(_ODD, metrics))),
+        map(tuple, map(zip, metric_names, metric_values)),
         top_keys,
         details,
         summaries,

@@ -598,12 +598,13 @@ def _find_units(
             units.append(_Unit(group.name, join(fs, root, group.name), "", group=group, item=by_name[group.name]))
         else:
             units.append(_Unit(group.name, join(fs, root, group.name), "", group=group))
+    prefix = root if not root or root.endswith("/") else root + "/"  # join(fs, root, name) of a name from a listing
     for item in items:
         if not item.stat.is_dir or item.stat.is_link:
             if not item.stat.is_file and not item.stat.is_link:
                 other += 1  # a FIFO, socket or device: never opened
             continue
-        path = join(fs, root, item.name)
+        path = prefix + item.name
         try:
             children = fs.listdir(path)
         except OSError as exc:
