@@ -165,6 +165,19 @@ def run_cli(*argv, tmp_path, stdin=None):
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def test_a_directory_one_level_above_its_runs_points_to_them(seed, tmp_path, capsys):
+    # `opsconsole checkpoints runs/` where runs/ holds the run directories: not "no checkpoints" alone.
+    runs = seed.parent
+    (runs / "notes").mkdir()
+    (runs / "notes" / "readme.txt").write_text("not a checkpoint")
+    assert cli.main(["checkpoints", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("no checkpoints in %s\n" % runs)
+    assert "checkpoints one level down, in ckpts/: list one with opsconsole checkpoints %s\n" % seed in out
+    assert cli.main(["checkpoints", str(seed)]) == 0
+    assert "one level down" not in capsys.readouterr().out  # a listing with checkpoints: no hint
+
+
 def test_checkpoints_json_shape(seed, tmp_path, capsys):
     assert cli.main(["checkpoints", str(seed), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import posixpath
+import shlex
 import sys
 import time
 from typing import Any, Callable, List, Optional, Tuple
@@ -204,6 +206,31 @@ def listing_table(listing: Any, now: float) -> str:
     return text
 
 
+SUBDIRS_LOOKED_AT = 64  # a directory of many runs: the first names, in order, are enough for a hint
+NAMES_LOOKED_AT = 2000
+
+
+def checkpoint_dirs_below(root: str, fs: Any) -> List[str]:
+    """The subdirectories of `root` (up to SUBDIRS_LOOKED_AT) whose own names include a checkpoint's
+    (checkpoint-N/, global_stepN/, *.ckpt, *.safetensors ...): where a user pointed one level too high.
+    Names only, no file read; a directory that cannot be listed is passed over."""
+    from opsconsole.checkpoints.layouts import dir_series, is_checkpoint_file_name
+
+    try:
+        subdirs = sorted(item.name for item in fs.listdir(root) if item.stat.is_dir and not item.stat.is_link)
+    except OSError:
+        return []
+    found = []
+    for name in subdirs[:SUBDIRS_LOOKED_AT]:
+        try:
+            items = fs.listdir(posixpath.join(root, name))[:NAMES_LOOKED_AT]
+        except OSError:
+            continue
+        if any(dir_series(i.name) if i.stat.is_dir else is_checkpoint_file_name(i.name) for i in items):
+            found.append(name)
+    return found
+
+
 def place_text(node: Optional[str], root: str) -> str:
     """Where a listing or plan is: the directory, as NODE:DIR when it is on another machine (a plan to
     delete must say which machine's files go; the same path often exists on every node)."""
@@ -280,12 +307,19 @@ def command_checkpoints(args: argparse.Namespace) -> int:
                     )
                 checked.append(entry)
             listing = replace(listing, entries=tuple(checked))
+        below = [] if listing.problem or listing.managed_count else checkpoint_dirs_below(access.root, access.fs)
     finally:
         access.close()
     if args.json:
         status = write_out(printable_json(listing_document(listing), indent=2) + "\n")
     else:
-        status = write_out(listing_table(listing, time.time()))
+        text = listing_table(listing, time.time())
+        if below:
+            text += "checkpoints one level down, in %s: list one with opsconsole checkpoints %s\n" % (
+                ", ".join(printable_line(name + "/") for name in below),
+                shlex.quote(printable_line(posixpath.join(access.root, below[0]))),
+            )
+        status = write_out(text)
     if status:
         return status
     if listing.problem:
