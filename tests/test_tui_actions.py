@@ -449,3 +449,15 @@ def test_audit_rows_show_old_and_new_records_on_one_line():
     detail = str(record_detail(new))
     assert "exit status 1" in detail and "stderr:\nbad\nnews" in detail
     assert cells["time"][:4].isdigit() and len(cells["time"]) == 19
+
+
+async def test_audit_pane_cuts_a_long_node_name_with_an_ellipsis(tmp_path):
+    from opsconsole.actions.audit import AuditLog
+
+    AuditLog(str(tmp_path / "audit.log")).write("trust_hostkey", "h200-training-rerun-a01", "detail", "confirmed")
+    app = console(tmp_path, LiveFleet("local"))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await open_pane(pilot, app, "0", "audit")
+        table = app.panes["audit"].query_one("#audit-table", DataTable)
+        assert await wait_for(lambda: table.row_count == 1, "the audit record", pilot=pilot)
+        assert str(table.get_row_at(0)[2]) == "h200-traini…"

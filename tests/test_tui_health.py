@@ -127,3 +127,17 @@ async def test_filter_and_the_key_registry_know_the_health_keys():
         assert ids["health.rerun"].key == "r" and ids["health.rerun_all"].key == "R"
         assert ids["health.rerun"].scope == "health"
         assert ids["pane.health"].key == "8"
+
+
+async def test_a_long_node_name_is_cut_with_an_ellipsis_and_keeps_its_gpu():
+    long_name = "h200-training-rerun-a01"
+    states = hot([replace(s, name=long_name, frame=replace(s.frame, node=long_name)) for s in single_node_states()])
+    app, _ = console(states)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("8")
+        await pilot.pause()
+        pane = app.panes["health"]
+        assert any(e.result.node == long_name for e in pane._shown)
+        where = {str(pane.table.get_row_at(i)[2]) for i in range(pane.table.row_count)}
+        assert "h200-trai… GPU 1" in where and "h200-training-r…" in where, where
+        assert all(len(w) <= 16 for w in where)

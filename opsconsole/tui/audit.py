@@ -27,7 +27,7 @@ from opsconsole.actions.audit import (
 )
 from opsconsole.config import DEFAULT_CONFIG
 from opsconsole.model import NodeState
-from opsconsole.tui.formatting import printable
+from opsconsole.tui.formatting import printable, shorten
 from opsconsole.tui.pane import Pane
 
 MAX_RECORDS = 500
@@ -188,8 +188,13 @@ class AuditPane(Pane):
                 style = OUTCOME_STYLES.get(cells["outcome"], "")
                 table.add_row(
                     *[
-                        Text(printable(cells[key]), style=style if key == "outcome" else "", end="")
-                        for key, _, _ in COLUMNS
+                        # A fixed column's text cut by cells with an ellipsis, as other panes cut theirs.
+                        Text(
+                            shorten(printable(cells[key]), width) if width else printable(cells[key]),
+                            style=style if key == "outcome" else "",
+                            end="",
+                        )
+                        for key, _, width in COLUMNS
                     ],
                     key=str(index),
                 )

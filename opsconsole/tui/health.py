@@ -21,17 +21,19 @@ from opsconsole.health.result import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, STA
 from opsconsole.health.runner import run_node_checks
 from opsconsole.model import NodeState
 from opsconsole.tui import bars
-from opsconsole.tui.formatting import printable
+from opsconsole.tui.formatting import printable, shorten
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow
 from opsconsole.units import format_ms
 
 # Headers in the other tables' words and case (Audit's "Time", Nodes' "Node").
+WHERE_WIDTH = 16
+CHECK_WIDTH = 24
 COLUMNS = (
     ("since", "Since", 8),
     ("status", "Status", 6),
-    ("where", "Node / GPU", 16),
-    ("check", "Check", 24),
+    ("where", "Node / GPU", WHERE_WIDTH),
+    ("check", "Check", CHECK_WIDTH),
     ("message", "Message", None),
 )
 STATUS_LEVEL = {
@@ -117,12 +119,12 @@ class HealthPane(LivePane):
         for entry in entries:
             result = entry.result
             style = palette.style(STATUS_LEVEL.get(result.status, bars.LEVEL_PLAIN))
-            where = result.node + ("" if result.gpu is None else " GPU %d" % result.gpu)
+            gpu = "" if result.gpu is None else " GPU %d" % result.gpu
             cells = (
                 time.strftime("%H:%M:%S", time.localtime(entry.since)),
                 Text(result.status, style=("bold " + style) if result.status == STATUS_FAIL else style),
-                where,
-                result.check,
+                shorten(result.node, WHERE_WIDTH - len(gpu)) + gpu,  # a long name cut with an ellipsis, GPU kept
+                shorten(result.check, CHECK_WIDTH),
                 Text(result.message, no_wrap=True, overflow="ellipsis"),
             )
             rows.append(TableRow(row_key(entry), cells))
