@@ -3,6 +3,7 @@ written, and the command end to end. The redaction rules themselves: tests/test_
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from opsconsole.diagnosis.finding import Finding
+from opsconsole.diagnosis.run import diagnose_run_lines
 from opsconsole.health.result import HealthResult
 from opsconsole.model import STATE_DOWN, NodeState, ProcessSample
 from opsconsole.report.builder import (
@@ -24,6 +25,12 @@ from opsconsole.report.builder import (
 )
 from opsconsole.report.redact import REDACTED
 from tests.recording_frames import node_state
+
+NAN_LINES = [
+    "2026-12-02 18:30:00,000 - INFO - Epoch 1 step 10/40 loss 0.5",
+    "2026-12-02 18:30:05,123 - ERROR - loss contains NaN!",
+    "2026-12-02 18:30:06,123 - ERROR - loss contains NaN!",
+]
 
 
 def sample_inputs():
@@ -40,23 +47,15 @@ def sample_inputs():
         ),
         HealthResult(check="disk_free", node="gpu000", status="pass", message="/ 40 % free"),
     ]
-    finding = Finding(
-        line=120,
-        category="nan_inf",
-        severity="critical",
-        title="Loss became NaN/Inf",
-        cause="learning rate too high or bad data",
-        remedy="lower the learning rate; check the data",
-        excerpt="2026-12-02 18:30:05,123 - ERROR - loss contains NaN!",
-    )
+    tails = {("gpu000", "/logs/train_gpu000_rank0_1.log"): NAN_LINES}
     return ReportInputs(
         states={"gpu000": up, "gpu009": down},
         created=up.received_at,
         config_text='token = "t"\n',
         config_source="/etc/opsconsole.toml",
         health=health,
-        findings={"gpu000:/logs/train_gpu000_rank0_1.log": ("nan_inf", [finding, finding])},
-        log_tails={("gpu000", "/logs/train_gpu000_rank0_1.log"): ["line one", "line two"]},
+        run=diagnose_run_lines(tails),
+        log_tails=tails,
         smi={"gpu000": "==============NVSMI LOG==============\n"},
         problems=["nvidia-smi -q: gpu009: node down"],
     )
@@ -67,8 +66,8 @@ def test_summary_names_nodes_failures_findings_and_remedies():
     assert "| gpu009 | down | connection refused |" in text
     assert "**FAIL** gpu_temperature on gpu000 GPU 3: GPU 3 at 91 °C" in text
     assert "remedy: check cooling and airflow" in text
-    assert "Root cause: **nan_inf**" in text
-    assert "2 lines, first at line 120" in text
+    assert "Root cause: **NaN/Inf in loss or gradients** [nan_inf, error], started on rank 0" in text
+    assert "2 lines, first at line 2" in text
     assert "loss contains NaN!" in text
     assert "nvidia-smi -q: gpu009: node down" in text
 
@@ -94,8 +93,8 @@ def test_archive_holds_every_member(tmp_path):
         snapshot = json.loads(read("snapshot.json"))
         assert {n["name"] for n in snapshot["nodes"]} == {"gpu000", "gpu009"}
         assert json.loads(read("health.json"))["results"][0]["status"] == "fail"
-        assert json.loads(read("findings.json"))[0]["root_cause"] == "nan_inf"
-        assert read("logs/gpu000/logs__train_gpu000_rank0_1.log") == "line one\nline two\n"
+        assert json.loads(read("findings.json"))["run"]["root_cause"] == "nan_inf"
+        assert read("logs/gpu000/logs__train_gpu000_rank0_1.log") == "\n".join(NAN_LINES) + "\n"
 
 
 def test_report_command_on_the_local_node_with_a_log_and_a_secret(tmp_path):
@@ -135,6 +134,71 @@ def test_report_command_on_the_local_node_with_a_log_and_a_secret(tmp_path):
     assert "No health results were collected." not in summary
     assert "token=abc" not in config_text and "xoxb-123-abc" not in config_text
     assert len(logs) == 1
+
+
+RUN = os.path.join(os.path.dirname(__file__), "data", "report_run")  # real gloo output: see its README.md
+
+
+def test_report_gives_the_runs_one_verdict_then_each_logs_findings(tmp_path):
+    """Per-file root causes contradicted the run: rank 0's file said nan_inf, rank 1's nccl_remote (gloo's peer
+    closed), while `diagnose --run` and the console say nan_inf on rank 0. The report now says what they say."""
+    logs = tmp_path / "logs"
+    shutil.copytree(RUN, logs, ignore=shutil.ignore_patterns("*.md"))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), XDG_CONFIG_HOME=str(tmp_path / "config"))
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "report", "--logs", str(logs / "*.log"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", "--run", "--json", str(logs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    verdict = json.loads(run.stdout)
+    assert (verdict["root_cause"], verdict["rank"]) == ("nan_inf", 0)
+    with tarfile.open(done.stdout.strip()) as tar:
+        members = {m.name.split("/", 1)[1]: m for m in tar.getmembers()}
+        summary = tar.extractfile(members["summary.md"]).read().decode()
+        findings = json.loads(tar.extractfile(members["findings.json"]).read())
+    rank0 = "local:%s" % (logs / "train_gpu01_rank0_20261204.log")
+    rank1 = "local:%s" % (logs / "train_gpu02_rank1_20261204.log")
+    section = summary.split("## Findings in the logs", 1)[1]
+    # One verdict, the same as diagnose --run's, before any file's findings; no file has a root cause of its own.
+    assert section.count("Root cause") == 1
+    assert (
+        "Root cause: **NaN/Inf in loss or gradients** [nan_inf, error], started on rank 0, in %s line %d:"
+        % (
+            rank0,
+            verdict["line"],
+        )
+        in section
+    )
+    assert (
+        section.index("Root cause")
+        < section.index("### %s (rank 0)" % rank0)
+        < section.index("### %s (rank 1)" % rank1)
+    )
+    rank1_part = section.split("### %s (rank 1)" % rank1, 1)[1]
+    assert "**A peer rank failed (remote error)** (nccl_remote, error; 1 line, first at line 11)" in rank1_part
+    assert "Connection closed by peer" in rank1_part
+    assert "rank 1 said a peer closed its connection: consequences, not the cause" in section
+    assert {k: findings["run"][k] for k in ("root_cause", "rank", "line")} == {
+        "root_cause": "nan_inf",
+        "rank": 0,
+        "line": verdict["line"],
+    }
+    assert findings["run"]["file"] == rank0
+    by_file = {entry["file"]: [f["category"] for f in entry["findings"]] for entry in findings["files"]}
+    assert by_file == {rank0: ["nan_inf"], rank1: ["nccl_remote"]}
+    assert all("root_cause" not in entry for entry in findings["files"])
 
 
 # --- secrets by value in every member (the reported leaks) -----------------------------------------------

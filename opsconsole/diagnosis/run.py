@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from opsconsole.diagnosis.engine import Diagnoser, Diagnosis, RootCause
 from opsconsole.diagnosis.finding import Finding
@@ -90,9 +90,9 @@ def _looks_like_a_log(name: str) -> bool:
     return lowered.endswith(LOG_SUFFIXES + (ERROR_FILE_SUFFIX,)) or stem in LOG_NAMES
 
 
-def run_source(path: str) -> LogSource:
+def run_source(path: str, node: str = NODE) -> LogSource:
     """The file's source as the console labels it, with the rank torchrun's log layout or the name gives."""
-    source = label_source(NODE, path)
+    source = label_source(node, path)
     if source.rank is not None:
         return source
     normalised = path.replace(os.sep, "/")
@@ -101,7 +101,7 @@ def run_source(path: str) -> LogSource:
         return source
     rank = int(match.group(1))
     return LogSource(
-        node=NODE, path=path, host=source.host, rank=rank, label="rank%d:%s" % (rank, os.path.basename(path))
+        node=node, path=path, host=source.host, rank=rank, label="rank%d:%s" % (rank, os.path.basename(path))
     )
 
 
@@ -112,22 +112,47 @@ def diagnose_run(
 
     A file that raises one of `unreadable` is listed with its reason; the others are still read.
     """
-    diagnoser = Diagnoser()
     files = run_files(names)
+    return _diagnose(files, {path: run_source(path) for path in files}, lines_of, unreadable, local_files=True)
+
+
+def diagnose_run_lines(logs: Mapping[Tuple[str, str], Sequence[str]]) -> RunDiagnosis:
+    """The same verdict over lines already read: {(node, path): lines}, e.g. the log tails an incident report took.
+
+    Each log is named "node:path" in the result (its file_of); its source is labelled as the console labels
+    it on that node. Nothing is read from disk: a torchelastic error file named in the launcher's table is
+    not looked for, and a .json log is read as the lines given.
+    """
+    names = ["%s:%s" % key for key in logs]
+    sources = {name: run_source(path, node) for name, (node, path) in zip(names, logs)}
+    lines = dict(zip(names, logs.values()))
+    return _diagnose(names, sources, lines.__getitem__, (), local_files=False)
+
+
+def _diagnose(
+    files: List[str],
+    sources: Mapping[str, LogSource],
+    lines_of: Callable[[str], Iterable[str]],
+    unreadable: Tuple[type, ...],
+    local_files: bool,
+) -> RunDiagnosis:
+    diagnoser = Diagnoser()
     result = RunDiagnosis(verdict=None, diagnosis=Diagnosis(root_cause=None, findings=()), files=files)
     evidence = _OutcomeEvidence()
     total = 0
-    for path in files:
-        total += _feed_file(diagnoser, result, run_source(path), lines_of, unreadable, evidence)
+    for name in list(files):
+        total += _feed_file(diagnoser, result, name, sources[name], lines_of, unreadable, evidence, local_files)
     # The error files the launcher's table names, when they are still there and were not read yet.
-    for failure in diagnoser.launcher_failures():
+    for failure in diagnoser.launcher_failures() if local_files else ():
         path = failure.error_file
         if path and path not in files and os.path.isfile(path):
             files.append(path)
             source = run_source(path)
             if failure.rank is not None:
                 source = LogSource(node=NODE, path=path, host=failure.host, rank=failure.rank, label=source.label)
-            total += _feed_file(diagnoser, result, source, lines_of, unreadable, evidence)
+            total += _feed_file(diagnoser, result, path, source, lines_of, unreadable, evidence, local_files)
+    if evidence.tee_sources:
+        _drop_tee_copies(diagnoser, evidence.tee_sources)
     result.handled = diagnoser.handled()  # exceptions their rank went on after: the diagnoser left them out
     verdict = diagnoser.verdict()
     result.outcome, result.outcome_evidence = _outcome(diagnoser, evidence)
@@ -148,23 +173,27 @@ def diagnose_run(
 def _feed_file(
     diagnoser: Diagnoser,
     result: RunDiagnosis,
+    path: str,
     source: LogSource,
     lines_of: Callable[[str], Iterable[str]],
     unreadable: Tuple[type, ...],
     evidence: "_OutcomeEvidence",
+    local_files: bool = True,
 ) -> int:
     """Feed one file's lines; the number read (an unreadable file is listed in result.unreadable)."""
-    path = source.path
     result.paths[source.key] = path
     number = 0
     try:
-        for number, text in enumerate(_source_lines(path, lines_of), 1):
+        lines = _source_lines(path, lines_of) if local_files else lines_of(path)
+        for number, text in enumerate(lines, 1):
             diagnoser.feed_text(text, number, source)
-            if number == 1 and _TEE_PREFIX.match(text):
-                evidence.launcher_output = True
+            if text.startswith("[default") and _TEE_PREFIX.match(text):
+                evidence.tee_sources.add(source.key)
+                if number == 1:
+                    evidence.launcher_output = True
             if "finished" in text and any(marker in text for marker in _LAUNCHER_SUCCESS):
                 evidence.success_lines += 1
-            if path.lower().endswith(ERROR_FILE_SUFFIX) and number == 1:
+            if local_files and path.lower().endswith(ERROR_FILE_SUFFIX) and number == 1:
                 evidence.error_files += 1
     except unreadable as exc:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
@@ -179,6 +208,26 @@ class _OutcomeEvidence:
         self.success_lines = 0  # the launcher's "worker group successfully finished"
         self.launcher_output = False  # a file of torchrun --tee output was read (a failed child's table goes there)
         self.error_files = 0  # torchelastic error files holding a recorded exception
+        self.tee_sources: Set[str] = set()  # files holding torchrun --tee's "[defaultN]:" copies of the ranks' output
+
+
+def _drop_tee_copies(diagnoser: Diagnoser, tee_sources: Set[str]) -> None:
+    """torchrun --tee with --log-dir writes each rank's output twice: to the launcher's output ("[default1]:...")
+    and to attempt_N/1/stderr.log. A finding of a --tee file that a rank's own file of the run has too (the same
+    category, rank and text) is that copy: counted and listed once, from the rank's own file."""
+    own = {
+        (finding.category, finding.rank, finding.excerpt)
+        for finding in diagnoser.findings()
+        if finding.source not in tee_sources and finding.rank is not None
+    }
+    if own:
+        diagnoser.drop_copies(
+            lambda finding: (
+                finding.source in tee_sources
+                and finding.rank is not None
+                and (finding.category, finding.rank, finding.excerpt) in own
+            )
+        )
 
 
 def _outcome(diagnoser: Diagnoser, evidence: _OutcomeEvidence) -> Tuple[Optional[str], str]:

@@ -6,7 +6,7 @@ command or key. Contents:
     summary.md              nodes, states, failing checks, findings with excerpts and remedies
     snapshot.json           every node's state (the `snapshot --json` document)
     health.json             health results
-    findings.json           log findings and the root cause per log
+    findings.json           the run's verdict (every log read together), then each log's findings
     logs/<node>/<file>      the last lines of each followed log
     nvidia-smi/<node>.txt   `nvidia-smi -q` of each node, where it ran
     config.toml             the config as written, secrets redacted
@@ -30,10 +30,14 @@ import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from opsconsole.model import NodeState
+from opsconsole.diagnosis.finding import Finding
+from opsconsole.model import NodeState, to_wire
 from opsconsole.units import format_frame_age, format_percent, format_temperature
+
+if TYPE_CHECKING:  # the knowledge base loads only where a report is diagnosed (report.gather)
+    from opsconsole.diagnosis.run import RunDiagnosis
 
 LOG_TAIL_LINES = 200
 
@@ -45,7 +49,9 @@ class ReportInputs:
     config_text: Optional[str] = None  # the config file as written (None: the built-in default)
     config_source: Optional[str] = None
     health: Sequence = ()  # HealthResult
-    findings: Mapping[str, Tuple[Optional[str], Sequence]] = field(default_factory=dict)  # log -> (root, [Finding])
+    # The logs' tails read as one run (diagnosis.run.diagnose_run_lines, the verdict `diagnose --run` gives):
+    # one root cause for the run; each log's findings are listed under it, never a root cause of their own.
+    run: Optional[RunDiagnosis] = None
     log_tails: Mapping[Tuple[str, str], Sequence[str]] = field(default_factory=dict)  # (node, path) -> lines
     smi: Mapping[str, str] = field(default_factory=dict)  # node -> nvidia-smi -q output
     problems: List[str] = field(default_factory=list)  # what could not be collected
@@ -109,35 +115,7 @@ def summary_markdown(inputs: ReportInputs) -> str:
     out.append("")
     out.append("## Findings in the logs")
     out.append("")
-    any_finding = False
-    for log, (root, findings) in inputs.findings.items():
-        if not findings:
-            continue
-        any_finding = True
-        out.append("### %s" % log)
-        out.append("")
-        out.append("Root cause: **%s**" % (root or "undetermined"))
-        out.append("")
-        shown = set()
-        for finding in findings:
-            if finding.category in shown:
-                continue
-            shown.add(finding.category)
-            count = sum(1 for f in findings if f.category == finding.category)
-            out.append(
-                "- **%s** (%s, %s; %d line%s, first at line %d)"
-                % (finding.title, finding.category, finding.severity, count, "" if count == 1 else "s", finding.line)
-            )
-            out.append("  - cause: %s" % finding.cause)
-            out.append("  - remedy: %s" % finding.remedy)
-            out.append("")
-            out.append("  ```")
-            out.extend("  " + line for line in finding.excerpt.splitlines()[:12])
-            out.append("  ```")
-        out.append("")
-    if not any_finding:
-        out.append("No failure signatures found in %d log tail(s)." % len(inputs.log_tails))
-        out.append("")
+    out.extend(_findings_markdown(inputs))
     if inputs.problems:
         out.append("## Not collected")
         out.append("")
@@ -150,6 +128,130 @@ def summary_markdown(inputs: ReportInputs) -> str:
         "config.toml (secrets redacted), errors.txt." % LOG_TAIL_LINES
     )
     return "\n".join(out) + "\n"
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _verdict_markdown(run: RunDiagnosis) -> List[str]:
+    """The run's one verdict, worded as `diagnose --run` words it: root cause, rank, file and line."""
+    verdict = run.verdict
+    logs = len(run.files)
+    read = "The %d log%s read together as one run (line numbers count within each log's tail, as in logs/):" % (
+        logs,
+        "" if logs == 1 else "s",
+    )
+    if verdict is None:
+        if run.outcome == "finished":
+            said = "the run finished (%s): no root cause." % run.outcome_evidence
+        elif run.handled and not run.diagnosis.findings:
+            said = "no root cause: every exception seen was followed by its rank's further training steps."
+        elif run.diagnosis.findings:
+            said = "no root cause determined."
+        else:
+            said = "no failure signature found."
+        return ["%s %s" % (read, said), ""]
+    start = verdict.finding
+    rank = "rank %d" % verdict.rank if verdict.rank is not None else "an unknown rank"
+    out = [
+        read,
+        "",
+        "Root cause: **%s** [%s, %s], started on %s, in %s line %d:"
+        % (start.title, verdict.category, start.severity, rank, _md_escape(run.file_of(start) or "?"), start.line),
+        "",
+        "  ```",
+        "  " + _one_line(start.excerpt),
+        "  ```",
+        "",
+        "- cause: %s" % start.cause,
+        "- remedy: %s" % start.remedy,
+    ]
+    if verdict.watchdog is not None:
+        out.append("- %s" % verdict.watchdog.text)
+    if verdict.peer_gone_ranks:
+        out.append(
+            "- rank%s %s said a peer closed its connection: consequences, not the cause"
+            % ("" if len(verdict.peer_gone_ranks) == 1 else "s", ", ".join(map(str, verdict.peer_gone_ranks)))
+        )
+    out.append("")
+    return out
+
+
+def _findings_markdown(inputs: ReportInputs) -> List[str]:
+    """The run's verdict first, then what each log showed (a log's findings are evidence, not its own verdict)."""
+    run = inputs.run
+    if run is None or not (run.diagnosis.findings or run.handled):
+        return ["No failure signatures found in %d log tail(s)." % len(inputs.log_tails), ""]
+    out = _verdict_markdown(run)
+    verdict_finding = run.verdict.finding if run.verdict is not None else None
+    handled = {id(f) for f in run.handled}
+    by_file: Dict[str, List[Finding]] = {}
+    for finding in run.diagnosis.findings + tuple(run.handled):
+        by_file.setdefault(run.file_of(finding) or "?", []).append(finding)
+    for log, findings in by_file.items():
+        ranks = sorted({f.rank for f in findings if f.rank is not None})
+        out.append("### %s%s" % (log, " (rank %s)" % ", ".join(map(str, ranks)) if ranks else ""))
+        out.append("")
+        shown = set()
+        for finding in sorted(findings, key=lambda f: f.line):
+            key = (finding.category, id(finding) in handled)
+            if key in shown:
+                continue
+            shown.add(key)
+            same = [f for f in findings if (f.category, id(f) in handled) == key]
+            notes = []
+            if any(f is verdict_finding for f in same):
+                notes.append("where the run's root cause started")
+            if id(finding) in handled:
+                notes.append("handled? the rank went on training after it")
+            out.append(
+                "- **%s** (%s, %s; %d line%s, first at line %d)%s"
+                % (
+                    finding.title,
+                    finding.category,
+                    finding.severity,
+                    len(same),
+                    "" if len(same) == 1 else "s",
+                    finding.line,
+                    "".join(": " + note for note in notes),
+                )
+            )
+            out.append("  - cause: %s" % finding.cause)
+            out.append("  - remedy: %s" % finding.remedy)
+            out.append("")
+            out.append("  ```")
+            out.extend("  " + line for line in finding.excerpt.splitlines()[:12])
+            out.append("  ```")
+        out.append("")
+    return out
+
+
+def findings_document(run: Optional[RunDiagnosis]) -> dict:
+    """findings.json: the run's verdict (as `diagnose --run --json` names it), then each log's findings."""
+    if run is None:
+        return {"run": None, "files": []}
+    verdict = run.verdict
+    handled = {id(f) for f in run.handled}
+    files: Dict[str, list] = {}
+    for finding in run.diagnosis.findings + tuple(run.handled):
+        entry = to_wire(finding)
+        entry["handled"] = id(finding) in handled
+        files.setdefault(run.file_of(finding) or "?", []).append(entry)
+    return {
+        "run": {
+            "root_cause": verdict.category if verdict else None,
+            "rank": verdict.rank if verdict else None,
+            "file": run.file_of(verdict.finding) if verdict else None,
+            "line": verdict.finding.line if verdict else None,
+            "title": verdict.finding.title if verdict else None,
+            "outcome": run.outcome,
+            "outcome_evidence": run.outcome_evidence or None,
+            "logs": list(run.files),
+        },
+        "files": [{"file": log, "findings": entries} for log, entries in files.items()],
+    }
 
 
 def _safe_name(text: str) -> str:
@@ -169,7 +271,6 @@ def _json_member(document) -> bytes:
 
 def report_files(inputs: ReportInputs) -> Dict[str, bytes]:
     """Every member of the report, by path inside the archive, with secrets redacted."""
-    from opsconsole.model import to_wire
     from opsconsole.report.redact import redact_config_text, redact_text
     from opsconsole.sanitize import printable
     from opsconsole.snapshot_format import snapshot_document
@@ -178,12 +279,7 @@ def report_files(inputs: ReportInputs) -> Dict[str, bytes]:
     files["summary.md"] = _utf8(printable(redact_text(summary_markdown(inputs))))
     files["snapshot.json"] = _json_member(snapshot_document(list(inputs.states.values()), now=inputs.created))
     files["health.json"] = _json_member({"results": [to_wire(r) for r in inputs.health]})
-    files["findings.json"] = _json_member(
-        [
-            {"file": log, "root_cause": root, "findings": [to_wire(f) for f in findings]}
-            for log, (root, findings) in inputs.findings.items()
-        ]
-    )
+    files["findings.json"] = _json_member(findings_document(inputs.run))
     for (node, path), lines in inputs.log_tails.items():
         files["logs/%s/%s" % (_safe_name(node), _safe_name(path.strip("/").replace("/", "__")))] = _utf8(
             redact_text("\n".join(lines)) + "\n"

@@ -109,15 +109,11 @@ async def remote_log_tails(
         return {}
 
 
-def diagnose_tails(tails: Dict[Tuple[str, str], List[str]]) -> Dict[str, Tuple[Optional[str], list]]:
-    from opsconsole.diagnosis.engine import diagnose_lines
+def diagnose_tails(tails: Dict[Tuple[str, str], List[str]]):
+    """Every log's tail read as one run: the verdict `diagnose --run` gives, not one root cause per file."""
+    from opsconsole.diagnosis.run import diagnose_run_lines
 
-    out = {}
-    for (node, path), lines in tails.items():
-        key = "%s:%s" % (node, path)
-        result = diagnose_lines(lines, source=key)
-        out[key] = (result.root_cause, list(result.findings))
-    return out
+    return diagnose_run_lines(tails)
 
 
 async def gather(config, fleet=None, timeout: float = 10.0, health: Optional[Sequence] = None) -> ReportInputs:
@@ -179,7 +175,7 @@ async def gather(config, fleet=None, timeout: float = 10.0, health: Optional[Seq
         config_text=config_text,
         config_source=config.source,
         health=list(health),
-        findings=diagnose_tails(tails),
+        run=diagnose_tails(tails),
         log_tails=tails,
         smi=smi,
         problems=problems,
