@@ -329,3 +329,24 @@ def test_run_usage_and_unreadable_inputs(tmp_path):
     done = diagnose("--run", "--json", str(tmp_path), str(missing))
     assert done.returncode == 2 and str(missing).encode() in done.stderr
     assert json.loads(done.stdout)["root_cause"] == "app_error"  # the readable files still got their verdict
+
+
+@pytest.mark.parametrize("json_flag", [(), ("--json",)])
+def test_run_over_a_directory_without_logs_or_a_missing_one_is_an_error_not_a_healthy_run(tmp_path, json_flag):
+    """An empty directory printed "No failure signature found." and exit 0 (a typo'd path looked healthy); a
+    missing one printed that on stdout as well as its error. Now: the error alone, exit 2, nothing on stdout."""
+    empty = tmp_path / "run"
+    empty.mkdir()
+    (empty / "checkpoint.pt").write_bytes(b"\x80\x02PK\x03\x04 not a log")  # a file, but not a log
+    done = diagnose("--run", *json_flag, str(empty))
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr.decode().startswith("opsconsole: diagnose: no log files found in %s (looked for *.log" % empty)
+    missing = tmp_path / "rnu"
+    done = diagnose("--run", *json_flag, str(missing))
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr.decode() == "opsconsole: diagnose: %s: No such file or directory\n" % missing
+    # Beside a run's logs, an empty directory is still named, and the logs still get their verdict.
+    logs = write_run(tmp_path / "real")
+    done = diagnose("--run", *json_flag, str(logs), str(empty))
+    assert done.returncode == 2 and b"no log files found in %s " % bytes(empty) in done.stderr
+    assert b"app_error" in done.stdout

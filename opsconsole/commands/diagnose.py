@@ -14,7 +14,9 @@ Rotated logs compressed as .gz, .bz2 or .xz are read through the matching decomp
 With --json: one object per input on its own line, `{"file", "root_cause", "findings": [{"line",
 "category", "severity", "title", "cause", "remedy", "excerpt"}]}`; without it, a readable report.
 Exit 0 when every input was diagnosed (failures found or not), 2 for bad usage or when an input
-could not be read (named on stderr, one line; the other inputs are still diagnosed).
+could not be read (named on stderr, one line; the other inputs are still diagnosed). With --run a
+directory holding no log file is such an input too, and when no file at all was read nothing is printed on
+stdout (no verdict of an empty run).
 
 Log lines and file names are outside text: the report prints them through sanitize.printable_line
 (an OSC 52 clipboard write or a screen clear in a log line arrives as visible ␛ text), --json
@@ -92,12 +94,31 @@ def command_diagnose(args: argparse.Namespace) -> int:
 
 def _command_run(args: argparse.Namespace, names: List[str]) -> int:
     from opsconsole.commands._arguments import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE
-    from opsconsole.diagnosis.run import diagnose_run
+    from opsconsole.diagnosis.run import diagnose_run, run_files
 
     missing = [name for name in names if not os.path.exists(name)]
     for name in missing:
         print(printable_line("opsconsole: diagnose: %s: No such file or directory" % name), file=sys.stderr)
-    result = diagnose_run([name for name in names if name not in missing], _decoded_lines, _read_errors())
+    # Each directory walked on its own: one that holds no log (an empty one, a typo'd subdirectory, the
+    # checkpoints directory) is an error, never a run with nothing found.
+    files: List[str] = []
+    empty: List[str] = []
+    for name in names:
+        if name in missing:
+            continue
+        found = run_files([name])
+        if not found:
+            empty.append(name)
+            print(
+                printable_line(
+                    "opsconsole: diagnose: no log files found in %s (looked for %s)" % (name, _log_files_looked_for())
+                ),
+                file=sys.stderr,
+            )
+        files.extend(found)
+    if not files:  # nothing was read: no verdict, not even "No failure signature found."
+        return EXIT_USAGE
+    result = diagnose_run(files, _decoded_lines, _read_errors())
     for path, reason in result.unreadable:
         print(printable_line("opsconsole: diagnose: %s: %s" % (path, reason)), file=sys.stderr)
     try:
@@ -109,7 +130,20 @@ def _command_run(args: argparse.Namespace, names: List[str]) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
-    return EXIT_USAGE if missing or result.unreadable else EXIT_OK
+    return EXIT_USAGE if missing or empty or result.unreadable else EXIT_OK
+
+
+def _log_files_looked_for() -> str:
+    """What --run takes for a log in a directory, in words (from opsconsole.diagnosis.run's lists)."""
+    from opsconsole.diagnosis.run import COMPRESSED_SUFFIXES, ERROR_FILE_SUFFIX, LOG_NAMES, LOG_SUFFIXES
+
+    return "%s, files named %s or %s, those compressed as %s, and torchelastic's error files (*%s)" % (
+        ", ".join("*" + suffix for suffix in LOG_SUFFIXES),
+        ", ".join(LOG_NAMES[:-1]),
+        LOG_NAMES[-1],
+        ", ".join(COMPRESSED_SUFFIXES),
+        ERROR_FILE_SUFFIX,
+    )
 
 
 def run_json_document(result) -> dict:
