@@ -5,9 +5,12 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
+from test_cli import closed_loopback_port
 from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states  # noqa: E402
 
-from opsconsole.config import parse_config  # noqa: E402
+from opsconsole.config import Config, ConsoleConfig, NodeConfig, SshConfig, parse_config  # noqa: E402
+from opsconsole.model import STATE_DOWN  # noqa: E402
+from opsconsole.nodes.fleet import Fleet  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
 
@@ -98,6 +101,8 @@ async def test_r_reruns_the_selected_node_with_the_gpu_suite():
         assert any("gpu_sanity" in r and "skip" in r for r in rows), rows  # no GPU here: skipped, with the reason
         assert rows.index(next(r for r in rows if "gpu_sanity" in r)) == 0  # newest first
         assert len(rows) > before
+        skipped = sum(1 for e in app.panes["health"]._shown if e.result.status == "skip")
+        assert skipped and "%d skip" % skipped in str(app.panes["health"].status.render())  # counted as listed
 
 
 async def test_R_reruns_every_node_and_a_node_that_is_away_only_gets_its_rules():
@@ -141,3 +146,23 @@ async def test_a_long_node_name_is_cut_with_an_ellipsis_and_keeps_its_gpu():
         where = {str(pane.table.get_row_at(i)[2]) for i in range(pane.table.row_count)}
         assert "h200-trai… GPU 1" in where and "h200-training-r…" in where, where
         assert all(len(w) <= 16 for w in where)
+
+
+async def test_a_node_down_since_the_start_is_a_node_reachable_error_after_its_first_failed_connect():
+    port = closed_loopback_port()  # nothing listens: every connect is refused
+    config = Config(
+        console=ConsoleConfig(interval=0.3),
+        nodes=(NodeConfig(name="n1", host="127.0.0.1", port=port),),
+        ssh=SshConfig(connect_timeout=5.0, backoff_initial=0.05, backoff_max=0.5),
+    )
+    app = OpsConsole(config, Fleet(config))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(lambda: app.fleet.states()["n1"].state == STATE_DOWN, "n1 down", pilot=pilot)
+        await pilot.press("8")
+        await wait_for(lambda: app.panes["health"].table.row_count > 0, "a health row for n1", pilot=pilot)
+        (entry,) = app.health.entries("n1")
+        assert (entry.result.check, entry.result.status) == ("node_reachable", "error")
+        assert "connection refused" in entry.result.message
+        status = str(app.panes["health"].status.render())
+        assert "1 error" in status, status
+        assert app.fleet.states()["n1"].frame is None  # never up

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from opsconsole.health.result import STATUS_FAIL, HealthResult
 from opsconsole.health.runner import evaluate_state, health_config
-from opsconsole.model import NodeState, frozen
+from opsconsole.model import STATE_CONNECTING, NodeState, frozen
 
 Key = Tuple[str, str, Optional[int]]  # node, check, GPU
 
@@ -44,7 +44,7 @@ class HealthMonitor:
         self.config = health_config(config)
         self.now = now
         self._entries: Dict[Key, HealthEntry] = {}
-        self._seen: Dict[str, Tuple[Any, str]] = {}  # node -> (frame object, state) last evaluated
+        self._seen: Dict[str, Tuple[Any, str, Optional[str]]] = {}  # node -> (frame, state, reason) evaluated
         self.running: Dict[str, float] = {}  # node -> when its on-demand run started
 
     # --- feeding ---------------------------------------------------------------------
@@ -52,14 +52,17 @@ class HealthMonitor:
     def observe(self, state: NodeState) -> List[HealthResult]:
         """Re-evaluate the rules on a node's new state; returns the results whose status changed.
 
-        Nothing is said about a node before its first frame (connecting is not a health
-        problem), and the same frame in the same state is not evaluated twice.
+        Nothing is said about a node while it connects for the first time (connecting is not a
+        health problem), but a node whose connects fail before any frame (down since the start)
+        is a node_reachable error, as `opsconsole check` says at once; a retry (connecting again)
+        keeps that result. The same frame in the same state is not evaluated twice.
         """
-        if state.frame is None:
+        if state.frame is None and state.state == STATE_CONNECTING:
             return []
-        mark = (state.frame, state.state)
+        # Without a frame, a new reason (refused, then timed out) is news; with one, the frame is.
+        mark = (state.frame, state.state, state.reason if state.frame is None else None)
         seen = self._seen.get(state.name)
-        if seen is not None and seen[0] is mark[0] and seen[1] == mark[1]:
+        if seen is not None and seen[0] is mark[0] and seen[1:] == mark[1:]:
             return []
         self._seen[state.name] = mark
         results = evaluate_state(state, self.config, self.now())

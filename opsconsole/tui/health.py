@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from opsconsole.health.monitor import HealthEntry, HealthMonitor
-from opsconsole.health.result import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, STATUS_WARN, HealthResult
+from opsconsole.health.result import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, STATUS_SKIP, STATUS_WARN, HealthResult
 from opsconsole.health.runner import run_node_checks
 from opsconsole.model import NodeState
 from opsconsole.tui import bars
@@ -137,6 +137,8 @@ class HealthPane(LivePane):
             "%d warn" % counts.get(STATUS_WARN, 0),
             "%d pass" % counts.get(STATUS_PASS, 0),
         ]
+        if counts.get(STATUS_SKIP):  # a skip row listed is counted too (the GPU suite on a node without GPUs)
+            parts.append("%d skip" % counts[STATUS_SKIP])
         if monitor.running:
             parts.append("running on " + ", ".join(sorted(monitor.running)))
         if self.last_run_error:
