@@ -320,6 +320,27 @@ async def test_sort_label_is_the_header_of_the_sorted_column():
         assert seen[0] == "cpu" and set(seen) >= set(pane.host_table.sort.keys)  # round the columns, no "config order"
 
 
+@pytest.mark.parametrize("width", [80, 100, 140, 200])
+async def test_the_command_keeps_its_column_on_a_narrow_terminal(width):
+    # At 80 columns every other column took the row and the command (what runs on the GPU) was off
+    # screen: columns now go in DROP_ORDER until the command has COMMAND_MIN cells.
+    from opsconsole.tui.processes import COMMAND_MIN
+
+    pane = ProcessesPane()
+    async with ConsoleLikeApp(pane).run_test(size=(width, 40)) as pilot:
+        pane.show(three_nodes(), None, NOW)
+        await pilot.pause()
+        for table in (pane.gpu_table.table, pane.host_table.table):
+            columns = {str(key.value): column for key, column in table.columns.items()}
+            assert "command" in columns and "pid" in columns
+            used = sum(c.get_render_width(table) for key, c in columns.items() if key != "command")
+            assert width - 2 - used >= COMMAND_MIN, (width, list(columns))
+        gpu_keys = [str(key.value) for key in pane.gpu_table.table.columns]
+        assert {"gpu", "gpu_memory", "sm"} <= set(gpu_keys)  # what the GPU table is for stays
+        if width >= 200:
+            assert {"user", "cpu", "rss", "elapsed", "state", "job"} <= set(gpu_keys)  # nothing dropped
+
+
 def row(node: str, pid: int, ppid, cpu: float = 0.0) -> ProcessRow:
     return ProcessRow(
         key="%s/%d" % (node, pid),

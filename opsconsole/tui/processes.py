@@ -70,8 +70,33 @@ GPU_PROCESS_COLUMNS = (
     Column("command", "Command"),
 )
 HOST_PROCESS_COLUMNS = tuple(c for c in GPU_PROCESS_COLUMNS if c.key not in ("gpu", "gpu_memory", "sm", "job"))
+# What a narrow terminal gives up first, so the command (what runs there) keeps COMMAND_MIN cells:
+# at 80 columns every other column took the row and the command was off screen.
+DROP_ORDER = ("job", "elapsed", "rss", "state", "user", "cpu")
+COMMAND_MIN = 20
+CELL_PADDING = 2  # DataTable draws one cell of padding on each side of a column
+NODE_COLUMN_GUESS = 12  # the Node column sizes itself to the names; a name's usual width
 GPU_DEFAULT_SORT = ("gpu_memory", True)  # the biggest GPU users first
 HOST_DEFAULT_SORT = ("cpu", True)  # the busiest first, as top and htop start
+
+
+def fitted_columns(columns: Sequence[Column], width: int) -> Tuple[Column, ...]:
+    """`columns` with those of DROP_ORDER left out, first to go first, until the command gets COMMAND_MIN
+    cells of `width` (or nothing is left to drop)."""
+    kept = list(columns)
+    if width <= 0:  # not laid out yet
+        return tuple(kept)
+    droppable = [key for key in DROP_ORDER if any(c.key == key for c in kept)]
+    while True:
+        fixed = sum(
+            (NODE_COLUMN_GUESS if c.width is None else max(c.width, len(c.label) + 1)) + CELL_PADDING
+            for c in kept
+            if c.key != "command"
+        )
+        if width - fixed - CELL_PADDING >= COMMAND_MIN or not droppable:
+            return tuple(kept)
+        gone = droppable.pop(0)
+        kept = [c for c in kept if c.key != gone]
 
 
 def row_style(row: ProcessRow) -> str:
@@ -219,11 +244,15 @@ class ProcessesPane(ActionKeys, TablePane):
         """Node column only when several nodes are shown; show the tables `view` asks for."""
         with_node = self.node is None and len(self.states) > 1
         lead = (NODE_COLUMN,) if with_node else ()
-        self.gpu_table.set_columns(lead + GPU_PROCESS_COLUMNS)
-        self.host_table.set_columns(lead + HOST_PROCESS_COLUMNS)
+        width = self.size.width - 2
+        self.gpu_table.set_columns(fitted_columns(lead + GPU_PROCESS_COLUMNS, width))
+        self.host_table.set_columns(fitted_columns(lead + HOST_PROCESS_COLUMNS, width))
         show_gpu, show_host = self.view != VIEW_HOST, self.view != VIEW_GPU
         self.gpu_label.display = self.gpu_table.table.display = show_gpu
         self.host_label.display = self.host_table.table.display = show_host
+
+    def on_resize(self) -> None:
+        self.redraw()  # the columns follow the width
 
     def draw(self) -> List[str]:
         self._layout()
