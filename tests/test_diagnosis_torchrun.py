@@ -113,6 +113,14 @@ def runs(tmp_path_factory):
             subprocess.Popen(command, stdout=launcher, stderr=subprocess.STDOUT, env=env),
             launcher,
         )
+    # The same IndexError run with --tee 3 as well: each rank's output lands in launcher.log ("[default1]:") and in
+    # its own attempt_0/1/stderr.log.
+    tee = base / "index_tee"
+    tee.mkdir()
+    tee_log = open(tee / "launcher.log", "wb")
+    command = torchrun_command(script, "index", str(tee), log_dir=tee / "torchrun", monitor_interval_s=5)
+    command[command.index("--redirects") : command.index("--redirects")] = ["--tee", "3"]
+    started["index_tee"] = (tee, subprocess.Popen(command, stdout=tee_log, stderr=subprocess.STDOUT, env=env), tee_log)
     demo = base / "demo"
     started["demo"] = (
         demo,
@@ -438,6 +446,28 @@ def test_torchelastics_first_observed_rank_0_is_explained_beside_a_verdict_namin
         alone = report(directory / "launcher.log")
         note = next(line for line in alone.splitlines() if line.startswith("torchelastic observed"))
         assert "rank 0's exit was a consequence of rank 1's failure" in note, alone
+
+
+def test_a_tee_copy_of_a_ranks_exception_is_counted_and_printed_once(runs):
+    # torchrun --tee 3 --log-dir: rank 1's IndexError is in launcher.log ("[default1]:[rank1]: IndexError: ...")
+    # and in attempt_0/1/stderr.log. It was listed twice under its row, "2 times".
+    directory, status = runs["index_tee"]
+    assert status != 0
+    assert "[default1]:[rank1]: IndexError" in (directory / "launcher.log").read_text()
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("app_error", 1)
+    assert result["file"].endswith("stderr.log") and rank_of_file(result["file"]) == "1"
+    errors = [f for f in result["findings"] if f["category"] == "app_error"]
+    assert len(errors) == 1 and errors[0]["exception"].startswith("IndexError: index 12 is out of bounds")
+    text = report(directory)
+    assert "\n* Python exception in the training code [app_error] error, 1 time, rank 1\n" in text
+    assert [line for line in text.splitlines() if line.startswith("    /")].count(
+        next(line for line in text.splitlines() if line.startswith("    /") and "IndexError" in line)
+    ) == 1
+    assert sum("IndexError: index 12" in line for line in rows_of(text)["app_error"]) == 1
+    # The launcher's output alone still has it, once.
+    alone = verdict(directory / "launcher.log")
+    assert (alone["root_cause"], alone["rank"]) == ("app_error", 1)
 
 
 def test_a_gloo_timeout_seen_only_in_the_launchers_output_names_what_the_table_shows_and_no_nccl(runs):

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from opsconsole.diagnosis.finding import Finding
 from opsconsole.diagnosis.knowledge import (
@@ -788,6 +788,19 @@ class Diagnoser:
         for finding in kept:
             self._record(finding)
         self.dropped = dropped
+
+    def drop_copies(self, copy: Callable[[Finding], bool]) -> int:
+        """Forget the findings `copy` says repeat another source's (torchrun --tee's copy of a rank's own log):
+        counts, ranks and the root cause are taken again without them. Nothing is dropped once findings went
+        beyond max_findings (the counts would no longer be exact). The number dropped."""
+        kept = [finding for finding in self._findings if not copy(finding)]
+        removed = len(self._findings) - len(kept)
+        if not removed or self.dropped:
+            return 0
+        self._findings, self._aggregates, self._best, self._best_finding, self._seen = [], {}, None, None, 0
+        for finding in kept:
+            self._record(finding)
+        return removed
 
     def handled(self) -> List[Finding]:
         """Exceptions (app_error) after which the same rank went on logging training steps: logged and caught."""
