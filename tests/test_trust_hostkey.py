@@ -21,6 +21,7 @@ from opsconsole.nodes.fleet import Fleet
 from opsconsole.nodes.trust import TrustPlan, _known_key_lines, plan_trust
 from opsconsole.tui.app import OpsConsole
 from opsconsole.tui.confirm import ConfirmScreen
+from opsconsole.tui.nodes import NodesPane
 from tests.sshd import SSH_KEYGEN, keygen, ssh_client, sshd_factory  # noqa: F401
 from tests.waiting import wait_for
 
@@ -141,10 +142,18 @@ async def test_read_only_console_refuses(sshd_factory, ssh_client, tmp_path):
     audit = tmp_path / "audit.log"
     app = console_for(server, audit, read_only=True)
     async with app.run_test(size=SIZE) as pilot:
-        await open_trust(pilot, app)
+        await open_trust(pilot, app)  # presses T on n1, in state hostkey
         assert not isinstance(app.screen, ConfirmScreen)
-        assert "read-only" in messages(app)
         assert "[R]" in app.header._shown.plain
+        # Absent, as the README says of keys that change anything: not in the footer, help or palette.
+        shown = [b.key for (_, b, _, _) in app.active_bindings.values() if b.show]
+        assert "T" not in shown and "c" in shown, shown
+        assert "node.trust_hostkey" not in {row[0] for row in app.help_rows()}
+        assert audit_records(audit) == []  # the key did nothing at all
+        # Asked for anyway (a message, as a script or another path would): refused and audited.
+        app.panes["nodes"].post_message(NodesPane.TrustHostKey("n1"))
+        await wait_for(lambda: "read-only" in messages(app), "the refusal", pilot=pilot)
+        assert not isinstance(app.screen, ConfirmScreen)
     assert ssh_client.known_hosts.read_text() == ""
     records = audit_records(audit)
     assert [r["outcome"] for r in records] == ["refused"] and "read-only" in records[0]["detail"]

@@ -34,8 +34,11 @@ from tests.waiting import wait_for  # noqa: E402
 SIZE = (150, 45)
 WAIT_LIMIT_S = 20.0
 # Checkpoint cleanup's key belongs to the Checkpoints pane, which these consoles do not have.
-DANGEROUS_IDS = {a.binding_id for a in ACTIONS if a.danger != "safe" and a.target_kind != "checkpoints"}
-DANGEROUS_KEYS = {"processes": ["i", "x", "K", "e"], "gpus": ["R"], "nodes": ["D"]}
+# T (trust a host key) writes known_hosts: no registered action, hidden in read-only all the same.
+DANGEROUS_IDS = {a.binding_id for a in ACTIONS if a.danger != "safe" and a.target_kind != "checkpoints"} | {
+    "node.trust_hostkey"
+}
+DANGEROUS_KEYS = {"processes": ["i", "x", "K", "e"], "gpus": ["R"], "nodes": ["D", "T"]}
 
 
 class LiveFleet(FakeFleet):

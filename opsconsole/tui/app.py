@@ -185,6 +185,10 @@ class FleetLike(Protocol):
         ...
 
 
+# Keys that change something but are no registered action (T writes known_hosts): read-only hides them too.
+READ_ONLY_HIDDEN_KEYS = frozenset({"node.trust_hostkey"})
+
+
 def hidden_binding_ids(config: Config) -> FrozenSet[str]:
     """The bindings of the actions this console does not offer. Only a read-only console hides any
     (actions.registry.allowed), so the others start without importing every action's module."""
@@ -192,7 +196,7 @@ def hidden_binding_ids(config: Config) -> FrozenSet[str]:
         return frozenset()
     from opsconsole.actions.registry import hidden_binding_ids as hidden_actions
 
-    return hidden_actions(config)
+    return hidden_actions(config) | READ_ONLY_HIDDEN_KEYS
 
 
 def tab_id(pane_id: str) -> str:

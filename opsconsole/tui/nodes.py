@@ -239,6 +239,11 @@ class NodesPane(ActionKeys, TablePane):
         node = self.highlighted_node()
         open_stacks(self.app, nodes=[node] if node else None)
 
+    def check_action(self, action_name: str, parameters: Tuple[object, ...]) -> Optional[bool]:
+        if action_name == "trust_hostkey" and "node.trust_hostkey" in getattr(self.app, "hidden_binding_ids", ()):
+            return False  # read-only: absent from the footer and the key does nothing (the app refuses it too)
+        return super().check_action(action_name, parameters)
+
     def action_trust_hostkey(self) -> None:
         """Ask the app to trust the host key of the highlighted node (it confirms first)."""
         node = self.highlighted_node()
