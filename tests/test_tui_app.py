@@ -207,6 +207,23 @@ async def test_filter_on_gpus_pane_keeps_matching_rows():
         assert not app.query_one("#filter", Input).has_class("-open")  # enter keeps the filter
 
 
+async def test_escape_clears_a_kept_filter_when_no_drill_down_is_open():
+    app = make_app(cluster_states())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = gpu_table(app)
+        every = sorted(key.value for key in table.rows)
+        await pilot.press("slash", *"a02", "enter")
+        await pilot.pause()
+        assert [key.value for key in table.rows] == ["gpu-a02/0"] and table.has_focus
+        await pilot.press("escape")
+        await pilot.pause()
+        assert sorted(key.value for key in table.rows) == every and len(every) > 1
+        await pilot.press("slash")
+        await pilot.pause()
+        assert app.query_one("#filter", Input).value == ""  # cleared, not kept for the next /
+
+
 async def test_config_remaps_a_key_and_the_old_one_stops_working():
     app = make_app(keys=(("pane.host", "h"),))
     async with app.run_test(size=SIZE) as pilot:

@@ -856,6 +856,8 @@ class OpsConsole(App[int]):
             self.node = None
             self.action_show_pane("nodes")
             self.redraw()
+        elif self._pane_filters.get(self.visible_pane_id):
+            self._set_filter("")  # a filter kept with enter: esc clears it, as ? says
 
     async def action_quit(self) -> None:
         self.exit(0)
