@@ -174,9 +174,7 @@ def run_json_document(result) -> dict:
         document["handled"] = [
             {
                 "file": result.file_of(finding),
-                "line": finding.line,
-                "rank": finding.rank,
-                "exception": finding.exception,
+                **_handled_json(finding),
             }
             for finding in result.handled
         ]
@@ -205,7 +203,7 @@ def _seen_on_the_way(result, out: List[str]) -> str:
     for finding in sorted(result.diagnosis.findings + tuple(result.handled), key=lambda f: (f.time or 0.0, f.line)):
         rank = " on rank %d" % finding.rank if finding.rank is not None else ""
         what = finding.exception or finding.title
-        note = " (handled? the rank went on after it)" if id(finding) in handled else ""
+        note = " (handled? the rank went on after it)%s" % _handled_by(finding) if id(finding) in handled else ""
         out.append(
             "  %s%s, %s line %d: %s%s"
             % (
@@ -423,9 +421,7 @@ def json_document(name: str, result) -> dict:
         "findings": [{key: getattr(finding, key) for key in FINDING_KEYS} for finding in result.findings],
     }
     if result.handled:
-        document["handled"] = [
-            {"line": finding.line, "rank": finding.rank, "exception": finding.exception} for finding in result.handled
-        ]
+        document["handled"] = [_handled_json(finding) for finding in result.handled]
     verdict = getattr(result, "verdict", None)
     if verdict is not None and _own_title(verdict):
         document["title"] = verdict.finding.title
@@ -446,14 +442,36 @@ def json_document(name: str, result) -> dict:
     return document
 
 
+def _handled_json(finding) -> dict:
+    """A handled exception: where, what (its category, exception and line), and the line that showed it handled."""
+    return {
+        "line": finding.line,
+        "rank": finding.rank,
+        "category": finding.category,
+        "exception": finding.exception,
+        "excerpt": finding.excerpt,
+        "handled_by": finding.handled_by,
+    }
+
+
+def _handled_by(finding) -> str:
+    """'; then line 9: step 3 loss 2.1' (the step or recovery line after the exception), or nothing."""
+    return "; then %s" % _one_line(finding.handled_by) if finding.handled_by else ""
+
+
 def readable_report(name: str, result) -> str:
     """A report for people: the root cause first, then every category seen with its cause and remedy."""
     from opsconsole.diagnosis.knowledge import CATEGORIES
 
     out: List[str] = ["== %s (%d line%s)" % (printable_line(name), result.lines, "" if result.lines == 1 else "s")]
     handled = [
-        "Handled? the rank went on after it: line %d%s: %s"
-        % (finding.line, " rank %d" % finding.rank if finding.rank is not None else "", _one_line(finding.excerpt))
+        "Handled? the rank went on after it: line %d%s: %s%s"
+        % (
+            finding.line,
+            " rank %d" % finding.rank if finding.rank is not None else "",
+            _one_line(finding.excerpt),
+            _handled_by(finding),
+        )
         for finding in result.handled[:EXAMPLES_PER_CATEGORY]
     ]
     if result.root_cause is None:

@@ -116,6 +116,12 @@ WATCHDOG_CATEGORIES = frozenset(("nccl_timeout", "nccl_remote", "nccl_network"))
 # "[default1]:" (the local rank) before torch's own "[rank1]:" (the global rank): both go, the global wins.
 # An exception is handled when its source logs a stamped training step within this many lines after it.
 HANDLED_WITHIN_LINES = 20_000
+# A library saying it caught an out-of-memory error and carries on: fairseq's trainer ("attempting to recover from
+# OOM in forward/backward pass", "OOM in all workers, skipping update", after its "OOM: Ran out of memory with
+# exception: ...") and Lightning's batch size finder ("Batch size 128 failed, trying batch size 64").
+_OOM_RECOVERY = re.compile(
+    r"attempting to recover from OOM|OOM in all workers, skipping update|\bBatch size \d+ failed, trying batch size \d+"
+)
 _RANK_PREFIX = re.compile(
     r"^\s*(?:\S+\s+){0,2}?\[(?:rank|default|trainer)([0-9]{1,7})\]:\s?(?:\[rank([0-9]{1,7})\]:\s?)?"
 )
@@ -319,7 +325,8 @@ class _SourceState:
     traceback_hint: str = ""  # HINT_SETUP or HINT_HTTP when a frame of the current traceback says so
     implicit_col: int = -1  # a traceback started by a frame without its header: that frame's column, else -1
     code_checks_nan: bool = False  # the source line quoted under the latest frame tests for NaN/Inf (an assert)
-    # app_error findings of this source not yet followed by its own training step (then they were handled)
+    # Exceptions of this source (a traceback's exception line, whatever its category; any CUDA OOM line) not yet
+    # followed by its own training step or a recovery line (then they were handled)
     pending_app: Optional[List[Finding]] = None
 
 
@@ -341,7 +348,9 @@ class Diagnoser:
         # Ranks whose own output said a peer closed or reset its connection: victims, never the failing rank.
         self._peer_gone_ranks: set = set()
         self._stopped_pids: set = set()  # children the launcher said it sent SIGTERM to (after another failed)
-        self._handled: List[Finding] = []  # app_error findings withdrawn: the same rank logged a step after them
+        # Exceptions withdrawn from the findings: the same rank logged a step after them, or a library said it
+        # recovered (each with handled_by: the line that showed it)
+        self._handled: List[Finding] = []
 
     # --- feeding ------------------------------------------------------------------------------------
 
@@ -610,6 +619,10 @@ class Diagnoser:
                 self._note_pending(state, finding)
         else:
             finding = self._finding(category, weak, number, excerpt, key, rank, when)
+            if exception is not None or category == "cuda_oom":
+                # The end of a traceback (a handler may have logged it: logging.exception), or an OOM, which a
+                # training loop or a library (fairseq's trainer, a batch size finder) may have caught.
+                self._note_pending(state, finding)
         self._record(finding)
         return finding
 
@@ -761,13 +774,17 @@ class Diagnoser:
             state.pending_app.append(finding)
 
     def _went_on(self, state: _SourceState, body: str, number: int) -> None:
-        """The source logged a training step after its exceptions: they were handled, not what ended the run.
-        They leave the findings (and the root cause) for handled(); the rest is counted again without them.
+        """The source logged a training step after its exceptions, or a library said it recovered from its OOM:
+        they were handled, not what ended the run. They leave the findings (and the root cause) for handled();
+        the rest is counted again without them.
 
         Only a step stamped no earlier than the exception counts: a merged output (torchrun --tee) may put a
         child's buffered stdout (its earlier steps) after the traceback it wrote to stderr when it died."""
         if not state.pending_app or not 0 <= number - state.pending_app[-1].line <= HANDLED_WITHIN_LINES:
             state.pending_app = None  # no step soon after (or another file's numbering): left a finding
+            return
+        if ("OOM" in body or "Batch size" in body) and _OOM_RECOVERY.search(body):
+            self._withdraw(state, [f for f in state.pending_app if f.category == "cuda_oom"], number, body)
             return
         if parse_step_counter(body) is None:
             return
@@ -775,6 +792,10 @@ class Diagnoser:
         if when is None:
             return
         pending = [finding for finding in state.pending_app if finding.time is not None and finding.time <= when]
+        self._withdraw(state, pending, number, body)
+
+    def _withdraw(self, state: _SourceState, pending: List[Finding], number: int, body: str) -> None:
+        """Move `pending` (findings of `state`) to handled(), noting the line that showed it; count the rest again."""
         if not pending:
             return
         state.pending_app = [finding for finding in state.pending_app or () if finding not in pending] or None
@@ -782,7 +803,12 @@ class Diagnoser:
         kept = [finding for finding in self._findings if id(finding) not in gone]
         if len(kept) == len(self._findings):
             return  # beyond max_findings: counted, and left so
-        self._handled.extend(finding for finding in pending if len(self._handled) < self.max_findings)
+        shown = _excerpt(body.strip())
+        self._handled.extend(
+            replace(finding, handled_by="line %d: %s" % (number, shown))
+            for finding in pending
+            if len(self._handled) < self.max_findings
+        )
         dropped = self.dropped
         self._findings, self._aggregates, self._best, self._best_finding, self._seen = [], {}, None, None, 0
         for finding in kept:
@@ -803,7 +829,8 @@ class Diagnoser:
         return removed
 
     def handled(self) -> List[Finding]:
-        """Exceptions (app_error) after which the same rank went on logging training steps: logged and caught."""
+        """Exceptions (an app_error, a CUDA OOM, any traceback's) after which the same rank went on logging training
+        steps, or that a library said it recovered from: logged and caught. Each names the line in handled_by."""
         return list(self._handled)
 
     def _record(self, finding: Finding) -> None:

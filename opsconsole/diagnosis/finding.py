@@ -40,3 +40,5 @@ class Finding:
     exception: Optional[str] = None  # app_error: "IndexError: index out of range in self"
     frame: Optional[str] = None  # app_error: the innermost frame outside site-packages, "path:line in func"
     evidence: Optional[str] = None  # host_oom: "seen" (the OOM killer's own line; SIGKILL alone is rank_crashed)
+    # Where it was handled (Diagnoser.handled()): "line 9: <the step or recovery line after it>"; else None.
+    handled_by: Optional[str] = None

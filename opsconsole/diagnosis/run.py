@@ -52,7 +52,8 @@ class RunDiagnosis:
     # How the run ended where its files say so: "finished", "failed", or None (not known); and why.
     outcome: Optional[str] = None
     outcome_evidence: str = ""
-    # app_error findings after which the same rank logged further training steps: handled, not fatal.
+    # Exceptions (any traceback's, a CUDA OOM) after which the same rank logged further training steps, or that a
+    # library said it recovered from: handled, not fatal (each with handled_by).
     handled: List[Finding] = field(default_factory=list)
 
     @property

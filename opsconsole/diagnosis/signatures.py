@@ -171,9 +171,12 @@ SIGNATURES: Tuple[Signature, ...] = (
         weak=True,
     ),
     # --- CUDA --------------------------------------------------------------------------------------
+    # "CUDA out of memory" is torch's allocator's sentence ("CUDA out of memory. Tried to allocate ..."), ended by
+    # a stop; followed by a lower-case word it is prose naming the feature ("CUDA out of memory handling: enabled
+    # auto batch size finder"), not an OOM.
     _sig(
         "cuda_oom",
-        r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
+        r"CUDA out of memory(?![ \t]+[a-z])|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
         r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|Cuda failure (?:2 )?'out of memory'"
         r"|Failed to CUDA (?:calloc|malloc|host alloc)",
         ("out of memory", "outofmemoryerror", "cudaerrormemoryallocation", "alloc_failed", "failed to cuda"),
