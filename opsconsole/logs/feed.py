@@ -21,6 +21,11 @@ log = logging.getLogger(__name__)
 # A line stamped this much before the console started is from before it (clocks of nodes and the
 # console differ by a little; a line written during the start must not count as old).
 BEFORE_START_SLACK_S = 5.0
+# A finding from before the start still competes for the root cause with those written since when it is stamped
+# this close before them: torch.distributed's default process-group timeout (30 min) is how long peers can wait in
+# a collective for a rank that failed before the console started. An older or unstamped one (a previous run's
+# failure still in the file) does not outrank what is failing now.
+EARLIER_CAUSE_WINDOW_S = 1800.0
 
 Deliver = Callable[[Sequence[LogLine], List[Any]], None]
 
@@ -33,6 +38,9 @@ class LineDiagnoser(Protocol):
     def summary(self) -> Sequence[Any]: ...
 
     def root_cause(self) -> Any: ...
+
+
+Precedence = Callable[[str, bool], int]  # opsconsole.diagnosis.engine.precedence: lower is more fundamental
 
 
 class ProgressWatch(Protocol):
@@ -67,6 +75,7 @@ class LogFeed:
         deliver: Deliver,
         deliver_findings: Deliver,
         progress: ProgressWatch,
+        precedence: Optional[Precedence] = None,
     ) -> None:
         self.hub = hub
         self.diagnoser = diagnoser
@@ -80,6 +89,11 @@ class LogFeed:
         self.progress = progress
         self.started_at: Optional[float] = None  # when following began
         self._reading_backlog = False  # while the hub delivers the files' last pages at start
+        self.precedence = precedence
+        # Per category: the latest time of its findings from before the start (None: none stamped), and the
+        # earliest of those written since; the root cause the pane shows is taken from these (summary()).
+        self._earlier: Dict[str, Optional[float]] = {}
+        self._live: Dict[str, float] = {}
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -120,6 +134,7 @@ class LogFeed:
         self.deliver(lines, [None] * len(lines))
         findings = self.diagnose(lines)
         if any(finding is not None for finding in findings):
+            self._note_when(lines, findings)
             self.deliver_findings(lines, findings)
 
     def check_progress(self, states: Mapping[str, NodeState]) -> List[Tuple[Any, str]]:
@@ -131,7 +146,9 @@ class LogFeed:
 
     def with_times(self, lines: Sequence[LogLine]) -> List[LogLine]:
         """Give a line without a timestamp its predecessor's time in its source (a traceback's lines
-        take the time of the record above them), or its arrival time; findings then say when."""
+        take the time of the record above them), or its arrival time; findings then say when. A line read
+        from the files' last pages at the start with no stamped line above it keeps no time: it was written
+        at some time before the start, not when the console started."""
         timed: List[LogLine] = []
         source: Any = None
         key = ""
@@ -140,7 +157,14 @@ class LogFeed:
                 source, key = line.source, line.source.key
             when = line.time
             if when is None:
-                when = self._last_time.get(key) or self.now()
+                when = self._last_time.get(key)
+                if when is None and self._reading_backlog:
+                    # Already in the file at the start, with no stamped line above it: when it was written is
+                    # not known (it is not the console's start time); its findings are "before start".
+                    timed.append(line)
+                    continue
+                if when is None:
+                    when = self.now()
                 line = replace_decoded(line, {"time": when})  # replace() without __init__
             self._last_time[key] = when
             timed.append(line)
@@ -174,8 +198,54 @@ class LogFeed:
             return []
 
     def summary(self) -> Tuple[List[Any], Any]:
-        """The diagnosis's rows, then the hangs and stragglers the logs' progress shows now."""
-        return list(self.diagnoser.summary()) + list(self.progress.summaries()), self.diagnoser.root_cause()
+        """The diagnosis's rows, then the hangs and stragglers the logs' progress shows now; and the root cause:
+        the diagnosis's, unless it was only seen before the start and something fails now (see live_root)."""
+        rows = list(self.diagnoser.summary())
+        return rows + list(self.progress.summaries()), self.live_root(rows, self.diagnoser.root_cause())
+
+    def _note_when(self, lines: Sequence[LogLine], findings: Sequence[Any]) -> None:
+        for line, finding in zip(lines, findings):
+            if finding is None:
+                continue
+            category = finding.category
+            when = getattr(finding, "time", None)
+            if self.before_start(line):
+                known = self._earlier.get(category)
+                self._earlier[category] = when if known is None else (known if when is None else max(known, when))
+            else:
+                when = when if when is not None else self.now()
+                self._live[category] = min(self._live.get(category, when), when)
+
+    def earlier_categories(self) -> List[str]:
+        """Categories seen only in lines written before the console started (a previous failure in the files)."""
+        return [category for category in self._earlier if category not in self._live]
+
+    def live_root(self, rows: Sequence[Any], root: Any) -> Any:
+        """The root cause to show: the diagnosis's, unless its category was seen only before the start, is not
+        stamped within EARLIER_CAUSE_WINDOW_S before what fails now, and something fails now; then the most
+        fundamental of the categories that could have caused what is failing now (`precedence`), earliest first."""
+        category = root if isinstance(root, str) else getattr(root, "category", None)
+        if category is None or not self._live or not self._stale(category):
+            return root
+        candidates = [row for row in rows if not self._stale(str(getattr(row, "category", "")))]
+        if not candidates:
+            return root
+
+        def rank(row: Any) -> Tuple[int, float]:
+            first = getattr(row, "first", None)
+            weak = bool(getattr(first, "weak", False))
+            order = self.precedence(row.category, weak) if self.precedence is not None else 0
+            seen = getattr(row, "first_seen", None)
+            return order, seen if seen is not None else float("inf")
+
+        return min(candidates, key=rank).category
+
+    def _stale(self, category: str) -> bool:
+        """Seen only before the start, and not stamped close enough before what fails now to have caused it."""
+        if category not in self._earlier or category in self._live:
+            return False
+        when = self._earlier[category]
+        return when is None or when < min(self._live.values()) - EARLIER_CAUSE_WINDOW_S
 
     async def older(self, source_key: str, before_offset: int, count: int) -> List[LogLine]:
         return list(await self.hub.older(source_key, before_offset, count))
@@ -184,4 +254,4 @@ class LogFeed:
         return list(await self.hub.last_lines(source_key, count))
 
 
-__all__ = ["BEFORE_START_SLACK_S", "LineDiagnoser", "LogFeed", "ProgressWatch", "fleet_links"]
+__all__ = ["BEFORE_START_SLACK_S", "EARLIER_CAUSE_WINDOW_S", "LineDiagnoser", "LogFeed", "ProgressWatch", "fleet_links"]

@@ -9,7 +9,7 @@ jump to the line (again: to the next line of that category).
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, Collection, List, Optional, Sequence
 
 from rich.text import Text
 from textual import on
@@ -34,6 +34,9 @@ COLUMNS = (
     ("cause", "Cause", 40),
     ("remedy", "Remedy", None),
 )
+
+
+BEFORE_START = "pre-start"  # First seen of a finding only in lines that were in the files, unstamped, at the start
 
 
 def clock_time(when: Optional[float]) -> str:
@@ -93,17 +96,18 @@ def sorted_summaries(summaries: Sequence[Any], root: Optional[str]) -> List[Any]
     return sorted(summaries, key=order)
 
 
-def summary_cells(summary: Any, root: Optional[str]) -> List[Text]:
-    """The table cells of one FindingSummary."""
+def summary_cells(summary: Any, root: Optional[str], earlier: Collection[str] = ()) -> List[Text]:
+    """The table cells of one FindingSummary; `earlier`: categories seen only in lines from before the start."""
     severity = str(getattr(summary, "severity", ""))
     style = SEVERITY_STYLES.get(severity, "")
     category = summary_category(summary)
+    first_seen = getattr(summary, "first_seen", None)
     values = {
         "mark": ROOT_MARK if category == root else "",
         "severity": severity,
         "category": category,
         "count": str(getattr(summary, "count", "")),
-        "first": clock_time(getattr(summary, "first_seen", None)),
+        "first": BEFORE_START if first_seen is None and category in earlier else clock_time(first_seen),
         "last": clock_time(getattr(summary, "last_seen", None)),
         "ranks": ranks_text(getattr(summary, "ranks", ()) or ()),
         "cause": one_line(getattr(summary, "cause", ""), 40),
@@ -116,13 +120,18 @@ def summary_cells(summary: Any, root: Optional[str]) -> List[Text]:
     return cells
 
 
-def summary_detail(summary: Any, root: Optional[str]) -> Text:
+def summary_detail(summary: Any, root: Optional[str], earlier: Collection[str] = ()) -> Text:
     """Title, cause, remedy and the first matching line of one summary, whole."""
     text = Text()
     category = summary_category(summary)
     title = getattr(summary, "title", "") or category
     text.append(title, style="bold " + SEVERITY_STYLES.get(str(getattr(summary, "severity", "")), ""))
-    text.append("  (%s%s)\n" % (category, ", the root cause" if category == root else ""), style="dim")
+    notes = [category]
+    if category == root:
+        notes.append("the root cause")
+    if category in earlier:
+        notes.append("only in lines written before the console started")
+    text.append("  (%s)\n" % ", ".join(notes), style="dim")
     text.append("Cause: ", style="bold")
     text.append(" ".join(str(getattr(summary, "cause", "")).split()) + "\n")
     text.append("Remedy: ", style="bold")
@@ -166,6 +175,7 @@ class FindingsList(Vertical):
         super().__init__(id=id)
         self.summaries: List[Any] = []
         self.root: Optional[str] = None
+        self.earlier: Collection[str] = ()
         self.title = Static("", id="findings-title", markup=False)
         self.table: DataTable = DataTable(id="findings-table", cursor_type="row", zebra_stripes=True)
         self.detail = Static("", id="finding-detail", markup=False)
@@ -180,12 +190,15 @@ class FindingsList(Vertical):
         for key, label, width in COLUMNS:
             self.table.add_column(label, key=key, width=width)
 
-    def show(self, summaries: Sequence[Any], root: Any) -> None:
-        """Show the current summaries (in place; the highlighted category stays highlighted)."""
+    def show(self, summaries: Sequence[Any], root: Any, earlier: Collection[str] = ()) -> None:
+        """Show the current summaries (in place; the highlighted category stays highlighted). `earlier`: the
+        categories seen only in lines from before the console started."""
         self.root = root_category(root)
+        self.earlier = frozenset(earlier)
         self.summaries = sorted_summaries(summaries, self.root)
         signature = [
-            (summary_category(s), getattr(s, "count", None), getattr(s, "last_seen", None)) for s in self.summaries
+            (summary_category(s), getattr(s, "count", None), getattr(s, "last_seen", None), self.root, self.earlier)
+            for s in self.summaries
         ]
         total = sum(int(getattr(s, "count", 0) or 0) for s in self.summaries)
         title = "Findings: %d categor%s, %d line%s" % (
@@ -205,7 +218,7 @@ class FindingsList(Vertical):
         highlighted_category = summary_category(highlighted) if highlighted is not None else None
         self.table.clear()
         for summary in self.summaries:
-            self.table.add_row(*summary_cells(summary, self.root), key=summary_category(summary))
+            self.table.add_row(*summary_cells(summary, self.root, self.earlier), key=summary_category(summary))
         for row, summary in enumerate(self.summaries):
             if summary_category(summary) == highlighted_category:
                 self.table.move_cursor(row=row, animate=False)
@@ -228,7 +241,9 @@ class FindingsList(Vertical):
 
     def show_detail(self) -> None:
         summary = self.highlighted()
-        self.detail.update(printable_text(summary_detail(summary, self.root)) if summary is not None else Text(""))
+        self.detail.update(
+            printable_text(summary_detail(summary, self.root, self.earlier)) if summary is not None else Text("")
+        )
 
     @on(DataTable.RowHighlighted, "#findings-table")
     def row_highlighted(self, event: DataTable.RowHighlighted) -> None:

@@ -108,7 +108,7 @@ async def start_log_feed(app: Any) -> Optional[LogFeed]:
         return None
     try:
         # Imported here: a console without [logs] never loads the followers or the knowledge base.
-        from opsconsole.diagnosis.engine import Diagnoser
+        from opsconsole.diagnosis.engine import Diagnoser, precedence
         from opsconsole.logs.hub import LogHub
 
         feed = LogFeed(
@@ -117,6 +117,7 @@ async def start_log_feed(app: Any) -> Optional[LogFeed]:
             partial(deliver_to, app, pane),
             partial(deliver_findings_to, app, pane),
             progress=RunProgress(stall_after_from(app.config)),
+            precedence=precedence,
         )
         pane.feed = feed
         await feed.start()
@@ -674,7 +675,7 @@ class LogsPane(Pane):
             self.feed.diagnosis_problem = "findings unavailable: %s" % exc
             return
         self.findings.set_class(bool(summaries), "-shown")
-        self.findings.show(summaries, root)
+        self.findings.show(summaries, root, earlier=self.feed.earlier_categories())
 
     # --- scrolling: follow and older lines ------------------------------------------------------------
 
