@@ -219,6 +219,13 @@ def command_console(args: argparse.Namespace) -> int:
 
     mark("arguments parsed")
     config = config_from_args(args)
+    if config.console.keys:
+        # A remap onto a key in use is a config error (exit 2) before any node is polled; it needs
+        # every pane's bindings, so only a config that remaps keys imports them this early.
+        from opsconsole.tui.app import all_key_specs
+        from opsconsole.tui.keys import keymap_from_config
+
+        keymap_from_config(config.console.keys, all_key_specs(), config.source)
     from opsconsole.sources import fleet_with_sources
 
     fleet = fleet_with_sources(config)  # the fleet reads no theme: the one picked below is the app's

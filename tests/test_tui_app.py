@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from test_cli import clean_home, run_cli  # noqa: F401
 from textual.command import CommandPalette
 from textual.widgets import DataTable, Input, OptionList
 from tui_fakes import (  # noqa: E402
@@ -17,7 +18,7 @@ from tui_fakes import (  # noqa: E402
     up_state,
 )
 
-from opsconsole.config import Config, ConsoleConfig  # noqa: E402
+from opsconsole.config import Config, ConfigError, ConsoleConfig  # noqa: E402
 from opsconsole.tui import bars  # noqa: E402
 from opsconsole.tui.app import KEY_SPECS, PANES, OpsConsole, TooSmall  # noqa: E402
 from opsconsole.tui.help import HelpScreen  # noqa: E402
@@ -214,8 +215,9 @@ async def test_escape_clears_a_kept_filter_when_no_drill_down_is_open():
         table = gpu_table(app)
         every = sorted(key.value for key in table.rows)
         await pilot.press("slash", *"a02", "enter")
-        await pilot.pause()
-        assert [key.value for key in table.rows] == ["gpu-a02/0"] and table.has_focus
+        filter_input = app.query_one("#filter", Input)
+        await wait_for(lambda: not filter_input.has_class("-open") and table.has_focus, "the filter kept", pilot=pilot)
+        assert [key.value for key in table.rows] == ["gpu-a02/0"]
         await pilot.press("escape")
         await pilot.pause()
         assert sorted(key.value for key in table.rows) == every and len(every) > 1
@@ -235,6 +237,42 @@ async def test_config_remaps_a_key_and_the_old_one_stops_working():
         await pilot.pause()
         assert app.visible_pane_id == "host"
         assert dict((r[0], r[1]) for r in app.help_rows())["pane.host"] == "h"
+
+
+@pytest.mark.parametrize(
+    "remap, other",
+    [
+        ('"pane.gpus" = "q"', "takes the key q of app.quit (Quit)"),  # q would open GPUs and no longer quit
+        ('"processes.tree" = "x"', "takes the key x of process.signal_term (Processes: SIGTERM)"),
+    ],
+)
+def test_a_remap_onto_a_key_in_use_is_refused_naming_both_bindings(tmp_path, clean_home, remap, other):
+    _, env = clean_home
+    path = tmp_path / "keys.toml"
+    path.write_text('[[nodes]]\nname = "box"\nlocal = true\n[console.keys]\n%s\n' % remap)
+    done = run_cli(["--config", str(path)], env)
+    assert done.returncode == 2, done.stdout[-500:] + done.stderr
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
+    binding = remap.split('"')[1]
+    assert str(path) in done.stderr and '"%s"' % binding in done.stderr and other in done.stderr, done.stderr
+
+
+def test_the_app_itself_refuses_a_colliding_remap_too():
+    # replay and demo build the app without the console command's early check
+    with pytest.raises(ConfigError, match='"pane.gpus" = "q" takes the key q of app.quit'):
+        make_app(keys=(("pane.gpus", "q"),))
+
+
+async def test_a_swap_that_remaps_both_keys_still_works():
+    app = make_app(keys=(("pane.gpus", "2"), ("pane.processes", "1")))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("1")
+        await wait_for(lambda: app.visible_pane_id == "processes", "1 shows Processes", pilot=pilot)
+        await pilot.press("2")
+        await wait_for(lambda: app.visible_pane_id == "gpus", "2 shows GPUs", pilot=pilot)
+        rows = dict((r[0], r[1]) for r in app.help_rows())
+        assert (rows["pane.gpus"], rows["pane.processes"]) == ("2", "1")
 
 
 async def test_unknown_binding_id_in_config_is_reported_not_fatal():

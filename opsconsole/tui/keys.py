@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from textual.binding import Binding
 
+from opsconsole.config import ConfigError
 from opsconsole.model import frozen
 
 
@@ -90,8 +91,14 @@ def bindings_from_specs(specs: Iterable[KeySpec]) -> List[Binding]:
     ]
 
 
-def keymap_from_config(pairs: Iterable[Tuple[str, str]], specs: Sequence[KeySpec]) -> Tuple[Dict[str, str], List[str]]:
-    """Split `[console.keys]` pairs into a Textual keymap and problems worded for the user."""
+def keymap_from_config(
+    pairs: Iterable[Tuple[str, str]], specs: Sequence[KeySpec], source: Optional[str] = None
+) -> Tuple[Dict[str, str], List[str]]:
+    """Split `[console.keys]` pairs into a Textual keymap and problems worded for the user.
+
+    An unknown id is a problem the console shows; a remap onto a key another binding already
+    answers to is a ConfigError (refused like any config error), see key_collision.
+    """
     known = {spec.id for spec in specs}
     keymap: Dict[str, str] = {}
     problems: List[str] = []
@@ -100,7 +107,49 @@ def keymap_from_config(pairs: Iterable[Tuple[str, str]], specs: Sequence[KeySpec
             problems.append("console.keys: no binding %r (see ? for the ids)" % binding_id)
             continue
         keymap[binding_id] = key.strip()
+    collision = key_collision(keymap, specs)
+    if collision is not None:
+        raise ConfigError(collision, file=source)
     return keymap, problems
+
+
+def _typed_keys(key: str) -> Set[str]:
+    """The keys of a binding as typed (`?` and `question_mark` alike), each once."""
+    return {display_key(part) for part in key.split(",") if part.strip()}
+
+
+def key_collision(keymap: Mapping[str, str], specs: Sequence[KeySpec]) -> Optional[str]:
+    """The first remap onto a key another binding answers to, in one line naming both; None when none.
+
+    Two bindings collide when, after remapping, they share a key and either share a scope (the
+    app, or one pane) or the remapped one is a pane's and the other the app's (an app key is live in
+    every pane). Only a pair with a remapped binding is judged, so a swap that remaps both of its ids
+    is fine.
+    """
+    for spec in specs:
+        if spec.id not in keymap:
+            continue
+        mine = _typed_keys(keymap[spec.id])
+        for other in specs:
+            if other.id == spec.id:
+                continue
+            if spec.scope and other.scope and spec.scope != other.scope:
+                continue  # keys of two different panes never meet
+            if not spec.scope and other.scope:
+                continue  # an app key remapped onto a pane's key: that pane's own binding wins there
+            shared = sorted(mine & _typed_keys(effective_key(other, keymap)))
+            if shared:
+                return (
+                    'console.keys: "%s" = "%s" takes the key %s of %s (%s); remap that one too, or choose another key'
+                    % (
+                        spec.id,
+                        keymap[spec.id],
+                        shared[0],
+                        other.id,
+                        other.description,
+                    )
+                )
+    return None
 
 
 def effective_key(spec: KeySpec, keymap: Mapping[str, str]) -> str:
