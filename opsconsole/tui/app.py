@@ -157,6 +157,7 @@ LAUNCH_GC_S = 3.0  # the longest the launch goes without cyclic collections (lau
 HOST_PROCESS_PANES = frozenset(("processes", "host"))
 HOST_PROCESSES_EVERY_HIDDEN = 5
 MAX_HELD_KEYS = 64  # keys kept for a pane being shown (hold_keys_for)
+FILTER_CLOSING = "filter closing"  # hold_keys_for's name for the keys typed behind the filter's enter
 HOLD_KEYS_S = 2.0  # a pane that takes longer to be shown gets the keys typed meanwhile no longer
 
 
@@ -290,6 +291,7 @@ class OpsConsole(App[int]):
         self._pane_mounts: Dict[str, asyncio.Future] = {}  # panes being mounted on first show (ensure_pane)
         self._keys_held_for: Optional[str] = None  # a pane being shown: keys wait until it has the focus
         self._held_keys: List[events.Key] = []  # typed meanwhile (on_event)
+        self._filter_enter: Optional[events.Key] = None  # the `enter` that closes the filter line (on_event)
         self._first_pane: Optional[str] = None
         self._last_redraw = 0.0  # time.monotonic() of the last redraw
         self._drew_data = False  # a redraw has had a frame to draw
@@ -437,10 +439,24 @@ class OpsConsole(App[int]):
             and self._keys_held_for is not None
             and self.main_screen_shown()  # not a modal one
             and len(self._held_keys) < MAX_HELD_KEYS
+            and event is not self._filter_enter  # on its way back to the app, where the input's binding runs
         ):
             self._held_keys.append(events.Key(event.key, event.character))
             return
+        closing = (
+            isinstance(event, events.Key)
+            and event.key == "enter"
+            and self.focused is self.filter_input
+            and self.filter_input.has_class("-open")
+        )
+        if closing:
+            self._filter_enter = event
         await super().on_event(event)
+        if closing:
+            # `enter` keeps the filter: the filter line closes when its Submitted comes back, after
+            # the keys typed behind it were routed, so `marker<enter>/eyes` gave `/eyes` to the line
+            # as text. They wait for the close, then find the pane and `/` opens the filter again.
+            self.hold_keys_for(FILTER_CLOSING)
 
     def hold_keys_for(self, pane_id: str) -> None:
         """Keep the keys typed from now until pane `pane_id` has the focus (or HOLD_KEYS_S at most)."""
@@ -891,6 +907,7 @@ class OpsConsole(App[int]):
             self._set_filter("")
         self.filter_input.remove_class("-open")
         self.focus_pane(self.visible_pane_id)
+        self.release_keys(FILTER_CLOSING)
 
 
 def _fields(rows: Sequence[Tuple[str, str]]) -> Text:
