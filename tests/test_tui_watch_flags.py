@@ -98,7 +98,7 @@ def test_logs_and_checkpoints_panes_work_from_the_flags_alone(tmux, tmp_path):  
     screen = tmux.wait_for("CUDA out of memory", "rank0.log")
     assert "step 41 loss 2.30" in screen or "rank1.log" in screen
     tmux.keys("7")
-    screen = tmux.wait_for("6 checkpoints", "checkpoint_best.pt", "latest")
+    screen = tmux.wait_for("6 units · 5 managed", "checkpoint_best.pt", "latest")
     assert str(tmp_path / "ckpts") in screen and screen.count("checkpoint_epoch_") == 5
     tmux.keys("q")
     assert tmux.wait_gone()
