@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import subprocess
+import sys
 
 import asyncssh
 import pytest
@@ -123,6 +124,22 @@ async def test_changed_host_key_names_the_one_old_key_once(sshd_factory, ssh_cli
         state = await log.wait_state(STATE_HOSTKEY, 10)
     assert "CHANGED" in state.reason and new in state.reason
     assert state.reason.count(old) == 1, state.reason
+
+
+@pytest.mark.skipif(os.path.exists("/proc/driver/nvidia/version"), reason="this machine has an NVIDIA driver")
+async def test_a_node_without_pynvml_or_a_driver_says_no_driver_over_ssh(sshd_factory, tmp_path):
+    venv = tmp_path / "bare-venv"  # the node's python3: no pynvml, as on a bare compute node
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    server = sshd_factory.start()
+    link = SshLink(node_for(server, python=str(venv / "bin" / "python")), FAST, INTERVAL)
+    try:
+        state = await link.poll_once(20)
+    finally:
+        await link.close()
+    assert state.state == STATE_UP, state.reason
+    assert state.frame.gpus == () and state.frame.gpu_note is not None
+    assert state.frame.gpu_note.startswith("no NVIDIA driver on this node"), state.frame.gpu_note
+    assert "pynvml" not in state.frame.gpu_note
 
 
 def _fast_fields():
