@@ -23,7 +23,7 @@ import shlex
 import time
 import weakref
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Deque, Dict, List, Optional, Sequence, Tuple, cast
 
 import asyncssh
 
@@ -326,21 +326,11 @@ class SshLink(SshConnection, NodeLink):
         True when woken by the files, False by retry().
         """
         seen = self._verifier.read_signature
-        changed = False
-        self.waiting_for_user = True
-        try:
-            while True:
-                try:
-                    await asyncio.wait_for(self._retry.wait(), KNOWN_HOSTS_CHECK_S)
-                    break
-                except asyncio.TimeoutError:
-                    if self._verifier.files_signature() != seen:
-                        changed = True
-                        break
-        finally:
-            self.waiting_for_user = False
-        self._retry.clear()
-        return changed
+
+        async def changed() -> bool:
+            return self._verifier.files_signature() != seen
+
+        return await self._wait_for_user(changed, KNOWN_HOSTS_CHECK_S)
 
     async def _wait_credentials(self) -> bool:
         """Park an `auth` node until retry() or until the user's keys change (`ssh-add`, a key file
@@ -348,21 +338,29 @@ class SshLink(SshConnection, NodeLink):
         the node kept in `auth` until it says otherwise. Only metadata and the agent's key list are
         looked at meanwhile. True when woken by the keys, False by retry()."""
         seen = self.credentials_seen
-        changed = False
+
+        async def changed() -> bool:
+            return seen is not None and await self.credentials() != seen
+
+        return await self._wait_for_user(changed, CREDENTIALS_CHECK_S)
+
+    async def _wait_for_user(self, changed: Callable[[], Awaitable[bool]], period: float) -> bool:
+        """Wait for retry() (False) or for `changed()`, asked every `period` s, to say True (True)."""
+        woken = False
         self.waiting_for_user = True
         try:
             while True:
                 try:
-                    await asyncio.wait_for(self._retry.wait(), CREDENTIALS_CHECK_S)
+                    await asyncio.wait_for(self._retry.wait(), period)
                     break
                 except asyncio.TimeoutError:
-                    if seen is not None and await self.credentials() != seen:
-                        changed = True
+                    if await changed():
+                        woken = True
                         break
         finally:
             self.waiting_for_user = False
         self._retry.clear()
-        return changed
+        return woken
 
     # --- the probe stream ------------------------------------------------------------------
 
