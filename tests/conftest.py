@@ -74,7 +74,7 @@ LIBRARY_FIXTURES = {
     "gloo_dumps",
     "hung_gloo_job",  # test_flight_recorder's live 2-rank torchrun job
 }
-LIBRARY_FILES = {"test_checkpoints_libraries.py", "test_diagnosis_torchrun.py"}
+LIBRARY_FILES = {"test_checkpoints_libraries.py", "test_diagnosis_torchrun.py", "test_diagnosis_multinode.py"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -396,7 +396,9 @@ class Diagnoser:
         if prefix:
             body = text[prefix.end() :]
             line_rank = int(prefix.group(prefix.lastindex or 1))  # torch's global "[rank1]:" after torchrun's
-            if rank is None:
+            # torch's own "[rankN]:" is the global rank: it wins over a rank the file's place gave (torchrun's
+            # attempt_0/<local_rank>/ folders hold local ranks: on a second node local 1 is global 3).
+            if rank is None or (prefix.lastindex == 2 or text[prefix.start(1) - 5 : prefix.start(1)] == "[rank"):
                 rank = line_rank
         # Interleaved ranks each get their own traceback state.
         if line_rank is None:
