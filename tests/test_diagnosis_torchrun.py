@@ -520,6 +520,8 @@ def test_a_refused_allocation_is_host_memory_without_claiming_the_oom_killer(run
     assert root["excerpt"].startswith("MemoryError")
     assert "refused inside the process" in root["cause"] and "OOM killer's own report" not in root["cause"]
     assert "ulimit -v" in root["remedy"]
+    # The headline says what happened too: it said "Host out of memory (OOM killer)".
+    assert "\nRoot cause: Host memory allocation refused [host_oom, critical]\n" in report(directory)
 
 
 def test_a_healthy_run_has_no_verdict(runs):

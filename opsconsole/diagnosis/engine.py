@@ -46,6 +46,7 @@ from opsconsole.diagnosis.knowledge import (
     GLOO_TIMEOUT_TITLE,
     HOST_ALLOCATION_REFUSED_CAUSE,
     HOST_ALLOCATION_REFUSED_REMEDY,
+    HOST_ALLOCATION_REFUSED_TITLE,
     HOST_OOM_SEEN_CAUSE,
     INDEX_ERROR_REMEDY,
     MISSING_PATH_REMEDY,
@@ -704,8 +705,12 @@ class Diagnoser:
             title, cause, remedy = SIGKILL_TITLE, SIGKILL_CAUSE, RANK_CRASH_REMEDIES["SIGKILL"]
         elif category == "host_oom":  # the OOM killer's own line, or an allocation refused in the process
             evidence = "seen"
-            if _ALLOCATION_REFUSED.search(body):
-                cause, remedy = HOST_ALLOCATION_REFUSED_CAUSE, HOST_ALLOCATION_REFUSED_REMEDY
+            if _ALLOCATION_REFUSED.search(body):  # not the OOM killer: the title says so too
+                title, cause, remedy = (
+                    HOST_ALLOCATION_REFUSED_TITLE,
+                    HOST_ALLOCATION_REFUSED_CAUSE,
+                    HOST_ALLOCATION_REFUSED_REMEDY,
+                )
             else:
                 cause = HOST_OOM_SEEN_CAUSE
         elif category == "nccl_timeout" and _GLOO.search(body):  # gloo's timeout: not NCCL's watchdog or variables
@@ -1042,7 +1047,7 @@ class Diagnoser:
             rows.append(
                 FindingSummary(
                     category=category,
-                    title=best.title if category in ("nccl_timeout", CRASHED) else entry.title,
+                    title=best.title if category in ("nccl_timeout", CRASHED, "host_oom") else entry.title,
                     severity=best.severity,
                     cause=cause,
                     remedy=best.remedy,

@@ -306,6 +306,7 @@ HOST_OOM_SEEN_CAUSE = CATEGORIES["host_oom"].cause + " The OOM killer's own repo
 
 # A refused allocation is raised in the process (Python, NumPy, C++, PyTorch's CPU allocator): no one killed
 # it, so there is no OOM-killer line to look for; the size it asked for is the first thing to check.
+HOST_ALLOCATION_REFUSED_TITLE = "Host memory allocation refused"
 HOST_ALLOCATION_REFUSED_CAUSE = (
     "A host (CPU) memory allocation was refused inside the process, which raised instead of being killed "
     "(Python's MemoryError, NumPy's 'Unable to allocate', C++ std::bad_alloc, PyTorch's DefaultCPUAllocator): "
