@@ -32,7 +32,7 @@ from opsconsole.tui.formatting import (
     state_style,
 )
 from opsconsole.tui.table_diff import TableRow
-from opsconsole.tui.table_pane import Column, SortedTable, TablePane
+from opsconsole.tui.table_pane import Column, SortedTable, TablePane, drop_until_fits
 
 REASON_WIDTH = 22
 JOBS_WIDTH = 14
@@ -41,7 +41,6 @@ REASON_MIN = 12  # the reason column takes all the room the others leave, at lea
 REASON_MORE = "… enter"
 # What a narrow terminal gives up first (first to go first); Node, State, GPUs, Util and Memory stay.
 DROP_ORDER = ("trend", "rtt", "power", "util_max", "jobs", "temp", "age", "errors")
-CELL_PADDING = 2  # DataTable draws one cell of padding on each side of a column
 
 NODE_COLUMNS = (
     Column("name", "Node"),
@@ -71,16 +70,10 @@ def node_columns(width: int, name_width: int = 0, state_width: int = 0) -> Tuple
         elif column.key == "state":
             column = replace(column, width=max(len(column.label) + 1, min(state_width, column.width or 10)))
         sized.append(column)
-    dropped = list(DROP_ORDER)
-    while True:
-        fixed = sum(max(c.width or 0, len(c.label) + 1) + CELL_PADDING for c in sized if c.key != "reason")
-        room = width - fixed - CELL_PADDING
-        if room >= REASON_MIN:
-            return tuple(replace(c, width=room) if c.key == "reason" else c for c in sized)
-        if not dropped:  # long node names on a narrow terminal: the names stay whole, the reason goes
-            return tuple(c for c in sized if c.key != "reason")
-        gone = dropped.pop(0)
-        sized = [c for c in sized if c.key != gone]
+    sized, room = drop_until_fits(sized, width, DROP_ORDER, "reason", REASON_MIN)
+    if room >= REASON_MIN:
+        return tuple(replace(c, width=room) if c.key == "reason" else c for c in sized)
+    return tuple(c for c in sized if c.key != "reason")  # long node names on a narrow terminal: the reason goes
 
 
 def shorten_reason(reason: Optional[str], width: int) -> str:

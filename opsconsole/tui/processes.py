@@ -40,7 +40,7 @@ from opsconsole.tui.formatting import (
     shorten,
 )
 from opsconsole.tui.table_diff import TableRow
-from opsconsole.tui.table_pane import Column, SortedTable, TablePane
+from opsconsole.tui.table_pane import Column, SortedTable, TablePane, drop_until_fits
 
 USER_WIDTH = 12
 # The command column takes what the others leave (no fixed width): at 300 columns a command
@@ -74,7 +74,6 @@ HOST_PROCESS_COLUMNS = tuple(c for c in GPU_PROCESS_COLUMNS if c.key not in ("gp
 # at 80 columns every other column took the row and the command was off screen.
 DROP_ORDER = ("job", "elapsed", "rss", "state", "user", "cpu")
 COMMAND_MIN = 20
-CELL_PADDING = 2  # DataTable draws one cell of padding on each side of a column
 NODE_COLUMN_GUESS = 12  # the Node column sizes itself to the names; a name's usual width
 GPU_DEFAULT_SORT = ("gpu_memory", True)  # the biggest GPU users first
 HOST_DEFAULT_SORT = ("cpu", True)  # the busiest first, as top and htop start
@@ -83,20 +82,9 @@ HOST_DEFAULT_SORT = ("cpu", True)  # the busiest first, as top and htop start
 def fitted_columns(columns: Sequence[Column], width: int) -> Tuple[Column, ...]:
     """`columns` with those of DROP_ORDER left out, first to go first, until the command gets COMMAND_MIN
     cells of `width` (or nothing is left to drop)."""
-    kept = list(columns)
     if width <= 0:  # not laid out yet
-        return tuple(kept)
-    droppable = [key for key in DROP_ORDER if any(c.key == key for c in kept)]
-    while True:
-        fixed = sum(
-            (NODE_COLUMN_GUESS if c.width is None else max(c.width, len(c.label) + 1)) + CELL_PADDING
-            for c in kept
-            if c.key != "command"
-        )
-        if width - fixed - CELL_PADDING >= COMMAND_MIN or not droppable:
-            return tuple(kept)
-        gone = droppable.pop(0)
-        kept = [c for c in kept if c.key != gone]
+        return tuple(columns)
+    return tuple(drop_until_fits(columns, width, DROP_ORDER, "command", COMMAND_MIN, NODE_COLUMN_GUESS)[0])
 
 
 def row_style(row: ProcessRow) -> str:

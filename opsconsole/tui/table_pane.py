@@ -37,6 +37,31 @@ class Column:
     sortable: bool = True
 
 
+CELL_PADDING = 2  # DataTable draws one cell of padding on each side of a column
+
+
+def drop_until_fits(
+    columns: Sequence[Column], width: int, drop_order: Sequence[str], flexible: str, minimum: int, auto_width: int = 0
+) -> Tuple[List[Column], int]:
+    """(the columns kept, the cells left for column `flexible`): columns of `drop_order` go, first to go
+    first, until `flexible` gets `minimum` of `width` cells or none is left to drop. A column without a
+    width counts as `auto_width` (it sizes itself to its content); one cell more than a label for its
+    sort arrow."""
+    kept = list(columns)
+    droppable = [key for key in drop_order if any(c.key == key for c in kept)]
+    while True:
+        fixed = sum(
+            max(auto_width if c.width is None else c.width, len(c.label) + 1) + CELL_PADDING
+            for c in kept
+            if c.key != flexible
+        )
+        room = width - fixed - CELL_PADDING
+        if room >= minimum or not droppable:
+            return kept, room
+        gone = droppable.pop(0)
+        kept = [c for c in kept if c.key != gone]
+
+
 class SortState:
     """Which column a table is sorted by (None: config order) and in which direction.
 
