@@ -9,19 +9,17 @@ says it was raised on rank 3.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.test_diagnosis_torchrun import report, verdict
 from tests.torchrun import free_port, torchrun_env
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 240
 WORKER = """
 import torch, torch.distributed as dist
@@ -70,26 +68,11 @@ def two_node_run(tmp_path_factory):
 
 def test_the_verdict_names_the_global_rank_not_the_folders_local_rank(two_node_run):
     base = two_node_run
-    done = subprocess.run(
-        [sys.executable, "-m", "opsconsole", "diagnose", "--run", str(base / "node0"), str(base / "node1"), "--json"],
-        capture_output=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = verdict(base / "node0", base / "node1")
     assert (result["root_cause"], result["rank"]) == ("app_error", 3), result["rank"]
     # The file is node 1's local rank 1: where global rank 3 writes.
     assert "/node1/" in result["file"] and Path(result["file"]).parent.name == "1"
     root = next(f for f in result["findings"] if f["category"] == "app_error")
     assert root["exception"] == "ValueError: bad batch on global rank 3" and root["rank"] == 3
-    text = subprocess.run(
-        [sys.executable, "-m", "opsconsole", "diagnose", "--run", str(base / "node0"), str(base / "node1")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    ).stdout
+    text = report(base / "node0", base / "node1")
     assert "Started on rank 3, in " in text and "Started on rank 1" not in text

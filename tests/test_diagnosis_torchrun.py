@@ -161,9 +161,10 @@ def runs(tmp_path_factory):
     return finished
 
 
-def verdict(directory: Path) -> dict:
+def verdict(*directories: Path) -> dict:
+    """`opsconsole diagnose --run DIR... --json` of the run's directories."""
     done = subprocess.run(
-        [sys.executable, "-m", "opsconsole", "diagnose", "--run", str(directory), "--json"],
+        [sys.executable, "-m", "opsconsole", "diagnose", "--run", *map(str, directories), "--json"],
         capture_output=True,
         timeout=120,
         cwd=ROOT,
@@ -259,10 +260,10 @@ def test_a_nan_loss_is_nan_inf_on_the_rank_that_logged_it(runs):
     assert not [f for f in result["findings"] if f["category"] == "app_error"]
 
 
-def report(directory: Path) -> str:
-    """`opsconsole diagnose --run DIR`'s readable report."""
+def report(*directories: Path) -> str:
+    """`opsconsole diagnose --run DIR...`'s readable report."""
     done = subprocess.run(
-        [sys.executable, "-m", "opsconsole", "diagnose", "--run", str(directory)],
+        [sys.executable, "-m", "opsconsole", "diagnose", "--run", *map(str, directories)],
         capture_output=True,
         timeout=120,
         cwd=ROOT,
