@@ -312,14 +312,19 @@ async def test_console_shows_prometheus_gpus_then_prometheus_stopped_is_an_unrea
         prometheus.stop()
         source = fleet.sources[0]
         deadline = time.monotonic() + STARTUP_S
-        # A stopping Prometheus may first answer 503 on the kept-alive connection, then refuses connections.
+        # A stopping Prometheus may first answer 503 or drop the kept-alive connection, then refuses connections.
+        seen_reasons = []
         while time.monotonic() < deadline and not (
-            source.status.state == STATE_DOWN and "unreachable" in (source.status.reason or "")
+            source.status.state == STATE_DOWN and "refused" in (source.status.reason or "").lower()
         ):
+            if source.status.reason and source.status.reason not in seen_reasons:
+                seen_reasons.append(source.status.reason)
             await pilot.pause(0.1)
         await pilot.pause(0.3)
-        assert source.status.reason.startswith("prometheus %s: unreachable: " % prometheus.url)
-        assert "refused" in source.status.reason.lower()
+        assert source.status.reason.startswith("prometheus %s: unreachable: " % prometheus.url), seen_reasons
+        assert "refused" in source.status.reason.lower(), seen_reasons
+        for reason in seen_reasons:  # what came before the refusal is said in words too, never a repr
+            assert "RemoteDisconnected(" not in reason and "('Connection aborted." not in reason
         states = fleet.states()
         for name in AB:
             assert states[name].state == STATE_DOWN and states[name].reason == source.status.reason
@@ -381,3 +386,47 @@ def test_hostile_sample_values_are_left_out_not_raised():
     series = parse_vector({"resultType": "vector", "result": hostile + [good]})
     assert series == [({"instance": "gpu-a01:9400"}, 42.0)]
     assert parse_vector({"resultType": "scalar", "result": [1700000000.0, "+Inf"]}) == []
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_server_that_drops_the_connection_is_unreachable_in_words(how):
+    """A stopping or crashed Prometheus reads the request and drops the connection; the reason
+    says so in words, not as urllib3's exception repr."""
+    import socket
+    import struct
+    import threading
+
+    from opsconsole.sources.prometheus_http import PrometheusError, PrometheusHttp
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def drop_one():
+        connection, _ = server.accept()
+        connection.recv(65536)
+        if how == "reset":  # SO_LINGER 0: close sends RST
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:  # FIN first: closing with unread bytes would send RST
+            connection.shutdown(socket.SHUT_WR)
+            connection.settimeout(5)
+            while connection.recv(65536):
+                pass
+        connection.close()
+
+    dropper = threading.Thread(target=drop_one)
+    dropper.start()
+    client = PrometheusHttp("http://127.0.0.1:%d" % server.getsockname()[1], timeout=5.0)
+    try:
+        with pytest.raises(PrometheusError) as raised:
+            client.fetch_raw("/api/v1/query", {"query": "up"})
+    finally:
+        dropper.join(10)
+        server.close()
+        client.close()
+    expected = {
+        "close": "unreachable: connection closed without an answer",
+        "reset": "unreachable: connection reset by the server",
+    }[how]
+    assert str(raised.value) == expected
+    assert raised.value.reachable is False

@@ -11,6 +11,7 @@ without a restart.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
@@ -143,7 +144,15 @@ class PrometheusHttp:
             raise PrometheusError(
                 _one_line("unreachable: timed out after %g s" % self.timeout), reachable=False
             ) from None
-        except (exceptions.HTTPError, OSError, ValueError) as exc:  # resets, protocol errors, a malformed URL
+        except exceptions.ProtocolError as exc:  # the server dropped the connection (a stopping or crashed server)
+            cause = exc.args[1] if len(exc.args) > 1 else exc
+            # http.client's RemoteDisconnected (a closed connection) derives from ConnectionResetError.
+            if isinstance(cause, ConnectionResetError) and not isinstance(cause, http.client.RemoteDisconnected):
+                text = "connection reset by the server"
+            else:
+                text = "connection closed without an answer"
+            raise PrometheusError(_one_line("unreachable: " + text), reachable=False) from None
+        except (exceptions.HTTPError, OSError, ValueError) as exc:  # other errors, a malformed URL
             text = str(exc) or type(exc).__name__
             raise PrometheusError(_one_line("unreachable: " + text), reachable=False) from None
         if len(data) > MAX_ANSWER_BYTES:
