@@ -46,6 +46,10 @@ HEAD_BYTES = 64 * 1024  # first read of a file: the sniff, and data.pkl of a sma
 MAX_PICKLE_READ = 256 * 1024 * 1024
 SAFETENSORS_FIRST_READ = 16 * 1024  # the length and a small model's whole header; a bigger header is a second read
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the safetensors spec's own limit
+JSON_WHITESPACE = b" \t\n\r"
+NO_SAFETENSORS_START = (
+    "no `{` after its header length, where the safetensors library starts a header: never a deletion candidate"
+)
 MAX_JSON_BYTES = 32 * 1024 * 1024
 MAX_DCP_METADATA = 64 * 1024 * 1024  # a .metadata of millions of chunks is still far under this
 MAX_NAME_TEXT = 200  # of a key or tensor name shown
@@ -82,6 +86,8 @@ class ReadResult:
     integrity: str
     problem: Optional[str] = None
     unreadable: Optional[str] = None  # what could not be read (our limits, a parse we cannot do): not damage
+    # Why the file is no member of any series, whatever its name says (a lone file's entry takes it).
+    unmanaged: Optional[str] = None
 
 
 # --- names -----------------------------------------------------------------------------------
@@ -270,6 +276,13 @@ def file_reader(name: str, size: int, window: int = HEAD_BYTES) -> Generator[Rea
         return ReadResult(
             _named_format(name), named, INTEGRITY_TRUNCATED, "starts with zero bytes: preallocated or never written"
         )
+    if name.lower().endswith(SAFETENSORS_SUFFIX):
+        # Named safetensors but no `{` where its header starts: the header length and header judge
+        # it (a length past the end or over the limit, a header that is no JSON: damage the
+        # safetensors library refuses too), not "format not recognised". It stays out of every
+        # series all the same: before, such a file was never a deletion candidate.
+        result = yield from safetensors_reader(size, head)
+        return replace(result, meta=merge_meta(result.meta, named), unmanaged=NO_SAFETENSORS_START)
     return ReadResult(FORMAT_UNKNOWN, named, INTEGRITY_UNCHECKED, "not a torch zip, pickle or safetensors file")
 
 
@@ -390,6 +403,17 @@ def _safetensors_header(size: int, head: bytes) -> Generator[ReadRequest, bytes,
             "header length %d is over the 100 MB limit" % length,
         )
     if 8 + length > size:
+        # Cut short inside its header, when what there is of the header starts as one does (JSON
+        # whitespace, then `{`); other bytes there were never a safetensors header: damage.
+        start = head[8:].lstrip(JSON_WHITESPACE)[:1]
+        if start not in (b"", b"{"):
+            return ReadResult(
+                FORMAT_SAFETENSORS,
+                CheckpointMeta(),
+                INTEGRITY_CORRUPT,
+                "header length %d points past the end of the file (%d bytes), and no JSON header follows it"
+                % (length, size),
+            )
         return ReadResult(
             FORMAT_SAFETENSORS,
             CheckpointMeta(),

@@ -524,6 +524,7 @@ def _read_unit(
             unit="file",
             members=group.members,
             judged=(judged_identity(unit.item.name, unit.item.stat),),
+            unmanaged=result.unmanaged,
         )
     # A final model or a sharded model: several files at the top, one unit.
     problems: List[str] = []
