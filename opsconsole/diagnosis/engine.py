@@ -835,6 +835,32 @@ class Diagnoser:
             self._record(finding)
         return removed
 
+    def rerank(self, rank_of: Callable[[Finding], Optional[int]]) -> int:
+        """Give findings (handled ones too) the rank `rank_of` returns for them (None: keep theirs): a file's
+        place gave a local rank (torchrun's attempt_0/<local_rank>/) where its own lines named the global one.
+        Counts, ranks and the root cause are taken again. Nothing changes once findings went beyond max_findings
+        (the aggregates could no longer be rebuilt). The number given another rank."""
+        if self.dropped:
+            return 0
+
+        def reranked(findings: List[Finding]) -> Tuple[List[Finding], int]:
+            out, changed = [], 0
+            for finding in findings:
+                rank = rank_of(finding)
+                if rank is not None and rank != finding.rank:
+                    finding = replace(finding, rank=rank)
+                    changed += 1
+                out.append(finding)
+            return out, changed
+
+        kept, changed = reranked(self._findings)
+        self._handled, handled = reranked(self._handled)
+        if changed:
+            self._findings, self._aggregates, self._best, self._best_finding, self._seen = [], {}, None, None, 0
+            for finding in kept:
+                self._record(finding)
+        return changed + handled
+
     def handled(self) -> List[Finding]:
         """Exceptions (an app_error, a CUDA OOM, any traceback's) after which the same rank went on logging training
         steps, or that a library said it recovered from: logged and caught. Each names the line in handled_by."""

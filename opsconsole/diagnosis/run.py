@@ -30,7 +30,9 @@ COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")
 LOG_NAMES = ("stdout", "stderr", "output", "log")
 ERROR_FILE_SUFFIX = ".json"
 MAX_ERROR_FILE_BYTES = 4 * 1024 * 1024
-_TORCHRUN_RANK_DIR = re.compile(r"(?:^|/)attempt_\d+/(\d{1,7})/[^/]+$")
+_TORCHRUN_RANK_DIR = re.compile(r"(?:^|/)(attempt_\d+/(\d{1,7})/[^/]+)$")
+# torch's own prefix on what a rank prints to stderr (its uncaught exception's lines): the global rank.
+_TORCH_RANK_PREFIX = re.compile(r"^\[rank(\d{1,7})\]:")
 _RANK_IN_NAME = re.compile(r"(?:^|[_.-])rank[_-]?(\d{1,7})(?=[_.-]|$)", re.IGNORECASE)
 # torchelastic's agent says so when every local child exited 0 (at INFO: LOGLEVEL=INFO or torchrun's own logging).
 _LAUNCHER_SUCCESS = ("worker group successfully finished", "Local worker group finished (WorkerState.SUCCEEDED)")
@@ -49,6 +51,8 @@ class RunDiagnosis:
     files: List[str]  # the files read, in order
     unreadable: List[Tuple[str, str]] = field(default_factory=list)  # (file, reason)
     paths: Dict[str, str] = field(default_factory=dict)  # source key -> file
+    # source key -> the source as labelled once read (a torchrun folder's rank: the global one its lines name)
+    sources: Dict[str, LogSource] = field(default_factory=dict)
     # How the run ended where its files say so: "finished", "failed", or None (not known); and why.
     outcome: Optional[str] = None
     outcome_evidence: str = ""
@@ -92,18 +96,36 @@ def _looks_like_a_log(name: str) -> bool:
 
 
 def run_source(path: str, node: str = NODE) -> LogSource:
-    """The file's source as the console labels it, with the rank torchrun's log layout or the name gives."""
+    """The file's source as the console labels it, with the rank torchrun's log layout or the name gives.
+
+    A file of torchrun's --log-dir layout is labelled "rank1:attempt_0/1/stderr.log": its folder is the local
+    rank, the global one on a single node; once read, a folder whose lines name another global rank (torch's
+    "[rank3]:" on a second node) is relabelled with it (diagnose_run)."""
     source = label_source(node, path)
     if source.rank is not None:
         return source
     normalised = path.replace(os.sep, "/")
-    match = _TORCHRUN_RANK_DIR.search(normalised) or _RANK_IN_NAME.search(os.path.basename(path))
+    layout = _TORCHRUN_RANK_DIR.search(normalised)
+    if layout is not None:
+        return _torchrun_source(source, int(layout.group(2)), layout.group(1))
+    match = _RANK_IN_NAME.search(os.path.basename(path))
     if match is None:
         return source
     rank = int(match.group(1))
     return LogSource(
         node=node, path=path, host=source.host, rank=rank, label="rank%d:%s" % (rank, os.path.basename(path))
     )
+
+
+def _place(path: str) -> str:
+    """What a label shows of a file: "attempt_0/1/stderr.log" in torchrun's layout, else its name."""
+    layout = _TORCHRUN_RANK_DIR.search(path.replace(os.sep, "/"))
+    return layout.group(1) if layout is not None else os.path.basename(path)
+
+
+def _torchrun_source(source: LogSource, rank: int, place: str) -> LogSource:
+    """A file of torchrun's --log-dir layout as rank `rank`, labelled with it and the file's folder."""
+    return LogSource(node=source.node, path=source.path, host=source.host, rank=rank, label="rank%d:%s" % (rank, place))
 
 
 def diagnose_run(
@@ -150,8 +172,17 @@ def _diagnose(
             files.append(path)
             source = run_source(path)
             if failure.rank is not None:
-                source = LogSource(node=NODE, path=path, host=failure.host, rank=failure.rank, label=source.label)
+                # The table's rank is the global one (the file's folder is the local rank on its node).
+                source = LogSource(
+                    node=NODE,
+                    path=path,
+                    host=failure.host,
+                    rank=failure.rank,
+                    label="rank%d:%s" % (failure.rank, _place(path)),
+                )
             total += _feed_file(diagnoser, result, path, source, lines_of, unreadable, evidence, local_files)
+    if evidence.global_ranks:
+        _global_ranks_of_folders(diagnoser, result, evidence.global_ranks)
     if evidence.tee_sources:
         _drop_tee_copies(diagnoser, evidence.tee_sources)
     result.handled = diagnoser.handled()  # exceptions their rank went on after: the diagnoser left them out
@@ -183,12 +214,17 @@ def _feed_file(
 ) -> int:
     """Feed one file's lines; the number read (an unreadable file is listed in result.unreadable)."""
     result.paths[source.key] = path
+    result.sources[source.key] = source
     number = 0
     try:
         lines = _source_lines(path, lines_of) if local_files else lines_of(path)
         for number, text in enumerate(lines, 1):
             diagnoser.feed_text(text, number, source)
-            if text.startswith("[default") and _TEE_PREFIX.match(text):
+            if text.startswith("[rank"):
+                own = _TORCH_RANK_PREFIX.match(text)
+                if own and len(evidence.global_ranks) < MAX_RUN_FILES:
+                    evidence.global_ranks.setdefault(source.key, set()).add(int(own.group(1)))
+            elif text.startswith("[default") and _TEE_PREFIX.match(text):
                 evidence.tee_sources.add(source.key)
                 if number == 1:
                     evidence.launcher_output = True
@@ -210,6 +246,37 @@ class _OutcomeEvidence:
         self.launcher_output = False  # a file of torchrun --tee output was read (a failed child's table goes there)
         self.error_files = 0  # torchelastic error files holding a recorded exception
         self.tee_sources: Set[str] = set()  # files holding torchrun --tee's "[defaultN]:" copies of the ranks' output
+        self.global_ranks: Dict[str, Set[int]] = {}  # source key -> the ranks torch's "[rankN]:" prefixes named
+
+
+def _global_ranks_of_folders(diagnoser: Diagnoser, result: RunDiagnosis, named: Mapping[str, Set[int]]) -> None:
+    """torchrun's --log-dir keeps each node's ranks under attempt_N/<local_rank>/: on a second node folder 1 holds
+    global rank 3, whose own lines say "[rank3]:". A folder whose files name one global rank other than the folder's
+    is that rank: its files' sources are relabelled ("rank3:attempt_0/1/stderr.log") and the findings the folder's
+    rank was given (lines without the prefix: a crash's, an error file's) take the global rank."""
+    folders: Dict[str, List[LogSource]] = {}
+    for source in result.sources.values():
+        layout = _TORCHRUN_RANK_DIR.search(source.path.replace(os.sep, "/"))
+        if layout is not None and source.rank == int(layout.group(2)):
+            folders.setdefault(os.path.dirname(source.path), []).append(source)
+    moved: Dict[str, Tuple[int, int]] = {}  # source key -> (the folder's rank, the global rank)
+    for sources in folders.values():
+        ranks = set().union(*(named.get(source.key, ()) for source in sources))
+        if len(ranks) != 1:
+            continue  # none named, or several (not one rank's folder): the folder's rank stays
+        rank = ranks.pop()
+        for source in sources:
+            if source.rank != rank and source.rank is not None:
+                moved[source.key] = (source.rank, rank)
+                result.sources[source.key] = _torchrun_source(source, rank, _place(source.path))
+    if moved:
+        diagnoser.rerank(
+            lambda finding: (
+                moved[finding.source][1]
+                if finding.source in moved and finding.rank == moved[finding.source][0]
+                else None
+            )
+        )
 
 
 def _drop_tee_copies(diagnoser: Diagnoser, tee_sources: Set[str]) -> None:
