@@ -166,3 +166,53 @@ async def test_a_node_down_since_the_start_is_a_node_reachable_error_after_its_f
         status = str(app.panes["health"].status.render())
         assert "1 error" in status, status
         assert app.fleet.states()["n1"].frame is None  # never up
+
+
+def screen_lines(app: OpsConsole):
+    return ["".join(segment.text for segment in strip) for strip in app.screen._compositor.render_strips()]
+
+
+async def test_the_message_of_a_down_node_reads_whole_at_100_columns():
+    port = closed_loopback_port()  # nothing listens: every connect is refused
+    config = Config(
+        console=ConsoleConfig(interval=0.3),
+        nodes=(NodeConfig(name="n1", host="127.0.0.1", port=port),),
+        ssh=SshConfig(connect_timeout=5.0, backoff_initial=0.05, backoff_max=0.5),
+    )
+    app = OpsConsole(config, Fleet(config))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(lambda: app.fleet.states()["n1"].state == STATE_DOWN, "n1 down", pilot=pilot)
+        await pilot.press("8")
+        await wait_for(lambda: app.panes["health"].table.row_count > 0, "a health row for n1", pilot=pilot)
+        (entry,) = app.health.entries("n1")
+        message = entry.result.message
+        assert "connection refused" in message
+        await wait_for(
+            lambda: any(message in line for line in screen_lines(app)), "the whole message on screen", pilot=pilot
+        )
+        header = next(line for line in screen_lines(app) if "Message" in line)
+        assert "Since" in header and "Check" in header  # it fits with every column kept
+
+
+async def test_a_message_too_long_for_80_columns_takes_since_room_and_is_whole_under_the_table():
+    app, fleet = console(hot(single_node_states()))
+    state = fleet.states()["local"]
+    long_reason = "handshake timed out after 30 s: ssh gpu-a01 via bastion.example.org refused the ProxyJump"
+    fleet.publish(replace(state, state=STATE_DOWN, reason=long_reason))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("8")
+        pane = app.panes["health"]
+        await wait_for(lambda: pane.table.row_count > 0, "health rows", pilot=pilot)
+        index = next(i for i, e in enumerate(pane._shown) if e.result.check == "node_reachable")
+        message = pane._shown[index].result.message
+        assert long_reason in message
+        pane.table.move_cursor(row=index)
+        await pilot.pause()
+        lines = screen_lines(app)
+        header = next(line for line in lines if "Message" in line)
+        assert "Since" not in header and "Status" in header and "Check" in header, header
+        row = next(line for line in lines if "node_reachable" in line)
+        shown = row[header.index("Message") :].rstrip()
+        assert shown.endswith("…") and message.startswith(shown[:-1]), row
+        assert len(shown) >= 35, row  # the room Since left went to the message
+        assert message in " ".join(str(pane.detail.render()).split()), str(pane.detail.render())

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, List, Mapping, Optional, Sequence
+from dataclasses import replace
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
+from textual.widgets.data_table import ColumnKey
 
 from opsconsole.health.monitor import HealthEntry, HealthMonitor
 from opsconsole.health.result import STATUS_ERROR, STATUS_FAIL, STATUS_PASS, STATUS_SKIP, STATUS_WARN, HealthResult
@@ -24,18 +27,25 @@ from opsconsole.tui import bars
 from opsconsole.tui.formatting import printable, shorten
 from opsconsole.tui.live_pane import LivePane
 from opsconsole.tui.table_diff import TableRow
+from opsconsole.tui.table_pane import Column, drop_until_fits
 from opsconsole.units import format_ms
 
 # Headers in the other tables' words and case (Audit's "Time", Nodes' "Node").
 WHERE_WIDTH = 16
 CHECK_WIDTH = 24
 COLUMNS = (
-    ("since", "Since", 8),
-    ("status", "Status", 6),
-    ("where", "Node / GPU", WHERE_WIDTH),
-    ("check", "Check", CHECK_WIDTH),
-    ("message", "Message", None),
+    Column("since", "Since", 8, sortable=False),
+    Column("status", "Status", 6, sortable=False),
+    Column("where", "Node / GPU", WHERE_WIDTH, sortable=False),
+    Column("check", "Check", CHECK_WIDTH, sortable=False),
+    Column("message", "Message", None, sortable=False),
 )
+# The message is what the row is for: it takes the room the others leave. When it does not fit whole,
+# Since goes first, then Node / GPU and Check narrow to these (their cells cut with an ellipsis).
+DROP_ORDER = ("since",)
+WHERE_MIN = 10
+CHECK_MIN = 14
+MESSAGE_MIN = 12
 STATUS_LEVEL = {
     STATUS_FAIL: bars.LEVEL_CRIT,
     STATUS_ERROR: bars.LEVEL_WARN,
@@ -63,9 +73,52 @@ def entry_matches(entry: HealthEntry, text: str) -> bool:
     return all(word in haystack for word in words)
 
 
-def detail_text(result: HealthResult) -> str:
-    """The selected result's evidence, timing and remedy, for the line under the table."""
-    parts = [", ".join("%s=%s" % pair for pair in result.evidence) or "no evidence"]
+def where_text(result: HealthResult, width: int) -> str:
+    """`node GPU n` in `width` cells: a long node name is cut with an ellipsis, the GPU kept."""
+    gpu = "" if result.gpu is None else " GPU %d" % result.gpu
+    return shorten(result.node, max(1, width - len(gpu))) + gpu
+
+
+def drawn_width(column: Column) -> int:
+    """The cells a column takes: drop_until_fits keeps one beside a label for a sort arrow, so the table does too."""
+    return max(column.width or 0, len(column.label) + 1)
+
+
+def one_line(text: str) -> str:
+    return " ".join(printable(text).split())
+
+
+def health_columns(width: int, results: Sequence[HealthResult]) -> Tuple[Column, ...]:
+    """COLUMNS fitted to `width` cells for these results: Node / GPU and Check as wide as their longest
+    cell (at most WHERE_WIDTH, CHECK_WIDTH), the Message with all the room left. A message that does not
+    fit whole first takes Since's room, then Node / GPU and Check narrow (to WHERE_MIN, CHECK_MIN)."""
+    longest_where = max((cell_len(where_text(r, WHERE_WIDTH)) for r in results), default=0)
+    longest_check = max((cell_len(one_line(r.check)) for r in results), default=0)
+    longest_message = max((cell_len(one_line(r.message)) for r in results), default=0)
+    sized = []
+    for column in COLUMNS:
+        if column.key == "where":
+            column = replace(column, width=max(len(column.label), min(WHERE_WIDTH, longest_where)))
+        elif column.key == "check":
+            column = replace(column, width=max(len(column.label), min(CHECK_WIDTH, longest_check)))
+        sized.append(column)
+    wanted = max(MESSAGE_MIN, longest_message)
+    kept, room = drop_until_fits(sized, width, DROP_ORDER, "message", wanted)
+    for key, narrowest in (("where", WHERE_MIN), ("check", CHECK_MIN)):
+        if room >= wanted:
+            break
+        drawn = drawn_width(next(c for c in kept if c.key == key))
+        narrower = min(drawn, max(narrowest, drawn - (wanted - room)))
+        room += drawn - narrower
+        kept = [replace(c, width=narrower) if c.key == key else c for c in kept]
+    return tuple(replace(c, width=max(MESSAGE_MIN, room)) if c.key == "message" else c for c in kept)
+
+
+def detail_text(result: HealthResult, message_cut: bool = False) -> str:
+    """The selected result's evidence, timing and remedy, for the line under the table (its message
+    first when the table had to cut it)."""
+    parts = [one_line(result.message)] if message_cut else []
+    parts.append(", ".join("%s=%s" % pair for pair in result.evidence) or "no evidence")
     if result.duration_s is not None:
         parts.append("took %s" % format_ms(result.duration_s * 1000.0))
     if result.remedy and result.status != STATUS_PASS:
@@ -96,8 +149,8 @@ class HealthPane(LivePane):
         self.status = Static("", classes="pane-status", markup=False)
         yield self.status
         self.table = DataTable(cursor_type="row", zebra_stripes=True)
-        for key, label, width in COLUMNS:
-            self.table.add_column(label, key=key, width=width)
+        self.columns: Tuple[Column, ...] = ()
+        self.fit_columns(COLUMNS)
         yield self.table
         self.detail = Static("", classes="health-detail", markup=False)
         yield self.detail
@@ -108,6 +161,30 @@ class HealthPane(LivePane):
     def monitor(self) -> Optional[HealthMonitor]:
         return getattr(self.app, "health", None)
 
+    def on_resize(self) -> None:
+        self.redraw()  # the message column follows the width
+
+    def fit_columns(self, columns: Sequence[Column]) -> None:
+        """Lay out `columns`: widths change in place (rows and cursor stay); another set of columns rebuilds."""
+        columns = tuple(columns)
+        if columns == self.columns:
+            return
+        if [c.key for c in columns] != [c.key for c in self.columns]:
+            self.table.clear(columns=True)
+            for column in columns:
+                self.table.add_column(column.label, key=column.key, width=drawn_width(column))
+        else:
+            for column in columns:
+                drawn = self.table.columns[ColumnKey(column.key)]
+                drawn.width = drawn_width(column)
+                drawn.auto_width = False
+            self.table._require_update_dimensions = True  # no public way to resize a column in place
+            self.table.refresh()
+        self.columns = columns
+
+    def message_width(self) -> int:
+        return next((drawn_width(c) for c in self.columns if c.key == "message"), 0)
+
     def draw(self, states: Mapping[str, NodeState], node: Optional[str], now: float) -> None:
         monitor = self.monitor
         if monitor is None:
@@ -115,19 +192,22 @@ class HealthPane(LivePane):
             return
         palette = bars.palette_from_variables(self.app.theme_variables)
         entries = [e for e in monitor.entries(node) if entry_matches(e, self.filter_text)]
+        # The pane is as wide as the screen; before its first layout its own size is 0. Two cells for a scrollbar.
+        width = (self.size.width or self.app.size.width) - 2
+        self.fit_columns(health_columns(width, [e.result for e in entries]))
+        widths = {c.key: drawn_width(c) for c in self.columns}
         rows: List[TableRow] = []
         for entry in entries:
             result = entry.result
             style = palette.style(STATUS_LEVEL.get(result.status, bars.LEVEL_PLAIN))
-            gpu = "" if result.gpu is None else " GPU %d" % result.gpu
-            cells = (
-                time.strftime("%H:%M:%S", time.localtime(entry.since)),
-                Text(result.status, style=("bold " + style) if result.status == STATUS_FAIL else style),
-                shorten(result.node, WHERE_WIDTH - len(gpu)) + gpu,  # a long name cut with an ellipsis, GPU kept
-                shorten(result.check, CHECK_WIDTH),
-                Text(result.message, no_wrap=True, overflow="ellipsis"),
-            )
-            rows.append(TableRow(row_key(entry), cells))
+            cells = {
+                "since": time.strftime("%H:%M:%S", time.localtime(entry.since)),
+                "status": Text(result.status, style=("bold " + style) if result.status == STATUS_FAIL else style),
+                "where": where_text(result, widths["where"]),
+                "check": shorten(printable(result.check), widths["check"]),
+                "message": shorten(printable(result.message), widths["message"]),
+            }
+            rows.append(TableRow(row_key(entry), tuple(cells[c.key] for c in self.columns)))
         self.sync_table(self.table, rows)
         self._shown = entries
         counts = monitor.counts(node)
@@ -161,7 +241,11 @@ class HealthPane(LivePane):
 
     def show_detail(self) -> None:
         entry = self.selected_entry()
-        self.detail.update(printable(detail_text(entry.result)) if entry is not None else "")  # evidence is data
+        if entry is None:
+            self.detail.update("")
+            return
+        cut = cell_len(one_line(entry.result.message)) > self.message_width()
+        self.detail.update(printable(detail_text(entry.result, cut)))  # evidence is data
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.show_detail()
