@@ -13,8 +13,11 @@ from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
+from opsconsole.config import Config, ConsoleConfig, NodeConfig
 from opsconsole.model import STATE_STALE
+from opsconsole.nodes.fleet import Fleet
 from opsconsole.tui import formatting as fmt
+from opsconsole.tui.app import OpsConsole
 from opsconsole.tui.cluster import ClusterGpusPane
 from opsconsole.tui.nodes import NodesPane
 from opsconsole.tui.processes import ProcessesPane
@@ -661,3 +664,36 @@ def test_host_process_rows_have_no_name_column_yet_the_filter_finds_the_name():
     [row] = process_rows([worker], Palette(), False, "pt_data")
     assert [cell.plain for cell in row.cells][2] == "0.4%"  # CPU as every pane spells it (was "0.4" under "cpu%")
     assert process_rows([worker], Palette(), False, "no-such-name") == []
+
+
+async def test_cluster_pane_counts_the_nodes_without_gpus():
+    """A node up without a GPU is a node: `0 GPUs · 1 node without GPUs`, not `0 nodes` (it counted GPU rows)."""
+    gpu02 = three_nodes()["gpu02"]
+    no_gpu = replace(gpu02, frame=replace(gpu02.frame, gpus=(), processes=()))
+    pane = ClusterGpusPane()
+    async with PaneApp(pane).run_test(size=SIZE) as pilot:
+        pane.show({"gpu02": no_gpu}, None, NOW)
+        await pilot.pause()
+        assert status_text(pane).startswith("0 GPUs · 1 node without GPUs · "), status_text(pane)
+        pane.show(dict(three_nodes(), gpu02=no_gpu), None, NOW)
+        await pilot.pause()
+        assert status_text(pane).startswith("3 GPUs · 3 nodes (1 without GPUs) · "), status_text(pane)
+        pane.show(dict(three_nodes(), gpu02=no_gpu), "gpu01", NOW)  # drilled into a node with GPUs
+        await pilot.pause()
+        assert status_text(pane).startswith("2 GPUs · 1 node · "), status_text(pane)
+
+
+async def test_cluster_pane_counts_the_real_local_node(tmp_path, monkeypatch):
+    """The console on this machine (its real probe): one node up, whatever its GPUs, is `1 node`."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    config = Config(console=ConsoleConfig(interval=0.5), nodes=(NodeConfig(name="local", local=True),))
+    app = OpsConsole(config, Fleet(config))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(
+            lambda: app.fleet.states()["local"].frame is not None, "the local node's first frame", pilot=pilot
+        )
+        await pilot.press("5")
+        pane = app.panes["cluster"]
+        gpus = len(app.fleet.states()["local"].frame.gpus)
+        expected = "%s · 1 node%s · " % (fmt.counted(gpus, "GPUs"), "" if gpus else " without GPUs")
+        await wait_for(lambda: status_text(pane).startswith(expected), expected, pilot=pilot)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import AbstractSet, Any, List, Mapping, Optional, Tuple
 
 from rich.text import Text
 from textual.widgets import DataTable
@@ -71,6 +71,17 @@ def node_state_text(row: GpuRow, states: Mapping[str, NodeState], now: float) ->
     return row.node_state if age is None else "%s %s" % (row.node_state, format_age(age))
 
 
+def nodes_part(states: Mapping[str, NodeState], node: Optional[str], with_gpus: AbstractSet[str]) -> str:
+    """The nodes in view (`node` alone when drilled into), those whose frame lists no GPU said so:
+    `1 node without GPUs`, `3 nodes (1 without GPUs)`; a node with no frame yet is counted, no more."""
+    shown = [state for name, state in states.items() if node is None or name == node]
+    without = sum(1 for state in shown if state.frame is not None and state.name not in with_gpus)
+    text = counted(len(shown), "nodes")
+    if without and without == len(shown):
+        return text + " without GPUs"
+    return text + (" (%d without GPUs)" % without if without else "")
+
+
 def gpu_table_row(row: GpuRow, node_state: str) -> TableRow:
     """A GPU's cells; GPUs of a node that is not live are dimmed and show the frame's age."""
     base = "" if row.live else STALE_ROW_STYLE
@@ -132,12 +143,11 @@ class ClusterGpusPane(TablePane):
             lambda row: gpu_table_row(row, node_state_text(row, states, now)),
             signature=lambda row: (row, node_state_text(row, states, now)),
         )
-        nodes = len({row.node for row in rows})
         marked = sum(1 for row in rows if row.marked and row.mig_instance is None)
         return (
             [
                 self.count_part(sorted_table, "GPUs"),
-                counted(nodes, "nodes"),
+                nodes_part(self.states, self.node, {row.node for row in rows}),
             ]
             + (["%d GPUs of job %s" % (marked, ",".join(jobs))] if jobs else [])
             + [
