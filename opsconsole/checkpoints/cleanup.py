@@ -181,7 +181,10 @@ class CleanupResult:
                 }
                 for r in self.results
             ],
-            "remaining": list(self.remaining),
+            # The planned units it stopped before (the audit log failed, the node went away): the first
+            # SHOWN_MEMBERS and how many more, as partly_deleted names what went.
+            "remaining": list(self.remaining[:SHOWN_MEMBERS]),
+            "remaining_more": max(0, len(self.remaining) - SHOWN_MEMBERS),
         }
 
 
