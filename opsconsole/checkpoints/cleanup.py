@@ -31,6 +31,7 @@ from opsconsole.audit_outcomes import OUTCOME_CONFIRMED, OUTCOME_FAILED, OUTCOME
 from opsconsole.checkpoints.access import LOCAL, FileSystem
 from opsconsole.checkpoints.retention import PlanItem, RetentionPlan
 from opsconsole.probe import delete_units
+from opsconsole.sanitize import escaped, printable_json
 from opsconsole.units import format_bytes
 
 ACTION_DELETE = "checkpoint.delete"
@@ -91,8 +92,19 @@ def _partial_reason(error: str, went: Tuple[str, ...]) -> Tuple[int, Optional[in
 
 
 # What the audit record of a unit that failed part way names of what went: every entry, up to this
-# much text (the Audit pane reads the log's last 512 KiB: one record must not fill it).
+# many bytes of names as the record holds them (the Audit pane reads the log's last 512 KiB: one
+# record must not fill it).
 AUDIT_WENT_BYTES = 64 * 1024
+
+
+def _written_bytes(name: str) -> int:
+    """The bytes `name` takes in an audit record's JSON line: a control character is six there
+    (\\u001b), an undecodable byte five, a non-ASCII character up to four; whichever way the record's
+    detail is written (escaped whole when any of its text holds an undecodable byte: sanitize)."""
+    plain = printable_json(name)
+    if name.isascii() and len(plain) == len(name) + 2:
+        return len(name)  # nothing escaped: the usual name
+    return max(len(plain.encode("utf-8")), len(printable_json(escaped(name)).encode("utf-8"))) - 2
 
 
 def _went_in_full(went: Tuple[str, ...]) -> str:
@@ -102,7 +114,7 @@ def _went_in_full(went: Tuple[str, ...]) -> str:
     names: List[str] = []
     size = 0
     for rel in went:
-        size += len(rel) + 2
+        size += _written_bytes(rel) + 2
         if size > AUDIT_WENT_BYTES:
             break
         names.append(rel)
