@@ -361,6 +361,53 @@ def test_the_crashed_ranks_line_is_printed_once_and_not_among_the_peers_conseque
     assert examples or mode == "exit3", text  # exit 3: the table's row is the start, and no signal line
 
 
+def single(path: Path, *options: str) -> str:
+    """`opsconsole diagnose [OPTIONS] FILE` of one file, its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", *options, str(path)],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode()
+
+
+def row_counts(text: str) -> dict:
+    """The readable report's rows: {category: the count the row says}."""
+    return {
+        found.group(1): int(found.group(2))
+        for found in re.finditer(r"^[* ] .*? \[(\w+)\] \w+, (\d+) times?\b", text, re.MULTILINE)
+    }
+
+
+def json_counts(findings: list) -> dict:
+    counts: dict = {}
+    for finding in findings:
+        counts[finding["category"]] = counts.get(finding["category"], 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("mode", ["segv", "sigterm", "exit3"])
+def test_the_json_counts_the_crashed_ranks_launcher_lines_under_the_crash_as_the_report_does(runs, mode):
+    # The text report moves the launcher's lines about the crashed rank 1 (its "failed (exitcode: -11) local_rank:
+    # 1", its table row) under the crash's row; --json listed them as nccl_remote, "a peer rank failed".
+    directory, status = runs[mode]
+    assert status != 0
+    result = verdict(directory)
+    assert (result["root_cause"], result["rank"]) == ("rank_crashed", 1)
+    assert json_counts(result["findings"]) == row_counts(report(directory)), report(directory)
+    assert not [f for f in result["findings"] if f["category"] == "nccl_remote" and f["rank"] == 1]
+    crash = [f for f in result["findings"] if f["category"] == "rank_crashed"]
+    assert crash and all(f["rank"] == 1 and f["title"] == result["title"] for f in crash)
+    # The launcher's output alone, diagnosed as one file, agrees with its own report too.
+    launcher = directory / "launcher.log"
+    alone = json.loads(single(launcher, "--json"))
+    assert alone["root_cause"] == "rank_crashed"
+    assert json_counts(alone["findings"]) == row_counts(single(launcher)), single(launcher)
+
+
 @pytest.mark.parametrize(
     "mode, signal, exitcode", [("segv", "SIGSEGV", -11), ("sigterm", "SIGTERM", -15), ("exit3", None, 3)]
 )

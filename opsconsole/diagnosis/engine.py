@@ -1108,6 +1108,34 @@ def crash_lines(findings: Iterable[Finding], child: LauncherFailure) -> List[Fin
     return [finding for finding in findings if finding.category == "nccl_remote" and finding.rank == child.rank]
 
 
+def attributed(findings: Iterable[Finding], verdict: Optional[RootCause]) -> List[Finding]:
+    """The findings as the verdict counts them: when a rank crashed of its own (rank_crashed, from the launcher's
+    table), the launcher's lines about it (crash_lines) are the crash's evidence, under its category, title, cause
+    and remedy, not a peer's lost connection; the others as they are. What every output lists (diagnose --json,
+    --run, the text report's rows, the incident report)."""
+    findings = list(findings)
+    if verdict is None or verdict.category != CRASHED or verdict.failed_child is None:
+        return findings
+    own = {id(finding) for finding in crash_lines(findings, verdict.failed_child)}
+    if not own:
+        return findings
+    start = verdict.finding
+    return [
+        replace(
+            finding,
+            category=CRASHED,
+            severity=start.severity,
+            title=start.title,
+            cause=start.cause,
+            remedy=start.remedy,
+            weak=False,
+        )
+        if id(finding) in own
+        else finding
+        for finding in findings
+    ]
+
+
 def _crashed(child: Optional[LauncherFailure], accounted: bool = False) -> Optional[LauncherFailure]:
     """The child when it crashed, was killed or exited with a code of its own. Exit code 1 is what a Python
     exception gives, a lost connection's too: it counts only where the launcher's tables account for the whole
@@ -1183,13 +1211,14 @@ def diagnose_lines(lines: Iterable[str], source: Optional[str] = None, max_findi
     number = 0
     for number, text in enumerate(lines, 1):
         diagnoser.feed_text(text.rstrip("\r\n"), number, source)
+    verdict = diagnoser.verdict()
     return Diagnosis(
         root_cause=diagnoser.root_cause(),
-        findings=tuple(diagnoser.findings()),
+        findings=tuple(attributed(diagnoser.findings(), verdict)),
         summary=tuple(diagnoser.summary()),
         lines=number,
         dropped=diagnoser.dropped,
         handled=tuple(diagnoser.handled()),
-        verdict=diagnoser.verdict(),
+        verdict=verdict,
         launcher_failures=tuple(diagnoser.launcher_failures()),
     )

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
-from opsconsole.diagnosis.engine import Diagnoser, Diagnosis, RootCause
+from opsconsole.diagnosis.engine import Diagnoser, Diagnosis, RootCause, attributed
 from opsconsole.diagnosis.finding import Finding
 from opsconsole.diagnosis.launcher import error_file_lines, parse_error_file
 from opsconsole.logs.names import label_source
@@ -193,7 +193,7 @@ def _diagnose(
     result.verdict = verdict
     result.diagnosis = Diagnosis(
         root_cause=verdict.category if verdict else None,
-        findings=tuple(diagnoser.findings()),
+        findings=tuple(attributed(diagnoser.findings(), verdict)),  # the crashed rank's launcher lines as its own
         summary=tuple(diagnoser.summary()),
         lines=total,
         dropped=diagnoser.dropped,
