@@ -33,6 +33,11 @@ LAYOUT_SHARDED = "sharded-safetensors"  # model-0000K-of-0000N.safetensors with 
 LAYOUT_FILE = "file"  # one torch.save or safetensors file outside any series
 LAYOUT_LINK = "link"
 
+# The mark of the tag DeepSpeed's `latest` file or Megatron's latest_checkpointed_iteration.txt names:
+# what their loaders resume, in every listing and reason ("latest" would say newest, and a newer tag
+# may stand beside it). Its protection starts with these words.
+CURRENT_TAG = "current tag"
+
 # Integrity values (the `integrity` key of --json).
 INTEGRITY_OK = "ok"
 INTEGRITY_TRUNCATED = "truncated"
@@ -129,6 +134,11 @@ class CheckpointEntry:
     @property
     def key(self) -> str:
         return self.path
+
+    @property
+    def current_tag(self) -> bool:
+        """Whether DeepSpeed's `latest` or Megatron's latest_checkpointed_iteration.txt names it (CURRENT_TAG)."""
+        return any(p.startswith(CURRENT_TAG) for p in self.protections)
 
     @property
     def epoch(self) -> Optional[int]:

@@ -27,6 +27,7 @@ from opsconsole.checkpoints.cache import CRC_CACHE, METADATA_CACHE, ResultCache
 from opsconsole.checkpoints.proofs import RACY_S, Proof, ProofStore, unit_key
 from opsconsole.checkpoints.records import (
     BROKEN,
+    CURRENT_TAG,
     FORMAT_ACCELERATE,
     FORMAT_DCP,
     FORMAT_DEEPSPEED,
@@ -774,12 +775,12 @@ def _scan_directory(
             tag = layouts.deepspeed_latest_tag(_read_small(fs, root, item, failures=failures))
             if tag in entries:
                 latest.add(tag)
-                protect(tag, "current tag (DeepSpeed's `latest` names it)")
+                protect(tag, "%s (DeepSpeed's `latest` names it)" % CURRENT_TAG)
         elif item.name == layouts.MEGATRON_LATEST and item.stat.is_file:
             tag = layouts.megatron_latest_dir(_read_small(fs, root, item, failures=failures))
             if tag in entries:
                 latest.add(tag)
-                protect(tag, "current (latest_checkpointed_iteration.txt names it)")
+                protect(tag, "%s (Megatron's latest_checkpointed_iteration.txt names it)" % CURRENT_TAG)
 
     links = [item for item in items if item.stat.is_link]
     root_real = root

@@ -127,8 +127,14 @@ def age_text(seconds: float) -> str:
 
 
 def marks(entry: Any) -> str:
+    """What the library recorded, as the Checkpoints pane says it: the tag DeepSpeed's `latest` (or
+    Megatron's tracker file) names is the `current tag`, not `latest` (a newer tag may exist)."""
+    from opsconsole.checkpoints.records import CURRENT_TAG
+
     out = []
-    if entry.latest:
+    if entry.current_tag:
+        out.append(CURRENT_TAG)
+    elif entry.latest:
         out.append("latest")
     if entry.best:
         out.append("best")

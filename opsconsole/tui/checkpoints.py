@@ -36,6 +36,7 @@ from textual.widgets import DataTable, ProgressBar, Static
 from opsconsole.actions.registry import TARGET_CHECKPOINT_DIR, Target
 from opsconsole.checkpoints.access import LOCAL, FileSystem
 from opsconsole.checkpoints.records import (
+    CURRENT_TAG,
     INTEGRITY_CORRUPT,
     INTEGRITY_NO_CRC,
     INTEGRITY_OK,
@@ -198,7 +199,7 @@ def is_top_k(entry: CheckpointEntry) -> bool:
 
 def is_current_tag(entry: CheckpointEntry) -> bool:
     """DeepSpeed's `latest` or Megatron's latest_checkpointed_iteration.txt names it."""
-    return any(p.startswith("current") for p in entry.protections)
+    return entry.current_tag
 
 
 def marks_text(entry: CheckpointEntry) -> str:
@@ -209,7 +210,7 @@ def marks_text(entry: CheckpointEntry) -> str:
     if is_top_k(entry):
         parts.append("top-k")
     if is_current_tag(entry):
-        parts.append("current tag")
+        parts.append(CURRENT_TAG)
     elif entry.latest:
         parts.append("latest")
     if entry.is_link:
