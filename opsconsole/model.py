@@ -24,20 +24,31 @@ if TYPE_CHECKING:  # Literal and Final are Python 3.8+: for the type checker onl
 else:
 
     def frozen(cls):
-        """@dataclass(frozen=True), the same class, without compiling three of its six methods.
+        """@dataclass(frozen=True): the same fields, __init__, guards, equality, hash and repr, with one
+        compile instead of three.
 
-        dataclasses compiles each method it writes from source text (an exec of its own), about a
-        tenth of a millisecond each on the VM: the 22 classes of the model and the config schema,
-        which every command imports before its arguments are parsed, spent ~8 ms of the console's
-        launch on it. __eq__, __hash__ and __repr__ are the same for every class given its field
-        names, so they are made here from closures instead (what dataclasses would write: equal
-        when the class is the same and the compared fields are; the hash of those fields' tuple;
-        `Class(field=value, ...)` with "..." for a repr that recurses). __init__, __setattr__ and
-        __delattr__ are still dataclasses' own. A class that defines one of the three keeps it.
+        dataclasses compiles each method it writes from source text (an exec of its own): about 1 ms
+        a frozen class on the accelerator machine, where the ~40 classes the console imports before
+        its first frame spent some 40 ms of its launch on it. Here dataclasses only gathers the
+        fields (init=False, nothing compiled); __init__ is compiled from a shorter text of the same
+        meaning (each field set with object.__setattr__, defaults and factories as dataclasses give
+        them, __post_init__ called), and the rest are closures: __setattr__ and __delattr__ raise
+        FrozenInstanceError as dataclasses' do; __eq__ (the same class and equal compared fields),
+        __hash__ (of those fields' tuple) and __repr__ (`Class(field=value, ...)`, "..." for a repr
+        that recurses). A class that defines one of these keeps it. `__dataclass_params__` says
+        frozen=False (a subclass is made by frozen too, which dataclasses would otherwise refuse);
+        nothing in the console reads it.
         """
         own = dict(cls.__dict__)
-        cls = dataclass(frozen=True, eq=False, repr=False)(cls)
+        cls = dataclass(init=False, eq=False, repr=False)(cls)
         fields = dataclasses.fields(cls)
+        if "__init__" not in own:
+            cls.__init__ = _init_of(cls, fields)
+        names = frozenset(f.name for f in fields)
+        if "__setattr__" not in own:
+            cls.__setattr__ = _frozen_setattr_of(cls, names)
+        if "__delattr__" not in own:
+            cls.__delattr__ = _frozen_delattr_of(cls, names)
         if "__eq__" not in own:
             cls.__eq__ = _eq_of(_tuple_of([f.name for f in fields if f.compare]))
             if "__hash__" not in own:
@@ -47,6 +58,70 @@ else:
         if "__repr__" not in own:
             cls.__repr__ = _repr_of(tuple(f.name for f in fields if f.repr))
         return cls
+
+
+def _init_of(cls: Any, fields: Any) -> Callable[..., None]:
+    """The __init__ dataclasses writes for a frozen class, compiled from one short text."""
+    namespace: Dict[str, Any] = {"__frozen_set__": object.__setattr__, "__frozen_factory__": _FACTORY}
+    params, body = ["__frozen_self__"], []
+    for index, f in enumerate(fields):
+        value = f.name
+        if f.default is not dataclasses.MISSING:
+            namespace["__frozen_default_%d__" % index] = f.default
+            default = "=__frozen_default_%d__" % index
+        elif f.default_factory is not dataclasses.MISSING:
+            namespace["__frozen_make_%d__" % index] = f.default_factory
+            default = "=__frozen_factory__"
+            value = "__frozen_make_%d__() if %s is __frozen_factory__ else %s" % (index, f.name, f.name)
+        else:
+            default = ""
+        if not f.init:  # not a parameter: its default, or its factory's value
+            if default == "":
+                continue  # dataclasses leaves such a field unset too
+            value = (
+                "__frozen_make_%d__()" % index
+                if f.default_factory is not dataclasses.MISSING
+                else "__frozen_default_%d__" % index
+            )
+        else:
+            params.append(f.name + default)
+        body.append("    __frozen_set__(__frozen_self__, %r, %s)" % (f.name, value))
+    if hasattr(cls, "__post_init__"):
+        body.append("    __frozen_self__.__post_init__()")
+    source = "def __init__(%s):\n%s\n" % (", ".join(params), "\n".join(body) or "    pass")
+    exec(source, namespace)
+    init: Callable[..., None] = namespace["__init__"]
+    init.__qualname__ = "%s.__init__" % cls.__qualname__
+    init.__module__ = cls.__module__
+    return init
+
+
+class _FactoryMarker:
+    """The default of a parameter whose field has a default_factory (dataclasses' _HAS_DEFAULT_FACTORY)."""
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY = _FactoryMarker()
+
+
+def _frozen_setattr_of(cls: Any, names: "frozenset[str]") -> Callable[[Any, str, Any], None]:
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        if type(self) is cls or name in names:
+            raise dataclasses.FrozenInstanceError("cannot assign to field %r" % (name,))
+        super(cls, self).__setattr__(name, value)
+
+    return __setattr__
+
+
+def _frozen_delattr_of(cls: Any, names: "frozenset[str]") -> Callable[[Any, str], None]:
+    def __delattr__(self: Any, name: str) -> None:
+        if type(self) is cls or name in names:
+            raise dataclasses.FrozenInstanceError("cannot delete field %r" % (name,))
+        super(cls, self).__delattr__(name)
+
+    return __delattr__
 
 
 def _tuple_of(names: List[str]) -> Callable[[Any], Tuple[Any, ...]]:

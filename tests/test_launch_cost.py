@@ -1,5 +1,5 @@
 """What issue 17's launch leaves out, and that leaving it out changes nothing: the frozen dataclasses'
-__eq__, __hash__ and __repr__ made without exec (model.frozen), the theme set before the stylesheet
+methods compiled once, __init__ alone (model.frozen), the theme set before the stylesheet
 is first parsed, the filter line mounted on the first `/`, and modules the console's first screen
 does not need."""
 
@@ -133,12 +133,61 @@ def test_frozen_keeps_what_a_class_defines_and_the_field_flags():
     assert Row.__doc__ == "A row."
 
 
-def test_the_launch_paths_classes_compile_only_init_and_the_frozen_guards():
-    # dataclasses compiles each method it writes (an exec each); frozen makes these three without.
+def test_frozen_init_defaults_factories_and_post_init_as_stdlib_dataclasses_do():
+    made: list = []
+
+    @model.frozen
+    class Run:
+        """A run."""
+
+        name: str
+        steps: int = 0
+        tags: tuple = dataclasses.field(default_factory=lambda: ("new",))
+        seen: list = dataclasses.field(default_factory=list, compare=False)
+        label: str = dataclasses.field(default="unset", init=False)
+
+        def __post_init__(self) -> None:
+            made.append(self.name)
+
+    twin = stdlib_twin(Run)
+    for args, kwargs in (((), {"name": "a"}), (("b", 3), {}), (("c",), {"tags": ("x",), "steps": 2})):
+        ours, theirs = Run(*args, **kwargs), twin(*args, **kwargs)
+        assert [getattr(ours, f.name) for f in dataclasses.fields(Run)] == [
+            getattr(theirs, f.name) for f in dataclasses.fields(twin)
+        ]
+    assert made == ["a", "b", "c"]  # __post_init__ ran once each
+    assert Run("a").seen is not Run("a").seen  # a fresh value from the factory each time
+    with pytest.raises(TypeError):
+        Run()  # name is required
+    with pytest.raises(TypeError):
+        Run("a", label="x")  # not a parameter
+    run = Run("a")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.steps = 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del run.name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.other = 1  # frozen dataclasses refuse any attribute on their own class
+
+    @model.frozen
+    class LongRun(Run):
+        """A subclass, frozen too."""
+
+        hours: float = 0.0
+
+    assert LongRun("d", 1, hours=2.5).hours == 2.5 and LongRun("d").tags == ("new",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LongRun("d").hours = 1.0
+
+
+def test_the_launch_paths_classes_compile_only_init():
+    # dataclasses compiles each method it writes (an exec each): frozen compiles __init__ alone, from a
+    # shorter text, and makes the guards, __eq__, __hash__ and __repr__ without exec.
     for obj in real_objects():
         cls = type(obj)
-        for name in ("__eq__", "__hash__", "__repr__"):
+        for name in ("__setattr__", "__delattr__", "__eq__", "__hash__", "__repr__"):
             assert getattr(cls, name).__code__.co_filename == model.__file__, (cls, name)
+        assert "__frozen_self__" in cls.__init__.__code__.co_varnames, cls
         # A docstring each: without one, dataclasses writes the signature as __doc__ (inspect.signature).
         assert not cls.__doc__.startswith(cls.__name__ + "("), cls
 
