@@ -332,7 +332,8 @@ def test_the_consoles_modules_leave_out_what_its_first_screen_does_not_use():
         "import sys\n"
         "import opsconsole.cli, opsconsole.sources, opsconsole.nodes.local, opsconsole.probe.agent\n"
         "import opsconsole.tui.app, opsconsole.tui.overview\n"
-        "print(sorted(m for m in ('opsconsole.health.remote', 'opsconsole.nodes.bundle', 'opsconsole.probe.wire_delta')"
+        "print(sorted(m for m in ('opsconsole.health.remote', 'opsconsole.nodes.bundle', 'opsconsole.probe.wire_delta',"
+        " 'opsconsole.tui.help')"
         " if m in sys.modules))\n"
     )
     out = subprocess.run(

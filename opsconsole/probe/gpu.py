@@ -17,10 +17,9 @@ pynvml is imported lazily, inside the reader, so this module loads on any python
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-from opsconsole.model import GpuSample, MigDevice, ProcessSample
+from opsconsole.model import GpuSample, MigDevice, ProcessSample, frozen
 from opsconsole.probe import nvidia_driver
 from opsconsole.probe import nvml_decode as nv
 from opsconsole.probe.smi import (
@@ -39,7 +38,7 @@ ENERGY_EVERY_SLOW = 6  # the energy counter: every 6th slow tick (30 s at 1 s ti
 MAX_XID_DRAIN = 64  # events taken per GPU per tick; the rest wait for the next tick
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuReading:
     """What one read of all GPUs of this node saw."""
 

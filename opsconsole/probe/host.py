@@ -13,10 +13,9 @@ import os
 import shutil
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from opsconsole.model import DiskUsage, HostSample, NetRate
+from opsconsole.model import DiskUsage, HostSample, NetRate, frozen
 
 # Field order of a `cpu` line in /proc/stat (proc(5)); older kernels stop early.
 CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice")
@@ -97,7 +96,7 @@ def parse_net_dev(text: str) -> Dict[str, Tuple[int, int]]:
 # --- snapshots and the samples built from two of them ------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class HostSnapshot:
     """Cumulative counters and instant values at one moment; two of them make a HostSample."""
 

@@ -6,7 +6,7 @@ import asyncio
 import importlib
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache, partial
 from typing import (
     TYPE_CHECKING,
@@ -40,11 +40,10 @@ from opsconsole.audit_outcomes import OUTCOME_FAILED, OUTCOME_OK
 from opsconsole.config import Config
 from opsconsole.health.monitor import HealthMonitor
 from opsconsole.launch_trace import mark
-from opsconsole.model import STATE_FALLBACK, STATE_STALE, STATE_UP, NodeState
+from opsconsole.model import STATE_FALLBACK, STATE_STALE, STATE_UP, NodeState, frozen
 from opsconsole.tui import bars
 from opsconsole.tui.formatting import printable
 from opsconsole.tui.header import ConsoleHeader, header_text
-from opsconsole.tui.help import HelpRow
 from opsconsole.tui.keys import (
     APP_KEYS,
     KeySpec,
@@ -69,9 +68,10 @@ from opsconsole.tui.themes import (
 
 if TYPE_CHECKING:
     from opsconsole.actions.audit import AuditLog
+    from opsconsole.tui.help import HelpRow  # the help screen's module loads with the first `?`
 
 
-@dataclass(frozen=True)
+@frozen
 class PaneEntry:
     """A pane of the registry: its id, title and key, and where its class is, imported when first shown.
 
