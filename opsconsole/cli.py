@@ -18,6 +18,7 @@ from opsconsole.commands._arguments import (  # noqa: F401 (main and the tests u
     config_from_args,
     console_theme,
     follow_slurm,
+    known_theme,
     nodes_from_hostlist,
     nodes_from_slurm_job,
     nodes_from_slurm_user,
@@ -290,6 +291,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.handler is not command_console:
             launch_gc.resume()  # only the console's launch goes without
         try:
+            if args.handler is not command_console and getattr(args, "theme", None):
+                # `opsconsole --theme bogus snapshot` is refused as the console refuses it; the console
+                # checks it after its first poll has started (Textual's import overlaps the poll).
+                known_theme(args.theme)
             return args.handler(args)
         except (ConfigError, UsageError) as exc:
             print("opsconsole: %s" % exc if isinstance(exc, UsageError) else str(exc), file=sys.stderr)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +14,7 @@ from textual.theme import BUILTIN_THEMES
 from textual.widgets import OptionList
 from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states
 
-from opsconsole.cli import console_theme, main
+from opsconsole.cli import COMMAND_HELP, console_theme, main
 from opsconsole.config import Config, ConsoleConfig
 from opsconsole.tui.app import OpsConsole
 from opsconsole.tui.themes import saved_theme, saved_theme_path, theme_names
@@ -128,3 +130,51 @@ def test_a_kept_pick_that_is_not_a_name_is_ignored(homes):
     path.unlink()
     os.mkfifo(path)
     assert saved_theme() is None  # a FIFO is not read (it would block the start)
+
+
+# What each command needs besides --theme to get past argparse (paths that do not exist: nothing is read).
+REQUIRED_ARGS = {
+    "checkpoints": ["/nonexistent-dir"],
+    "cleanup": ["/nonexistent-dir"],
+    "record": ["--out", "/nonexistent-dir/x.opsrec"],
+    "replay": ["/nonexistent.opsrec"],
+}
+
+
+def test_every_command_refuses_a_theme_flag_naming_no_theme_as_the_console_does(homes, capsys, tmp_path):
+    """`opsconsole --theme bogus snapshot` polled and printed (exit 0): every command, run as a real
+    process, now says the console's one line and exits 2 before doing anything."""
+    (homes / "midnight.toml").write_text(MINE)
+    assert main(["--theme", "bogus"]) == 2
+    console_says = capsys.readouterr().err
+    assert_one_line_exit_2(2, console_says, "--theme bogus: no such theme", "opsconsole-dark", "midnight-mine")
+    commands = ["snapshot"] + sorted(COMMAND_HELP)
+    assert {"agent", "check", "diagnose", "report", "stacks"} <= set(commands)
+    running = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "opsconsole", "--theme", "bogus", name] + REQUIRED_ARGS.get(name, []),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=str(tmp_path),
+            env=dict(os.environ, PYTHONPATH=os.getcwd()),
+            text=True,
+        )
+        for name in commands
+    }
+    answers = {}
+    try:
+        for name, process in running.items():
+            try:
+                out, err = process.communicate(timeout=120)  # a safety bound: an accepted theme runs on (agent)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+            answers[name] = (process.returncode, out, err)
+    finally:
+        for process in running.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for name, (code, out, err) in answers.items():
+        assert (name, code, err, out) == (name, 2, console_says, ""), name

@@ -145,20 +145,28 @@ def watched_from_args(config: Config, args: argparse.Namespace) -> Config:
     return config
 
 
+def known_theme(wanted: str) -> str:
+    """The theme --theme names (a short name such as `light` works); UsageError naming the themes when none.
+
+    Every command that takes --theme checks it here, the headless ones too (they draw no theme, but a typo
+    accepted there would be refused by the console): Textual is loaded for it only when --theme is given."""
+    from opsconsole.sanitize import printable_line
+    from opsconsole.tui.themes import resolve_theme_name, theme_names
+
+    names = theme_names()
+    name = resolve_theme_name(wanted, names)
+    if name is None:
+        raise UsageError(printable_line("--theme %s: no such theme; available: %s" % (wanted, ", ".join(names))))
+    return name
+
+
 def console_theme(config: Config, args: argparse.Namespace) -> Config:
     """The theme a console starts with: --theme (refused when unknown), else the one last picked
     with ctrl+t, else the config's. Loads Textual: only for the commands that start the console."""
-    from opsconsole.sanitize import printable_line
-    from opsconsole.tui.themes import resolve_theme_name, saved_theme, theme_names
+    from opsconsole.tui.themes import saved_theme
 
     wanted = getattr(args, "theme", None)
-    if wanted:
-        names = theme_names()
-        name = resolve_theme_name(wanted, names)
-        if name is None:
-            raise UsageError(printable_line("--theme %s: no such theme; available: %s" % (wanted, ", ".join(names))))
-    else:
-        name = saved_theme()
+    name = known_theme(wanted) if wanted else saved_theme()
     if not name:
         return config
     return replace(config, console=replace(config.console, theme=name))
