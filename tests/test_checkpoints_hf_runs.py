@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from opsconsole.checkpoints.hf_runs import recorded_bests, written_last
+from opsconsole.checkpoints.hf_runs import recorded_bests, resume_warnings, written_last
 from opsconsole.checkpoints.records import FORMAT_HF, FORMAT_UNKNOWN, CheckpointEntry, CheckpointMeta
 
 STATE_KEYS = ("best_metric", "best_model_checkpoint", "epoch", "global_step", "log_history")
@@ -81,3 +81,20 @@ def test_two_states_naming_one_unit_give_it_one_reason():
     same checkpoint-4 that agrees with both: best once, not two reasons for one unit."""
     got, why = bests(unit(4, 4, 0.9, 10), unit(12, 4, 0.9, 30), unit(6, 4, 0.9, 40))
     assert got == {("checkpoint-4", True)} and len(why) == 1, why
+
+
+def test_resume_true_is_named_only_when_another_run_saved_last():
+    """get_last_checkpoint takes the highest checkpoint-N whatever its state: named as it is (the real
+    Trainer's two runs are in test_checkpoints_libraries.py)."""
+    one_run = (unit(4, 4, 0.9, 10), unit(12, 4, 0.9, 30))
+    assert resume_warnings(one_run) == ()
+    two_runs = (unit(12, 12, 0.9, 30), unit(6, 6, 0.5, 40))
+    (said,) = resume_warnings(two_runs)
+    assert "resumes checkpoint-12, the highest step (12), saved by the earlier run" in said
+    assert "stopped at checkpoint-6 (step 6)" in said
+    cut = dataclasses.replace(unit(14, 14, 0.9, 35), integrity="truncated")
+    (said,) = resume_warnings(two_runs + (cut,))
+    assert "resumes checkpoint-14, the highest step (14), which is truncated" in said
+    twin = dataclasses.replace(unit(12, 12, 0.9, 30), name="checkpoint-012", path="/out/checkpoint-012")
+    (said,) = resume_warnings(two_runs + (twin,))
+    assert "resumes one of checkpoint-012, checkpoint-12 (all step 12" in said

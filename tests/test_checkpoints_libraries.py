@@ -394,6 +394,57 @@ def test_hf_checkpoint_rewritten_by_a_later_run_is_not_best_on_the_older_runs_wo
     assert hf_resume_one_step(copy / ("checkpoint-%d" % HF_STEPS), tmp_path / "resumed-12") == HF_STEPS + 1
 
 
+def test_hf_two_runs_the_listing_says_which_checkpoint_resume_true_takes(hf_run, console, tmp_path):
+    """A second run from step 0 into the first run's output dir, to step 6: both runs' newest saves
+    (checkpoint-12, checkpoint-6) are latest, and `resume_from_checkpoint=True` (get_last_checkpoint)
+    takes checkpoint-12, the first run's, not the run that saved last. The listing, its JSON and the
+    cleanup plan say so in a warning naming the checkpoint transformers itself picks (before: no word)."""
+    from transformers import AutoModelForCausalLM, Trainer
+    from transformers.trainer_utils import get_last_checkpoint
+
+    copy = aged_copy(hf_run.output_dir, tmp_path)
+    code, out, _ = console.run("checkpoints", str(copy))
+    assert code == 0 and "warning" not in out  # one run: nothing in doubt
+    scores = iter((0.30, 0.20, 0.95))
+
+    def compute_metrics(_prediction):
+        pause()
+        return {"score": next(scores)}
+
+    reset_accelerate_state()
+    torch.manual_seed(1)
+    with one_thread():
+        args = hf_training_args(copy, max_steps=6, save_total_limit=None)
+        model = AutoModelForCausalLM.from_config(tiny_gpt2_config())
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=token_rows(16, 1),
+            eval_dataset=token_rows(4, 2),
+            compute_metrics=compute_metrics,
+        )
+        trainer.train()
+    reset_accelerate_state()
+    picked = Path(get_last_checkpoint(str(copy))).name  # what resume_from_checkpoint=True resumes
+    assert picked == "checkpoint-%d" % HF_STEPS
+    for path in copy.rglob("*"):  # the second run an hour ago too: older than min_age
+        st = path.lstat()
+        os.utime(path, (st.st_atime - AGE_S, st.st_mtime - AGE_S), follow_symlinks=False)
+
+    for _ in range(2):  # the second listing from what the first kept (proofs.py): the same words
+        doc = console.listing(copy)
+        assert flagged(doc, "latest") & {"checkpoint-6", picked} == {"checkpoint-6", picked}, listing_text(doc)
+        (warning,) = doc["warnings"]
+        assert warning.startswith(
+            "two runs saved checkpoints here: resume_from_checkpoint=True resumes %s, the highest step (%d), "
+            "saved by the earlier run; the run that saved last stopped at checkpoint-6 (step 6)" % (picked, HF_STEPS)
+        ), warning
+    code, out, _ = console.run("checkpoints", str(copy))
+    assert code == 0 and out.splitlines()[-1] == "warning: " + warning
+    code, out, err = console.run("cleanup", str(copy), "--keep", "1", "--dry-run")
+    assert code == 0 and "warning: " + warning in out + err
+
+
 def unit_bytes(root: Path, units) -> int:
     """What the disk holds of these units: a top-level name (a directory with everything in it) or a
     tuple of the names of one unit of files (the final model)."""

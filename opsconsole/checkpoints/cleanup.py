@@ -561,6 +561,7 @@ def plan_directory(listing: Any, fs: FileSystem = LOCAL, *, keep: int, min_age: 
     warnings: List[str] = []
     if listing.problem:
         warnings.append(listing.problem)
+    warnings.extend(getattr(listing, "warnings", ()))
     try:
         opened = open_files_for(fs, listing.root)
         open_paths = opened.paths

@@ -25,8 +25,9 @@ newest save of whichever run wrote last: latest too, beside the highest N that
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
-from typing import Iterable, List, Mapping, Optional
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from opsconsole.checkpoints.records import BROKEN, FORMAT_HF, CheckpointEntry
 
@@ -138,3 +139,46 @@ def written_last(entries: Iterable[CheckpointEntry]) -> Optional[CheckpointEntry
         if e.format == FORMAT_HF and e.meta.step is not None and not e.unreadable and e.integrity not in BROKEN
     ]
     return max(read, key=_written_last) if read else None
+
+
+# transformers.trainer_utils._re_checkpoint: what get_last_checkpoint(output_dir) takes, searched as it
+# searches (every directory of the output_dir so named, sound or not; the highest number wins).
+_RESUMED = re.compile(r"^checkpoint\-(\d+)$")
+
+
+def _resumed_number(entry: CheckpointEntry) -> Optional[int]:
+    match = _RESUMED.search(entry.name) if (entry.is_dir or entry.is_link) else None
+    return int(match.group(1)) if match else None
+
+
+def resume_warnings(entries: Sequence[CheckpointEntry]) -> Tuple[str, ...]:
+    """What `Trainer.train(resume_from_checkpoint=True)` would resume, said plainly when another run
+    saved into the same output_dir after the one that reached the highest step (the listing then
+    marks both runs' newest saves latest): get_last_checkpoint takes the highest checkpoint-N, the
+    earlier run's, not the newest save of the run that wrote last. () when there is no such doubt."""
+    numbered = [(number, e) for e in entries for number in (_resumed_number(e),) if number is not None]
+    sound = [(number, e) for number, e in numbered if e.is_dir and not e.is_link and e.integrity not in BROKEN]
+    if not sound:
+        return ()
+    newest = max(sound, key=lambda item: (item[0], item[1].mtime))[1]
+    last = written_last(e for _, e in sound)
+    if last is None or last.name == newest.name:
+        return ()
+    number = max(n for n, _ in numbered)
+    top = [e for n, e in numbered if n == number]
+    picked = top[0]
+    if len(top) > 1:  # checkpoint-5 and checkpoint-05: the one os.listdir gives first
+        what = "one of %s (all step %d: whichever the directory lists first)" % (
+            ", ".join(sorted(e.name for e in top)),
+            number,
+        )
+    elif picked is newest:
+        what = "%s, the highest step (%d), saved by the earlier run" % (picked.name, number)
+    else:
+        state = "a link" if picked.is_link else picked.integrity
+        what = "%s, the highest step (%d), which is %s" % (picked.name, number, state)
+    return (
+        "two runs saved checkpoints here: resume_from_checkpoint=True resumes %s; the run that saved "
+        "last stopped at %s (step %s): resume_from_checkpoint=<its path> continues that one (earlier "
+        "and last by the times of their trainer_state.json)" % (what, last.name, last.meta.step),
+    )

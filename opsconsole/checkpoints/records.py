@@ -194,6 +194,9 @@ class DirListing:
     scanned_at: float = 0.0
     scan_seconds: float = 0.0
     other_files: int = 0  # names that are not checkpoints (logs, configs): never touched
+    # What the listing must say of the directory as a whole (two HF runs saved into one output_dir:
+    # which checkpoint resume_from_checkpoint=True resumes; hf_runs.resume_warnings).
+    warnings: Tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

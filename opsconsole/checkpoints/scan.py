@@ -1222,6 +1222,7 @@ def _listing(
         scanned_at=now,
         scan_seconds=time.perf_counter() - started,
         other_files=other,
+        warnings=hf_runs.resume_warnings(listed),
     )
 
 

@@ -209,6 +209,7 @@ def listing_table(listing: Any, now: float) -> str:
         else ", %s free of %s" % (size_text(listing.free_bytes), size_text(listing.fs_bytes))
     )
     text += totals_text(listing) + " in %s%s\n" % (place, free)
+    text += "".join(printable_line("warning: " + warning) + "\n" for warning in listing.warnings)
     return text
 
 
@@ -269,7 +270,7 @@ def epoch_text(entry: Any) -> str:
 
 
 def listing_document(listing: Any) -> dict:
-    """The --json document: {"dir", "checkpoints": [...]} plus totals (all listed, managed, not managed)."""
+    """The --json document: {"dir", "checkpoints": [...]} plus totals (all listed, managed, not managed) and warnings."""
     return {
         "dir": listing.root,
         "node": listing.node,
@@ -280,6 +281,7 @@ def listing_document(listing: Any) -> dict:
         "other_files": listing.other_files,
         "free_bytes": listing.free_bytes,
         "problem": listing.problem,
+        "warnings": list(listing.warnings),
     }
 
 

@@ -684,6 +684,8 @@ class CheckpointsPane(ActionKeys, TablePane):
             )
         elif listing is not None:
             parts.append(listing.problem or "")
+        if listing is not None:
+            parts.extend("warning: " + warning for warning in listing.warnings)
         config = self.config_of(key or "")
         if config is not None:
             parts.append("cleanup keeps the newest %d, min age %s" % (config.keep, age_text(config.min_age)))
