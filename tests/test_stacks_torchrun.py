@@ -158,7 +158,7 @@ def local_config(tmp_path: Path, read_only: bool = False) -> Path:
 def assert_rank_1_is_odd(result: dict, ranks: dict, node: str) -> None:
     ours = {entry["pid"]: entry for entry in result["ranks"] if entry["node"] == node}
     assert ours[ranks[1]]["rank"] == 1 and ours[ranks[0]]["rank"] == 0
-    assert set(ours[ranks[1]]) == {"node", "pid", "rank", "frames"}
+    assert set(ours[ranks[1]]) == {"node", "pid", "rank", "job", "frames"}
     assert ours[ranks[1]]["frames"][0]["function"] == "stuck_before_all_reduce"
     assert ours[ranks[1]]["frames"][0]["file"].endswith("job.py")
     assert ours[ranks[0]]["frames"][0]["function"] == "all_reduce"

@@ -7,6 +7,11 @@ outside the one largest group; with no single largest group nobody is named.
 
 A group is described by its innermost Python frame and the innermost frame of the user's own code
 below it: "rank 5 in `__next__` (dataloader.py:631) via train.py:88".
+
+Ranks are compared within their job only (a node may run several: two 4-GPU jobs on one 8-GPU
+node, each with its own rank 0). Each member carries its job (the node helper reads it from the
+rank's environment: its rendezvous master, torchelastic run, Slurm job); a group never mixes jobs,
+the odd ones are judged per job, and where several jobs are seen each line names its job.
 """
 
 from __future__ import annotations
@@ -62,16 +67,18 @@ class Member:
     node: str
     pid: int
     frames: Tuple[Frame, ...]
+    job: Optional[str] = None  # "job at 10.0.0.5:29500"; None where the rank's environment does not say
 
 
 @dataclass(frozen=True)
 class Group:
-    """Ranks with one identical stack."""
+    """Ranks of one job with one identical stack."""
 
     members: Tuple[Member, ...]
     frames: Tuple[Frame, ...]
     in_collective: bool
     odd: bool = False
+    job: Optional[str] = None
 
     @property
     def ranks(self) -> Tuple[RankId, ...]:
@@ -141,18 +148,40 @@ def ranks_text(ranks: Sequence[RankId]) -> str:
 
 
 def group_stacks(members: Sequence[Member]) -> List[Group]:
-    """Groups of identical main-thread stacks, odd ones first, then the largest first."""
-    by_stack: Dict[Tuple[Frame, ...], List[Member]] = {}
+    """Groups of identical main-thread stacks within each job, odd ones first, then the largest first."""
+    jobs: Dict[Optional[str], Dict[Tuple[Frame, ...], List[Member]]] = {}
     for member in members:
-        by_stack.setdefault(member.frames, []).append(member)
-    groups = [
-        Group(tuple(sorted(found, key=lambda m: _sort_key(m.rank))), frames, in_collective(frames))
-        for frames, found in by_stack.items()
-    ]
-    odd = odd_groups(groups)
-    marked = [Group(g.members, g.frames, g.in_collective, odd=id(g) in odd) for g in groups]
-    marked.sort(key=lambda g: (not g.odd, -len(g.members), _sort_key(g.members[0].rank)))
+        jobs.setdefault(member.job, {}).setdefault(member.frames, []).append(member)
+    marked: List[Group] = []
+    for job, by_stack in jobs.items():
+        groups = [
+            Group(tuple(sorted(found, key=lambda m: _sort_key(m.rank))), frames, in_collective(frames), job=job)
+            for frames, found in by_stack.items()
+        ]
+        odd = odd_groups(groups)
+        marked += [Group(g.members, g.frames, g.in_collective, odd=id(g) in odd, job=job) for g in groups]
+    # Odd ones first; then each job's groups together (None, no job id, first), the largest first.
+    marked.sort(
+        key=lambda g: (not g.odd, g.job is not None, g.job or "", -len(g.members), _sort_key(g.members[0].rank))
+    )
     return marked
+
+
+def several_jobs(groups: Sequence[Group]) -> bool:
+    """Whether the groups come from more than one job (then each line names its job)."""
+    return len({g.job for g in groups}) > 1
+
+
+def job_name(job: Optional[str]) -> str:
+    return job or "no job id"
+
+
+def _by_job(groups: Sequence[Group]) -> List[Tuple[Optional[str], List[Group]]]:
+    """The groups of each job, jobs in the order their first group comes."""
+    jobs: Dict[Optional[str], List[Group]] = {}
+    for group in groups:
+        jobs.setdefault(group.job, []).append(group)
+    return list(jobs.items())
 
 
 def odd_groups(groups: Sequence[Group]) -> set:
@@ -173,20 +202,37 @@ def odd_ranks(groups: Sequence[Group]) -> List[RankId]:
     return sorted((m.rank for g in groups if g.odd for m in g.members), key=_sort_key)
 
 
-def group_line(group: Group) -> str:
-    """`rank 5 in `__next__` (dataloader.py:631) via train.py:88`."""
-    return "%s in %s" % (ranks_text(group.ranks), where(group.frames))
+def group_line(group: Group, with_job: bool = False) -> str:
+    """`rank 5 in `__next__` (dataloader.py:631) via train.py:88`; `[job at h:29500] rank 5 in ...` with its job."""
+    line = "%s in %s" % (ranks_text(group.ranks), where(group.frames))
+    return "[%s] %s" % (job_name(group.job), line) if with_job else line
 
 
 def summary(groups: Sequence[Group]) -> str:
     """One line for the whole run: the groups, odd ones first, separated by `; `."""
     if not groups:
         return "no stacks"
-    return "; ".join(group_line(g) for g in groups)
+    with_job = several_jobs(groups)
+    return "; ".join(group_line(g, with_job) for g in groups)
 
 
 def verdict(groups: Sequence[Group]) -> Optional[str]:
-    """The sentence naming the odd ones out, None when no rank stands out."""
+    """The sentence naming the odd ones out (of each job, where there are several), None when none stands out."""
+    jobs = _by_job(groups)
+    if len(jobs) <= 1:
+        return _job_verdict(groups)
+    sentences = [
+        "[%s] %s" % (job_name(job), _job_verdict(members)) for job, members in jobs if any(g.odd for g in members)
+    ]
+    if sentences:
+        return " · ".join(sentences)
+    if any(len(members) > 1 for _job, members in jobs):
+        return "the ranks differ, but no group stands out in any job (no single majority, no rank outside a collective)"
+    return None
+
+
+def _job_verdict(groups: Sequence[Group]) -> Optional[str]:
+    """The verdict over the groups of one job."""
     odd = [g for g in groups if g.odd]
     if not odd:
         if len(groups) > 1:

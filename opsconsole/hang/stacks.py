@@ -22,7 +22,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from opsconsole.hang.grouping import Group, Member, RankId, group_line, group_stacks, odd_ranks, summary, verdict
+from opsconsole.hang.grouping import (
+    Group,
+    Member,
+    RankId,
+    group_line,
+    group_stacks,
+    odd_ranks,
+    several_jobs,
+    summary,
+    verdict,
+)
 from opsconsole.hang.pyspy import Frame, ThreadStack, main_thread, parse_dump
 from opsconsole.nodes.base import COMMANDS_HERE, COMMANDS_SSH, command_channel, is_replayed
 from opsconsole.nodes.line_split import LineSplitter
@@ -34,6 +44,7 @@ MAX_ANSWER_LINE_CHARS = 8 * 1024 * 1024  # one rank's line: 2 MiB of py-spy JSON
 MAX_NODE_ANSWER_CHARS = 64 * 1024 * 1024
 MAX_RANKS_PER_NODE = 4096
 MAX_NOTE_CHARS = 300
+MAX_JOB_CHARS = 120
 READ_CHUNK = 256 * 1024
 EXIT_GRACE_S = 5.0  # a local helper whose output ended, to exit before it is killed
 RANK_STATUSES = ("ok", "failed", "timeout", "gone", "no-py-spy")
@@ -59,13 +70,20 @@ class RankStack:
     cmd: str = ""
     dump_s: float = 0.0  # py-spy's own time for this process, on the node
     note: Optional[str] = None  # a problem with its dump that still left a stack
+    job: Optional[str] = None  # which job (probe/rank_stacks.py job_of): ranks are compared within one
 
     @property
     def rank_id(self) -> RankId:
         return self.rank if self.rank is not None else "%s:%d" % (self.node, self.pid)
 
     def to_json(self) -> dict:
-        return {"node": self.node, "pid": self.pid, "rank": self.rank, "frames": [f.to_json() for f in self.frames]}
+        return {
+            "node": self.node,
+            "pid": self.pid,
+            "rank": self.rank,
+            "job": self.job,
+            "frames": [f.to_json() for f in self.frames],
+        }
 
 
 @dataclass(frozen=True)
@@ -110,7 +128,8 @@ class StacksReport:
         return {
             "ranks": [r.to_json() for r in self.ranks],
             "groups": [
-                {"ranks": list(g.ranks), "frames": [f.to_json() for f in g.frames], "odd": g.odd} for g in self.groups
+                {"ranks": list(g.ranks), "job": g.job, "frames": [f.to_json() for f in g.frames], "odd": g.odd}
+                for g in self.groups
             ],
             "odd": self.odd,
             "errors": [e.to_json() for e in self.errors],
@@ -124,7 +143,7 @@ def build_report(
     node_s: Optional[Dict[str, float]] = None,
 ) -> StacksReport:
     ordered = sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.node, r.pid))
-    groups = group_stacks([Member(r.rank_id, r.node, r.pid, r.frames) for r in ordered])
+    groups = group_stacks([Member(r.rank_id, r.node, r.pid, r.frames, r.job) for r in ordered])
     return StacksReport(tuple(ordered), tuple(groups), tuple(errors), wall_s, dict(node_s or {}))
 
 
@@ -231,6 +250,7 @@ def rank_of(
         _text(answer.get("cmd"), 512),
         _number(answer.get("seconds")),
         problem,
+        _text(answer.get("job"), MAX_JOB_CHARS) or None,
     ), None
 
 
@@ -481,16 +501,22 @@ def frame_line(frame: Frame) -> str:
 def report_text(report: StacksReport) -> str:
     """The headless table: the verdict, each group with its stack, then the errors."""
     lines: List[str] = []
+    with_job = several_jobs(report.groups)
     if report.ranks:
         lines.append(
-            "%d rank(s) on %d node(s): %d group(s)"
-            % (len(report.ranks), len({r.node for r in report.ranks}), len(report.groups))
+            "%d rank(s) on %d node(s): %d group(s)%s"
+            % (
+                len(report.ranks),
+                len({r.node for r in report.ranks}),
+                len(report.groups),
+                " in %d jobs" % len({g.job for g in report.groups}) if with_job else "",
+            )
         )
         if report.verdict:
             lines.append("odd: " + report.verdict)
     for group in report.groups:
         lines.append("")
-        lines.append(("ODD  " if group.odd else "     ") + group_line(group))
+        lines.append(("ODD  " if group.odd else "     ") + group_line(group, with_job))
         for frame in group.frames[:12]:
             lines.append("       " + frame_line(frame))
         if len(group.frames) > 12:

@@ -11,7 +11,8 @@ Python one counts, a non-Python wrapper (a shell) gives way to the Python rank b
 launcher with a RANK of its own (torchrun under Kubeflow gets the node's) is not a rank. With no
 such process, the GPU compute processes stand in: those the console's frame listed, else
 `nvidia-smi --query-compute-apps=pid`. Explicit
-PIDs in the request replace the search.
+PIDs in the request replace the search. Each rank says which job it is in (job_of: its rendezvous
+master, torchelastic run, Slurm job or MPI namespace), so the console compares ranks within a job.
 
 Each rank gets `py-spy dump --pid P --json` (`--native` on request), several at once, each with its
 own timeout. py-spy's output travels as text, cut at MAX_DUMP_CHARS: the console parses and checks
@@ -53,6 +54,11 @@ RANK_NAMES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_NAMES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 WORLD_SIZE_NAMES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 RANK_KEYS = RANK_NAMES + LOCAL_RANK_NAMES + WORLD_SIZE_NAMES + ("GROUP_RANK", "TORCHELASTIC_RUN_ID", "MASTER_PORT")
+# Which job a rank belongs to (a node may run several: two 4-GPU jobs on an 8-GPU node): its rendezvous
+# master (every launcher of torch.distributed sets MASTER_ADDR/MASTER_PORT, the same on every node of a
+# job), else torchelastic's run id, Slurm's job and step, PMIx's namespace (one per MPI job).
+JOB_KEYS = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "PMIX_NAMESPACE")
+MAX_JOB_CHARS = 120
 _PYTHON_NAME = re.compile(r"^(python|pypy)[0-9.]*[dmu]*$")
 
 
@@ -84,7 +90,7 @@ def environ_of(pid):
         if not sep:
             continue
         name = name.decode("ascii", "replace")
-        if name in RANK_KEYS or name == "PATH":
+        if name in RANK_KEYS or name in JOB_KEYS or name == "PATH":
             found[name] = value[:4096].decode("utf-8", "replace")
     return found
 
@@ -155,12 +161,33 @@ def first_int(env, names):
     return None
 
 
+def job_of(env):
+    """Which job the process belongs to, in words ("job at 10.0.0.5:29500"), None when its environment
+    does not say: ranks of different jobs are grouped apart, and their numbers compared only within one."""
+    port = small_int(env.get("MASTER_PORT"))
+    run = env.get("TORCHELASTIC_RUN_ID")
+    slurm_job = env.get("SLURM_JOB_ID") or ""
+    if port is not None:
+        job = "job at %s:%d" % (env.get("MASTER_ADDR") or "?", port)
+    elif run and run != "none":  # torchrun's default --rdzv-id is "none": no job of its own
+        job = "torchelastic run %s" % run
+    elif re.match(r"^[0-9]{1,12}$", slurm_job):
+        step = small_int(env.get("SLURM_STEP_ID"))
+        job = "Slurm job %s%s" % (slurm_job, "" if step is None else ".%d" % step)
+    elif env.get("PMIX_NAMESPACE"):
+        job = "MPI job %s" % env["PMIX_NAMESPACE"]
+    else:
+        return None
+    return job[:MAX_JOB_CHARS]
+
+
 def describe(pid, env, argv):
     return {
         "pid": pid,
         "rank": first_int(env, RANK_NAMES),
         "local_rank": first_int(env, LOCAL_RANK_NAMES),
         "world_size": first_int(env, WORLD_SIZE_NAMES),
+        "job": job_of(env),
         "cmd": " ".join(argv)[:MAX_CMD_CHARS],
     }
 

@@ -26,7 +26,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from opsconsole.actions.audit import AuditLog, audit_path
 from opsconsole.actions.runner import ActionRunner, CommandResult
-from opsconsole.hang.grouping import where
+from opsconsole.hang.grouping import job_name, several_jobs, where
 from opsconsole.hang.stacks import DEFAULT_DUMP_TIMEOUT_S, RankStack, StacksReport, collect_stacks, frame_line
 from opsconsole.tui.formatting import printable
 
@@ -183,8 +183,11 @@ class StacksScreen(Screen[None]):
             return
         verdict.update(verdict_text(report))
         by_process = {(r.node, r.pid): r for r in report.ranks}
+        with_job = several_jobs(report.groups)
         for index, group in enumerate(report.groups, 1):
             place = where(group.frames)
+            if with_job:  # rank numbers repeat across jobs: each row says whose rank it is
+                place = "[%s] %s" % (job_name(group.job), place)
             for member in group.members:
                 stack = by_process.get((member.node, member.pid))
                 if stack is None:
@@ -234,7 +237,12 @@ def verdict_text(report: StacksReport) -> Text:
         text.append("no stack came", style="bold red")
         return text
     nodes = len({r.node for r in report.ranks})
-    text.append("%d rank(s) on %d node(s), %d group(s)  " % (len(report.ranks), nodes, len(report.groups)), style="dim")
+    jobs = len({g.job for g in report.groups})
+    text.append(
+        "%d rank(s) on %d node(s), %d group(s)%s  "
+        % (len(report.ranks), nodes, len(report.groups), " in %d jobs" % jobs if jobs > 1 else ""),
+        style="dim",
+    )
     if report.verdict and report.odd:
         text.append("\nodd: ", style=ODD_STYLE)
         text.append(printable(report.verdict), style=ODD_STYLE)
