@@ -16,8 +16,6 @@ import sys
 
 from opsconsole.sanitize import printable_json, printable_line
 
-LOCAL_SETTLE_S = 0.5  # a local probe's first poll has no CPU rates: poll again after this
-
 
 def register(commands, add_node_options) -> None:
     parser = commands.add_parser(
@@ -69,20 +67,14 @@ def select_nodes(config, names):
 
 async def gather_results(config, timeout: float, gpu_tests: bool, force: bool, follower=None, level: int = 1):
     """Poll once, then run every node's checks; the links are closed afterwards."""
-    import asyncio
-
-    from opsconsole.health.runner import run_all_checks
-    from opsconsole.nodes.local import LocalLink
+    from opsconsole.health.runner import run_all_checks, snapshot_for_checks
     from opsconsole.sources import fleet_with_sources
 
     fleet = fleet_with_sources(config)
     if follower is not None:
         fleet.follow_slurm(follower)
     try:
-        states = await fleet.snapshot(timeout)
-        if any(isinstance(fleet.link(state.name), LocalLink) for state in states if state.name in fleet.names):
-            await asyncio.sleep(LOCAL_SETTLE_S)
-            states = await fleet.snapshot(timeout)
+        states = await snapshot_for_checks(fleet, timeout)
         links = {name: fleet.link(name) for name in fleet.names}
         by_node = await run_all_checks(states, config, links=links, gpu_tests=gpu_tests, force=force, level=level)
     finally:

@@ -136,6 +136,22 @@ async def run_node_checks(
     return results
 
 
+# A local probe's first poll has no CPU rates (iowait is a rate between two polls): poll again after this.
+LOCAL_SETTLE_S = 0.5
+
+
+async def snapshot_for_checks(fleet: Any, timeout: float) -> List[NodeState]:
+    """One poll of every node for the checks, as `check` and `report` both judge them: a fleet with a
+    local node polls again after LOCAL_SETTLE_S, so its rate rules (iowait) have their rates."""
+    from opsconsole.nodes.local import LocalLink
+
+    states = await fleet.snapshot(timeout)
+    if any(isinstance(fleet.link(state.name), LocalLink) for state in states if state.name in fleet.names):
+        await asyncio.sleep(LOCAL_SETTLE_S)
+        states = await fleet.snapshot(timeout)
+    return list(states)
+
+
 async def run_all_checks(
     states: Iterable[NodeState],
     config: Any = None,

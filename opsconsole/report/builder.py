@@ -106,7 +106,7 @@ def summary_markdown(inputs: ReportInputs) -> str:
     if not inputs.health:
         out.append("No health results were collected.")
     elif not failing:
-        out.append("All %d checks passed." % len(inputs.health))
+        out.append(_passed_text(inputs.health))
     for result in sorted(failing, key=lambda r: ("fail", "error", "warn").index(r.status)):
         where = result.node + ("" if result.gpu is None else " GPU %d" % result.gpu)
         out.append("- **%s** %s on %s: %s" % (result.status.upper(), result.check, where, result.message))
@@ -123,11 +123,36 @@ def summary_markdown(inputs: ReportInputs) -> str:
         out.append("")
     out.append("## Contents")
     out.append("")
-    out.append(
-        "snapshot.json, health.json, findings.json, logs/ (last %d lines of each log), nvidia-smi/, "
-        "config.toml (secrets redacted), errors.txt." % LOG_TAIL_LINES
-    )
+    out.append(contents_text(inputs))
     return "\n".join(out) + "\n"
+
+
+def _passed_text(health: Sequence) -> str:
+    """`All 4 checks passed.` (on N nodes), or how many passed and were skipped when some were (a GPU
+    suite on a node without GPUs): a skipped check did not pass."""
+    nodes = len({r.node for r in health})
+    on = "" if nodes == 1 else " on %d nodes" % nodes
+    skipped = sum(1 for r in health if r.status == "skip")
+    if not skipped:
+        return "All %d checks%s passed." % (len(health), on)
+    return "%d checks%s: %d passed, %d skipped." % (len(health), on, len(health) - skipped, skipped)
+
+
+def contents_text(inputs: ReportInputs) -> str:
+    """The report's members as report_files writes them: logs/ and nvidia-smi/ only when something
+    was collected there (what was not is under "Not collected" and in errors.txt)."""
+    parts = ["snapshot.json", "health.json", "findings.json"]
+    logs = len(inputs.log_tails)
+    if logs:
+        parts.append("logs/ (the last %d lines of %d log%s)" % (LOG_TAIL_LINES, logs, "" if logs == 1 else "s"))
+    nodes = len(inputs.smi)
+    if nodes:
+        parts.append("nvidia-smi/ (`nvidia-smi -q` of %d node%s)" % (nodes, "" if nodes == 1 else "s"))
+    parts.append(
+        "config.toml (secrets redacted)" if inputs.config_text is not None else "config.toml (a note: no config file)"
+    )
+    parts.append("errors.txt")
+    return ", ".join(parts) + "."
 
 
 def _one_line(text: str, limit: int = 160) -> str:

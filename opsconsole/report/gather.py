@@ -125,10 +125,12 @@ async def gather(config, fleet=None, timeout: float = 10.0, health: Optional[Seq
     problems: List[str] = []
     own_fleet = fleet is None
     if own_fleet:
+        from opsconsole.health.runner import snapshot_for_checks
         from opsconsole.sources import fleet_with_sources
 
         fleet = fleet_with_sources(config)
-        states_list = await fleet.snapshot(timeout)
+        # Polled as `check` polls (a local node twice, for its rates): the report judges the same checks.
+        states_list = await snapshot_for_checks(fleet, timeout)
         states = {s.name: s for s in states_list}
     else:
         states = fleet.states()
