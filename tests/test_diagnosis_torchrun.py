@@ -547,6 +547,28 @@ def test_a_gloo_timeout_seen_only_in_the_launchers_output_names_what_the_table_s
     assert (json.loads(alone.stdout)["root_cause"], json.loads(alone.stdout)["rank"]) == ("rank_crashed", 0)
 
 
+def test_the_rank_the_launcher_stopped_is_not_listed_among_the_peers_that_failed(runs):
+    # The launcher's output alone of the gloo timeout: rank 0 exited with code 1, and the launcher stopped rank 1
+    # after it ("Sending process PID closing signal SIGTERM", its table row "-15 (SIGTERM)"). The peers' row said
+    # "A peer rank failed ..., rank 1"; rank 1 failed nothing, it was stopped: its lines are the crash's story.
+    directory, status = runs["timeout"]
+    assert status != 0
+    launcher = directory / "launcher.log"
+    stopped = next(row for row in json.loads(single(launcher, "--json"))["launcher_failures"] if row["rank"] == 1)
+    assert stopped["signal"] == "SIGTERM" and "Sending process %d closing signal SIGTERM" % stopped["pid"] in (
+        launcher.read_text()
+    )
+    for text in (report(launcher), single(launcher)):
+        rows = rows_of(text)
+        assert "rank 1" not in rows["nccl_remote"][0] and "ranks" not in rows["nccl_remote"][0], text
+        assert not any(" rank 1: " in line or "(pid: %d)" % stopped["pid"] in line for line in rows["nccl_remote"])
+        assert rows["rank_crashed"][0].endswith("rank 0"), text  # the crash's row names the crashed rank only
+        assert any("(pid: %d)" % stopped["pid"] in line for line in rows["rank_crashed"]), text
+    for result in (verdict(launcher), json.loads(single(launcher, "--json"))):
+        peers = [f for f in result["findings"] if f["category"] == "nccl_remote"]
+        assert not [f for f in peers if f.get("rank") == 1 or str(stopped["pid"]) in f["excerpt"]], peers
+
+
 def test_a_collective_size_mismatch_is_the_codes_error_with_a_remedy_that_fits(runs):
     # gloo aborts the rank that received more than it expected (SIGABRT, no Python traceback); its peer only
     # saw the connection reset. Not "a peer rank failed", and not "reproduce on one process".

@@ -573,7 +573,7 @@ def _examples(findings, verdict=None) -> dict:
 
     crash: set = set()
     if verdict is not None and verdict.category == CRASHED and verdict.failed_child is not None:
-        crash = {id(finding) for finding in crash_lines(findings, verdict.failed_child)}
+        crash = {id(finding) for finding in crash_lines(findings, verdict.failed_child, verdict.stopped)}
     start = (verdict.finding.source, verdict.finding.line) if verdict is not None else None
     examples: dict = {}
     for finding in findings:

@@ -241,6 +241,9 @@ class RootCause:
     failed_child: Optional[LauncherFailure] = None
     # The ranks whose own output said a peer closed or reset its connection (victims, never the failing rank).
     peer_gone_ranks: Tuple[int, ...] = ()
+    # With a crashed child: the launcher's rows of the children it stopped after it that lost no connection of their
+    # own (not peers that failed: its lines about them are the crash's story).
+    stopped: Tuple[LauncherFailure, ...] = ()
 
 
 @dataclass
@@ -972,6 +975,7 @@ class Diagnoser:
             category = CRASHED
             start = _crash_finding(start, crashed, self._stopped_ranks())
         return RootCause(
+            stopped=self._only_stopped(crashed) if crashed is not None else (),
             category=category,
             finding=start,
             rank=rank,
@@ -1018,6 +1022,19 @@ class Diagnoser:
             }
         )
 
+    def _only_stopped(self, crashed: LauncherFailure) -> Tuple[LauncherFailure, ...]:
+        """The launcher's rows of the children it stopped itself (after `crashed` failed) whose own output said no
+        peer was lost: stopped, not peers that failed."""
+        return tuple(
+            failure
+            for failure in self.launcher_failures()
+            if failure.pid is not None
+            and failure.pid in self._stopped_pids
+            and failure.rank is not None
+            and failure.rank != crashed.rank
+            and failure.rank not in self._peer_gone_ranks
+        )
+
     def watchdog_verdict(self) -> Optional[WatchdogVerdict]:
         """What the NCCL watchdog lines of every rank fed so far say together (None when none was seen)."""
         return self._watchdog.verdict()
@@ -1035,7 +1052,7 @@ class Diagnoser:
             verdict = self.verdict()
             if verdict is not None:
                 start = verdict.finding
-                own = crash_lines(self._findings, crashed)
+                own = crash_lines(self._findings, crashed, verdict.stopped)
                 rows.append(
                     FindingSummary(
                         category=CRASHED,
@@ -1100,12 +1117,28 @@ class Diagnoser:
         self.__init__(self.max_findings)
 
 
-def crash_lines(findings: Iterable[Finding], child: LauncherFailure) -> List[Finding]:
+def crash_lines(
+    findings: Iterable[Finding], child: LauncherFailure, stopped: Sequence[LauncherFailure] = ()
+) -> List[Finding]:
     """The findings that report the crashed child itself (the launcher's lines naming its rank): only peers'
-    lost connections were seen when a child is rank_crashed, so its rank's nccl_remote lines are the launcher's."""
+    lost connections were seen when a child is rank_crashed, so its rank's nccl_remote lines are the launcher's.
+    With them the launcher's lines about the children in `stopped` (stopped after the crash, no peer lost in their
+    own output: its "Sending process PID closing signal SIGTERM", their table rows): not peers that failed."""
     if child.rank is None:
         return []
-    return [finding for finding in findings if finding.category == "nccl_remote" and finding.rank == child.rank]
+    ranks = {child.rank} | {failure.rank for failure in stopped if failure.rank is not None}
+    pids = {failure.pid for failure in stopped if failure.pid is not None}
+    own = []
+    for finding in findings:
+        if finding.category != "nccl_remote":
+            continue
+        if finding.rank in ranks:
+            own.append(finding)
+        elif finding.rank is None and pids and "closing signal" in finding.excerpt:
+            told = _LAUNCHER_STOPS.search(finding.excerpt)
+            if told and int(told.group(1)) in pids:
+                own.append(finding)
+    return own
 
 
 def attributed(findings: Iterable[Finding], verdict: Optional[RootCause]) -> List[Finding]:
@@ -1116,7 +1149,7 @@ def attributed(findings: Iterable[Finding], verdict: Optional[RootCause]) -> Lis
     findings = list(findings)
     if verdict is None or verdict.category != CRASHED or verdict.failed_child is None:
         return findings
-    own = {id(finding) for finding in crash_lines(findings, verdict.failed_child)}
+    own = {id(finding) for finding in crash_lines(findings, verdict.failed_child, verdict.stopped)}
     if not own:
         return findings
     start = verdict.finding
