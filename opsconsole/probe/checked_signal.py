@@ -23,7 +23,7 @@ Request (JSON): {"pid": P, "signal": "INT"|"TERM"|"KILL", "start_time": epoch s,
                  "slack": s (START_SLACK_S to MAX_SLACK_S), "name": comm or null, "user": name or null}
 Answer (one JSON line): {"pid", "signal", "signalled", "via" ("pidfd"|"kill"|null),
                          "refused" (why, or null), "error" (why, or null), "seen" (what /proc said)}
-Exit status: 0 signalled, 3 refused, 4 not signalled (gone, not permitted), 2 a bad request.
+Exit status: 0 signalled, 3 refused, 4 not signalled (gone or a zombie, not permitted), 2 a bad request.
 
 Stdlib only, Python 3.6 syntax.
 """
@@ -45,6 +45,7 @@ EXIT_SIGNALLED = 0
 EXIT_BAD_REQUEST = 2
 EXIT_REFUSED = 3
 EXIT_NOT_SIGNALLED = 4
+EXITED_STATES = ("Z", "X")  # a zombie (exited, not yet reaped by its parent), dead
 
 
 class PasswdUsers(object):
@@ -73,7 +74,7 @@ PASSWD = PasswdUsers()
 
 
 def identity_of(pid: int, proc_root: str = "/proc", users: PasswdUsers = PASSWD) -> Dict[str, Any]:
-    """What /proc says of `pid` now: start ticks and time, command name, real uid and user, state.
+    """What /proc says of `pid` now: start ticks and time, command name, real uid and user, state, parent.
 
     `user` is the uid's name, or the uid as a number where it has none (as the probe's frames say it).
     Raises OSError (ENOENT, ESRCH) when there is no such process.
@@ -93,6 +94,7 @@ def identity_of(pid: int, proc_root: str = "/proc", users: PasswdUsers = PASSWD)
         "uid": uid,
         "user": (users.name_of(uid) or str(uid)) if uid is not None else None,
         "state": fields[0].decode("ascii", "replace")[:1],
+        "ppid": int(fields[1]),
     }
 
 
@@ -189,6 +191,14 @@ def signal_checked(
         why = why_different(pid, expected, seen, users)
         if why is not None:
             answer["refused"] = why
+            return answer
+        if seen["state"] in EXITED_STATES:
+            # It exited after the frame (the question was open) and its parent has not waited for it: /proc
+            # still names it, and a signal to it succeeds and does nothing.
+            answer["error"] = "pid %d has exited (a zombie: its parent, pid %d, has not reaped it): not signalled" % (
+                pid,
+                seen["ppid"],
+            )
             return answer
         try:
             if pidfd is not None:
