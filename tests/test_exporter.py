@@ -182,6 +182,42 @@ def test_agent_serves_metrics_on_loopback_only_and_stops_on_sigterm():
         proc.stderr.close()
 
 
+def get(url: str) -> Tuple[int, str, str]:
+    """(status, content type, body) of a real GET, an HTTP error's too."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status, answer.headers.get("Content-Type", ""), answer.read().decode()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.headers.get("Content-Type", ""), error.read().decode()
+
+
+def test_agent_answers_metrics_on_metrics_a_pointer_on_root_and_404_elsewhere():
+    """prometheus_client's server answered every path with the metrics; node_exporter answers /metrics only."""
+    proc = agent("--metrics-port", "0", "--interval", "0.2", "--node-name", "t1")
+    try:
+        line = proc.stdout.readline()
+        port = int(line.split("127.0.0.1:")[1].split("/")[0])
+        base = "http://127.0.0.1:%d" % port
+        status, kind, text = get(base + "/metrics")
+        assert status == 200 and kind.startswith("text/plain"), (status, kind)
+        assert names.HOST_CPU_COUNT in {f.name for f in text_string_to_metric_families(text)}
+        status, kind, text = get(base + "/")
+        assert status == 200 and kind.startswith("text/html") and 'href="/metrics"' in text, (status, kind, text)
+        assert names.HOST_CPU_COUNT not in text
+        for path in ("/metric", "/metrics/", "/metrics/x", "/favicon.ico", "/anything?name[]=x"):
+            status, kind, text = get(base + path)
+            assert (status, text) == (404, "404 page not found\n"), path
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
 def test_agent_bad_bind_address_and_busy_port_are_one_line_errors():
     result = run_agent("--metrics-port", "0", "--bind", "not-an-address")
     assert result.returncode == 2

@@ -5,11 +5,14 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from socketserver import ThreadingMixIn
+from typing import Any, Callable, Iterable, List, Optional, Tuple
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from opsconsole.exporter.collector import FrameCollector
 from opsconsole.model import NodeFrame
@@ -33,11 +36,60 @@ def check_bind_address(address: str) -> str:
     return address
 
 
+METRICS_PATH = "/metrics"
+# What `/` answers, as node_exporter's landing page does: where the metrics are.
+LANDING_PAGE = (
+    b"<html><head><title>opsconsole exporter</title></head><body><h1>opsconsole exporter</h1>"
+    b'<p><a href="/metrics">Metrics</a></p></body></html>\n'
+)
+NOT_FOUND = b"404 page not found\n"  # node_exporter's (Go's) words for a path it does not serve
+
+
+def routed_app(metrics_app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """A WSGI app that serves `metrics_app` on /metrics, a pointer to it on /, and 404 elsewhere.
+
+    prometheus_client's own app answers every path with the metrics (for backwards compatibility), so a
+    typo (`/metric`) or a crawler got them; node_exporter and dcgm-exporter answer /metrics only."""
+
+    def app(environ: dict, start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == METRICS_PATH:
+            return metrics_app(environ, start_response)
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [LANDING_PAGE]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [NOT_FOUND]
+
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged to stderr (prometheus_client's server does not either)."""
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in flight does not hold the exit
+
+
+def start_server(port: int, bind: str, registry: CollectorRegistry) -> Tuple[WSGIServer, threading.Thread]:
+    """Listen on (bind, port) in a daemon thread; routed_app over the registry's metrics."""
+
+    class Server(_ThreadingServer):
+        address_family = socket.AF_INET6 if ipaddress.ip_address(bind).version == 6 else socket.AF_INET
+
+    server = make_server(bind, port, routed_app(make_wsgi_app(registry)), Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="opsconsole-exporter", daemon=True)
+    thread.start()
+    return server, thread
+
+
 class Exporter:
     """Serves `collector` over HTTP on (bind, port); `poll()` gives it fresh frames.
 
-    The HTTP server is prometheus_client's threaded WSGI server: scrapes read the latest
-    frame under a lock, never the probe itself.
+    The HTTP server is a threaded WSGI server over prometheus_client's app (on /metrics only): scrapes
+    read the latest frame under a lock, never the probe itself.
     """
 
     def __init__(self, poll: Callable[[], NodeFrame], port: int, bind: str = DEFAULT_BIND) -> None:
@@ -60,7 +112,7 @@ class Exporter:
         """Take the first frame, then listen (so the first scrape already has data)."""
         self.poll_once()
         try:
-            self._server, self._thread = start_http_server(self.requested_port, addr=self.bind, registry=self.registry)
+            self._server, self._thread = start_server(self.requested_port, self.bind, self.registry)
         except OSError as exc:
             raise ExporterError(
                 "cannot listen on %s:%d: %s" % (self.bind, self.requested_port, exc.strerror or exc)
