@@ -594,9 +594,9 @@ async def test_processes_pane_toggle_and_sort_the_focused_table():
         await pilot.press("r")
         assert keys(host) == ["gpu01/421", "gpu02/7001", "gpu01/501"]
         assert pane.gpu_table.sort.column == "gpu_memory"  # the other table keeps its own sort
-        await pilot.press("s")  # next column after CPU: RSS
-        assert pane.host_table.sort.column == "rss"
-        assert keys(host) == ["gpu02/7001", "gpu01/501", "gpu01/421"]  # 12 MiB, 900 MiB, 2 GiB
+        await pilot.press("s")  # next column after CPU: RSS, the largest first as CPU
+        assert pane.host_table.sort.column == "rss" and pane.host_table.sort_label() == "RSS▼"
+        assert keys(host) == ["gpu01/421", "gpu01/501", "gpu02/7001"]  # 2 GiB, 900 MiB, 12 MiB
         await pilot.press("v")
         assert gpu.display and host.display
 

@@ -20,7 +20,16 @@ from textual.app import App, ComposeResult
 from textual.widgets import DataTable
 
 from opsconsole.config import NodeConfig
-from opsconsole.fleet_view import TREE_BRANCH, TREE_LAST, ProcessRow, process_tree
+from opsconsole.fleet_view import (
+    GPU_PROCESSES,
+    HOST_PROCESSES,
+    PROCESS_SORT_KEYS,
+    TREE_BRANCH,
+    TREE_LAST,
+    ProcessRow,
+    process_rows,
+    process_tree,
+)
 from opsconsole.model import STATE_UP, NodeState
 from opsconsole.nodes.local import LocalLink
 from opsconsole.probe.agent import Probe
@@ -318,6 +327,35 @@ async def test_sort_label_is_the_header_of_the_sorted_column():
             assert "sort: %s" % host.columns[column].label.plain in status(pane)
             await pilot.press("s")
         assert seen[0] == "cpu" and set(seen) >= set(pane.host_table.sort.keys)  # round the columns, no "config order"
+
+
+async def test_a_sort_cycle_keeps_each_columns_natural_direction():
+    """`s` from CPU▼ went to RSS▲ (the smallest first): CPU, RSS, GPU memory and SM sort largest first
+    whenever the cycle (or a header click) reaches them; the rest smallest first. The status line and
+    the header say the same, and the rows are in that order."""
+    pane = ProcessesPane()
+    states = dict(local_states(), **three_nodes())  # this machine's real processes, and GPU ones
+    async with ConsoleLikeApp(pane).run_test(size=SIZE) as pilot:
+        pane.show(states, None, NOW)
+        await pilot.pause()
+        for sorted_table, kind in ((pane.host_table, HOST_PROCESSES), (pane.gpu_table, GPU_PROCESSES)):
+            rows = {row.key: row for row in process_rows(states, None, kind)}
+            table = sorted_table.table
+            table.focus()
+            await pilot.pause()
+            directions = {}
+            for _ in range(len(sorted_table.sort.keys)):
+                await pilot.press("s")
+                column = sorted_table.sort.column
+                header = table.columns[column].label.plain
+                assert "sort: %s" % header in status(pane), (header, status(pane))
+                directions[column] = header[-1]
+                drawn = [rows[key] for key in keys(table)]
+                values = [v for v in (PROCESS_SORT_KEYS[column](row) for row in drawn) if v is not None]
+                assert values == sorted(values, reverse=header.endswith("▼")), (column, values)
+            largest_first = {"gpu_memory", "sm", "cpu", "rss"} & set(directions)
+            assert largest_first and all(directions[key] == "▼" for key in largest_first), directions
+            assert all(arrow == "▲" for key, arrow in directions.items() if key not in largest_first), directions
 
 
 @pytest.mark.parametrize("width", [80, 100, 140, 200])

@@ -29,12 +29,14 @@ SORT_ARROWS = {False: "▲", True: "▼"}
 
 @dataclass(frozen=True)
 class Column:
-    """A table column: key (also its sort key), header label, fixed width (None: fit content)."""
+    """A table column: key (also its sort key), header label, fixed width (None: fit content), and whether
+    sorting by it starts largest first (CPU, RSS, GPU memory: what `top` shows first) or smallest first."""
 
     key: str
     label: str
     width: Optional[int] = None
     sortable: bool = True
+    largest_first: bool = False
 
 
 CELL_PADDING = 2  # DataTable draws one cell of padding on each side of a column
@@ -70,21 +72,29 @@ class SortState:
     have no config order worth showing).
     """
 
-    def __init__(self, keys: Sequence[str], default: Optional[Tuple[str, bool]] = None) -> None:
+    def __init__(
+        self, keys: Sequence[str], default: Optional[Tuple[str, bool]] = None, largest_first: Sequence[str] = ()
+    ) -> None:
         self.keys = list(keys)
+        self.largest_first = frozenset(largest_first)  # columns whose first direction is descending
         self.default = default if default is not None and default[0] in self.keys else None
         self.column: Optional[str] = self.default[0] if self.default else None
         self.reverse = self.default[1] if self.default else False
 
+    def natural_reverse(self, key: Optional[str]) -> bool:
+        """The direction a column starts in: descending (True) for a largest-first column."""
+        return key in self.largest_first
+
     def cycle(self) -> None:
-        """Next sort column: config order, then each column in turn, then config order again."""
+        """Next sort column: config order, then each column in turn, then config order again; each
+        column in its natural direction (a cycle from CPU▼ goes to RSS▼, not RSS▲)."""
         if self.column is None:
             self.column = self.keys[0] if self.keys else None
         else:
             position = self.keys.index(self.column) if self.column in self.keys else -1
             following = self.keys[position + 1] if position + 1 < len(self.keys) else None
             self.column = following if following is not None or self.default is None else self.keys[0]
-        self.reverse = False
+        self.reverse = self.natural_reverse(self.column)
 
     def toggle_reverse(self) -> None:
         self.reverse = not self.reverse
@@ -96,7 +106,7 @@ class SortState:
         if self.column == key:
             self.reverse = not self.reverse
         else:
-            self.column, self.reverse = key, False
+            self.column, self.reverse = key, self.natural_reverse(key)
 
 
 class SortedTable:
@@ -134,7 +144,7 @@ class SortedTable:
             self.table.add_column(Text(column.label + " "), width=width, key=column.key)
         keys = [c.key for c in columns if c.sortable and c.key in self.sort_keys]
         old = self.sort
-        self.sort = SortState(keys, self.default_sort)
+        self.sort = SortState(keys, self.default_sort, [c.key for c in columns if c.largest_first])
         if old.column in keys:
             self.sort.column, self.sort.reverse = old.column, old.reverse
         self.mark_sorted_column()
