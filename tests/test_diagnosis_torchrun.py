@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from opsconsole.commands.diagnose import _decoded_lines
+from opsconsole.diagnosis.run import diagnose_run
 from tests.torchrun import torchrun_command, torchrun_env
 
 pytest.importorskip("torch")
@@ -567,6 +569,29 @@ def test_the_rank_the_launcher_stopped_is_not_listed_among_the_peers_that_failed
     for result in (verdict(launcher), json.loads(single(launcher, "--json"))):
         peers = [f for f in result["findings"] if f["category"] == "nccl_remote"]
         assert not [f for f in peers if f.get("rank") == 1 or str(stopped["pid"]) in f["excerpt"]], peers
+
+
+def test_a_gloo_lost_connection_is_the_peer_lost_category_in_gloos_words_in_reports_and_alerts(runs):
+    # Rank 1's IndexError ends its process; rank 0's gloo pair says "Connection closed by peer" (or "Read error ...
+    # Connection reset by peer"). The category stays nccl_remote (JSON, alert rules and recordings name it), but
+    # its finding, row and alert said nothing of gloo; now they say the connection lost was gloo's.
+    from opsconsole.alerts.engine import AlertEngine
+
+    directory, status = runs["index"]
+    assert status != 0
+    result = verdict(directory)
+    lost = [f for f in result["findings"] if f["category"] == "nccl_remote" and "gloo" in f["excerpt"]]
+    assert lost and all(f["rank"] == 0 for f in lost), result["findings"]
+    assert all(f["title"] == "A peer rank failed (gloo connection lost)" and "gloo" in f["cause"] for f in lost)
+    rows = rows_of(report(directory))
+    assert rows["nccl_remote"][0].startswith("  A peer rank failed (gloo connection lost) [nccl_remote] ")
+    assert "gloo's connection to another rank" in rows["nccl_remote"][1]
+    # The alert the console raises for it (the same Finding the Logs pane feeds the alert engine).
+    run = diagnose_run([str(directory)], _decoded_lines)
+    finding = next(f for f in run.diagnosis.findings if f.category == "nccl_remote" and "gloo" in f.excerpt)
+    (event,) = AlertEngine([]).observe_finding(finding, "local", 0.0)
+    assert event.rule == "finding.nccl_remote"  # the id users' hooks and silences know
+    assert event.message.startswith("A peer rank failed (gloo connection lost) (rank 0): RuntimeError: ")
 
 
 def test_a_collective_size_mismatch_is_the_codes_error_with_a_remedy_that_fits(runs):

@@ -187,7 +187,7 @@ def test_report_gives_the_runs_one_verdict_then_each_logs_findings(tmp_path):
         < section.index("### %s (rank 1)" % rank1)
     )
     rank1_part = section.split("### %s (rank 1)" % rank1, 1)[1]
-    assert "**A peer rank failed (remote error)** (nccl_remote, error; 1 line, first at line 11)" in rank1_part
+    assert "**A peer rank failed (gloo connection lost)** (nccl_remote, error; 1 line, first at line 11)" in rank1_part
     assert "Connection closed by peer" in rank1_part
     assert "rank 1 said a peer closed its connection: consequences, not the cause" in section
     assert {k: findings["run"][k] for k in ("root_cause", "rank", "line")} == {

@@ -41,6 +41,8 @@ from opsconsole.diagnosis.finding import Finding
 from opsconsole.diagnosis.knowledge import (
     CATEGORIES,
     COLLECTIVE_MISMATCH_REMEDY,
+    GLOO_PEER_LOST_CAUSE,
+    GLOO_PEER_LOST_TITLE,
     GLOO_TIMEOUT_CAUSE,
     GLOO_TIMEOUT_REMEDY,
     GLOO_TIMEOUT_TITLE,
@@ -718,6 +720,8 @@ class Diagnoser:
                 cause = HOST_OOM_SEEN_CAUSE
         elif category == "nccl_timeout" and _GLOO.search(body):  # gloo's timeout: not NCCL's watchdog or variables
             title, cause, remedy = GLOO_TIMEOUT_TITLE, GLOO_TIMEOUT_CAUSE, GLOO_TIMEOUT_REMEDY
+        elif category == "nccl_remote" and "gloo" in body:  # gloo's lost connection: the same category, gloo's words
+            title, cause = GLOO_PEER_LOST_TITLE, GLOO_PEER_LOST_CAUSE
         elif category == "io_error" and _MISSING_PATH.search(body):  # the job's path before the storage
             remedy = MISSING_PATH_REMEDY + " Then: " + remedy
         elif "NVRM: Xid" in body:  # NVIDIA's catalog: what this Xid means and the action it calls for
@@ -878,7 +882,12 @@ class Diagnoser:
         aggregate = self._aggregates.get(finding.category)
         if aggregate is None:
             aggregate = self._aggregates[finding.category] = _Aggregate(first=finding, last=finding, best=finding)
-        elif aggregate.best.weak and not finding.weak:
+        elif (aggregate.best.weak and not finding.weak) or (
+            finding.category == "nccl_remote"
+            and finding.title != aggregate.best.title
+            and aggregate.best.title == CATEGORIES[finding.category].title
+            and aggregate.best.weak == finding.weak
+        ):  # direct evidence; of a peer's loss, a line in its own words (gloo's) over the category's generic title
             aggregate.best = finding
         aggregate.count += 1
         if _time_key(finding) < _time_key(aggregate.first):
@@ -1090,7 +1099,9 @@ class Diagnoser:
             rows.append(
                 FindingSummary(
                     category=category,
-                    title=best.title if category in ("nccl_timeout", CRASHED, "host_oom") else entry.title,
+                    title=best.title
+                    if category in ("nccl_timeout", CRASHED, "host_oom", "nccl_remote")
+                    else entry.title,
                     severity=best.severity,
                     cause=cause,
                     remedy=best.remedy,

@@ -294,6 +294,16 @@ GLOO_TIMEOUT_REMEDY = (
     "(init_process_group(timeout=...)) only for legitimately long steps such as saving."
 )
 
+# gloo's lost connection ("[.../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer", "Read
+# error ...: Connection reset by peer"): the peer-lost category (id nccl_remote, kept: JSON, alert rules
+# "finding.nccl_remote" and recordings name it) in gloo's words, not NCCL's.
+GLOO_PEER_LOST_TITLE = "A peer rank failed (gloo connection lost)"
+GLOO_PEER_LOST_CAUSE = (
+    "gloo's connection to another rank of the job was closed or reset (gloo's transport, not NCCL): that process "
+    "exited, crashed or was killed, or stopped after its own failure; this rank's error is a consequence, the "
+    "cause is in the failing rank's log."
+)
+
 # A process killed by SIGKILL with no OOM-killer line in the logs: the OOM killer is one sender, not the only one.
 SIGKILL_TITLE = "Killed by SIGKILL (no OOM-killer line seen)"
 SIGKILL_CAUSE = (
