@@ -73,7 +73,9 @@ def make_reader(replay: ReplayNvml, slow_every: int = 5, **kwargs) -> GpuReader:
 
 def test_recorded_h200_values_come_through_in_their_units():
     replay = ReplayNvml()
-    reading = make_reader(replay).read()
+    reader = make_reader(replay)
+    assert reader.read().gpus[0].pcie_tx_kbs is None  # the PCIe rates come with the second reading
+    reading = reader.read()
     assert reading.source == "nvml" and reading.note is None and reading.errors == ()
     assert reading.driver_version == load_capture()["driver"]
     (gpu,) = reading.gpus
@@ -372,21 +374,46 @@ def test_pcie_rates_come_from_byte_counters_when_the_gpu_has_them():
     now = [100.0]
     reader.clock = lambda: now[0]
     first = reader.read().gpus[0]
-    assert first.pcie_tx_kbs == RECORDED["pcie_tx_kbs"]  # no previous counters: the sampling call
+    # No previous counters: unknown, rather than 2 x 20 ms of the sampling call on the first reading.
+    assert (first.pcie_tx_kbs, first.pcie_rx_kbs) == (None, None) and first.errors == ()
     replay.pcie_counters[0] = (tx0 + 4 * 1024 * 1000, rx0 + 2 * 1024 * 1000)
     now[0] += 2.0
     second = reader.read().gpus[0]
     assert (second.pcie_tx_kbs, second.pcie_rx_kbs) == (2000, 1000)
-    assert replay.count("nvmlDeviceGetPcieThroughput") == 2  # TX and RX once, at the first read
+    assert replay.count("nvmlDeviceGetPcieThroughput") == 0  # never the sampling call
+
+
+def test_the_first_readings_pcie_rates_come_with_the_next_read_not_the_next_slow_tick():
+    tx0, rx0 = 10_000_000, 20_000_000
+    replay = ReplayNvml(pcie_counters={0: (tx0, rx0)})
+    reader = make_reader(replay, slow_every=5)
+    now = [100.0]
+    reader.clock = lambda: now[0]
+    first = reader.read().gpus[0]
+    assert first.pcie_tx_kbs is None and first.pcie_gen == RECORDED["pcie_gen"]  # the slow tier's link is read
+    replay.pcie_counters[0] = (tx0 + 1024 * 1000, rx0)
+    now[0] += 1.0
+    second = reader.read().gpus[0]  # tick 2: not a slow tick
+    assert (second.pcie_tx_kbs, second.pcie_rx_kbs) == (1000, 0)
+    assert second.pcie_gen == first.pcie_gen and second.ecc_enabled == first.ecc_enabled  # slow values kept
+    replay.pcie_counters[0] = (tx0 + 9 * 1024 * 1000, rx0)
+    now[0] += 1.0
+    third = reader.read().gpus[0]  # tick 3: the rates of tick 2 stay until the next slow tick
+    assert third.pcie_tx_kbs == 1000
+    assert replay.count("nvmlDeviceGetFieldValues") == 2  # the first reading and tick 2 only
+    assert replay.count("nvmlDeviceGetPcieThroughput") == 0
 
 
 def test_pcie_rates_use_the_sampling_call_without_counters():
     replay = ReplayNvml()
     reader = make_reader(replay, slow_every=1)
-    reader.read()
+    first = reader.read().gpus[0]
+    assert first.pcie_tx_kbs is None  # the first reading does not wait for the 20 ms windows
+    second = reader.read().gpus[0]
+    assert second.pcie_tx_kbs == RECORDED["pcie_tx_kbs"]
     reader.read()
     assert replay.count("nvmlDeviceGetFieldValues") == 1  # tried once, unsupported, not again
-    # TX on both reads; RX was not recorded (NotSupported in the replay), so asked once only.
+    # TX on the second and third reads; RX was not recorded (NotSupported in the replay), so asked once only.
     assert replay.count("nvmlDeviceGetPcieThroughput") == 3
 
 
