@@ -567,7 +567,9 @@ SIGNATURES: Tuple[Signature, ...] = (
     # --- storage -------------------------------------------------------------------------------------
     _sig(
         "disk_full",
-        r"[Nn]o space left on device|Errno 28\]|ENOSPC|[Dd]isk quota exceeded|Errno 122\]"
+        # The message itself, not prose about it: "No space left on device would abort; 120 GiB free" (a pre-flight
+        # check saying what it guards against) goes on with a modal verb where the error's text ends or gives its code.
+        r"[Nn]o space left on device(?!\s+(?:would|will|could|can|may|might|should|shall)\b)|Errno 28\]|ENOSPC|[Dd]isk quota exceeded|Errno 122\]"
         r"|\d+ requested and \d+ written|Wrote only \d+ of \d+ bytes|write error: wrote \d+ blocks instead of \d+"
         r"|장치에 남은 공간이 없음"
         r"|Não há espaço disponível no dispositivo|Spazio esaurito sul device|Brak miejsca na urządzeniu"
