@@ -2,6 +2,12 @@
 
 Everything is best effort with a time limit per node: what fails is written into the
 report's errors, never raised, so a report of a broken cluster still gets made.
+
+Commands and log reads go only where a node's own link says its commands run: this machine for
+the local node, the node's SSH connection otherwise. A replay's nodes happened elsewhere or long
+ago, and a node without a command channel has none: nothing is read for them here (this
+machine's `nvidia-smi -q` and log files under a replayed node's name would describe another
+machine).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import os
 import shutil
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from opsconsole.nodes.base import COMMANDS_SSH, command_channel, is_replayed
 from opsconsole.report.builder import LOG_TAIL_LINES, ReportInputs
 
 SMI_TIMEOUT_S = 20.0
@@ -153,9 +160,17 @@ async def gather(config, fleet=None, timeout: float = 10.0, health: Optional[Seq
     tails: Dict[Tuple[str, str], List[str]] = {}
     smi: Dict[str, str] = {}
     try:
-        for node in config.nodes:
+        if is_replayed(fleet):
+            problems.append(
+                "a replay of a recording: nothing collected from the nodes (no log tail, no nvidia-smi -q); "
+                "the report holds what the recording holds"
+            )
+        for node in config.nodes if not is_replayed(fleet) else ():
             state = states.get(node.name)
             link = None if node.local else _link(fleet, node.name)
+            if not node.local and (is_replayed(link) or command_channel(link) != COMMANDS_SSH):
+                problems.append("%s: no command channel to the node: nothing collected from it" % node.name)
+                continue
             if state is not None and not state.is_live and not node.local:
                 problems.append("%s: %s (%s): nothing collected from it" % (node.name, state.state, state.reason or ""))
                 continue
