@@ -108,7 +108,7 @@ class LogFeed:
         """Whether `line` was written before the console started: it was in a file's last page read at
         the start, or its timestamp (its own, or the record above it) is older than the start. Its
         findings are listed as earlier, not fired as new alerts."""
-        if self._reading_backlog:
+        if self._reading_backlog or line.earlier:
             return True
         started = self.started_at
         return started is not None and line.time is not None and line.time < started - BEFORE_START_SLACK_S
@@ -148,7 +148,8 @@ class LogFeed:
         """Give a line without a timestamp its predecessor's time in its source (a traceback's lines
         take the time of the record above them), or its arrival time; findings then say when. A line read
         from the files' last pages at the start with no stamped line above it keeps no time: it was written
-        at some time before the start, not when the console started."""
+        at some time before the start, not when the console started; so does a line of a remote node's first read
+        of a file (LogLine.earlier: its last page, which arrives once the node's follower runs)."""
         timed: List[LogLine] = []
         source: Any = None
         key = ""
@@ -158,7 +159,7 @@ class LogFeed:
             when = line.time
             if when is None:
                 when = self._last_time.get(key)
-                if when is None and self._reading_backlog:
+                if when is None and (self._reading_backlog or line.earlier):
                     # Already in the file at the start, with no stamped line above it: when it was written is
                     # not known (it is not the console's start time); its findings are "before start".
                     timed.append(line)

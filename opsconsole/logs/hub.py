@@ -15,6 +15,7 @@ from opsconsole.logs.index import LineIndex, read_last_lines
 from opsconsole.logs.names import label_source, parse_line
 from opsconsole.logs.records import TRUNCATED_MARKER, LogLine, LogSource
 from opsconsole.logs.remote import RemoteFollower, remote_older
+from opsconsole.model import replace_decoded
 from opsconsole.probe.filetail import FileTail
 
 OnLines = Callable[[Sequence[LogLine]], None]
@@ -390,12 +391,15 @@ class LogHub:
 
     # --- remote -----------------------------------------------------------------------------------------
 
-    def _remote_lines(self, node: str) -> Callable[[str, List[list]], None]:
-        def on_lines(path: str, records: List[list]) -> None:
+    def _remote_lines(self, node: str) -> Callable[[str, List[list], int], None]:
+        def on_lines(path: str, records: List[list], earlier: int = 0) -> None:
             key = node + ":" + path
             source = self._sources.get(key)
             if source is None:
                 source = self._sources[key] = label_source(node, path)
-            self._hand_on([make_line(source, *record) for record in records])
+            lines = [make_line(source, *record) for record in records]
+            if earlier:  # the file's last page at start-up, as the local ones are read within start()
+                lines[:earlier] = [replace_decoded(line, {"earlier": True}) for line in lines[:earlier]]
+            self._hand_on(lines)
 
         return on_lines

@@ -37,3 +37,6 @@ class LogLine:
     level: Optional[str] = None  # "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL" when recognised
     rank: Optional[int] = None  # from the source name, or a "[rank3]:" prefix inside the line
     truncated: bool = False  # the line was longer than MAX_LINE_BYTES
+    # In the file when following began (its last page read at the start, a remote node's too): written before
+    # the console started, at a time its text may not say.
+    earlier: bool = False

@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from opsconsole.probe import filetail
 
-RemoteLines = Callable[[str, List[list]], None]  # (path, [[offset, number, text, truncated], ...])
+# (path, [[offset, number, text, truncated], ...], how many of the first were in the file when following began)
+RemoteLines = Callable[[str, List[list], int], None]
 RECONNECT_DELAY_S = 1.0
 
 
@@ -115,7 +116,8 @@ class RemoteFollower:
         if "l" in record:
             path = record["p"]
             self.state[path] = record["r"]
-            self.on_lines(path, record["l"])
+            earlier = record.get("b", 0)
+            self.on_lines(path, record["l"], earlier if type(earlier) is int else 0)
         elif "new" in record:
             if record["new"] not in self.paths:
                 self.paths.append(record["new"])

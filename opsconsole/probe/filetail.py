@@ -147,6 +147,9 @@ class FileTail(object):
         self.mtime_seen = None
         self.error = None  # the last reason this file could not be read, e.g. "permission denied"
         self.events = []  # ("rotated" | "truncated", offset) since the caller last looked
+        # A file open at start-up: its size then. Lines before it were written before following began (their
+        # findings are "earlier"); None once they were delivered, or for a file that appeared later.
+        self.backlog_end = None
 
     # --- state the caller keeps to resume elsewhere -------------------------------------------------
 
@@ -332,11 +335,20 @@ def _emit(record):
 
 def _lines_record(path, tail, lines):
     offset, number, inode, fingerprint = tail.resume_state()
-    return {
+    record = {
         "p": path,
         "l": [[o, n, raw.decode("utf-8", "replace"), t] for o, n, raw, t in lines],
         "r": [offset, number, inode, fingerprint.hex()],
     }
+    end = tail.backlog_end
+    if end is not None:
+        # "b": how many of the first lines were in the file when following began (its last page at start-up).
+        earlier = sum(1 for line in lines if line[0] < end)
+        if earlier:
+            record["b"] = earlier
+        if earlier < len(lines) or offset >= end:
+            tail.backlog_end = None
+    return record
 
 
 def start_tail(path, initial, count_limit=COUNT_LINES_LIMIT):
@@ -356,11 +368,13 @@ def start_tail(path, initial, count_limit=COUNT_LINES_LIMIT):
         size = os.fstat(fd).st_size
         start = last_page_start(fd, size)
         if start == 0:
-            return FileTail(path)
-        known = size <= count_limit
-        tail = FileTail(path, offset=start, base_known=known)
-        if known:
-            tail.base = count_lines_before(fd, start)
+            tail = FileTail(path)
+        else:
+            known = size <= count_limit
+            tail = FileTail(path, offset=start, base_known=known)
+            if known:
+                tail.base = count_lines_before(fd, start)
+        tail.backlog_end = size if size else None
         return tail
     finally:
         os.close(fd)
@@ -431,6 +445,7 @@ def remote_follow(spec):
                 for kind, offset in tail.events:
                     _emit({"e": path, "kind": kind})
                 tail.events = []
+                tail.backlog_end = None  # rotated or truncated: its offsets are another file's
             if reported.get(path, "") != tail.error:
                 reported[path] = tail.error
                 _emit({"x": path, "why": tail.error})
