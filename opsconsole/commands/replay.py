@@ -42,6 +42,9 @@ def command_replay(args: argparse.Namespace) -> int:
             raise UsageError(printable_line("--at %s" % exc)) from None
     config = console_theme(config_from_args(args), args)
     config = replace(config, console=replace(config.console, read_only=True))  # nothing to act on in the past
+    # The alert hook runs a command outside the console (a pager, a chat webhook): a replayed alert
+    # happened in the past, and replaying an incident must not page anyone again. Shown, not sent.
+    config = replace(config, alerting=replace(config.alerting, hook=()))
     try:
         fleet = ReplayFleet(args.file)
     except RecordingError as exc:
