@@ -7,7 +7,8 @@ are sizes per second, `12 MiB/s`; durations are at most two units run together, 
 A reading and its ceiling share one unit after both: memory `21.0/140.4 GiB`, power
 `633/700 W`, temperature `62/89°C`. Percentages are whole, `7%`,
 `101%` (a tenth only below ten, `0.5%`); temperatures `62°C`; power `633 W`; clocks
-`1980 MHz`; latencies `12 ms`. Whole numbers are rounded, never truncated, so a pane that
+`1980 MHz`; latencies `12 ms`; losses and metrics four significant digits, trailing zeros kept,
+`0.009900` beside `0.01000`. Whole numbers are rounded, never truncated, so a pane that
 shows a reading and one that shows it beside its limit say the same number.
 
 Stdlib only and Python 3.6 syntax, so anything (the probe included) may import it; a
@@ -196,3 +197,20 @@ def format_frame_age(seconds: Optional[float]) -> str:
     if seconds < 10:
         return "%.1fs" % max(0.0, seconds)
     return format_duration(seconds)
+
+
+METRIC_DIGITS = 4  # significant digits of a loss or metric: enough to tell two checkpoints apart
+
+
+def format_metric(value: Optional[float], missing: str = NA) -> str:
+    """A loss or metric: `0.009900`, `0.01000`, `2.346`, `1234`, `1.235e+04`, `3.000e-05`; a whole-number
+    metric as it is (`100`); `nan`, `inf`. Four significant digits and the zeros among them kept, so values
+    side by side read alike (`%.4g` printed `0.0099` beside `0.01`, and the details `%.6g` another)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return missing
+    if isinstance(value, int):
+        return "%d" % value
+    if not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    text = "%#.*g" % (METRIC_DIGITS, value)
+    return text[:-1] if text.endswith(".") else text  # `1234.`: the point alone says nothing

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -81,7 +83,7 @@ async def test_list_markers_detail_view_and_sort(tmp_path, seed):
         best = cells(pane, "checkpoint_best.pt")
         assert best["marks"] == "best" and best["series"] == "not managed"
         assert best["note"] == "CheckpointManager's copy: not part of the epoch series"
-        assert cells(pane, "checkpoint_epoch_1.pt")["loss"] == "0.5 ★"  # the lowest loss is marked
+        assert cells(pane, "checkpoint_epoch_1.pt")["loss"] == "0.5000 ★"  # the lowest loss is marked
         dirs = pane.dir_table.table
         # The directory's count and size are its managed units' (5 epochs), not the best copy's too.
         assert dirs.row_count == 2 and [str(c) for c in dirs.get_row_at(0)][2] == "5"
@@ -128,6 +130,44 @@ async def test_list_markers_detail_view_and_sort(tmp_path, seed):
         await pilot.press("d")
         await wait_for(lambda: pane.checkpoint_table.table.row_count == 0, "the empty directory", pilot=pilot)
         assert str(empty) in str(pane.status.render())
+
+
+async def test_losses_read_alike_in_the_pane_its_details_and_the_listing(tmp_path):
+    """`0.0099` (`%.4g`) printed beside `0.01` in the pane and the listing, the details `%.6g`: one spelling
+    everywhere now, four significant digits with their zeros (units.format_metric)."""
+    root = tmp_path / "ckpts"
+    write_seed_layout(root, losses=(0.0099, 0.01, 0.012345))
+    listing = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "checkpoints", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(Path(__file__).resolve().parents[1]),
+    )
+    assert listing.returncode == 0, listing.stderr
+    listed = {line.split()[0]: line.split() for line in listing.stdout.splitlines()[1:-1]}
+    assert "0.009900*" in listed["checkpoint_epoch_0.pt"] and "0.01000" in listed["checkpoint_epoch_1.pt"], (
+        listing.stdout
+    )
+    assert "0.01235" in listed["checkpoint_epoch_2.pt"], listing.stdout
+    app = make_app(tmp_path, root)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        pane = app.panes["checkpoints"]
+        await wait_for(lambda: pane.checkpoint_table.table.row_count == 4, "the scan to list 4 units", pilot=pilot)
+        assert cells(pane, "checkpoint_epoch_0.pt")["loss"] == "0.009900 ★"
+        assert cells(pane, "checkpoint_epoch_1.pt")["loss"] == "0.01000"
+        assert cells(pane, "checkpoint_epoch_2.pt")["loss"] == "0.01235"
+        pane.checkpoint_table.table.move_cursor(row=names_in_order(pane).index("checkpoint_epoch_1.pt"))
+        await pilot.press("enter")
+        await wait_for(
+            lambda: isinstance(app.screen, CheckpointDetailScreen) and app.screen.is_mounted,
+            "the detail view",
+            pilot=pilot,
+        )
+        body = app.screen.body.plain
+        assert "Loss              0.01000\n" in body, body
+        assert "Metric acc        0.5100\n" in body, body  # the CheckpointManager's metrics: the same spelling
 
 
 async def test_crc_check_runs_in_a_worker_and_marks_the_row(tmp_path, seed):

@@ -146,3 +146,26 @@ def test_a_reading_beside_its_limit_keeps_the_decimals_that_tell_them_apart():
     assert units.format_temperature(91.0, limit=85) == "91°C"
     assert units.format_power(700.4, limit=700) == "700.4 W"
     assert units.format_power(650.4, limit=700) == "650 W"
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (0.0099, "0.009900"),  # beside 0.01: four significant digits each, the zeros among them kept
+        (0.01, "0.01000"),
+        (0.012345, "0.01235"),
+        (2.3456789, "2.346"),
+        (0.5, "0.5000"),
+        (1234.5, "1234"),  # no bare point
+        (12345.6, "1.235e+04"),
+        (3e-5, "3.000e-05"),
+        (-0.5, "-0.5000"),
+        (100, "100"),  # a whole-number metric (eval_samples) as it is
+        (float("nan"), "nan"),
+        (float("inf"), "inf"),
+        (None, "N/A"),
+        (True, "N/A"),
+    ],
+)
+def test_losses_and_metrics(value, text):
+    assert units.format_metric(value) == text

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from opsconsole.checkpoints.records import BROKEN, FORMAT_HF, CheckpointEntry
+from opsconsole.units import format_metric
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,8 @@ def _doubt(claimant: CheckpointEntry, named: CheckpointEntry) -> Optional[str]:
     if claimed is not None and own.best_loss != claimed:
         return "its own trainer_state.json (%s) records best_metric %s, not the %s %s records" % (
             when,
-            "none" if own.best_loss is None else "%.6g" % own.best_loss,
-            "%.6g" % claimed,
+            format_metric(own.best_loss, "none"),
+            format_metric(claimed),
             claimant.name,
         )
     return None

@@ -52,6 +52,7 @@ from opsconsole.checkpoints.records import (
     StateDictSummary,
 )
 from opsconsole.checkpoints.worker import read_checkpoint_file, read_dcp_metadata
+from opsconsole.units import format_metric
 
 GROWING_S = 600.0  # a truncated file modified this recently is probably still being written
 # What is read of files changed this recently is not kept in memory either (proofs.RACY_S, git's
@@ -855,7 +856,7 @@ def _scan_directory(
             base = layouts.basename_of_recorded(state.best_model_path)
             if base in entries:
                 best.add(base)
-                score = "" if state.best_model_score is None else ", score %.6g" % state.best_model_score
+                score = "" if state.best_model_score is None else ", score " + format_metric(state.best_model_score)
                 protect(base, "best (%s%s, as %s records)" % (what, score, source))
             for path, _ in state.best_k_models:
                 base = layouts.basename_of_recorded(path)

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, List, Optional, Tuple
 
 from opsconsole.sanitize import printable_json, printable_line
+from opsconsole.units import format_metric
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -148,7 +149,7 @@ def marks(entry: Any) -> str:
 def loss_text(entry: Any) -> str:
     if entry.meta.loss is None:
         return "-"
-    return "%.4g%s" % (entry.meta.loss, "*" if entry.lowest_loss else "")
+    return format_metric(entry.meta.loss) + ("*" if entry.lowest_loss else "")
 
 
 def format_table(rows: List[Tuple[str, ...]]) -> str:

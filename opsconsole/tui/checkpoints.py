@@ -62,7 +62,7 @@ from opsconsole.config import CheckpointDirConfig
 from opsconsole.fleet_view import FilterFields, filter_rows
 from opsconsole.model import STATE_FALLBACK, STATE_STALE, STATE_UP
 from opsconsole.tui.action_flow import ActionKeys, action_bindings
-from opsconsole.tui.formatting import NA, format_age, format_bytes, printable, printable_text, shorten
+from opsconsole.tui.formatting import NA, format_age, format_bytes, format_metric, printable, printable_text, shorten
 from opsconsole.tui.table_diff import TableRow
 from opsconsole.tui.table_pane import Column, SortedTable, TablePane
 
@@ -257,7 +257,7 @@ def series_cell(entry: CheckpointEntry) -> Text:
 def loss_cell(entry: CheckpointEntry) -> Text:
     if entry.meta.loss is None:
         return Text(NA, style="dim", end="")
-    text = "%.4g" % entry.meta.loss
+    text = format_metric(entry.meta.loss)
     if entry.lowest_loss:
         return Text(text + " ★", style="bold green", end="")
     return Text(text, end="")
@@ -362,11 +362,11 @@ def detail_text(entry: CheckpointEntry, now: float) -> Text:
         row("", "… and %d more" % (len(entry.members) - MAX_DETAIL_LINES), "dim")
     row("Epoch", NA if meta.epoch is None else meta.epoch)
     row("Step", NA if meta.step is None else meta.step)
-    row("Loss", NA if meta.loss is None else "%.6g" % meta.loss)
-    row("Best loss", NA if meta.best_loss is None else "%.6g" % meta.best_loss)
+    row("Loss", format_metric(meta.loss))
+    row("Best loss", format_metric(meta.best_loss))
     row("Timestamp", meta.timestamp or NA)
     for key, value in meta.metrics:
-        row("Metric " + key, "%.6g" % value if isinstance(value, float) else value)
+        row("Metric " + key, value if isinstance(value, str) else format_metric(value))
     if meta.state_dict is not None:
         sd = meta.state_dict
         dtypes = ", ".join("%s ×%d" % (d, n) for d, n in sd.dtypes) or NA

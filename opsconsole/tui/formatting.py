@@ -37,6 +37,7 @@ from opsconsole.units import (  # noqa: F401
     format_duration,
     format_frame_age,
     format_memory_pair,
+    format_metric,
     format_ms,
     format_pcie_link,
     format_percent,
