@@ -7,7 +7,8 @@ that stops reporting keeps its alerts as they are: no reading is not a recovery.
 An alert (rule, node, GPU) can be acknowledged (until it is un-acknowledged) or silenced until a
 time: its events are still kept and listed, but are not announced (toast, bell, hook) and do not
 count in the header. Findings from log lines written before the console started ("earlier") are
-listed the same way: an old log file does not re-fire its alerts at every start.
+listed the same way: an old log file does not re-fire its alerts at every start. A finding's alert resolves when
+the exception it reported is later shown handled (its rank went on training after it: withdraw_finding).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ EVENT_FIRING = "firing"
 EVENT_RESOLVED = "resolved"
 
 _HEALTH_SEVERITY = {"fail": "critical", "error": "warning"}
+MAX_STANDING_FINDINGS = 10_000  # findings of one category on one node followed for withdrawal, one by one
 
 
 @frozen
@@ -100,6 +102,9 @@ class AlertEngine:
         self._health: Dict[Tuple[str, str, Optional[int]], str] = {}
         self._findings: Dict[Tuple[str, str, Optional[str]], int] = {}
         self._earlier_findings: Set[Tuple[str, str, Optional[str]]] = set()
+        # (node, category) -> the (source, line) of its findings fired on and not shown handled since: its alert is
+        # withdrawn when the last of them is (withdraw_finding)
+        self._standing: Dict[Tuple[str, str], Set[Tuple[Optional[str], int]]] = {}
         self.acknowledged: Set[AlertKey] = set()
         self.silenced: Dict[AlertKey, float] = {}  # key -> silenced until (epoch seconds)
         self.clock: Callable[[], float] = time.time  # the console sets its own (a replay's clock)
@@ -233,6 +238,11 @@ class AlertEngine:
             )
         seen = self._findings.get(key, 0)
         self._findings[key] = seen + 1
+        standing = self._standing.setdefault((node, finding.category), set())
+        if len(standing) < MAX_STANDING_FINDINGS:
+            standing.add((finding.source, finding.line))
+        else:
+            standing.add((None, -1))  # too many to follow one by one: never withdrawn
         if seen:
             return []
         return self._record(
@@ -244,6 +254,42 @@ class AlertEngine:
                     EVENT_FIRING,
                     finding.severity,
                     "%s%s: %s" % (finding.title, where, finding.excerpt[:200]),
+                )
+            ]
+        )
+
+    def withdraw_finding(self, finding, node: str, now: float) -> List[AlertEvent]:
+        """A finding shown handled after it fired (its rank logged further training steps, or a library said it
+        recovered: Diagnoser.handled()): once no other finding of its category on `node` stands, its alert
+        resolves ("handled"), and a later finding of the category fires again. A finding listed as earlier, or one
+        never fired on, withdraws nothing."""
+        category = finding.category
+        standing = self._standing.get((node, category))
+        if not standing or (finding.source, finding.line) not in standing:
+            return []
+        standing.discard((finding.source, finding.line))
+        if standing:
+            return []
+        del self._standing[(node, category)]
+        for key in [key for key in self._findings if key[0] == node and key[1] == category]:
+            del self._findings[key]
+        rule = "finding." + category
+        latest = next(
+            (event for event in reversed(self.history) if event.key == (rule, node, None) and not event.earlier), None
+        )
+        if latest is None or latest.state != EVENT_FIRING:
+            return []
+        where = "" if finding.rank is None else " (rank %d)" % finding.rank
+        told = " (%s)" % finding.handled_by[:200] if finding.handled_by else ""
+        return self._record(
+            [
+                AlertEvent(
+                    now,
+                    rule,
+                    node,
+                    EVENT_RESOLVED,
+                    finding.severity,
+                    "%s%s: handled, the rank went on after it%s" % (finding.title, where, told),
                 )
             ]
         )
@@ -262,8 +308,7 @@ class AlertEngine:
         for event in self.history:
             if not event.earlier:
                 latest[event.key] = event
-        live = [e for e in latest.values() if e.state == EVENT_FIRING and not e.rule.startswith("finding.")]
-        live += [e for e in latest.values() if e.rule.startswith("finding.")]
+        live = [e for e in latest.values() if e.state == EVENT_FIRING]  # a finding's resolves once shown handled
         return sorted(live, key=lambda e: e.time, reverse=True)
 
     def counts(self) -> Dict[str, int]:

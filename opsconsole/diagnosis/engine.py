@@ -868,6 +868,10 @@ class Diagnoser:
                 self._record(finding)
         return changed + handled
 
+    def handled_since(self, count: int) -> List[Finding]:
+        """The handled exceptions after the first `count` (the console's feed withdraws their alerts)."""
+        return self._handled[count:]
+
     def handled(self) -> List[Finding]:
         """Exceptions (an app_error, a CUDA OOM, any traceback's) after which the same rank went on logging training
         steps, or that a library said it recovered from: logged and caught. Each names the line in handled_by."""

@@ -76,6 +76,7 @@ class LogFeed:
         deliver_findings: Deliver,
         progress: ProgressWatch,
         precedence: Optional[Precedence] = None,
+        deliver_handled: Optional[Callable[[List[Any]], None]] = None,
     ) -> None:
         self.hub = hub
         self.diagnoser = diagnoser
@@ -94,6 +95,10 @@ class LogFeed:
         # earliest of those written since; the root cause the pane shows is taken from these (summary()).
         self._earlier: Dict[str, Optional[float]] = {}
         self._live: Dict[str, float] = {}
+        # Findings the diagnosis later showed handled (the rank went on training after the exception) go to
+        # deliver_handled, which withdraws their alerts; how many were handed on so far.
+        self.deliver_handled = deliver_handled
+        self._handled_seen = 0
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -136,6 +141,20 @@ class LogFeed:
         if any(finding is not None for finding in findings):
             self._note_when(lines, findings)
             self.deliver_findings(lines, findings)
+        self._hand_on_handled()
+
+    def _hand_on_handled(self) -> None:
+        """Findings shown handled since the last batch (a step after an exception): the list and alerts drop them."""
+        since = getattr(self.diagnoser, "handled_since", None)
+        if since is None:
+            return
+        handled = since(self._handled_seen)
+        if not handled:
+            return
+        self._handled_seen += len(handled)
+        self.findings_version += 1  # the findings list redraws without them
+        if self.deliver_handled is not None:
+            self.deliver_handled(list(handled))
 
     def check_progress(self, states: Mapping[str, NodeState]) -> List[Tuple[Any, str]]:
         """Hangs and stragglers as of now (RunProgress): the (finding, node) that are new."""

@@ -99,6 +99,16 @@ def deliver_findings_to(app: Any, pane: "LogsPane", lines: Sequence[LogLine], fi
             services.observe_finding(finding, line.source.node, earlier=earlier)
 
 
+def deliver_handled_to(app: Any, handled: List[Any]) -> None:
+    """Findings later shown handled (their rank went on training): their alerts are withdrawn."""
+    services = getattr(app, "services", None)
+    if services is None:
+        return
+    for finding in handled:
+        node = (finding.source or "").partition(":")[0]  # LogSource.key: "node:path"
+        services.withdraw_finding(finding, node)
+
+
 async def start_log_feed(app: Any) -> Optional[LogFeed]:
     """Start following `app.config.logs.paths` into the Logs pane (None when there are none, or it cannot start)."""
     if not (app.config.logs.paths or app.config.logs.node_paths):
@@ -118,6 +128,7 @@ async def start_log_feed(app: Any) -> Optional[LogFeed]:
             partial(deliver_findings_to, app, pane),
             progress=RunProgress(stall_after_from(app.config)),
             precedence=precedence,
+            deliver_handled=partial(deliver_handled_to, app),
         )
         pane.feed = feed
         await feed.start()

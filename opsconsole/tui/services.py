@@ -87,6 +87,11 @@ class ConsoleServices:
 
             self.recorder.event("finding", node, to_wire(finding), t=self.now())
 
+    def withdraw_finding(self, finding, node: str) -> None:
+        """A finding later shown handled (its rank went on training after the exception): its alert resolves."""
+        for event in self.alerts.withdraw_finding(finding, node, self.now()):
+            self.fire(event)
+
     def fire(self, event: AlertEvent) -> None:
         if self.recorder is not None:
             self.recorder.event("alert", event.node, event.to_json(), t=event.time)
