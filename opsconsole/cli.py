@@ -6,7 +6,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, cast
 
 from opsconsole import __version__, launch_gc
 from opsconsole.commands._arguments import (  # noqa: F401 (main and the tests use them from here)
@@ -248,13 +248,22 @@ def command_console(args: argparse.Namespace) -> int:
 
 async def take_snapshot(config: Config, timeout: float, follower=None) -> List[NodeState]:
     """One poll of every node of `config` (sources limited to a Slurm job's nodes), links closed afterwards."""
+    states, _sources = await take_snapshot_with_sources(config, timeout, follower)
+    return states
+
+
+async def take_snapshot_with_sources(
+    config: Config, timeout: float, follower=None
+) -> Tuple[List[NodeState], List[Any]]:
+    """take_snapshot's states, and each source's status after the poll (what Prometheus said, or why not)."""
     from opsconsole.sources import fleet_with_sources
 
     fleet = fleet_with_sources(config)
     if follower is not None:
         fleet.follow_slurm(follower)
     try:
-        return await fleet.snapshot(timeout)
+        states = await fleet.snapshot(timeout)
+        return states, fleet.source_statuses()
     finally:
         await fleet.stop()
 
@@ -264,8 +273,13 @@ def command_snapshot(args: argparse.Namespace) -> int:
     from opsconsole.snapshot_format import snapshot_json, snapshot_table
 
     config = config_from_args(args)
-    states = run_without_joining_threads(take_snapshot(config, args.timeout, slurm_follower(args)))
-    text = snapshot_json(states) if args.json else snapshot_table(states)
+    states, sources = cast(
+        Tuple[List[NodeState], List[Any]],
+        run_without_joining_threads(take_snapshot_with_sources(config, args.timeout, slurm_follower(args))),
+    )
+    # A source's state goes with the nodes: an unreachable Prometheus reports no node at all, and
+    # printed nothing (or {"nodes": []}) with exit 0, as if the cluster were empty.
+    text = snapshot_json(states, sources=sources) if args.json else snapshot_table(states, sources=sources)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

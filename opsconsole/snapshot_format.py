@@ -57,10 +57,38 @@ def node_document(state: NodeState, now: float) -> Dict[str, Any]:
     }
 
 
-def snapshot_document(states: Iterable[NodeState], now: Optional[float] = None) -> Dict[str, Any]:
-    """The whole `snapshot --json` document: `{"nodes": [...]}` in the order given, NaN and infinities as None."""
+def snapshot_document(
+    states: Iterable[NodeState], now: Optional[float] = None, sources: Sequence[Any] = ()
+) -> Dict[str, Any]:
+    """The whole `snapshot --json` document: `{"nodes": [...]}` in the order given, NaN and infinities as None;
+    with `"sources": [{"name", "url", "state", "reason", "nodes"}]` when the config has [[sources]]."""
     now = time.time() if now is None else now
-    return json_safe({"nodes": [node_document(state, now) for state in states]})
+    document: Dict[str, Any] = {"nodes": [node_document(state, now) for state in states]}
+    if sources:
+        document["sources"] = [source_document(source) for source in sources]
+    return json_safe(document)
+
+
+def source_document(status: Any) -> Dict[str, Any]:
+    """A source's status (sources.prometheus.SourceStatus) as `snapshot --json` gives it."""
+    return {
+        "name": status.name,
+        "url": status.url,
+        "state": status.state,
+        "reason": status.reason,
+        "nodes": status.nodes,
+    }
+
+
+def source_line(status: Any) -> str:
+    """`source up: prometheus (http://prom:9090), 12 nodes`, or with the reason it gives (naming itself):
+    `source down: prometheus http://prom:9090: unreachable: Connection refused`."""
+    if status.reason:
+        return printable_line("source %s: %s" % (status.state, status.reason))
+    return printable_line(
+        "source %s: %s (%s), %d node%s"
+        % (status.state, status.name, status.url, status.nodes, "" if status.nodes == 1 else "s")
+    )
 
 
 def json_safe(value: Any) -> Any:
@@ -79,9 +107,9 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def snapshot_json(states: Iterable[NodeState], now: Optional[float] = None) -> str:
+def snapshot_json(states: Iterable[NodeState], now: Optional[float] = None, sources: Sequence[Any] = ()) -> str:
     """`snapshot --json`'s text: standard JSON (no NaN), one document, a newline at the end."""
-    return json.dumps(snapshot_document(states, now), indent=2, allow_nan=False) + "\n"
+    return json.dumps(snapshot_document(states, now, sources), indent=2, allow_nan=False) + "\n"
 
 
 # --- text table ----------------------------------------------------------------
@@ -169,8 +197,8 @@ def format_node(state: NodeState, now: float, name_width: int = 0, gpu_name_widt
     return lines
 
 
-def snapshot_table(states: Sequence[NodeState], now: Optional[float] = None) -> str:
-    """All nodes as gpustat prints one machine: aligned names, one line per GPU."""
+def snapshot_table(states: Sequence[NodeState], now: Optional[float] = None, sources: Sequence[Any] = ()) -> str:
+    """All nodes as gpustat prints one machine: aligned names, one line per GPU; then each source's state."""
     now = time.time() if now is None else now
     name_width = min(NAME_WIDTH_MAX, max((len(s.name) for s in states), default=0))
     gpu_name_width = min(
@@ -179,4 +207,5 @@ def snapshot_table(states: Sequence[NodeState], now: Optional[float] = None) -> 
     lines: List[str] = []
     for state in states:
         lines.extend(format_node(state, now, name_width, gpu_name_width))
+    lines.extend(source_line(source) for source in sources)
     return "\n".join(lines) + ("\n" if lines else "")
