@@ -95,3 +95,67 @@ def test_a_first_poll_that_fails_makes_the_node_down_with_the_reason():
     state = asyncio.run(asyncio.wait_for(link._poll(), GUARD_S))
     assert state.state == STATE_DOWN
     assert state.reason == "probe failed: RuntimeError: NVML went away"
+
+
+def finished_first_poll(probes):
+    """A local link whose first poll (the real probe) has finished in its thread."""
+
+    def make():
+        probes.append(CountingProbe())
+        return probes[-1]
+
+    link = LocalLink(NodeConfig(name="local", host="localhost", local=True), interval=0.5, probe_factory=make)
+    link.start_first_poll()
+    link._first_poll.result(GUARD_S)
+    return link
+
+
+def test_the_fleet_publishes_a_finished_first_poll_when_it_starts_and_the_link_polls_an_interval_later():
+    from opsconsole.config import DEFAULT_CONFIG
+    from opsconsole.nodes.fleet import Fleet
+
+    probes = []
+    link = finished_first_poll(probes)
+    fleet = Fleet(DEFAULT_CONFIG, links=[link])
+    seen = []
+
+    async def run():
+        await fleet.start(lambda state: seen.append((state.state, state.frame.seq if state.frame else None)))
+        at_start = list(seen)  # before any task of the fleet has run
+        await asyncio.sleep(0.3)  # less than the interval: no second poll yet
+        before_interval = list(seen)
+        deadline = asyncio.get_running_loop().time() + GUARD_S
+        while len(seen) < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        await fleet.stop()
+        return at_start, before_interval
+
+    at_start, before_interval = asyncio.run(run())
+    assert at_start == [(STATE_UP, 1)]  # the first frame, published by start() itself
+    assert before_interval == at_start  # the link's loop waited its interval
+    assert seen[1] == (STATE_UP, 2)  # then polled as usual
+    assert [t for t in probes[0].threads if not t.startswith("prime:")] == ["opsconsole-probe"] * 2
+
+
+async def test_the_consoles_first_redraw_has_the_local_nodes_frame(monkeypatch):
+    """The first screen is drawn with the frame the first poll took while Textual loaded, not drawn
+    empty and again once the link's task has run (a full layout and render more before the data)."""
+    from opsconsole.config import DEFAULT_CONFIG
+    from opsconsole.nodes.fleet import Fleet
+    from opsconsole.tui.app import OpsConsole
+
+    probes = []
+    fleet = Fleet(DEFAULT_CONFIG, links=[finished_first_poll(probes)])
+    app = OpsConsole(DEFAULT_CONFIG, fleet)
+    redraws = []
+    original = OpsConsole.redraw
+
+    def redraw(self):
+        redraws.append(any(state.frame for state in self.fleet.states().values()))
+        original(self)
+
+    monkeypatch.setattr(OpsConsole, "redraw", redraw)
+    async with app.run_test(size=(140, 45)) as pilot:
+        await pilot.pause()
+        assert redraws and redraws[0] is True, redraws
+        assert app._first_frame_drawn

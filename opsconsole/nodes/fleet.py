@@ -184,6 +184,13 @@ class Fleet:
         self._on_change = on_change
         tune_gc(len(self._links))
         for link in self._links.values():
+            # A first poll that has finished already (the local node's, started while Textual
+            # loaded) is published now: the first screen is drawn with it.
+            take = getattr(link, "take_finished_first_poll", None)
+            state = take() if take is not None else None
+            if state is not None:
+                self._publish(state)
+        for link in self._links.values():
             self._tasks.append(asyncio.create_task(self._supervise(link), name="link:" + link.name))
         self._tasks.append(asyncio.create_task(self._watch_staleness(), name="fleet:staleness"))
         for source in self._sources.sources:

@@ -94,6 +94,7 @@ class LocalLink(NodeLink):
         self._probe_lock = threading.Lock()
         self._state = NodeState(name=node.name, address="local", since=time.time())
         self._first_poll: Optional[concurrent.futures.Future] = None  # started before the loop (start_first_poll)
+        self._first_taken_at: Optional[float] = None  # when the fleet took its state (take_finished_first_poll)
         self._last_checked: Any = None  # the last frame that passed its checks (under _probe_lock)
         # Every how many polls the host's process list is read afresh; between, a frame carries the
         # last one read. The console sets it above 1 while no pane shows host processes and nothing
@@ -177,6 +178,23 @@ class LocalLink(NodeLink):
         last = self._last_checked
         return every > 1 and self._polls % every != 0 and last is not None and bool(last.top_processes)
 
+    def take_finished_first_poll(self) -> Optional[NodeState]:
+        """The first poll's state when its thread has finished already (None while it runs: the
+        link's task takes it as before). The fleet takes it when it starts, before any task has run,
+        so the console's first screen is drawn with the frame: otherwise it was drawn empty first
+        (a full layout and render) and again once the task had run. The link's loop then polls
+        next an interval after this."""
+        first = self._first_poll
+        if first is None or not first.done():
+            return None
+        self._first_poll = None
+        self._first_taken_at = time.monotonic()
+        try:
+            frame, problem = first.result()
+        except Exception as exc:  # the probe's failure is the node's state, not a crash
+            return self._enter(STATE_DOWN, reason="probe failed: " + _describe(exc))
+        return self._state_of(frame, problem)
+
     async def _poll(self) -> NodeState:
         """One probe poll turned into a NodeState (never raises, except on cancellation)."""
         first, self._first_poll = self._first_poll, None
@@ -189,6 +207,10 @@ class LocalLink(NodeLink):
             raise
         except Exception as exc:  # the probe's failure is the node's state, not a crash
             return self._enter(STATE_DOWN, reason="probe failed: " + _describe(exc))
+        return self._state_of(frame, problem)
+
+    def _state_of(self, frame: Any, problem: Optional[BaseException]) -> NodeState:
+        """A poll's frame and its checks' verdict as the node's state."""
         if isinstance(problem, FrameError):
             # The last good frame stays; a node never up yet is down.
             state: NodeStateName = STATE_UP if self._state.state == STATE_UP else STATE_DOWN
@@ -207,6 +229,9 @@ class LocalLink(NodeLink):
     async def run(self, publish: Publish) -> None:
         """Poll every `interval` seconds until cancelled, publishing each result."""
         loop = asyncio.get_running_loop()
+        taken_at, self._first_taken_at = self._first_taken_at, None
+        if taken_at is not None:  # the first poll's state was published when the fleet started
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - taken_at)))
         while True:
             started = loop.time()
             publish(await self._poll())
