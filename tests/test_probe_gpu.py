@@ -367,12 +367,21 @@ def test_slow_values_refresh_only_on_slow_ticks():
     assert fourth.remapped_rows_pending is True
 
 
-def test_pcie_rates_come_from_byte_counters_when_the_gpu_has_them():
-    tx0, rx0 = 10_000_000, 20_000_000
-    replay = ReplayNvml(pcie_counters={0: (tx0, rx0)})
-    reader = make_reader(replay, slow_every=1)
+PCIE_TX0, PCIE_RX0 = 10_000_000, 20_000_000  # the byte counters at the first reading
+
+
+def counting_pcie_reader(slow_every: int):
+    """(replay with PCIe byte counters, its reader, the reader's clock as a one-item list)."""
+    replay = ReplayNvml(pcie_counters={0: (PCIE_TX0, PCIE_RX0)})
+    reader = make_reader(replay, slow_every=slow_every)
     now = [100.0]
     reader.clock = lambda: now[0]
+    return replay, reader, now
+
+
+def test_pcie_rates_come_from_byte_counters_when_the_gpu_has_them():
+    tx0, rx0 = PCIE_TX0, PCIE_RX0
+    replay, reader, now = counting_pcie_reader(slow_every=1)
     first = reader.read().gpus[0]
     # No previous counters: unknown, rather than 2 x 20 ms of the sampling call on the first reading.
     assert (first.pcie_tx_kbs, first.pcie_rx_kbs) == (None, None) and first.errors == ()
@@ -384,11 +393,8 @@ def test_pcie_rates_come_from_byte_counters_when_the_gpu_has_them():
 
 
 def test_the_first_readings_pcie_rates_come_with_the_next_read_not_the_next_slow_tick():
-    tx0, rx0 = 10_000_000, 20_000_000
-    replay = ReplayNvml(pcie_counters={0: (tx0, rx0)})
-    reader = make_reader(replay, slow_every=5)
-    now = [100.0]
-    reader.clock = lambda: now[0]
+    tx0, rx0 = PCIE_TX0, PCIE_RX0
+    replay, reader, now = counting_pcie_reader(slow_every=5)
     first = reader.read().gpus[0]
     assert first.pcie_tx_kbs is None and first.pcie_gen == RECORDED["pcie_gen"]  # the slow tier's link is read
     replay.pcie_counters[0] = (tx0 + 1024 * 1000, rx0)
