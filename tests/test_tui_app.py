@@ -19,6 +19,7 @@ from tui_fakes import (  # noqa: E402
 )
 
 from opsconsole.config import Config, ConfigError, ConsoleConfig  # noqa: E402
+from opsconsole.tui import app as app_module  # noqa: E402
 from opsconsole.tui import bars  # noqa: E402
 from opsconsole.tui.app import KEY_SPECS, PANES, OpsConsole, TooSmall  # noqa: E402
 from opsconsole.tui.help import HelpScreen  # noqa: E402
@@ -445,6 +446,9 @@ async def test_update_changes_cells_in_place():
 
 
 async def test_fleet_changes_are_coalesced_into_one_redraw(monkeypatch):
+    # The clock's tick redraws on its own once a second; on a loaded machine it came during the test
+    # and counted as a second redraw. It is out of this test (the next one covers a tick among changes).
+    monkeypatch.setattr(app_module, "TICK_S", 3600.0)
     fleet = FakeFleet(single_node_states())
     app = OpsConsole(Config(), fleet, now=lambda: FROZEN_NOW)
     async with app.run_test(size=SIZE) as pilot:
@@ -456,6 +460,29 @@ async def test_fleet_changes_are_coalesced_into_one_redraw(monkeypatch):
             app.on_fleet_change(fleet.states()["local"])
         assert redraws == []  # on_change only schedules
         await wait_for(lambda: redraws, "the redraw", pilot=pilot)
+        await pilot.pause()
+        assert len(redraws) == 1
+
+
+async def test_a_redraw_among_fleet_changes_takes_their_pending_redraw_with_it(monkeypatch):
+    """A redraw from elsewhere (the clock's tick, a pane shown) draws the changes waiting for their
+    coalesced redraw: that one is dropped. Under load the tick fell between 20 changes and their
+    timer, and the same changes were drawn twice."""
+    monkeypatch.setattr(app_module, "TICK_S", 3600.0)  # the test calls the redraw the tick would make
+    fleet = FakeFleet(single_node_states())
+    app = OpsConsole(Config(), fleet, now=lambda: FROZEN_NOW)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        redraws = []
+        original = app.redraw
+        monkeypatch.setattr(app, "redraw", lambda: (redraws.append(1), original()))
+        for _ in range(20):
+            app.on_fleet_change(fleet.states()["local"])
+        app.redraw()  # as the tick does: it draws these changes
+        # A timer started after the changes' one, with a longer delay, fires after it would have.
+        later = []
+        app.set_timer(2 * app_module.REDRAW_DELAY_S, lambda: later.append(1))
+        await wait_for(lambda: later, "a timer set after the changes' one", pilot=pilot)
         await pilot.pause()
         assert len(redraws) == 1
 

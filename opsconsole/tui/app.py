@@ -547,7 +547,12 @@ class OpsConsole(App[int]):
             self.call_next(self.redraw)
         elif self._redraw_timer is None:
             # Later changes within REDRAW_DELAY_S make one redraw.
-            self._redraw_timer = self.set_timer(REDRAW_DELAY_S, self.redraw)
+            self._redraw_timer = self.set_timer(REDRAW_DELAY_S, self._redraw_changes)
+
+    def _redraw_changes(self) -> None:
+        """The coalesced redraw of fleet changes, unless another redraw has drawn them since."""
+        if self._redraw_timer is not None:
+            self.redraw()
 
     def tick(self) -> None:
         """Once a second the clock and the ages move: a redraw, unless a frame's redraw has just
@@ -557,7 +562,13 @@ class OpsConsole(App[int]):
 
     def redraw(self) -> None:
         """Draw the header and the visible pane from the fleet's current states."""
-        self._redraw_timer = None
+        # This draws the changes a pending coalesced redraw waits for: it is not needed any more.
+        # Under load the clock's tick came between the changes and their timer, and the same
+        # changes were drawn twice. (A timer that fired just before has its call queued:
+        # _redraw_changes then finds no pending redraw and draws nothing.)
+        pending, self._redraw_timer = self._redraw_timer, None
+        if pending is not None:
+            pending.stop()
         self._last_redraw = time.monotonic()
         self._drew_data = self._drew_data or any(state.frame for state in self.fleet.states().values())
         if getattr(self, "_exit", False):
