@@ -13,6 +13,7 @@ from pathlib import Path
 
 import asyncssh
 import pytest
+from textual import events
 from textual.widgets import Button, DataTable
 
 from opsconsole.config import ActionsConfig, Config, ConsoleConfig, NodeConfig, SshConfig
@@ -356,6 +357,27 @@ async def test_keys_in_the_burst_that_opened_a_confirmation_are_dropped(keys):
             assert screen.query_one("#confirm-word").value == "" and screen.focused is screen.query_one("#confirm-word")
         else:
             assert screen.focused is screen.query_one("#confirm-no", Button)
+
+
+@pytest.mark.parametrize("word", [None, "gpu-a01"])
+async def test_a_key_that_arrives_as_the_confirmation_arms_finds_its_widget_focused(word):
+    """The focus is given with `armed`, not after the queued events: an enter already queued when the
+    screen armed reached no widget and was lost (the Processes pane's stray-enter test, under load)."""
+    screen = ConfirmScreen("Kill 421?", "kill -s TERM 421 on gpu-a01", word=word)
+    screen.ARM_DELAY_S = 60.0  # this screen arms when the test says so
+    app = _Host.make(screen)
+    async with app.run_test() as pilot:
+        await wait_for(lambda: app.screen is screen and screen.is_mounted, "the confirmation", pilot=pilot)
+        app.post_message(events.Key("enter", None))  # queued: handled after _arm, as a key typed just before
+        screen._arm()  # what the timer does
+        expected = screen.query_one("#confirm-word" if word else "#confirm-no")
+        assert screen.focused is expected
+        if word:  # enter with the word not typed: the screen stays, the input keeps the focus
+            await pilot.pause()
+            assert app.answers == [] and screen.focused is expected
+            await pilot.press(*word, "enter")
+        await wait_for(lambda: app.answers, "the answer", pilot=pilot)
+    assert app.answers == [bool(word)]
 
 
 # --- a changed key the user answers outside the console (ssh-keygen -R) ----------------------------

@@ -20,6 +20,7 @@ from h200_fleet import idle_gpu, load_process, loaded_gpu  # noqa: E402
 from textual.widgets import Button, DataTable, Input
 from tui_fakes import FakeFleet, single_node_states  # noqa: E402
 
+from opsconsole.actions import signals  # noqa: E402
 from opsconsole.actions.registry import ACTIONS  # noqa: E402
 from opsconsole.config import ActionsConfig, Config, ConsoleConfig, NodeConfig  # noqa: E402
 from opsconsole.model import STATE_UP, NodeFrame, NodeState, ProcessSample  # noqa: E402
@@ -206,7 +207,8 @@ async def test_gpu_reset_typed_confirmation_then_the_stub_runs_and_the_result_sh
 
 
 async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it(tmp_path):
-    sleeper = subprocess.Popen(["sleep", "30"])
+    # Until the test's SIGTERM: a loaded run took past 30 s, `sleep 30` exited 0 on its own first.
+    sleeper = subprocess.Popen(["sleep", "infinity"])
     try:
         fleet = LiveFleet("local", pids=[sleeper.pid])
         app = console(tmp_path, fleet)
@@ -225,7 +227,13 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
             assert "kill -s TERM -- %d" % sleeper.pid in body and "local" in body and "sleep" in body
             assert app.screen.query_one("#confirm-no", Button).has_focus
             await pilot.press("enter")  # a stray enter presses Cancel
-            await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the cancel", pilot=pilot)
+            # The flow ends after the screen goes (it notes the cancel): an x before that is "already
+            # running" and opens nothing (under load the next wait gave up on it).
+            await wait_for(
+                lambda: not isinstance(app.screen, ConfirmScreen) and not app.action_flow.running,
+                "the cancel",
+                pilot=pilot,
+            )
             assert sleeper.poll() is None
             await pilot.press("x")
             await wait_for(
@@ -262,8 +270,19 @@ STUBBORN = (
 )
 
 
-async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_path):
+async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_path, monkeypatch):
     """The 'still running: send SIGTERM?' question comes on a timer; it never opens under a typing user."""
+    # The escalation's watch (signal_escalation_s of frames, then the question) starts once the filter
+    # is open, so the question comes due while the user types however slow the machine is: under load
+    # the 1.5 s passed before the filter was open, and the question came before anyone typed.
+    filter_open = asyncio.Event()
+    real_watch = signals.watch_process
+
+    async def watch_once_the_filter_is_open(*args, **kwargs):
+        await filter_open.wait()
+        return await real_watch(*args, **kwargs)
+
+    monkeypatch.setattr(signals, "watch_process", watch_once_the_filter_is_open)
     stubborn = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True)
     try:
         assert stubborn.stdout.readline().strip() == "ready"
@@ -282,6 +301,7 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
             await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the SIGINT", pilot=pilot)
             await pilot.press("slash")
             await wait_for(lambda: isinstance(app.focused, Input), "the filter", pilot=pilot)
+            filter_open.set()
             # The escalation's wait passes while the user types: type until its question is due and held
             # back (the flow waits in wait_until_not_typing), then on for 0.5 s of that wait's polls.
             typed = 0
@@ -303,8 +323,13 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
             )
             assert "SIGTERM" in app.screen.title_text
             await pilot.press("escape")
-            await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the answer", pilot=pilot)
-            await pilot.pause(0.3)
+            # The flow notes the answer after the screen goes: wait for the flow to end, not a fixed
+            # 0.3 s (under load the app closed before the 'cancelled' record was written).
+            await wait_for(
+                lambda: not isinstance(app.screen, ConfirmScreen) and not app.action_flow.running,
+                "the answer",
+                pilot=pilot,
+            )
         assert stubborn.poll() is None  # SIGTERM was never sent
         outcomes = [(r["command"], r["outcome"]) for r in audit_records(tmp_path)]
         assert [o for _, o in outcomes] == ["attempt", "ok", "cancelled"] and "TERM" in " ".join(outcomes[-1][0])
@@ -372,7 +397,7 @@ async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_new
 
 async def test_action_keys_can_be_remapped_and_yes_no_can_be_switched_off(tmp_path):
     """[console.keys] remaps an action like any binding; [actions] confirm = false skips yes/no, never a typed word."""
-    sleeper = subprocess.Popen(["sleep", "30"])
+    sleeper = subprocess.Popen(["sleep", "infinity"])  # until the test's SIGINT, however long the run takes
     try:
         config = Config(
             console=ConsoleConfig(interval=0.2, keys=(("process.signal_int", "I"), ("gpu.reset", "G"))),

@@ -99,11 +99,14 @@ class ConfirmScreen(ModalScreen[bool]):
     def _arm(self) -> None:
         self.armed = True
         # Cancel has the focus: a stray enter or space must never confirm. With a word to
-        # type, the input has it: there enter confirms only once the word matches.
+        # type, the input has it: there enter confirms only once the word matches. Given at
+        # once, with `armed` (Widget.focus waits for the queued events): a key that came
+        # between the two found no widget with the focus, and an enter meant for Cancel was
+        # lost (seen under load).
         if self.word is not None and self.confirm_label is not None:
-            self.query_one("#confirm-word", Input).focus()
+            self.set_focus(self.query_one("#confirm-word", Input))
         else:
-            self.query_one("#confirm-no", Button).focus()
+            self.set_focus(self.query_one("#confirm-no", Button))
 
     def on_key(self, event: events.Key) -> None:
         if not self.armed:  # typed before the question could be read: neither an answer nor a binding
