@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from textual.binding import Binding
@@ -37,6 +38,22 @@ APP_KEYS: Tuple[KeySpec, ...] = (
     KeySpec("pane.previous", "shift+tab", "previous_pane", "Previous pane", show=False, priority=True),
     KeySpec("app.palette", "ctrl+p", "command_palette", "Command palette", show=False),
     KeySpec("app.theme", "ctrl+t", "change_theme", "Change theme", show=False),
+)
+
+
+# The replay console's own bindings (opsconsole.tui.replay binds them): one config serves the console
+# and its replays, so [console.keys] may remap these in either.
+REPLAY_KEYS: Tuple[KeySpec, ...] = (
+    KeySpec("replay.pause", "space", "replay_pause", "Replay: pause / play"),
+    KeySpec("replay.faster", "plus,equals_sign", "replay_faster", "Replay: faster"),
+    KeySpec("replay.slower", "minus", "replay_slower", "Replay: slower"),
+    KeySpec("replay.back", "left_square_bracket", "replay_step(-10)", "Replay: back 10 s"),
+    KeySpec("replay.forward", "right_square_bracket", "replay_step(10)", "Replay: forward 10 s"),
+    KeySpec("replay.back_minute", "left_curly_bracket", "replay_step(-60)", "Replay: back 1 min", show=False),
+    KeySpec("replay.forward_minute", "right_curly_bracket", "replay_step(60)", "Replay: forward 1 min", show=False),
+    KeySpec("replay.start", "less_than_sign", "replay_go('0%')", "Replay: to the start", show=False),
+    KeySpec("replay.end", "greater_than_sign", "replay_go('100%')", "Replay: to the end", show=False),
+    KeySpec("replay.goto", "g", "replay_goto", "Replay: go to a time (+30s, -5m, 2:25, 50%, 14:05)"),
 )
 
 
@@ -94,23 +111,33 @@ def bindings_from_specs(specs: Iterable[KeySpec]) -> List[Binding]:
 def keymap_from_config(
     pairs: Iterable[Tuple[str, str]], specs: Sequence[KeySpec], source: Optional[str] = None
 ) -> Tuple[Dict[str, str], List[str]]:
-    """Split `[console.keys]` pairs into a Textual keymap and problems worded for the user.
+    """Split `[console.keys]` pairs into a Textual keymap and problems worded for the user (none so far).
 
-    An unknown id is a problem the console shows; a remap onto a key another binding already
-    answers to is a ConfigError (refused like any config error), see key_collision.
+    An id no binding has (a typo: the remap would do nothing) and a remap onto a key another binding
+    already answers to (see key_collision) are ConfigErrors, refused like any config error (exit 2).
     """
-    known = {spec.id for spec in specs}
+    known = {spec.id for spec in specs} | {spec.id for spec in REPLAY_KEYS}
     keymap: Dict[str, str] = {}
     problems: List[str] = []
     for binding_id, key in pairs:
         if binding_id not in known:
-            problems.append("console.keys: no binding %r (see ? for the ids)" % binding_id)
-            continue
+            raise ConfigError(unknown_binding(binding_id, known), file=source)
         keymap[binding_id] = key.strip()
     collision = key_collision(keymap, specs)
     if collision is not None:
         raise ConfigError(collision, file=source)
     return keymap, problems
+
+
+def unknown_binding(binding_id: str, known: Iterable[str]) -> str:
+    """One line for an id no binding has, naming the closest known ids."""
+    choices = sorted(known)
+    # The near ones (a typo); else the nearest one that is still alike.
+    close = difflib.get_close_matches(binding_id, choices, n=3, cutoff=0.8) or difflib.get_close_matches(
+        binding_id, choices, n=1, cutoff=0.6
+    )
+    hint = "; the closest: %s" % ", ".join(close) if close else ""
+    return 'console.keys: no binding "%s"%s (? lists every id)' % (binding_id, hint)
 
 
 def _typed_keys(key: str) -> Set[str]:
@@ -122,9 +149,10 @@ def key_collision(keymap: Mapping[str, str], specs: Sequence[KeySpec]) -> Option
     """The first remap onto a key another binding answers to, in one line naming both; None when none.
 
     Two bindings collide when, after remapping, they share a key and either share a scope (the
-    app, or one pane) or the remapped one is a pane's and the other the app's (an app key is live in
-    every pane). Only a pair with a remapped binding is judged, so a swap that remaps both of its ids
-    is fine.
+    app, or one pane) or one is a pane's and the other the app's: an app key is live in every pane,
+    and where a pane binds the same key the pane's binding wins (`"app.quit" = "x"` would not quit
+    in Processes, where x is SIGTERM). Only a pair with a remapped binding is judged, so a swap that
+    remaps both of its ids is fine.
     """
     for spec in specs:
         if spec.id not in keymap:
@@ -135,8 +163,6 @@ def key_collision(keymap: Mapping[str, str], specs: Sequence[KeySpec]) -> Option
                 continue
             if spec.scope and other.scope and spec.scope != other.scope:
                 continue  # keys of two different panes never meet
-            if not spec.scope and other.scope:
-                continue  # an app key remapped onto a pane's key: that pane's own binding wins there
             shared = sorted(mine & _typed_keys(effective_key(other, keymap)))
             if shared:
                 return (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Optional, Tuple
+from typing import Optional
 
 from rich.text import Text
 from textual.widgets import Input, Static
@@ -11,21 +11,7 @@ from textual.widgets import Input, Static
 from opsconsole.recording.seek import SeekError, offset_text, seek_target
 from opsconsole.sanitize import printable_line
 from opsconsole.tui.app import OpsConsole
-from opsconsole.tui.keys import KeySpec, bindings_from_specs
-
-REPLAY_KEYS: Tuple[KeySpec, ...] = (
-    KeySpec("replay.pause", "space", "replay_pause", "Replay: pause / play"),
-    KeySpec("replay.faster", "plus,equals_sign", "replay_faster", "Replay: faster"),
-    KeySpec("replay.slower", "minus", "replay_slower", "Replay: slower"),
-    KeySpec("replay.back", "left_square_bracket", "replay_step(-10)", "Replay: back 10 s"),
-    KeySpec("replay.forward", "right_square_bracket", "replay_step(10)", "Replay: forward 10 s"),
-    KeySpec("replay.back_minute", "left_curly_bracket", "replay_step(-60)", "Replay: back 1 min", show=False),
-    KeySpec("replay.forward_minute", "right_curly_bracket", "replay_step(60)", "Replay: forward 1 min", show=False),
-    KeySpec("replay.start", "less_than_sign", "replay_go('0%')", "Replay: to the start", show=False),
-    KeySpec("replay.end", "greater_than_sign", "replay_go('100%')", "Replay: to the end", show=False),
-    KeySpec("replay.goto", "g", "replay_goto", "Replay: go to a time (+30s, -5m, 2:25, 50%, 14:05)"),
-)
-
+from opsconsole.tui.keys import REPLAY_KEYS, bindings_from_specs
 
 _clock = offset_text  # the bar writes offsets as `g` and --at read them back
 
