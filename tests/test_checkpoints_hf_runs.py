@@ -88,6 +88,13 @@ def test_resume_true_is_named_only_when_another_run_saved_last():
     Trainer's two runs are in test_checkpoints_libraries.py)."""
     one_run = (unit(4, 4, 0.9, 10), unit(12, 4, 0.9, 30))
     assert resume_warnings(one_run) == ()
+    # One run whose highest save is damaged: the listing's latest is checkpoint-12, a resume takes 14.
+    damaged = dataclasses.replace(unit(14, 4, 0.9, 40), integrity="corrupt")
+    (said,) = resume_warnings(one_run + (damaged,))
+    assert said.startswith("resume_from_checkpoint=True resumes checkpoint-14, the highest step (14), which is corrupt")
+    assert "checkpoint-12 (step 12) is the newest sound checkpoint" in said
+    older_damaged = dataclasses.replace(unit(2, 2, 0.9, 5), integrity="truncated")
+    assert resume_warnings(one_run + (older_damaged,)) == ()  # not the one a resume takes
     two_runs = (unit(12, 12, 0.9, 30), unit(6, 6, 0.5, 40))
     (said,) = resume_warnings(two_runs)
     assert "resumes checkpoint-12, the highest step (12), saved by the earlier run" in said

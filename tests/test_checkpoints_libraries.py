@@ -562,7 +562,7 @@ def test_a_files_kept_proof_is_for_the_code_that_proved_it(hf_run, tmp_path, mon
 def test_hf_checkpoint_without_weights_is_corrupt_and_never_the_newest_kept(hf_run, console, tmp_path):
     """A checkpoint-N/ that lost its model.safetensors (a partial copy) kept trainer_state.json: it was
     ok, latest and the newest keep place, while the Trainer refuses to resume from it; the sound
-    checkpoint before it went."""
+    checkpoint before it went. resume_from_checkpoint=True still takes it: the listing warns."""
     copy = aged_copy(hf_run.output_dir, tmp_path)
     newest = copy / ("checkpoint-%d" % HF_STEPS)
     (newest / "model.safetensors").unlink()
@@ -574,6 +574,16 @@ def test_hf_checkpoint_without_weights_is_corrupt_and_never_the_newest_kept(hf_r
     assert flagged(doc, "latest") & {n for n in listed if n.startswith("checkpoint-")} == {"checkpoint-10"}, (
         listing_text(doc)
     )
+    # Yet resume_from_checkpoint=True (get_last_checkpoint) takes the broken highest one: said so.
+    from transformers.trainer_utils import get_last_checkpoint
+
+    assert Path(get_last_checkpoint(str(copy))).name == newest.name
+    (warning,) = doc["warnings"]
+    assert warning.startswith(
+        "resume_from_checkpoint=True resumes %s, the highest step (%d), which is %s: loading it would fail"
+        % (newest.name, HF_STEPS, listed[newest.name]["integrity"])
+    ), warning
+    assert "checkpoint-10 (step 10) is the newest sound checkpoint" in warning
     result = console.cleanup(copy)
     assert "checkpoint-10" not in deleted(result, copy), plan_text(result)
     assert hf_resume_one_step(copy / "checkpoint-10", tmp_path / "resumed") == 11

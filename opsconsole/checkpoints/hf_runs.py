@@ -153,21 +153,31 @@ def _resumed_number(entry: CheckpointEntry) -> Optional[int]:
 
 
 def resume_warnings(entries: Sequence[CheckpointEntry]) -> Tuple[str, ...]:
-    """What `Trainer.train(resume_from_checkpoint=True)` would resume, said plainly when another run
-    saved into the same output_dir after the one that reached the highest step (the listing then
-    marks both runs' newest saves latest): get_last_checkpoint takes the highest checkpoint-N, the
-    earlier run's, not the newest save of the run that wrote last. () when there is no such doubt."""
+    """What `Trainer.train(resume_from_checkpoint=True)` would resume, said plainly when it is not
+    the save the listing marks latest: get_last_checkpoint takes the highest checkpoint-N whatever its
+    state, so when another run saved into the same output_dir after the one that reached the highest
+    step (the listing then marks both runs' newest saves latest), the earlier run's; and in one run,
+    a damaged (truncated or corrupt) highest one. () when there is no such doubt."""
     numbered = [(number, e) for e in entries for number in (_resumed_number(e),) if number is not None]
     sound = [(number, e) for number, e in numbered if e.is_dir and not e.is_link and e.integrity not in BROKEN]
     if not sound:
         return ()
     newest = max(sound, key=lambda item: (item[0], item[1].mtime))[1]
-    last = written_last(e for _, e in sound)
-    if last is None or last.name == newest.name:
-        return ()
     number = max(n for n, _ in numbered)
     top = [e for n, e in numbered if n == number]
     picked = top[0]
+    last = written_last(e for _, e in sound)
+    if last is None or last.name == newest.name:
+        # One run: the listing marks the newest sound save latest, but get_last_checkpoint takes the
+        # highest checkpoint-N whatever its state: a damaged one there is what a resume would load.
+        if len(top) == 1 and picked.is_dir and not picked.is_link and picked.integrity in BROKEN:
+            return (
+                "resume_from_checkpoint=True resumes %s, the highest step (%d), which is %s: loading it "
+                "would fail; %s (step %s) is the newest sound checkpoint: resume_from_checkpoint=<its "
+                "path> resumes it, or move %s out of the directory"
+                % (picked.name, number, picked.integrity, newest.name, newest.meta.step, picked.name),
+            )
+        return ()
     if len(top) > 1:  # checkpoint-5 and checkpoint-05: the one os.listdir gives first
         what = "one of %s (all step %d: whichever the directory lists first)" % (
             ", ".join(sorted(e.name for e in top)),
