@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import struct
+import threading
+import time
 import zipfile
 
 import pytest
 import torch
 
 from opsconsole.checkpoints import formats, safe_unpickle
+from opsconsole.checkpoints import worker as worker_module
 from opsconsole.checkpoints.access import LOCAL, LocalFileSystem
 from opsconsole.checkpoints.cache import ResultCache
 from opsconsole.checkpoints.records import INTEGRITY_OK, INTEGRITY_TRUNCATED, INTEGRITY_UNCHECKED, StateDictSummary
@@ -33,6 +37,7 @@ from opsconsole.checkpoints.worker import (
     read_checkpoint_file,
     to_plain,
 )
+from tests.waiting import wait_for_sync
 
 MiB = 1024 * 1024
 # The hang must meet the CPU limit, not the wall clock, however busy the machine: a long timeout.
@@ -172,8 +177,6 @@ def table_listing(table_dir):
     workers = MetadataWorkers(size=1, limits=TABLE_LIMITS)
     try:
         # The scan's reads go through the module's default workers: point them at these limits.
-        from opsconsole.checkpoints import worker as worker_module
-
         saved = worker_module.METADATA_WORKERS
         worker_module.METADATA_WORKERS = workers
         try:
@@ -284,6 +287,52 @@ def test_a_wall_clock_timeout_kills_the_worker_and_the_next_read_gets_a_new_one(
         workers.close()
 
 
+def test_a_worker_slow_to_start_is_not_a_file_that_timed_out(tmp_path, monkeypatch):
+    """A new worker's start (interpreter, imports) is bounded apart from the file's timeout: a start
+    slower than timeout_s made a good checkpoint 'unreadable: timed out after 1 s' (the wall-clock
+    test's good file, on a loaded machine)."""
+    good = tmp_path / "good.pt"
+    good.write_bytes(real_checkpoint(2))
+    pid_file = tmp_path / "worker.pid"
+    real_command = worker_module.worker_command
+
+    def stopped_at_start(limits):
+        # The worker's process stops itself before its interpreter runs: no CPU, as on a busy machine.
+        script = 'echo $$ > "$0"; kill -STOP $$; exec "$@"'
+        return ["sh", "-c", script, str(pid_file)] + real_command(limits)
+
+    monkeypatch.setattr(worker_module, "worker_command", stopped_at_start)
+    workers = MetadataWorkers(size=1, limits=WorkerLimits(timeout_s=1.0))
+
+    def continue_after_twice_the_timeout() -> None:
+        pid = int(wait_for_sync(lambda: pid_file.exists() and pid_file.read_text().strip(), "the worker's pid"))
+        wait_for_sync(lambda: process_state(pid) in ("T", None), "the worker stopped")
+        time.sleep(2.0)  # the start takes twice the file's timeout
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # killed meanwhile (as the timeout did before)
+
+    thread = threading.Thread(target=continue_after_twice_the_timeout)
+    thread.start()
+    try:
+        result = read_checkpoint_file(LOCAL, str(good), "good.pt", 65536, workers)
+        assert result.problem is None and result.meta.epoch == 2
+        assert workers.starts == 1
+    finally:
+        thread.join()
+        workers.close()
+
+
+def process_state(pid: int):
+    """The one-letter state of a process (R, S, T, Z ...), None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as stat:
+            return stat.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def test_a_reply_over_its_cap_is_a_problem_not_a_flood(tmp_path):
     many = tmp_path / "many_keys.pt"
     buffer = io.BytesIO()
@@ -382,7 +431,7 @@ def test_a_missing_file_is_an_oserror_as_before(tmp_path):
         workers.close()
 
 
-def test_a_hostile_dcp_metadata_is_parsed_in_the_worker_and_its_neighbours_list(tmp_path):
+def test_a_hostile_dcp_metadata_is_parsed_in_the_worker_and_its_neighbours_list(tmp_path, monkeypatch):
     """A DCP directory's .metadata is a pickle too: a crafted one (a 1M-deep tuple used as a key)
     kills the worker, not the console; that save is 'could not read', its neighbours read well."""
     import torch
@@ -390,13 +439,20 @@ def test_a_hostile_dcp_metadata_is_parsed_in_the_worker_and_its_neighbours_list(
 
     from opsconsole.checkpoints.scan import scan_directory
 
+    # The table's limits: the crash must meet the careful read's walk (about 2 s of CPU) and then the
+    # C stack, not the default 10 s wall clock, which a loaded machine reached first.
+    workers = MetadataWorkers(size=1, limits=TABLE_LIMITS)
+    monkeypatch.setattr(worker_module, "METADATA_WORKERS", workers)
     root = tmp_path / "run"
     for step in (100, 200):
         dcp.save({"w": torch.arange(4.0) + step}, checkpoint_id=str(root / ("step-%d" % step)))
     hostile = root / "step-300"
     dcp.save({"w": torch.arange(4.0)}, checkpoint_id=str(hostile))
     (hostile / ".metadata").write_bytes(deep_tuple_key())
-    listing = scan_directory(str(root))
+    try:
+        listing = scan_directory(str(root))
+    finally:
+        workers.close()
     by_name = {entry.name: entry for entry in listing.entries}
     assert set(by_name) >= {"step-100", "step-200", "step-300"}
     crashed = by_name["step-300"]

@@ -17,7 +17,9 @@ install that the console finds through PYTHONPATH (`pip install --target`) or th
 finds its dependencies (orjson) in the worker too. It sets its own
 limits: RLIMIT_AS (memory), RLIMIT_CORE 0, and an RLIMIT_CPU soft limit moved to "CPU used
 so far + budget" before each request, so a request that spins in C dies by SIGXCPU. The
-parent adds a wall-clock timeout per answer and caps the size of every reply. Messages
+parent adds a wall-clock timeout per answer and caps the size of every reply; a new worker
+says it is ready (imports done, limits set) before its first request, so its start is
+bounded apart (start_timeout_s) and never counts against a file. Messages
 are length-prefixed frames: JSON of plain types (never pickle) and raw bytes.
 
 Both local and remote reads go through it. The reader is a generator of read requests:
@@ -61,6 +63,9 @@ class WorkerLimits:
     memory_bytes: int = 1024 * MiB  # RLIMIT_AS of the worker
     cpu_seconds: int = 10  # RLIMIT_CPU budget per request (whole seconds: the kernel's resolution)
     timeout_s: float = 10.0  # wall clock the parent waits for any one answer
+    # ... and for a new worker to say it is ready (interpreter, imports, limits): not a file's
+    # time, so not in its timeout (on a loaded machine a start alone took past a 1 s timeout).
+    start_timeout_s: float = 60.0
     max_reply_bytes: int = 4 * MiB  # one reply (a ReadResult as JSON is a few KiB)
     # First try each file without safe_unpickle's opcode walk (most of a read's time), these
     # limits bounding it with a short CPU budget; a file whose try kills the worker is read
@@ -336,6 +341,7 @@ def serve(limits: WorkerLimits) -> int:
     readers = _readers()
     fingerprint = _stand_ins_fingerprint()
     _set_limits(limits)
+    served.send({"ready": True})  # the parent's timeout for each request starts from here
     while True:
         try:
             message = served.receive()
@@ -498,6 +504,9 @@ class WorkerProcess:
         except OSError as exc:
             raise WorkerFailure("metadata worker could not start: %s" % (exc.strerror or exc)) from None
         self.starts += 1
+        ready = self._receive(self.limits.start_timeout_s, "metadata worker not ready after %g s")
+        if ready != {"ready": True}:
+            raise self._fail("metadata worker sent %s before it was ready" % str(ready)[:60])
         return self._process
 
     def discard(self) -> None:
@@ -548,16 +557,18 @@ class WorkerProcess:
         except (BrokenPipeError, ConnectionResetError, ValueError):
             raise self._fail() from None
 
-    def _receive(self) -> Dict[str, Any]:
+    def _receive(self, timeout_s: Optional[float] = None, timed_out: str = "timed out after %g s") -> Dict[str, Any]:
+        """The next reply, within `timeout_s` (the limits' timeout_s by default)."""
         process = self._process
         assert process is not None and process.stdout is not None
         fd = process.stdout.fileno()
-        deadline = time.monotonic() + self.limits.timeout_s
+        wait_s = self.limits.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait_s
 
         def read(count: int) -> bytes:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                raise self._fail("timed out after %g s" % self.limits.timeout_s)
+                raise self._fail(timed_out % wait_s)
             try:
                 return os.read(fd, count)
             except OSError:
