@@ -117,8 +117,10 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
             hung = states()["hung-node"]
             assert hung.state == STATE_DOWN and hung.frame == last_frame
             # ... and the Nodes pane shows it down with its last readings, while keys still act.
-            await pilot.pause(0.3)
-            assert nodes_table.get_cell("hung-node", "state").plain == "down"
+            # Drawn by the redraw after the change (coalesced): waited for, not a fixed 0.3 s.
+            await wait_for(
+                lambda: nodes_table.get_cell("hung-node", "state").plain == "down", "the row down", pilot=pilot
+            )
             # the last readings stay, dimmed, with their age (a node that never sent a frame shows N/A)
             assert str(nodes_table.get_cell("hung-node", "name").style) == STALE_ROW_STYLE
             assert nodes_table.get_cell("hung-node", "age").plain != NA

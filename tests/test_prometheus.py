@@ -23,7 +23,7 @@ from opsconsole.model import STATE_DOWN, STATE_UP, NodeFrame, from_wire
 from opsconsole.sources import metric_names as names
 from opsconsole.sources.prometheus import PrometheusSource
 from tests.prometheus_server import Prometheus, needs_prometheus, stop_process
-from tests.waiting import wait_for_sync
+from tests.waiting import wait_for, wait_for_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = needs_prometheus
@@ -303,8 +303,13 @@ async def test_console_shows_prometheus_gpus_then_prometheus_stopped_is_an_unrea
                 break
             await pilot.pause(0.1)
         await pilot.press("1")  # the GPUs pane
-        await pilot.pause(0.3)
-        table = app.query_one("#gpus-table", DataTable)
+        # Made on its first show, drawn once mounted: its rows are waited for, not a fixed 0.3 s.
+        tables = await wait_for(
+            lambda: [t for t in app.query("#gpus-table").results(DataTable) if t.row_count == 10],
+            "the GPUs pane's 10 rows",
+            pilot=pilot,
+        )
+        table = tables[0]
         assert table.row_count == 10  # node-a's 8 GPUs and node-b's 2, all from Prometheus
         header = app.header._shown.plain
         assert "nodes 2" in header and "up 2" in header and "GPUs 10" in header

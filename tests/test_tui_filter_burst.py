@@ -13,6 +13,7 @@ from textual import events
 from opsconsole.config import Config, ConsoleConfig
 from opsconsole.nodes.fleet import Fleet
 from opsconsole.tui.app import OpsConsole
+from tests.waiting import wait_for
 
 NAMES = {"/": "slash", "\r": "enter"}
 
@@ -31,11 +32,17 @@ async def test_keys_behind_the_filters_enter_go_to_the_pane(tmp_path, monkeypatc
         await pilot.press("2")
         await pilot.pause()
         burst(app, "/python\r/eyes")
-        await pilot.pause(0.5)
-        assert app.filter_input.value == "eyes" and app.filter_input.has_class("-open")
+        # The burst is handled through the message queue (keys held while the line closes, then sent
+        # again): waited for, not a fixed 0.5 s. `eyes` is never a passing state of a wrong routing
+        # ('python/eyes', 'python', 'yes').
+        await wait_for(
+            lambda: app.filter_input.value == "eyes" and app.filter_input.has_class("-open"),
+            "the filter open on 'eyes'",
+            pilot=pilot,
+        )
         assert app.focused is app.filter_input
         burst(app, "\r")
-        await pilot.pause(0.5)
-        assert not app.filter_input.has_class("-open") and app.focused is not app.filter_input
+        await wait_for(lambda: not app.filter_input.has_class("-open"), "the filter closed", pilot=pilot)
+        assert app.focused is not app.filter_input
         assert app._pane_filters["processes"] == "eyes"
         assert app._keys_held_for is None and app._held_keys == []  # nothing left waiting

@@ -24,9 +24,7 @@ async def test_a_toast_with_bracketed_text_is_drawn_as_it_is(tmp_path):
     app = console(tmp_path)
     async with app.run_test(size=(140, 40), notifications=True) as pilot:  # run_test draws no toasts unless told
         app.notify(GLOO_LINE, title="[/x] not markup either", severity="error")
-        await pilot.pause(0.2)
-        toasts = list(app.screen.query(Toast))
-        assert toasts, "the toast was not drawn"
+        toasts = await wait_for(lambda: list(app.screen.query(Toast)), "the toast", pilot=pilot)
         assert any("pair.cc:553] Read error" in str(toast.render()) for toast in toasts)
         assert app.is_running
 
