@@ -216,3 +216,39 @@ async def test_a_message_too_long_for_80_columns_takes_since_room_and_is_whole_u
         assert shown.endswith("…") and message.startswith(shown[:-1]), row
         assert len(shown) >= 35, row  # the room Since left went to the message
         assert message in " ".join(str(pane.detail.render()).split()), str(pane.detail.render())
+
+
+async def test_a_node_down_since_the_start_raises_the_header_badge_as_an_error():
+    """The badge counted failed checks only: a node that never answered (node_reachable error) left the
+    header without HEALTH while the pane said `1 error`."""
+    port = closed_loopback_port()  # nothing listens: every connect is refused
+    config = Config(
+        console=ConsoleConfig(interval=0.3),
+        nodes=(NodeConfig(name="n1", host="127.0.0.1", port=port),),
+        ssh=SshConfig(connect_timeout=5.0, backoff_initial=0.05, backoff_max=0.5),
+    )
+    app = OpsConsole(config, Fleet(config))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(lambda: app.health.entries("n1"), "n1's node_reachable result", pilot=pilot)
+        (entry,) = app.health.entries("n1")
+        assert entry.result.status == "error" and app.health.failing() == 0
+        await wait_for(lambda: "HEALTH 1 ERROR" in str(app.header.render()), "the header's badge", pilot=pilot)
+        assert "FAIL" not in str(app.header.render())
+
+
+def test_the_badge_names_failures_and_errors_apart():
+    from opsconsole.tui import bars
+    from opsconsole.tui.header import header_text
+
+    fleet = FakeFleet(single_node_states())
+    palette = bars.palette_from_variables({})
+    states = fleet.states()
+
+    def counts_line(**health) -> str:
+        text = header_text(Config(), states, fleet.totals(FROZEN_NOW), None, FROZEN_NOW, palette, **health)
+        return text.plain.split("\n")[1]
+
+    assert "HEALTH" not in counts_line()
+    assert counts_line(health_failures=2).endswith("HEALTH 2 FAIL")
+    assert counts_line(health_errors=1).endswith("HEALTH 1 ERROR")
+    assert counts_line(health_failures=1, health_errors=3).endswith("HEALTH 1 FAIL 3 ERROR")

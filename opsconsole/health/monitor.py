@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from opsconsole.health.result import STATUS_FAIL, HealthResult
+from opsconsole.health.result import STATUS_ERROR, STATUS_FAIL, HealthResult
 from opsconsole.health.runner import evaluate_state, health_config
 from opsconsole.model import STATE_CONNECTING, NodeState, frozen
 
@@ -120,8 +120,13 @@ class HealthMonitor:
         return [e.result for e in self.entries()]
 
     def failing(self) -> int:
-        """How many checks fail now (the header's badge)."""
+        """How many checks fail now."""
         return sum(1 for e in self._entries.values() if e.result.status == STATUS_FAIL)
+
+    def erroring(self) -> int:
+        """How many checks could not judge now (a node down since the start, a suite that could not run):
+        the header's badge counts them beside the failures, as the pane's status line does."""
+        return sum(1 for e in self._entries.values() if e.result.status == STATUS_ERROR)
 
     def counts(self, node: Optional[str] = None) -> Dict[str, int]:
         out: Dict[str, int] = {}

@@ -585,6 +585,7 @@ class OpsConsole(App[int]):
             now,
             palette,
             health_failures=self.health.failing(),
+            health_errors=self.health.erroring(),
             width=self.header.size.width or None,
             recording=self.services.recorder is not None,
         )

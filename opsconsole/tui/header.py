@@ -42,9 +42,10 @@ def header_text(
     health_failures: int = 0,
     width: Optional[int] = None,
     recording: bool = False,
+    health_errors: int = 0,
 ) -> Text:
-    """Two lines: identity, mode, clock and age; then the fleet totals (and failing health checks),
-    within `width` cells where it can (None: all of it)."""
+    """Two lines: identity, mode, clock and age; then the fleet totals (and the health checks that fail or
+    could not judge), within `width` cells where it can (None: all of it)."""
     text = Text(no_wrap=True, overflow="ellipsis", end="")
     text.append(" opsconsole ", style="bold reverse")
     text.append("  " + console_name(states), style="bold")
@@ -89,8 +90,11 @@ def header_text(
     parts.append(("   mean util " + format_percent(totals.mean_utilization), "", 1))
     alerts = getattr(totals, "alerts", 0)
     parts.append(("   alerts %d" % alerts, ("bold " + palette.crit) if alerts else "", 0))
-    if health_failures:  # the Health pane (8) lists them
-        parts.append(("   HEALTH %d FAIL" % health_failures, "bold reverse " + palette.crit, 0))
+    if health_failures or health_errors:  # the Health pane (8) lists them
+        badge = " ".join(
+            "%d %s" % (count, word) for count, word in ((health_failures, "FAIL"), (health_errors, "ERROR")) if count
+        )
+        parts.append(("   HEALTH " + badge, "bold reverse " + (palette.crit if health_failures else palette.warn), 0))
     for name, state, reason in getattr(totals, "sources", ()):  # Prometheus sources not answering
         if state not in ("up", "connecting"):
             parts.append(("   %s %s" % (name, state) + (": " + reason if reason else ""), "bold " + palette.crit, 0))
