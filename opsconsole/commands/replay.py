@@ -45,6 +45,10 @@ def command_replay(args: argparse.Namespace) -> int:
     # The alert hook runs a command outside the console (a pager, a chat webhook): a replayed alert
     # happened in the past, and replaying an incident must not page anyone again. Shown, not sent.
     config = replace(config, alerting=replace(config.alerting, hook=()))
+    # [logs] and [[checkpoints]] name this machine's files as they are now, not the recording's: followed
+    # in a replay, today's log lines were shown (and their findings alerted, on the recording's clock)
+    # as if the recorded nodes had written them. The config is read for its theme and keys.
+    config = replace(config, logs=replace(config.logs, paths=(), node_paths=()), checkpoints=())
     try:
         fleet = ReplayFleet(args.file)
     except RecordingError as exc:

@@ -61,6 +61,7 @@ from opsconsole.checkpoints.retention import age_text
 from opsconsole.config import CheckpointDirConfig
 from opsconsole.fleet_view import FilterFields, filter_rows
 from opsconsole.model import STATE_FALLBACK, STATE_STALE, STATE_UP
+from opsconsole.nodes.base import is_replayed
 from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.formatting import NA, format_age, format_bytes, format_metric, printable, printable_text, shorten
 from opsconsole.tui.table_diff import TableRow
@@ -639,6 +640,8 @@ class CheckpointsPane(ActionKeys, TablePane):
             self.checkpoint_table.show(
                 [], lambda e: checkpoint_table_row(e, self.now, tuple(self.checkpoint_table.columns))
             )
+            if is_replayed(getattr(self.app, "fleet", None)):
+                return ["a replay lists no checkpoint directory (they are this machine's as they are now)"]
             return ["no [[checkpoints]] directories configured (see config.example.toml)"]
         visible = getattr(self.app, "visible_pane_id", self.pane_id) == self.pane_id
         if visible and (not self._last_scan or time.monotonic() - self._last_scan > RESCAN_S):

@@ -43,6 +43,7 @@ from opsconsole.logs.feed import LogFeed, fleet_links
 from opsconsole.logs.records import TRUNCATED_MARKER, LogLine
 from opsconsole.logs.view import COLOUR_COUNT, LogView, ViewEntry, colour_index
 from opsconsole.model import STATE_AUTH, STATE_DOWN, STATE_HOSTKEY, NodeState
+from opsconsole.nodes.base import is_replayed
 from opsconsole.tui.findings import FindingsList, first_finding, summary_category
 from opsconsole.tui.formatting import printable, printable_text
 from opsconsole.tui.pane import Pane
@@ -598,6 +599,11 @@ class LogsPane(Pane):
             configured = bool(getattr(getattr(self.app, "config", None), "logs", None) and self.app.config.logs.paths)
             if self.start_problem:
                 text.append("Logs: " + self.start_problem, style="bold red")
+            elif is_replayed(getattr(self.app, "fleet", None)):
+                text.append(
+                    "Logs: a replay follows no log file (this machine's files are not the recording's; "
+                    "the recorded findings are in Alerts)"
+                )
             else:
                 text.append(
                     "Logs: "
