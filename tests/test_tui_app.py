@@ -42,10 +42,24 @@ def gpu_table(app: OpsConsole) -> DataTable:
     return app.panes["gpus"].query_one(DataTable)
 
 
+def pane_focused(app: OpsConsole, pane_id: str) -> bool:
+    """Whether pane `pane_id` is shown, mounted and drawn: it takes the focus after its first draw."""
+    pane = app.panes.get(pane_id)
+    focused = app.focused
+    return (
+        app.visible_pane_id == pane_id
+        and pane_id not in app._pane_mounts
+        and pane is not None
+        and focused is not None
+        and pane in focused.ancestors
+    )
+
+
 async def show_gpus(pilot) -> None:
-    """Open the GPUs pane (a one-node console opens on its overview)."""
+    """Open the GPUs pane (a one-node console opens on its overview), drawn: it is made on its first
+    show, and a fixed pause could end before it was (under load)."""
     await pilot.press("1")
-    await pilot.pause()
+    await wait_for(lambda: pane_focused(pilot.app, "gpus"), "the GPUs pane shown", pilot=pilot)
 
 
 def row_text(table: DataTable, key: str) -> str:
@@ -287,11 +301,12 @@ async def test_drill_down_from_nodes_and_escape_back():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("4")
-        await pilot.pause()
+        # The Nodes pane is made on first show, drawn, then focused: waited for, not one pause.
+        await wait_for(lambda: pane_focused(app, "nodes"), "the Nodes pane shown", pilot=pilot)
         nodes_table = app.panes["nodes"].query_one("#nodes-table", DataTable)
         assert nodes_table.has_focus
         await pilot.press("down", "enter")
-        await pilot.pause()
+        await wait_for(lambda: app.node is not None, "the drill", pilot=pilot)
         assert app.node == "gpu-a02"
         assert app.visible_pane_id == "overview"
         await show_gpus(pilot)
