@@ -65,8 +65,43 @@ def select_nodes(config, names):
     return replace(config, nodes=tuple(node for node in config.nodes if node.name in names))
 
 
+SOURCE_CHECK = "source_reachable"
+REMEDY_SOURCE = (
+    "check the source's url, its bearer_token_file and TLS options in [[sources]] "
+    "(curl URL/-/ready from this machine); its nodes are not checked until it answers"
+)
+
+
+def source_results(statuses, now: float) -> list:
+    """One result per [[sources]] entry: error when it did not answer (it then reports no node at all,
+    which left `check` saying `0 checks on 0 node(s)` and nothing else), warn when it answered with no node."""
+    from opsconsole.health.result import STATUS_ERROR, STATUS_PASS, STATUS_WARN, HealthResult
+
+    results = []
+    for status in statuses:
+        evidence = (("url", status.url), ("state", status.state), ("nodes", str(status.nodes)))
+        if status.state != "up":
+            message = "%s: %s" % (status.state, status.reason or "no answer")
+            results.append(
+                HealthResult(SOURCE_CHECK, status.name, STATUS_ERROR, message, None, evidence, REMEDY_SOURCE, now)
+            )
+        elif not status.nodes:
+            message = "up at %s, but reports no node (no scrape target)" % status.url
+            results.append(
+                HealthResult(SOURCE_CHECK, status.name, STATUS_WARN, message, None, evidence, REMEDY_SOURCE, now)
+            )
+        else:
+            message = "up, %d node%s" % (status.nodes, "" if status.nodes == 1 else "s")
+            results.append(
+                HealthResult(SOURCE_CHECK, status.name, STATUS_PASS, message, None, evidence, REMEDY_SOURCE, now)
+            )
+    return results
+
+
 async def gather_results(config, timeout: float, gpu_tests: bool, force: bool, follower=None, level: int = 1):
-    """Poll once, then run every node's checks; the links are closed afterwards."""
+    """Poll once, then run every node's checks (and say how each source answered); the links are closed afterwards."""
+    import time
+
     from opsconsole.health.runner import run_all_checks, snapshot_for_checks
     from opsconsole.sources import fleet_with_sources
 
@@ -77,9 +112,10 @@ async def gather_results(config, timeout: float, gpu_tests: bool, force: bool, f
         states = await snapshot_for_checks(fleet, timeout)
         links = {name: fleet.link(name) for name in fleet.names}
         by_node = await run_all_checks(states, config, links=links, gpu_tests=gpu_tests, force=force, level=level)
+        sources = source_results(fleet.source_statuses(), time.time())
     finally:
         await fleet.stop()
-    return [result for results in by_node.values() for result in results]
+    return sources + [result for results in by_node.values() for result in results]
 
 
 def results_table(results, show_all: bool) -> str:
@@ -94,7 +130,7 @@ def results_table(results, show_all: bool) -> str:
         if r.status != "pass" and r.remedy:
             lines.append(printable_line("      remedy: %s" % r.remedy))
     counts = {status: sum(1 for r in results if r.status == status) for status in order}
-    nodes = len({r.node for r in results})
+    nodes = len({r.node for r in results if r.check != SOURCE_CHECK})
     lines.append(
         "%d checks on %d node(s): %d fail, %d error, %d warn, %d pass%s"
         % (
@@ -112,7 +148,7 @@ def results_table(results, show_all: bool) -> str:
 
 def command_check(args: argparse.Namespace) -> int:
     from opsconsole.commands._arguments import config_from_args, run_without_joining_threads, slurm_follower
-    from opsconsole.health.runner import exit_status, result_to_json
+    from opsconsole.health.runner import EXIT_ERROR, exit_status, result_to_json
 
     config = select_nodes(config_from_args(args), args.node)
     if not config.nodes and not getattr(config, "sources", ()):
@@ -136,4 +172,6 @@ def command_check(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     except BrokenPipeError:
         pass
+    if not any(r.check != SOURCE_CHECK for r in results):
+        return EXIT_ERROR  # no node was checked: a source that answers is not a passing node
     return exit_status(results)
