@@ -253,6 +253,13 @@ def assert_drawn(app: OpsConsole, *literal: str) -> str:
     return text
 
 
+async def drawn(pilot, app: OpsConsole, *literal: str) -> str:
+    """assert_drawn once `literal` is on screen: the rows are in before the screen is composed again
+    (a fixed 0.1 s pause could end first on a loaded machine)."""
+    await wait_for(lambda: all(part in screen_text(app) for part in literal), "%r on screen" % (literal,), pilot=pilot)
+    return assert_drawn(app, *literal)
+
+
 def cell_texts(table: DataTable) -> List[str]:
     """Every cell of the table as the text it draws."""
     return [str(cell) for row in table.ordered_rows for cell in table.get_row(row.key)]
@@ -361,15 +368,13 @@ async def test_every_pane_draws_hostile_data_as_it_is(tmp_path):
         await press_and_draw(pilot, "6")
         logs = app.panes["logs"]
         await wait_for(lambda: len(logs.view.visible) >= 4, "the hostile log lines", pilot=pilot)
-        await pilot.pause(0.1)
-        assert_drawn(app, LITERAL, "[link=https://evil.example]l[/link]")
+        await drawn(pilot, app, LITERAL, "[link=https://evil.example]l[/link]")
 
         await press_and_draw(pilot, "7")
         checkpoints = app.panes["checkpoints"]
         await wait_for(lambda: checkpoints.checkpoint_table.table.row_count == 2, "the two checkpoints", pilot=pilot)
-        await pilot.pause(0.1)
         # Names are cut to the Name column, literally (the whole names: the detail screen, below).
-        assert_drawn(app, FILE_MARKUP[:23] + "…", "epoch=3-step=100 [bold]…")
+        await drawn(pilot, app, FILE_MARKUP[:23] + "…", "epoch=3-step=100 [bold]…")
         names = cell_texts(checkpoints.checkpoint_table.table)
         assert any(cell.startswith(FILE_MARKUP[:22]) for cell in names)
 
