@@ -36,9 +36,9 @@ async def test_ctrl_c_names_the_quit_keys_without_markup_tags():
 
 
 async def test_ctrl_c_follows_a_remapped_quit_key():
-    config = Config(console=ConsoleConfig(keys=(("app.quit", "x"),)))
+    config = Config(console=ConsoleConfig(keys=(("app.quit", "Q"),)))  # x would take Processes' SIGTERM key
     app = OpsConsole(config, FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
     async with app.run_test(size=(140, 40), notifications=True) as pilot:
         await pilot.press("ctrl+c")
         await wait_for(lambda: list(app._notifications), "the notification", pilot=pilot)
-        assert [n.message for n in app._notifications] == ["press x or ctrl+q to quit"]
+        assert [n.message for n in app._notifications] == ["press Q or ctrl+q to quit"]

@@ -89,7 +89,7 @@ def console_command(home: Path, *args: str) -> str:
 def test_console_shows_local_node_and_quits(tmux, tmp_path):
     config = tmp_path / "console.toml"
     config.write_text(
-        '[console]\ninterval = 1.0\ntheme = "opsconsole-high-contrast"\n\n[console.keys]\n"pane.host" = "h"\n'
+        '[console]\ninterval = 1.0\ntheme = "opsconsole-high-contrast"\n\n[console.keys]\n"pane.host" = "H"\n'
     )
     tmux.start(console_command(tmp_path, "--config", str(config)))
     screen = tmux.wait_for("opsconsole", "newest frame", "nodes 1  up 1")
@@ -101,7 +101,7 @@ def test_console_shows_local_node_and_quits(tmux, tmp_path):
     # The GPUs pane: a row per GPU where NVML is present, else the probe's reason.
     assert ("NVIDIA" in screen) or ("local:" in screen)
 
-    tmux.keys("h")  # remapped in the config file
+    tmux.keys("H")  # remapped in the config file (h is the Nodes pane's: refused)
     # The console itself runs on this host, so its own process is among the readings (from the
     # second frame: the first carries no host process list, to reach the first screen sooner).
     screen = tmux.wait_for("host local", "cpu ", "top processes by CPU", "python")
