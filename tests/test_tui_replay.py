@@ -154,3 +154,35 @@ async def test_processes_hide_the_kernel_threads_of_a_recording_from_before_the_
         assert 2 in kernel and not listed & kernel
         assert {1, 430} <= listed
         assert "%d kernel threads hidden: T" % len(kernel) in str(pane.status.render())
+
+
+async def test_stacks_in_a_replay_are_refused_before_anything_is_run_or_audited(tmp_path):
+    """`S` in a replay: the recording's PIDs name no process here, so the stacks screen says so and
+    nothing is run or written to the audit log (it used to try every node, fail, and audit it)."""
+    from pathlib import Path
+
+    from opsconsole.config import ActionsConfig
+    from opsconsole.tui.stacks import StacksScreen
+
+    shipped = Path(__file__).resolve().parents[1] / "examples" / "h200-training.opsrec"
+    audit = tmp_path / "audit.log"
+    fleet = ReplayFleet(str(shipped))
+    config = Config(console=ConsoleConfig(), actions=ActionsConfig(audit_log=str(audit)))
+    app = ReplayConsole(config, fleet, now=fleet.now)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("space", "4")  # Nodes
+        await wait_for(
+            lambda: app.panes.get("nodes") and app.panes["nodes"].tables[0].table.row_count, "nodes", pilot=pilot
+        )
+        await pilot.press("S")
+        screen = await wait_for(
+            lambda: app.screen if isinstance(app.screen, StacksScreen) else None, "stacks", pilot=pilot
+        )
+        await wait_for(lambda: screen.problem, "the stacks screen's answer", pilot=pilot)
+        assert screen.report is None
+        assert (
+            screen.problem
+            == "not run: the nodes are replayed from a recording; stacks are read from live processes only"
+        )
+        assert "replayed from a recording" in str(screen.query_one("#stacks-verdict").render())
+    assert not audit.exists() or "stacks" not in audit.read_text()

@@ -28,6 +28,7 @@ from opsconsole.actions.audit import AuditLog, audit_path
 from opsconsole.actions.runner import ActionRunner, CommandResult
 from opsconsole.hang.grouping import job_name, several_jobs, where
 from opsconsole.hang.stacks import DEFAULT_DUMP_TIMEOUT_S, RankStack, StacksReport, collect_stacks, frame_line
+from opsconsole.nodes.base import is_replayed
 from opsconsole.tui.formatting import printable
 
 AUDIT_ACTION = "stacks"
@@ -84,8 +85,20 @@ def gpu_processes(states: Dict[str, Any], names: Sequence[str]) -> Dict[str, Lis
     return found
 
 
+def replay_refusal(app: Any) -> Optional[str]:
+    """Why stacks are not collected in this console: a replay's nodes are a recording's (its PIDs name
+    no process here), so nothing is run and nothing is audited."""
+    if is_replayed(getattr(app, "fleet", None)):
+        return "not run: the nodes are replayed from a recording; stacks are read from live processes only"
+    return None
+
+
 async def collect_audited(app: Any, scope: StacksScope) -> Tuple[Optional[StacksReport], Optional[str]]:
-    """The report for `scope`, audited first; (None, why) when the audit record could not be written."""
+    """The report for `scope`, audited first; (None, why) when the audit record could not be written,
+    or when the console replays a recording (refused before the audit: nothing was attempted)."""
+    refusal = replay_refusal(app)
+    if refusal is not None:
+        return None, refusal
     names = list(scope.nodes) if scope.nodes else list(app.fleet.states())
     link_of = getattr(app, "_link_of", lambda name: None)
     links = {name: link_of(name) for name in names}
