@@ -113,8 +113,13 @@ async def test_trust_an_unknown_key_and_the_node_comes_up(sshd_factory, ssh_clie
         assert state_of(app).fingerprint is None and state_of(app).frame is not None
     assert ssh_client.known_hosts.read_text() == server.known_hosts_line()
     records = audit_records(audit)
-    assert [(r["action"], r["node"], r["outcome"]) for r in records] == [("trust_hostkey", "n1", "confirmed")]
+    # Confirmed before known_hosts is written, its result after (as every action's records go).
+    assert [(r["action"], r["node"], r["outcome"]) for r in records] == [
+        ("trust_hostkey", "n1", "confirmed"),
+        ("trust_hostkey", "n1", "ok"),
+    ]
     assert fingerprint in records[0]["detail"] and str(ssh_client.known_hosts) in records[0]["detail"]
+    assert records[1]["detail"] == records[0]["detail"]
 
 
 @pytest.mark.sshd
@@ -199,7 +204,7 @@ async def test_changed_key_is_refused_then_trusted_after_the_user_removes_the_ol
             lambda: state_of(app).state == STATE_UP, "n1 up after the old key went", timeout=WAIT_LIMIT_S, pilot=pilot
         )
     assert ssh_client.known_hosts.read_text() == server.known_hosts_line()
-    assert [r["outcome"] for r in audit_records(audit)] == ["refused", "confirmed"]
+    assert [r["outcome"] for r in audit_records(audit)] == ["refused", "confirmed", "ok"]
     assert old_fingerprint in audit_records(audit)[0]["detail"]
 
 

@@ -64,4 +64,6 @@ def answer(plan: Any, confirmed: bool, audit: Audit) -> Tuple[str, str]:
     if problem:
         audit(ACTION_TRUST_HOSTKEY, plan.node, "%s: %s" % (plan.detail(), problem), OUTCOME_FAILED)
         return OUTCOME_FAILED, problem
+    # Its result too, as every other action's record has one after its confirmed one.
+    audit(ACTION_TRUST_HOSTKEY, plan.node, plan.detail(), OUTCOME_OK)
     return OUTCOME_OK, "trusted %s %s for %s; connecting" % (plan.key_type, plan.fingerprint, plan.node)
