@@ -78,6 +78,14 @@ def test_node_row_without_a_frame_is_all_missing():
     assert (row.errors, row.age, row.has_frame, row.live) == (None, None, False, False)
 
 
+def test_a_node_that_went_down_shows_no_round_trip_time():
+    """The link keeps the last connection's RTT in its state; a down (or stale, auth) node has none now."""
+    up = three_nodes()["gpu01"]
+    assert node_row(up, NOW).rtt_ms == up.rtt_ms and up.rtt_ms is not None
+    for state in (STATE_DOWN, "stale", "auth"):
+        assert node_row(replace(up, state=state, reason="connection lost"), NOW).rtt_ms is None
+
+
 def test_node_row_mem_percent_uses_the_sums():
     row = node_row(three_nodes()["gpu01"], NOW)
     assert row.mem_percent == pytest.approx(100.0 * LOADED.memory_used / (2 * LOADED.memory_total))
