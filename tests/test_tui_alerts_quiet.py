@@ -97,6 +97,12 @@ async def test_acknowledged_and_silenced_alerts_are_listed_but_not_announced_aga
         await pilot.press("z")  # longer: 1 h
         await pilot.pause()
         assert "silenced 1h" in row_texts(app)[0]
+        await pilot.press("a")  # acknowledged while silenced: both are said
+        await pilot.pause()
+        assert "firing · ack · silenced 1h" in row_texts(app)[0], row_texts(app)[0]
+        await pilot.press("a")  # the acknowledgement taken back: the silence stays, and shows
+        await pilot.pause()
+        assert "firing · silenced 1h" in row_texts(app)[0] and "alerts 0" in str(app.header.render())
 
         clock[0] += 3601  # the silence runs out: the next firing is announced
         await flap()

@@ -142,16 +142,18 @@ class AlertsPane(LivePane):
         self.status.update(printable(" · ".join(parts)))  # a hook's message is its output
 
     def state_text(self, event: AlertEvent, now: float) -> str:
-        """firing, resolved, earlier; with "· ack" or "· silenced 42m" while the alert is quiet."""
+        """firing, resolved, earlier; with "· ack" and/or "· silenced 42m" while the alert is quiet (both
+        when it is both: taking the acknowledgement back leaves the silence, which must show)."""
         if event.earlier:
             return "earlier"
         engine = self.app.services.alerts
-        reason = engine.quiet_reason(event.key, now)
-        if reason == "acknowledged":
-            return event.state + " · ack"
-        if reason == "silenced":
-            return event.state + " · silenced " + duration_text(engine.silenced_until(event.key, now) - now)
-        return event.state
+        text = event.state
+        if engine.quiet_reason(event.key, now) == "acknowledged":
+            text += " · ack"
+        until = engine.silenced_until(event.key, now)
+        if until is not None:
+            text += " · silenced " + duration_text(until - now)
+        return text
 
     def highlighted_alert(self) -> Optional[AlertKey]:
         table = self.table
