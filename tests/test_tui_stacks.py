@@ -49,6 +49,9 @@ async def test_a_node_that_is_down_is_an_error_line_and_hostile_frames_show_as_v
         assert screen.report.ranks == () and screen.report.errors[0].node == "gone"
         assert screen.report.errors[0].reason.startswith("unreachable: ")
         assert "gone: unreachable" in str(screen.query_one("#stacks-errors").content)
+        # The top line says why too, not only "no stack came" above a table of nothing.
+        verdict = str(screen.query_one("#stacks-verdict").content)
+        assert verdict.startswith("no stack came: gone: unreachable: "), verdict
 
         # What a hostile node could make py-spy's output say, once it went through the parser.
         frames = (Frame(EVIL * 3, "/x/" + EVIL + ".py", 7), Frame("train", "/job/train.py", 9))

@@ -248,6 +248,14 @@ def verdict_text(report: StacksReport) -> Text:
     text = Text()
     if not report.ranks:
         text.append("no stack came", style="bold red")
+        if report.errors:  # why, here at the top: the error lines under the table may be off screen
+            first = report.errors[0]
+            more = len(report.errors) - 1
+            text.append(
+                ": %s: %s%s"
+                % (printable(first.node), printable(first.reason), " (and %d more below)" % more if more else ""),
+                style="red",
+            )
         return text
     nodes = len({r.node for r in report.ranks})
     jobs = len({g.job for g in report.groups})
