@@ -276,9 +276,7 @@ class OpsConsole(App[int]):
         self.node: Optional[str] = None  # the node drilled into; None = all nodes
         self.panes: Dict[str, Pane] = Panes(self.ensure_pane)
         # Checking [console.keys] needs every pane's bindings; without it no pane is imported here.
-        self.keymap, self._key_problems = (
-            keymap_from_config(config.console.keys, self.key_specs) if config.console.keys else ({}, [])
-        )
+        self.keymap = keymap_from_config(config.console.keys, self.key_specs) if config.console.keys else {}
         self._pane_filters: Dict[str, str] = {}
         self._redraw_timer: Optional[Timer] = None
         self._first_frame_drawn = False  # the first frame with data (the benchmarks' launch measure)
@@ -491,7 +489,6 @@ class OpsConsole(App[int]):
         self.fit_tabs(self.size.width)
         if self.keymap:
             self.set_keymap(self.keymap)
-        self._notes += [(problem, "warning") for problem in self._key_problems]
         for message, severity in self._notes:
             self.notify(message, severity=severity, timeout=10)
         self.services.announce = self.announce_alert

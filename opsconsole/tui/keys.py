@@ -110,15 +110,14 @@ def bindings_from_specs(specs: Iterable[KeySpec]) -> List[Binding]:
 
 def keymap_from_config(
     pairs: Iterable[Tuple[str, str]], specs: Sequence[KeySpec], source: Optional[str] = None
-) -> Tuple[Dict[str, str], List[str]]:
-    """Split `[console.keys]` pairs into a Textual keymap and problems worded for the user (none so far).
+) -> Dict[str, str]:
+    """`[console.keys]` pairs as a Textual keymap (binding id -> key).
 
     An id no binding has (a typo: the remap would do nothing) and a remap onto a key another binding
     already answers to (see key_collision) are ConfigErrors, refused like any config error (exit 2).
     """
     known = {spec.id for spec in specs} | {spec.id for spec in REPLAY_KEYS}
     keymap: Dict[str, str] = {}
-    problems: List[str] = []
     for binding_id, key in pairs:
         if binding_id not in known:
             raise ConfigError(unknown_binding(binding_id, known), file=source)
@@ -126,7 +125,7 @@ def keymap_from_config(
     collision = key_collision(keymap, specs)
     if collision is not None:
         raise ConfigError(collision, file=source)
-    return keymap, problems
+    return keymap
 
 
 def unknown_binding(binding_id: str, known: Iterable[str]) -> str:
