@@ -125,6 +125,27 @@ def test_squeue_json_is_filtered_here_because_22_05_ignores_the_filters():
     assert describe_run(running, user="root") == "user root: job 1 train-llm RUNNING 2:05 (2 nodes)"
 
 
+def test_the_header_label_moves_a_running_jobs_elapsed_time_on_between_queries():
+    """Slurm is asked every 30 s; the header showed 'RUNNING 0:07' for all of them."""
+    from opsconsole.config import DEFAULT_CONFIG
+    from opsconsole.nodes.fleet import Fleet
+    from opsconsole.nodes.slurm import SlurmRun
+
+    running, pending = parse_squeue_text(CAPTURED_SQUEUE_TEXT)[1], parse_squeue_text(CAPTURED_SQUEUE_TEXT)[0]
+    run = SlurmRun(jobs=(running,), label=describe_run([running]), asked_at=1000.0)
+    assert run.label_at(1000.0) == run.label and "RUNNING 2:13" in run.label
+    assert "RUNNING 2:25" in run.label_at(1012.0)  # 133 s at the query, 12 s since
+    waiting = SlurmRun(jobs=(pending,), label=describe_run([pending]), asked_at=1000.0)
+    assert waiting.label_at(1012.0) == waiting.label  # a pending job's time does not run
+    failed = SlurmRun(jobs=(running,), label=run.label, error="scontrol: no answer", asked_at=1000.0)
+    assert failed.label_at(1012.0) == run.label  # Slurm not answering: the last query's words
+    several = SlurmRun(jobs=(running,), label=describe_run([running], "alice"), asked_at=1000.0, user="alice")
+    assert several.label_at(1012.0).startswith("user alice: ") and "2:25" in several.label_at(1012.0)
+    fleet = Fleet(DEFAULT_CONFIG)
+    fleet.apply_slurm_run(run)
+    assert "RUNNING 2:25" in fleet.totals(1012.0).job  # what the header shows
+
+
 def test_squeue_text_fallback_and_elapsed_formats():
     jobs = parse_squeue_text(CAPTURED_SQUEUE_TEXT)
     assert [(j.job_id, j.state, j.nodes, j.elapsed_s) for j in jobs] == [

@@ -144,7 +144,9 @@ class Fleet:
             return totals
         job = None
         if self._slurm_run is not None:
-            job = self._slurm_run.label + ("  [slurm: %s]" % self._slurm_run.error if self._slurm_run.error else "")
+            label_at = getattr(self._slurm_run, "label_at", None)
+            label = label_at(now) if label_at is not None else self._slurm_run.label
+            job = label + ("  [slurm: %s]" % self._slurm_run.error if self._slurm_run.error else "")
         fields = {f: getattr(totals, f) for f in totals.__dataclass_fields__}
         return RunTotals(job=job, sources=self._sources.status_lines(), **fields)
 

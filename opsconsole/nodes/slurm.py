@@ -8,7 +8,7 @@ import logging
 import re
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 Run = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -102,8 +102,24 @@ class SlurmRun:
     """What the console follows: the jobs of `--slurm-job` or `--slurm-user`, and their nodes."""
 
     jobs: Tuple[SlurmJob, ...]
-    label: str  # for the header
+    label: str  # for the header, as of the query
     error: Optional[str] = None  # the last query failed: why (the jobs are the last known)
+    asked_at: Optional[float] = None  # time.time() of the query the jobs come from
+    user: Optional[str] = None  # --slurm-user's user (the label names it)
+
+    def label_at(self, now: float) -> str:
+        """The header's words at `now`: a running job's elapsed time moves on between queries (they
+        come every 30 s). The last query's label while Slurm cannot answer."""
+        if self.error is not None or self.asked_at is None or now <= self.asked_at:
+            return self.label
+        moved = now - self.asked_at
+        jobs = [
+            replace(job, elapsed_s=job.elapsed_s + moved)
+            if job.state == "RUNNING" and job.elapsed_s is not None
+            else job
+            for job in self.jobs
+        ]
+        return describe_run(jobs, self.user)
 
     @property
     def nodes(self) -> Tuple[str, ...]:
@@ -407,11 +423,12 @@ class SlurmFollower:
 
     def query(self) -> SlurmRun:
         """Ask Slurm now (blocking); SlurmUnavailable when it cannot answer."""
+        asked_at = time.time()
         if self.job_id is not None:
             jobs = [query_job(self.job_id, self._run)]
         else:
             jobs = query_user_jobs(self.user, self._run)  # type: ignore[arg-type]
-        return SlurmRun(jobs=tuple(jobs), label=describe_run(jobs, self.user))
+        return SlurmRun(jobs=tuple(jobs), label=describe_run(jobs, self.user), asked_at=asked_at, user=self.user)
 
     def poll(self) -> SlurmRun:
         """One query; on failure the last known jobs with the error."""
