@@ -83,3 +83,29 @@ async def test_ctrl_e_in_a_replay_collects_nothing_from_this_machine(tmp_path, m
     assert "a replay of a recording: nothing collected from the nodes" in errors
     assert "a replay of a recording: nothing collected" in member(archive, "summary.md")
     assert json.loads(member(archive, "snapshot.json"))["nodes"][0]["name"] == "local"
+
+
+async def test_a_replays_report_says_so_and_ages_its_nodes_by_the_replays_clock(tmp_path, monkeypatch):
+    """The shipped H200 recording is weeks old: its report's node table read 'up' with a frame age of
+    weeks (the report's own time minus the recording's), and only 'Not collected' hinted at a replay."""
+    from opsconsole.config import ActionsConfig, Config
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    shipped = ROOT / "examples" / "h200-training.opsrec"
+    fleet = ReplayFleet(str(shipped))
+    app = ReplayConsole(Config(actions=ActionsConfig(audit_log=str(tmp_path / "audit.log"))), fleet, now=fleet.now)
+    reports = tmp_path / "state" / "opsconsole" / "reports"
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("space")  # held still
+        await pilot.press("ctrl+e")
+        archive = await wait_for(
+            lambda: next(iter(sorted(reports.glob("*.tar.gz"))), None) if reports.is_dir() else None,
+            "the report",
+            pilot=pilot,
+        )
+    summary = member(archive, "summary.md")
+    assert "**A replay** of the recording %s" % shipped in summary
+    rows = [line for line in summary.splitlines() if line.startswith("| local |")]
+    assert rows, summary
+    age = rows[0].rstrip(" |").rsplit("| ", 1)[1]
+    assert age.endswith("s") and "m" not in age and "h" not in age and "d" not in age, rows[0]  # seconds, by its clock

@@ -55,6 +55,10 @@ class ReportInputs:
     log_tails: Mapping[Tuple[str, str], Sequence[str]] = field(default_factory=dict)  # (node, path) -> lines
     smi: Mapping[str, str] = field(default_factory=dict)  # node -> nvidia-smi -q output
     problems: List[str] = field(default_factory=list)  # what could not be collected
+    # A replay's report: the recording's file and the replay's clock, which the node states' ages are
+    # measured against (the report's own time is minutes or days after them).
+    replay_of: Optional[str] = None
+    replay_at: Optional[float] = None
 
 
 def _md_escape(text: str) -> str:
@@ -93,12 +97,21 @@ def summary_markdown(inputs: ReportInputs) -> str:
         )
     )
     out.append("")
+    states_at = now
+    if inputs.replay_of is not None:
+        states_at = inputs.replay_at if inputs.replay_at is not None else now
+        out.append(
+            "**A replay** of the recording %s: the nodes, checks and findings below are the recording's, "
+            "as they were at %s (the replay's clock); nothing was read from the nodes now."
+            % (_md_escape(inputs.replay_of), time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(states_at)))
+        )
+        out.append("")
     out.append("## Nodes")
     out.append("")
     out.append("| node | state | reason | GPUs | mean util | hottest | frame age |")
     out.append("|---|---|---|---|---|---|---|")
     for state in inputs.states.values():
-        out.append(_state_row(state, now))
+        out.append(_state_row(state, states_at))
     out.append("")
     failing = [r for r in inputs.health if r.status in ("fail", "error", "warn")]
     out.append("## Failing checks")

@@ -187,7 +187,10 @@ async def gather(config, fleet=None, timeout: float = 10.0, health: Optional[Seq
     finally:
         if own_fleet:
             await fleet.stop()
+    replayed = is_replayed(fleet)
     return ReportInputs(
+        replay_of=getattr(getattr(fleet, "reader", None), "path", "a recording") if replayed else None,
+        replay_at=fleet.now() if replayed and callable(getattr(fleet, "now", None)) else None,
         states=states,
         config_text=config_text,
         config_source=config.source,
