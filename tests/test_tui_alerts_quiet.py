@@ -130,7 +130,8 @@ def record(when: float, message: str) -> str:
 async def test_an_old_log_file_does_not_refire_its_alerts_at_start_but_a_new_line_does(tmp_path):
     log = tmp_path / "train_gpu01_rank0_1.log"
     unstamped = tmp_path / "train_gpu01_rank1_1.log"
-    log.write_text(record(time.time() - 86400, OOM))  # yesterday's run
+    stamped_at = int(time.time()) - 86400
+    log.write_text(record(stamped_at, OOM))  # yesterday's run
     unstamped.write_text("Traceback (most recent call last):\n" + OOM + "\n")  # no timestamp: present at start
     config = Config(logs=LogsConfig(paths=(str(tmp_path / "train_*.log"),)))
     app = OpsConsole(config, FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
@@ -144,6 +145,9 @@ async def test_an_old_log_file_does_not_refire_its_alerts_at_start_but_a_new_lin
         await pilot.press("9")
         await pilot.pause()
         assert all(" | earlier | " in row for row in row_texts(app))
+        # The stamped line keeps yesterday's time; the unstamped one's time is not when it was read.
+        times = sorted(row.split(" | ")[0] for row in row_texts(app))
+        assert times == sorted(["before start", time.strftime("%H:%M:%S", time.localtime(stamped_at))]), times
         assert "2 from logs older than the start" in str(app.panes["alerts"].status.render())
         # The run goes on in the same file: a new OOM is a new alert.
         with open(log, "a") as handle:

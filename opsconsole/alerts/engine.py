@@ -42,6 +42,8 @@ class AlertEvent:
     value: Optional[float] = None
     threshold: Optional[float] = None
     earlier: bool = False  # from a log line written before the console started: listed, never announced
+    # An earlier line without a time stamp: `time` is when it was read, not when it was written.
+    unstamped: bool = False
 
     @property
     def key(self) -> "AlertKey":
@@ -59,6 +61,7 @@ class AlertEvent:
             "value": self.value,
             "threshold": self.threshold,
             "earlier": self.earlier,
+            "unstamped": self.unstamped,
         }
 
 
@@ -233,6 +236,7 @@ class AlertEngine:
                         finding.severity,
                         "%s%s: %s" % (finding.title, where, finding.excerpt[:200]),
                         earlier=True,
+                        unstamped=finding.time is None,
                     )
                 ]
             )

@@ -107,7 +107,9 @@ class AlertsPane(LivePane):
             where = event.node + ("" if event.gpu is None else " GPU %d" % event.gpu)
             state = self.state_text(event, now)
             cells = (
-                time.strftime("%H:%M:%S", time.localtime(event.time)),
+                # An unstamped earlier line was written before the start, at a time no log told: the
+                # time it was read would pass for when it happened.
+                "before start" if event.unstamped else time.strftime("%H:%M:%S", time.localtime(event.time)),
                 Text(state, style=style if state == EVENT_FIRING else "dim"),
                 Text(event.severity, style=style),
                 event.rule,
