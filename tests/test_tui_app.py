@@ -194,21 +194,22 @@ async def test_filter_on_processes_pane_and_escape_clears_it():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("2")
-        await pilot.pause()
+        await wait_for(lambda: pane_focused(app, "processes"), "the Processes pane shown", pilot=pilot)
         host_table = app.panes["processes"].query_one("#host-processes", DataTable)
         before = len(host_table.rows)
         assert before >= 2  # both captured host processes
         await pilot.press("slash")
-        await pilot.pause()
-        filter_input = app.query_one("#filter", Input)
-        assert filter_input.has_class("-open") and filter_input.has_focus
+        # Mounted on the first `/`, then focused: waited for, not one pause (app.focused, not the
+        # input's has_focus, which its Focus event sets a message later).
+        filter_input = app.filter_input
+        await wait_for(lambda: filter_input.has_class("-open"), "the filter line open", pilot=pilot)
+        assert app.focused is filter_input
         await pilot.press(*"process_api")
-        await pilot.pause()
+        await wait_for(lambda: app._pane_filters.get("processes") == "process_api", "the filter applied", pilot=pilot)
         assert len(host_table.rows) == 1
         assert "process_api" in " ".join(str(c) for c in host_table.get_row_at(0))
         await pilot.press("escape")
-        await pilot.pause()
-        assert not filter_input.has_class("-open")
+        await wait_for(lambda: not filter_input.has_class("-open"), "the filter line closed", pilot=pilot)
         assert len(host_table.rows) == before
 
 
@@ -304,7 +305,7 @@ async def test_drill_down_from_nodes_and_escape_back():
         # The Nodes pane is made on first show, drawn, then focused: waited for, not one pause.
         await wait_for(lambda: pane_focused(app, "nodes"), "the Nodes pane shown", pilot=pilot)
         nodes_table = app.panes["nodes"].query_one("#nodes-table", DataTable)
-        assert nodes_table.has_focus
+        assert app.focused is nodes_table
         await pilot.press("down", "enter")
         await wait_for(lambda: app.node is not None, "the drill", pilot=pilot)
         assert app.node == "gpu-a02"
