@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -107,3 +108,21 @@ class Prometheus:
 
     def stop(self) -> None:
         stop_process(self.proc, self.log)
+
+
+def source_config(tmp_path: Path, url: str) -> Path:
+    """A config with one Prometheus [[sources]] entry at `url`."""
+    path = tmp_path / "prom.toml"
+    path.write_text('[[sources]]\nkind = "prometheus"\nurl = "%s"\n' % url)
+    return path
+
+
+def run_with_config(command: str, config: Path, *args: str) -> subprocess.CompletedProcess:
+    """`opsconsole COMMAND --config CONFIG --timeout 5 ARGS` as a real process."""
+    return subprocess.run(
+        [sys.executable, "-m", "opsconsole", command, "--config", str(config), "--timeout", "5", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )

@@ -10,29 +10,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.prometheus_server import Prometheus, needs_prometheus
+from tests.prometheus_server import Prometheus, needs_prometheus, run_with_config, source_config
 from tests.sshd import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def snapshot(config: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "opsconsole", "snapshot", "--config", str(config), "--timeout", "5", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-
-
-def source_config(tmp_path: Path, url: str) -> Path:
-    path = tmp_path / "prom.toml"
-    path.write_text('[[sources]]\nkind = "prometheus"\nurl = "%s"\n' % url)
-    return path
+    return run_with_config("snapshot", config, *args)
 
 
 def test_an_unreachable_prometheus_is_said_not_an_empty_cluster(tmp_path):
