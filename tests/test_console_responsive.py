@@ -13,7 +13,7 @@ import socket
 from typing import Callable, List
 
 import pytest
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import DataTable, Static
 
 from opsconsole.config import Config, ConsoleConfig, NodeConfig, SshConfig
 from opsconsole.model import STATE_DOWN, STATE_FALLBACK, STATE_STALE, STATE_UP, NodeState
@@ -95,8 +95,13 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
             await pilot.pause()
             assert not isinstance(app.screen, HelpScreen)
             await pilot.press("slash", *"ok-")
-            await pilot.pause()
-            assert app.query_one("#filter", Input).has_focus
+            # The filter line is mounted on the first `/`, its Focus event sets has_focus and its Changed
+            # messages apply the text: waited for, not one pause.
+            await wait_for(
+                lambda: app.filter_input.has_focus and app._pane_filters.get("nodes") == "ok-",
+                "the filter",
+                pilot=pilot,
+            )
             assert [key.value for key in nodes_table.rows] == ["ok-node"]
             await pilot.press("escape")
             await pilot.pause()

@@ -321,7 +321,9 @@ async def test_the_filter_line_is_mounted_by_the_first_slash_and_takes_the_keys_
         assert not app.query(Input)  # not on the first screen
         await pilot.press("slash", "g", "p", "u", "0", "2")  # one burst: the keys after / are the filter's
         filter_input = app.query_one("#filter", Input)
-        assert filter_input.has_focus and filter_input.has_class("-open")
+        # has_focus is set by the input's Focus event, a message after the focus moves: waited for.
+        await wait_for(lambda: filter_input.has_focus, "the filter's focus", pilot=pilot)
+        assert filter_input.has_class("-open")
         assert filter_input.value == "gpu02"
         await pilot.press("escape", "slash")
         assert app.query_one("#filter", Input) is filter_input and filter_input.value == ""

@@ -30,8 +30,16 @@ async def test_c_connects_an_auth_node_once_its_key_is_authorised_on_the_node(ss
         await wait_for(lambda: link.waiting_for_user, "n1 to wait for the user", timeout=WAIT_LIMIT_S, pilot=pilot)
         assert link.connect_attempts == 1
         await pilot.press("4")
-        await pilot.pause()
-        assert app.panes["nodes"].query_one("#nodes-table", DataTable).has_focus
+        # The Nodes pane is made on its first show, drawn, then focused: waited for, not one pause.
+        await wait_for(
+            lambda: (
+                "nodes" not in app._pane_mounts
+                and app.panes.get("nodes") is not None
+                and app.panes["nodes"].query_one("#nodes-table", DataTable).has_focus
+            ),
+            "the Nodes pane focused",
+            pilot=pilot,
+        )
         assert app.panes["nodes"].highlighted_node() == "n1"
         (server.dir / "authorized_keys").write_text(ssh_client.public_key() + "\n")  # fixed on the node
         await pilot.press("c")

@@ -265,12 +265,11 @@ async def test_a_finding_is_listed_and_enter_jumps_to_its_line(tmp_path):
         assert marked and any("CUDA out of memory" in e.text for e in marked)
         pane.lines.focus()
         await pilot.press("F")
-        await pilot.pause()
-        assert pane.findings.table.has_focus
+        await wait_for(lambda: pane.findings.table.has_focus, "the findings table focused", pilot=pilot)
         cursor_row = pane.findings.table.get_row_index("cuda_oom")
         pane.findings.table.move_cursor(row=cursor_row)
         await pilot.press("enter")
-        await pilot.pause()
+        await wait_for(lambda: pane.lines.has_focus, "the lines focused", pilot=pilot)
         cursor = pane.lines.cursor
         assert cursor is not None and cursor.finding is not None and cursor.finding.category == "cuda_oom"
         assert pane.lines.has_focus and not pane.view.following

@@ -56,7 +56,7 @@ async def open_findings(pilot, app: OpsConsole) -> LogsPane:
     await wait_for(lambda: pane.findings.table.row_count > 0, "the old OOM listed", pilot=pilot)
     pane.lines.focus()
     await pilot.press("F")
-    await pilot.pause()
+    await wait_for(lambda: pane.findings.table.has_focus, "the findings table focused", pilot=pilot)
     return pane
 
 
