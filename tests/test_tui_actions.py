@@ -130,7 +130,9 @@ async def test_read_only_console_has_no_dangerous_keys_in_footer_help_or_palette
         for pane, keys in DANGEROUS_KEYS.items():
             await open_pane(pilot, app, {"processes": "2", "gpus": "1", "nodes": "4"}[pane], pane)
             if pane == "processes":
-                await pilot.press("t", "t")  # host processes: a row under the cursor
+                await pilot.press(
+                    "t", "t"
+                )  # the tree view on and off again: the flat list (GPU and host processes), a row under the cursor
                 await pilot.pause()
             ids = set(palette_ids(app))
             assert not ids & DANGEROUS_IDS, ids & DANGEROUS_IDS
@@ -215,7 +217,7 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
             await open_pane(pilot, app, "2", "processes")
-            await pilot.press("t", "t")  # host processes only
+            await pilot.press("t", "t")  # the tree view on and off again: the flat list, as at start
             await pilot.pause()
             await pilot.press("x")
             await wait_for(
@@ -292,7 +294,7 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
             await open_pane(pilot, app, "2", "processes")
-            await pilot.press("t", "t")  # host processes only
+            await pilot.press("t", "t")  # the tree view on and off again: the flat list, as at start
             await pilot.pause()
             await pilot.press("e")
             await wait_for(

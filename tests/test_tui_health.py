@@ -59,8 +59,7 @@ async def test_failures_show_per_gpu_and_raise_the_header_badge():
         state = fleet.states()["local"]
         cooled = tuple(replace(g, temperature=50.0) for g in state.frame.gpus)
         fleet.publish(replace(state, frame=replace(state.frame, gpus=cooled, seq=state.frame.seq + 1)))
-        await pilot.pause(0.3)
-        assert "HEALTH" not in str(app.header.render())
+        await wait_for(lambda: "HEALTH" not in str(app.header.render()), "the badge gone", pilot=pilot)
         assert app.health.failing() == 0
 
 
@@ -96,7 +95,9 @@ async def test_r_reruns_the_selected_node_with_the_gpu_suite():
             "the condition",
             pilot=pilot,
         )
-        await pilot.pause(0.2)
+        await wait_for(
+            lambda: any("gpu_sanity" in r for r in rows_of(app.panes["health"])), "the suite's rows drawn", pilot=pilot
+        )
         rows = rows_of(app.panes["health"])
         assert any("gpu_sanity" in r and "skip" in r for r in rows), rows  # no GPU here: skipped, with the reason
         assert rows.index(next(r for r in rows if "gpu_sanity" in r)) == 0  # newest first
