@@ -94,6 +94,29 @@ def test_missing_and_unreadable_files_exit_2_naming_them_while_the_others_are_di
     assert (doc["file"], doc["root_cause"]) == (str(good), "disk_full")
 
 
+def test_the_oom_killers_pid_names_the_rank_not_the_launchers_first_observed_failure(tmp_path):
+    """A real gloo run (tests/data/torchrun_sigkill_peer_first) where rank 0 exited on the lost connection
+    before the launcher saw rank 1's SIGKILL, with the node's dmesg line for rank 1's pid beside it: the
+    verdict is host_oom on rank 1, the pid the OOM killer named (it said rank 0, the launcher's first observed
+    failure: the fresh-clone CI runs of eb2cd8e and 671b5d1)."""
+    import re
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "tests" / "data" / "torchrun_sigkill_peer_first", run)
+    launcher = (run / "launcher.log").read_text()
+    pid = int(re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*\n\s*exitcode\s*:\s*-9 \(pid: (\d+)\)", launcher).group(1))
+    assert re.search(r"Root Cause \(first observed failure\):\n\[0\]:\n(.*\n){2}\s*rank\s*:\s*0 ", launcher)
+    (run / "dmesg.log").write_text(
+        "[2059991.491542] Out of memory: Killed process %d (python) total-vm:533122440kB, anon-rss:314514560kB, "
+        "file-rss:74816kB, shmem-rss:12296kB, UID:0 pgtables:690068kB oom_score_adj:0\n" % pid
+    )
+    done = diagnose("--run", str(run), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["root_cause"], result["rank"]) == ("host_oom", 1)
+
+
 def test_bad_usage_exits_2_in_one_line():
     done = diagnose("--no-such-option")
     assert done.returncode == 2 and b"Traceback" not in done.stderr

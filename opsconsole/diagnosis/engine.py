@@ -965,6 +965,12 @@ class Diagnoser:
                 candidates, key=lambda finding: (_time_key(finding), named is not None and finding.rank != named)
             )
         rank = start.rank if start.rank is not None else named
+        if best.category == "host_oom":
+            # The OOM killer's line names the pid it killed: the launcher's table says whose rank that was. The
+            # launcher's "first observed failure" may be a peer that exited on the lost connection first.
+            killed = self._rank_of_killed_pid(candidates)
+            if killed is not None:
+                rank = killed
         if rank is None:  # another line reporting the same failure may name the rank ("srun: task 4: Out Of Memory")
             rank = next((finding.rank for finding in candidates if finding.rank is not None), None)
         watchdog = self._watchdog.verdict() if best.category in WATCHDOG_CATEGORIES else None
@@ -997,6 +1003,16 @@ class Diagnoser:
             failed_child=failed_child,
             peer_gone_ranks=tuple(sorted(self._peer_gone_ranks)),
         )
+
+    def _rank_of_killed_pid(self, findings: Sequence[Finding]) -> Optional[int]:
+        """The rank of the pid an OOM-killer line among `findings` names ("Killed process PID"), by the launcher's
+        failure tables; None when no line names a pid a table lists."""
+        by_pid = {failure.pid: failure.rank for failure in self.launcher_failures() if failure.pid is not None}
+        for finding in findings:
+            killed = _OOM_KILLED_PID.search(finding.excerpt)
+            if killed is not None and by_pid.get(int(killed.group(1))) is not None:
+                return by_pid[int(killed.group(1))]
+        return None
 
     def _failed_of_its_own(self) -> Optional[LauncherFailure]:
         """The rank of the launcher's failed children that no peer's lost connection explains, when just one
@@ -1130,6 +1146,11 @@ class Diagnoser:
     def reset(self) -> None:
         """Forget everything (the console's "clear findings")."""
         self.__init__(self.max_findings)
+
+
+_OOM_KILLED_PID = re.compile(
+    r"Killed process (\d{1,10}) "
+)  # the kernel's OOM-killer line: "Killed process 1234 (python)"
 
 
 def crash_lines(
