@@ -741,16 +741,18 @@ def _scan_directory(
     if memo_signature is not None:
         remembered = cache.get(fs.node, memo_path, memo_signature)
         if remembered is not None:
-            return _listing(fs, root, remembered[0], remembered[1], now, started)
+            return _listing(fs, root, remembered[0], remembered[1], now, started, remembered[2])
     # What a new process asks next: the listing an earlier one kept on disk of exactly these files
     # (every name and identity the listing depends on, proofs.py), when no CRC result of this
     # process would change an entry.
     if proofs is not None and len(crc_cache) == 0 and kept_key is not None:
         kept = _kept_listing(root, units, other, proofs, kept_key)
         if kept is not None:
+            warnings = hf_runs.resume_warnings(kept)
             if memo_signature is not None:
-                cache.put(fs.node, memo_path, memo_signature, (kept, other))
-            return _listing(fs, root, kept, other, now, started)
+                # The warnings with the entries: a refresh of an unchanged directory works nothing out again.
+                cache.put(fs.node, memo_path, memo_signature, (kept, other, warnings))
+            return _listing(fs, root, kept, other, now, started, warnings)
 
     def read(unit: _Unit) -> CheckpointEntry:
         return _apply_crc_cache(fs, _read_unit(fs, root, unit, cache, now, proofs, failures), crc_cache)
@@ -939,12 +941,13 @@ def _scan_directory(
         )
         listed.append(entry)
     timeless = not any(e.integrity == INTEGRITY_TRUNCATED and not e.is_dir for e in listed)
+    warnings = hf_runs.resume_warnings(listed)
     if memo_signature is not None and timeless:
         # (A truncated file's entry says how long ago it was written: not kept, it changes with the time.)
-        cache.put(fs.node, memo_path, memo_signature, (tuple(listed), other))
+        cache.put(fs.node, memo_path, memo_signature, (tuple(listed), other, warnings))
     if kept_key is not None and proofs is not None and timeless and not failures and len(crc_cache) == 0:
         proofs.store_listing(kept_key.digest, kept_key.newest_ctime_ns, other, listed, listed_at)
-    return _listing(fs, root, tuple(listed), other, now, started)
+    return _listing(fs, root, tuple(listed), other, now, started, warnings)
 
 
 def _memo_able(items: List[DirItem], units: List["_Unit"]) -> bool:
@@ -1206,8 +1209,15 @@ def _lightning_truths(entries: Iterable[CheckpointEntry]) -> List[Tuple[str, Tup
 
 
 def _listing(
-    fs: FileSystem, root: str, listed: Tuple[CheckpointEntry, ...], other: int, now: float, started: float
+    fs: FileSystem,
+    root: str,
+    listed: Tuple[CheckpointEntry, ...],
+    other: int,
+    now: float,
+    started: float,
+    warnings: Optional[Tuple[str, ...]] = None,
 ) -> DirListing:
+    """The DirListing of `listed`; `warnings` as a remembered listing kept them (else worked out here)."""
     try:
         free, fs_total = fs.statvfs(root)
     except OSError:
@@ -1223,7 +1233,7 @@ def _listing(
         scanned_at=now,
         scan_seconds=time.perf_counter() - started,
         other_files=other,
-        warnings=hf_runs.resume_warnings(listed),
+        warnings=hf_runs.resume_warnings(listed) if warnings is None else warnings,
     )
 
 
