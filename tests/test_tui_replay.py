@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from textual.widgets import DataTable
 
@@ -156,9 +158,9 @@ async def test_processes_hide_the_kernel_threads_of_a_recording_from_before_the_
         assert "%d kernel threads hidden: T" % len(kernel) in str(pane.status.render())
 
 
-async def test_stacks_in_a_replay_are_refused_before_anything_is_run_or_audited(tmp_path):
-    """`S` in a replay: the recording's PIDs name no process here, so the stacks screen says so and
-    nothing is run or written to the audit log (it used to try every node, fail, and audit it)."""
+async def test_stacks_in_a_replay_are_refused_and_audited_before_anything_is_run(tmp_path):
+    """`S` in a replay: the recording's PIDs name no process here, so the stacks screen says so, the
+    refusal is audited and nothing is run (it used to try every node, audit an attempt, and not answer)."""
     from pathlib import Path
 
     from opsconsole.config import ActionsConfig
@@ -185,4 +187,8 @@ async def test_stacks_in_a_replay_are_refused_before_anything_is_run_or_audited(
             == "not run: the nodes are replayed from a recording; stacks are read from live processes only"
         )
         assert "replayed from a recording" in str(screen.query_one("#stacks-verdict").render())
-    assert not audit.exists() or "stacks" not in audit.read_text()
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [(r["action"], r["outcome"]) for r in records] == [
+        ("stacks", "refused")
+    ]  # refused, audited, never attempted
+    assert "replayed from a recording" in records[0]["detail"]

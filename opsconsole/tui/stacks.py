@@ -26,6 +26,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from opsconsole.actions.audit import AuditLog, audit_path
 from opsconsole.actions.runner import ActionRunner, CommandResult
+from opsconsole.audit_outcomes import OUTCOME_REFUSED
 from opsconsole.hang.grouping import job_name, several_jobs, where
 from opsconsole.hang.stacks import DEFAULT_DUMP_TIMEOUT_S, RankStack, StacksReport, collect_stacks, frame_line
 from opsconsole.nodes.base import is_replayed
@@ -87,7 +88,7 @@ def gpu_processes(states: Dict[str, Any], names: Sequence[str]) -> Dict[str, Lis
 
 def replay_refusal(app: Any) -> Optional[str]:
     """Why stacks are not collected in this console: a replay's nodes are a recording's (its PIDs name
-    no process here), so nothing is run and nothing is audited."""
+    no process here), so nothing is run (the refusal is audited, as every action's)."""
     if is_replayed(getattr(app, "fleet", None)):
         return "not run: the nodes are replayed from a recording; stacks are read from live processes only"
     return None
@@ -95,11 +96,13 @@ def replay_refusal(app: Any) -> Optional[str]:
 
 async def collect_audited(app: Any, scope: StacksScope) -> Tuple[Optional[StacksReport], Optional[str]]:
     """The report for `scope`, audited first; (None, why) when the audit record could not be written,
-    or when the console replays a recording (refused before the audit: nothing was attempted)."""
+    or when the console replays a recording (refused and audited so, before anything is attempted)."""
+    names = list(scope.nodes) if scope.nodes else list(app.fleet.states())
     refusal = replay_refusal(app)
     if refusal is not None:
+        node = names[0] if len(names) == 1 else "%d nodes" % len(names)
+        _runner(app).note(AUDIT_ACTION, node, scope.describe(), scope.argv(), OUTCOME_REFUSED, refusal)
         return None, refusal
-    names = list(scope.nodes) if scope.nodes else list(app.fleet.states())
     link_of = getattr(app, "_link_of", lambda name: None)
     links = {name: link_of(name) for name in names}
     pids = {names[0]: [scope.pid]} if scope.pid is not None and names else None
