@@ -149,14 +149,18 @@ async def test_a_long_node_name_is_cut_with_an_ellipsis_and_keeps_its_gpu():
         assert all(len(w) <= 16 for w in where)
 
 
-async def test_a_node_down_since_the_start_is_a_node_reachable_error_after_its_first_failed_connect():
-    port = closed_loopback_port()  # nothing listens: every connect is refused
+def refused_node_console() -> OpsConsole:
+    """The console of one SSH node n1 on a loopback port nothing listens on: every connect is refused."""
     config = Config(
         console=ConsoleConfig(interval=0.3),
-        nodes=(NodeConfig(name="n1", host="127.0.0.1", port=port),),
+        nodes=(NodeConfig(name="n1", host="127.0.0.1", port=closed_loopback_port()),),
         ssh=SshConfig(connect_timeout=5.0, backoff_initial=0.05, backoff_max=0.5),
     )
-    app = OpsConsole(config, Fleet(config))
+    return OpsConsole(config, Fleet(config))
+
+
+async def test_a_node_down_since_the_start_is_a_node_reachable_error_after_its_first_failed_connect():
+    app = refused_node_console()
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(lambda: app.fleet.states()["n1"].state == STATE_DOWN, "n1 down", pilot=pilot)
         await pilot.press("8")
@@ -174,13 +178,7 @@ def screen_lines(app: OpsConsole):
 
 
 async def test_the_message_of_a_down_node_reads_whole_at_100_columns():
-    port = closed_loopback_port()  # nothing listens: every connect is refused
-    config = Config(
-        console=ConsoleConfig(interval=0.3),
-        nodes=(NodeConfig(name="n1", host="127.0.0.1", port=port),),
-        ssh=SshConfig(connect_timeout=5.0, backoff_initial=0.05, backoff_max=0.5),
-    )
-    app = OpsConsole(config, Fleet(config))
+    app = refused_node_console()
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(lambda: app.fleet.states()["n1"].state == STATE_DOWN, "n1 down", pilot=pilot)
         await pilot.press("8")
@@ -222,13 +220,7 @@ async def test_a_message_too_long_for_80_columns_takes_since_room_and_is_whole_u
 async def test_a_node_down_since_the_start_raises_the_header_badge_as_an_error():
     """The badge counted failed checks only: a node that never answered (node_reachable error) left the
     header without HEALTH while the pane said `1 error`."""
-    port = closed_loopback_port()  # nothing listens: every connect is refused
-    config = Config(
-        console=ConsoleConfig(interval=0.3),
-        nodes=(NodeConfig(name="n1", host="127.0.0.1", port=port),),
-        ssh=SshConfig(connect_timeout=5.0, backoff_initial=0.05, backoff_max=0.5),
-    )
-    app = OpsConsole(config, Fleet(config))
+    app = refused_node_console()
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(lambda: app.health.entries("n1"), "n1's node_reachable result", pilot=pilot)
         (entry,) = app.health.entries("n1")
