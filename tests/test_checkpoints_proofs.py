@@ -234,6 +234,89 @@ def test_a_file_rewritten_to_the_same_size_and_mtime_is_read_again_and_found_cor
     assert store.unit_hits == 1 and store.hits == 2
 
 
+class DirectoryCountingFileSystem(LocalFileSystem):
+    """The local file system, counting the directories it reads (listdir) and those it is told the names of."""
+
+    def __init__(self) -> None:
+        self.read: list = []
+        self.told: list = []
+
+    def listdir(self, path):
+        self.read.append(os.path.basename(path))
+        return super().listdir(path)
+
+    def listdir_known(self, path, names):
+        self.told.append(os.path.basename(path))
+        return super().listdir_known(path, names)
+
+
+def scan_counting(root: Path, proofs) -> tuple:
+    fs = DirectoryCountingFileSystem()
+    listing = scan_directory(
+        str(root), fs, cache=ResultCache(), crc_cache=ResultCache(), proofs=proofs, keep_proofs=False
+    )
+    return listing, fs
+
+
+def test_a_later_listing_reads_no_unit_directory_again_whose_identity_is_unchanged(kept_units):
+    """Only the root is read: each unit directory's names are the kept listing's (its device, inode, mtime
+    and ctime as then), each name's lstat made afresh, and the listing is the same entry for entry."""
+    root, store_dir = kept_units
+    before = by_name(scan(root))
+    store = fresh_store(root, store_dir)
+    listing, fs = scan_counting(root, store)
+    assert fs.read == ["run"] and sorted(fs.told) == ["checkpoint-1000", "checkpoint-500"]
+    assert store.listing_hits == 1 and by_name(listing) == before
+
+
+@pytest.mark.parametrize("change", ["made", "removed", "renamed"])
+def test_a_name_made_removed_or_renamed_in_a_unit_directory_is_seen_though_its_mtime_is_set_back(kept_units, change):
+    """A change of names in a directory changes its mtime and its ctime: the mtime can be set back, the
+    ctime cannot, so the directory is read again and the listing is of what is there now."""
+    root, store_dir = kept_units
+    unit = root / "checkpoint-1000"
+    st = unit.stat()
+    if change == "made":
+        (unit / "adapter_model.safetensors").write_bytes(b"")
+    elif change == "removed":
+        (unit / "config.json").unlink()
+    else:
+        (unit / "config.json").rename(unit / "config.json.bak")
+    os.utime(unit, ns=(st.st_atime_ns, st.st_mtime_ns))
+    store = fresh_store(root, store_dir)
+    listing, fs = scan_counting(root, store)
+    assert "checkpoint-1000" in fs.read and "checkpoint-500" in fs.told and "checkpoint-500" not in fs.read
+    assert store.listing_hits == 0
+    assert by_name(listing) == by_name(scan(root))  # as a listing with nothing kept finds it
+    files = {"made": 6, "removed": 4, "renamed": 5}[change]  # of 5: weights, optimizer, scheduler, config, state
+    assert by_name(listing)["checkpoint-1000"].unit.endswith("(%d files)" % files)
+
+
+@pytest.mark.parametrize("names", [["../../etc"], ["a/b"], [""], ["."], ["..", "config.json"], ["x\0y"]])
+def test_kept_names_that_no_directory_entry_can_have_are_not_used(kept_units, names):
+    """The store is ours (only a file of our own that nobody else may write is read), yet a name in it
+    that is a path, empty, . or .. is never joined to a directory: that directory is read."""
+    import json
+
+    root, store_dir = kept_units
+    (path,) = list(store_dir.glob("*.json"))
+    head, units, files = path.read_text().splitlines()
+    record = json.loads(head)
+    record["dirs"]["checkpoint-500"][4] = names
+    path.write_text("\n".join((json.dumps(record), units, files)))
+    store = fresh_store(root, store_dir)
+    listing, fs = scan_counting(root, store)
+    assert fs.told == ["checkpoint-1000"] and "checkpoint-500" in fs.read
+    assert by_name(listing) == by_name(scan(root))
+
+
+def test_kept_names_of_which_one_is_gone_are_not_used(tmp_path):
+    """listdir_known answers None when one of the names is gone: the caller reads the directory."""
+    (tmp_path / "a").write_text("a")
+    assert [item.name for item in LocalFileSystem().listdir_known(str(tmp_path), ["a"])] == ["a"]
+    assert LocalFileSystem().listdir_known(str(tmp_path), ["a", "b"]) is None
+
+
 def test_a_file_changed_moments_ago_gets_no_kept_proof(tmp_path):
     """git's racy-clean rule: a second change within one timestamp tick would not show."""
     write_hf_layout(tmp_path / "run", steps=(500,), best=500)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import stat as stat_module
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from opsconsole.checkpoints.zipmeta import Reader
 
@@ -57,6 +57,12 @@ class FileSystem:
 
     def listdir(self, path: str) -> List[DirItem]:
         raise NotImplementedError
+
+    def listdir_known(self, path: str, names: Sequence[str]) -> Optional[List[DirItem]]:
+        """What listdir(path) gives when the directory holds exactly `names` (the caller knows it has
+        not changed since they were listed): each name's lstat, or None when one is gone or this file
+        system cannot tell (then listdir)."""
+        return None
 
     def stat(self, path: str) -> FileStat:
         """Following symlinks."""
@@ -190,6 +196,24 @@ class LocalFileSystem(FileSystem):
                 )
         finally:
             os.close(fd)
+        return items
+
+    def listdir_known(self, path: str, names: Sequence[str]) -> Optional[List[DirItem]]:
+        # No directory descriptor and no readdir: a path lstat of each name costs less than both.
+        items: List[DirItem] = []
+        append = items.append
+        new = tuple.__new__
+        lstat = os.lstat
+        prefix = path if path.endswith("/") else path + "/"
+        try:
+            for name in names:
+                st = lstat(prefix + name)
+                kind = st.st_mode >> 12
+                append(
+                    new(DirItem, (name, new(FileStat, (st.st_size, st.st_mtime, kind == 4, kind == 10, kind == 8, st))))
+                )
+        except OSError:
+            return None  # gone (or the directory is): listed again
         return items
 
     def stat(self, path: str) -> FileStat:

@@ -138,6 +138,8 @@ class ProofStore:
         self.path = os.path.join(directory, key.hexdigest()[:32] + ".json") if directory else None
         self._loaded = False
         self._listing: Any = None  # (digest, other, columns) as decoded against _HEAD: typed, not yet checked whole
+        self._dirs: Dict[str, Any] = {}  # as decoded against _HEAD; each checked when asked for (kept_names)
+        self._new_dirs: Optional[Dict[str, list]] = None
         self._raw_units: Optional[memoryview] = None
         self._raw_files: Optional[memoryview] = None
         self._records_read: Optional[Dict[str, list]] = None
@@ -252,6 +254,7 @@ class ProofStore:
         if head.format != FORMAT:
             return
         self._listing = listing
+        self._dirs = (head.dirs or {}) if listing is not None else {}
         self._raw_units, self._raw_files = view[first + 1 : second], view[second + 1 :]
 
     def flush(self) -> None:
@@ -263,7 +266,12 @@ class ProofStore:
         # in memory, or that are gone: a gone file's identity never comes back), up to the bound.
         records = _merged(self._used, self._records())
         units = _merged(self._used_units, self._units())
-        listing = self._new_listing if self._new_listing is not None else (self._listing if self.listing_hits else None)
+        if self._new_listing is not None:
+            listing, dirs = self._new_listing, self._new_dirs
+        elif self.listing_hits:
+            listing, dirs = self._listing, self._dirs
+        else:
+            listing, dirs = None, None
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             # Written and pruned through a descriptor of the directory, and only when it is a real
@@ -278,7 +286,7 @@ class ProofStore:
                 return
             document = b"\n".join(
                 (
-                    orjson.dumps({"format": FORMAT, "listing": listing}),
+                    orjson.dumps({"format": FORMAT, "listing": listing, "dirs": dirs}),
                     orjson.dumps({"units": units}),
                     orjson.dumps({"files": records}),
                 )
@@ -355,10 +363,35 @@ class ProofStore:
             self.listing_hits += 1
         return entries
 
+    def kept_names(self, rel: str, identity: Tuple[int, int, int, int]) -> Optional[List[str]]:
+        """The names the kept listing found in directory `rel` (relative to the root), when the
+        directory's identity (device, inode, mtime ns, ctime ns) is still the one it had then: a
+        name made, removed or renamed in it changes its mtime and ctime (POSIX), and the listing
+        was kept only when every ctime in it was RACY_S old, so none of those went unseen. None
+        when there is no such record or a name in it is no plain name of a directory entry."""
+        if self.path is None:
+            return None
+        self._load()
+        record = self._dirs.get(rel)
+        if record is None or tuple(record[:4]) != identity:
+            return None
+        names = record[4]
+        joined = "".join(names)  # each name one directory entry's: no separator, no NUL, never . or ..
+        if len(names) > MAX_KEPT_NAMES or "/" in joined or "\0" in joined or not _NOT_NAMES.isdisjoint(names):
+            return None
+        return names
+
     def store_listing(
-        self, digest: Optional[str], newest_ctime_ns: int, other: int, entries: Sequence[Any], started: float
+        self,
+        digest: Optional[str],
+        newest_ctime_ns: int,
+        other: int,
+        entries: Sequence[Any],
+        started: float,
+        dirs: Optional[Dict[str, list]] = None,
     ) -> None:
-        """Keep a whole listing for exactly these files, when each is RACY_S old and each entry has a record."""
+        """Keep a whole listing for exactly these files, when each is RACY_S old and each entry has a
+        record; with `dirs`, what kept_names answers (each directory's identity and names)."""
         if digest is None or self.path is None or newest_ctime_ns > (started - self.racy_s) * 1e9:
             return
         if len(entries) > MAX_LISTED_ENTRIES or any(
@@ -375,6 +408,7 @@ class ProofStore:
                 return
             rows.append(row)
         self._new_listing = [digest, other, listing_columns(rows)]
+        self._new_dirs = dirs
         self._dirty = True
         self.listings_stored += 1
 
@@ -384,6 +418,12 @@ class ProofStore:
         if kept is None or kept[0] is not meta:
             kept = self._meta_records[id(meta)] = (meta, record_of_meta(meta))
         return kept[1]
+
+
+MAX_KEPT_NAMES = 10_000  # names of one kept directory (scan.MAX_UNIT_FILES)
+
+
+_NOT_NAMES = frozenset(("", ".", ".."))  # of no directory entry
 
 
 def _section(raw: Optional[memoryview], name: str) -> Dict[str, list]:
@@ -769,6 +809,8 @@ class _Head(msgspec.Struct):
 
     format: int
     listing: Optional[Tuple[str, int, _Columns]] = None  # type: ignore[valid-type]
+    # The kept listing's directories: relative path -> (device, inode, mtime ns, ctime ns, names).
+    dirs: Optional[Dict[str, Tuple[int, int, int, int, List[str]]]] = None
 
 
 class _FormatOnly(msgspec.Struct):

@@ -579,9 +579,13 @@ def _find_units(
     items: List[DirItem],
     failures: Optional[List[str]] = None,
     unlisted: Optional[List[Tuple[str, DirItem, str]]] = None,
+    proofs: Optional[ProofStore] = None,
 ) -> Tuple[List[_Unit], int, List[Tuple[str, List[DirItem]]]]:
     """The units among `root`'s entries (links aside), how many names are no checkpoint, and every
     directory listed to tell them (path relative to root, its items): what the listing depends on.
+
+    With `proofs`, a directory whose identity is the one the kept listing recorded is not read
+    again: its names are the recorded ones (ProofStore.kept_names), each lstat made afresh.
 
     A directory named as a checkpoint (checkpoint-N/, checkpoints/checkpoint_N/ ...) that cannot be
     listed goes to `unlisted` (name relative to root, item, why): it may be the best or the newest,
@@ -609,7 +613,7 @@ def _find_units(
             continue
         path = prefix + item.name
         try:
-            children = fs.listdir(path)
+            children = _listdir(fs, path, item.name, item, proofs)
         except OSError as exc:
             if failures is not None:
                 failures.append(item.name)
@@ -631,7 +635,7 @@ def _find_units(
                     continue
                 child_path = join(fs, path, child.name)
                 try:
-                    grandchildren = fs.listdir(child_path)
+                    grandchildren = _listdir(fs, child_path, item.name + "/" + child.name, child, proofs)
                 except OSError as exc:
                     if failures is not None:
                         failures.append(item.name + "/" + child.name)
@@ -656,6 +660,36 @@ def _find_units(
         if not found:
             other += 1
     return units, other, listed
+
+
+def _listdir(fs: FileSystem, path: str, rel: str, item: DirItem, proofs: Optional[ProofStore]) -> List[DirItem]:
+    """fs.listdir(path), or the kept listing's names for directory `rel` when its identity is
+    unchanged (item: its lstat from the listing of its parent), each name's lstat made now."""
+    raw = item.stat.raw
+    if proofs is not None and raw is not None:
+        names = proofs.kept_names(rel, (raw.st_dev, raw.st_ino, raw.st_mtime_ns, raw.st_ctime_ns))
+        if names is not None:
+            known = fs.listdir_known(path, names)
+            if known is not None:
+                return known
+    return fs.listdir(path)
+
+
+def _dir_records(items: List[DirItem], listed_dirs: List[Tuple[str, List[DirItem]]]) -> Optional[Dict[str, list]]:
+    """What ProofStore.kept_names answers from: each listed directory's identity and names; None
+    where the file system gives no identity."""
+    stat_of = {item.name: item.stat.raw for item in items}
+    for rel, children in listed_dirs:
+        for child in children:
+            if child.stat.is_dir:
+                stat_of[rel + "/" + child.name] = child.stat.raw
+    records = {}
+    for rel, children in listed_dirs:
+        raw = stat_of.get(rel)
+        if raw is None:
+            return None
+        records[rel] = [raw.st_dev, raw.st_ino, raw.st_mtime_ns, raw.st_ctime_ns, list(map(_NAME, children))]
+    return records
 
 
 def scan_directory(
@@ -721,7 +755,7 @@ def _scan_directory(
 
     failures: List[str] = []  # reads that failed (maybe passing): such a listing is not kept on disk
     unlisted: List[Tuple[str, DirItem, str]] = []
-    units, other, listed_dirs = _find_units(fs, root, items, failures, unlisted)
+    units, other, listed_dirs = _find_units(fs, root, items, failures, unlisted, proofs)
     # A rescan of a directory where nothing changed: every name and stat the listing depends on is
     # the same as last time (the root's, each directory's it listed), so its entries are too. Kept
     # beside the results in `cache` (a fresh cache, a fresh listing); not for a root holding
@@ -946,7 +980,9 @@ def _scan_directory(
         # (A truncated file's entry says how long ago it was written: not kept, it changes with the time.)
         cache.put(fs.node, memo_path, memo_signature, (tuple(listed), other, warnings))
     if kept_key is not None and proofs is not None and timeless and not failures and len(crc_cache) == 0:
-        proofs.store_listing(kept_key.digest, kept_key.newest_ctime_ns, other, listed, listed_at)
+        proofs.store_listing(
+            kept_key.digest, kept_key.newest_ctime_ns, other, listed, listed_at, _dir_records(items, listed_dirs)
+        )
     return _listing(fs, root, tuple(listed), other, now, started, warnings)
 
 
