@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from opsconsole.audit_outcomes import OUTCOME_CONFIRMED, OUTCOME_FAILED, OUTCOME_OK, OUTCOME_REFUSED
 from opsconsole.checkpoints.access import LOCAL, FileSystem
-from opsconsole.checkpoints.retention import PlanItem, RetentionPlan
+from opsconsole.checkpoints.retention import SHOWN_UNITS, PlanItem, RetentionPlan
 from opsconsole.probe import delete_units
 from opsconsole.sanitize import escaped, printable_json
 from opsconsole.units import format_bytes
@@ -181,8 +181,12 @@ class CleanupResult:
             "refused": self.refused,
             "stopped": self.stopped,
             "bytes_freed": self.bytes_freed,
+            "units_deleted": len(self.deleted),
+            "units_failed": len(self.failed),
             # Bounded whatever the units hold: a unit that failed part way gives counts and the first
             # names of what went (partly_deleted), its error the cause alone; the audit record has every name.
+            # And whatever the directory holds: the first SHOWN_UNITS results, in the plan's order, and how
+            # many more (the counts above are of them all), as the plan's units.
             "results": [
                 {
                     "path": r.path,
@@ -191,8 +195,9 @@ class CleanupResult:
                     "error": r.cause(),
                     "partly_deleted": r.partly_deleted(),
                 }
-                for r in self.results
+                for r in self.results[:SHOWN_UNITS]
             ],
+            "results_more": max(0, len(self.results) - SHOWN_UNITS),
             # The planned units it stopped before (the audit log failed, the node went away): the first
             # SHOWN_MEMBERS and how many more, as partly_deleted names what went.
             "remaining": list(self.remaining[:SHOWN_MEMBERS]),

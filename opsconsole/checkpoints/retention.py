@@ -27,6 +27,11 @@ from opsconsole.units import format_duration
 
 DEFAULT_KEEP = 3
 DEFAULT_MIN_AGE_S = 600.0
+# Units a plan's (and a cleanup result's) --json names one by one, in order; the rest are counted. A
+# directory the libraries keep (save_total_limit, top-k, a loop saving every N steps) holds tens to
+# hundreds, listed whole; one of 100,000 units would make a document of tens of MB (about 430 bytes a
+# unit), and every unit is in the audit log and the text plan.
+SHOWN_UNITS = 1000
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,8 @@ class RetentionPlan:
         return sum(item.size_bytes for item in self.items if not item.delete)
 
     def to_json(self) -> dict:
+        """The --json shape: the first SHOWN_UNITS units in `plan`, in the plan's order (newest first), how
+        many more in `plan_more`, and the whole plan's counts (`units`, `units_to_delete`)."""
         return {
             "dir": self.root,
             "node": self.node,
@@ -95,6 +102,8 @@ class RetentionPlan:
             "min_age_s": self.min_age,  # seconds: the unit in the key, as size_bytes and bytes_freed
             "bytes_freed": self.bytes_freed,
             "warnings": list(self.warnings),
+            "units": len(self.items),
+            "units_to_delete": len(self.to_delete),
             "plan": [
                 {
                     "path": i.path,
@@ -108,8 +117,9 @@ class RetentionPlan:
                     "managed": i.series is not None,
                     "members": list(i.members),
                 }
-                for i in self.items
+                for i in self.items[:SHOWN_UNITS]
             ],
+            "plan_more": max(0, len(self.items) - SHOWN_UNITS),
         }
 
 

@@ -159,7 +159,7 @@ def _refuse(audit: Any, node: str, root: str, detail: str, outcome: str, message
 def command_cleanup(args: argparse.Namespace) -> int:
     """Plan, print, and (with --yes or a terminal's yes) delete; see the module docstring for exit codes."""
     from opsconsole.actions.audit import OUTCOME_CANCELLED, OUTCOME_REFUSED, AuditLog, audit_path
-    from opsconsole.checkpoints.cleanup import execute_plan, plan_directory
+    from opsconsole.checkpoints.cleanup import SHOWN_MEMBERS, execute_plan, plan_directory
     from opsconsole.checkpoints.scan import scan_directory
     from opsconsole.commands._arguments import UsageError, config_from_args
     from opsconsole.commands.checkpoints import open_dir_access, write_out
@@ -235,7 +235,11 @@ def command_cleanup(args: argparse.Namespace) -> int:
         status = write_out(printable_json(document, indent=2) + "\n")
     else:
         lines = ["deleted %s" % r.path if r.deleted else "FAILED %s: %s" % (r.path, r.error) for r in result.results]
-        lines += ["not attempted %s" % path for path in result.remaining]
+        # The units not reached as --json names them: the first SHOWN_MEMBERS and how many more (every
+        # planned unit is in the plan printed above; the summary counts them).
+        lines += ["not attempted %s" % path for path in result.remaining[:SHOWN_MEMBERS]]
+        if len(result.remaining) > SHOWN_MEMBERS:
+            lines.append("and %d more not attempted" % (len(result.remaining) - SHOWN_MEMBERS))
         status = write_out("".join(printable_line(line) + "\n" for line in lines + [result.summary()]))
     if status:
         return status
