@@ -166,7 +166,12 @@ class CheckpointEntry:
             "step": self.meta.step,
             "loss": loss,
             "best": self.best,
+            # `latest`: the unit a resume loads (the latest link's target, last.ckpt, HF's highest
+            # checkpoint-N, the tag a tracker file names); `current_tag` says it is that last kind, which
+            # the text calls "current tag" (DeepSpeed's `latest` file or Megatron's tracker names it): a newer
+            # tag may stand beside it, so it is not the newest. Readers depend on `latest`; it stays.
             "latest": self.latest,
+            "current_tag": self.current_tag,
             "integrity": self.integrity,
             "problem": self.problem,
             "layout": self.layout,
