@@ -261,6 +261,33 @@ def build_hf(root: Path) -> HfRun:
     )
 
 
+def hf_second_run(output_dir: Path, max_steps: int = 6, scores=(0.30, 0.20, 0.95)):
+    """A second Trainer run from step 0 into an earlier run's output_dir (save_total_limit=None: the
+    earlier run's checkpoints stay), evaluated at `scores`; the Trainer, after train()."""
+    from transformers import AutoModelForCausalLM, Trainer
+
+    evaluations = iter(scores)
+
+    def compute_metrics(_prediction):
+        pause()
+        return {"score": next(evaluations)}
+
+    reset_accelerate_state()
+    torch.manual_seed(1)
+    with one_thread():
+        model = AutoModelForCausalLM.from_config(tiny_gpt2_config())
+        trainer = Trainer(
+            model=model,
+            args=hf_training_args(output_dir, max_steps=max_steps, save_total_limit=None),
+            train_dataset=token_rows(16, 1),
+            eval_dataset=token_rows(4, 2),
+            compute_metrics=compute_metrics,
+        )
+        trainer.train()
+    reset_accelerate_state()
+    return trainer
+
+
 def hf_resume_one_step(checkpoint: Path, scratch: Path) -> int:
     """Resume the Trainer from `checkpoint` (weights, optimizer, scheduler, RNG, state) and train one step more."""
     from transformers import AutoModelForCausalLM, Trainer

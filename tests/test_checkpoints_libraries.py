@@ -44,6 +44,7 @@ from tests.checkpoint_libraries import (  # noqa: F401  (session fixtures)
     dcp_run,
     hf_resume_one_step,
     hf_run,
+    hf_second_run,
     hf_training_args,
     library_root,
     lightning_module_class,
@@ -292,29 +293,10 @@ def test_hf_two_runs_in_one_output_dir_each_keep_their_best(hf_run, console, tmp
     """A second run from step 0 into the first run's output dir (save_total_limit=None: the first's
     checkpoint-12 stays, and get_last_checkpoint still resumes it). The newest trainer_state.json by
     step is the first run's; the second run's best was deleted as 'older than the newest 1'."""
-    from transformers import AutoModelForCausalLM, Trainer
+    from transformers import AutoModelForCausalLM
 
     copy = aged_copy(hf_run.output_dir, tmp_path)
-    scores = iter((0.30, 0.20, 0.95))  # the second run's best: checkpoint-6, its newest
-
-    def compute_metrics(_prediction):
-        pause()
-        return {"score": next(scores)}
-
-    reset_accelerate_state()
-    torch.manual_seed(1)
-    with one_thread():
-        args = hf_training_args(copy, max_steps=6, save_total_limit=None)
-        model = AutoModelForCausalLM.from_config(tiny_gpt2_config())
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=token_rows(16, 1),
-            eval_dataset=token_rows(4, 2),
-            compute_metrics=compute_metrics,
-        )
-        trainer.train()
-    reset_accelerate_state()
+    trainer = hf_second_run(copy)  # scores 0.30, 0.20, 0.95: its best is checkpoint-6, its newest
     second_best = Path(trainer.state.best_model_checkpoint).name
     assert second_best == "checkpoint-6"
     for path in copy.rglob("*"):  # the second run an hour ago too: older than min_age
@@ -399,32 +381,12 @@ def test_hf_two_runs_the_listing_says_which_checkpoint_resume_true_takes(hf_run,
     (checkpoint-12, checkpoint-6) are latest, and `resume_from_checkpoint=True` (get_last_checkpoint)
     takes checkpoint-12, the first run's, not the run that saved last. The listing, its JSON and the
     cleanup plan say so in a warning naming the checkpoint transformers itself picks (before: no word)."""
-    from transformers import AutoModelForCausalLM, Trainer
     from transformers.trainer_utils import get_last_checkpoint
 
     copy = aged_copy(hf_run.output_dir, tmp_path)
     code, out, _ = console.run("checkpoints", str(copy))
     assert code == 0 and "warning" not in out  # one run: nothing in doubt
-    scores = iter((0.30, 0.20, 0.95))
-
-    def compute_metrics(_prediction):
-        pause()
-        return {"score": next(scores)}
-
-    reset_accelerate_state()
-    torch.manual_seed(1)
-    with one_thread():
-        args = hf_training_args(copy, max_steps=6, save_total_limit=None)
-        model = AutoModelForCausalLM.from_config(tiny_gpt2_config())
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=token_rows(16, 1),
-            eval_dataset=token_rows(4, 2),
-            compute_metrics=compute_metrics,
-        )
-        trainer.train()
-    reset_accelerate_state()
+    hf_second_run(copy)
     picked = Path(get_last_checkpoint(str(copy))).name  # what resume_from_checkpoint=True resumes
     assert picked == "checkpoint-%d" % HF_STEPS
     for path in copy.rglob("*"):  # the second run an hour ago too: older than min_age

@@ -449,3 +449,48 @@ def test_note_says_the_problem_then_why_unreadable_then_why_not_managed():
     )
     assert note_text(crashed) == "worker crashed (SIGSEGV)"
     assert marks_text(crashed) == "best top-k latest"
+
+
+async def test_two_hf_runs_in_one_output_dir_the_pane_says_which_checkpoint_resume_true_takes(tmp_path, hf_run):
+    """A real second Trainer run from step 0 into a copy of the first run's output_dir, to step 6: the
+    pane's status line says which checkpoint `resume_from_checkpoint=True` (transformers' own
+    get_last_checkpoint) resumes, and where the run that saved last stopped (hf_runs.resume_warnings)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from tests.checkpoint_libraries import hf_second_run
+
+    root = copy_artifact(hf_run.output_dir, tmp_path)
+    old = time.time() - 7200  # the first run two hours ago, the second an hour ago: both older than min_age
+    for path in root.rglob("*"):
+        os.utime(path, (old, path.lstat().st_mtime - 7200), follow_symlinks=False)
+    second = hf_second_run(root)
+    for path in root.rglob("*"):
+        if path.lstat().st_mtime > old:
+            os.utime(path, (old, path.lstat().st_mtime - 3600), follow_symlinks=False)
+    assert second.state.global_step == 6
+    picked = Path(get_last_checkpoint(str(root))).name  # what resume_from_checkpoint=True resumes
+    assert picked == "checkpoint-%d" % HF_STEPS
+    count = sum(1 for p in root.iterdir() if p.name.startswith("checkpoint-")) + 1  # and the final model
+    app = make_app(tmp_path, root)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_units(pilot, app, count)
+        # Both runs' newest saves are marked latest (checkpoint-6 is its run's best too).
+        assert "latest" in cells(pane, picked)["marks"].split()
+        assert "latest" in cells(pane, "checkpoint-6")["marks"].split()
+        words = (
+            "two runs saved checkpoints here: resume_from_checkpoint=True resumes %s, the highest step (%d), "
+            "saved by the earlier run; the run that saved last stopped at checkpoint-6 (step 6)" % (picked, HF_STEPS)
+        )
+        (warning,) = pane.listings[pane.current_dir_key()].warnings
+        assert warning.startswith(words), warning
+        # On the screen as the operator reads it, whole (wrapped above the units; before, it ended the
+        # one-line status and was cut at the terminal's width after "warning: two").
+        shown = screen_text(app)
+        assert ("warning: " + warning) in " ".join(shown.split()), shown
+        assert "1 warning above the units" in str(pane.status.render())
+        # Where it stands: between the directory table and the units.
+        lines = shown.splitlines()
+        at = next(i for i, line in enumerate(lines) if "warning: two runs saved checkpoints here" in line)
+        directory = next(i for i, line in enumerate(lines) if line.lstrip().startswith("local ") and str(root) in line)
+        header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("Name "))
+        assert directory < at < header, shown

@@ -1,7 +1,8 @@
 """The Checkpoints pane: every configured checkpoint directory, its checkpoints, integrity and cleanup.
 
 Top: one row per `[[checkpoints]]` directory (node, path, count, total size, free space).
-Below: the units of the highlighted directory as the headless listing shows them: name, layout
+Then, when there are some, the listing's warnings about the highlighted directory as a whole (two
+HF runs in one output_dir), wrapped whole. Below: the units of the highlighted directory as the headless listing shows them: name, layout
 (which library's unit: HF checkpoint, final model, Lightning, DCP ...), series (or "not managed"),
 epoch/step, loss (the lowest marked), size, age, integrity, the marks (best, top-k, latest,
 current tag) and a note (the problem, why it could not be read, why it is not managed). Below
@@ -62,6 +63,7 @@ from opsconsole.config import CheckpointDirConfig
 from opsconsole.fleet_view import FilterFields, filter_rows
 from opsconsole.model import STATE_FALLBACK, STATE_STALE, STATE_UP
 from opsconsole.nodes.base import is_replayed
+from opsconsole.sanitize import printable_line
 from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.formatting import NA, format_age, format_bytes, format_metric, printable, printable_text, shorten
 from opsconsole.tui.table_diff import TableRow
@@ -455,6 +457,8 @@ class CheckpointsPane(ActionKeys, TablePane):
     DEFAULT_CSS = """
     CheckpointsPane > #checkpoint-dirs { height: auto; max-height: 8; }
     CheckpointsPane > #checkpoint-list { height: 1fr; }
+    CheckpointsPane > #checkpoint-warnings { height: auto; max-height: 6; padding: 0 1; color: $warning; display: none; }
+    CheckpointsPane > #checkpoint-warnings.-shown { display: block; }
     CheckpointsPane > #checkpoint-progress { height: 1; display: none; padding: 0 1; }
     CheckpointsPane > #checkpoint-progress.-running { display: block; }
     CheckpointsPane #checkpoint-progress-label { width: auto; margin-right: 2; }
@@ -483,6 +487,10 @@ class CheckpointsPane(ActionKeys, TablePane):
         self._last_scan = 0.0
         self.progress_label = Static("", id="checkpoint-progress-label", markup=False)
         self.progress = ProgressBar(total=100, show_eta=True, id="checkpoint-progress-bar")
+        # What the listing says of the shown directory as a whole (two HF runs in one output_dir: which
+        # checkpoint resume_from_checkpoint=True takes), wrapped above its units: a warning of a few
+        # hundred characters at the end of the one-line status was cut at the terminal's width.
+        self.warnings_line = Static("", id="checkpoint-warnings", markup=False)
 
     # --- layout ----------------------------------------------------------------------
 
@@ -503,7 +511,9 @@ class CheckpointsPane(ActionKeys, TablePane):
         return self.tables[1]
 
     def compose_tables(self) -> ComposeResult:
-        yield from super().compose_tables()
+        yield self.dir_table.table
+        yield self.warnings_line
+        yield self.checkpoint_table.table
         with Horizontal(id="checkpoint-progress"):
             yield self.progress_label
             yield self.progress
@@ -687,8 +697,12 @@ class CheckpointsPane(ActionKeys, TablePane):
             )
         elif listing is not None:
             parts.append(listing.problem or "")
-        if listing is not None:
-            parts.extend("warning: " + warning for warning in listing.warnings)
+        warnings = list(listing.warnings) if listing is not None else []
+        # One line each, its text from the disk made printable (a newline in a name cannot forge a line).
+        self.warnings_line.update(Text("\n".join(printable_line("warning: " + w) for w in warnings)))
+        self.warnings_line.set_class(bool(warnings), "-shown")
+        if warnings:
+            parts.append("%d warning%s above the units" % (len(warnings), "" if len(warnings) == 1 else "s"))
         config = self.config_of(key or "")
         if config is not None:
             parts.append("cleanup keeps the newest %d, min age %s" % (config.keep, age_text(config.min_age)))
