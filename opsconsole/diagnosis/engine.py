@@ -579,10 +579,12 @@ class Diagnoser:
                     ("io_error", False, "") if role == ROLE_PEER_GONE else (category, weak, role)
                     for category, weak, role in matches
                 ]
-            elif state.nccl_setup or hint == HINT_SETUP:
-                # Closed while the communicator was being set up (bootstrap, proxy connect, the process group's or
+            elif (state.nccl_setup or hint == HINT_SETUP) and "gloo" not in lowered:
+                # Closed while NCCL's communicator was being set up (bootstrap, proxy connect, the process group's or
                 # DDP's first collectives), before any peer ran a step: peers that could not reach each other (an
-                # interface, a firewall), the network's story.
+                # interface, a firewall), the network's story. gloo's pair says "Connection closed by peer" only on a
+                # connection it had made: the peer's process went away (a real run: rank 1 SIGKILLed while rank 0
+                # was in DDP's parameter check, tests/data/torchrun_gloo_setup_peer_killed), the peer-lost story.
                 matches = [
                     ("nccl_network", False, "") if role == ROLE_PEER_GONE else (category, weak, role)
                     for category, weak, role in matches
