@@ -22,9 +22,10 @@ from opsconsole.diagnosis.engine import (
 )
 from opsconsole.diagnosis.knowledge import CATEGORIES
 from opsconsole.diagnosis.launcher import parse_error_file, parse_failure_table
-from opsconsole.diagnosis.run import diagnose_run, run_files, run_source
+from opsconsole.diagnosis.run import diagnose_run, run_files
 from opsconsole.diagnosis.signatures import match_line
 from opsconsole.diagnosis.timestamps import line_time, may_carry_time
+from opsconsole.logs.names import label_source
 from opsconsole.logs.records import LogLine, LogSource
 
 # One line per (category, weak) as the tools print it.
@@ -743,9 +744,12 @@ def test_launchers_name_the_failed_process(lines, rank):
 
 
 def test_run_sources_take_ranks_from_torchruns_layout_and_names_and_read_error_files(tmp_path):
-    assert run_source("/x/tr/none_ab/attempt_0/3/stderr.log").rank == 3
-    assert run_source("/x/train_gpu07_rank5_20261203_101010.log").rank == 5
-    assert run_source("/x/worker-rank_2.out").rank == 2 and run_source("/x/launcher.log").rank is None
+    assert label_source("local", "/x/tr/none_ab/attempt_0/3/stderr.log").rank == 3
+    assert label_source("local", "/x/train_gpu07_rank5_20261203_101010.log").rank == 5
+    assert (
+        label_source("local", "/x/worker-rank_2.out").rank == 2
+        and label_source("local", "/x/launcher.log").rank is None
+    )
     rank_dir = tmp_path / "tr" / "none_ab" / "attempt_0" / "1"
     rank_dir.mkdir(parents=True)
     (rank_dir / "error.json").write_text(

@@ -1,10 +1,10 @@
 """One verdict for a run: every file of every rank (and the launcher's output) through one Diagnoser.
 
 The console merges ranks by following every log of the run into one Diagnoser; `diagnose_run` does
-the same over files: each file is a source labelled as the console labels it (logs.names.label_source:
-host and rank from `train_{host}_rank{N}_{ts}.log`, "[rank3]:" prefixes inside lines), plus the
-layout torchrun's --log-dir writes (`.../attempt_0/{local_rank}/stderr.log`, and `error.json` where a
-child recorded its exception) and a `rank{N}` in a file name. The verdict is the Diagnoser's: the
+the same over files: each file is a source labelled as the console's Logs pane labels it
+(logs.names.label_source: host and rank from `train_{host}_rank{N}_{ts}.log`, the layout torchrun's --log-dir
+writes, `.../attempt_0/{local_rank}/stderr.log` and `error.json` where a child recorded its exception, a
+`rank{N}` in a file name), "[rank3]:" prefixes inside lines giving a line's rank. The verdict is the Diagnoser's: the
 most fundamental category, started at its earliest finding in time, with that finding's rank or the
 rank torchelastic's failure table names.
 """
@@ -19,7 +19,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 from opsconsole.diagnosis.engine import Diagnoser, Diagnosis, RootCause, attributed
 from opsconsole.diagnosis.finding import Finding
 from opsconsole.diagnosis.launcher import error_file_lines, parse_error_file
-from opsconsole.logs.names import label_source
+from opsconsole.logs.names import TORCHRUN_RANK_DIR, label_source, ranked_source
 from opsconsole.logs.records import LogSource
 
 NODE = "local"
@@ -30,10 +30,8 @@ COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")
 LOG_NAMES = ("stdout", "stderr", "output", "log")
 ERROR_FILE_SUFFIX = ".json"
 MAX_ERROR_FILE_BYTES = 4 * 1024 * 1024
-_TORCHRUN_RANK_DIR = re.compile(r"(?:^|/)(attempt_\d+/(\d{1,7})/[^/]+)$")
 # torch's own prefix on what a rank prints to stderr (its uncaught exception's lines): the global rank.
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank(\d{1,7})\]:")
-_RANK_IN_NAME = re.compile(r"(?:^|[_.-])rank[_-]?(\d{1,7})(?=[_.-]|$)", re.IGNORECASE)
 # torchelastic's agent says so when every local child exited 0 (at INFO: LOGLEVEL=INFO or torchrun's own logging).
 _LAUNCHER_SUCCESS = ("worker group successfully finished", "Local worker group finished (WorkerState.SUCCEEDED)")
 # torchrun --tee's per-child prefix: a file with it is the launcher's own output, where a failed child's table goes.
@@ -95,39 +93,6 @@ def _looks_like_a_log(name: str) -> bool:
     return lowered.endswith(LOG_SUFFIXES + (ERROR_FILE_SUFFIX,)) or stem in LOG_NAMES
 
 
-def run_source(path: str, node: str = NODE) -> LogSource:
-    """The file's source as the console labels it, with the rank torchrun's log layout or the name gives.
-
-    A file of torchrun's --log-dir layout is labelled "rank1:attempt_0/1/stderr.log": its folder is the local
-    rank, the global one on a single node; once read, a folder whose lines name another global rank (torch's
-    "[rank3]:" on a second node) is relabelled with it (diagnose_run)."""
-    source = label_source(node, path)
-    if source.rank is not None:
-        return source
-    normalised = path.replace(os.sep, "/")
-    layout = _TORCHRUN_RANK_DIR.search(normalised)
-    if layout is not None:
-        return _torchrun_source(source, int(layout.group(2)), layout.group(1))
-    match = _RANK_IN_NAME.search(os.path.basename(path))
-    if match is None:
-        return source
-    rank = int(match.group(1))
-    return LogSource(
-        node=node, path=path, host=source.host, rank=rank, label="rank%d:%s" % (rank, os.path.basename(path))
-    )
-
-
-def _place(path: str) -> str:
-    """What a label shows of a file: "attempt_0/1/stderr.log" in torchrun's layout, else its name."""
-    layout = _TORCHRUN_RANK_DIR.search(path.replace(os.sep, "/"))
-    return layout.group(1) if layout is not None else os.path.basename(path)
-
-
-def _torchrun_source(source: LogSource, rank: int, place: str) -> LogSource:
-    """A file of torchrun's --log-dir layout as rank `rank`, labelled with it and the file's folder."""
-    return LogSource(node=source.node, path=source.path, host=source.host, rank=rank, label="rank%d:%s" % (rank, place))
-
-
 def diagnose_run(
     names: Sequence[str], lines_of: Callable[[str], Iterable[str]], unreadable: Tuple[type, ...] = (OSError,)
 ) -> RunDiagnosis:
@@ -136,7 +101,7 @@ def diagnose_run(
     A file that raises one of `unreadable` is listed with its reason; the others are still read.
     """
     files = run_files(names)
-    return _diagnose(files, {path: run_source(path) for path in files}, lines_of, unreadable, local_files=True)
+    return _diagnose(files, {path: label_source(NODE, path) for path in files}, lines_of, unreadable, local_files=True)
 
 
 def diagnose_run_lines(logs: Mapping[Tuple[str, str], Sequence[str]]) -> RunDiagnosis:
@@ -147,7 +112,7 @@ def diagnose_run_lines(logs: Mapping[Tuple[str, str], Sequence[str]]) -> RunDiag
     not looked for, and a .json log is read as the lines given.
     """
     names = ["%s:%s" % key for key in logs]
-    sources = {name: run_source(path, node) for name, (node, path) in zip(names, logs)}
+    sources = {name: label_source(node, path) for name, (node, path) in zip(names, logs)}
     lines = dict(zip(names, logs.values()))
     return _diagnose(names, sources, lines.__getitem__, (), local_files=False)
 
@@ -170,16 +135,10 @@ def _diagnose(
         path = failure.error_file
         if path and path not in files and os.path.isfile(path):
             files.append(path)
-            source = run_source(path)
+            source = label_source(NODE, path)
             if failure.rank is not None:
                 # The table's rank is the global one (the file's folder is the local rank on its node).
-                source = LogSource(
-                    node=NODE,
-                    path=path,
-                    host=failure.host,
-                    rank=failure.rank,
-                    label="rank%d:%s" % (failure.rank, _place(path)),
-                )
+                source = ranked_source(LogSource(node=NODE, path=path, host=failure.host), failure.rank)
             total += _feed_file(diagnoser, result, path, source, lines_of, unreadable, evidence, local_files)
     if evidence.global_ranks:
         _global_ranks_of_folders(diagnoser, result, evidence.global_ranks)
@@ -256,7 +215,7 @@ def _global_ranks_of_folders(diagnoser: Diagnoser, result: RunDiagnosis, named: 
     rank was given (lines without the prefix: a crash's, an error file's) take the global rank."""
     folders: Dict[str, List[LogSource]] = {}
     for source in result.sources.values():
-        layout = _TORCHRUN_RANK_DIR.search(source.path.replace(os.sep, "/"))
+        layout = TORCHRUN_RANK_DIR.search(source.path.replace(os.sep, "/"))
         if layout is not None and source.rank == int(layout.group(2)):
             folders.setdefault(os.path.dirname(source.path), []).append(source)
     moved: Dict[str, Tuple[int, int]] = {}  # source key -> (the folder's rank, the global rank)
@@ -268,7 +227,7 @@ def _global_ranks_of_folders(diagnoser: Diagnoser, result: RunDiagnosis, named: 
         for source in sources:
             if source.rank != rank and source.rank is not None:
                 moved[source.key] = (source.rank, rank)
-                result.sources[source.key] = _torchrun_source(source, rank, _place(source.path))
+                result.sources[source.key] = ranked_source(source, rank)
     if moved:
         diagnoser.rerank(
             lambda finding: (

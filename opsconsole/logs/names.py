@@ -29,17 +29,52 @@ LEVEL_SEARCH_CHARS = 48  # how far past the timestamp a level word still counts 
 GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 ISO_STAMP = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?")
 
+# torchrun's --log-dir: <dir>/<run id>/attempt_<N>/<local rank>/{stdout,stderr}.log (and error.json where a child
+# recorded its exception); the folder is the local rank. A rank has at most 7 digits (int() of more is slow).
+TORCHRUN_RANK_DIR = re.compile(r"(?:^|/)(attempt_\d+/(\d{1,7})/[^/]+)$")
+# "rank2" in a file name ("worker-rank_2.out", "log.rank3.txt"), set apart by _ . - or the ends.
+RANK_IN_NAME = re.compile(r"(?:^|[_.-])rank[_-]?(\d{1,7})(?=[_.-]|$)", re.IGNORECASE)
+
 _hour_cache: Dict[Tuple[str, str], float] = {}  # ("YYYY-MM-DD HH", zone) -> epoch of that hour
 
 
 def label_source(node: str, path: str) -> LogSource:
-    """The source for `path` on `node`, with host and rank when the name follows the seed's naming."""
+    """The source for `path` on `node`, with the host and rank its name or place gives (the Logs pane's labels and
+    the diagnosis's, `diagnose --run` included, are these).
+
+    The seed's naming gives host and rank ("gpu07:rank3"); torchrun's --log-dir layout
+    (`.../attempt_0/{local_rank}/stderr.log`) the folder's rank, labelled "rank1:attempt_0/1/stderr.log" (the local
+    rank: the global one on a single node; the diagnosis of a run relabels a folder whose lines name another); a
+    `rank{N}` in the name that rank ("rank2:worker-rank_2.out"); else the label is the file name."""
     name = os.path.basename(path)
     match = TRAIN_LOG_NAME.match(name)
     if match:
         host, rank = match.group("host"), int(match.group("rank"))
         return LogSource(node=node, path=path, host=host, rank=rank, label="%s:rank%d" % (host, rank))
+    layout = TORCHRUN_RANK_DIR.search(path.replace(os.sep, "/"))
+    if layout is not None:
+        return ranked_source(LogSource(node=node, path=path), int(layout.group(2)))
+    named = RANK_IN_NAME.search(name)
+    if named is not None:
+        return ranked_source(LogSource(node=node, path=path), int(named.group(1)))
     return LogSource(node=node, path=path, label=name)
+
+
+def torchrun_place(path: str) -> str:
+    """What a label shows of a file: "attempt_0/1/stderr.log" in torchrun's --log-dir layout, else its name."""
+    layout = TORCHRUN_RANK_DIR.search(path.replace(os.sep, "/"))
+    return layout.group(1) if layout is not None else os.path.basename(path)
+
+
+def ranked_source(source: LogSource, rank: int) -> LogSource:
+    """`source` as rank `rank`, labelled "rank{N}:" and its place (torchrun's folders, else the file name)."""
+    return LogSource(
+        node=source.node,
+        path=source.path,
+        host=source.host,
+        rank=rank,
+        label="rank%d:%s" % (rank, torchrun_place(source.path)),
+    )
 
 
 def _hour_epoch(stamp: str, zone: Optional[str]) -> Optional[float]:
