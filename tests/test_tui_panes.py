@@ -451,7 +451,9 @@ async def test_cluster_pane_sort_and_cursor_follow_the_row():
         table = pane.tables[0].table
         await click_header(pilot, table, "util")
         assert pane.tables[0].sort.column == "util"
-        assert keys(table)[-1] == "gpu01/0"  # 100 % last when ascending
+        assert keys(table)[0] == "gpu01/0"  # 100 % first: utilisation sorts largest first (table_pane.LARGEST_FIRST)
+        await pilot.press("r")
+        assert keys(table)[-1] == "gpu01/0"  # reversed: 100 % last
         await pilot.press("r")
         assert keys(table)[0] == "gpu01/0"
         await pilot.press("down")  # cursor on the second row

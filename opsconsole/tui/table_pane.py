@@ -27,16 +27,41 @@ MAX_ROWS = 2000
 SORT_ARROWS = {False: "▲", True: "▼"}
 
 
+# Which way a column sorts when a press of `s` or a click on its header first reaches it: one rule for
+# every table pane (Processes, Nodes, Cluster GPUs), by the column's key. A column of one of these
+# quantities starts largest first (the busiest, fullest, hottest, most power-hungry first: what `top` and
+# nvitop show first); every other one smallest first (names, states, ages, counts, ids).
+LARGEST_FIRST = frozenset(
+    {
+        "util",  # GPU utilisation: a GPU's (Cluster GPUs)
+        "util_mean",  # a node's mean (Nodes)
+        "util_max",  # a node's busiest GPU (Nodes)
+        "sm",  # a process's SM share (Processes)
+        "memory",  # GPU memory used: a GPU's, a node's (Cluster GPUs, Nodes)
+        "mem_percent",  # the same as a share (Cluster GPUs)
+        "gpu_memory",  # a process's GPU memory (Processes)
+        "rss",  # a process's resident memory (Processes)
+        "cpu",  # a process's CPU (Processes)
+        "temp",  # a GPU's temperature, a node's hottest GPU
+        "power",  # a GPU's draw, a node's sum
+        "errors",  # a node's error count: the nodes with errors first
+    }
+)
+
+
 @dataclass(frozen=True)
 class Column:
-    """A table column: key (also its sort key), header label, fixed width (None: fit content), and whether
-    sorting by it starts largest first (CPU, RSS, GPU memory: what `top` shows first) or smallest first."""
+    """A table column: key (also its sort key), header label, fixed width (None: fit content); whether
+    sorting by it starts largest first is LARGEST_FIRST's rule, by the key."""
 
     key: str
     label: str
     width: Optional[int] = None
     sortable: bool = True
-    largest_first: bool = False
+
+    @property
+    def largest_first(self) -> bool:
+        return self.key in LARGEST_FIRST
 
 
 CELL_PADDING = 2  # DataTable draws one cell of padding on each side of a column
