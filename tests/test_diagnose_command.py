@@ -21,7 +21,7 @@ from opsconsole.diagnosis.knowledge import (
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "data" / "diagnosis"
 LABELS = json.loads((CORPUS / "labels.json").read_text(encoding="utf-8"))
-FINDING_KEYS = ["line", "category", "severity", "title", "cause", "remedy", "excerpt"]
+FINDING_KEYS = ["line", "category", "severity", "title", "cause", "remedy", "excerpt", "rank"]
 
 
 def diagnose(*args: str, stdin=None, input_bytes: bytes = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -76,6 +76,29 @@ def test_standard_input_with_a_dash():
     (doc,) = [json.loads(line) for line in done.stdout.decode().splitlines()]
     assert (doc["file"], doc["root_cause"]) == ("-", "nan_inf")
     assert [f["line"] for f in doc["findings"]] == [7, 8]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        CORPUS / "app_error_torchrun_tee_assert.log",  # torchrun --tee: "[default1]:[rank1]: ..."
+        CORPUS / "host_oom_memoryerror_torchrun_tee.log",  # "[default1]:" alone on the rank's own prints
+        *(ROOT / "tests" / "data" / "torchrun_gloo_setup_peer_killed").glob("torchrun/*/attempt_0/0/stderr.log"),
+    ],
+    ids=lambda path: path.name if path.name != "stderr.log" else "attempt_0/0/stderr.log",
+)
+def test_a_single_files_json_findings_carry_the_ranks_diagnose_run_gives_them(path):
+    # Real torchrun output, rank-prefixed. diagnose --run --json gives each finding the rank of its prefix; the
+    # single-file --json of the same file gave its findings no rank at all.
+    alone = diagnose("--json", str(path))
+    run = diagnose("--run", "--json", str(path))
+    assert alone.returncode == run.returncode == 0, alone.stderr + run.stderr
+    (document,) = [json.loads(line) for line in alone.stdout.decode().splitlines()]
+    findings = json.loads(run.stdout)["findings"]
+    assert findings and [(f["line"], f["category"], f["rank"]) for f in document["findings"]] == [
+        (f["line"], f["category"], f["rank"]) for f in findings
+    ]
+    assert any(f["rank"] is not None for f in findings)
 
 
 def test_missing_and_unreadable_files_exit_2_naming_them_while_the_others_are_diagnosed(tmp_path):

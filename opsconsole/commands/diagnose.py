@@ -12,7 +12,9 @@ Each input is read as bytes, line by line (memory stays bounded however large th
 as UTF-8 with replacement characters, and fed to the same Diagnoser the console's Log pane uses.
 Rotated logs compressed as .gz, .bz2 or .xz are read through the matching decompressor.
 With --json: one object per input on its own line, `{"file", "root_cause", "findings": [{"line",
-"category", "severity", "title", "cause", "remedy", "excerpt"}]}`; without it, a readable report.
+"category", "severity", "title", "cause", "remedy", "excerpt", "rank"}]}`, each finding's rank the one --run gives
+it (the file's name or torchrun folder, the line's "[rank1]:" / "[default1]:" prefix; None where nothing names
+one); without it, a readable report.
 Exit 0 when every input was diagnosed (failures found or not), 2 for bad usage or when an input
 could not be read (named on stderr, one line; the other inputs are still diagnosed). With --run a
 directory holding no log file is such an input too, and when no file at all was read nothing is printed on
@@ -366,10 +368,14 @@ def _read_errors() -> tuple:
 
 
 def diagnose_input(name: str):
-    """Diagnose one file (or standard input for '-'); one of _read_errors() when it cannot be read."""
+    """Diagnose one file (or standard input for '-'); one of _read_errors() when it cannot be read. A file's findings
+    get the ranks --run gives them (its name or torchrun folder, the lines' prefixes)."""
     from opsconsole.diagnosis.engine import diagnose_lines
+    from opsconsole.diagnosis.run import diagnose_file
 
-    return diagnose_lines(_decoded_lines(name), source=name)
+    if name == STDIN:
+        return diagnose_lines(_decoded_lines(name), source=name)
+    return diagnose_file(name, _decoded_lines)
 
 
 def _decoded_lines(name: str) -> Iterator[str]:
@@ -418,7 +424,11 @@ def json_document(name: str, result) -> dict:
     document = {
         "file": name,
         "root_cause": result.root_cause,
-        "findings": [{key: getattr(finding, key) for key in FINDING_KEYS} for finding in result.findings],
+        # Each with its rank, as --run's: None where neither the file nor the line names one.
+        "findings": [
+            {**{key: getattr(finding, key) for key in FINDING_KEYS}, "rank": finding.rank}
+            for finding in result.findings
+        ],
     }
     if result.handled:
         document["handled"] = [_handled_json(finding) for finding in result.handled]

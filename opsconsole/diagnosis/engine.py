@@ -1282,12 +1282,18 @@ def diagnose_lines(lines: Iterable[str], source: Optional[str] = None, max_findi
     number = 0
     for number, text in enumerate(lines, 1):
         diagnoser.feed_text(text.rstrip("\r\n"), number, source)
+    return diagnosis_of(diagnoser, number)
+
+
+def diagnosis_of(diagnoser: Diagnoser, lines: int) -> Diagnosis:
+    """What `diagnoser` found in one input of `lines` lines: its verdict, and the findings as the verdict counts
+    them (attributed)."""
     verdict = diagnoser.verdict()
     return Diagnosis(
         root_cause=diagnoser.root_cause(),
         findings=tuple(attributed(diagnoser.findings(), verdict)),
         summary=tuple(diagnoser.summary()),
-        lines=number,
+        lines=lines,
         dropped=diagnoser.dropped,
         handled=tuple(diagnoser.handled()),
         verdict=verdict,

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
-from opsconsole.diagnosis.engine import Diagnoser, Diagnosis, RootCause, attributed
+from opsconsole.diagnosis.engine import Diagnoser, Diagnosis, RootCause, attributed, diagnosis_of
 from opsconsole.diagnosis.finding import Finding
 from opsconsole.diagnosis.launcher import error_file_lines, parse_error_file
 from opsconsole.logs.names import TORCHRUN_RANK_DIR, label_source, ranked_source
@@ -102,6 +102,21 @@ def diagnose_run(
     """
     files = run_files(names)
     return _diagnose(files, {path: label_source(NODE, path) for path in files}, lines_of, unreadable, local_files=True)
+
+
+def diagnose_file(path: str, lines_of: Callable[[str], Iterable[str]]) -> Diagnosis:
+    """One file read alone (`opsconsole diagnose FILE`): its own verdict, its findings with the ranks diagnose_run
+    gives them. The file is the source diagnose_run makes of it (label_source: the seed's name, torchrun's
+    attempt_N/<rank>/ folder, a rank{N} in the name), "[rankN]:" and "[default1]:" prefixes give a line's rank, and a
+    torchrun folder whose lines name one other global rank is that rank. Its lines are read as given (a .json file
+    too); what `lines_of` raises is raised."""
+    diagnoser = Diagnoser()
+    result = RunDiagnosis(verdict=None, diagnosis=Diagnosis(root_cause=None, findings=()), files=[path])
+    evidence = _OutcomeEvidence()
+    lines = _feed_file(diagnoser, result, path, label_source(NODE, path), lines_of, (), evidence, local_files=False)
+    if evidence.global_ranks:
+        _global_ranks_of_folders(diagnoser, result, evidence.global_ranks)
+    return diagnosis_of(diagnoser, lines)
 
 
 def diagnose_run_lines(logs: Mapping[Tuple[str, str], Sequence[str]]) -> RunDiagnosis:
