@@ -10,20 +10,22 @@ from rich.text import Text
 
 from opsconsole.config import Config
 from opsconsole.model import NodeState
+from opsconsole.sanitize import printable_line
 from opsconsole.tui import bars
 from opsconsole.tui.formatting import format_frame_age, format_percent, printable_text
 from opsconsole.tui.lines_view import LinesView
 
 
 def console_name(states: Mapping[str, NodeState]) -> str:
-    """One node: its name (and hostname when it differs); several: how many."""
+    """One node: its name (and hostname when it differs); several: how many. One line: the header
+    is split at its newlines, so a newline in a name would push the rest onto the second line."""
     if len(states) != 1:
         return "%d nodes" % len(states)
     state = next(iter(states.values()))
     host = state.frame.host if state.frame is not None else None
     if host is not None and host.hostname and host.hostname != state.name:
-        return "%s (%s)" % (state.name, host.hostname)
-    return state.name
+        return printable_line("%s (%s)" % (state.name, host.hostname))
+    return printable_line(state.name)
 
 
 def newest_age(states: Mapping[str, NodeState], now: float) -> Optional[float]:
@@ -50,7 +52,7 @@ def header_text(
     text.append(" opsconsole ", style="bold reverse")
     text.append("  " + console_name(states), style="bold")
     if node is not None and len(states) > 1:
-        text.append("  > " + node, style="bold " + palette.accent)
+        text.append("  > " + printable_line(node), style="bold " + palette.accent)
     mode = "[R]" if config.console.read_only else "[RW]"
     text.append("  " + mode, style="bold " + (palette.warn if not config.console.read_only else palette.ok))
     text.append("   " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)))
@@ -62,7 +64,7 @@ def header_text(
     )
     job = getattr(totals, "job", None)  # a followed Slurm job (RunTotals, opsconsole/nodes/totals.py)
     if job:
-        text.append("   " + job, style="bold " + palette.accent)
+        text.append("   " + printable_line(job), style="bold " + palette.accent)
     text.append("\n")
     # The counts line as (text, style, rank): a line wider than `width` gives up rank 1, then 2, ... (the
     # GPU readings the panes show anyway); what needs someone (down, host keys, alerts, health) stays.
@@ -97,7 +99,8 @@ def header_text(
         parts.append(("   HEALTH " + badge, "bold reverse " + (palette.crit if health_failures else palette.warn), 0))
     for name, state, reason in getattr(totals, "sources", ()):  # Prometheus sources not answering
         if state not in ("up", "connecting"):
-            parts.append(("   %s %s" % (name, state) + (": " + reason if reason else ""), "bold " + palette.crit, 0))
+            said = "   %s %s" % (name, state) + (": " + reason if reason else "")
+            parts.append((printable_line(said), "bold " + palette.crit, 0))
     if recording:  # a recording runs: always in sight, as what needs someone is
         parts.append(("   ● REC", "bold " + palette.crit, 0))
     for rank in (1, 2, 3):

@@ -12,6 +12,7 @@ from textual.widgets import DataTable, Static
 
 from opsconsole.config import DEFAULT_CONFIG, HealthConfig
 from opsconsole.model import DiskUsage, HostSample, NodeState, ProcessSample
+from opsconsole.sanitize import printable_line
 from opsconsole.tui import bars
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_PLAIN, LEVEL_WARN, Palette
 from opsconsole.tui.formatting import (
@@ -115,9 +116,11 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
     """The summary above the process table, as styled segments."""
     frame = state.frame
     host: Optional[HostSample] = frame.host if frame is not None else None
-    title = "host %s" % state.name
+    # Names, mount points and interfaces on one line each: "\n" segments are the summary's layout, and
+    # a newline or tab in a host name broke it (a tab reached the terminal raw).
+    title = "host %s" % printable_line(state.name)
     if host is not None and host.hostname and host.hostname != state.name:
-        title += " (%s)" % host.hostname
+        title += " (%s)" % printable_line(host.hostname)
     out: List[Segment] = [(title, LEVEL_PLAIN)]
     condition = node_condition(state, now)
     if condition is not None:  # on lines of its own, whole: its end is often the fix
@@ -172,7 +175,7 @@ def host_segments(state: NodeState, health: HealthConfig, now: float, width: int
         out.append(
             (
                 "  %s rx %s tx %s"
-                % (rate.interface, format_rate(rate.rx_bytes_per_s), format_rate(rate.tx_bytes_per_s)),
+                % (printable_line(rate.interface), format_rate(rate.rx_bytes_per_s), format_rate(rate.tx_bytes_per_s)),
                 LEVEL_PLAIN,
             )
         )
@@ -198,7 +201,7 @@ def disk_segments(disks: Sequence[DiskUsage], health: HealthConfig, width: int) 
         # The free space first and as the overview says it ("64 GiB free"): what a cut line keeps.
         reading = " %s free of %s (%s)" % (format_bytes(disk.free), format_bytes(disk.total), format_percent(free))
         # Measured as drawn: a control character is one visible picture (printable), not zero cells.
-        items.append((printable(disk.path), bars.bar(100.0 - free, DISK_BAR), level, reading))
+        items.append((printable_line(disk.path), bars.bar(100.0 - free, DISK_BAR), level, reading))
 
     def cells(path: str, bar: str, reading: str) -> int:
         return 2 + cell_len(path) + 1 + len(bar) + len(reading)

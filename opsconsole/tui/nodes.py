@@ -16,6 +16,7 @@ from textual.widgets import DataTable
 from opsconsole.actions.registry import TARGET_NODE, Target
 from opsconsole.fleet_view import NODE_FILTER, NODE_SORT_KEYS, TREND_POINTS, NodeRow, filter_rows, node_rows
 from opsconsole.history import sparkline
+from opsconsole.sanitize import printable_line
 from opsconsole.tui.action_flow import ActionKeys, action_bindings
 from opsconsole.tui.formatting import (
     NA,
@@ -101,7 +102,7 @@ def node_table_row(row: NodeRow, columns: Sequence[Column] = NODE_COLUMNS) -> Ta
     state_cell_style = state_style(row.state)
     reason_width = next((c.width for c in columns if c.key == "reason"), None) or REASON_WIDTH
     cells = {
-        "name": lambda: cell(row.name),
+        "name": lambda: cell(printable_line(row.name)),  # before Rich, which drops a carriage return unseen
         "state": lambda: cell(row.state, state_cell_style),
         "reason": lambda: cell(shorten_reason(row.reason, reason_width)),
         "gpus": lambda: cell(format_count(row.gpu_count)),
@@ -173,10 +174,11 @@ class NodesPane(ActionKeys, TablePane):
     def draw(self) -> List[str]:
         sorted_table = self.tables[0]
         rows = node_rows(self.states, self.now, self.node, self.history())
-        # Cells, not characters: a wide (CJK, emoji) name takes two a character and must still show whole.
+        # Cells, not characters: a wide (CJK, emoji) name takes two a character and must still show whole;
+        # measured as drawn, where a control character is one visible picture (Rich counts it as none).
         columns = node_columns(
             self.size.width - 2,
-            max((cell_len(row.name) for row in rows), default=0),
+            max((cell_len(printable_line(row.name)) for row in rows), default=0),
             max((len(row.state) for row in rows), default=0),
         )
         # A node going `connecting` widens State: widths change in place, so the cursor stays on its node;

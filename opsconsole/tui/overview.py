@@ -20,6 +20,7 @@ from textual.widgets import DataTable, Static
 from opsconsole.config import DEFAULT_CONFIG, HealthConfig
 from opsconsole.history import History, sparkline
 from opsconsole.model import GpuSample, HostSample, NodeState, ProcessSample
+from opsconsole.sanitize import printable_line
 from opsconsole.tui import bars
 from opsconsole.tui.bars import LEVEL_CRIT, LEVEL_DIM, LEVEL_OK, LEVEL_PLAIN, LEVEL_WARN, Palette
 from opsconsole.tui.formatting import (
@@ -451,7 +452,11 @@ def process_rows(state: NodeState, palette: Palette, filter_text: str, command_w
 
 
 def lines_text(lines: Sequence[Line], palette: Palette, dim: bool) -> List[Text]:
-    """Styled lines as Texts; node-provided strings (names, paths, interfaces) made printable."""
+    """Styled lines as Texts; node-provided strings (names, paths, interfaces) made printable on one line.
+
+    Each Line is one row: a tab in a host name or a mount point reached the terminal raw (moving the
+    cursor to a tab stop Textual does not know of), and a newline broke the row in two.
+    """
     out = []
     for line in lines:
         text = Text(no_wrap=True, overflow="ellipsis", end="")
@@ -463,7 +468,7 @@ def lines_text(lines: Sequence[Line], palette: Palette, dim: bool) -> List[Text]
                 style = palette.accent
             else:
                 style = palette.style(LEVEL_DIM if dim and level != LEVEL_CRIT else level)
-            text.append(printable(part), style=style)
+            text.append(printable_line(part), style=style)
     return out
 
 

@@ -13,7 +13,8 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from opsconsole.model import frozen
-from opsconsole.tui.formatting import NA, printable, printable_text
+from opsconsole.sanitize import printable_line
+from opsconsole.tui.formatting import NA
 
 
 class TableRow(NamedTuple):
@@ -33,7 +34,7 @@ StyledCell = Tuple[str, str]  # (text, rich style): the cells the GPUs and Host 
 def styled_text(cell: StyledCell) -> Text:
     """The Text a DataTable shows for a styled cell (no markup parsing: process names may hold brackets)."""
     text, style = cell
-    return Text(printable(text), style=style, no_wrap=True, overflow="ellipsis", end="")
+    return Text(printable_line(text), style=style, no_wrap=True, overflow="ellipsis", end="")
 
 
 def styled_row(key: str, cells: Sequence[StyledCell]) -> TableRow:
@@ -57,14 +58,29 @@ class TableDiff:
 
 def as_cell(value: Any) -> Any:
     """A cell value safe to show: strings become plain Text so `[` in a command is not markup,
-    and control characters (an ESC in a command line) are made visible, never sent to the terminal."""
+    and control characters (an ESC in a command line) are made visible, never sent to the terminal.
+
+    A row is one line: a newline or tab is made visible too. Kept, a newline hid what followed it
+    (two nodes named "gpu\n1" and "gpu\n2" both read "gpu") and a tab was widened to spaces.
+    """
     if value is None:
         return Text(NA, end="")
     if isinstance(value, str):
-        return Text(printable(value), end="")
+        return Text(printable_line(value), end="")
     if isinstance(value, Text):
-        return printable_text(value)
+        return one_line_text(value)
     return value
+
+
+def one_line_text(text: Text) -> Text:
+    """`text` with its control characters, newline and tab among them, made visible; the same one when it has none."""
+    plain = text.plain
+    clean = printable_line(plain)
+    if clean == plain:
+        return text
+    text = text.copy()
+    text.plain = clean  # same length: the spans keep their places
+    return text
 
 
 def same_cell(old: Any, new: Any) -> bool:
