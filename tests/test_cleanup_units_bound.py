@@ -1,9 +1,9 @@
 """`cleanup`: a directory of many units makes a bounded document, with counts of what was left out.
 
-Real `opsconsole cleanup` processes over real torch.save files: --json names the first SHOWN_UNITS
-units of the plan and of the results, in the plan's order, and counts the rest (they were one entry per
-unit, however many); the text output of a stopped cleanup names the first SHOWN_MEMBERS units it did not
-reach and says how many more (it printed a line for every one).
+Real `opsconsole cleanup` processes over real torch.save files: --json names SHOWN_UNITS units of the
+plan and of the results, in the plan's order (a failure kept among the results), and counts the rest
+(they were one entry per unit, however many); the text output of a stopped cleanup names the first
+SHOWN_MEMBERS units it did not reach and says how many more (it printed a line for every one).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from opsconsole.checkpoints.cleanup import SHOWN_MEMBERS
@@ -60,21 +61,31 @@ def test_the_plan_and_results_of_many_units_are_bounded_with_counts(tmp_path):
     assert plan["plan_more"] == units - SHOWN_UNITS
     assert (plan["units"], plan["units_to_delete"]) == (units, units - 1)
 
-    done = cleanup(tmp_path, audit_log, *args, "--yes")
-    assert done.returncode == 0, done.stderr
+    # The oldest unit, the plan's last deletion, cannot go (immutable): a failure past the first SHOWN_UNITS.
+    stuck = Path(newest_first[-1])
+    if subprocess.run(["chattr", "+i", str(stuck)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not possible here (needs root and a file system that has the flag)")
+    try:
+        done = cleanup(tmp_path, audit_log, *args, "--yes")
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], capture_output=True)  # else pytest cannot remove it
+    assert done.returncode == 1, done.stderr  # a deletion failed
     document = json.loads(done.stdout)
     assert len(document["plan"]["plan"]) == SHOWN_UNITS and document["plan"]["plan_more"] == units - SHOWN_UNITS
     result = document["result"]
-    # The first SHOWN_UNITS results, in the plan's order, the rest counted; the counts are of them all.
-    assert [r["path"] for r in result["results"]] == newest_first[1 : SHOWN_UNITS + 1]
-    assert all(r["deleted"] for r in result["results"])
+    # SHOWN_UNITS results in the plan's order, the failure among them though it came last, the rest
+    # counted; the counts are of them all (before: every result).
+    shown = [r["path"] for r in result["results"]]
+    assert shown == newest_first[1:SHOWN_UNITS] + [str(stuck)]
+    assert all(r["deleted"] for r in result["results"][:-1])
+    assert not result["results"][-1]["deleted"] and result["results"][-1]["error"]
     assert result["results_more"] == units - 1 - SHOWN_UNITS
-    assert (result["units_deleted"], result["units_failed"]) == (units - 1, 0)
-    assert [p.name for p in root.iterdir()] == [Path(newest_first[0]).name]  # every planned unit went
+    assert (result["units_deleted"], result["units_failed"]) == (units - 2, 1)
+    assert sorted(p.name for p in root.iterdir()) == sorted([Path(newest_first[0]).name, stuck.name])
     # Every unit is in the audit log (where what --json leaves out is named).
     records = [json.loads(line) for line in audit_log.read_text().splitlines()]
     deleted = [r["detail"] for r in records if r["action"] == "checkpoint.delete" and r["outcome"] == "ok"]
-    assert len(deleted) == units - 1 and all(d.endswith(" (opsconsole cleanup): deleted") for d in deleted)
+    assert len(deleted) == units - 2 and all(d.endswith(" (opsconsole cleanup): deleted") for d in deleted)
 
 
 def test_a_stopped_cleanups_text_names_the_first_units_not_attempted_and_how_many_more(tmp_path):

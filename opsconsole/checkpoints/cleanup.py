@@ -185,8 +185,9 @@ class CleanupResult:
             "units_failed": len(self.failed),
             # Bounded whatever the units hold: a unit that failed part way gives counts and the first
             # names of what went (partly_deleted), its error the cause alone; the audit record has every name.
-            # And whatever the directory holds: the first SHOWN_UNITS results, in the plan's order, and how
-            # many more (the counts above are of them all), as the plan's units.
+            # And whatever the directory holds: SHOWN_UNITS results, in the plan's order, and how many more
+            # (the counts above are of them all), as the plan's units; every failure among them while
+            # there is room (shown_results).
             "results": [
                 {
                     "path": r.path,
@@ -195,7 +196,7 @@ class CleanupResult:
                     "error": r.cause(),
                     "partly_deleted": r.partly_deleted(),
                 }
-                for r in self.results[:SHOWN_UNITS]
+                for r in shown_results(self.results)
             ],
             "results_more": max(0, len(self.results) - SHOWN_UNITS),
             # The planned units it stopped before (the audit log failed, the node went away): the first
@@ -203,6 +204,18 @@ class CleanupResult:
             "remaining": list(self.remaining[:SHOWN_MEMBERS]),
             "remaining_more": max(0, len(self.remaining) - SHOWN_MEMBERS),
         }
+
+
+def shown_results(results: Tuple[FileResult, ...]) -> Tuple[FileResult, ...]:
+    """The results --json names, in their order: all when SHOWN_UNITS or fewer, else the units not
+    deleted first (up to SHOWN_UNITS: what went wrong is what a reader looks for) and the first deleted
+    ones in the room left."""
+    if len(results) <= SHOWN_UNITS:
+        return results
+    failed = [i for i, r in enumerate(results) if not r.deleted][:SHOWN_UNITS]
+    room = SHOWN_UNITS - len(failed)
+    deleted = [i for i, r in enumerate(results) if r.deleted][:room]
+    return tuple(results[i] for i in sorted(failed + deleted))
 
 
 AuditWriter = Callable[[str, str, str, str], Optional[str]]
