@@ -485,8 +485,11 @@ async def test_two_hf_runs_in_one_output_dir_the_pane_says_which_checkpoint_resu
         assert warning.startswith(words), warning
         # On the screen as the operator reads it, whole (wrapped above the units; before, it ended the
         # one-line status and was cut at the terminal's width after "warning: two").
+        # (Waited for: the line shows from the next layout after the scan's redraw.)
+        await wait_for(
+            lambda: ("warning: " + warning) in " ".join(screen_text(app).split()), "the warning on screen", pilot=pilot
+        )
         shown = screen_text(app)
-        assert ("warning: " + warning) in " ".join(shown.split()), shown
         assert "1 warning above the units" in str(pane.status.render())
         # Where it stands: between the directory table and the units.
         lines = shown.splitlines()
