@@ -1,18 +1,17 @@
 """The config schema, declared once: each section a frozen dataclass whose fields carry type, default and range.
 
 These dataclasses are the contract the rest of the code reads, and the schema a file is validated
-against (validate.py, by msgspec). Ranges and patterns are msgspec `Meta` constraints in the types;
-enums are Literal types. A field's dataclass metadata says where the file spells it differently
-(`alias`, a `table` of free names, an `argv` command as one string) and what validate.py and
-sections.py need for the messages (`expects`, `example`) and for paths under ~ (`path`).
+against (validate.py, by msgspec). Ranges and patterns are `Limits` in the types, which validate.py
+turns into msgspec `Meta` constraints on the first file it reads; enums are Literal types. A field's
+dataclass metadata says where the file spells it differently (`alias`, a `table` of free names, an
+`argv` command as one string) and what validate.py and sections.py need for the messages
+(`expects`, `example`) and for paths under ~ (`path`).
 """
 
 # No `from __future__ import annotations`: msgspec reads these types as objects instead of compiling each string.
 import os
 from dataclasses import field, fields
 from typing import Annotated, Any, Dict, Literal, Optional, Tuple, get_args
-
-from msgspec import Meta
 
 from opsconsole.alert_names import Comparison, MetricName, Severity
 from opsconsole.model import frozen
@@ -27,12 +26,28 @@ MAX_AGE_S = 10 * 365 * 86400.0
 MAX_RECORD_MB = 1_000_000.0
 
 
-def between(low: float, high: float) -> Meta:
+class Limits:
+    """A setting's range or pattern, as msgspec's `Meta` takes them (ge, le, gt, pattern, extra).
+
+    Not msgspec's own: a console started without a config file validates nothing, and importing
+    msgspec (its compiled core, and the inspect and JSON-schema modules it loads) cost ~0.6 MB of
+    its RSS on the VM. validate.py makes each one a msgspec `Meta` before the first file is checked."""
+
+    __slots__ = ("constraints",)
+
+    def __init__(self, **constraints: Any) -> None:
+        self.constraints = constraints
+
+    def __repr__(self) -> str:
+        return "Limits(%s)" % ", ".join("%s=%r" % item for item in self.constraints.items())
+
+
+def between(low: float, high: float) -> Limits:
     """The range a setting means ("must be between"), unlike a floor and a sanity ceiling."""
-    return Meta(ge=low, le=high, extra={"between": True})
+    return Limits(ge=low, le=high, extra={"between": True})
 
 
-Text = Annotated[str, Meta(pattern=r"\S")]  # never blank
+Text = Annotated[str, Limits(pattern=r"\S")]  # never blank
 Words = Tuple[Text, ...]
 
 
@@ -64,8 +79,8 @@ def table(shape: str = "a table", *, expects: str = "") -> Any:
 HostKeyPolicy = Literal["strict", "accept-new"]  # checking is never off
 HOST_KEY_POLICIES: Tuple[str, ...] = get_args(HostKeyPolicy)
 Port = Annotated[int, between(1, 65535)]
-Interval = Annotated[float, Meta(ge=MIN_INTERVAL_S, le=MAX_INTERVAL_S)]
-Timeout = Annotated[float, Meta(gt=0, le=MAX_TIMEOUT_S)]
+Interval = Annotated[float, Limits(ge=MIN_INTERVAL_S, le=MAX_INTERVAL_S)]
+Timeout = Annotated[float, Limits(gt=0, le=MAX_TIMEOUT_S)]
 Percent = Annotated[float, between(0, 100)]
 
 
@@ -115,12 +130,12 @@ class SshConfig:
 
     host_key_policy: HostKeyPolicy = "strict"
     known_hosts: Optional[Text] = local_path()  # None: ~/.ssh/known_hosts
-    max_logins: Annotated[int, Meta(ge=1, le=256)] = 8  # logins in flight at once (sshd MaxStartups drops beyond ~10)
-    max_channels: Annotated[int, Meta(ge=1, le=64)] = 8  # per connection, under sshd MaxSessions (10)
+    max_logins: Annotated[int, Limits(ge=1, le=256)] = 8  # logins in flight at once (sshd MaxStartups drops beyond ~10)
+    max_channels: Annotated[int, Limits(ge=1, le=64)] = 8  # per connection, under sshd MaxSessions (10)
     connect_timeout: Timeout = 10.0
     keepalive_interval: Interval = 1.0
-    keepalive_count_max: Annotated[int, Meta(ge=1, le=100)] = 3
-    backoff_initial: Annotated[float, Meta(ge=MIN_POLL_S, le=MAX_INTERVAL_S)] = 1.0
+    keepalive_count_max: Annotated[int, Limits(ge=1, le=100)] = 3
+    backoff_initial: Annotated[float, Limits(ge=MIN_POLL_S, le=MAX_INTERVAL_S)] = 1.0
     backoff_max: Timeout = 60.0  # at least backoff_initial (sections.py)
 
 
@@ -131,11 +146,11 @@ class LogsConfig:
     paths: Words = ()  # globs followed on every node
     node_paths: Tuple[Tuple[str, Words], ...] = table("a table of node name = [globs]")  # from [logs.node_paths]
     # seconds between looks at files without inotify (NFS) and remote files
-    poll_interval: Annotated[float, Meta(ge=MIN_POLL_S, le=60.0)] = 0.25
+    poll_interval: Annotated[float, Limits(ge=MIN_POLL_S, le=60.0)] = 0.25
     rescan_interval: Interval = 5.0  # seconds between globbing again for new files
     # seconds without a new line before a live run counts as stalled
-    stall_after: Annotated[float, Meta(gt=0, le=30 * 86400.0)] = 600.0
-    max_lines: Annotated[int, Meta(ge=100, le=10_000_000)] = 100_000  # lines kept in memory per source
+    stall_after: Annotated[float, Limits(gt=0, le=30 * 86400.0)] = 600.0
+    max_lines: Annotated[int, Limits(ge=100, le=10_000_000)] = 100_000  # lines kept in memory per source
 
     def globs_for(self, node: str) -> Tuple[str, ...]:
         """The globs followed on `node`: `paths` plus its own from [logs.node_paths]."""
@@ -150,25 +165,25 @@ class CheckpointDirConfig:
     path: Text
     node: Optional[Text] = None  # None: the local node
     # cleanup keeps the newest `keep` (like CheckpointManager's max_to_keep), plus best and latest
-    keep: Annotated[int, Meta(ge=0, le=1_000_000)] = 3
+    keep: Annotated[int, Limits(ge=0, le=1_000_000)] = 3
     # seconds: anything modified more recently is never deleted (it may be mid-write)
-    min_age: Annotated[float, Meta(ge=0, le=MAX_AGE_S)] = 600.0
+    min_age: Annotated[float, Limits(ge=0, le=MAX_AGE_S)] = 600.0
 
 
 @frozen
 class HealthConfig:
     """[health]: the thresholds of the health rules and the on-node GPU suite's limits."""
 
-    gpu_temperature_c: Annotated[float, Meta(gt=0, le=200.0)] = 85.0
+    gpu_temperature_c: Annotated[float, Limits(gt=0, le=200.0)] = 85.0
     disk_free_percent: Percent = 10.0
     memory_percent: Percent = 90.0
     disk_paths: Words = ("/",)
-    temperature_margin_c: Annotated[float, Meta(ge=0, le=100.0)] = 5.0  # warn this close to the slowdown threshold
+    temperature_margin_c: Annotated[float, Limits(ge=0, le=100.0)] = 5.0  # warn this close to the slowdown threshold
     swap_used_percent: Percent = 10.0  # swap in use above this share of swap
     iowait_percent: Percent = 20.0  # CPU time waiting on I/O above this: an I/O bottleneck
     gpu_idle_percent: Percent = 10.0  # GPU utilisation below this counts as idle
     # a training job's children using this much CPU in all are busy
-    loader_busy_percent: Annotated[float, Meta(gt=0, le=100_000.0)] = 50.0
+    loader_busy_percent: Annotated[float, Limits(gt=0, le=100_000.0)] = 50.0
     gpu_test_memory_share: Annotated[float, between(0.001, 0.9)] = 0.25  # share of free GPU memory the test writes
     gpu_test_timeout_s: Timeout = 120.0  # the on-node GPU suite is stopped after this long
 
@@ -204,9 +219,9 @@ class RecordConfig:
     """[record]: where the console's recordings go and how much of them is kept."""
 
     directory: Optional[Text] = local_path()  # where the console's record key writes; None: $XDG_STATE_HOME/opsconsole
-    max_mb: Annotated[float, Meta(gt=0, le=MAX_RECORD_MB)] = 200.0  # oldest part dropped beyond this
-    max_age_s: Optional[Annotated[float, Meta(gt=0, le=MAX_AGE_S)]] = None  # None: kept until max_mb
-    chunk_s: Annotated[float, Meta(ge=1.0, le=60.0)] = 5.0
+    max_mb: Annotated[float, Limits(gt=0, le=MAX_RECORD_MB)] = 200.0  # oldest part dropped beyond this
+    max_age_s: Optional[Annotated[float, Limits(gt=0, le=MAX_AGE_S)]] = None  # None: kept until max_mb
+    chunk_s: Annotated[float, Limits(ge=1.0, le=60.0)] = 5.0
 
 
 @frozen
@@ -217,7 +232,7 @@ class AlertRuleConfig:
     metric: MetricName
     comparison: Comparison
     threshold: float
-    for_s: Annotated[float, Meta(ge=0, le=7 * 86400.0)] = field(default=0.0, metadata={"alias": "for"})
+    for_s: Annotated[float, Limits(ge=0, le=7 * 86400.0)] = field(default=0.0, metadata={"alias": "for"})
     severity: Severity = "warning"
     clear: Optional[float] = None
 
@@ -231,7 +246,7 @@ class AlertingConfig:
     toast: bool = True
     # argv of a command that gets each alert as JSON on stdin (its program: a local path)
     hook: Words = local_path(())
-    hook_timeout_s: Annotated[float, Meta(gt=0, le=MAX_INTERVAL_S)] = 5.0
+    hook_timeout_s: Annotated[float, Limits(gt=0, le=MAX_INTERVAL_S)] = 5.0
 
 
 Telemetry = Literal["ssh", "prometheus"]
@@ -243,7 +258,7 @@ PROMETHEUS_LABEL = r"^[A-Za-z_][A-Za-z0-9_]*$"
 class SourceConfig:
     """A telemetry source other than SSH: `kind = "prometheus"` reads a Prometheus server's API."""
 
-    url: Annotated[str, Meta(pattern=r"^https?://[^/\s]+\S*$")] = field(
+    url: Annotated[str, Limits(pattern=r"^https?://[^/\s]+\S*$")] = field(
         metadata={"expects": "an http:// or https:// URL", "example": "http://prometheus:9090"}
     )
     kind: SourceKind = "prometheus"
@@ -251,18 +266,18 @@ class SourceConfig:
     bearer_token_file: Optional[Text] = local_path()  # sent as "Authorization: Bearer ..."
     ca_file: Optional[Text] = local_path()  # CA bundle for https; verification is never off
     node_labels: Words = ("Hostname", "instance")  # first present names the node (instance: port dropped)
-    gpu_label: Annotated[str, Meta(pattern=PROMETHEUS_LABEL)] = field(
+    gpu_label: Annotated[str, Limits(pattern=PROMETHEUS_LABEL)] = field(
         default="gpu", metadata={"expects": "a Prometheus label name"}
     )
     interval: Optional[Interval] = None  # None: console.interval
-    timeout: Annotated[float, Meta(gt=0, le=MAX_INTERVAL_S)] = 10.0
+    timeout: Annotated[float, Limits(gt=0, le=MAX_INTERVAL_S)] = 10.0
     telemetry: Telemetry = "ssh"  # for a node also reached over SSH: whose frames to show
     nodes: Words = ()  # only these nodes (hostlists expanded); () = all
     selector: Optional[Text] = None  # extra label matchers for every query, e.g. 'cluster="a"'
-    rate_window: Annotated[str, Meta(pattern=r"^([0-9]+(ms|s|m|h|d|w|y))+$")] = field(
+    rate_window: Annotated[str, Limits(pattern=r"^([0-9]+(ms|s|m|h|d|w|y))+$")] = field(
         default="1m", metadata={"expects": 'a Prometheus duration like "1m" or "30s"'}
     )  # range of rate() over node-exporter counters
-    slow_every: Annotated[int, Meta(ge=1, le=10_000)] = 6  # names, limits, ECC, file systems: every N refreshes
+    slow_every: Annotated[int, Limits(ge=1, le=10_000)] = 6  # names, limits, ECC, file systems: every N refreshes
     stale_after: Optional[Timeout] = None  # None: 3 x max(scrape interval seen, interval) + 2 s
     # "ADDRESS_OR_NAME=NODE": names a host whose exporters say no usable name (see sources/node_identity.py).
     node_names: Words = ()

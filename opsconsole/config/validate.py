@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from dataclasses import Field, fields
+from dataclasses import Field, fields, is_dataclass
 from functools import lru_cache
 from typing import (
     Annotated,
@@ -37,6 +37,37 @@ from opsconsole.config import schema, sections
 from opsconsole.config.errors import ConfigError, KeyPath, format_path, quote, show, suggest
 from opsconsole.config.locator import KeyLines
 from opsconsole.config.schema import ARRAYS_OF_TABLES, REFUSED_KEYS, SECTIONS, TABLES, Config
+
+
+def msgspec_type(kind: Any) -> Any:
+    """`kind` with each schema `Limits` in it as the msgspec `Meta` it stands for (the same object
+    when there is none)."""
+    args = get_args(kind)
+    if get_origin(kind) is Annotated:
+        base, extras = msgspec_type(args[0]), args[1:]
+        metas = tuple(msgspec.Meta(**m.constraints) if isinstance(m, schema.Limits) else m for m in extras)
+        return Annotated[(base, *metas)]
+    if not args or get_origin(kind) is Literal:
+        return kind
+    translated = tuple(msgspec_type(arg) for arg in args)
+    if all(new is old for new, old in zip(translated, args)):
+        return kind
+    if get_origin(kind) is Union:
+        return Union[translated]
+    return kind.copy_with(translated)
+
+
+def use_msgspec_meta() -> None:
+    """Make every schema class's `Limits` msgspec `Meta` in its annotations, which msgspec.convert
+    and hints() read. Once, when this module loads: the console imports it with the first config
+    file, so one started without a file never loads msgspec (schema.Limits)."""
+    for cls in [kind for kind in vars(schema).values() if isinstance(kind, type) and is_dataclass(kind)]:
+        own = cls.__dict__.get("__annotations__")
+        if own:
+            cls.__annotations__ = {name: msgspec_type(kind) for name, kind in own.items()}
+
+
+use_msgspec_meta()
 
 # Values people try in order to switch host key checking off; they get a pointed answer.
 CHECKING_OFF_WORDS = frozenset(
