@@ -37,6 +37,12 @@ async def cycle_through(pilot, app, key: str, pane_id: str, rows_by_key, sort_ke
     pane = app.panes[pane_id]
     table = pane.tables[0]
     await wait_for(lambda: table.table.row_count == len(rows_by_key), "the %s pane's rows" % pane_id, pilot=pilot)
+    # And the pane holding the focus (a pane is focused a message after its first show): `s` is its key.
+    await wait_for(
+        lambda: app.focused is not None and pane in app.focused.ancestors_with_self,
+        "the %s pane focused" % pane_id,
+        pilot=pilot,
+    )
     seen = set()
     for _ in range(len(table.sort.keys)):
         await pilot.press("s")
