@@ -7,13 +7,16 @@ replayed by the real ReplayConsole, checkpoint files written as the libraries wr
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
-from typing import List
+from typing import Any, List
 
 import pytest
 
 from opsconsole.config import Config, ConsoleConfig
+from opsconsole.logs.follow import LocalFollower
 from opsconsole.model import DiskUsage, NetRate, NodeState
+from opsconsole.probe.filetail import MAX_FOLLOWED_FILES
 from opsconsole.recording.recorder import Recorder
 from opsconsole.recording.replay import ReplayFleet
 from opsconsole.tui.replay import ReplayConsole
@@ -99,3 +102,37 @@ async def test_a_node_drilled_into_is_named_on_one_line_in_the_header(tmp_path, 
         assert app.is_running
         assert control_characters(drawn) == []
         assert "  > %s-" % shown in drawn.split("\n")[0]
+
+
+# --- a log glob that matches thousands of files -------------------------------------------------------
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+# More files than a login node's usual open-file limit (1024): the follower kept one descriptor open per
+# file, so the console ran out of descriptors (EMFILE) and died with a traceback in Textual's next import.
+@pytest.mark.parametrize("files", [MAX_FOLLOWED_FILES + 1, 1500])
+def test_a_glob_matching_more_files_than_the_cap_follows_the_newest_and_says_so(tmp_path, files):
+    for index in range(files):
+        path = tmp_path / ("rank%05d.log" % index)
+        path.write_text("step %d\n" % index)
+        os.utime(path, (1_800_000_000 + index, 1_800_000_000 + index))  # the later the index, the newer
+    pattern = str(tmp_path / "rank*.log")
+    batches: List[Any] = []
+    before = open_descriptors()
+    follower = LocalFollower([pattern], batches.append, use_inotify=False)
+    try:
+        follower.start()
+        assert open_descriptors() - before <= MAX_FOLLOWED_FILES + 1  # the inotify descriptor, when used
+        followed = sorted(os.path.basename(path) for path in follower.tails)
+        assert followed == ["rank%05d.log" % index for index in range(files - MAX_FOLLOWED_FILES, files)]
+        assert follower.problems[pattern] == (
+            "%d files match: following the %d most recently written" % (files, MAX_FOLLOWED_FILES)
+        )
+        delivered = [raw for batch in batches for _, lines in batch for _, _, raw, _ in lines]
+        assert b"step %d" % (files - 1) in delivered and b"step 0" not in delivered
+    finally:
+        follower.stop()
+    assert open_descriptors() == before

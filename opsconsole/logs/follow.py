@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from opsconsole.probe.filetail import COUNT_LINES_LIMIT, FileTail, start_tail
+from opsconsole.probe.filetail import COUNT_LINES_LIMIT, FileTail, cap_problem, start_tail, within_cap
 
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
@@ -141,22 +141,25 @@ class LocalFollower:
             if self.inotify is not None and os.path.isdir(base):
                 self.inotify.watch(base)
             try:
-                matches = [p for p in sorted(glob.glob(pattern)) if os.path.isfile(p)]
+                matches = [os.path.abspath(p) for p in sorted(glob.glob(pattern)) if os.path.isfile(p)]
             except OSError as exc:
                 self.problems[pattern] = str(exc)
                 continue
+            # At most MAX_FOLLOWED_FILES open at once, the most recently written first: one descriptor
+            # each, and thousands of rank logs ran the console out of descriptors (EMFILE) and killed it.
+            new = within_cap(matches, self.tails)
+            problem = cap_problem(matches, set(self.tails).union(new))
             if not matches:
                 self.problems[pattern] = (
                     "no file matches"
                     if os.access(base, os.R_OK | os.X_OK) or not os.path.exists(base)
                     else "permission denied"
                 )
+            elif problem is not None:
+                self.problems[pattern] = problem
             else:
                 self.problems.pop(pattern, None)
-            for path in matches:
-                path = os.path.abspath(path)
-                if path in self.tails:
-                    continue
+            for path in new:
                 tail = start_tail(path, initial, COUNT_LINES_LIMIT // 8)  # big files: numbered by the index later
                 with self.lock:
                     self.tails[path] = tail

@@ -33,6 +33,9 @@ LAST_PAGE_LINES = 200  # ... and at its last this many lines: one page per sourc
 FIRST_TAIL_BLOCK = 32 * 1024
 TAIL_BLOCK = 64 * 1024  # reading backwards from the end: one block holds ~500 lines of a training log
 COUNT_LINES_LIMIT = 256 << 20  # below this size the lines before the last page are simply counted
+# Files one follower keeps open (a FileTail holds its file's descriptor). A glob over a big run's rank
+# logs can match thousands, and a login node's usual limit is 1024 descriptors for the whole process.
+MAX_FOLLOWED_FILES = 256
 
 
 def cut_line(raw):
@@ -313,6 +316,33 @@ class FileTail(object):
         self.partial = b""
 
 
+def within_cap(paths, followed, cap=MAX_FOLLOWED_FILES):
+    """The new paths of `paths` (not in `followed`) that fit under `cap` followed files: the most recently
+    written first when they do not all fit; in the order given. A path that cannot be stat'ed counts as oldest.
+    """
+    new = [path for path in paths if path not in followed]
+    room = max(0, cap - len(followed))
+    if len(new) <= room:
+        return new
+
+    def written(path):
+        try:
+            return os.stat(path).st_mtime_ns
+        except OSError:
+            return -1
+
+    kept = set(sorted(new, key=written, reverse=True)[:room])
+    return [path for path in new if path in kept]
+
+
+def cap_problem(matches, followed):
+    """What a pattern says when not all of its `matches` are followed, else None."""
+    count = sum(1 for path in matches if path in followed)
+    if count == len(matches):
+        return None
+    return "%d files match: following the %d most recently written" % (len(matches), count)
+
+
 def describe_os_error(exc):
     """A short reason for an OSError, as the console shows it."""
     import errno
@@ -429,14 +459,13 @@ def remote_follow(spec):
             next_scan = now + rescan
             for pattern in spec.get("globs", []):
                 matches = [p for p in sorted(glob.glob(pattern)) if os.path.isfile(p)]
-                problem = None if matches else "no file matches"
+                for path in within_cap(matches, tails):
+                    tails[path] = start_tail(path, initial)
+                    _emit({"new": path})
+                problem = cap_problem(matches, tails) if matches else "no file matches"
                 if reported.get(pattern, "") != problem:
                     reported[pattern] = problem
                     _emit({"g": pattern, "why": problem})
-                for path in matches:
-                    if path not in tails:
-                        tails[path] = start_tail(path, initial)
-                        _emit({"new": path})
             initial = False
         busy = False
         for path, tail in list(tails.items()):
