@@ -1,7 +1,7 @@
 """Readings that depend on a line's context, from the real-failure corpus's weak kinds (issue 14).
 
-A peer's lost connection is the network's story while the communicator is being set up (NCCL's
-init/bootstrap return-code trace, process-group or DDP setup frames) and a download's under an HTTP
+A peer's lost connection is the network's story while NCCL's communicator is being set up (NCCL's
+init/bootstrap return-code trace, process-group or DDP setup frames; gloo's is its peer's loss there too) and a download's under an HTTP
 client's frames; a traceback whose header was cut off still ends in its exception; a script's own NaN
 check is a NaN, not an app error. Each case beside the same lines in the other context.
 """
@@ -39,12 +39,24 @@ RESET = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Conn
 TORCH = "/opt/conda/lib/python3.10/site-packages/torch"
 
 
-def test_a_peer_lost_in_process_group_or_ddp_setup_is_the_network_and_in_a_step_a_remote_failure():
+NCCL_LOST = (
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
+    "remote process exited or there was a network error, NCCL version 2.19.3"
+)
+
+
+def test_a_peer_lost_by_nccl_in_process_group_or_ddp_setup_is_the_network_and_in_a_step_a_remote_failure():
     setup = [("train.py", "main"), (TORCH + "/nn/parallel/distributed.py", "__init__")]
     setup.append((TORCH + "/distributed/utils.py", "_verify_param_shape_across_processes"))
-    assert diagnose_lines(_traceback(setup, RESET)).root_cause == "nccl_network"
+    assert diagnose_lines(_traceback(setup, NCCL_LOST)).root_cause == "nccl_network"
     step = [("train.py", "main"), (TORCH + "/distributed/distributed_c10d.py", "all_reduce")]
-    assert diagnose_lines(_traceback(step, RESET)).root_cause == "nccl_remote"
+    assert diagnose_lines(_traceback(step, NCCL_LOST)).root_cause == "nccl_remote"
+    # gloo's pair closes or resets only a connection it had made: in setup too, its peer's process went away (a real
+    # run: tests/data/torchrun_gloo_setup_peer_killed), the lost peer in gloo's words, never NCCL's network.
+    for frames in (setup, step):
+        diagnosis = diagnose_lines(_traceback(frames, RESET))
+        assert diagnosis.root_cause == "nccl_remote"
+        assert diagnosis.findings[-1].title == "A peer rank failed (gloo connection lost)"
 
 
 def test_a_connection_reset_under_http_client_frames_is_a_download_that_failed():
