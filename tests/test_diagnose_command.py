@@ -101,6 +101,46 @@ def test_a_single_files_json_findings_carry_the_ranks_diagnose_run_gives_them(pa
     assert any(f["rank"] is not None for f in findings)
 
 
+def test_the_crash_row_counts_the_launchers_lines_about_the_crash_and_the_ranks_it_stopped_have_their_own_row():
+    """Real torchrun output (tests/data/diagnosis/rank_crashed_torchrun_exit3_launcher.log, the launcher's own output
+    of a gloo run): rank 1 exits with code 3, and the launcher stops rank 0 ("Sending process PID closing signal
+    SIGTERM", its table row -15 SIGTERM). The crash's row counted those three lines about rank 0 as reports of the
+    crash ("5 times", and listed only them); they are its consequences: a row of their own, with rank 0."""
+    import re
+
+    path = CORPUS / "rank_crashed_torchrun_exit3_launcher.log"
+    lines = path.read_text().splitlines()
+    document = json.loads(diagnose("--json", str(path)).stdout)
+    assert (document["root_cause"], document["rank"]) == ("rank_crashed", 1)
+    (crashed,) = [row for row in document["launcher_failures"] if row["rank"] == 1]
+    (stopped,) = [row for row in document["launcher_failures"] if row["rank"] == 0]
+    assert stopped["signal"] == "SIGTERM" and any(
+        "Sending process %d closing signal SIGTERM" % stopped["pid"] in line for line in lines
+    )
+
+    def naming(pid: int) -> list:
+        return [number for number, line in enumerate(lines, 1) if re.search(r"\b%d\b" % pid, line)]
+
+    by_category: dict = {}
+    for finding in document["findings"]:
+        by_category.setdefault(finding["category"], []).append(finding)
+    # The crash's own evidence: the launcher's lines naming rank 1's pid; the stopped rank's: those naming rank 0's.
+    assert [f["line"] for f in by_category["rank_crashed"]] == naming(crashed["pid"])
+    assert [f["line"] for f in by_category["rank_stopped"]] == naming(stopped["pid"])
+    assert all(f["title"] == "Stopped by the launcher after another rank failed" for f in by_category["rank_stopped"])
+    assert {f["rank"] for f in by_category["rank_stopped"]} == {0, None}  # "Sending process PID" names no rank
+    # Nothing about rank 0 among the peers that failed (the ChildFailedError line stays).
+    assert [f["rank"] for f in by_category["nccl_remote"]] == [None]
+    text = diagnose(str(path)).stdout.decode()
+    rows = {
+        found.group(1): (int(found.group(2)), found.group(3))
+        for found in re.finditer(r"^[* ] .*? \[(\w+)\] \w+, (\d+) times?, [^\n]*?(rank \d+|$)", text, re.MULTILINE)
+    }
+    assert rows["rank_crashed"] == (len(naming(crashed["pid"])), "rank 1"), text
+    assert rows["rank_stopped"] == (len(naming(stopped["pid"])), "rank 0"), text
+    assert rows["nccl_remote"][0] == 1, text
+
+
 def test_missing_and_unreadable_files_exit_2_naming_them_while_the_others_are_diagnosed(tmp_path):
     missing = tmp_path / "no_such_train_rank0.log"
     directory = tmp_path / "logs_dir"

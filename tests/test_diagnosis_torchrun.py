@@ -555,7 +555,8 @@ def test_a_gloo_timeout_seen_only_in_the_launchers_output_names_what_the_table_s
 def test_the_rank_the_launcher_stopped_is_not_listed_among_the_peers_that_failed(runs):
     # The launcher's output alone of the gloo timeout: rank 0 exited with code 1, and the launcher stopped rank 1
     # after it ("Sending process PID closing signal SIGTERM", its table row "-15 (SIGTERM)"). The peers' row said
-    # "A peer rank failed ..., rank 1"; rank 1 failed nothing, it was stopped: its lines are the crash's story.
+    # "A peer rank failed ..., rank 1"; rank 1 failed nothing, it was stopped. Its lines are the crash's
+    # consequences: a row of their own (rank_stopped), not counted as reports of the crash either.
     directory, status = runs["timeout"]
     assert status != 0
     launcher = directory / "launcher.log"
@@ -568,10 +569,14 @@ def test_the_rank_the_launcher_stopped_is_not_listed_among_the_peers_that_failed
         assert "rank 1" not in rows["nccl_remote"][0] and "ranks" not in rows["nccl_remote"][0], text
         assert not any(" rank 1: " in line or "(pid: %d)" % stopped["pid"] in line for line in rows["nccl_remote"])
         assert rows["rank_crashed"][0].endswith("rank 0"), text  # the crash's row names the crashed rank only
-        assert any("(pid: %d)" % stopped["pid"] in line for line in rows["rank_crashed"]), text
+        assert not any(str(stopped["pid"]) in line for line in rows["rank_crashed"]), text
+        assert rows["rank_stopped"][0].endswith(", rank 1"), text
+        assert any("(pid: %d)" % stopped["pid"] in line for line in rows["rank_stopped"]), text
     for result in (verdict(launcher), json.loads(single(launcher, "--json"))):
         peers = [f for f in result["findings"] if f["category"] == "nccl_remote"]
         assert not [f for f in peers if f.get("rank") == 1 or str(stopped["pid"]) in f["excerpt"]], peers
+        crash = [f for f in result["findings"] if f["category"] == "rank_crashed"]
+        assert crash and not [f for f in crash if f.get("rank") == 1 or str(stopped["pid"]) in f["excerpt"]], crash
 
 
 def test_a_gloo_lost_connection_is_the_peer_lost_category_in_gloos_words_in_reports_and_alerts(runs):

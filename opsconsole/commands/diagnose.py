@@ -577,20 +577,18 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 def _examples(findings, verdict=None) -> dict:
     """Up to EXAMPLES_PER_CATEGORY findings to list under each category's row.
 
-    A rank that crashed of its own (rank_crashed) has the launcher's lines about it listed under its own row,
-    not among the peers' lost connections, and its first line (the "Started on" line above) not again."""
-    from opsconsole.diagnosis.engine import CRASHED, crash_lines
+    `findings` are as the verdict counts them (engine.attributed): a rank that crashed of its own (rank_crashed) has
+    the launcher's lines about it under its own row, and its lines about the ranks it stopped after it under theirs
+    (rank_stopped), not among the peers' lost connections; the crash's first line (the "Started on" line above) is
+    not listed again."""
+    from opsconsole.diagnosis.engine import CRASHED
 
-    crash: set = set()
-    if verdict is not None and verdict.category == CRASHED and verdict.failed_child is not None:
-        crash = {id(finding) for finding in crash_lines(findings, verdict.failed_child, verdict.stopped)}
     start = (verdict.finding.source, verdict.finding.line) if verdict is not None else None
     examples: dict = {}
     for finding in findings:
-        category = CRASHED if id(finding) in crash else finding.category
-        if category == CRASHED and (finding.source, finding.line) == start:
+        if finding.category == CRASHED and (finding.source, finding.line) == start:
             continue  # the crash's first line: the "Started on" line shows it
-        kept = examples.setdefault(category, [])
+        kept = examples.setdefault(finding.category, [])
         if len(kept) < EXAMPLES_PER_CATEGORY:
             kept.append(finding)
     return examples

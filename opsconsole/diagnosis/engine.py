@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from opsconsole.diagnosis.finding import Finding
+from opsconsole.diagnosis.finding import Category, Finding
 from opsconsole.diagnosis.knowledge import (
     CATEGORIES,
     COLLECTIVE_MISMATCH_REMEDY,
@@ -55,6 +55,7 @@ from opsconsole.diagnosis.knowledge import (
     RANK_CRASH_REMEDIES,
     SIGKILL_CAUSE,
     SIGKILL_TITLE,
+    STOPPED_CATEGORY,
     rank_crash_text,
 )
 from opsconsole.diagnosis.launcher import (
@@ -215,6 +216,7 @@ _LAUNCHER_STOPS = re.compile(r"Sending process (\d{1,10}) closing signal SIG")
 # gloo's own timeout texts ("[.../third_party/gloo/...unbound_buffer.cc:78] Timed out waiting 5000ms for recv").
 _GLOO = re.compile(r"gloo|Timed out waiting \d+ms for (?:recv|send) operation")
 CRASHED = "rank_crashed"  # the verdict's category when the launcher's table shows a rank that failed of its own
+STOPPED = STOPPED_CATEGORY.id  # the launcher's lines about the children it stopped after the crash (their own row)
 PEER_GONE_WINDOW = 50  # lines after a peer's connection went away in which NCCL's generic errors mean that
 
 
@@ -1077,13 +1079,16 @@ class Diagnoser:
         watchdog = self._watchdog.verdict() if "nccl_timeout" in self._aggregates else None
         crashed = self._crashed_child() if root == CRASHED else None
         # The launcher's lines about the crashed child (its "failed (exitcode: -11) local_rank: 1", its table row)
-        # are the crash's own evidence: counted in its row, not among the peers' lost connections.
+        # are the crash's own evidence: counted in its row, not among the peers' lost connections. Its lines about
+        # the children it stopped after it are consequences: a row of their own, in neither.
         own: List[Finding] = []
+        held: List[Finding] = []
         if crashed is not None:
             verdict = self.verdict()
             if verdict is not None:
                 start = verdict.finding
-                own = crash_lines(self._findings, crashed, verdict.stopped)
+                own = crash_lines(self._findings, crashed)
+                held = stopped_lines(self._findings, verdict.stopped)
                 rows.append(
                     FindingSummary(
                         category=CRASHED,
@@ -1098,6 +1103,8 @@ class Diagnoser:
                         sources=(start.source,) if start.source is not None else (),
                     )
                 )
+                if held:
+                    rows.append(_row_of(STOPPED_CATEGORY, held))
         for category, aggregate in self._aggregates.items():
             entry = CATEGORIES[category]
             best = aggregate.best
@@ -1105,12 +1112,12 @@ class Diagnoser:
             if watchdog is not None and category == "nccl_timeout":
                 cause = "%s. %s" % (watchdog.text, cause)  # the findings row names the rank that never got there
             count, first, last, ranks = aggregate.count, aggregate.first, aggregate.last, set(aggregate.ranks)
-            if own and category == "nccl_remote":
-                moved = {id(finding) for finding in own}
+            if (own or held) and category == "nccl_remote":
+                moved = {id(finding) for finding in own + held}
                 rest = [f for f in self._findings if f.category == category and id(f) not in moved]
                 if not rest:
                     continue
-                count -= len(own)
+                count -= len(moved)
                 first = last = rest[0]
                 for finding in rest[1:]:  # as _record keeps an aggregate's first and last
                     if _time_key(finding) < _time_key(first):
@@ -1155,56 +1162,94 @@ _OOM_KILLED_PID = re.compile(
 )  # the kernel's OOM-killer line: "Killed process 1234 (python)"
 
 
-def crash_lines(
-    findings: Iterable[Finding], child: LauncherFailure, stopped: Sequence[LauncherFailure] = ()
-) -> List[Finding]:
+def crash_lines(findings: Iterable[Finding], child: LauncherFailure) -> List[Finding]:
     """The findings that report the crashed child itself (the launcher's lines naming its rank): only peers'
-    lost connections were seen when a child is rank_crashed, so its rank's nccl_remote lines are the launcher's.
-    With them the launcher's lines about the children in `stopped` (stopped after the crash, no peer lost in their
-    own output: its "Sending process PID closing signal SIGTERM", their table rows): not peers that failed."""
+    lost connections were seen when a child is rank_crashed, so its rank's nccl_remote lines are the launcher's."""
     if child.rank is None:
         return []
-    ranks = {child.rank} | {failure.rank for failure in stopped if failure.rank is not None}
+    return [finding for finding in findings if finding.category == "nccl_remote" and finding.rank == child.rank]
+
+
+def stopped_lines(findings: Iterable[Finding], stopped: Sequence[LauncherFailure]) -> List[Finding]:
+    """The launcher's lines about the children in `stopped` (RootCause.stopped: stopped after the crash, no peer lost
+    in their own output): its "Sending process PID closing signal SIGTERM", their table rows. Consequences of the
+    crash, not reports of it, and not peers that failed."""
+    ranks = {failure.rank for failure in stopped if failure.rank is not None}
     pids = {failure.pid for failure in stopped if failure.pid is not None}
-    own = []
+    held = []
     for finding in findings:
         if finding.category != "nccl_remote":
             continue
-        if finding.rank in ranks:
-            own.append(finding)
-        elif finding.rank is None and pids and "closing signal" in finding.excerpt:
+        if finding.rank is not None:
+            if finding.rank in ranks:
+                held.append(finding)
+        elif pids and "closing signal" in finding.excerpt:
             told = _LAUNCHER_STOPS.search(finding.excerpt)
             if told and int(told.group(1)) in pids:
-                own.append(finding)
-    return own
+                held.append(finding)
+    return held
+
+
+def _row_of(entry: Category, findings: Sequence[Finding]) -> FindingSummary:
+    """One summary row of `findings` (at least one) under `entry`'s category, title, cause and remedy."""
+    first = last = findings[0]
+    for finding in findings[1:]:  # as _record keeps an aggregate's first and last
+        if _time_key(finding) < _time_key(first):
+            first = finding
+        if _time_key(finding) >= _time_key(last):
+            last = finding
+    return FindingSummary(
+        category=entry.id,
+        title=entry.title,
+        severity=entry.severity,
+        cause=entry.cause,
+        remedy=entry.remedy,
+        count=len(findings),
+        first=first,
+        last=last,
+        ranks=tuple(sorted({finding.rank for finding in findings if finding.rank is not None})),
+        sources=tuple(dict.fromkeys(finding.source for finding in findings if finding.source is not None)),
+    )
 
 
 def attributed(findings: Iterable[Finding], verdict: Optional[RootCause]) -> List[Finding]:
     """The findings as the verdict counts them: when a rank crashed of its own (rank_crashed, from the launcher's
     table), the launcher's lines about it (crash_lines) are the crash's evidence, under its category, title, cause
-    and remedy, not a peer's lost connection; the others as they are. What every output lists (diagnose --json,
-    --run, the text report's rows, the incident report)."""
+    and remedy, not a peer's lost connection; its lines about the children it stopped after it (stopped_lines) are
+    rank_stopped, a consequence; the others as they are. What every output lists (diagnose --json, --run, the text
+    report's rows, the incident report)."""
     findings = list(findings)
     if verdict is None or verdict.category != CRASHED or verdict.failed_child is None:
         return findings
-    own = {id(finding) for finding in crash_lines(findings, verdict.failed_child, verdict.stopped)}
-    if not own:
+    own = {id(finding) for finding in crash_lines(findings, verdict.failed_child)}
+    held = {id(finding) for finding in stopped_lines(findings, verdict.stopped)}
+    if not own and not held:
         return findings
     start = verdict.finding
-    return [
-        replace(
-            finding,
-            category=CRASHED,
-            severity=start.severity,
-            title=start.title,
-            cause=start.cause,
-            remedy=start.remedy,
-            weak=False,
-        )
-        if id(finding) in own
-        else finding
-        for finding in findings
-    ]
+    entry = STOPPED_CATEGORY
+    out = []
+    for finding in findings:
+        if id(finding) in own:
+            finding = replace(
+                finding,
+                category=CRASHED,
+                severity=start.severity,
+                title=start.title,
+                cause=start.cause,
+                remedy=start.remedy,
+                weak=False,
+            )
+        elif id(finding) in held:
+            finding = replace(
+                finding,
+                category=STOPPED,
+                severity=entry.severity,
+                title=entry.title,
+                cause=entry.cause,
+                remedy=entry.remedy,
+            )
+        out.append(finding)
+    return out
 
 
 def _crashed(child: Optional[LauncherFailure], accounted: bool = False) -> Optional[LauncherFailure]:

@@ -236,6 +236,20 @@ CATEGORIES["rank_crashed"] = _category(
     "and reported no lost connection itself: the other ranks' lost connections are consequences.",
     "Read that rank's own log for why it ended.",
 )
+# The children the launcher stopped after one failed (its "Sending process PID closing signal SIGTERM", their table
+# rows with -15), whose own output lost no peer: consequences of the crash, never a root cause. Not in CATEGORIES
+# (what a line is read as): only the verdict's attribution (engine.attributed, the summary's rows) gives it.
+STOPPED_CATEGORY = _category(
+    "rank_stopped",
+    "Stopped by the launcher after another rank failed",
+    SEVERITY_WARNING,
+    "Once a child fails, torchelastic stops the others: it sends them a closing signal ('Sending process PID "
+    "closing signal SIGTERM') and lists them in its failure table with exit code -15 (SIGTERM). These ranks did not "
+    "fail and lost no peer in their own output: they were stopped, a consequence of the failure the root cause names.",
+    "Read the failed rank's own log first (the root cause's row). If its exception was a collective's timeout, the "
+    "rank it waited for is among these: a rank stuck outside the collective is stopped by the launcher, not failed "
+    "(py-spy dump --pid on it shows where it is stuck).",
+)
 RANK_CRASH_REMEDIES = {
     "crash": "A crash in native code: get its core dump (ulimit -c unlimited; coredumpctl list) or rerun with "
     "PYTHONFAULTHANDLER=1 (faulthandler prints every thread's Python stack) and TORCH_SHOW_CPP_STACKTRACES=1; "
