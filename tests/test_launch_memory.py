@@ -1,6 +1,7 @@
 """What the console's first screen holds that it does not need (issue 17's RSS): msgspec is loaded
-with the first config file, not by a console started without one, and the argument parser is not
-kept for the console's life. The console runs in a real pty, as a user starts it."""
+with the first config file, not by a console started without one; the Xid catalog with the first
+Xid; and the argument parser is not kept for the console's life. The console runs in a real pty,
+as a user starts it."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def report():
     while not gc.isenabled():  # launch_gc.resume: its collection, then the collector on
         time.sleep(0.01)
     found = {
-        "modules": sorted(name for name in sys.modules if name.startswith(("msgspec", "opsconsole.config"))),
+        "modules": sorted(name for name in sys.modules if name.startswith(("msgspec", "opsconsole.config", "opsconsole.health"))),
         "parsers_made": len(made),
         "parsers_alive": sum(1 for ref in made if ref() is not None),
     }
@@ -104,6 +105,8 @@ def test_a_console_without_a_config_file_loads_no_msgspec_and_keeps_no_parser(tm
     assert not [name for name in found["modules"] if name.startswith("msgspec")]
     assert "opsconsole.config.validate" not in found["modules"]
     assert "opsconsole.config.schema" in found["modules"]  # the defaults are read, not validated
+    # The health rules run on every frame; the Xid catalog only once a GPU reports an Xid.
+    assert "opsconsole.health.rules" in found["modules"] and "opsconsole.health.xid" not in found["modules"]
     assert found["parsers_made"] >= 1
     assert found["parsers_alive"] == 0
 

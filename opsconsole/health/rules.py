@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Tuple
 
 from opsconsole.config import HealthConfig
-from opsconsole.health import xid
 from opsconsole.health.result import STATUS_FAIL, STATUS_PASS, STATUS_WARN, HealthResult, make_result
 from opsconsole.health.thresholds import temperature_limit, temperature_status
 from opsconsole.model import GpuSample, HostSample, NodeFrame
@@ -197,6 +196,9 @@ def gpu_xid(node: str, gpu: GpuSample, cfg: HealthConfig, now: float) -> Optiona
             "gpu_xid", node, STATUS_PASS, "GPU %d: no critical XID" % gpu.index, gpu.index, (), REMEDY_XID, now
         )
     # Each Xid with NVIDIA's catalog meaning and the action it calls for; the remedy is the most disruptive one.
+    # The catalog loads with the first Xid seen: a console whose GPUs report none never needs it.
+    from opsconsole.health import xid
+
     seen = [xid.decode(code) for code in gpu.xid_events]
     described = "; ".join(item.describe() for item in seen)
     action = xid.worst_action(seen)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from opsconsole.config import HealthConfig
-from opsconsole.health import xid
 from opsconsole.health.result import STATUS_FAIL, STATUS_PASS, STATUS_WARN
 from opsconsole.health.thresholds import temperature_status
 from opsconsole.model import GpuSample, NodeState
@@ -60,6 +59,8 @@ def gpu_status(gpu: GpuSample, state: NodeState, now: float) -> StyledCell:
     if not state.is_live:
         return "%s %s" % (state.state, format_frame_age(state.age(now))), LEVEL_DIM
     if gpu.xid_events:
+        from opsconsole.health import xid  # loaded with the first Xid seen (health/rules.py)
+
         return xid.short_status(gpu.xid_events), LEVEL_CRIT  # the codes and the catalog's action: "X79 reboot"
     if gpu.errors:
         return "err %d" % len(gpu.errors), LEVEL_WARN
