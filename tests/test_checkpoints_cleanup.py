@@ -192,6 +192,7 @@ def test_checkpoints_json_shape(seed, tmp_path, capsys):
         "loss",
         "best",
         "latest",
+        "current_tag",  # the tag DeepSpeed's `latest` or Megatron's tracker names (latest too)
         "integrity",
         "problem",
         "layout",
