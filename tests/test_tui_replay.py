@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from textual import events
 from textual.widgets import DataTable
 
 from opsconsole.config import Config, ConsoleConfig
@@ -13,7 +14,7 @@ from opsconsole.recording.replay import ReplayFleet
 from opsconsole.tui.replay import ReplayConsole, replay_text
 from opsconsole.tui.table_diff import row_keys_in_order
 from tests.recording_frames import fleet_ticks
-from tests.waiting import wait_for
+from tests.waiting import pane_shown, wait_for
 
 SIZE = (140, 40)
 
@@ -41,7 +42,10 @@ async def test_replay_console_shows_recorded_gpus_and_moves_with_the_keys(record
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("space")  # hold the clock still while we look
-        await pilot.pause()
+        # The first pane is made and drawn in the app's loop: waited for, not one pause (so below).
+        await wait_for(
+            lambda: pane_shown(app, "gpus") and "PAUSED" in str(app.replay_bar.render()), "paused", pilot=pilot
+        )
         table = app.panes["gpus"].query_one(DataTable)
         assert table.row_count == 16  # 2 nodes x 8 GPUs, as recorded
         bar = str(app.replay_bar.render())
@@ -60,11 +64,11 @@ async def test_replay_console_shows_recorded_gpus_and_moves_with_the_keys(record
         assert fleet.speed == 2.0
 
         await pilot.press("g")
-        await pilot.pause()
+        await wait_for(lambda: app.focused is app.seek_input, "the seek line", pilot=pilot)
         assert app.seek_input.display and app.focused is app.seek_input
         await pilot.press(*"50%")
         await pilot.press("enter")
-        await pilot.pause()
+        await wait_for(lambda: not app.seek_input.display, "the seek", pilot=pilot)
         middle = fleet.reader.start + (fleet.reader.end - fleet.reader.start) / 2
         assert fleet.now() == pytest.approx(middle)
         assert not app.seek_input.display
@@ -74,14 +78,18 @@ async def test_replay_console_shows_recorded_gpus_and_moves_with_the_keys(record
 
         # The bar's own m:ss: 0:42 is 42 s in (it jumped to 0:00, read as 00:42 at night).
         await pilot.press("g", *"0:42", "enter")
-        await pilot.pause()
+        await wait_for(lambda: "0:42 / " in str(app.replay_bar.render()), "the seek to 0:42", pilot=pilot)
         assert fleet.now() == pytest.approx(fleet.reader.start + 42)
         assert "0:42 / " in str(app.replay_bar.render())
         await pilot.press("g", *"50%", "enter")
-        await pilot.pause()
+        await wait_for(lambda: app.seek_input.value == "50%" and not app.seek_input.display, "50%", pilot=pilot)
 
         await pilot.press("g", *"soon", "enter")
-        await pilot.pause()
+        await wait_for(
+            lambda: app.seek_input.value == "soon" and any(n.severity == "warning" for n in app._notifications),
+            "the refusal",
+            pilot=pilot,
+        )
         assert fleet.now() == pytest.approx(middle)  # refused, position kept
         assert app.seek_input.display
         await pilot.press("escape")
@@ -89,6 +97,24 @@ async def test_replay_console_shows_recorded_gpus_and_moves_with_the_keys(record
 
         await pilot.press("space")
         assert not fleet.paused
+
+
+async def test_a_seek_typed_in_one_burst_with_g_goes_to_the_seek_line_not_the_panes(recording):
+    """`g0:42<enter>` arriving at once (a paste, a laggy SSH link, a loaded machine): every key after `g`
+    is the seek line's. The line's focus came after the queued keys, so `0` opened the Audit pane and
+    `2` Processes, and the seek never happened."""
+    path, _ = recording
+    app, fleet = make_console(path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("space")  # the clock held still
+        await wait_for(lambda: pane_shown(app, "gpus") and fleet.paused, "the GPUs pane, paused", pilot=pilot)
+        for key, character in (("g", "g"), ("0", "0"), ("colon", ":"), ("4", "4"), ("2", "2"), ("enter", "\r")):
+            app._driver.send_message(events.Key(key, character))  # as the terminal delivers a burst
+        await wait_for(
+            lambda: app.seek_input.value and not app.seek_input.display, "the seek line typed in, closed", pilot=pilot
+        )
+        assert app.visible_pane_id == "gpus" and pane_shown(app, "gpus")
+        assert fleet.now() - fleet.reader.start == pytest.approx(42, abs=0.01)
 
 
 async def test_replay_help_lists_the_replay_keys_and_read_only_shows(recording):

@@ -57,3 +57,20 @@ def wait_for_sync(
         if time.monotonic() > deadline:
             raise AssertionError("gave up after %g s waiting for %s" % (timeout, what))
         time.sleep(interval)
+
+
+def pane_shown(app: Any, pane_id: str) -> bool:
+    """Whether the console shows pane `pane_id` mounted, drawn and holding the focus (a predicate to wait for).
+
+    A pane is made on its first show (OpsConsole.ensure_pane): it is mounted in the app's loop, drawn,
+    then given the focus, messages after the key that showed it. Keys typed from then on are its own.
+    """
+    pane = app.panes.get(pane_id)
+    focused = app.focused
+    return (
+        app.visible_pane_id == pane_id
+        and pane_id not in app._pane_mounts
+        and pane is not None
+        and focused is not None
+        and pane in focused.ancestors
+    )

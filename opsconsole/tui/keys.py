@@ -53,7 +53,9 @@ REPLAY_KEYS: Tuple[KeySpec, ...] = (
     KeySpec("replay.forward_minute", "right_curly_bracket", "replay_step(60)", "Replay: forward 1 min", show=False),
     KeySpec("replay.start", "less_than_sign", "replay_go('0%')", "Replay: to the start", show=False),
     KeySpec("replay.end", "greater_than_sign", "replay_go('100%')", "Replay: to the end", show=False),
-    KeySpec("replay.goto", "g", "replay_goto", "Replay: go to a time (+30s, -5m, 2:25, 50%, 14:05)"),
+    # Checked before the focused widget, as `/` is: the keys typed behind `g` are routed after the seek
+    # line has the focus (ReplayConsole.check_action lets `g` through to an input or a modal screen).
+    KeySpec("replay.goto", "g", "replay_goto", "Replay: go to a time (+30s, -5m, 2:25, 50%, 14:05)", priority=True),
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from rich.text import Text
 from textual.widgets import Input, Static
@@ -112,10 +112,18 @@ class ReplayConsole(OpsConsole):
     def action_replay_go(self, text: str) -> None:
         self._go(text)
 
+    def check_action(self, action: str, parameters: Tuple[object, ...]) -> Optional[bool]:
+        if action == "replay_goto" and (isinstance(self.focused, Input) or not self.main_screen_shown()):
+            return False  # typed into an input (the seek line, the filter) or a modal screen's `g`
+        return super().check_action(action, parameters)
+
     def action_replay_goto(self) -> None:
         self.seek_input.value = ""
         self.seek_input.display = True
-        self.seek_input.focus()
+        # Focus now, not after the queued events (Widget.focus defers it), as the filter line does:
+        # the keys typed in the same burst as `g` (a paste, a laggy link) are the seek line's, never
+        # the panes' (`g0:42` opened the Audit pane with its `0`).
+        self.seek_input.screen.set_focus(self.seek_input, scroll_visible=False)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input is not self.seek_input:
