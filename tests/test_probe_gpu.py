@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -556,7 +557,7 @@ def test_missing_pynvml_falls_back_to_nvidia_smi(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
     # The capture's node had its driver (nvidia-smi answered): its /proc file is the evidence.
     on_that_node = functools.partial(nvidia_driver.without_pynvml, evidence_of=lambda: nvidia_driver.PROC_VERSION)
-    reading = GpuReader(smi_run=real_smi, without_pynvml=on_that_node).read()
+    reading = GpuReader(smi_run=real_smi, without_pynvml=on_that_node, nothing_for_nvml=lambda: False).read()
     assert reading.source == "nvidia-smi" and reading.note.startswith("pynvml not installed")
     assert "the NVIDIA driver is present: /proc/driver/nvidia/version" in reading.note
     assert len(reading.gpus) == 1
@@ -591,6 +592,28 @@ def test_no_pynvml_on_a_node_without_a_driver_says_no_driver_not_pynvml(tmp_path
         == "no NVIDIA driver on this node (no /proc/driver/nvidia/version, libnvidia-ml.so.1 not loadable); nvidia-smi not found"
     )
     assert "pynvml" not in note
+
+
+@pytest.mark.skipif(Path(nvidia_driver.PROC_VERSION).exists(), reason="this machine has an NVIDIA driver")
+def test_a_node_without_a_driver_never_imports_pynvml_though_it_is_installed():
+    # This interpreter has pynvml; the node has no driver, so its init could only fail, and the module
+    # (~2 MB of the console's RSS) stayed loaded for nothing (issue 17).
+    code = (
+        "import sys\n"
+        "from opsconsole.probe.gpu import read_gpus_once\n"
+        "r = read_gpus_once()\n"
+        "print(r.source); print(r.note); print('pynvml' in sys.modules)\n"
+    )
+    env = dict(os.environ, PATH="/nonexistent")  # no nvidia-smi either
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=SUBPROCESS_GUARD_S
+    )
+    assert done.returncode == 0, done.stderr
+    assert subprocess.run([sys.executable, "-c", "import pynvml"], capture_output=True).returncode == 0
+    source, note, imported = done.stdout.splitlines()
+    assert source == "none"
+    assert note == nvidia_driver.NO_DRIVER_DETAIL + "; nvidia-smi not found"
+    assert imported == "False"
 
 
 @pytest.mark.skipif(not Path(nvidia_driver.PROC_VERSION).exists(), reason="needs a machine with an NVIDIA driver")

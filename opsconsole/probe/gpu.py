@@ -116,9 +116,10 @@ class _Device(object):
 class GpuReader(object):
     """Reads every GPU of this node; `read()` never raises.
 
-    nvml: a module with pynvml's API (default: `import pynvml`, lazily). smi_run: runs an
-    nvidia-smi argv and returns its stdout (default: a subprocess; FileNotFoundError when
-    nvidia-smi is absent). Nothing is loaded until the first read().
+    nvml: a module with pynvml's API (default: `import pynvml`, lazily, and not at all where
+    nothing_for_nvml() finds no driver). smi_run: runs an nvidia-smi argv and returns its stdout
+    (default: a subprocess; FileNotFoundError when nvidia-smi is absent). Nothing is loaded until
+    the first read().
     """
 
     def __init__(
@@ -127,11 +128,13 @@ class GpuReader(object):
         nvml: Any = None,
         smi_run: Optional[Callable[[List[str]], str]] = None,
         without_pynvml: Callable[[str], str] = nvidia_driver.without_pynvml,
+        nothing_for_nvml: Callable[[], bool] = nvidia_driver.nothing_for_nvml,
     ) -> None:
         self.slow_every = max(1, int(slow_every))
         self._nvml = nvml
         self._smi_run = smi_run
         self._without_pynvml = without_pynvml
+        self._nothing_for_nvml = nothing_for_nvml
         self._started = False
         self._closed = False
         self.source = "none"
@@ -152,7 +155,9 @@ class GpuReader(object):
         self._started = True
         nvml = self._nvml
         reason: Optional[str] = None
-        if nvml is None:
+        if nvml is None and self._nothing_for_nvml():
+            reason = nvidia_driver.NO_DRIVER_DETAIL  # pynvml is not even imported: its init could only fail
+        elif nvml is None:
             try:
                 import pynvml as nvml  # type: ignore[no-redef]
             except Exception as exc:  # ImportError, or a broken install

@@ -37,6 +37,23 @@ def driver_evidence() -> Optional[str]:
     return None
 
 
+def nothing_for_nvml() -> bool:
+    """Neither the driver's /proc file nor NVML's library by the name pynvml loads (libnvidia-ml.so.1):
+    pynvml's init could only fail, so the probe need not import pynvml at all (~2 MB of its memory
+    that would stay loaded for nothing on a login node or a VM). Cheaper than driver_evidence():
+    no find_library, which may run ldconfig."""
+    try:
+        with open(PROC_VERSION, "rb"):
+            return False
+    except OSError:
+        pass
+    try:
+        ctypes.CDLL(NVML_LIBRARY)  # what pynvml's nvmlInit loads next anyway
+    except OSError:
+        return True
+    return False
+
+
 def without_pynvml(import_error: str, evidence_of: Callable[[], Optional[str]] = driver_evidence) -> str:
     """Why NVML is not used when `import pynvml` failed: no driver at all, or a driver without pynvml."""
     evidence = evidence_of()
