@@ -246,7 +246,7 @@ class RootCause:
     # The ranks whose own output said a peer closed or reset its connection (victims, never the failing rank).
     peer_gone_ranks: Tuple[int, ...] = ()
     # With a crashed child: the launcher's rows of the children it stopped after it that lost no connection of their
-    # own (not peers that failed: its lines about them are the crash's story).
+    # own (not peers that failed, nor reports of the crash: its lines about them are their own row, rank_stopped).
     stopped: Tuple[LauncherFailure, ...] = ()
 
 
