@@ -8,15 +8,17 @@ replayed by the real ReplayConsole, checkpoint files written as the libraries wr
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import replace
-from typing import Any, List
+from pathlib import Path
+from typing import Any, Callable, List, Tuple
 
 import pytest
 
 from opsconsole.config import Config, ConsoleConfig
 from opsconsole.logs.follow import LocalFollower
 from opsconsole.model import DiskUsage, NetRate, NodeState
-from opsconsole.probe.filetail import MAX_FOLLOWED_FILES
+from opsconsole.probe.filetail import MAX_FOLLOWED_FILES, start_tail
 from opsconsole.recording.recorder import Recorder
 from opsconsole.recording.replay import ReplayFleet
 from opsconsole.tui.replay import ReplayConsole
@@ -136,3 +138,44 @@ def test_a_glob_matching_more_files_than_the_cap_follows_the_newest_and_says_so(
     finally:
         follower.stop()
     assert open_descriptors() == before
+
+
+# --- a FIFO where a followed log was --------------------------------------------------------------------
+
+
+def finishes(call: Callable[[], Any]) -> bool:
+    """Whether `call` returns (in a thread of its own, waited for up to 30 s: before the fix it never did)."""
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(30)
+    return not thread.is_alive()
+
+
+def rotated_to_a_fifo(tmp_path: Path) -> Tuple[str, LocalFollower]:
+    """A followed log replaced, as a rotation replaces it, by a FIFO: no writer ever opens it."""
+    path = tmp_path / "train.log"
+    path.write_text("step 1\n")
+    follower = LocalFollower([str(tmp_path / "*.log")], lambda batch: None, use_inotify=False)
+    follower.start()
+    os.mkfifo(tmp_path / "next.fifo")
+    os.rename(tmp_path / "next.fifo", path)
+    return str(path), follower
+
+
+def fifo_seen_first(tmp_path: Path) -> Tuple[str, LocalFollower]:
+    """A FIFO at a path the glob matched as a file (swapped in between the glob and the open)."""
+    path = tmp_path / "train.log"
+    os.mkfifo(path)
+    follower = LocalFollower([str(tmp_path / "*.log")], lambda batch: None, use_inotify=False)
+    follower.tails[str(path)] = start_tail(str(path), True)
+    return str(path), follower
+
+
+# A FIFO's open blocks until a writer comes: the follower's thread hung in it holding its lock, and the
+# console's quit waited on that lock for ever ('q' did nothing; the real console was killed by timeout).
+@pytest.mark.parametrize("make", [rotated_to_a_fifo, fifo_seen_first], ids=["rotated", "seen-first"])
+def test_a_fifo_at_a_followed_path_is_a_problem_not_a_hang(tmp_path, make):
+    path, follower = make(tmp_path)
+    assert finishes(follower.poll_all), "the poll hung on the FIFO"
+    assert follower.problems[path] == "not a regular file"
+    assert finishes(follower.stop), "stopping hung"

@@ -38,6 +38,27 @@ COUNT_LINES_LIMIT = 256 << 20  # below this size the lines before the last page 
 MAX_FOLLOWED_FILES = 256
 
 
+class NotRegularFile(OSError):
+    """A path that holds something other than a regular file (a FIFO, a device, a socket)."""
+
+
+def open_regular(path):
+    """A read-only descriptor of the regular file at `path`; OSError (NotRegularFile) for anything else.
+
+    Opened non-blocking: opening a FIFO waits for a writer, so one put at a followed path (a rotation,
+    or swapped in after the glob looked) hung the follower for ever, and with it the console's quit.
+    O_NONBLOCK changes nothing for a regular file's reads.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile("not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def cut_line(raw):
     """The first MAX_LINE_BYTES of a line, not splitting a UTF-8 character."""
     cut = MAX_LINE_BYTES
@@ -202,8 +223,8 @@ class FileTail(object):
                 self.close()
                 self._reset_position(0)
                 self.events.append(("rotated", 0))
-                self._open(st)
-                self._read(out, budget)
+                if self._open(st):  # else its error says why; reading no descriptor raised TypeError
+                    self._read(out, budget)
             return out
         else:
             changed = st.st_size != self.size_seen or st.st_mtime_ns != self.mtime_seen
@@ -216,7 +237,7 @@ class FileTail(object):
 
     def _open(self, st):
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = open_regular(self.path)
         except OSError as exc:
             self.error = describe_os_error(exc)
             return False
@@ -347,6 +368,8 @@ def describe_os_error(exc):
     """A short reason for an OSError, as the console shows it."""
     import errno
 
+    if isinstance(exc, NotRegularFile):
+        return "not a regular file"
     if exc.errno in (errno.EACCES, errno.EPERM):
         return "permission denied"
     if exc.errno == errno.ENOENT:
@@ -391,9 +414,9 @@ def start_tail(path, initial, count_limit=COUNT_LINES_LIMIT):
     if not initial:
         return FileTail(path)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path)
     except OSError:
-        return FileTail(path)
+        return FileTail(path)  # its first poll says why
     try:
         size = os.fstat(fd).st_size
         start = last_page_start(fd, size)
@@ -489,7 +512,7 @@ def remote_follow(spec):
 def remote_older(spec):
     """Print the lines before an offset of one file as one JSON record (for scroll-back)."""
     path, before, count = spec["path"], int(spec["before"]), int(spec["count"])
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
         size = os.fstat(fd).st_size
         if before < 0 or before > size:
