@@ -49,6 +49,12 @@ class RecordingFleet(Fleet):
         await super().start(record)
 
 
+def pane_has_focus(app: OpsConsole, pane_id: str) -> bool:
+    """Whether a widget of pane `pane_id` has the focus (keys typed now are the pane's)."""
+    pane, focused = app.panes.get(pane_id), app.focused
+    return pane is not None and focused is not None and pane in focused.ancestors
+
+
 def seq_of(app: OpsConsole, name: str) -> int:
     frame = app.fleet.states()[name].frame
     return frame.seq if frame is not None else -1
@@ -81,18 +87,21 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
             seq_before = seq_of(app, "ok-node")
 
             # Keys act while the node hangs: pane switches, help, the filter.
+            # Each waited for, not read after one pause: a pane is made on its first show, a screen
+            # pushed or popped after the key's binding runs (the wait is a hang guard, no time asserted).
             await pilot.press("2")
-            await pilot.pause()
+            await wait_for(lambda: app.visible_pane_id == "processes", "the Processes pane", pilot=pilot)
             assert app.visible_pane_id == "processes"
             await pilot.press("4")
-            await pilot.pause()
+            await wait_for(lambda: app.visible_pane_id == "nodes", "the Nodes pane", pilot=pilot)
             assert app.visible_pane_id == "nodes"
+            await wait_for(lambda: app.panes["nodes"].query("#nodes-table"), "the Nodes table", pilot=pilot)
             nodes_table = app.panes["nodes"].query_one("#nodes-table", DataTable)
             await pilot.press("question_mark")
-            await pilot.pause()
+            await wait_for(lambda: isinstance(app.screen, HelpScreen), "the help", pilot=pilot)
             assert isinstance(app.screen, HelpScreen)
             await pilot.press("escape")
-            await pilot.pause()
+            await wait_for(lambda: not isinstance(app.screen, HelpScreen), "the help closed", pilot=pilot)
             assert not isinstance(app.screen, HelpScreen)
             await pilot.press("slash", *"ok-")
             # The filter line is mounted on the first `/`, its Focus event sets has_focus and its Changed
@@ -104,7 +113,7 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
             )
             assert [key.value for key in nodes_table.rows] == ["ok-node"]
             await pilot.press("escape")
-            await pilot.pause()
+            await wait_for(lambda: not app._pane_filters.get("nodes"), "the filter cleared", pilot=pilot)
             assert sorted(key.value for key in nodes_table.rows) == ["hung-node", "ok-node"]
 
             # The frozen node goes stale, then down, its last frame kept ...
@@ -130,10 +139,10 @@ async def test_keys_act_and_the_healthy_node_updates_while_a_node_is_frozen(sshd
             assert str(nodes_table.get_cell("hung-node", "name").style) == STALE_ROW_STYLE
             assert nodes_table.get_cell("hung-node", "age").plain != NA
             await pilot.press("3")
-            await pilot.pause()
+            await wait_for(lambda: app.visible_pane_id == "host", "the Host pane", pilot=pilot)
             assert app.visible_pane_id == "host"
             await pilot.press("4")
-            await pilot.pause()
+            await wait_for(lambda: app.visible_pane_id == "nodes", "the Nodes pane again", pilot=pilot)
 
             # The healthy node kept streaming all along, and the pane was fed its new frames.
             seq_after = seq_of(app, "ok-node")
@@ -181,7 +190,8 @@ async def test_drilling_into_a_silent_node_and_a_python_less_node_says_what_is_w
                 pilot=pilot,
             )
             await pilot.press("4")
-            await pilot.pause()
+            # Made on its first show: keys typed before it has the focus wait for it (the app holds them).
+            await wait_for(lambda: app.visible_pane_id == "nodes", "the Nodes pane", pilot=pilot)
             expected = {  # whole, their ends (what to try) included, wrapped at 140 columns
                 "silent-node": "down, no frame yet: the port accepted but sent no SSH greeting within 1 s: sshd hung "
                 "or overloaded, or no SSH server on this port (try: ssh -v)",
@@ -189,20 +199,46 @@ async def test_drilling_into_a_silent_node_and_a_python_less_node_says_what_is_w
             }
             fix = 'or python = "/path/to/python3" in its [[nodes]] entry)'
 
+            def overview_host() -> str:
+                pane = app.panes.get("overview")
+                found = pane.query("#overview-host") if pane is not None else []
+                return " ".join(str(found[0].render()).split()) if found else ""
+
+            def host_summary() -> str:
+                pane = app.panes.get("host")
+                found = pane.query("#host-summary") if pane is not None else []
+                return " ".join(str(found[0].render()).split()) if found else ""
+
+            # Each step waited for, not read after one pause: the drill, the pane switch and the redraw
+            # that fills a pane come as messages after the keys (one failed under -n 2 load).
             for row, name in enumerate(("silent-node", "no-python")):
                 await pilot.press("home", *["down"] * row, "enter")
-                await pilot.pause()
+                await wait_for(
+                    lambda: (
+                        app.node == name and app.visible_pane_id == "overview" and expected[name] in overview_host()
+                    ),
+                    "the overview of " + name,
+                    pilot=pilot,
+                )
                 assert app.node == name and app.visible_pane_id == "overview"
                 host = " ".join(str(app.panes["overview"].query_one("#overview-host", LinesView).render()).split())
                 assert expected[name] in host, host
                 assert "never" not in host
                 assert name != "no-python" or fix in host, host
                 await pilot.press("3")  # the Host pane says the same, whole
-                await pilot.pause()
+                await wait_for(
+                    lambda: app.visible_pane_id == "host" and expected[name] in host_summary(),
+                    "the Host pane of " + name,
+                    pilot=pilot,
+                )
                 summary = " ".join(str(app.panes["host"].query_one("#host-summary", Static).render()).split())
                 assert expected[name] in summary and (name != "no-python" or fix in summary), summary
                 await pilot.press("escape", "4")
-                await pilot.pause()
+                await wait_for(
+                    lambda: app.node is None and app.visible_pane_id == "nodes" and pane_has_focus(app, "nodes"),
+                    "back to the Nodes pane",
+                    pilot=pilot,
+                )
                 assert app.visible_pane_id == "nodes"
     finally:
         silent.close()

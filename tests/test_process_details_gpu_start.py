@@ -24,6 +24,7 @@ from opsconsole.nodes.local import LocalLink
 from opsconsole.nodes.process_details import MOVED, fetch_process_details
 from opsconsole.probe.proc_details import read_details
 from opsconsole.tui.process_details import ProcessDetailsScreen, frame_text, listed_start, listed_start_slack
+from tests.waiting import wait_for
 
 POLL_MS = 8000.0  # a slow poll: the GPU row's age was sampled up to 8 s after the frame's time
 
@@ -59,10 +60,12 @@ async def test_a_live_gpu_process_sampled_late_in_a_slow_poll_is_read_not_called
 
     app = DetailsApp()
     async with app.run_test() as pilot:
-        for _ in range(200):
-            if isinstance(app.screen, ProcessDetailsScreen) and app.screen.details is not None:
-                break
-            await pilot.pause(0.05)
+        # Read by a worker: waited for up to the shared bound, not 200 polls (10 s, or less under load).
+        await wait_for(
+            lambda: isinstance(app.screen, ProcessDetailsScreen) and app.screen.details is not None,
+            "the details read",
+            pilot=pilot,
+        )
         details = app.screen.details
     assert details is not None and details.problem is None, details
     assert details.args[:2] == (sys.executable, "-c")

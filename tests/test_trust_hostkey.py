@@ -24,7 +24,7 @@ from opsconsole.tui.app import OpsConsole
 from opsconsole.tui.confirm import ConfirmScreen
 from opsconsole.tui.nodes import NodesPane
 from tests.sshd import SSH_KEYGEN, keygen, ssh_client, sshd_factory  # noqa: F401
-from tests.waiting import wait_for
+from tests.waiting import pane_shown, wait_for
 
 SIZE = (140, 40)
 WAIT_LIMIT_S = 40.0  # generous: a loaded 2-core machine; the tests poll, they don't time anything
@@ -54,26 +54,32 @@ def state_of(app: OpsConsole, name: str = "n1") -> NodeState:
     return app.fleet.states()[name]
 
 
-async def open_trust(pilot, app: OpsConsole):
-    """Wait for `hostkey`, go to the Nodes pane, select n1, press T."""
+async def open_trust(pilot, app: OpsConsole, asks: bool = True):
+    """Wait for `hostkey`, go to the Nodes pane, select n1, press T (and, when it `asks`, wait for its question)."""
     await wait_for(
         lambda: state_of(app).state == STATE_HOSTKEY, "n1 in state hostkey", timeout=WAIT_LIMIT_S, pilot=pilot
     )
     await pilot.press("4")
-    await pilot.pause()
+    # Made on its first show, drawn, then focused: waited for, not one pause.
+    await wait_for(lambda: pane_shown(app, "nodes"), "the Nodes pane", pilot=pilot)
     table = app.panes["nodes"].query_one("#nodes-table", DataTable)
     assert table.has_focus
     assert app.panes["nodes"].highlighted_node() == "n1"
     await pilot.press("T")
-    await until_armed(pilot, app)
+    if asks:
+        await until_armed(pilot, app)
+    else:
+        await pilot.pause()  # nothing to wait for: T does nothing here
 
 
 async def until_armed(pilot, app) -> None:
-    """Wait until a confirmation on screen takes keys (it drops those of its first moments)."""
-    for _ in range(200):
-        await pilot.pause(0.05)
-        if not isinstance(app.screen, ConfirmScreen) or app.screen.armed:
-            return
+    """Wait until a confirmation is on screen and takes keys (it drops those of its first moments).
+
+    It returned at once while the screen was not pushed yet, and after 10 s of polls whatever the
+    screen was: under load the keys after it were dropped or went to the pane."""
+    await wait_for(
+        lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the confirmation armed", pilot=pilot
+    )
 
 
 def audit_records(path: Path):
@@ -132,7 +138,7 @@ async def test_cancel_leaves_known_hosts_alone(sshd_factory, ssh_client, tmp_pat
         await open_trust(pilot, app)
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press(key)
-        await pilot.pause()
+        await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the cancel", pilot=pilot)
         assert not isinstance(app.screen, ConfirmScreen)
         await pilot.pause(0.5)  # a retry, if one were wrongly sent, would have connected by now
         assert state_of(app).state == STATE_HOSTKEY
@@ -148,7 +154,7 @@ async def test_read_only_console_refuses(sshd_factory, ssh_client, tmp_path):
     audit = tmp_path / "audit.log"
     app = console_for(server, audit, read_only=True)
     async with app.run_test(size=SIZE) as pilot:
-        await open_trust(pilot, app)  # presses T on n1, in state hostkey
+        await open_trust(pilot, app, asks=False)  # presses T on n1, in state hostkey
         assert not isinstance(app.screen, ConfirmScreen)
         assert "[R]" in app.header._shown.plain
         # Absent, as the README says of keys that change anything: not in the footer, help or palette.
@@ -190,7 +196,7 @@ async def test_changed_key_is_refused_then_trusted_after_the_user_removes_the_ol
         await pilot.pause()
         assert app.screen is screen
         await pilot.press("escape")
-        await pilot.pause()
+        await wait_for(lambda: not isinstance(app.screen, ConfirmScreen), "the screen closed", pilot=pilot)
         assert not isinstance(app.screen, ConfirmScreen)
         assert ssh_client.known_hosts.read_text() == before
         # The user runs the command the modal showed; the key is then unknown, and trusted with y.
@@ -217,10 +223,10 @@ async def test_audit_write_failure_is_a_notification(sshd_factory, ssh_client, t
     async with app.run_test(size=SIZE) as pilot:
         await open_trust(pilot, app)
         await pilot.press("n")
-        await pilot.pause()
+        await wait_for(lambda: "not written" in messages(app), "the toast", pilot=pilot)
         assert "not written" in messages(app) and "Not a directory" in messages(app)
         await pilot.press("2")  # still running and answering keys
-        await pilot.pause()
+        await wait_for(lambda: app.visible_pane_id == "processes", "the Processes pane", pilot=pilot)
         assert app.visible_pane_id == "processes"
     assert blocker.read_text() == ""
 
@@ -235,7 +241,7 @@ async def test_a_trust_that_cannot_be_audited_is_not_done(sshd_factory, ssh_clie
     async with app.run_test(size=SIZE) as pilot:
         await open_trust(pilot, app)
         await pilot.press("y")
-        await pilot.pause()
+        await wait_for(lambda: "audit log could not be written" in messages(app), "the toast", pilot=pilot)
         assert "audit log could not be written" in messages(app)
     assert ssh_client.known_hosts.read_text() == ""  # not trusted: nothing appended
 
@@ -246,9 +252,9 @@ async def test_a_local_node_only_notifies(tmp_path, monkeypatch):
     app = OpsConsole(config, Fleet(config))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("4")
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "nodes"), "the Nodes pane", pilot=pilot)
         await pilot.press("T")
-        await pilot.pause()
+        await wait_for(lambda: "not reached over SSH" in messages(app), "the toast", pilot=pilot)
         assert not isinstance(app.screen, ConfirmScreen)
         assert "not reached over SSH" in messages(app)
     assert not (tmp_path / "state").exists()  # not an attempt: nothing audited
@@ -319,7 +325,7 @@ async def test_confirm_screen_keys(keys, answer):
     async with app.run_test() as pilot:
         await until_armed(pilot, app)
         await pilot.press(*keys)  # enter presses the focused button: Cancel
-        await pilot.pause()
+        await wait_for(lambda: app.answers, "the answer", pilot=pilot)
     assert app.answers == [answer]
 
 
@@ -333,10 +339,10 @@ async def test_confirm_screen_with_a_typed_word():
         await pilot.pause()
         assert app.answers == [] and confirm.disabled
         await pilot.press("backspace", *"gpu-a01")
-        await pilot.pause()
+        await wait_for(lambda: not confirm.disabled, "the word typed", pilot=pilot)
         assert not confirm.disabled
         await pilot.press("enter")
-        await pilot.pause()
+        await wait_for(lambda: app.answers, "the answer", pilot=pilot)
     assert app.answers == [True]
 
 

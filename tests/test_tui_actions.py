@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from h200_fleet import idle_gpu, load_process, loaded_gpu  # noqa: E402
 from textual.widgets import Button, DataTable, Input
@@ -111,6 +112,16 @@ async def open_pane(pilot, app, key: str, pane_id: str) -> None:
     raise AssertionError("pane %s never took the focus" % pane_id)
 
 
+def highlighted(app) -> Optional[int]:
+    """The PID under the Processes pane's cursor (None without a row): what its signal keys act on.
+
+    The pane lists the fleet's processes from the frame after its first show; a key pressed before
+    that finds no row and asks nothing (under load the wait for SIGINT gave up)."""
+    found = app.panes.get("processes")
+    process = found.highlighted_process() if found is not None else None
+    return process[1] if process is not None else None
+
+
 def palette_ids(app) -> List[str]:
     return [help_text.split()[0] for _, _, help_text in ConsoleCommands(app.screen)._commands()]
 
@@ -125,7 +136,7 @@ def footer_keys(app) -> List[str]:
 async def test_read_only_console_has_no_dangerous_keys_in_footer_help_or_palette(tmp_path):
     app = console(tmp_path, FakeFleet(single_node_states()), read_only=True)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
+        await wait_for(lambda: "[R]" in app.header._shown.plain, "the header drawn", pilot=pilot)
         assert "[R]" in app.header._shown.plain
         for pane, keys in DANGEROUS_KEYS.items():
             await open_pane(pilot, app, {"processes": "2", "gpus": "1", "nodes": "4"}[pane], pane)
@@ -145,7 +156,10 @@ async def test_read_only_console_has_no_dangerous_keys_in_footer_help_or_palette
         help_ids = {row[0] for row in app.help_rows()}
         assert not help_ids & DANGEROUS_IDS and "node.health_rerun" in help_ids
         await pilot.press("question_mark")
-        await pilot.pause()
+        # Pushed after the key's binding runs, its table made on mount: waited for, not one pause.
+        await wait_for(
+            lambda: isinstance(app.screen, HelpScreen) and app.screen.query("#help-table"), "the help", pilot=pilot
+        )
         assert isinstance(app.screen, HelpScreen)
         table = app.screen.query_one("#help-table", DataTable)
         assert not {str(key.value) for key in table.rows} & DANGEROUS_IDS
@@ -192,7 +206,13 @@ async def test_gpu_reset_typed_confirmation_then_the_stub_runs_and_the_result_sh
         assert "exit status 0" in result and "GPU reset done" in result and "GPU 0 read again" in result
         assert json.loads((tmp_path / "argv.json").read_text()) == ["--gpu-reset", "-i", "0"]
         await pilot.press("escape")
-        await pilot.pause()
+        # The result screen goes, then the GPUs table has the focus back: keys typed before that were the
+        # screen's (under load `down` and `R` went to it and the refusal never came).
+        await wait_for(
+            lambda: not isinstance(app.screen, ResultScreen) and isinstance(app.focused, DataTable),
+            "the GPUs table again",
+            pilot=pilot,
+        )
         # Pre-check refusal: GPU 1 runs a compute process.
         await pilot.press("down", "R")
         await wait_for(lambda: "stop them first" in messages(app), "the refusal", pilot=pilot)
@@ -218,7 +238,7 @@ async def test_sigterm_from_the_processes_pane_cancel_is_focused_then_y_sends_it
             await pilot.pause()
             await open_pane(pilot, app, "2", "processes")
             await pilot.press("t", "t")  # the tree view on and off again: the flat list, as at start
-            await pilot.pause()
+            await wait_for(lambda: highlighted(app) == sleeper.pid, "the sleeper's row highlighted", pilot=pilot)
             await pilot.press("x")
             await wait_for(
                 lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed,
@@ -295,7 +315,7 @@ async def test_an_escalation_question_waits_while_the_filter_is_typed_into(tmp_p
             await pilot.pause()
             await open_pane(pilot, app, "2", "processes")
             await pilot.press("t", "t")  # the tree view on and off again: the flat list, as at start
-            await pilot.pause()
+            await wait_for(lambda: highlighted(app) == stubborn.pid, "the process's row highlighted", pilot=pilot)
             await pilot.press("e")
             await wait_for(
                 lambda: isinstance(app.screen, ConfirmScreen) and app.screen.armed, "the escalation", pilot=pilot
@@ -366,7 +386,9 @@ async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_new
             lambda: isinstance(app.screen, ReasonScreen) and app.screen.is_mounted, "the reason prompt", pilot=pilot
         )
         await pilot.press("enter")  # empty: refused in place
-        await pilot.pause()
+        await wait_for(
+            lambda: "needs a reason" in str(app.screen.query_one("#reason-error").render()), "the refusal", pilot=pilot
+        )
         assert isinstance(app.screen, ReasonScreen)
         assert "needs a reason" in str(app.screen.query_one("#reason-error").render())
         app.screen.query_one("#reason-input", Input).value = "XID 79 on GPU 3"
@@ -383,11 +405,14 @@ async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_new
         )
         await open_pane(pilot, app, "0", "audit")
         table = app.panes["audit"].query_one("#audit-table", DataTable)
+        await wait_for(lambda: table.row_count >= 2, "the audit records", pilot=pilot)
         first = [str(cell) for cell in table.get_row_at(0)]
         assert first[3] == "drain_node" and first[5] == "ok" and "Reason=XID 79 on GPU 3" in first[6]
         assert [str(c) for c in table.get_row_at(1)][5] == "attempt"
         await pilot.press("enter")
-        await pilot.pause()
+        await wait_for(
+            lambda: isinstance(app.screen, ResultScreen) and app.screen.is_mounted, "the record's result", pilot=pilot
+        )
         assert isinstance(app.screen, ResultScreen)
         assert "exit status" in str(app.screen.query_one("#result-body").render())
     assert json.loads((tmp_path / "calls.jsonl").read_text()) == [
@@ -400,7 +425,10 @@ async def test_drain_asks_a_reason_confirms_runs_and_the_audit_pane_shows_it_new
 
 async def test_action_keys_can_be_remapped_and_yes_no_can_be_switched_off(tmp_path):
     """[console.keys] remaps an action like any binding; [actions] confirm = false skips yes/no, never a typed word."""
-    sleeper = subprocess.Popen(["sleep", "infinity"])  # until the test's SIGINT, however long the run takes
+    # Until the test's SIGINT, however long the run takes. SIGINT at its default in the child, as
+    # test_actions_signals starts its children: a worker whose SIGINT is ignored (a run started in the
+    # background of a non-interactive shell) passes that on across exec, and `sleep` would not die.
+    sleeper = subprocess.Popen(["sleep", "infinity"], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         config = Config(
             console=ConsoleConfig(interval=0.2, keys=(("process.signal_int", "I"), ("gpu.reset", "G"))),
@@ -432,6 +460,8 @@ async def test_action_keys_can_be_remapped_and_yes_no_can_be_switched_off(tmp_pa
             await pilot.press("t", "t", "i")  # the old key does nothing now
             await pilot.pause(0.3)
             assert sleeper.poll() is None and not isinstance(app.screen, ConfirmScreen)
+            # The pane lists the sleeper from its next frame on: `I` before that signals nothing.
+            await wait_for(lambda: highlighted(app) == sleeper.pid, "the sleeper's row highlighted", pilot=pilot)
             await pilot.press("I")  # no yes/no: sent at once
             await wait_for(lambda: sleeper.poll() is not None, "SIGINT delivered", pilot=pilot)
             assert sleeper.returncode == -2

@@ -12,7 +12,7 @@ from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states  # noqa: E402
 from opsconsole.config import parse_config  # noqa: E402
 from opsconsole.recording.replay import RecordingReader  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
-from tests.waiting import wait_for  # noqa: E402
+from tests.waiting import pane_shown, wait_for  # noqa: E402
 
 SIZE = (140, 40)
 
@@ -45,15 +45,14 @@ async def test_an_alert_fires_shows_in_the_header_the_pane_and_a_toast_and_runs_
         toasts = [n.message for n in app._notifications]
         assert any("gpu.temperature" in m for m in toasts)
         await pilot.press("9")
-        await pilot.pause()
+        # Made on its first show, then drawn: waited for, not one pause.
+        await wait_for(lambda: pane_shown(app, "alerts"), "the Alerts pane", pilot=pilot)
         table = app.panes["alerts"].table
         assert table.row_count == 1
         row = " ".join(str(c) for c in table.get_row_at(0))
         assert "firing" in row and "warm" in row
-        for _ in range(50):
-            if got.exists() and got.read_text():
-                break
-            await pilot.pause(0.1)
+        # The hook is a Python process started for the alert: a loaded machine can take seconds.
+        await wait_for(lambda: got.exists() and got.read_text(), "the hook's payload", pilot=pilot)
         payload = json.loads(got.read_text())
         assert payload["rule"] == "warm" and payload["state"] == "firing"
 
@@ -89,10 +88,7 @@ async def test_a_hanging_hook_is_reported_and_the_console_keeps_working(tmp_path
         await pilot.pause()
         await pilot.press("3")  # keys act while the hook hangs
         assert app.visible_pane_id == "host"
-        for _ in range(60):
-            if app.services.hook_results:
-                break
-            await pilot.pause(0.1)
+        await wait_for(lambda: app.services.hook_results, "the hook's result", pilot=pilot)
         assert "timed out after 0.5 s" in app.services.hook_results[-1].message
         assert any("alert hook failed" in n.message for n in app._notifications)
 
@@ -104,7 +100,9 @@ async def test_record_key_writes_a_recording_that_replays(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("ctrl+r")
-        await pilot.pause()
+        await wait_for(
+            lambda: app.services.recorder is not None and "REC" in str(app.header.render()), "REC", pilot=pilot
+        )
         assert app.services.recorder is not None
         assert "REC" in str(app.header.render())
         for step in range(1, 4):
@@ -115,7 +113,7 @@ async def test_record_key_writes_a_recording_that_replays(tmp_path):
                 )
             await pilot.pause()
         await pilot.press("ctrl+r")
-        await pilot.pause()
+        await wait_for(lambda: app.services.recorder is None, "the recording stopped", pilot=pilot)
         assert app.services.recorder is None
     files = list(tmp_path.glob("*.opsrec"))
     assert len(files) == 1
@@ -133,10 +131,7 @@ async def test_report_key_writes_an_incident_report(tmp_path, monkeypatch):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("ctrl+e")
-        for _ in range(100):
-            if list(reports_dir.glob("opsconsole-report-*.tar.gz")):
-                break
-            await pilot.pause(0.1)
+        await wait_for(lambda: list(reports_dir.glob("opsconsole-report-*.tar.gz")), "the report", pilot=pilot)
     reports = list(reports_dir.glob("opsconsole-report-*.tar.gz"))
     assert len(reports) == 1 and not list(tmp_path.glob("opsconsole-report-*"))  # never the working directory
     assert reports[0].stat().st_mode & 0o777 == 0o600 and reports_dir.stat().st_mode & 0o777 == 0o700

@@ -6,13 +6,15 @@ import json
 import sys
 import time
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import List
 
 from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states
 
 from opsconsole.config import Config, LogsConfig, parse_config
 from opsconsole.tui.alerts import duration_text, next_silence
 from opsconsole.tui.app import OpsConsole
-from tests.waiting import wait_for
+from tests.waiting import pane_shown, wait_for
 
 SIZE = (160, 40)
 
@@ -37,8 +39,22 @@ def with_temperature(states, temperature: float, seq: int):
     ]
 
 
+def record_toasts(app: OpsConsole) -> None:
+    """Keep every toast the console shows: app._notifications drops one once its timeout has passed
+    (10 s for an alert's), which a loaded run outlasted (the first alert's toast was gone: counted 0)."""
+    shown: List[SimpleNamespace] = []
+    notify = app.notify
+
+    def recording(message, *, title="", **kwargs):
+        shown.append(SimpleNamespace(message=message, title=title))
+        notify(message, title=title, **kwargs)
+
+    app.notify = recording  # type: ignore[method-assign]
+    app.shown_toasts = shown  # type: ignore[attr-defined]
+
+
 def alert_toasts(app: OpsConsole):
-    return [n for n in app._notifications if n.title.startswith("alert: ")]
+    return [n for n in app.shown_toasts if n.title.startswith("alert: ")]
 
 
 def row_texts(app: OpsConsole):
@@ -60,6 +76,7 @@ async def test_acknowledged_and_silenced_alerts_are_listed_but_not_announced_aga
     clock = [FROZEN_NOW]
     fleet = FakeFleet(states)
     app = OpsConsole(config, fleet, now=lambda: clock[0])
+    record_toasts(app)
     seq = [10]
 
     async def flap():  # cool down (resolved), then hot again (firing)
@@ -67,13 +84,20 @@ async def test_acknowledged_and_silenced_alerts_are_listed_but_not_announced_aga
             seq[0] += 1
             for state in with_temperature(states, temperature, seq[0]):
                 fleet.publish(state)
-            await pilot.pause(0.2)
+            # The engine hears each change at once; the pane and the header are drawn by the redraw
+            # after the changes (coalesced, on a timer): waited for, not a fixed 0.2 s.
+            await wait_for(drawn, "the change drawn", pilot=pilot)
+
+    def drawn() -> bool:
+        table = app.panes["alerts"].table
+        return app._redraw_timer is None and table.row_count == len(app.services.alerts.history)
 
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(lambda: len(alert_toasts(app)) == 1, "the first alert's toast", pilot=pilot)
         await wait_for(lambda: got.exists() and got.read_text().count('"firing"') == 1, "the hook", pilot=pilot)
         await pilot.press("9")
-        await pilot.pause()
+        # Made on its first show, then focused: a key before that waits for it (held by the app).
+        await wait_for(lambda: pane_shown(app, "alerts"), "the Alerts pane", pilot=pilot)
         assert "alerts 1" in str(app.header.render())
         await pilot.press("a")
         await pilot.pause()
@@ -135,6 +159,7 @@ async def test_an_old_log_file_does_not_refire_its_alerts_at_start_but_a_new_lin
     unstamped.write_text("Traceback (most recent call last):\n" + OOM + "\n")  # no timestamp: present at start
     config = Config(logs=LogsConfig(paths=(str(tmp_path / "train_*.log"),)))
     app = OpsConsole(config, FakeFleet(single_node_states()), now=lambda: FROZEN_NOW)
+    record_toasts(app)
     async with app.run_test(size=SIZE) as pilot:
         engine = app.services.alerts
         await wait_for(
@@ -143,7 +168,7 @@ async def test_an_old_log_file_does_not_refire_its_alerts_at_start_but_a_new_lin
         await pilot.pause(0.3)
         assert engine.counts() == {} and alert_toasts(app) == []
         await pilot.press("9")
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "alerts"), "the Alerts pane", pilot=pilot)
         assert all(" | earlier | " in row for row in row_texts(app))
         # The stamped line keeps yesterday's time; the unstamped one's time is not when it was read.
         times = sorted(row.split(" | ")[0] for row in row_texts(app))

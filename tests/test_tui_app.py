@@ -26,7 +26,7 @@ from opsconsole.tui.help import HelpScreen  # noqa: E402
 from opsconsole.tui.host import HostPane  # noqa: E402
 from opsconsole.tui.keys import APP_KEYS, display_key, keymap_from_config  # noqa: E402
 from opsconsole.tui.themes import THEMES_DIR, choose_theme, load_theme_file, load_themes  # noqa: E402
-from tests.waiting import wait_for  # noqa: E402
+from tests.waiting import pane_shown, wait_for  # noqa: E402
 
 SIZE = (140, 40)
 OKABE_ITO = {"#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7"}
@@ -42,24 +42,11 @@ def gpu_table(app: OpsConsole) -> DataTable:
     return app.panes["gpus"].query_one(DataTable)
 
 
-def pane_focused(app: OpsConsole, pane_id: str) -> bool:
-    """Whether pane `pane_id` is shown, mounted and drawn: it takes the focus after its first draw."""
-    pane = app.panes.get(pane_id)
-    focused = app.focused
-    return (
-        app.visible_pane_id == pane_id
-        and pane_id not in app._pane_mounts
-        and pane is not None
-        and focused is not None
-        and pane in focused.ancestors
-    )
-
-
 async def show_gpus(pilot) -> None:
     """Open the GPUs pane (a one-node console opens on its overview), drawn: it is made on its first
     show, and a fixed pause could end before it was (under load)."""
     await pilot.press("1")
-    await wait_for(lambda: pane_focused(pilot.app, "gpus"), "the GPUs pane shown", pilot=pilot)
+    await wait_for(lambda: pane_shown(pilot.app, "gpus"), "the GPUs pane shown", pilot=pilot)
 
 
 def row_text(table: DataTable, key: str) -> str:
@@ -114,7 +101,7 @@ async def test_read_only_header_and_several_nodes():
 async def test_down_node_rows_are_dimmed_with_their_age():
     app = make_app(cluster_states())
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "gpus"), "the GPUs pane shown", pilot=pilot)
         table = gpu_table(app)
         status = table.get_cell("gpu-a03/0", "status")
         assert status.plain == "down 42s"
@@ -139,10 +126,10 @@ async def test_number_keys_and_tab_switch_panes():
                 lambda: app.panes[cls.pane_id].region.height > 0, "pane %s on screen" % cls.pane_id, pilot=pilot
             )
         await pilot.press("tab")
-        await pilot.pause()
+        await wait_for(lambda: app.visible_pane_id == PANES[0].pane_id, "tab to the first pane", pilot=pilot)
         assert app.visible_pane_id == PANES[0].pane_id  # wraps around
         await pilot.press("shift+tab")
-        await pilot.pause()
+        await wait_for(lambda: app.visible_pane_id == PANES[-1].pane_id, "shift+tab to the last pane", pilot=pilot)
         assert app.visible_pane_id == PANES[-1].pane_id
 
 
@@ -151,7 +138,7 @@ async def test_clicking_a_tab_switches_pane():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.click("#--content-tab-tab-host")
-        await pilot.pause()
+        await wait_for(lambda: app.visible_pane_id == "host", "the Host pane", pilot=pilot)
         assert app.visible_pane_id == "host"
 
 
@@ -167,7 +154,12 @@ async def test_only_the_visible_pane_is_fed(monkeypatch):
         await pilot.pause(0.3)
         assert calls == []
         await pilot.press("3")
-        await pilot.pause()
+        # Made on its first show, then fed: waited for, not one pause.
+        await wait_for(
+            lambda: calls and "host local (h200-box)" in str(app.panes["host"].query_one("#host-summary").render()),
+            "the Host pane fed",
+            pilot=pilot,
+        )
         assert len(calls) >= 1
         host_text = str(app.panes["host"].query_one("#host-summary").render())
         assert "host local (h200-box)" in host_text
@@ -178,14 +170,16 @@ async def test_help_lists_every_binding_and_escape_closes_it():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("question_mark")
-        await pilot.pause()
+        await wait_for(
+            lambda: isinstance(app.screen, HelpScreen) and app.screen.query(DataTable), "the help", pilot=pilot
+        )
         assert isinstance(app.screen, HelpScreen)
         table = app.screen.query_one(DataTable)
         listed = {key.value for key in table.rows}
         assert listed == {spec.id for spec in KEY_SPECS}
         assert table.get_cell("app.quit", "key").plain == "q"
         await pilot.press("escape")
-        await pilot.pause()
+        await wait_for(lambda: not isinstance(app.screen, HelpScreen), "the help closed", pilot=pilot)
         assert not isinstance(app.screen, HelpScreen)
 
 
@@ -194,7 +188,7 @@ async def test_filter_on_processes_pane_and_escape_clears_it():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("2")
-        await wait_for(lambda: pane_focused(app, "processes"), "the Processes pane shown", pilot=pilot)
+        await wait_for(lambda: pane_shown(app, "processes"), "the Processes pane shown", pilot=pilot)
         host_table = app.panes["processes"].query_one("#host-processes", DataTable)
         before = len(host_table.rows)
         assert before >= 2  # both captured host processes
@@ -218,7 +212,18 @@ async def test_filter_on_gpus_pane_keeps_matching_rows():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("slash", *"a02", "enter")
-        await pilot.pause()
+        # The GPUs pane is made on the first show and the filter line on the first `/`; enter keeps
+        # the filter and gives the table the focus back: waited for, not one pause.
+        filter_input = app.filter_input
+        await wait_for(
+            lambda: (
+                app._pane_filters.get("gpus") == "a02"
+                and not filter_input.has_class("-open")
+                and pane_shown(app, "gpus")
+            ),
+            "the filter kept",
+            pilot=pilot,
+        )
         table = gpu_table(app)
         assert [key.value for key in table.rows] == ["gpu-a02/0"]
         assert not app.query_one("#filter", Input).has_class("-open")  # enter keeps the filter
@@ -227,7 +232,7 @@ async def test_filter_on_gpus_pane_keeps_matching_rows():
 async def test_escape_clears_a_kept_filter_when_no_drill_down_is_open():
     app = make_app(cluster_states())
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "gpus"), "the GPUs pane shown", pilot=pilot)
         table = gpu_table(app)
         every = sorted(key.value for key in table.rows)
         await pilot.press("slash", *"a02", "enter")
@@ -235,10 +240,10 @@ async def test_escape_clears_a_kept_filter_when_no_drill_down_is_open():
         await wait_for(lambda: not filter_input.has_class("-open") and table.has_focus, "the filter kept", pilot=pilot)
         assert [key.value for key in table.rows] == ["gpu-a02/0"]
         await pilot.press("escape")
-        await pilot.pause()
+        await wait_for(lambda: not app._pane_filters.get("gpus"), "the filter cleared", pilot=pilot)
         assert sorted(key.value for key in table.rows) == every and len(every) > 1
         await pilot.press("slash")
-        await pilot.pause()
+        await wait_for(lambda: filter_input.has_class("-open"), "the filter line open", pilot=pilot)
         assert app.query_one("#filter", Input).value == ""  # cleared, not kept for the next /
 
 
@@ -250,7 +255,7 @@ async def test_config_remaps_a_key_and_the_old_one_stops_working():
         await pilot.pause()
         assert app.visible_pane_id == "overview"
         await pilot.press("H")
-        await pilot.pause()
+        await wait_for(lambda: app.visible_pane_id == "host", "H shows Host", pilot=pilot)
         assert app.visible_pane_id == "host"
         assert dict((r[0], r[1]) for r in app.help_rows())["pane.host"] == "H"
 
@@ -303,7 +308,7 @@ async def test_drill_down_from_nodes_and_escape_back():
         await pilot.pause()
         await pilot.press("4")
         # The Nodes pane is made on first show, drawn, then focused: waited for, not one pause.
-        await wait_for(lambda: pane_focused(app, "nodes"), "the Nodes pane shown", pilot=pilot)
+        await wait_for(lambda: pane_shown(app, "nodes"), "the Nodes pane shown", pilot=pilot)
         nodes_table = app.panes["nodes"].query_one("#nodes-table", DataTable)
         assert app.focused is nodes_table
         await pilot.press("down", "enter")
@@ -314,7 +319,7 @@ async def test_drill_down_from_nodes_and_escape_back():
         assert [key.value for key in gpu_table(app).rows] == ["gpu-a02/0"]
         assert "> gpu-a02" in app.header._shown.plain
         await pilot.press("escape")
-        await pilot.pause()
+        await wait_for(lambda: app.node is None and app.visible_pane_id == "nodes", "back to Nodes", pilot=pilot)
         assert app.node is None
         assert app.visible_pane_id == "nodes"
 
@@ -334,7 +339,7 @@ async def test_command_palette_runs_a_binding_and_lists_themes():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("ctrl+p")
-        await pilot.pause()
+        await wait_for(lambda: CommandPalette.is_open(app), "the palette", pilot=pilot)
         assert CommandPalette.is_open(app)
         await pilot.press(*"Show Host")
         # The palette searches as it is typed: enter once the Host pane's command is the highlighted hit.
@@ -342,7 +347,10 @@ async def test_command_palette_runs_a_binding_and_lists_themes():
         await pilot.press("enter")
         await wait_for(lambda: app.visible_pane_id == "host", "the palette to show the Host pane", pilot=pilot)
         await pilot.press("ctrl+p")
-        await pilot.pause()
+        # Typed before the palette is open, the words would be the Host pane's keys.
+        await wait_for(
+            lambda: CommandPalette.is_open(app) and isinstance(app.focused, Input), "the palette again", pilot=pilot
+        )
         await pilot.press(*"Theme: opsconsole-high")
         await wait_for(lambda: "opsconsole-high-contrast" in palette_top_hit(app), "the theme on top", pilot=pilot)
         await pilot.press("enter")
@@ -508,7 +516,7 @@ async def test_q_quits_and_stops_the_fleet():
         await pilot.pause()
         assert fleet.started
         await pilot.press("q")
-        await pilot.pause()
+        await wait_for(lambda: app.return_code is not None, "the exit", pilot=pilot)
     assert app.return_code == 0
     assert fleet.stopped
 

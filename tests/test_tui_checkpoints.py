@@ -18,7 +18,7 @@ from opsconsole.tui.checkpoints import CheckpointDetailScreen, CheckpointsPane  
 from opsconsole.tui.confirm import ConfirmScreen  # noqa: E402
 from tests.checkpoint_writers import write_seed_layout  # noqa: E402
 from tests.sshd import ssh_client, sshd_factory  # noqa: E402,F401,F811 (pytest fixtures)
-from tests.waiting import wait_for  # noqa: E402
+from tests.waiting import pane_shown, wait_for  # noqa: E402
 
 SIZE = (170, 45)
 
@@ -62,6 +62,8 @@ async def open_pane(pilot, app):
     await pilot.press("7")
     pane = app.panes["checkpoints"]
     await wait_for(lambda: pane.checkpoint_table.table.row_count == 6, "the scan to list 6 checkpoints", pilot=pilot)
+    # And holding the focus: a key typed before that is not the pane's (under load `c` never asked).
+    await wait_for(lambda: pane_shown(app, "checkpoints"), "the Checkpoints pane focused", pilot=pilot)
     return pane
 
 

@@ -16,7 +16,7 @@ from opsconsole.nodes.fleet import Fleet
 from opsconsole.tui.app import OpsConsole
 from tests.sshd import keygen, public_key, ssh_client, sshd_factory  # noqa: F401
 from tests.test_trust_hostkey import SIZE, WAIT_LIMIT_S, console_for, messages, state_of
-from tests.waiting import wait_for
+from tests.waiting import pane_shown, wait_for
 
 
 @pytest.mark.sshd
@@ -47,7 +47,7 @@ async def test_c_connects_an_auth_node_once_its_key_is_authorised_on_the_node(ss
         assert "n1: connecting now" in messages(app)
         assert link.connect_attempts == 2
         await pilot.press("c")  # up: nothing to do
-        await pilot.pause()
+        await wait_for(lambda: "n1 is up: already connected" in messages(app), "the toast", pilot=pilot)
         assert "n1 is up: already connected" in messages(app)
         assert link.connect_attempts == 2
 
@@ -62,7 +62,7 @@ async def test_c_on_a_local_node_says_it_is_connected(tmp_path, monkeypatch):
             lambda: state_of(app, name).state == STATE_UP, "the local node up", timeout=WAIT_LIMIT_S, pilot=pilot
         )
         await pilot.press("4")
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "nodes"), "the Nodes pane", pilot=pilot)  # made on its first show
         await pilot.press("c")
-        await pilot.pause()
+        await wait_for(lambda: "%s is up: already connected" % name in messages(app), "the toast", pilot=pilot)
         assert "%s is up: already connected" % name in messages(app)

@@ -12,7 +12,7 @@ from opsconsole.config import Config, ConsoleConfig, NodeConfig, SshConfig, pars
 from opsconsole.model import STATE_DOWN  # noqa: E402
 from opsconsole.nodes.fleet import Fleet  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
-from tests.waiting import wait_for  # noqa: E402
+from tests.waiting import pane_shown, wait_for  # noqa: E402
 
 SIZE = (150, 40)
 # Nodes run the health bundle with this interpreter (torch CPU here: the suite answers `error` at once).
@@ -46,7 +46,8 @@ async def test_failures_show_per_gpu_and_raise_the_header_badge():
         await pilot.pause()
         assert "HEALTH 1 FAIL" in str(app.header.render())
         await pilot.press("8")
-        await pilot.pause()
+        # Made on its first show, then drawn: waited for, not one pause (so in each test below).
+        await wait_for(lambda: pane_shown(app, "health"), "the Health pane", pilot=pilot)
         assert app.visible_pane_id == "health"
         rows = rows_of(app.panes["health"])
         assert any("fail" in r and "local GPU 1" in r and "gpu_temperature" in r and "91°C" in r for r in rows), rows
@@ -67,11 +68,12 @@ async def test_detail_line_shows_evidence_and_remedy_of_the_selected_result():
     app, _ = console(hot(single_node_states()))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("8")
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "health"), "the Health pane", pilot=pilot)
         pane = app.panes["health"]
         index = next(i for i, e in enumerate(pane._shown) if e.result.status == "fail")
         pane.table.move_cursor(row=index)
-        await pilot.pause()
+        # The detail follows the table's RowHighlighted message: waited for.
+        await wait_for(lambda: "temperature_c=91" in str(pane.detail.render()), "the detail", pilot=pilot)
         detail = str(pane.detail.render())
         assert "temperature_c=91" in detail and "remedy: check the node's cooling" in detail
 
@@ -82,12 +84,11 @@ async def test_r_reruns_the_selected_node_with_the_gpu_suite():
     app, _ = console(single_node_states(), config, clock)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("8")
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "health"), "the Health pane", pilot=pilot)
         clock[0] += 5.0  # the rerun's results are newer than the rules' first evaluation
         before = app.panes["health"].table.row_count
         assert before and not any("gpu_sanity" in r for r in rows_of(app.panes["health"]))
         await pilot.press("r")
-        await pilot.pause()
         assert await wait_for(
             lambda: (
                 not app.health.running and any(e.result.check.startswith("gpu_sanity") for e in app.health.entries())
@@ -110,10 +111,16 @@ async def test_R_reruns_every_node_and_a_node_that_is_away_only_gets_its_rules()
     app, _ = console(cluster_states(), NODES)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("8")
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "health"), "the Health pane", pilot=pilot)
         await pilot.press("R")
-        await pilot.pause()
-        assert await wait_for(lambda: not app.health.running, "the condition", pilot=pilot)
+        # Finished, not merely not yet started (a pause could end before the key's binding ran).
+        assert await wait_for(
+            lambda: (
+                not app.health.running and any(e.result.check.startswith("gpu_sanity") for e in app.health.entries())
+            ),
+            "the rerun done",
+            pilot=pilot,
+        )
         suite_nodes = {e.result.node for e in app.health.entries() if e.result.check.startswith("gpu_sanity")}
         assert suite_nodes == {"gpu-a01", "gpu-a02"}  # gpu-a03 is down
         down = [e.result for e in app.health.entries("gpu-a03") if e.result.check == "node_reachable"]
@@ -124,7 +131,7 @@ async def test_filter_and_the_key_registry_know_the_health_keys():
     app, _ = console(hot(single_node_states()))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("8")
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "health"), "the Health pane", pilot=pilot)
         app.panes["health"].apply_filter("temperature")
         await pilot.pause()
         rows = rows_of(app.panes["health"])
@@ -141,7 +148,7 @@ async def test_a_long_node_name_is_cut_with_an_ellipsis_and_keeps_its_gpu():
     app, _ = console(states)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("8")
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "health"), "the Health pane", pilot=pilot)
         pane = app.panes["health"]
         assert any(e.result.node == long_name for e in pane._shown)
         where = {str(pane.table.get_row_at(i)[2]) for i in range(pane.table.row_count)}
@@ -206,7 +213,15 @@ async def test_a_message_too_long_for_80_columns_takes_since_room_and_is_whole_u
         message = pane._shown[index].result.message
         assert long_reason in message
         pane.table.move_cursor(row=index)
-        await pilot.pause()
+        # The detail follows the table's RowHighlighted message, a message after the move: waited for.
+        await wait_for(
+            lambda: (
+                any("node_reachable" in line for line in screen_lines(app))
+                and message in " ".join(str(pane.detail.render()).split())
+            ),
+            "the row on screen and its detail",
+            pilot=pilot,
+        )
         lines = screen_lines(app)
         header = next(line for line in lines if "Message" in line)
         assert "Since" not in header and "Status" in header and "Check" in header, header

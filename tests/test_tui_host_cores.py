@@ -11,6 +11,7 @@ from tui_fakes import FROZEN_NOW, FakeFleet, single_node_states
 
 from opsconsole.config import Config
 from opsconsole.tui.app import OpsConsole
+from tests.waiting import pane_shown, wait_for
 
 # One cell: the core's number, an 8-cell bar, its percent ("  7 ▌·······   7%").
 CELL = re.compile(r"(\d+) ([█▉▊▋▌▍▎▏·]{8}) +(\d+)%")
@@ -27,6 +28,12 @@ def screen_lines(app: OpsConsole) -> List[str]:
     return ["".join(segment.text for segment in strip) for strip in app.screen._compositor.render_strips()]
 
 
+def drawn_cores(app: OpsConsole) -> bool:
+    """Whether the screen shows the core grid (from `cores` to the memory line)."""
+    lines = [line.lstrip() for line in screen_lines(app)]
+    return any(line.startswith("cores") for line in lines) and any(line.startswith("mem ") for line in lines)
+
+
 def core_block(lines: List[str]) -> List[str]:
     """The lines from `cores` down to the memory line."""
     start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("cores"))
@@ -40,7 +47,8 @@ async def test_sixteen_cores_are_cells_apart_on_whole_lines(width):
     app = OpsConsole(Config(), FakeFleet([state]), now=lambda: FROZEN_NOW)
     async with app.run_test(size=(width, 40)) as pilot:
         await pilot.press("3")
-        await pilot.pause()
+        # The Host pane is made on its first show, then drawn: waited for, not one pause.
+        await wait_for(lambda: pane_shown(app, "host") and drawn_cores(app), "the Host pane's cores", pilot=pilot)
         block = core_block(screen_lines(app))
         seen = []
         for line in block:
@@ -62,7 +70,8 @@ async def test_many_cores_get_one_spark_cell_each(width):
     app = OpsConsole(Config(), FakeFleet([state]), now=lambda: FROZEN_NOW)
     async with app.run_test(size=(width, 40)) as pilot:
         await pilot.press("3")
-        await pilot.pause()
+        # The Host pane is made on its first show, then drawn: waited for, not one pause.
+        await wait_for(lambda: pane_shown(app, "host") and drawn_cores(app), "the Host pane's cores", pilot=pilot)
         block = core_block(screen_lines(app))
         sparks = "".join(line.strip().removeprefix("cores").strip() for line in block)
         assert len(sparks) == 128 and set(sparks) <= set(" ▁▂▃▄▅▆▇█")

@@ -16,7 +16,7 @@ from opsconsole.config import Config
 from opsconsole.tui.app import PANES, OpsConsole
 from opsconsole.tui.nodes import DROP_ORDER, NODE_COLUMNS, node_columns
 from opsconsole.tui.tab_labels import fit_tab_labels
-from tests.waiting import wait_for
+from tests.waiting import pane_shown, wait_for
 
 LONG_NAME = "gpu-node-0017.research.example.org"
 
@@ -41,7 +41,7 @@ async def test_every_pane_has_its_tab_in_sight(width):
     app = console(cluster_states())
     async with app.run_test(size=(width, 24)) as pilot:
         await pilot.press("4")
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "nodes"), "the Nodes pane", pilot=pilot)  # made on its first show
         tab_line = screen_lines(app)[2]
         labels, _ = fit_tab_labels(PANES, width)
         for entry in PANES:
@@ -188,7 +188,7 @@ async def test_the_header_never_wraps_onto_the_tab_bar_at_80_columns():
     app = console(single_node_states())
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("3")
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "host"), "the Host pane", pilot=pilot)  # made on its first show
         lines = screen_lines(app)
         assert lines[0].startswith(" opsconsole ") and lines[1].startswith(" nodes 1")
         assert lines[2].startswith(" o Over 1 GPUs")  # the tab bar, not the header's last word

@@ -22,7 +22,7 @@ from opsconsole.logs.records import MAX_LINE_BYTES, TRUNCATED_MARKER  # noqa: E4
 from opsconsole.tui.app import OpsConsole  # noqa: E402
 from opsconsole.tui.findings import COLUMNS  # noqa: E402
 from opsconsole.tui.logs import LogsPane  # noqa: E402
-from tests.waiting import wait_for
+from tests.waiting import pane_shown, wait_for
 
 
 def module_present(name: str) -> bool:
@@ -373,7 +373,8 @@ async def test_without_log_paths_the_pane_says_how_to_add_them():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("6")
-        await pilot.pause()
+        # Made on its first show, then drawn: waited for, not one pause.
+        await wait_for(lambda: pane_shown(app, "logs"), "the Logs pane", pilot=pilot)
         assert app.log_feed is None
         assert "no [logs] paths" in status_text(pane_of(app))
         await pilot.press("n", "N", "l", "f")  # keys on an empty pane do nothing harmful
@@ -467,7 +468,7 @@ async def test_the_first_page_is_drawn_as_it_comes_and_its_diagnosis_marks_it_af
         pane = pane_of(app)
         await pilot.pause()
         await pilot.press("6")
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "logs"), "the Logs pane", pilot=pilot)
         pane.add_lines(page, [None] * len(page))
         assert [e.line for e in pane.view.entries] == page  # drawn at once: no flush tick waited for
         later = [LogLine(source, 4, 400, record(4, "INFO", "step 4"), time=4.0, level="INFO", rank=0)]

@@ -26,6 +26,7 @@ from opsconsole.tui.overview import gpu_layout, pack
 from opsconsole.tui.replay import ReplayConsole
 from tests.replayed_node import paused_replay, record_one_node
 from tests.snapshot_clock import utc_clock  # noqa: F401 (autouse fixture: the clock prints UTC)
+from tests.waiting import pane_shown, wait_for
 
 TICKS = 90
 SHOWN_AT_TICK = 75  # where the replay is paused for the snapshots: 75 s of history behind it
@@ -58,9 +59,11 @@ async def test_enter_on_a_node_opens_its_overview():
         await pilot.pause()
         assert app.visible_pane_id == "gpus"  # several nodes: every GPU first
         await pilot.press("4")
-        await pilot.pause()
+        # Each step waited for, not read after one pause: a pane is made on its first show, and the
+        # drill, the pane switch and the redraw come as messages after the keys.
+        await wait_for(lambda: pane_shown(app, "nodes"), "the Nodes pane", pilot=pilot)
         await pilot.press("down", "down", "enter")  # gpu-a03: down, its last frame kept
-        await pilot.pause()
+        await wait_for(lambda: app.node is not None and pane_shown(app, "overview"), "the drill", pilot=pilot)
         assert app.node == "gpu-a03" and app.visible_pane_id == "overview"
         pane = app.panes["overview"]
         gpus = str(pane.query_one("#overview-gpus", LinesView).render())
@@ -70,7 +73,7 @@ async def test_enter_on_a_node_opens_its_overview():
         procs = pane.query_one("#overview-procs", DataTable)
         assert procs.row_count == 2  # the load process on each of its busy GPUs
         await pilot.press("escape")
-        await pilot.pause()
+        await wait_for(lambda: app.node is None and app.visible_pane_id == "nodes", "back to Nodes", pilot=pilot)
         assert app.node is None and app.visible_pane_id == "nodes"
 
 

@@ -85,14 +85,22 @@ class Spy:
 
 
 async def click_header(pilot, table: DataTable, column_key: str) -> None:
-    """Click the header cell of a column, as a user does."""
+    """Click the header cell of a column, as a user does, and wait for the table to be sorted by it.
+
+    The pane sorts on the table's HeaderSelected message, a message after the click: waited for (the
+    sorted column's label changes its arrow), not one pause."""
+
+    def labels() -> List[str]:
+        return [str(column.label) for column in table.ordered_columns]
+
+    before = labels()
     x = 0
     for column in table.ordered_columns:
         if column.key.value == column_key:
             break
         x += column.get_render_width(table)
     await pilot.click(table, offset=(x + 1, 0))
-    await pilot.pause()
+    await wait_for(lambda: labels() != before, "sorted by " + column_key, pilot=pilot)
 
 
 # --- formatting ---------------------------------------------------------------------------------
@@ -324,12 +332,13 @@ async def test_nodes_pane_enter_posts_drill():
         pane.show(three_nodes(), None, NOW)
         await pilot.pause()
         await pilot.press("down", "enter")
-        await pilot.pause()
+        # The table's RowSelected, then the pane's Drill: messages after the key, waited for.
+        await wait_for(lambda: app.drills, "the drill", pilot=pilot)
         assert app.drills == ["gpu02"]
         pane.apply_filter("state:down")
         await pilot.pause()
         await pilot.press("enter")
-        await pilot.pause()
+        await wait_for(lambda: len(app.drills) > 1, "the second drill", pilot=pilot)
         assert app.drills == ["gpu02", "gpu03"]
 
 

@@ -9,7 +9,7 @@ from tui_fakes import FROZEN_NOW, FakeFleet, cluster_states, single_node_states 
 from opsconsole.config import parse_config  # noqa: E402
 from opsconsole.tui.app import OpsConsole  # noqa: E402
 from opsconsole.tui.history_view import HistoryScreen, plot_points  # noqa: E402
-from tests.waiting import wait_for  # noqa: E402
+from tests.waiting import pane_shown, wait_for  # noqa: E402
 
 SIZE = (140, 40)
 NODES_SIZE = (160, 40)
@@ -34,7 +34,7 @@ async def test_gpu_rows_draw_the_recent_utilisation_and_t_plots_it():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("1")  # one node opens on its overview; this is the GPUs pane's row
-        await pilot.pause()
+        await wait_for(lambda: pane_shown(app, "gpus"), "the GPUs pane", pilot=pilot)  # made on its first show
         assert "█" in util_text(app, "local/1") and "100%" in util_text(app, "local/1")  # no past yet: a bar
         for seq, percent in enumerate((0, 25, 50, 75, 100, 12), start=2):
             fleet.publish(with_utilisation(state, seq, percent))
@@ -42,7 +42,7 @@ async def test_gpu_rows_draw_the_recent_utilisation_and_t_plots_it():
         await wait_for(lambda: util_text(app, "local/1") == "▁▃▅▆█▂  12%", "the trend of six samples", pilot=pilot)
         assert ring.values()[-6:] == [0, 25, 50, 75, 100, 12]  # six samples (eight block heights), then the value now
         await pilot.press("down", "t")  # the cursor on GPU 1
-        await pilot.pause()
+        await wait_for(lambda: isinstance(app.screen, HistoryScreen), "the plot", pilot=pilot)
         screen = app.screen
         assert isinstance(screen, HistoryScreen) and (screen.node, screen.gpu) == ("local", 1)
         assert screen.ring("utilization") is ring
@@ -50,7 +50,7 @@ async def test_gpu_rows_draw_the_recent_utilisation_and_t_plots_it():
         seconds_ago, _ = plot_points(ring, screen.clock())
         assert seconds_ago and all(abs(x) < 60 for x in seconds_ago), seconds_ago  # the wall clock: -1e5 and more
         await pilot.press("escape")
-        await pilot.pause()
+        await wait_for(lambda: not isinstance(app.screen, HistoryScreen), "the plot closed", pilot=pilot)
         assert not isinstance(app.screen, HistoryScreen)
 
 
@@ -77,7 +77,7 @@ async def test_node_rows_draw_the_mean_utilisation_trend_and_t_plots_the_node():
         # The first frame (half busy), then 0/100 alternating.
         await wait_for(lambda: trend() == "▅▁█▁█", "gpu-a01's trend of five samples", pilot=pilot)
         await pilot.press("t")
-        await pilot.pause()
+        await wait_for(lambda: isinstance(app.screen, HistoryScreen), "the plot", pilot=pilot)
         assert isinstance(app.screen, HistoryScreen) and (app.screen.node, app.screen.gpu) == ("gpu-a01", None)
 
 
