@@ -7,7 +7,10 @@ replayed by the real ReplayConsole, checkpoint files written as the libraries wr
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -179,3 +182,39 @@ def test_a_fifo_at_a_followed_path_is_a_problem_not_a_hang(tmp_path, make):
     assert finishes(follower.poll_all), "the poll hung on the FIFO"
     assert follower.problems[path] == "not a regular file"
     assert finishes(follower.stop), "stopping hung"
+
+
+def diagnose_cli(*argv: str) -> subprocess.CompletedProcess:
+    """The real command; the guard only turns a hang into a failure (it hung before the fix)."""
+    return subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", *argv], capture_output=True, text=True, timeout=120
+    )
+
+
+# Walking a run's directory, a FIFO named like a log was opened as one: the open waits for a writer for ever.
+# A FIFO named on the command line is still read (process substitution, diagnose <(zcat ...), is one).
+@pytest.mark.parametrize("special", ["rank0.log", "stderr.log", "attempt_0/0/stdout.log"])
+def test_diagnose_run_leaves_out_a_fifo_named_like_a_log_in_its_directory(tmp_path, special):
+    (tmp_path / "attempt_0" / "0").mkdir(parents=True)
+    os.mkfifo(tmp_path / special)
+    (tmp_path / "rank1.log").write_text(
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    )
+    result = diagnose_cli("--run", "--json", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["root_cause"] == "cuda_oom" and document["rank"] == 1
+    assert special not in result.stdout
+
+
+def test_diagnose_still_reads_a_fifo_named_on_the_command_line(tmp_path):
+    fifo = tmp_path / "piped.log"
+    os.mkfifo(fifo)
+    writer = threading.Thread(
+        target=lambda: fifo.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    )
+    writer.start()
+    result = diagnose_cli("--json", str(fifo))
+    writer.join()
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["root_cause"] == "cuda_oom"

@@ -74,7 +74,9 @@ def run_files(names: Sequence[str]) -> List[str]:
             for root, directories, entries in os.walk(name):
                 directories.sort()
                 for entry in sorted(entries):
-                    if _looks_like_a_log(entry):
+                    # Regular files only (or links to them): a FIFO named like a log would be opened, and its
+                    # open waits for a writer for ever. A FIFO named on the command line is read as given.
+                    if _looks_like_a_log(entry) and os.path.isfile(os.path.join(root, entry)):
                         files.append(os.path.join(root, entry))
                         if len(files) >= MAX_RUN_FILES:
                             return files
