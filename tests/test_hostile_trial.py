@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, List, Tuple
 
 import pytest
+import torch
 
 from opsconsole.config import Config, ConsoleConfig
 from opsconsole.logs.follow import LocalFollower
@@ -218,3 +219,61 @@ def test_diagnose_still_reads_a_fifo_named_on_the_command_line(tmp_path):
     writer.join()
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["root_cause"] == "cuda_oom"
+
+
+# --- epoch and step numbers a checkpoint claims ----------------------------------------------------------
+
+
+def write_trainer_state(directory: Path, state: dict) -> None:
+    """A Hugging Face Trainer checkpoint as the Trainer leaves it, with `state` as its trainer_state.json."""
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    save_file({"w": torch.zeros(2)}, str(directory / "model.safetensors"))
+    (directory / "trainer_state.json").write_text(json.dumps(state))
+
+
+def write_safetensors_file(path: Path, metadata: dict) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(path), metadata=metadata)
+
+
+def write_torch_file(path: Path, content: dict) -> None:
+    torch.save(dict(content, state_dict={"w": torch.zeros(2)}), str(path))
+
+
+# Numbers no run reaches, read as they were: an epoch of 1e308 was listed as its 309 digits (the EPOCH
+# column 310 cells wide), a step of 10**30 as 31. They are no epoch or step: '-', like an absent one.
+HUGE_NUMBERS = [
+    pytest.param(
+        lambda d: write_trainer_state(d / "checkpoint-10", {"epoch": 1e308, "global_step": 10**30}), id="hf-state"
+    ),
+    pytest.param(
+        lambda d: write_trainer_state(d / "checkpoint-10", {"epoch": -1e300, "global_step": -(10**40)}),
+        id="hf-negative",
+    ),
+    pytest.param(
+        lambda d: write_safetensors_file(d / "model.safetensors", {"epoch": "9" * 300, "step": "-" + "9" * 40}),
+        id="safetensors-metadata",
+    ),
+    pytest.param(lambda d: write_torch_file(d / "model.pt", {"epoch": 10**30, "global_step": 1e300}), id="torch-dict"),
+]
+
+
+@pytest.mark.parametrize("write", HUGE_NUMBERS)
+def test_an_epoch_or_step_no_run_reaches_is_listed_as_none(tmp_path, write):
+    write(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "checkpoints", "--json", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    (entry,) = json.loads(result.stdout)["checkpoints"]
+    assert (entry["epoch"], entry["step"]) in ((None, None), (None, 10))  # checkpoint-10: the name's step
+    table = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "checkpoints", str(tmp_path)], capture_output=True, text=True, timeout=120
+    ).stdout
+    assert max(len(line) for line in table.splitlines()) < 300

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import re
 import struct
 import zlib
@@ -21,7 +20,7 @@ from typing import Any, Dict, Generator, Iterable, List, Mapping, Optional, Sequ
 import orjson
 
 from opsconsole.checkpoints import zipmeta
-from opsconsole.checkpoints.metadata import decode_scalar, metadata_from_tree, wanted_scalars
+from opsconsole.checkpoints.metadata import decode_scalar, metadata_from_tree, plausible_count, wanted_scalars
 from opsconsole.checkpoints.records import (
     FORMAT_DCP,
     FORMAT_HF,
@@ -125,8 +124,9 @@ def lightning_fields(name: str) -> Optional[Dict[str, str]]:
 
 
 def _int_or_none(text: Optional[str]) -> Optional[int]:
+    """An epoch or step written as text (a name's, safetensors metadata's); None when it is none or no run's."""
     try:
-        return int(text) if text is not None else None
+        return plausible_count(int(text)) if text is not None else None
     except ValueError:
         return None
 
@@ -183,14 +183,14 @@ def meta_from_name(name: str) -> CheckpointMeta:
     stem = strip_suffix(name)
     hf = HF_DIR.match(stem)
     if hf:
-        return CheckpointMeta(step=int(hf.group(1)))
+        return CheckpointMeta(step=plausible_count(int(hf.group(1))))
     epoch = re.search(r"(?:^|[_\-.])(?:epoch|ep|e)[_\-=]?(\d+)(?![\w])", stem, re.I) or re.search(
         r"epoch[_\-=]?(\d+)", stem, re.I
     )
     step = re.search(r"(?:^|[_\-.])(?:global_step|step|iter|iteration|it)[_\-=]?(\d+)(?![\w])", stem, re.I)
     return CheckpointMeta(
-        epoch=int(epoch.group(1)) if epoch else None,
-        step=int(step.group(1)) if step else None,
+        epoch=plausible_count(int(epoch.group(1))) if epoch else None,
+        step=plausible_count(int(step.group(1))) if step else None,
     )
 
 
@@ -573,12 +573,12 @@ def trainer_state_fields(text: bytes) -> Tuple[Dict[str, Any], Optional[str]]:
     ) + (("log_history", "%d records" % len(history) if isinstance(history, list) else "absent"),)
     epoch_number = _json_number(epoch)
     step = state.get("global_step")
-    # int(inf) and int(nan) raise: only a finite epoch is one.
-    finite_epoch = epoch_number is not None and math.isfinite(epoch_number)
+    # int(inf) and int(nan) raise: only a finite epoch is one, and only one a run can reach.
+    finite_epoch = plausible_count(epoch_number) is not None
     return dict(
-        epoch=int(epoch_number) if finite_epoch else None,
+        epoch=plausible_count(epoch_number) if finite_epoch else None,
         epoch_float=epoch_number if finite_epoch else None,
-        step=step if type(step) is int else None,
+        step=plausible_count(step) if type(step) is int else None,
         loss=loss,
         best_loss=_json_number(best_metric),
         metrics=tuple(metrics[:50]),

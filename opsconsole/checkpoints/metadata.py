@@ -164,11 +164,28 @@ def _number(value: Any, scalars: Mapping[TensorStub, float]) -> Optional[float]:
     return None
 
 
+COUNT_LIMIT = 2**63  # an epoch or step at or beyond this is no run's (the frames' INT_LIMIT too)
+
+
+def plausible_count(number: Any) -> Optional[int]:
+    """An epoch or step as an int: None for what no run reaches (NaN, infinities, 1e308, 10**30, not a number).
+
+    Read as they were, such numbers were listed whole: an epoch of 1e308 took 309 digits of the listing.
+    """
+    if type(number) is float:
+        if not math.isfinite(number) or not -COUNT_LIMIT < number < COUNT_LIMIT:
+            return None
+        number = int(number)
+    if type(number) is not int or not -COUNT_LIMIT < number < COUNT_LIMIT:
+        return None
+    return number
+
+
 def _integer(value: Any, scalars: Mapping[TensorStub, float]) -> Optional[int]:
     number = _number(value, scalars)
     if number is None or not math.isfinite(number):
         return None
-    return int(number)
+    return plausible_count(int(number))
 
 
 def _walk_tensors(value: Any) -> Iterable[TensorStub]:
