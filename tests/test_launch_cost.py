@@ -6,16 +6,8 @@ does not need."""
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import os
-import pty
-import struct
 import subprocess
 import sys
-import termios
-import threading
-import time
-from pathlib import Path
 
 import pytest
 from textual.css.stylesheet import Stylesheet
@@ -27,10 +19,9 @@ from opsconsole.alerts.engine import AlertEvent
 from opsconsole.config import DEFAULT_CONFIG, Config, ConsoleConfig, parse_config
 from opsconsole.health.runner import evaluate_state
 from opsconsole.tui.app import OpsConsole
+from tests.console_pty import ROOT, SUBPROCESS_GUARD_S, run_until
 from tests.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
-SUBPROCESS_GUARD_S = 120  # only so a hang fails the test instead of blocking the run
 SIZE = (140, 40)
 
 CONFIG_FILE = """
@@ -246,47 +237,8 @@ sys.exit(main(["--interval", "1", "--theme", sys.argv[2]]))
 @pytest.mark.parametrize("theme", ["dark", "light"])
 def test_the_console_in_a_terminal_refreshes_no_css_before_its_first_frame(theme, tmp_path):
     counted = tmp_path / "refreshes"
-    env = dict(os.environ, TERM="xterm-256color", XDG_STATE_HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path))
-    env.pop("OPSCONSOLE_CONFIG", None)
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
-    console = subprocess.Popen(
-        [sys.executable, "-c", COUNT_REFRESHES, str(counted), theme],
-        stdin=follower,
-        stdout=follower,
-        stderr=follower,
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
-    os.close(follower)
-    drained = threading.Thread(target=drain, args=(leader,), daemon=True)
-    drained.start()
-    try:
-        deadline = time.monotonic() + SUBPROCESS_GUARD_S
-        while not counted.exists() or not counted.read_text():
-            assert console.poll() is None and time.monotonic() < deadline, "the console drew no first frame"
-            time.sleep(0.05)
-        assert counted.read_text() == "0"
-    finally:
-        os.write(leader, b"q")
-        try:
-            console.wait(timeout=SUBPROCESS_GUARD_S)
-        finally:
-            if console.poll() is None:
-                console.kill()
-                console.wait()
-            os.close(leader)
-
-
-def drain(fd: int) -> None:
-    """Read what the console draws, so that it never blocks on a full pty."""
-    while True:
-        try:
-            if not os.read(fd, 65536):
-                return
-        except OSError:
-            return
+    run_until(tmp_path, COUNT_REFRESHES, [str(counted), theme], lambda: counted.exists() and bool(counted.read_text()))
+    assert counted.read_text() == "0"
 
 
 @pytest.mark.parametrize("theme", ["opsconsole-dark", "opsconsole-light"])

@@ -6,20 +6,10 @@ as a user starts it."""
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
-import os
-import pty
-import struct
-import subprocess
-import sys
-import termios
-import threading
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SUBPROCESS_GUARD_S = 120  # only so a hang fails the test instead of blocking the run
+from tests.console_pty import run_until
 
 # The console with every argparse parser it makes noted by a weak reference; once its first frame is
 # on screen and the collection that follows it ran (the collector is on again), it writes what is
@@ -56,48 +46,10 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def drain(fd: int) -> None:
-    """Read what the console draws, so that it never blocks on a full pty."""
-    while True:
-        try:
-            if not os.read(fd, 65536):
-                return
-        except OSError:
-            return
-
-
 def first_screen(tmp_path: Path, *args: str) -> dict:
     found = tmp_path / "found.json"
-    env = dict(os.environ, TERM="xterm-256color", XDG_STATE_HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path))
-    env.pop("OPSCONSOLE_CONFIG", None)
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
-    console = subprocess.Popen(
-        [sys.executable, "-c", AT_FIRST_FRAME, str(found), *args],
-        stdin=follower,
-        stdout=follower,
-        stderr=follower,
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
-    os.close(follower)
-    threading.Thread(target=drain, args=(leader,), daemon=True).start()
-    try:
-        deadline = time.monotonic() + SUBPROCESS_GUARD_S
-        while not found.exists():
-            assert console.poll() is None and time.monotonic() < deadline, "the console drew no first frame"
-            time.sleep(0.05)
-        return json.loads(found.read_text())
-    finally:
-        os.write(leader, b"q")
-        try:
-            console.wait(timeout=SUBPROCESS_GUARD_S)
-        finally:
-            if console.poll() is None:
-                console.kill()
-                console.wait()
-            os.close(leader)
+    run_until(tmp_path, AT_FIRST_FRAME, [str(found), *args], found.exists)
+    return json.loads(found.read_text())
 
 
 def test_a_console_without_a_config_file_loads_no_msgspec_and_keeps_no_parser(tmp_path):
