@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from opsconsole.diagnosis.finding import Category, Finding
 from opsconsole.diagnosis.knowledge import (
@@ -1225,31 +1225,27 @@ def attributed(findings: Iterable[Finding], verdict: Optional[RootCause]) -> Lis
     held = {id(finding) for finding in stopped_lines(findings, verdict.stopped)}
     if not own and not held:
         return findings
-    start = verdict.finding
-    entry = STOPPED_CATEGORY
     out = []
     for finding in findings:
         if id(finding) in own:
-            finding = replace(
-                finding,
-                category=CRASHED,
-                severity=start.severity,
-                title=start.title,
-                cause=start.cause,
-                remedy=start.remedy,
-                weak=False,
-            )
+            finding = _told_as(finding, CRASHED, verdict.finding, weak=False)
         elif id(finding) in held:
-            finding = replace(
-                finding,
-                category=STOPPED,
-                severity=entry.severity,
-                title=entry.title,
-                cause=entry.cause,
-                remedy=entry.remedy,
-            )
+            finding = _told_as(finding, STOPPED, STOPPED_CATEGORY)
         out.append(finding)
     return out
+
+
+def _told_as(finding: Finding, category: str, like: Any, **fields: Any) -> Finding:
+    """`finding` under `category`, with the severity, title, cause and remedy of `like` (a finding or a catalog entry)."""
+    return replace(
+        finding,
+        category=category,
+        severity=like.severity,
+        title=like.title,
+        cause=like.cause,
+        remedy=like.remedy,
+        **fields,
+    )
 
 
 def _crashed(child: Optional[LauncherFailure], accounted: bool = False) -> Optional[LauncherFailure]:
