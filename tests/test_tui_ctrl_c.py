@@ -14,13 +14,11 @@ def screen_text(app: OpsConsole) -> str:
 
 
 async def drawn(pilot, app: OpsConsole, words: str) -> str:
-    """The screen once `words` is on it (toasts are drawn after a refresh or two)."""
-    for _ in range(100):
-        text = screen_text(app)
-        if words in text:
-            return text
-        await pilot.pause(0.05)
-    raise AssertionError("never drawn: %r in\n%s" % (words, screen_text(app)))
+    """The screen once `words` is on it (toasts are drawn after a refresh or two): waited for up to the
+    shared bound, not 100 polls (5 s, or less than a loaded machine's refreshes took)."""
+    return await wait_for(
+        lambda: (lambda text: text if words in text else "")(screen_text(app)), "%r drawn" % words, pilot=pilot
+    )
 
 
 async def test_ctrl_c_names_the_quit_keys_without_markup_tags():
