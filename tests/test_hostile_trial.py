@@ -277,3 +277,41 @@ def test_an_epoch_or_step_no_run_reaches_is_listed_as_none(tmp_path, write):
         [sys.executable, "-m", "opsconsole", "checkpoints", str(tmp_path)], capture_output=True, text=True, timeout=120
     ).stdout
     assert max(len(line) for line in table.splitlines()) < 300
+
+
+# --- many nodes at once ----------------------------------------------------------------------------------
+
+
+def counting_redraws(app: ReplayConsole) -> List[int]:
+    """A one-item list counting the app's redraws (each draws the header and the whole visible pane)."""
+    count = [0]
+    redraw = app.redraw
+
+    def counted() -> None:
+        count[0] += 1
+        redraw()
+
+    app.redraw = counted  # type: ignore[method-assign]
+    return count
+
+
+# Every state that came before the first redraw ran queued a redraw of its own: the first states of N nodes
+# (a replay's start publishes all of them at once, as a live fleet's first tick can) drew the GPUs pane N
+# times, each time with every node's rows. 250 nodes of 8 GPUs took 66 s to open; 10,000, more than 300 s.
+@pytest.mark.parametrize("nodes", [2, 40])
+async def test_the_first_states_of_many_nodes_are_drawn_once_not_once_each(tmp_path, nodes):
+    path = str(tmp_path / "run.opsrec")
+    with Recorder(path) as recorder:
+        for tick in range(3):
+            for node in range(nodes):
+                recorder.observe(node_state(node, tick, gpus=1))
+    fleet = ReplayFleet(path)
+    app = ReplayConsole(Config(console=ConsoleConfig(read_only=True)), fleet, now=fleet.now)
+    redraws = counting_redraws(app)
+    app.tick = lambda: None  # type: ignore[method-assign]  # the clock's redraws, one a second, are not counted
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("space")
+        await wait_for(lambda: "gpu%03d" % (nodes - 1) in screen_text(app), "the last node's GPU", pilot=pilot)
+        # At start, the first frame's, the pane's first show, the pause key's and a coalesced change's: a few
+        # whatever the node count (5 here with 2 or 40 nodes), not one a node (44 for 40 before).
+        assert redraws[0] <= 8
