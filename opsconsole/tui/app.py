@@ -573,6 +573,7 @@ class OpsConsole(App[int]):
             pending.stop()
         self._last_redraw = time.monotonic()
         self._drew_data = self._drew_data or any(state.frame for state in self.fleet.states().values())
+        self._first_draw_queued = False  # drawn; if it found no frame after all, the next one queues again
         if getattr(self, "_exit", False):
             return  # closing: the timer may still tick while the screen's widgets are removed
         states = self.fleet.states()
