@@ -39,7 +39,10 @@ async def test_an_alert_fires_shows_in_the_header_the_pane_and_a_toast_and_runs_
         states,
     )
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
+        # The toast is a Notify message (App.notify posts it): waited for, not one pause.
+        await wait_for(
+            lambda: any("gpu.temperature" in n.message for n in app._notifications), "the alert's toast", pilot=pilot
+        )
         assert app.services.alerts.counts() == {"critical": 1}
         assert "alerts 1" in str(app.header.render())
         toasts = [n.message for n in app._notifications]
@@ -88,7 +91,12 @@ async def test_a_hanging_hook_is_reported_and_the_console_keeps_working(tmp_path
         await pilot.pause()
         await pilot.press("3")  # keys act while the hook hangs
         assert app.visible_pane_id == "host"
-        await wait_for(lambda: app.services.hook_results, "the hook's result", pilot=pilot)
+        # The toast is a Notify message posted with the result (App.notify): both waited for.
+        await wait_for(
+            lambda: app.services.hook_results and any("alert hook failed" in n.message for n in app._notifications),
+            "the hook's result and its toast",
+            pilot=pilot,
+        )
         assert "timed out after 0.5 s" in app.services.hook_results[-1].message
         assert any("alert hook failed" in n.message for n in app._notifications)
 

@@ -113,7 +113,10 @@ async def test_acknowledged_and_silenced_alerts_are_listed_but_not_announced_aga
         await pilot.pause()
         assert "alerts 1" in str(app.header.render())
         await pilot.press("z")  # silenced 15 minutes
-        await pilot.pause()
+        # Its toast is a Notify message (App.notify posts it): waited for, not one pause.
+        await wait_for(
+            lambda: any("silenced for 15m" in n.message for n in app._notifications), "the toast", pilot=pilot
+        )
         assert "silenced 15m" in row_texts(app)[0] and "alerts 0" in str(app.header.render())
         assert any("silenced for 15m" in n.message for n in app._notifications)
         await flap()

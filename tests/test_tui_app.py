@@ -376,7 +376,8 @@ async def test_theme_from_config_is_applied():
 async def test_unknown_theme_falls_back_and_names_the_choices():
     app = make_app(theme="solarized-nope")
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
+        # A toast is a Notify message (App.notify posts it): waited for, not one pause.
+        await wait_for(lambda: any("solarized-nope" in n.message for n in app._notifications), "the toast", pilot=pilot)
         assert app.theme == "opsconsole-dark"
         messages = " ".join(n.message for n in app._notifications)
         assert "solarized-nope" in messages

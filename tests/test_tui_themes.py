@@ -90,7 +90,10 @@ async def test_a_user_theme_folder_adds_themes_and_a_bad_file_is_reported_and_sk
     assert theme_names() == SHIPPED + ["midnight-mine"]
     app = console(Config(console=ConsoleConfig(theme="midnight-mine")))
     async with app.run_test(size=(140, 40), notifications=True) as pilot:
-        await pilot.pause()
+        # The problems are toasts, Notify messages posted at mount (App.notify): waited for.
+        await wait_for(
+            lambda: len([n for n in app._notifications if "theme skipped" in n.message]) >= 3, "the toasts", pilot=pilot
+        )
         assert app.theme == "midnight-mine"
         assert app.theme_variables["background"].upper() == "#101018"
         assert sorted(app.available_themes) == sorted(SHIPPED + ["midnight-mine"])
