@@ -183,7 +183,9 @@ def meta_from_name(name: str) -> CheckpointMeta:
     stem = strip_suffix(name)
     hf = HF_DIR.match(stem)
     if hf:
-        return CheckpointMeta(step=plausible_count(int(hf.group(1))))
+        # The number get_last_checkpoint orders by, of any length (a name's length bounds it): kept
+        # whole, as _trailing_number keeps it, or a unit past 2**63 would order as one with no step.
+        return CheckpointMeta(step=int(hf.group(1)))
     epoch = re.search(r"(?:^|[_\-.])(?:epoch|ep|e)[_\-=]?(\d+)(?![\w])", stem, re.I) or re.search(
         r"epoch[_\-=]?(\d+)", stem, re.I
     )
