@@ -315,3 +315,21 @@ async def test_the_first_states_of_many_nodes_are_drawn_once_not_once_each(tmp_p
         # At start, the first frame's, the pane's first show, the pause key's and a coalesced change's: a few
         # whatever the node count (5 here with 2 or 40 nodes), not one a node (44 for 40 before).
         assert redraws[0] <= 8
+
+
+# --- a checkpoint directory with no file to date it -------------------------------------------------------
+
+
+def test_a_unit_with_no_regular_file_is_as_old_as_its_directory_not_the_epoch(tmp_path):
+    """A checkpoint-N/ holding only a FIFO named like its weights has no file to date it: it was dated 0
+    (1970), 20,000 days old and past every min_age; it is as old as its directory."""
+    from opsconsole.checkpoints.cache import ResultCache
+    from opsconsole.checkpoints.scan import scan_directory
+
+    write_trainer_state(tmp_path / "checkpoint-10", {"global_step": 10})
+    begun = tmp_path / "checkpoint-20"
+    begun.mkdir()
+    os.mkfifo(begun / "model.safetensors")
+    listing = scan_directory(str(tmp_path), cache=ResultCache(), crc_cache=ResultCache(), keep_proofs=False)
+    entry = {e.name: e for e in listing.entries}["checkpoint-20"]
+    assert entry.mtime == begun.lstat().st_mtime

@@ -277,6 +277,13 @@ def read_unit_dir(
     files: Dict[str, int] = {rel: st.size for rel, st in walked}
     size = sum(files.values())
     mtime = max([st.mtime for _, st in walked], default=0.0)
+    if not walked:
+        # No file to date it (an empty save begun, only a FIFO): the directory's own time, not the
+        # epoch, which made it 20,000 days old and past every min_age.
+        try:
+            mtime = fs.lstat(path).mtime
+        except OSError:
+            pass
     members = tuple(files)
     judged = () if cut else tuple(judged_identity(rel, st) for rel, st in walked)
     # Each file's name and stat: size, mtime and, where the file system gives them, its identity
