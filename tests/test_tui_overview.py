@@ -62,6 +62,10 @@ async def test_enter_on_a_node_opens_its_overview():
         # Each step waited for, not read after one pause: a pane is made on its first show, and the
         # drill, the pane switch and the redraw come as messages after the keys.
         await wait_for(lambda: pane_shown(app, "nodes"), "the Nodes pane", pilot=pilot)
+        # And its rows: the pane can hold the focus before its first rows are drawn, and a `down` then
+        # moves nothing (the fresh-clone CI run of 00fa31c drilled into gpu-a02).
+        nodes = app.panes["nodes"].query_one(DataTable)
+        await wait_for(lambda: nodes.row_count == len(cluster_states()), "the Nodes pane's rows", pilot=pilot)
         await pilot.press("down", "down", "enter")  # gpu-a03: down, its last frame kept
         await wait_for(lambda: app.node is not None and pane_shown(app, "overview"), "the drill", pilot=pilot)
         assert app.node == "gpu-a03" and app.visible_pane_id == "overview"
