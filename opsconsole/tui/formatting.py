@@ -22,7 +22,7 @@ from opsconsole.model import (
     STATE_STALE,
     STATE_UP,
 )
-from opsconsole.sanitize import printable
+from opsconsole.sanitize import printable, printable_line
 
 # Every quantity has one spelling, in opsconsole.units; re-exported for the panes.
 from opsconsole.units import (  # noqa: F401
@@ -102,10 +102,11 @@ def cut_to_cells(text: str, width: int) -> str:
     return text
 
 
-def printable_text(text: Text) -> Text:
-    """A Rich Text whose control characters are made visible (see printable); the same one when it has none."""
+def printable_text(text: Text, one_line: bool = False) -> Text:
+    """A Rich Text whose control characters are made visible (see printable; with `one_line`, newline
+    and tab too: printable_line); the same one when it has none."""
     plain = text.plain
-    clean = printable(plain)
+    clean = printable_line(plain) if one_line else printable(plain)
     if clean == plain:
         return text
     text = text.copy()

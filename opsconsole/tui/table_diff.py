@@ -14,7 +14,7 @@ from textual.widgets import DataTable
 
 from opsconsole.model import frozen
 from opsconsole.sanitize import printable_line
-from opsconsole.tui.formatting import NA
+from opsconsole.tui.formatting import NA, printable_text
 
 
 class TableRow(NamedTuple):
@@ -68,19 +68,8 @@ def as_cell(value: Any) -> Any:
     if isinstance(value, str):
         return Text(printable_line(value), end="")
     if isinstance(value, Text):
-        return one_line_text(value)
+        return printable_text(value, one_line=True)
     return value
-
-
-def one_line_text(text: Text) -> Text:
-    """`text` with its control characters, newline and tab among them, made visible; the same one when it has none."""
-    plain = text.plain
-    clean = printable_line(plain)
-    if clean == plain:
-        return text
-    text = text.copy()
-    text.plain = clean  # same length: the spans keep their places
-    return text
 
 
 def same_cell(old: Any, new: Any) -> bool:
