@@ -172,16 +172,21 @@ def _file_stat(st: os.stat_result) -> FileStat:
     )
 
 
+def _dir_item(name: str, st: os.stat_result, _new: Any = tuple.__new__) -> DirItem:
+    """A listed name and its lstat. The named tuples are built without their Python-level __new__, the
+    file type from the mode's top bits: a listing makes one per file, and building them was most of a
+    rescan's time."""
+    kind = st.st_mode >> 12  # S_IFMT: 0o04 directory, 0o10 regular file, 0o12 symlink
+    return _new(DirItem, (name, _new(FileStat, (st.st_size, st.st_mtime, kind == 4, kind == 10, kind == 8, st))))
+
+
 class LocalFileSystem(FileSystem):
     """The console's own machine."""
 
     def listdir(self, path: str) -> List[DirItem]:
         items: List[DirItem] = []
         append = items.append
-        # The named tuples built without their Python-level __new__, the file type from the mode's
-        # top bits: a listing makes one per file, and this loop was most of a rescan's time. Names
-        # from listdir and an lstat relative to the directory's descriptor: no DirEntry objects.
-        new = tuple.__new__
+        # Names from listdir and an lstat relative to the directory's descriptor: no DirEntry objects.
         lstat = os.lstat
         fd = os.open(path, _DIR_FLAGS)
         try:
@@ -190,10 +195,7 @@ class LocalFileSystem(FileSystem):
                     st = lstat(name, dir_fd=fd)
                 except FileNotFoundError:
                     continue  # deleted between readdir and stat
-                kind = st.st_mode >> 12  # S_IFMT: 0o04 directory, 0o10 regular file, 0o12 symlink
-                append(
-                    new(DirItem, (name, new(FileStat, (st.st_size, st.st_mtime, kind == 4, kind == 10, kind == 8, st))))
-                )
+                append(_dir_item(name, st))
         finally:
             os.close(fd)
         return items
@@ -202,16 +204,11 @@ class LocalFileSystem(FileSystem):
         # No directory descriptor and no readdir: a path lstat of each name costs less than both.
         items: List[DirItem] = []
         append = items.append
-        new = tuple.__new__
         lstat = os.lstat
         prefix = path if path.endswith("/") else path + "/"
         try:
             for name in names:
-                st = lstat(prefix + name)
-                kind = st.st_mode >> 12
-                append(
-                    new(DirItem, (name, new(FileStat, (st.st_size, st.st_mtime, kind == 4, kind == 10, kind == 8, st))))
-                )
+                append(_dir_item(name, lstat(prefix + name)))
         except OSError:
             return None  # gone (or the directory is): listed again
         return items
