@@ -1118,12 +1118,7 @@ class Diagnoser:
                 if not rest:
                     continue
                 count -= len(moved)
-                first = last = rest[0]
-                for finding in rest[1:]:  # as _record keeps an aggregate's first and last
-                    if _time_key(finding) < _time_key(first):
-                        first = finding
-                    if _time_key(finding) >= _time_key(last):
-                        last = finding
+                first, last = _first_and_last(rest)
                 ranks = {finding.rank for finding in rest if finding.rank is not None}
             rows.append(
                 FindingSummary(
@@ -1190,14 +1185,20 @@ def stopped_lines(findings: Iterable[Finding], stopped: Sequence[LauncherFailure
     return held
 
 
-def _row_of(entry: Category, findings: Sequence[Finding]) -> FindingSummary:
-    """One summary row of `findings` (at least one) under `entry`'s category, title, cause and remedy."""
+def _first_and_last(findings: Sequence[Finding]) -> Tuple[Finding, Finding]:
+    """The earliest and the latest of `findings` (at least one), as _record keeps an aggregate's first and last."""
     first = last = findings[0]
-    for finding in findings[1:]:  # as _record keeps an aggregate's first and last
+    for finding in findings[1:]:
         if _time_key(finding) < _time_key(first):
             first = finding
         if _time_key(finding) >= _time_key(last):
             last = finding
+    return first, last
+
+
+def _row_of(entry: Category, findings: Sequence[Finding]) -> FindingSummary:
+    """One summary row of `findings` (at least one) under `entry`'s category, title, cause and remedy."""
+    first, last = _first_and_last(findings)
     return FindingSummary(
         category=entry.id,
         title=entry.title,
