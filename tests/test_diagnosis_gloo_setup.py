@@ -9,15 +9,13 @@ other: the line was "NCCL network/system error" [nccl_network], the root cause o
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.torchrun import diagnose_json as diagnose
 from tests.torchrun import torchrun_command, torchrun_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,18 +46,6 @@ WORKER = textwrap.dedent("""
     log.info("model wrapped")
     dist.destroy_process_group()
 """)
-
-
-def diagnose(*args: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "opsconsole", "diagnose", "--json", *args],
-        capture_output=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 
 from opsconsole.commands.diagnose import _decoded_lines
 from opsconsole.diagnosis.run import diagnose_run
-from tests.torchrun import torchrun_command, torchrun_env
+from tests.torchrun import diagnose_json, torchrun_command, torchrun_env
 
 pytest.importorskip("torch")
 
@@ -165,15 +165,7 @@ def runs(tmp_path_factory):
 
 def verdict(*directories: Path) -> dict:
     """`opsconsole diagnose --run DIR... --json` of the run's directories."""
-    done = subprocess.run(
-        [sys.executable, "-m", "opsconsole", "diagnose", "--run", *map(str, directories), "--json"],
-        capture_output=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return diagnose_json("--run", *map(str, directories))
 
 
 def rank_of_file(path: str) -> str:

@@ -8,8 +8,10 @@ real job's peers have time to write theirs.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -48,3 +50,16 @@ def torchrun_env(extra: Optional[Dict[str, str]] = None, pythonpath: Sequence[Pa
         env["PYTHONPATH"] = os.pathsep.join(str(path) for path in pythonpath)
     env.update(extra or {})
     return env
+
+
+def diagnose_json(*args: str) -> dict:
+    """`opsconsole diagnose --json ARGS...` as a user runs it (this checkout's opsconsole): its JSON."""
+    done = subprocess.run(
+        [sys.executable, "-m", "opsconsole", "diagnose", "--json", *args],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
