@@ -311,6 +311,9 @@ async def test_drill_down_from_nodes_and_escape_back():
         await wait_for(lambda: pane_shown(app, "nodes"), "the Nodes pane shown", pilot=pilot)
         nodes_table = app.panes["nodes"].query_one("#nodes-table", DataTable)
         assert app.focused is nodes_table
+        # And its rows: the pane can hold the focus before its first rows are drawn, and a `down` then
+        # moves nothing (the fresh-clone CI run of ce83cb9 drilled into gpu-a01).
+        await wait_for(lambda: nodes_table.row_count == len(cluster_states()), "the Nodes rows", pilot=pilot)
         await pilot.press("down", "enter")
         await wait_for(lambda: app.node is not None, "the drill", pilot=pilot)
         assert app.node == "gpu-a02"
